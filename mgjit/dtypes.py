@@ -1,0 +1,79 @@
+"""Element types of the kernel language and their torch / MLIR counterparts."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class DType:
+    name: str
+    bits: int
+    kind: str  # "float", "int", "uint" or "bool"
+    mlir: str  # the MLIR type spelling
+    torch_name: str | None  # attribute of the torch module, None where torch has no such type
+
+    @property
+    def itemsize(self) -> int:
+        return max(self.bits // 8, 1)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("int", "uint", "bool")
+
+    @property
+    def is_signed(self) -> bool:
+        return self.kind == "int"
+
+    def __repr__(self) -> str:
+        return f"mgjit.{self.name}"
+
+
+float32 = DType("float32", 32, "float", "f32", "float32")
+float16 = DType("float16", 16, "float", "f16", "float16")
+bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16")
+float64 = DType("float64", 64, "float", "f64", "float64")
+float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn")
+float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2")
+int8 = DType("int8", 8, "int", "i8", "int8")
+int16 = DType("int16", 16, "int", "i16", "int16")
+int32 = DType("int32", 32, "int", "i32", "int32")
+int64 = DType("int64", 64, "int", "i64", "int64")
+uint8 = DType("uint8", 8, "uint", "i8", "uint8")
+bool_ = DType("bool", 1, "bool", "i1", "bool")
+
+ALL: tuple[DType, ...] = (
+    float32, float16, bfloat16, float64, float8_e4m3fn, float8_e5m2,
+    int8, int16, int32, int64, uint8, bool_,
+)
+BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
+
+
+def from_torch(torch_dtype: object) -> DType:
+    """The DType of a torch dtype; raises TypeError for one mgjit does not support."""
+    name = str(torch_dtype).removeprefix("torch.")
+    dtype = BY_NAME.get("bool" if name == "bool" else name)
+    if dtype is None:
+        supported = ", ".join(d.torch_name for d in ALL if d.torch_name)
+        raise TypeError(f"torch dtype {torch_dtype} is not supported by mgjit (supported: {supported})")
+    return dtype
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The result type of a binary op between arrays of two dtypes (torch's rules for the types we have)."""
+    if a == b:
+        return a
+    if a.is_float != b.is_float:
+        return a if a.is_float else b
+    if a.is_float:
+        if {a, b} == {float16, bfloat16}:
+            return float32
+        return a if a.bits >= b.bits else b
+    if a == bool_:
+        return b
+    if b == bool_:
+        return a
+    return a if a.bits >= b.bits else b
