@@ -1,0 +1,23 @@
+"""mgjit.autotune: choose the fastest config of a kernel per tuning key, and remember it on disk.
+
+    @mgjit.autotune(configs=[mgjit.Config(BM=128, BN=256, BK=64, num_warpgroups=3), ...],
+                    key=["M", "N", "K"], restore=["c"])
+    @mgjit.kernel
+    def matmul(a, b, c, M, N, K, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr): ...
+
+    matmul[grid](a, b, c, M, N, K)     # first call per key: prune, compile in parallel, time, store
+    print(matmul.tuning_report())
+
+Importing this package is cheap: torch is imported inside the functions that time, share or inspect
+tensors, and nothing here imports MLIR.
+"""
+from .compile_pool import CompileOutcome
+from .config import Config, expand_space
+from .prune import divisible
+from .report import Row, TuningReport
+from .store import Result, ResultStore
+from .timing import CudaEventTimer, Run
+from .tuner import Autotuned, autotune
+
+__all__ = ["Autotuned", "CompileOutcome", "Config", "CudaEventTimer", "Result", "ResultStore", "Row", "Run",
+           "TuningReport", "autotune", "divisible", "expand_space"]

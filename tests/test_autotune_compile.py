@@ -1,0 +1,89 @@
+"""Parallel compilation of candidates: forked workers compile, the disk cache carries the result back."""
+import os
+
+import pytest
+import torch
+
+from mgjit.autotune import Config, autotune, compile_pool
+from mgjit.autotune.compile_pool import compile_configs, default_jobs
+from test_autotune_fakes import FakeKernel, FakeTimer, cache_dirs  # noqa: F401  (fixture)
+
+CONFIGS = [Config(BM=bm, BN=bn, BK=64, STAGES=s) for bm in (64, 128) for bn in (128, 256, 512) for s in (2, 8)]
+ARGS = (torch.ones(256, 64), torch.ones(64, 256), torch.zeros(256, 256), 256, 256, 64)
+
+
+def expected_reason(config):
+    c = config.kwargs
+    if (c["BM"] + c["BN"]) * c["BK"] * 2 * c["STAGES"] > 227 * 1024:
+        return "smem-budget"
+    return "ptxas: 64 bytes spilled" if c["BN"] == 512 else None
+
+
+@pytest.mark.skipif(not compile_pool.can_fork(), reason="needs fork")
+def test_children_compile_and_the_parent_gets_cache_hits(tmp_path):
+    kernel = FakeKernel(tmp_path)
+    outcomes = compile_configs(kernel, ARGS, {}, CONFIGS, jobs=3)
+    assert [o.config for o in outcomes] == CONFIGS
+    for outcome in outcomes:
+        reason = expected_reason(outcome.config)
+        if reason is None:
+            assert outcome.pruned is None and outcome.compiled.target == "sm_90a"
+        else:
+            assert outcome.compiled is None and outcome.pruned.startswith(reason)
+    # One compile in the parent (it resolves the target and warms the compiler), all others in children;
+    # the parent compiled each child's survivor and spilling config again as a cache hit.
+    pids = kernel.compiled_by_pid()
+    assert kernel.misses == 1 and pids.count(os.getpid()) == 1
+    assert len(pids) == sum(expected_reason(c) != "smem-budget" for c in CONFIGS)
+    assert len(set(pids)) >= 2
+    assert kernel.hits == sum(expected_reason(c) != "smem-budget" for c in CONFIGS[1:])
+
+
+def test_serial_when_fork_is_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setattr(compile_pool, "can_fork", lambda: False)
+    kernel = FakeKernel(tmp_path)
+    outcomes = compile_configs(kernel, ARGS, {}, CONFIGS, jobs=4)
+    assert set(kernel.compiled_by_pid()) == {os.getpid()}
+    assert kernel.hits == 0 and kernel.misses == len(CONFIGS)
+    assert [o.pruned is None for o in outcomes] == [expected_reason(c) is None for c in CONFIGS]
+
+
+def test_the_parent_resolves_the_target_for_the_children(tmp_path):
+    kernel = FakeKernel(tmp_path)
+    outcomes = compile_configs(kernel, ARGS, {}, CONFIGS, target="sm_100a", jobs=2)
+    assert {o.compiled.target for o in outcomes if o.compiled is not None} == {"sm_100a"}
+
+
+@pytest.mark.skipif(not compile_pool.can_fork(), reason="needs fork")
+def test_an_unexpected_compiler_failure_in_a_child_is_raised_by_the_parent(tmp_path):
+    kernel = FakeKernel(tmp_path, crash_on=dict(BM=128, BN=256, STAGES=2))
+    with pytest.raises(ValueError, match="internal compiler error"):
+        compile_configs(kernel, ARGS, {}, CONFIGS, jobs=2)
+
+
+@pytest.mark.skipif(not compile_pool.can_fork(), reason="needs fork")
+def test_a_sweep_compiles_in_parallel_and_times_in_the_parent(cache_dirs):
+    kernel = FakeKernel(cache_dirs / "kernels")
+    timer = FakeTimer(kernel, lambda c: c.kwargs["BM"] / c.kwargs["BN"])
+    matmul = autotune(configs=CONFIGS, key=["M", "N", "K"], timer=timer, jobs=2)(kernel)
+    matmul[(1,)](*ARGS)
+    assert len(set(kernel.compiled_by_pid())) >= 2
+    assert timer.timed == [c for c in CONFIGS if expected_reason(c) is None]
+    assert matmul.tuning_report().winner.config == Config(BM=64, BN=256, BK=64, STAGES=2)
+
+    outcomes = matmul.compile_all(*ARGS, target="sm_90a", jobs=2)
+    assert [o.config for o in outcomes] == CONFIGS
+    assert [o.pruned is None for o in outcomes] == [expected_reason(c) is None for c in CONFIGS]
+
+
+def test_default_jobs(monkeypatch):
+    monkeypatch.setenv("MGJIT_AUTOTUNE_JOBS", "5")
+    assert default_jobs() == 5
+    monkeypatch.setenv("MGJIT_AUTOTUNE_JOBS", "zero")
+    with pytest.raises(ValueError, match="MGJIT_AUTOTUNE_JOBS must be a positive int; got 'zero'"):
+        default_jobs()
+    monkeypatch.delenv("MGJIT_AUTOTUNE_JOBS")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert default_jobs() == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert default_jobs() == len(os.sched_getaffinity(0))
