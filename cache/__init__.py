@@ -1,0 +1,17 @@
+"""mgjit.cache: the on-disk kernel store (with an optional Redis tier) and its command line.
+
+The compiler core builds keys with `hash_parts` and calls `default_store().get/put`; see `store`.
+Nothing here imports MLIR, torch or numpy, so a cache hit stays cheap.
+"""
+
+from .store import (
+    CacheReadError,
+    CacheWarning,
+    Entry,
+    EntryInfo,
+    Store,
+    default_store,
+    hash_parts,
+)
+
+__all__ = ["CacheReadError", "CacheWarning", "Entry", "EntryInfo", "Store", "default_store", "hash_parts"]
