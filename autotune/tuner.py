@@ -206,14 +206,16 @@ class Autotuned:
         source_key = self.kernel.source_key()
         store = self._store()
         rank, size = distributed.world()
+        local = store.load(self.kernel.name, source_key, device, key)
         # Every rank must see the same known results, or their to-do lists (and so their splits) differ.
-        known = distributed.share(store.load(self.kernel.name, source_key, device, key), size)
+        known = distributed.share(local, size)
         dropped = apply_user_pruning(self.configs, named, self.prune_configs, self.rules)
         todo = [c for c in self.configs if c not in dropped and c.key() not in known]
         new = distributed.share(self._sweep(distributed.my_share(todo, rank, size), named, grid, timer), size)
-        if new:
-            store.save(self.kernel.name, source_key, device, key, new)
-        return self._choose(key, {**known, **new}, dropped, set(known), device)
+        results = {**known, **new}
+        if results != local:  # also keep what other ranks knew, so this rank's next process needs no one
+            store.save(self.kernel.name, source_key, device, key, results)
+        return self._choose(key, results, dropped, set(known), device)
 
     def _sweep(self, configs: Sequence[Config], named: dict[str, Any], grid: Any,
                timer: Timer) -> dict[str, Result]:
