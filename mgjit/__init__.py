@@ -1,0 +1,37 @@
+"""mgjit: a Triton-style JIT for NVIDIA Hopper and Blackwell GPUs, lowered through MLIR.
+
+Importing mgjit is cheap: MLIR, torch's CUDA state and the driver are touched only when a kernel is
+compiled or launched.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
+                     int16, int32, int64, uint8)
+from .errors import CompileError, LaunchError
+from .frontend import DeviceFunction
+from .jit import VERSION as __version__, CompiledKernel, Kernel
+from .language import (abs, arange, cdiv, constexpr, cos, ds, erf, exp, exp2, full, log, log2, max, maximum, min,
+                       minimum, num_programs, program_id, rsqrt, sin, sqrt, static_range, sum, tanh, warpgroup_id,
+                       where, zeros)
+
+
+def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):
+    """Decorate a Python function as a GPU kernel: `@mgjit.kernel` or `@mgjit.kernel(num_warpgroups=2)`."""
+    if fn is None:
+        return lambda f: Kernel(f, num_warpgroups=num_warpgroups)
+    return Kernel(fn, num_warpgroups=num_warpgroups)
+
+
+def device(fn: Callable) -> DeviceFunction:
+    """Decorate a helper that kernels call; it is inlined where it is called."""
+    return DeviceFunction(fn)
+
+
+def __getattr__(name: str):
+    # The autotuner loads on first use so that `import mgjit` stays light.
+    if name in ("autotune", "Config"):
+        from . import autotune as _autotune
+        return getattr(_autotune, name) if name == "Config" else _autotune.autotune
+    raise AttributeError(f"module 'mgjit' has no attribute {name!r}")

@@ -1,0 +1,247 @@
+"""Layout inference: give every register array a layout, inserting explicit Relayout ops where two
+producers disagree.
+
+Anchors fix layouts (a GMEM load or iota takes the coalesced `blocked` layout, a constant is a splat, an
+MMA result will take WGMMA); elementwise ops propagate them; a reduction derives its result layout from
+its operand; a broadcast looks for a layout already in use at the result shape whose reduction is the
+operand's layout, so that `x - x.max(axis=1)[:, None]` moves no data. Loop-carried arrays settle by
+re-inferring the body when the carried layout changes (an undo log rolls back the previous attempt).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+from . import ir
+from .layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked
+
+Rule = Callable[[ir.Op, "Inference"], None]
+RULES: dict[type, Rule] = {}
+
+
+def rule(*op_types: type) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for t in op_types:
+            RULES[t] = fn
+        return fn
+    return register
+
+
+class Inference:
+    def __init__(self, kernel: ir.Kernel):
+        self.kernel = kernel
+        self.log: list[tuple] = []  # undo log: ("layout", value, old) | ("relayout", block, op, user, index, old)
+        self.by_shape: dict[tuple, list[TiledLayout]] = defaultdict(list)
+        self.uses: dict[int, int] = defaultdict(int)
+        for op in kernel.walk():
+            for v in op.operands:
+                self.uses[v.id] += 1
+
+    # -- mutation with undo
+    def set_layout(self, value: ir.Value, layout: Layout, op: ir.Op | None = None) -> None:
+        if not value.is_array:
+            return
+        if isinstance(layout, TiledLayout):
+            try:
+                layout.check_shape(value.type.shape)
+            except LayoutError as e:
+                raise (op.error(str(e), rule="layout") if op else e) from None
+            known = self.by_shape[value.type.shape]
+            if layout not in known:
+                known.append(layout)
+        self.log.append(("layout", value, value.layout))
+        value.layout = layout
+
+    def relayout(self, block: ir.Block, user: ir.Op, index: int, layout: Layout) -> ir.Value:
+        """Make operand `index` of `user` arrive in `layout`, through a Relayout op placed before `user`."""
+        src = user.operands[index]
+        if src.layout == layout:
+            return src
+        op = ir.Relayout(src, layout, user.loc)
+        self.log.append(("layout", op.results[0], None))
+        block.ops.insert(block.ops.index(user), op)
+        self.log.append(("relayout", block, op, user, index, src))
+        user.operands[index] = op.results[0]
+        return op.results[0]
+
+    def undo(self, mark: int) -> None:
+        while len(self.log) > mark:
+            entry = self.log.pop()
+            if entry[0] == "layout":
+                entry[1].layout = entry[2]
+            else:
+                _, block, op, user, index, old = entry
+                block.ops.remove(op)
+                user.operands[index] = old
+
+    # -- driver
+    def block(self, block: ir.Block) -> None:
+        for op in list(block.ops):
+            fn = RULES.get(type(op))
+            if fn is None:
+                raise op.error(f"internal error: no layout inference rule for `{op.name}`")
+            self.current_block = block
+            fn(op, self)
+
+    def choose_common(self, op: ir.Op, indices: list[int]) -> Layout | None:
+        """One layout for the array operands at `indices` of an elementwise op: the first tiled one wins and
+        the other tiled operands are relayouted to it; splats mix with anything for free."""
+        arrays = [i for i in indices if op.operands[i].is_array]
+        if not arrays:
+            return None
+        tiled = [op.operands[i].layout for i in arrays if isinstance(op.operands[i].layout, TiledLayout)]
+        if not tiled:
+            return SPLAT
+        target = tiled[0]
+        for i in arrays:
+            if isinstance(op.operands[i].layout, TiledLayout) and op.operands[i].layout != target:
+                self.relayout(self.current_block, op, i, target)
+        return target
+
+
+def infer_layouts(kernel: ir.Kernel) -> None:
+    Inference(kernel).block(kernel.body)
+    for op in kernel.walk():
+        for v in [*op.results, *(a for r in op.regions for a in r.args)]:
+            if v.is_array and v.layout is None:
+                raise op.error(f"internal error: no layout was inferred for the result of {op.name}")
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+@rule(ir.Constant, ir.ProgramId, ir.NumPrograms, ir.WarpgroupId, ir.RefDim, ir.Store, ir.Yield)
+def _no_arrays(op: ir.Op, inf: Inference) -> None:
+    pass
+
+
+@rule(ir.Splat)
+def _splat(op: ir.Splat, inf: Inference) -> None:
+    inf.set_layout(op.result, SPLAT, op)
+
+
+@rule(ir.Iota, ir.Load)
+def _gmem_anchor(op: ir.Op, inf: Inference) -> None:
+    if op.results[0].is_array:
+        t = op.results[0].type
+        try:
+            layout = blocked(t.shape, t.dtype)
+        except LayoutError as e:
+            raise op.error(str(e), rule="layout") from None
+        inf.set_layout(op.results[0], layout, op)
+
+
+@rule(ir.Unary, ir.Cast)
+def _same_as_operand(op: ir.Op, inf: Inference) -> None:
+    if op.result.is_array:
+        inf.set_layout(op.result, op.operands[0].layout, op)
+
+
+@rule(ir.Binary, ir.Compare, ir.Select)
+def _elementwise(op: ir.Op, inf: Inference) -> None:
+    layout = inf.choose_common(op, list(range(len(op.operands))))
+    if layout is not None:
+        inf.set_layout(op.result, layout, op)
+
+
+@rule(ir.Relayout)
+def _relayout(op: ir.Relayout, inf: Inference) -> None:
+    pass
+
+
+@rule(ir.Reduce)
+def _reduce(op: ir.Reduce, inf: Inference) -> None:
+    src = op.operands[0]
+    if not op.result.is_array:
+        return
+    if isinstance(src.layout, SplatLayout):
+        inf.set_layout(op.result, SPLAT, op)
+        return
+    try:
+        layout = src.layout.reduce(op.axes, len(src.type.shape))
+    except LayoutError as e:
+        raise op.error(f"cannot reduce axes {op.axes} of this array's layout: {e}", rule="layout") from None
+    inf.set_layout(op.result, layout, op)
+
+
+@rule(ir.Broadcast)
+def _broadcast(op: ir.Broadcast, inf: Inference) -> None:
+    src = op.operands[0]
+    shape = op.result.type.shape
+    if isinstance(src.layout, SplatLayout):
+        inf.set_layout(op.result, SPLAT, op)
+        return
+    axes = tuple(d for d in range(len(shape)) if d not in op.dims)
+    candidates = list(reversed(inf.by_shape.get(shape, [])))
+    try:
+        candidates.append(blocked(shape, op.result.dtype))
+    except LayoutError as e:
+        raise op.error(str(e), rule="layout") from None
+    for layout in candidates:
+        if layout.reduce(axes, len(shape)) == src.layout:
+            inf.set_layout(op.result, layout, op)
+            return
+    target = candidates[0]
+    wanted = target.reduce(axes, len(shape))
+    producer = src.owner
+    if isinstance(producer, (ir.Iota, ir.Load)) and inf.uses[src.id] == 1:
+        inf.set_layout(src, wanted, producer)  # an anchor with one use can load straight into the layout
+    else:
+        inf.relayout(inf.current_block, op, 0, wanted)
+    inf.set_layout(op.result, target, op)
+
+
+def _join(a: Layout | None, b: Layout | None) -> Layout | None:
+    if a is None or a == b:
+        return b
+    if isinstance(a, SplatLayout):
+        return b
+    return a
+
+
+@rule(ir.For)
+def _for(op: ir.For, inf: Inference) -> None:
+    body = op.body
+    carried = [a for a in body.args[1:]]
+    layouts = [v.layout for v in op.inits]
+    yield_op = body.ops[-1]
+    for _ in range(4):
+        mark = len(inf.log)
+        for arg, layout in zip(carried, layouts):
+            if arg.is_array:
+                inf.set_layout(arg, layout, op)
+        saved = inf.current_block
+        inf.block(body)
+        inf.current_block = saved
+        yielded = [v.layout for v in yield_op.operands]
+        joined = [_join(a, y) if arg.is_array else None for arg, a, y in zip(carried, layouts, yielded)]
+        if joined == layouts:
+            break
+        inf.undo(mark)
+        layouts = joined
+    else:
+        raise op.error("layout inference for the loop-carried arrays does not settle; "
+                       "consider initialising them from a load or an explicit layout")
+    for i, (arg, layout) in enumerate(zip(carried, layouts)):
+        if arg.is_array:
+            if yield_op.operands[i].layout != layout:
+                inf.relayout(body, yield_op, i, layout)
+            if op.inits[i].layout != layout:
+                inf.relayout(inf.current_block, op, 3 + i, layout)
+            inf.set_layout(op.results[i], layout, op)
+
+
+@rule(ir.If)
+def _if(op: ir.If, inf: Inference) -> None:
+    saved = inf.current_block
+    for region in op.regions:
+        inf.block(region)
+    inf.current_block = saved
+    then_yield, else_yield = op.regions[0].ops[-1], op.regions[1].ops[-1]
+    for i, r in enumerate(op.results):
+        if not r.is_array:
+            continue
+        layout = _join(then_yield.operands[i].layout, else_yield.operands[i].layout)
+        for region, y in zip(op.regions, (then_yield, else_yield)):
+            if y.operands[i].layout != layout:
+                inf.relayout(region, y, i, layout)
+        inf.set_layout(r, layout, op)

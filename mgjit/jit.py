@@ -1,0 +1,433 @@
+"""`@mgjit.kernel`: specialization, cache keys, compilation on a miss, and the launch fast path.
+
+A call computes a small specialization tuple from its arguments (dtypes, ranks, 16-byte alignment, unit
+last stride, divisibility of the last size and of int arguments, constexpr values) and looks it up in a
+dict of ready launchers. Only a miss does more: build the cache key, ask the disk store, and compile if
+needed. The key covers the source of the kernel and of everything it reads (device functions, globals,
+closure variables), so redefining a helper in a notebook cell recompiles its callers; each call checks,
+by identity, that those globals still hold the objects the key was built from.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from typing import Any, Callable, Sequence
+
+from . import dtypes, ir
+from .errors import CompileError, LaunchError
+from .frontend import DeviceFunction, SourceFunction
+from .language import Builtin, constexpr
+
+VERSION = "0.1.0"
+DEFAULT_TARGET = "sm_90a"
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+_LAUNCH_OPTIONS = ("num_warpgroups", "target")
+
+
+def _pow2_div(x: int) -> int:
+    return 16 if x == 0 else min(16, x & -x)
+
+
+def _is_constexpr(annotation: Any) -> bool:
+    return annotation is constexpr or (isinstance(annotation, str) and annotation.split(".")[-1] == "constexpr")
+
+
+# ---------------------------------------------------------------------------------------------- dependencies
+
+_PLAIN = (int, float, bool, str, bytes, type(None), dtypes.DType)
+
+
+def _describe_global(obj: Any, seen: set) -> Any:
+    """What of a global the cache key must see: source for device functions, value for plain data."""
+    if isinstance(obj, DeviceFunction):
+        return ("device", obj.fn.__qualname__, _source_parts(obj.fn, seen))
+    if isinstance(obj, _PLAIN):
+        return ("value", repr(obj))
+    if isinstance(obj, (tuple, list)) and all(isinstance(x, _PLAIN) for x in obj):
+        return ("value", repr(obj))
+    if isinstance(obj, types.ModuleType):
+        return ("module", obj.__name__)
+    if isinstance(obj, Builtin) or callable(obj):
+        return ("callable", getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj)))
+    return ("object", type(obj).__qualname__)
+
+
+def _referenced(fn: Callable) -> dict[str, Any]:
+    """Globals and closure variables a function's code names (including nested code objects)."""
+    names: set[str] = set()
+    stack = [fn.__code__]
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    out = {n: fn.__globals__[n] for n in sorted(names) if n in fn.__globals__}
+    if fn.__closure__:
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            try:
+                out[name] = cell.cell_contents
+            except ValueError:
+                pass
+    return out
+
+
+def _source_parts(fn: Callable, seen: set) -> tuple:
+    if id(fn) in seen:
+        return ("recursive", fn.__qualname__)
+    seen = seen | {id(fn)}
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = fn.__code__.co_code.hex()
+    deps = tuple((name, _describe_global(obj, seen)) for name, obj in _referenced(fn).items())
+    return (src, deps)
+
+
+def _dependency_snapshot(fn: Callable) -> list[tuple[dict, str, Any]]:
+    """(namespace, name, object) for every global the kernel and its helpers read, to detect redefinition."""
+    out, stack, seen = [], [fn], set()
+    while stack:
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        for name in _referenced(f):
+            if name in f.__globals__:
+                obj = f.__globals__[name]
+                out.append((f.__globals__, name, obj))
+                if isinstance(obj, DeviceFunction):
+                    stack.append(obj.fn)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- compiled
+
+class CompiledKernel:
+    """One specialization, compiled: its cubin and what was learned on the way (for inspection and tuning)."""
+
+    def __init__(self, name: str, key: str, target: str, meta: dict, files: dict[str, bytes]):
+        self.name = name
+        self.key = key
+        self.target = target
+        self.meta = meta
+        self._files = files
+        self.registers: int = meta["registers"]
+        self.spills: int = meta["spills"]
+        self.smem_bytes: int = meta["smem_bytes"]
+        self.threads: int = meta["threads"]
+        self.params: list[dict] = meta["params"]
+        self.from_cache: bool = False
+        self._launcher = None
+
+    def _file(self, name: str) -> str:
+        return self._files[name].decode()
+
+    @property
+    def cubin(self) -> bytes:
+        return self._files["kernel.cubin"]
+
+    @property
+    def ptx(self) -> str:
+        return self._file("kernel.ptx")
+
+    @property
+    def ir(self) -> str:
+        return self._file("kernel.ir")
+
+    @property
+    def mlir(self) -> str:
+        return self._file("kernel.mlir")
+
+    @property
+    def ptxas_report(self) -> str:
+        return self._file("ptxas.txt")
+
+    def launcher(self):
+        if self._launcher is None:
+            from .runtime import Launcher
+            self._launcher = Launcher(self.cubin, self.name, self.params, self.smem_bytes, self.threads)
+        return self._launcher
+
+    def __repr__(self) -> str:
+        return (f"CompiledKernel({self.name}, {self.target}, registers={self.registers}, spills={self.spills}, "
+                f"smem={self.smem_bytes}B, threads={self.threads})")
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+
+class Kernel:
+    __mgjit_kernel__ = True
+
+    def __init__(self, fn: Callable, num_warpgroups: int = 1):
+        self.fn = fn
+        self.name = fn.__name__
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        functools.update_wrapper(self, fn)
+        sig = inspect.signature(fn)
+        self.arg_names = list(sig.parameters)
+        self.constexpr_names = [n for n, p in sig.parameters.items() if _is_constexpr(p.annotation)]
+        self.runtime_names = [n for n in self.arg_names if n not in self.constexpr_names]
+        self.defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+        for n, p in sig.parameters.items():
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                raise CompileError(f"kernel {self.name}: parameter `{n}` must be a plain named parameter "
+                                   "(no *args/**kwargs)")
+        self.num_warpgroups = num_warpgroups
+        self._plans: dict[tuple, Any] = {}
+        self._compiled: dict[tuple, CompiledKernel] = {}
+        self._source_key: str | None = None
+        self._deps: list[tuple[dict, str, Any]] | None = None
+
+    # -- keys
+    def _deps_changed(self) -> bool:
+        if self._deps is None:
+            return False
+        for ns, name, obj in self._deps:
+            if ns.get(name) is not obj:
+                return True
+        return False
+
+    def _refresh_if_redefined(self) -> None:
+        if self._deps_changed():
+            self._plans.clear()
+            self._compiled.clear()
+            self._source_key = None
+            self._deps = None
+
+    def source_key(self) -> str:
+        """A hash of the kernel's source and everything it reads, plus the versions that shape its code."""
+        self._refresh_if_redefined()
+        if self._source_key is None:
+            from .cache.store import hash_parts
+            from . import mlir, toolchain
+            import os
+            ptxas = toolchain.ptxas_path()
+            st = os.stat(ptxas)
+            self._deps = _dependency_snapshot(self.fn)
+            self._source_key = hash_parts("mgjit", VERSION, mlir.bindings_version(), (ptxas, st.st_size, int(st.st_mtime)),
+                                          _source_parts(self.fn, set()))
+        return self._source_key
+
+    # -- specialization
+    def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Split a call into runtime values (in parameter order) and constexpr values."""
+        if len(args) > len(self.arg_names):
+            raise LaunchError(f"{self.name} takes {len(self.arg_names)} arguments ({', '.join(self.arg_names)}), "
+                              f"got {len(args)} positional")
+        bound = dict(zip(self.arg_names, args))
+        for k, v in kwargs.items():
+            if k not in self.arg_names:
+                raise LaunchError(f"{self.name} has no parameter `{k}` (parameters: {', '.join(self.arg_names)})")
+            if k in bound:
+                raise LaunchError(f"{self.name} got two values for `{k}`")
+            bound[k] = v
+        for n in self.arg_names:
+            if n not in bound:
+                if n in self.defaults:
+                    bound[n] = self.defaults[n]
+                else:
+                    kind = "constexpr " if n in self.constexpr_names else ""
+                    raise LaunchError(f"{self.name} is missing the {kind}argument `{n}`")
+        runtime = [bound[n] for n in self.runtime_names]
+        consts = {n: bound[n] for n in self.constexpr_names}
+        return runtime, consts
+
+    def _arg_spec(self, name: str, v: Any) -> tuple:
+        if hasattr(v, "data_ptr") and hasattr(v, "stride"):
+            return ("tensor", _tensor_spec(v))
+        if isinstance(v, bool):
+            return ("scalar", "i1")
+        if isinstance(v, int):
+            if not -2**63 <= v < 2**63:
+                raise LaunchError(f"argument `{name}` = {v} does not fit in 64 bits")
+            return ("scalar", "i32" if -2**31 <= v < 2**31 else "i64", _pow2_div(v))
+        if isinstance(v, float):
+            return ("scalar", "f32")
+        raise LaunchError(f"argument `{name}` of {self.name} is a {type(v).__name__}; kernels take torch tensors, "
+                          "ints, floats and bools (constexpr parameters take any hashable value)")
+
+    def _params_and_specs(self, spec: tuple) -> tuple[list[ir.Param], list[Any]]:
+        params, specs = [], []
+        from .lowering.core import TensorSpec
+        for name, s in zip(self.runtime_names, spec):
+            if s[0] == "tensor":
+                dtype_name, rank, align, unit, size_div = s[1]
+                params.append(ir.Param(name, "tensor", dtypes.BY_NAME[dtype_name], rank))
+                specs.append(TensorSpec(align, unit, size_div))
+            else:
+                mlir_t = s[1]
+                dtype = {"i1": dtypes.bool_, "i32": dtypes.int32, "i64": dtypes.int64, "f32": dtypes.float32}[mlir_t]
+                params.append(ir.Param(name, "scalar", dtype))
+                specs.append(s[2] if len(s) > 2 else None)
+        return params, specs
+
+    # -- compile
+    def compile(self, *args, target: str | None = None, num_warpgroups: int | None = None,
+                **kwargs) -> CompiledKernel:
+        """Compile for the given arguments (tensors may live on any device: only their dtype, rank, strides and
+        alignment matter) and return the CompiledKernel; a machine without a GPU can compile for any target."""
+        runtime, consts = self._bind(args, kwargs)
+        spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
+        return self._get_compiled(spec, consts, target or DEFAULT_TARGET, num_warpgroups or self.num_warpgroups)
+
+    def _get_compiled(self, spec: tuple, consts: dict, target: str, num_warpgroups: int) -> CompiledKernel:
+        self._refresh_if_redefined()
+        try:
+            const_key = tuple(sorted(consts.items()))
+            hash(const_key)
+        except TypeError:
+            raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
+        memo_key = (spec, const_key, target, num_warpgroups)
+        compiled = self._compiled.get(memo_key)
+        if compiled is not None:
+            return compiled
+        from .cache.store import default_store, hash_parts
+        key = hash_parts(self.source_key(), repr(spec), repr(const_key), target, num_warpgroups)
+        expect = {"mgjit_version": VERSION, "target": target, "name": self.name}
+        store = default_store()
+        entry = store.get(key, expect=expect)
+        if entry is not None:
+            files = {n: entry.read(n) for n in ("kernel.cubin", "kernel.ptx", "kernel.ir", "kernel.mlir", "ptxas.txt")}
+            compiled = CompiledKernel(self.name, key, target, dict(entry.meta), files)
+            compiled.from_cache = True
+        else:
+            compiled = self._compile_fresh(key, spec, consts, target, num_warpgroups)
+            store.put(key, compiled._files, compiled.meta)
+        self._compiled[memo_key] = compiled
+        return compiled
+
+    def _compile_fresh(self, key: str, spec: tuple, consts: dict, target: str, num_warpgroups: int) -> CompiledKernel:
+        from . import compiler, frontend
+        if num_warpgroups not in (1, 2, 3, 4):
+            raise LaunchError(f"num_warpgroups must be 1..4, got {num_warpgroups}")
+        params, specs = self._params_and_specs(spec)
+        kernel_ir = frontend.trace(SourceFunction(self.fn), params, consts, num_warpgroups)
+        spec_by_value = {v.id: s for v, s in zip(kernel_ir.args, specs) if s is not None}
+        art = compiler.compile_ir(kernel_ir, spec_by_value, target)
+        abi = [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
+               for p in params]
+        meta = {"name": self.name, "target": target, "mgjit_version": VERSION,
+                "specialization": _describe_spec(self.runtime_names, spec, consts),
+                "params": abi, "registers": art.registers, "spills": art.spills, "smem_bytes": art.smem_bytes,
+                "threads": art.threads, "num_warpgroups": num_warpgroups,
+                "compile_seconds": round(art.compile_seconds, 4)}
+        files = {"kernel.cubin": art.cubin, "kernel.ptx": art.ptx.encode(), "kernel.ir": art.ir_text.encode(),
+                 "kernel.mlir": art.mlir_text.encode(), "ptxas.txt": art.ptxas_report.encode()}
+        return CompiledKernel(self.name, key, target, meta, files)
+
+    def inspect(self, *args, target: str | None = None, num_warpgroups: int | None = None, **kwargs) -> str:
+        """The IR with inferred layouts, the ptxas report, and where to find the MLIR and PTX."""
+        c = self.compile(*args, target=target, num_warpgroups=num_warpgroups, **kwargs)
+        return (f"{c!r}\n--- IR (layouts inferred) ---\n{c.ir}\n--- ptxas ---\n{c.ptxas_report.strip()}\n"
+                f"(.mlir and .ptx: CompiledKernel.mlir / .ptx)")
+
+    # -- launch
+    def __getitem__(self, grid) -> Callable[..., None]:
+        return functools.partial(self._launch, grid)
+
+    def _launch(self, grid, *args, num_warpgroups: int | None = None, **kwargs) -> None:
+        plan_key = (args.__len__(), tuple(kwargs), num_warpgroups)
+        runtime, consts = self._bind(args, kwargs)
+        self._refresh_if_redefined()
+        spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
+        const_key = tuple(consts.items())
+        try:
+            plan = self._plans.get((spec, const_key, plan_key))
+        except TypeError:
+            raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
+        if plan is None:
+            plan = self._make_plan(spec, consts, num_warpgroups or self.num_warpgroups)
+            self._plans[(spec, const_key, plan_key)] = plan
+        plan(grid, runtime)
+
+    def _make_plan(self, spec: tuple, consts: dict, num_warpgroups: int):
+        import torch
+        if not torch.cuda.is_available():
+            raise LaunchError(f"launching {self.name} needs a CUDA GPU; on this machine use "
+                              f"{self.name}.compile(..., target='sm_90a') to compile without one")
+        major, minor = torch.cuda.get_device_capability()
+        target = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
+        if target is None:
+            raise LaunchError(f"mgjit targets Hopper (sm_90a) and Blackwell (sm_100a); this GPU is sm_{major}{minor}")
+        compiled = self._get_compiled(spec, consts, target, num_warpgroups)
+        return _make_launch_fn(self.name, compiled, self.runtime_names)
+
+    def __call__(self, *args, **kwargs):
+        raise LaunchError(f"launch {self.name} with a grid: {self.name}[grid](...)")
+
+    def __repr__(self) -> str:
+        return f"<mgjit.kernel {self.name}>"
+
+
+def _tensor_spec(t) -> tuple:
+    dtype = dtypes.from_torch(t.dtype).name
+    shape = t.shape
+    strides = t.stride()
+    rank = len(shape)
+    itemsize = t.element_size()
+    bits = t.data_ptr()
+    for s in strides[:-1]:
+        bits |= s * itemsize
+    unit = rank == 0 or strides[-1] == 1 or shape[-1] == 1
+    size_div = _pow2_div(shape[-1]) if rank else 16
+    return (dtype, rank, min(16, _pow2_div(bits)), unit, size_div)
+
+
+def _describe_spec(names: Sequence[str], spec: tuple, consts: dict) -> str:
+    parts = []
+    for n, s in zip(names, spec):
+        if s[0] == "tensor":
+            dtype, rank, align, unit, div = s[1]
+            parts.append(f"{n}: {dtype}[rank {rank}, align {align}{', unit-stride' if unit else ''}, last%{div}]")
+        else:
+            parts.append(f"{n}: {s[1]}" + (f" (%{s[2]})" if len(s) > 2 else ""))
+    parts += [f"{k}={v!r}" for k, v in consts.items()]
+    return ", ".join(parts)
+
+
+def _make_launch_fn(name: str, compiled: CompiledKernel, runtime_names: Sequence[str]):
+    """The per-specialization fast path: check the tensors' device, flatten the arguments, launch."""
+    import torch
+    launcher = compiled.launcher()
+    kinds = [p["kind"] == "tensor" for p in compiled.params]
+    get_stream = torch._C._cuda_getCurrentRawStream
+    get_device = torch._C._cuda_getDevice
+    max_int = 2**31 - 1
+
+    def run(grid, runtime):
+        if type(grid) is not tuple:
+            grid = tuple(grid) if not isinstance(grid, int) else (grid,)
+        n = len(grid)
+        if n == 3:
+            g = grid
+        elif n == 1:
+            g = (grid[0], 1, 1)
+        elif n == 2:
+            g = (grid[0], grid[1], 1)
+        else:
+            raise LaunchError(f"{name}: a grid has 1 to 3 dimensions, got {grid!r}")
+        if not (0 < g[0] <= MAX_GRID[0] and 0 < g[1] <= MAX_GRID[1] and 0 < g[2] <= MAX_GRID[2]):
+            raise LaunchError(f"{name}: every grid dimension must be positive and at most {MAX_GRID}, got {grid!r}")
+        device = get_device()
+        values = []
+        for is_tensor, v, arg_name in zip(kinds, runtime, runtime_names):
+            if is_tensor:
+                if not v.is_cuda:
+                    raise LaunchError(f"{name}: argument `{arg_name}` is on {v.device}; kernels take CUDA tensors")
+                if v.device.index != device:
+                    raise LaunchError(f"{name}: argument `{arg_name}` is on {v.device} but the current device is "
+                                      f"cuda:{device}")
+                shape = v.shape
+                for s in shape:
+                    if s > max_int:
+                        raise LaunchError(f"{name}: argument `{arg_name}` has a dimension of {s} > 2**31-1")
+                values.append(v.data_ptr())
+                values.extend(shape)
+                values.extend(v.stride())
+            else:
+                values.append(v)
+        launcher.launch(device, g, get_stream(device), values)
+
+    return run

@@ -1,0 +1,69 @@
+"""The kernel language's builtins as the user names them (`mgjit.exp`, `mgjit.ds`, ...).
+
+They are markers: the frontend recognises each by identity and emits IR for it. Called from ordinary Python
+they raise, because they only mean something inside a kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class constexpr:
+    """Annotation for kernel parameters whose value is fixed at compile time (part of the cache key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ds:
+    """A dynamic slice: `size` elements from `start` (start may be a runtime value, size must be static)."""
+
+    start: Any
+    size: int
+
+
+class Builtin:
+    def __init__(self, name: str, doc: str):
+        self.name = name
+        self.__doc__ = doc
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"mgjit.{self.name} can only be used inside an @mgjit.kernel or @mgjit.device function")
+
+    def __repr__(self) -> str:
+        return f"<mgjit builtin {self.name}>"
+
+
+def _builtin(name: str, doc: str) -> Builtin:
+    return Builtin(name, doc)
+
+
+program_id = _builtin("program_id", "program_id(axis): the index of this CTA along grid axis 0, 1 or 2.")
+num_programs = _builtin("num_programs", "num_programs(axis): the grid size along axis 0, 1 or 2.")
+warpgroup_id = _builtin("warpgroup_id", "warpgroup_id(): the index of this warpgroup in the CTA.")
+arange = _builtin("arange", "arange(stop) or arange(start, stop): a 1D int32 array; bounds are static.")
+zeros = _builtin("zeros", "zeros(shape, dtype=float32): an array of zeros.")
+full = _builtin("full", "full(shape, value, dtype=None): an array of one value.")
+where = _builtin("where", "where(cond, a, b): elementwise choice.")
+minimum = _builtin("minimum", "minimum(a, b): elementwise minimum.")
+maximum = _builtin("maximum", "maximum(a, b): elementwise maximum.")
+static_range = _builtin("static_range", "static_range(...): like range, unrolled at compile time.")
+exp = _builtin("exp", "exp(x)")
+exp2 = _builtin("exp2", "exp2(x)")
+log = _builtin("log", "log(x)")
+log2 = _builtin("log2", "log2(x)")
+sqrt = _builtin("sqrt", "sqrt(x)")
+rsqrt = _builtin("rsqrt", "rsqrt(x): 1 / sqrt(x)")
+tanh = _builtin("tanh", "tanh(x)")
+erf = _builtin("erf", "erf(x)")
+sin = _builtin("sin", "sin(x)")
+cos = _builtin("cos", "cos(x)")
+abs = _builtin("abs", "abs(x)")
+sum = _builtin("sum", "sum(x, axis=None): a reduction.")
+max = _builtin("max", "max(x, axis=None): a reduction.")
+min = _builtin("min", "min(x, axis=None): a reduction.")
+cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
+
+UNARY_BUILTINS = {exp: "exp", exp2: "exp2", log: "log", log2: "log2", sqrt: "sqrt", rsqrt: "rsqrt",
+                  tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs"}
+REDUCE_BUILTINS = {sum: "sum", max: "max", min: "min"}

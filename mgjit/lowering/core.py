@@ -1,0 +1,213 @@
+"""The lowering context: MLIR builder state, the lowered form of every IR value, and the rule registry.
+
+A scalar lowers to one MLIR value (the same in every thread). A register array lowers to a `Frag`: its
+layout plus one MLIR scalar per element that this thread holds, in the order of the layout's registers
+and vector slots (a splat array holds one value). Lowering rules, one per IR op, live beside this file
+and register with `@rule(OpClass)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+from .. import dtypes, ir
+from ..dtypes import DType
+from ..errors import CompileError
+from ..layouts import (LANES_PER_WARP, SPLAT, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Layout, Replicated,
+                       SplatLayout, TiledLayout)
+from .emit import Emitter
+
+Rule = Callable[[ir.Op, "Context"], None]
+RULES: dict[type, Rule] = {}
+
+
+def rule(*op_types: type) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for t in op_types:
+            RULES[t] = fn
+        return fn
+    return register
+
+
+@dataclasses.dataclass
+class Frag:
+    """A register array as this thread holds it."""
+
+    layout: Layout
+    shape: tuple[int, ...]
+    dtype: DType
+    elems: list[Any]  # MLIR values; one for a splat
+
+    @property
+    def is_splat(self) -> bool:
+        return isinstance(self.layout, SplatLayout)
+
+    def elem(self, i: int) -> Any:
+        return self.elems[0] if self.is_splat else self.elems[i]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """What a launch fixed about a tensor argument (part of the cache key)."""
+
+    align: int  # bytes (power of two <= 16) dividing the base address and every non-last stride in bytes
+    unit_stride: bool  # the last dimension is contiguous
+    size_div: int  # power of two <= 16 dividing the last dimension's size
+
+
+@dataclasses.dataclass
+class LoweredRef:
+    ptr: Any  # i64 address of element 0
+    sizes: list[Any]  # i32
+    strides: list[Any]  # i64, in elements
+    spec: TensorSpec
+    dtype: DType
+
+
+class Context:
+    def __init__(self, kernel: ir.Kernel, emitter: Emitter, specs: dict[int, Any]):
+        self.kernel = kernel
+        self.e = emitter
+        self.specs = specs  # ir.Value.id -> TensorSpec (tensors) or int divisor (int scalars)
+        self.values: dict[int, Any] = {}
+        self.smem_bytes = 0
+        self.uses_libdevice = False
+        e = emitter
+        self.tid = e.tid_x()
+        self.wg_tid = e.remui(self.tid, e.i32(THREADS_PER_WARPGROUP))
+        self.wg_id = e.divui(self.tid, e.i32(THREADS_PER_WARPGROUP))
+        self.lane = e.remui(self.tid, e.i32(LANES_PER_WARP))
+        self.warp = e.remui(e.divui(self.tid, e.i32(LANES_PER_WARP)), e.i32(WARPS_PER_WARPGROUP))
+        self._thread_index_cache: dict[tuple, list[Any]] = {}
+
+    # -- values
+    def get(self, v: ir.Value) -> Any:
+        return self.values[v.id]
+
+    def set(self, v: ir.Value, lowered: Any) -> None:
+        self.values[v.id] = lowered
+
+    def frag(self, v: ir.Value) -> Frag:
+        f = self.values[v.id]
+        assert isinstance(f, Frag), f"{v} is not an array"
+        return f
+
+    # -- layouts → indices
+    def thread_coords(self, layout: TiledLayout) -> dict[int, Any]:
+        """MLIR values of this thread's coordinate along each warp/lane tiled dim (negative index → i32)."""
+        tile = layout.tiling.tile_shape(layout.tiling.tiles[0])
+        coords = {}
+        for dims, idx in ((layout.warp_dims, self.warp), (layout.lane_dims, self.lane)):
+            stride = 1
+            for d in reversed(dims):
+                size = d.times if isinstance(d, Replicated) else tile[d]
+                if isinstance(d, int) and size > 1:
+                    coords[d] = self.e.remui(self.e.divui(idx, self.e.i32(stride)), self.e.i32(size))
+                stride *= size
+        return coords
+
+    def thread_index(self, layout: TiledLayout, shape: tuple[int, ...]) -> list[Any]:
+        """Per array dimension, the part of an element's index that comes from which thread holds it."""
+        key = (layout, shape)
+        if key not in self._thread_index_cache:
+            e = self.e
+            entries = layout.tiling.dim_strides(len(shape))
+            index = [e.i32(0) for _ in shape]
+            for d, c in self.thread_coords(layout).items():
+                dim, stride = entries[len(entries) + d]
+                index[dim] = e.addi(index[dim], e.muli(c, e.i32(stride)))
+            self._thread_index_cache[key] = index
+        return self._thread_index_cache[key]
+
+    def is_primary(self, layout: TiledLayout) -> Any:
+        """i1: this thread holds the first copy of its elements (false on Replicated duplicates)."""
+        e = self.e
+        pred = e.const_bool(True)
+        for dims, idx in ((layout.warp_dims, self.warp), (layout.lane_dims, self.lane)):
+            stride = 1
+            tile = layout.tiling.tile_shape(layout.tiling.tiles[0])
+            for d in reversed(dims):
+                size = d.times if isinstance(d, Replicated) else tile[d]
+                if isinstance(d, Replicated):
+                    coord = e.remui(e.divui(idx, e.i32(stride)), e.i32(size))
+                    pred = e.andi(pred, e.cmpi("eq", coord, e.i32(0)))
+                stride *= size
+        return pred
+
+    # -- shared memory scratch
+    def alloc_smem(self, nbytes: int, align: int = 16) -> Any:
+        """An i32 byte offset into dynamic SMEM of a region private to this warpgroup."""
+        self.smem_bytes = (self.smem_bytes + align - 1) // align * align
+        base = self.smem_bytes
+        self.smem_bytes += nbytes * self.kernel.num_warpgroups
+        e = self.e
+        return e.addi(e.i32(base), e.muli(self.wg_id, e.i32(nbytes)))
+
+    def warpgroup_barrier(self) -> None:
+        """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index)."""
+        self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
+
+    def error(self, op: ir.Op, message: str, rule: str | None = None) -> CompileError:
+        return op.error(message, rule)
+
+
+def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The register/vector part of each held element's index, in Frag order."""
+    return _element_offsets(layout, shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out = []
+    for reg in layout.registers(shape):
+        for k in range(layout.vector_length):
+            out.append(layout.element_index(shape, 0, reg, k))
+    return out
+
+
+def num_elems(layout: Layout, shape: Sequence[int]) -> int:
+    if isinstance(layout, SplatLayout):
+        return 1
+    n = 1
+    for d in layout.registers_shape(shape):
+        n *= d
+    return n * layout.vector_length
+
+
+def splat_to(ctx: Context, frag: Frag, layout: Layout) -> Frag:
+    """A splat array expanded into `layout` (no data movement: every element is the one value)."""
+    if isinstance(layout, SplatLayout):
+        return frag
+    return Frag(layout, frag.shape, frag.dtype, [frag.elems[0]] * num_elems(layout, frag.shape))
+
+
+def int_divisor(ctx: Context, v: ir.Value) -> int:
+    """The largest power of two (<= 16) known to divide integer scalar `v` at compile time."""
+    return _divisor(ctx, v, 0)
+
+
+def _divisor(ctx: Context, v: ir.Value, depth: int) -> int:
+    if depth > 16:
+        return 1
+    if v.id in ctx.specs and isinstance(ctx.specs[v.id], int):
+        return ctx.specs[v.id]
+    op = v.owner
+    if isinstance(op, ir.Constant):
+        n = abs(int(op.value))
+        return 16 if n == 0 else min(16, n & -n)
+    if isinstance(op, ir.Cast):
+        return _divisor(ctx, op.operands[0], depth + 1)
+    if isinstance(op, ir.Binary):
+        a, b = (_divisor(ctx, x, depth + 1) for x in op.operands)
+        if op.kind in ("add", "sub"):
+            return min(a, b)
+        if op.kind == "mul":
+            return min(16, a * b)
+        if op.kind == "shl" and isinstance(op.operands[1].owner, ir.Constant):
+            return min(16, a << int(op.operands[1].owner.value))
+    return 1
+
+
+__all__ = ["Context", "Frag", "LoweredRef", "TensorSpec", "RULES", "rule", "element_offsets", "num_elems",
+           "splat_to", "int_divisor", "SPLAT", "dtypes"]

@@ -1,0 +1,225 @@
+"""Emitter: the MLIR ops the lowering rules need, as small typed calls (through the shim's bindings).
+
+Every method appends at the current insertion point. Transcendentals follow Triton's choice: exp/log/rsqrt
+use the hardware approximations (ex2/lg2/rsqrt.approx); tanh, erf, sin and cos call libdevice, which is
+linked only into kernels that use it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .. import dtypes
+from ..dtypes import DType
+
+_DYNAMIC_INDEX = -2147483648  # llvm.getelementptr's marker for an index given as an operand
+
+
+class Emitter:
+    def __init__(self, m, module, func_block, gpu_module_block):
+        self.m = m  # the shim's namespace: ir, arith, scf, llvm, nvvm, gpu
+        self.module = module
+        self.gpu_block = gpu_module_block
+        self.libdevice_decls: set[str] = set()
+        self.ir = m.ir
+        self.ip = [m.ir.InsertionPoint.at_block_terminator(func_block)]
+
+    # -- insertion points
+    def push(self, ip) -> None:
+        self.ip.append(ip)
+        ip.__enter__()
+
+    def pop(self) -> None:
+        self.ip.pop().__exit__(None, None, None)
+
+    # -- types
+    def type(self, dtype: DType):
+        ir = self.ir
+        if dtype.is_float:
+            return {"f32": ir.F32Type, "f16": ir.F16Type, "bf16": ir.BF16Type, "f64": ir.F64Type}[dtype.mlir].get() \
+                if dtype.mlir in ("f32", "f16", "bf16", "f64") else ir.Type.parse(dtype.mlir)
+        return ir.IntegerType.get_signless(dtype.bits)
+
+    def int_type(self, bits: int):
+        return self.ir.IntegerType.get_signless(bits)
+
+    # -- constants
+    def const(self, value: int | float | bool, dtype: DType):
+        t = self.type(dtype)
+        ir = self.ir
+        if dtype.is_float:
+            attr = ir.FloatAttr.get(t, float(value))
+        else:
+            v = int(value)
+            if dtype == dtypes.bool_:
+                v = 1 if v else 0
+            elif dtype.bits < 64 and v >= 2 ** (dtype.bits - 1):
+                v -= 2 ** dtype.bits
+            attr = ir.IntegerAttr.get(t, v)
+        return self.m.arith.constant(t, attr)
+
+    def i32(self, v: int):
+        return self.const(v, dtypes.int32)
+
+    def i64(self, v: int):
+        return self.const(v, dtypes.int64)
+
+    def const_bool(self, v: bool):
+        return self.const(v, dtypes.bool_)
+
+    # -- integer arithmetic (used for indices everywhere)
+    def addi(self, a, b): return self.m.arith.addi(a, b)
+    def subi(self, a, b): return self.m.arith.subi(a, b)
+    def muli(self, a, b): return self.m.arith.muli(a, b)
+    def divui(self, a, b): return self.m.arith.divui(a, b)
+    def remui(self, a, b): return self.m.arith.remui(a, b)
+    def andi(self, a, b): return self.m.arith.andi(a, b)
+    def ori(self, a, b): return self.m.arith.ori(a, b)
+
+    def cmpi(self, pred: str, a, b):
+        return self.m.arith.cmpi(getattr(self.m.arith.CmpIPredicate, pred), a, b)
+
+    def cmpf(self, pred: str, a, b):
+        return self.m.arith.cmpf(getattr(self.m.arith.CmpFPredicate, pred), a, b)
+
+    def select(self, c, a, b): return self.m.arith.select(c, a, b)
+
+    def ext_i64(self, v, signed: bool = True):
+        t = self.int_type(64)
+        return self.m.arith.extsi(t, v) if signed else self.m.arith.extui(t, v)
+
+    def zext(self, v, bits: int): return self.m.arith.extui(self.int_type(bits), v)
+    def trunc(self, v, bits: int): return self.m.arith.trunci(self.int_type(bits), v)
+    def bitcast(self, v, t): return self.m.arith.bitcast(t, v)
+
+    # -- special registers
+    def _sreg(self, name: str):
+        return getattr(self.m.nvvm, f"read_ptx_sreg_{name}")(results=[self.int_type(32)])
+
+    def tid_x(self): return self._sreg("tid_x")
+    def ctaid(self, axis: int): return self._sreg(f"ctaid_{'xyz'[axis]}")
+    def nctaid(self, axis: int): return self._sreg(f"nctaid_{'xyz'[axis]}")
+
+    # -- inline PTX
+    def asm(self, text: str, constraints: str, operands: Sequence[Any], results: Sequence[Any],
+            side_effects: bool = False) -> list[Any]:
+        """Inline PTX returning len(results) values of the given MLIR types."""
+        llvm = self.m.llvm
+        if len(results) == 1:
+            out = llvm.inline_asm(results[0], list(operands), text, constraints, has_side_effects=side_effects)
+            return [out]
+        struct = self.ir.Type.parse("!llvm.struct<(" + ", ".join(str(t) for t in results) + ")>")
+        out = llvm.inline_asm(struct, list(operands), text, constraints, has_side_effects=side_effects)
+        return [llvm.extractvalue(t, out, [i]) for i, t in enumerate(results)]
+
+    def asm_void(self, text: str, constraints: str, operands: Sequence[Any]) -> None:
+        self.m.llvm.inline_asm(None, list(operands), text, constraints, has_side_effects=True)
+
+    # -- pointers and memory
+    def ptr_to_int(self, p):
+        return self.m.llvm.ptrtoint(self.int_type(64), p)
+
+    def smem_base(self):
+        return self.m.llvm.mlir_addressof(self.ir.Type.parse("!llvm.ptr<3>"), "__mgjit_smem")
+
+    def smem_ptr(self, byte_offset):
+        i8 = self.int_type(8)
+        return self.m.llvm.getelementptr(self.ir.Type.parse("!llvm.ptr<3>"), self.smem_base(), [byte_offset],
+                                         [_DYNAMIC_INDEX], i8, 0)
+
+    def smem_store(self, value, byte_offset) -> None:
+        self.m.llvm.store(value, self.smem_ptr(byte_offset))
+
+    def smem_load(self, t, byte_offset):
+        return self.m.llvm.load(t, self.smem_ptr(byte_offset))
+
+    # -- floating point
+    def fbinary(self, kind: str, a, b):
+        arith = self.m.arith
+        return {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
+                "min": arith.minimumf, "max": arith.maximumf}[kind](a, b)
+
+    def ibinary(self, kind: str, a, b, signed: bool):
+        arith = self.m.arith
+        table = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "and": arith.andi, "or": arith.ori,
+                 "xor": arith.xori, "shl": arith.shli,
+                 "floordiv": arith.divsi if signed else arith.divui, "mod": arith.remsi if signed else arith.remui,
+                 "min": arith.minsi if signed else arith.minui, "max": arith.maxsi if signed else arith.maxui,
+                 "shr": arith.shrsi if signed else arith.shrui}
+        return table[kind](a, b)
+
+    def f32_asm(self, instr: str, x):
+        f32 = self.ir.F32Type.get()
+        return self.asm(f"{instr} $0, $1;", "=f,f", [x], [f32])[0]
+
+    def libdevice(self, name: str, args: Sequence[Any], result_type):
+        """Call a libdevice function (declared on first use; libdevice is linked when any is used)."""
+        if name not in self.libdevice_decls:
+            arg_types = ", ".join(str(a.type) for a in args)
+            decl = self.ir.Operation.parse(f"llvm.func @{name}({arg_types}) -> {result_type}")
+            self.ir.InsertionPoint.at_block_begin(self.gpu_block).insert(decl)
+            self.libdevice_decls.add(name)
+        return self.m.llvm.call(result_type, list(args), [], [], callee=name)
+
+    def cast(self, x, src: DType, dst: DType):
+        arith = self.m.arith
+        if src == dst:
+            return x
+        t = self.type(dst)
+        if dst == dtypes.bool_:
+            zero = self.const(0, src)
+            return self.cmpf("UNE", x, zero) if src.is_float else self.cmpi("ne", x, zero)
+        if src.is_float and dst.is_float:
+            return arith.extf(t, x) if dst.bits > src.bits else arith.truncf(t, x)
+        if src.is_float:
+            return arith.fptosi(t, x) if dst.is_signed else arith.fptoui(t, x)
+        if dst.is_float:
+            return arith.sitofp(t, x) if src.is_signed else arith.uitofp(t, x)
+        if dst.bits > src.bits:
+            return arith.extsi(t, x) if src.is_signed else arith.extui(t, x)
+        if dst.bits < src.bits:
+            return arith.trunci(t, x)
+        return x
+
+    def unary_float(self, kind: str, x, dtype: DType):
+        """A float unary op; narrow floats are computed in f32."""
+        f32 = dtypes.float32
+        if dtype == dtypes.float64:
+            if kind in ("neg", "abs", "sqrt"):
+                return self._exact_unary(kind, x)
+            name = {"exp": "__nv_exp", "exp2": "__nv_exp2", "log": "__nv_log", "log2": "__nv_log2",
+                    "rsqrt": "__nv_rsqrt", "tanh": "__nv_tanh", "erf": "__nv_erf", "sin": "__nv_sin",
+                    "cos": "__nv_cos"}[kind]
+            return self.libdevice(name, [x], self.type(dtype))
+        if kind in ("neg", "abs"):
+            return self._exact_unary(kind, x)
+        wide = self.cast(x, dtype, f32) if dtype != f32 else x
+        if kind == "exp":
+            y = self.f32_asm("ex2.approx.f32", self.fbinary("mul", wide, self.const(math.log2(math.e), f32)))
+        elif kind == "exp2":
+            y = self.f32_asm("ex2.approx.f32", wide)
+        elif kind == "log":
+            y = self.fbinary("mul", self.f32_asm("lg2.approx.f32", wide), self.const(math.log(2.0), f32))
+        elif kind == "log2":
+            y = self.f32_asm("lg2.approx.f32", wide)
+        elif kind == "rsqrt":
+            y = self.f32_asm("rsqrt.approx.f32", wide)
+        elif kind == "sqrt":
+            y = self._exact_unary("sqrt", wide)
+        else:
+            name = {"tanh": "__nv_tanhf", "erf": "__nv_erff", "sin": "__nv_sinf", "cos": "__nv_cosf"}[kind]
+            y = self.libdevice(name, [wide], self.type(f32))
+        return self.cast(y, f32, dtype) if dtype != f32 else y
+
+    def _exact_unary(self, kind: str, x):
+        llvm = self.m.llvm
+        if kind == "neg":
+            return self.m.arith.negf(x)
+        if kind == "abs":
+            return llvm.intr_fabs(x)
+        return llvm.intr_sqrt(x)
+
+    # -- warp shuffles
+    def shfl_bfly(self, x, offset: int):
+        kind = self.ir.Attribute.parse("#nvvm<shfl_kind bfly>")
+        return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(0x1F), kind, results=[x.type])
