@@ -88,26 +88,11 @@ def _python_scalar_dtype(value: Any) -> DType:
     return dtypes.float32
 
 
-class Tensor:
-    """A scalar or register array during tracing, with Python operators that emit IR."""
+class _Operators:
+    """Python operators on runtime values (and expanded views), emitting IR through the tracer."""
 
-    def __init__(self, tracer: "Tracer", value: ir.Value):
-        self.tracer = tracer
-        self.value = value
+    tracer: "Tracer"
 
-    @property
-    def dtype(self) -> DType:
-        return self.value.dtype
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.value.type.shape if self.value.is_array else ()
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    # arithmetic
     def __add__(self, o): return self.tracer.binary("add", self, o)
     def __radd__(self, o): return self.tracer.binary("add", o, self)
     def __sub__(self, o): return self.tracer.binary("sub", self, o)
@@ -140,6 +125,27 @@ class Tensor:
     def __ne__(self, o): return self.tracer.compare("ne", self, o)  # type: ignore[override]
     __hash__ = object.__hash__
 
+
+
+class Tensor(_Operators):
+    """A scalar or register array during tracing, with Python operators that emit IR."""
+
+    def __init__(self, tracer: "Tracer", value: ir.Value):
+        self.tracer = tracer
+        self.value = value
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.type.shape if self.value.is_array else ()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
     def __bool__(self):
         raise self.tracer.error("a runtime value has no truth value at compile time; use it in an `if` "
                                 "statement directly or use mgjit.where for arrays")
@@ -158,7 +164,7 @@ class Tensor:
     def min(self, axis=None, keepdims=False): return self.tracer.reduce("min", self, axis, keepdims)
 
 
-class Expanded:
+class Expanded(_Operators):
     """`x[:, None]` or a keepdims reduction: an array viewed with extra size-1 dimensions. It exists only to
     be broadcast against another array (where a size-1 dimension costs nothing)."""
 
@@ -167,27 +173,19 @@ class Expanded:
         self.shape = shape
         self.dims = dims  # result dimension of each dimension of `tensor`
         self.dtype = tensor.dtype
+        self.tracer = tensor.tracer
 
-    def _broadcast_only(self, *_):
-        raise self.tensor.tracer.error(f"an array expanded to shape {self.shape} can only be combined with "
-                                       "another array that it broadcasts against")
+    def astype(self, dtype: DType) -> "Expanded":
+        return self.tracer.cast(self, dtype)
 
-    def __getattr__(self, name):
-        if name in ("astype", "to", "sum", "max", "min"):
-            self._broadcast_only()
-        raise AttributeError(name)
+    to = astype
+
+    def _reduce_error(self, *_, **__):
+        raise self.tracer.error(f"reduce the array before expanding it to shape {self.shape}")
+
+    sum = max = min = _reduce_error
 
 
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lt", "le",
-              "gt", "ge", "eq", "ne"):
-    def _fwd(self, o, _n=_name):
-        return getattr(Tensor, f"__{_n}__")(self, o)
-
-    def _rfwd(self, o, _n=_name):
-        return getattr(Tensor, f"__r{_n}__")(self, o) if hasattr(Tensor, f"__r{_n}__") else NotImplemented
-    setattr(Expanded, f"__{_name}__", _fwd)
-    setattr(Expanded, f"__r{_name}__", _rfwd)
-Expanded.__hash__ = object.__hash__
 
 
 class Ref:
@@ -286,6 +284,8 @@ class Tracer:
     def cast(self, x: Tensor | Any, dtype: DType) -> Tensor:
         if not isinstance(dtype, DType):
             raise self.error(f"astype expects an mgjit dtype such as mgjit.float32, got {dtype!r}")
+        if isinstance(x, Expanded):
+            return Expanded(self.cast(x.tensor, dtype), x.shape, x.dims)
         x = self.to_tensor(x, dtype)
         if x.dtype == dtype:
             return x
@@ -326,7 +326,21 @@ class Tracer:
         b = self._broadcast_to(b, shape) if (shape_b != shape or isinstance(b, Expanded)) else b
         return self.cast(a, dtype), self.cast(b, dtype)
 
+    def _on_view(self, fn, *xs: Any) -> Expanded | None:
+        """Elementwise work on expanded views and scalars stays on the view (no materialised size-1 dims)."""
+        views = [x for x in xs if isinstance(x, Expanded)]
+        if not views or any(isinstance(x, Tensor) and x.shape for x in xs):
+            return None
+        v0 = views[0]
+        if any(v.shape != v0.shape or v.dims != v0.dims for v in views):
+            return None
+        out = fn(*(x.tensor if isinstance(x, Expanded) else x for x in xs))
+        return Expanded(out, v0.shape, v0.dims)
+
     def binary(self, kind: str, a: Any, b: Any) -> Tensor:
+        view = self._on_view(lambda x, y: self.binary(kind, x, y), a, b)
+        if view is not None:
+            return view
         a, b = self._operands(a, b)
         if kind == "div" and not a.dtype.is_float:
             a, b = self.cast(a, dtypes.float32), self.cast(b, dtypes.float32)
@@ -335,10 +349,15 @@ class Tracer:
         return self._emit(ir.Binary(kind, a.value, b.value, self.builder.loc))
 
     def compare(self, kind: str, a: Any, b: Any) -> Tensor:
+        view = self._on_view(lambda x, y: self.compare(kind, x, y), a, b)
+        if view is not None:
+            return view
         a, b = self._operands(a, b)
         return self._emit(ir.Compare(kind, a.value, b.value, self.builder.loc))
 
     def unary(self, kind: str, x: Any) -> Tensor:
+        if isinstance(x, Expanded):
+            return Expanded(self.unary(kind, x.tensor), x.shape, x.dims)
         x = self.to_tensor(x)
         if kind in ir.FLOAT_ONLY_UNARY and not x.dtype.is_float:
             x = self.cast(x, dtypes.float32)

@@ -27,9 +27,42 @@ def rule(*op_types: type) -> Callable[[Rule], Rule]:
     return register
 
 
+class _Restart(Exception):
+    """Re-run inference with some flexible anchors placed in the layouts their users need."""
+
+    def __init__(self, overrides: dict[int, Layout]):
+        self.overrides = overrides
+
+
+# Ops whose result can be produced in any register layout at no extra cost, so that a conflict with them
+# is better solved by moving the anchor than by a relayout.
+_FLEXIBLE_ANCHORS = (ir.Iota, ir.Load)
+_ELEMENTWISE = (ir.Unary, ir.Cast, ir.Binary, ir.Compare, ir.Select)
+
+
+def _flexible_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
+    """The anchors a tiled value's layout comes from, if every one of them is flexible (else None)."""
+    op = v.owner
+    if depth > 32 or not isinstance(op, ir.Op):
+        return None
+    if isinstance(op, _FLEXIBLE_ANCHORS):
+        return {op}
+    if isinstance(op, _ELEMENTWISE):
+        out: set[ir.Op] = set()
+        for x in op.operands:
+            if x.is_array and isinstance(x.layout, TiledLayout):
+                sub = _flexible_origins(x, depth + 1)
+                if sub is None:
+                    return None
+                out |= sub
+        return out
+    return None
+
+
 class Inference:
-    def __init__(self, kernel: ir.Kernel):
+    def __init__(self, kernel: ir.Kernel, overrides: dict[int, Layout] | None = None):
         self.kernel = kernel
+        self.overrides = overrides or {}  # id(anchor op) -> the layout it must produce
         self.log: list[tuple] = []  # undo log: ("layout", value, old) | ("relayout", block, op, user, index, old)
         self.by_shape: dict[tuple, list[TiledLayout]] = defaultdict(list)
         self.uses: dict[int, int] = defaultdict(int)
@@ -89,18 +122,39 @@ class Inference:
         arrays = [i for i in indices if op.operands[i].is_array]
         if not arrays:
             return None
-        tiled = [op.operands[i].layout for i in arrays if isinstance(op.operands[i].layout, TiledLayout)]
+        tiled = [i for i in arrays if isinstance(op.operands[i].layout, TiledLayout)]
         if not tiled:
             return SPLAT
-        target = tiled[0]
-        for i in arrays:
-            if isinstance(op.operands[i].layout, TiledLayout) and op.operands[i].layout != target:
+        # Prefer the layout of data over that of an index computation (an iota adapts for free).
+        origins = {i: _flexible_origins(op.operands[i]) for i in tiled}
+        data = [i for i in tiled if not (origins[i] and all(isinstance(o, ir.Iota) for o in origins[i]))]
+        target = op.operands[(data or tiled)[0]].layout
+        moves: dict[int, Layout] = {}
+        for i in tiled:
+            if op.operands[i].layout == target:
+                continue
+            anchors = origins[i]
+            if anchors and all(id(a) not in self.overrides for a in anchors):
+                moves.update({id(a): target for a in anchors})
+            else:
                 self.relayout(self.current_block, op, i, target)
+        if moves:
+            raise _Restart(moves)
         return target
 
 
 def infer_layouts(kernel: ir.Kernel) -> None:
-    Inference(kernel).block(kernel.body)
+    overrides: dict[int, Layout] = {}
+    for _ in range(16):
+        inf = Inference(kernel, overrides)
+        try:
+            inf.block(kernel.body)
+            break
+        except _Restart as restart:
+            inf.undo(0)
+            overrides.update(restart.overrides)
+    else:
+        raise kernel.body.ops[0].error("layout inference did not converge") if kernel.body.ops else AssertionError
     for op in kernel.walk():
         for v in [*op.results, *(a for r in op.regions for a in r.args)]:
             if v.is_array and v.layout is None:
@@ -124,7 +178,7 @@ def _gmem_anchor(op: ir.Op, inf: Inference) -> None:
     if op.results[0].is_array:
         t = op.results[0].type
         try:
-            layout = blocked(t.shape, t.dtype)
+            layout = inf.overrides.get(id(op)) or blocked(t.shape, t.dtype)
         except LayoutError as e:
             raise op.error(str(e), rule="layout") from None
         inf.set_layout(op.results[0], layout, op)

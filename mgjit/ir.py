@@ -105,6 +105,7 @@ class Block:
     def __init__(self, arg_types: Sequence[Type] = ()):
         self.args = [Value(t, self) for t in arg_types]
         self.ops: list[Op] = []
+        self.parent: Op | None = None  # the op whose region this block is
 
     def walk(self) -> Iterator[Op]:
         for op in self.ops:
@@ -463,6 +464,7 @@ class For(Op):
     def __init__(self, lower: Value, upper: Value, step: Value, inits: Sequence[Value], loc: Loc | None):
         body = Block([lower.type, *(v.type for v in inits)])
         super().__init__([lower, upper, step, *inits], [v.type for v in inits], loc, [body])
+        body.parent = self
 
     @property
     def body(self) -> Block:

@@ -169,6 +169,8 @@ class Kernel:
         self.arg_names = list(sig.parameters)
         self.constexpr_names = [n for n, p in sig.parameters.items() if _is_constexpr(p.annotation)]
         self.runtime_names = [n for n in self.arg_names if n not in self.constexpr_names]
+        # A dtype annotation (`x: mgjit.float16`) fixes that argument's dtype: other dtypes are an error.
+        self.fixed_dtypes = {n: p.annotation for n, p in sig.parameters.items() if isinstance(p.annotation, dtypes.DType)}
         self.defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
         for n, p in sig.parameters.items():
             if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -236,7 +238,12 @@ class Kernel:
 
     def _arg_spec(self, name: str, v: Any) -> tuple:
         if hasattr(v, "data_ptr") and hasattr(v, "stride"):
-            return ("tensor", _tensor_spec(v))
+            spec = _tensor_spec(v)
+            fixed = self.fixed_dtypes.get(name)
+            if fixed is not None and spec[0] != fixed.name:
+                raise LaunchError(f"argument `{name}` of {self.name} must be {fixed.name} (fixed by its annotation), "
+                                  f"got {spec[0]}")
+            return ("tensor", spec)
         if isinstance(v, bool):
             return ("scalar", "i1")
         if isinstance(v, int):

@@ -63,7 +63,7 @@ def _if(op: ir.If, ctx: Context) -> None:
     for r in op.results:
         t = e.type(r.dtype)
         result_types.extend([t] * (num_elems(r.layout, r.type.shape) if r.is_array else 1))
-    if_op = scf.IfOp(ctx.get(op.operands[0]), result_types, hasElse=True)
+    if_op = scf.IfOp(ctx.get(op.operands[0]), result_types, has_else=True)
     for region, block in ((then_region, if_op.then_block), (else_region, if_op.else_block)):
         e.push(e.ir.InsertionPoint(block))
         try:

@@ -193,6 +193,9 @@ def _divisor(ctx: Context, v: ir.Value, depth: int) -> int:
     if v.id in ctx.specs and isinstance(ctx.specs[v.id], int):
         return ctx.specs[v.id]
     op = v.owner
+    if isinstance(op, ir.Block) and isinstance(op.parent, ir.For) and v is op.args[0]:
+        loop = op.parent  # the induction variable: lower + i * step
+        return min(_divisor(ctx, loop.operands[0], depth + 1), _divisor(ctx, loop.operands[2], depth + 1))
     if isinstance(op, ir.Constant):
         n = abs(int(op.value))
         return 16 if n == 0 else min(16, n & -n)

@@ -212,12 +212,15 @@ class Emitter:
         return self.cast(y, f32, dtype) if dtype != f32 else y
 
     def _exact_unary(self, kind: str, x):
-        llvm = self.m.llvm
         if kind == "neg":
             return self.m.arith.negf(x)
-        if kind == "abs":
-            return llvm.intr_fabs(x)
-        return llvm.intr_sqrt(x)
+        bits = self.ir.FloatType(x.type).width
+        if kind == "abs":  # clear the sign bit: exact for every float width, NaN payloads kept
+            as_int = self.bitcast(x, self.int_type(bits))
+            mask = self.m.arith.constant(self.int_type(bits), (1 << (bits - 1)) - 1)
+            return self.bitcast(self.andi(as_int, mask), x.type)
+        reg = {32: "f", 64: "d"}[bits]
+        return self.asm(f"sqrt.rn.f{bits} $0, $1;", f"={reg},{reg}", [x], [x.type])[0]
 
     # -- warp shuffles
     def shfl_bfly(self, x, offset: int):

@@ -1,0 +1,330 @@
+"""Bit-field encoders for the values that describe an MMA to the tensor cores, and the shape rules they obey.
+
+Everything here is pure integer arithmetic on frozen dataclasses, so it can be tested bit by bit without a GPU
+and folded into constants by the lowering. Each field's bit range names the PTX ISA section it comes from
+(section numbers are those of PTX ISA 9.1; later editions renumber chapter 9.7.16 as 9.7.17/9.7.18):
+
+- tcgen05 instruction descriptor: 9.7.16.4.2 "Instruction descriptor", Table 42 (kinds tf32, f16, f8f6f4, i8).
+- tcgen05 shared memory descriptor: 9.7.16.4.1 "Shared memory descriptor" (sm_100 layout, 3-bit swizzle field).
+- wgmma shared memory descriptor: 9.7.15.5.1.2.2 "Matrix Descriptor Format" (sm_90 layout, 2-bit swizzle field).
+- wgmma shapes: 9.7.15.2 "Matrix Shape" of the asynchronous warpgroup-level MMA.
+- swizzling: 9.7.16.10.6 "Shared Memory Layout and Swizzling" and its wgmma counterpart 9.7.15.5.1.2.
+
+The tcgen05 MMA shape table itself (9.7.16.2.1, Table 39) is checked by `tmem_layouts.check_tcgen05_shape`,
+next to the TMEM layouts whose M it decides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from . import dtypes
+from .dtypes import DType
+from .layouts import LayoutError
+
+
+class DescriptorError(LayoutError):
+    """An MMA operand, shape or descriptor field is outside what the hardware accepts."""
+
+
+class Major(enum.Enum):
+    """Which dimension of an MMA operand is contiguous in shared memory.
+
+    K-major is the untransposed form for both operands (A is M x K row-major, B is N x K row-major); MN-major
+    is what the ISA calls "transpose" (9.7.16.10.1 for tcgen05, the imm-trans-a/b operands for wgmma).
+    """
+
+    K = "K"
+    MN = "MN"
+
+
+class Tcgen05Kind(enum.Enum):
+    """The `.kind` of a dense tcgen05.mma without block scaling, named by its input element width."""
+
+    F16 = "f16"
+    TF32 = "tf32"
+    F8F6F4 = "f8f6f4"
+    I8 = "i8"
+
+    @property
+    def input_bits(self) -> int:
+        # f8f6f4 also takes 6- and 4-bit types, but shared memory holds each in an 8-bit container
+        # (9.7.16.10.4), so an instruction still consumes 8 bits per K element.
+        return {Tcgen05Kind.F16: 16, Tcgen05Kind.TF32: 32, Tcgen05Kind.F8F6F4: 8, Tcgen05Kind.I8: 8}[self]
+
+    @property
+    def instruction_k(self) -> int:
+        """K of one instruction: 32 bytes of each input row (Table 39: K = 16, 8, 32, 32)."""
+        return 256 // self.input_bits
+
+
+# Table 42 codes, per kind. The tf32 kind reads float32 storage as tf32.
+_AB_CODES: dict[Tcgen05Kind, dict[DType, int]] = {
+    Tcgen05Kind.F16: {dtypes.float16: 0, dtypes.bfloat16: 1},
+    Tcgen05Kind.TF32: {dtypes.float32: 2},
+    Tcgen05Kind.F8F6F4: {dtypes.float8_e4m3fn: 0, dtypes.float8_e5m2: 1},
+    Tcgen05Kind.I8: {dtypes.uint8: 0, dtypes.int8: 1},
+}
+_D_CODES: dict[Tcgen05Kind, dict[DType, int]] = {
+    Tcgen05Kind.F16: {dtypes.float16: 0, dtypes.float32: 1},
+    Tcgen05Kind.TF32: {dtypes.float32: 1},
+    Tcgen05Kind.F8F6F4: {dtypes.float16: 0, dtypes.float32: 1},
+    Tcgen05Kind.I8: {dtypes.int32: 2},
+}
+
+
+def tcgen05_kind(dtype: DType) -> Tcgen05Kind:
+    """The tcgen05.mma kind that multiplies operands of `dtype`."""
+    for kind, codes in _AB_CODES.items():
+        if dtype in codes:
+            return kind
+    supported = ", ".join(d.name for codes in _AB_CODES.values() for d in codes)
+    raise DescriptorError(f"tcgen05.mma has no kind for operands of {dtype.name}; expected one of {supported}")
+
+
+def _field(name: str, value: int, bits: int) -> int:
+    if not 0 <= value < 1 << bits:
+        raise DescriptorError(f"{name} = {value} does not fit its {bits}-bit field (expected 0..{(1 << bits) - 1})")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Tcgen05InstrDescriptor:
+    """The 32-bit instruction descriptor of a dense tcgen05.mma (PTX ISA 9.7.16.4.2, Table 42).
+
+    `m` and `n` are the instruction's M and N as the descriptor states them: for `.cta_group::2` that is the
+    pair's M (128 or 256) and the full N. Which (M, N) a CTA group accepts is `check_tcgen05_shape`'s job;
+    this class checks only what the fields can hold and which types go together.
+    """
+
+    m: int
+    n: int
+    a_dtype: DType
+    b_dtype: DType
+    d_dtype: DType
+    a_major: Major = Major.K
+    b_major: Major = Major.K
+    negate_a: bool = False
+    negate_b: bool = False
+    saturate: bool = False
+
+    def __post_init__(self):
+        kind = tcgen05_kind(self.a_dtype)
+        if tcgen05_kind(self.b_dtype) is not kind:
+            raise DescriptorError(f"A is {self.a_dtype.name} (kind {kind.value}) but B is {self.b_dtype.name} "
+                                  f"(kind {tcgen05_kind(self.b_dtype).value}); both operands need one kind")
+        if kind is Tcgen05Kind.F16 and self.a_dtype != self.b_dtype:
+            raise DescriptorError(f"kind f16 multiplies f16 by f16 or bf16 by bf16, got {self.a_dtype.name} "
+                                  f"by {self.b_dtype.name}")
+        if self.d_dtype not in _D_CODES[kind]:
+            expected = ", ".join(d.name for d in _D_CODES[kind])
+            raise DescriptorError(f"kind {kind.value} accumulates into {expected}, got {self.d_dtype.name}")
+        if self.a_dtype == dtypes.bfloat16 and self.d_dtype != dtypes.float32:
+            raise DescriptorError(f"bf16 operands accumulate into float32 only, got {self.d_dtype.name}")
+        if kind is Tcgen05Kind.I8 and (self.negate_a or self.negate_b):
+            raise DescriptorError("kind i8 cannot negate its operands (Table 42: No Negate = 0 only)")
+        if self.saturate and kind is not Tcgen05Kind.I8:
+            raise DescriptorError(f"saturation applies to kind i8 only, got kind {kind.value}")
+        if self.m not in (64, 128, 256):
+            raise DescriptorError(f"M must be 64, 128 or 256 (Table 39 without .ws), got {self.m}")
+        if self.n % 8 or not 8 <= self.n <= 256:
+            raise DescriptorError(f"N must be a multiple of 8 in 8..256 (the field holds N >> 3), got {self.n}")
+
+    @property
+    def kind(self) -> Tcgen05Kind:
+        return tcgen05_kind(self.a_dtype)
+
+    def encode(self) -> int:
+        kind = self.kind
+        desc = 0
+        # Bits 0-1 (sparsity selector) and 2 (sparsity) stay 0: dense MMA.
+        desc |= int(self.saturate) << 3                              # bit 3: saturate (i8)
+        desc |= _field("D type", _D_CODES[kind][self.d_dtype], 2) << 4  # bits 4-5: dtype
+        # Bit 6 reserved.
+        desc |= _field("A type", _AB_CODES[kind][self.a_dtype], 3) << 7   # bits 7-9: atype
+        desc |= _field("B type", _AB_CODES[kind][self.b_dtype], 3) << 10  # bits 10-12: btype
+        desc |= int(self.negate_a) << 13                             # bit 13: negate A
+        desc |= int(self.negate_b) << 14                             # bit 14: negate B
+        desc |= int(self.a_major is Major.MN) << 15                  # bit 15: transpose A
+        desc |= int(self.b_major is Major.MN) << 16                  # bit 16: transpose B
+        desc |= _field("N >> 3", self.n >> 3, 6) << 17               # bits 17-22: N >> 3
+        # Bit 23 reserved.
+        desc |= _field("M >> 4", self.m >> 4, 5) << 24               # bits 24-28: M >> 4
+        # Bit 29 reserved; bits 30-31 (maximum B shift, .ws only) stay 0.
+        return desc
+
+
+class SmemSwizzle(enum.Enum):
+    """The swizzle of an MMA operand in shared memory."""
+
+    NONE = "none"
+    B32 = "32B"
+    B64 = "64B"
+    B128 = "128B"
+    B128_BASE32B = "128B with 32B atomicity"  # sm_100 only
+
+    @property
+    def bytes(self) -> int:
+        """The swizzle width: the bytes of one tile row (16 for no swizzle: one core-matrix row)."""
+        return {SmemSwizzle.NONE: 16, SmemSwizzle.B32: 32, SmemSwizzle.B64: 64, SmemSwizzle.B128: 128,
+                SmemSwizzle.B128_BASE32B: 128}[self]
+
+    @staticmethod
+    def from_bytes(swizzle: int) -> "SmemSwizzle":
+        modes = {16: SmemSwizzle.NONE, 32: SmemSwizzle.B32, 64: SmemSwizzle.B64, 128: SmemSwizzle.B128}
+        if swizzle not in modes:
+            raise DescriptorError(f"swizzle must be 16 (none), 32, 64 or 128 bytes, got {swizzle}")
+        return modes[swizzle]
+
+
+# tcgen05 (sm_100) bits 61-63, 9.7.16.4.1: values 3, 5 and 7 are invalid.
+_TCGEN05_SWIZZLE_CODES = {SmemSwizzle.NONE: 0, SmemSwizzle.B128_BASE32B: 1, SmemSwizzle.B128: 2,
+                          SmemSwizzle.B64: 4, SmemSwizzle.B32: 6}
+# wgmma (sm_90) bits 62-63, 9.7.15.5.1.2.2; sm_90 has no 32B-atomicity mode.
+_WGMMA_SWIZZLE_CODES = {SmemSwizzle.NONE: 0, SmemSwizzle.B128: 1, SmemSwizzle.B64: 2, SmemSwizzle.B32: 3}
+
+
+def descriptor_address_field(byte_value: int, what: str = "address") -> int:
+    """matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4, refusing values the 14-bit field would corrupt.
+
+    Shared-memory addresses and byte offsets enter both descriptor formats this way; the low 4 bits must be
+    zero (16-byte alignment) and the value must fit 18 bits (256 KiB) or the mask would silently drop bits.
+    """
+    if byte_value % 16:
+        raise DescriptorError(f"{what} {byte_value:#x} must be 16-byte aligned")
+    if not 0 <= byte_value < 1 << 18:
+        raise DescriptorError(f"{what} {byte_value:#x} must be in 0..0x3fff0 to fit the 14-bit field (>> 4)")
+    return (byte_value & 0x3FFFF) >> 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SmemDescriptor:
+    """The inputs of a shared-memory matrix descriptor, common to wgmma (sm_90) and tcgen05 (sm_100).
+
+    `start_address` is the byte address in the CTA's shared window. The lowering usually knows it only at run
+    time: encode with `start_address=0` for the constant part and add `descriptor_address_field(addr)`, which
+    occupies bits 0-13 alone in both formats. `leading_byte_offset` and `stride_byte_offset` are the LBO and
+    SBO of the canonical layouts (9.7.16.3 / 9.7.15.5.1.2.1). `base_offset` is the 3-bit phase of a swizzle
+    pattern that does not start on its repeat boundary.
+    """
+
+    start_address: int
+    leading_byte_offset: int
+    stride_byte_offset: int
+    swizzle: SmemSwizzle
+    base_offset: int = 0
+
+    def __post_init__(self):
+        descriptor_address_field(self.start_address, "start address")
+        descriptor_address_field(self.leading_byte_offset, "leading dimension byte offset")
+        descriptor_address_field(self.stride_byte_offset, "stride dimension byte offset")
+        _field("base offset", self.base_offset, 3)
+
+    def _common(self) -> int:
+        desc = descriptor_address_field(self.start_address)                    # bits 0-13: start address >> 4
+        desc |= descriptor_address_field(self.leading_byte_offset) << 16      # bits 16-29: LBO >> 4
+        desc |= descriptor_address_field(self.stride_byte_offset) << 32       # bits 32-45: SBO >> 4
+        desc |= self.base_offset << 49                                        # bits 49-51: base offset
+        return desc
+
+
+def tcgen05_smem_descriptor(d: SmemDescriptor) -> int:
+    """The 64-bit tcgen05 (sm_100) shared memory descriptor, PTX ISA 9.7.16.4.1.
+
+    Bits 0-13 start address >> 4; 16-29 leading dimension byte offset >> 4 (relative mode); 32-45 stride
+    dimension byte offset >> 4; 46-48 the fixed value 0b001 (what distinguishes this format from sm_90's);
+    49-51 base offset; 52 leading-dimension stride mode, 0 = relative offset (the absolute-address mode is
+    not used); 53-60 zero; 61-63 swizzle mode 0 none, 1 128B with 32B atomicity, 2 128B, 4 64B, 6 32B.
+    """
+    desc = d._common()
+    desc |= 0b001 << 46
+    desc |= _TCGEN05_SWIZZLE_CODES[d.swizzle] << 61
+    return desc
+
+
+def wgmma_smem_descriptor(d: SmemDescriptor) -> int:
+    """The 64-bit wgmma (sm_90) matrix descriptor, PTX ISA 9.7.15.5.1.2.2 "Matrix Descriptor Format".
+
+    Bits 0-13 start address >> 4; 16-29 leading dimension byte offset >> 4; 32-45 stride dimension byte
+    offset >> 4; 49-51 base offset; 62-63 swizzle mode 0 none, 1 128B, 2 64B, 3 32B; all other bits zero.
+    """
+    if d.swizzle not in _WGMMA_SWIZZLE_CODES:
+        raise DescriptorError(f"wgmma has no {d.swizzle.value} swizzle mode; expected one of "
+                              f"{', '.join(s.value for s in _WGMMA_SWIZZLE_CODES)}")
+    return d._common() | _WGMMA_SWIZZLE_CODES[d.swizzle] << 62
+
+
+SWIZZLES = (32, 64, 128)
+
+
+def check_swizzle(swizzle: int) -> None:
+    if swizzle not in SWIZZLES:
+        raise DescriptorError(f"an MMA operand swizzle must be one of {SWIZZLES} bytes, got {swizzle}")
+
+
+def swizzle_tile_shape(swizzle: int, dtype_bits: int) -> tuple[int, int]:
+    """The (rows, elements) of one swizzle atom: 8 rows, each exactly `swizzle` bytes wide."""
+    check_swizzle(swizzle)
+    if dtype_bits not in (8, 16, 32):
+        raise DescriptorError(f"MMA operand elements are 8, 16 or 32 bits wide, got {dtype_bits}")
+    return 8, swizzle * 8 // dtype_bits
+
+
+def check_swizzle_row(row_bytes: int, swizzle: int) -> None:
+    """A swizzled operand tile's row must be exactly the swizzle width: the XOR pattern repeats per 8 rows of
+    that width, so a narrower row would mix rows and a wider one is a different (tiled) layout."""
+    check_swizzle(swizzle)
+    if row_bytes != swizzle:
+        raise DescriptorError(f"a tile row under {swizzle}B swizzle must be {swizzle} bytes wide, got {row_bytes}")
+
+
+def swizzle_byte_offset(offset: int, swizzle: int) -> int:
+    """Where byte `offset` of an unswizzled tile lands under the `swizzle`-byte swizzle.
+
+    The 16-byte chunk index within a 128-byte line is XORed with the line index modulo swizzle / 16, so the
+    pattern repeats every 8 * swizzle bytes (256, 512, 1024: the repeat boundaries of 9.7.16.4.1, Table 41).
+    """
+    check_swizzle(swizzle)
+    if offset < 0:
+        raise DescriptorError(f"a byte offset must be non-negative, got {offset}")
+    return offset ^ ((offset // 128) % (swizzle // 16)) * 16
+
+
+_WGMMA_D_TYPES: dict[DType, tuple[DType, ...]] = {
+    dtypes.float16: (dtypes.float16, dtypes.float32),
+    dtypes.bfloat16: (dtypes.float32,),
+    dtypes.float32: (dtypes.float32,),  # read as tf32
+    dtypes.float8_e4m3fn: (dtypes.float16, dtypes.float32),
+    dtypes.float8_e5m2: (dtypes.float16, dtypes.float32),
+    dtypes.int8: (dtypes.int32,),
+    dtypes.uint8: (dtypes.int32,),
+}
+
+
+def check_wgmma_shape(m: int, n: int, k: int, ab_dtype: DType, d_dtype: DType,
+                      a_major: Major = Major.K, b_major: Major = Major.K) -> None:
+    """Raise DescriptorError unless one wgmma.mma_async.m{m}n{n}k{k} on these types exists (9.7.15.2).
+
+    M is 64 (one warpgroup); K is 32 bytes of input; N is a multiple of 8 in 8..256, except that the integer
+    shapes step by 16 past N = 32 (N = 8, 16, 24, 32, 48, ..., 256). Only 16-bit operands may be MN-major
+    ("transpose is only supported for .f16/.bf16"), so tf32, fp8 and int8 tiles must be K-major.
+    """
+    if ab_dtype not in _WGMMA_D_TYPES:
+        raise DescriptorError(f"wgmma has no variant for {ab_dtype.name} operands; expected one of "
+                              f"{', '.join(d.name for d in _WGMMA_D_TYPES)}")
+    if d_dtype not in _WGMMA_D_TYPES[ab_dtype]:
+        raise DescriptorError(f"wgmma on {ab_dtype.name} accumulates into "
+                              f"{', '.join(d.name for d in _WGMMA_D_TYPES[ab_dtype])}, got {d_dtype.name}")
+    if m != 64:
+        raise DescriptorError(f"wgmma has M = 64, got M = {m}")
+    expected_k = 256 // ab_dtype.bits
+    if k != expected_k:
+        raise DescriptorError(f"wgmma on {ab_dtype.name} has K = {expected_k} (32 bytes), got K = {k}")
+    if ab_dtype.is_int:
+        if not (n in (8, 16, 24, 32) or (32 < n <= 256 and n % 16 == 0)):
+            raise DescriptorError(f"integer wgmma takes N in 8, 16, 24, 32, then multiples of 16 up to 256, got {n}")
+    elif n % 8 or not 8 <= n <= 256:
+        raise DescriptorError(f"wgmma takes N a multiple of 8 in 8..256, got {n}")
+    if ab_dtype.bits != 16 and Major.MN in (a_major, b_major):
+        raise DescriptorError(f"{ab_dtype.name} wgmma operands must be K-major (only f16/bf16 may be MN-major), "
+                              f"got A {a_major.value}-major, B {b_major.value}-major")

@@ -1,0 +1,32 @@
+import os
+
+import pytest
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Each test session compiles into its own cache directory unless the caller set one."""
+    if "MGJIT_TEST_CACHE_DIR" in os.environ:
+        monkeypatch.setenv("MGJIT_CACHE_DIR", os.environ["MGJIT_TEST_CACHE_DIR"])
+    elif not os.environ.get("MGJIT_CACHE_DIR"):
+        monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "mgjit-cache"))
