@@ -1,0 +1,250 @@
+"""MMA descriptors decoded field by field against values worked out by hand from the PTX ISA (9.1 numbering)."""
+import pytest
+
+from mgjit import dtypes
+from mgjit.layouts import LayoutError
+from mgjit.mma_descriptors import (
+    DescriptorError, Major, SmemDescriptor, SmemSwizzle, Tcgen05InstrDescriptor, Tcgen05Kind, check_swizzle_row,
+    check_wgmma_shape, descriptor_address_field, swizzle_byte_offset, swizzle_tile_shape, tcgen05_kind,
+    tcgen05_smem_descriptor, wgmma_smem_descriptor,
+)
+
+f16, bf16, f32, i32 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.int32
+e4m3, e5m2, s8, u8 = dtypes.float8_e4m3fn, dtypes.float8_e5m2, dtypes.int8, dtypes.uint8
+
+
+def bits(value: int, lo: int, hi: int) -> int:
+    """Bits lo..hi inclusive, as the ISA tables number them."""
+    return (value >> lo) & ((1 << (hi - lo + 1)) - 1)
+
+
+# --- tcgen05 instruction descriptor (9.7.16.4.2, Table 42) ------------------------------------------------------
+
+def test_instr_descriptor_bf16_f32_m128_n256_k_major():
+    desc = Tcgen05InstrDescriptor(128, 256, bf16, bf16, f32).encode()
+    # By hand: dtype F32 = 1 at bit 4 (0x10); atype BF16 = 1 at bit 7 (0x80); btype BF16 = 1 at bit 10 (0x400);
+    # N >> 3 = 32 at bit 17 (0x400000); M >> 4 = 8 at bit 24 (0x8000000); everything else 0.
+    assert desc == 0x08400490
+    assert bits(desc, 0, 1) == 0  # sparsity selector
+    assert bits(desc, 2, 2) == 0  # dense
+    assert bits(desc, 3, 3) == 0  # no saturate
+    assert bits(desc, 4, 5) == 1  # D = f32
+    assert bits(desc, 6, 6) == 0  # reserved
+    assert bits(desc, 7, 9) == 1  # A = bf16
+    assert bits(desc, 10, 12) == 1  # B = bf16
+    assert bits(desc, 13, 14) == 0  # no negation
+    assert bits(desc, 15, 16) == 0  # both K-major
+    assert bits(desc, 17, 22) == 256 >> 3
+    assert bits(desc, 23, 23) == 0
+    assert bits(desc, 24, 28) == 128 >> 4
+    assert bits(desc, 29, 31) == 0  # reserved, max shift
+
+
+def test_instr_descriptor_f16_accumulate_m64_transposed_negated():
+    desc = Tcgen05InstrDescriptor(64, 8, f16, f16, f16, a_major=Major.MN, negate_b=True).encode()
+    # D = F16 = 0, A = B = F16 = 0; negate B bit 14 (0x4000); transpose A bit 15 (0x8000);
+    # N >> 3 = 1 at 17 (0x20000); M >> 4 = 4 at 24 (0x4000000).
+    assert desc == 0x0402C000
+    assert (bits(desc, 13, 13), bits(desc, 14, 14), bits(desc, 15, 15), bits(desc, 16, 16)) == (0, 1, 1, 0)
+    assert (bits(desc, 17, 22), bits(desc, 24, 28)) == (1, 4)
+
+
+@pytest.mark.parametrize("args,kwargs,expected", [
+    # e4m3 x e5m2 -> f32, 2-CTA M=256 N=16: dtype 1 (0x10), atype 0, btype E5M2 = 1 at 10 (0x400),
+    # N >> 3 = 2 at 17 (0x40000), M >> 4 = 16 at 24 (0x10000000).
+    ((256, 16, e4m3, e5m2, f32), {}, 0x10040410),
+    # tf32 (float32 storage) -> f32, M=128 N=64, B MN-major: atype/btype TF32 = 2 (0x100, 0x800), dtype 1 (0x10),
+    # transpose B bit 16 (0x10000), N >> 3 = 8 at 17 (0x100000), M >> 4 = 8 at 24 (0x8000000).
+    ((128, 64, f32, f32, f32), {"b_major": Major.MN}, 0x08110910),
+    # s8 x u8 -> s32 saturating, M=128 N=32: saturate bit 3 (0x8), dtype S32 = 2 (0x20), atype signed = 1 (0x80),
+    # btype unsigned = 0, N >> 3 = 4 at 17 (0x80000), M >> 4 = 8 at 24 (0x8000000).
+    ((128, 32, s8, u8, i32), {"saturate": True}, 0x080800A8),
+    # e5m2 -> f16, negate A bit 13 (0x2000): atype = btype = 1 (0x80, 0x400), dtype F16 = 0, N = 128, M = 128.
+    ((128, 128, e5m2, e5m2, f16), {"negate_a": True}, 0x08202480),
+])
+def test_instr_descriptor_other_kinds(args, kwargs, expected):
+    assert Tcgen05InstrDescriptor(*args, **kwargs).encode() == expected
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((128, 128, bf16, f16, f32), {}, "f16 by f16 or bf16 by bf16, got bfloat16 by float16"),
+    ((128, 128, bf16, bf16, f16), {}, "bf16 operands accumulate into float32 only, got float16"),
+    ((128, 128, e4m3, bf16, f32), {}, "kind f8f6f4.*kind f16.*one kind"),
+    ((128, 128, s8, s8, f32), {}, "kind i8 accumulates into int32, got float32"),
+    ((128, 128, f32, f32, f16), {}, "kind tf32 accumulates into float32, got float16"),
+    ((128, 128, dtypes.int16, dtypes.int16, i32), {}, "no kind for operands of int16"),
+    ((128, 128, s8, s8, i32), {"negate_a": True}, "i8 cannot negate"),
+    ((128, 128, f16, f16, f32), {"saturate": True}, "saturation applies to kind i8 only, got kind f16"),
+    ((96, 128, f16, f16, f32), {}, "M must be 64, 128 or 256.*got 96"),
+    ((128, 12, f16, f16, f32), {}, "N must be a multiple of 8 in 8..256.*got 12"),
+    ((128, 264, f16, f16, f32), {}, "got 264"),
+])
+def test_instr_descriptor_rejects(args, kwargs, message):
+    with pytest.raises(DescriptorError, match=message):
+        Tcgen05InstrDescriptor(*args, **kwargs)
+    assert issubclass(DescriptorError, LayoutError)
+
+
+def test_kinds():
+    assert [tcgen05_kind(d) for d in (f16, bf16, f32, e4m3, e5m2, s8, u8)] == [
+        Tcgen05Kind.F16, Tcgen05Kind.F16, Tcgen05Kind.TF32, Tcgen05Kind.F8F6F4, Tcgen05Kind.F8F6F4,
+        Tcgen05Kind.I8, Tcgen05Kind.I8]
+    # K is 32 bytes of input per instruction (Table 39).
+    assert {k: k.instruction_k for k in Tcgen05Kind} == {
+        Tcgen05Kind.F16: 16, Tcgen05Kind.TF32: 8, Tcgen05Kind.F8F6F4: 32, Tcgen05Kind.I8: 32}
+
+
+# --- shared memory descriptors ---------------------------------------------------------------------------
+
+# A K-major tile at 0x1000 with LBO 16 and SBO 1024 (8 rows of 128 bytes): start >> 4 = 0x100 in bits 0-13,
+# LBO >> 4 = 1 in bits 16-29, SBO >> 4 = 64 in bits 32-45.
+FIELDS = 0x100 | 1 << 16 | 64 << 32
+
+
+@pytest.mark.parametrize("swizzle,code", [
+    # 9.7.16.4.1, bits 61-63: 0 none, 1 128B with 32B atomicity, 2 128B, 4 64B, 6 32B.
+    (SmemSwizzle.NONE, 0), (SmemSwizzle.B128_BASE32B, 1), (SmemSwizzle.B128, 2), (SmemSwizzle.B64, 4),
+    (SmemSwizzle.B32, 6),
+])
+def test_tcgen05_smem_descriptor(swizzle, code):
+    desc = tcgen05_smem_descriptor(SmemDescriptor(0x1000, 16, 1024, swizzle))
+    assert desc == FIELDS | 0b001 << 46 | code << 61
+    assert bits(desc, 0, 13) == 0x1000 >> 4
+    assert bits(desc, 14, 15) == 0
+    assert bits(desc, 16, 29) == 16 >> 4
+    assert bits(desc, 30, 31) == 0
+    assert bits(desc, 32, 45) == 1024 >> 4
+    assert bits(desc, 46, 48) == 0b001  # the sm_100 descriptor's fixed "version" bits
+    assert bits(desc, 49, 51) == 0  # base offset
+    assert bits(desc, 52, 52) == 0  # relative leading-dimension offset
+    assert bits(desc, 53, 60) == 0
+    assert bits(desc, 61, 63) == code
+
+
+def test_tcgen05_smem_descriptor_worked_values():
+    # 128B swizzle: 0x4000_4040_0001_0100 = 2 << 61 | 1 << 46 | 64 << 32 | 1 << 16 | 0x100.
+    assert tcgen05_smem_descriptor(SmemDescriptor(0x1000, 16, 1024, SmemSwizzle.B128)) == 0x4000404000010100
+    assert tcgen05_smem_descriptor(SmemDescriptor(0x1000, 16, 1024, SmemSwizzle.B32)) == 0xC000404000010100
+    desc = tcgen05_smem_descriptor(SmemDescriptor(0x3FFF0, 0x3FFF0, 0x3FFF0, SmemSwizzle.B64, base_offset=5))
+    assert (bits(desc, 0, 13), bits(desc, 16, 29), bits(desc, 32, 45), bits(desc, 49, 51)) == (0x3FFF,) * 3 + (5,)
+
+
+@pytest.mark.parametrize("swizzle,code", [
+    # 9.7.15.5.1.2.2, bits 62-63: 0 none, 1 128B, 2 64B, 3 32B.
+    (SmemSwizzle.NONE, 0), (SmemSwizzle.B128, 1), (SmemSwizzle.B64, 2), (SmemSwizzle.B32, 3),
+])
+def test_wgmma_smem_descriptor(swizzle, code):
+    desc = wgmma_smem_descriptor(SmemDescriptor(0x1000, 16, 1024, swizzle, base_offset=3))
+    assert desc == FIELDS | 3 << 49 | code << 62
+    assert bits(desc, 0, 13) == 0x100
+    assert bits(desc, 16, 29) == 1
+    assert bits(desc, 32, 45) == 64
+    assert bits(desc, 46, 48) == 0  # no version bits on sm_90
+    assert bits(desc, 49, 51) == 3
+    assert bits(desc, 52, 61) == 0
+    assert bits(desc, 62, 63) == code
+
+
+def test_wgmma_smem_descriptor_worked_value():
+    # 128B swizzle: 1 << 62 | 64 << 32 | 1 << 16 | 0x100.
+    assert wgmma_smem_descriptor(SmemDescriptor(0x1000, 16, 1024, SmemSwizzle.B128)) == 0x4000004000010100
+
+
+def test_runtime_address_adds_into_constant_descriptor():
+    constant = tcgen05_smem_descriptor(SmemDescriptor(0, 16, 1024, SmemSwizzle.B128))
+    full = tcgen05_smem_descriptor(SmemDescriptor(0x2A40, 16, 1024, SmemSwizzle.B128))
+    assert constant + descriptor_address_field(0x2A40) == full
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((0x1008, 16, 1024, SmemSwizzle.B128), {}, "start address 0x1008 must be 16-byte aligned"),
+    ((0x40000, 16, 1024, SmemSwizzle.B128), {}, "start address 0x40000 must be in 0..0x3fff0"),
+    ((0x1000, 8, 1024, SmemSwizzle.B128), {}, "leading dimension byte offset 0x8 must be 16-byte aligned"),
+    ((0x1000, 16, -16, SmemSwizzle.B128), {}, "stride dimension byte offset"),
+    ((0x1000, 16, 1024, SmemSwizzle.B128), {"base_offset": 8}, "base offset = 8 does not fit its 3-bit field"),
+])
+def test_smem_descriptor_rejects(args, kwargs, message):
+    with pytest.raises(DescriptorError, match=message):
+        SmemDescriptor(*args, **kwargs)
+
+
+def test_wgmma_has_no_32b_atomicity_mode():
+    with pytest.raises(DescriptorError, match="wgmma has no 128B with 32B atomicity swizzle mode"):
+        wgmma_smem_descriptor(SmemDescriptor(0x1000, 16, 1024, SmemSwizzle.B128_BASE32B))
+
+
+def test_swizzle_from_bytes():
+    assert [SmemSwizzle.from_bytes(b) for b in (16, 32, 64, 128)] == [
+        SmemSwizzle.NONE, SmemSwizzle.B32, SmemSwizzle.B64, SmemSwizzle.B128]
+    with pytest.raises(DescriptorError, match="got 256"):
+        SmemSwizzle.from_bytes(256)
+
+
+# --- swizzling -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("swizzle,xor_bits", [(32, 1), (64, 2), (128, 3)])
+def test_swizzle_byte_offset_is_the_bit_xor(swizzle, xor_bits):
+    # The swizzle XORs address bits [4, 4 + b) with bits [7, 7 + b), b = log2(swizzle / 16): it permutes the
+    # 16-byte chunks of each 128-byte line by the line index (9.7.16.10.6 figures; TMA uses the same pattern).
+    mask = (1 << xor_bits) - 1
+    for offset in range(4 * 8 * swizzle):
+        assert swizzle_byte_offset(offset, swizzle) == offset ^ (((offset >> 7) & mask) << 4)
+
+
+@pytest.mark.parametrize("swizzle", [32, 64, 128])
+def test_swizzle_is_a_chunk_permutation_repeating_every_8_rows(swizzle):
+    period = 8 * swizzle  # 256, 512, 1024 bytes: the repeat boundaries of 9.7.16.4.1, Table 41
+    for base in range(0, 4 * period, period):
+        image = [swizzle_byte_offset(base + o, swizzle) for o in range(period)]
+        assert sorted(image) == list(range(base, base + period))
+    for offset in range(period):
+        # Bytes move with their 16-byte chunk, and the first line of a pattern is left in place.
+        assert swizzle_byte_offset(offset, swizzle) % 16 == offset % 16
+        if offset < 128:
+            assert swizzle_byte_offset(offset, swizzle) == offset
+
+
+def test_swizzle_rules():
+    assert swizzle_tile_shape(128, 16) == (8, 64)
+    assert swizzle_tile_shape(32, 8) == (8, 32)
+    assert swizzle_tile_shape(64, 32) == (8, 16)
+    check_swizzle_row(64, 64)
+    with pytest.raises(DescriptorError, match="under 64B swizzle must be 64 bytes wide, got 128"):
+        check_swizzle_row(128, 64)
+    for bad in (0, 16, 96, 256):
+        with pytest.raises(DescriptorError, match=f"one of \\(32, 64, 128\\) bytes, got {bad}"):
+            swizzle_byte_offset(0, bad)
+    with pytest.raises(DescriptorError, match="8, 16 or 32 bits wide, got 4"):
+        swizzle_tile_shape(128, 4)
+
+
+# --- wgmma shapes (9.7.15.2) ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,n,k,ab,d,a_major,b_major", [
+    (64, 256, 16, bf16, f32, Major.K, Major.K),
+    (64, 8, 16, f16, f16, Major.MN, Major.MN),  # 16-bit operands may be MN-major
+    (64, 128, 8, f32, f32, Major.K, Major.K),  # tf32
+    (64, 200, 32, e4m3, f32, Major.K, Major.K),
+    (64, 24, 32, e5m2, f16, Major.K, Major.K),
+    (64, 24, 32, s8, i32, Major.K, Major.K),
+    (64, 48, 32, u8, i32, Major.K, Major.K),
+])
+def test_wgmma_valid_shapes(m, n, k, ab, d, a_major, b_major):
+    check_wgmma_shape(m, n, k, ab, d, a_major, b_major)
+
+
+@pytest.mark.parametrize("m,n,k,ab,d,a_major,b_major,message", [
+    (128, 64, 16, bf16, f32, Major.K, Major.K, "M = 64, got M = 128"),
+    (64, 264, 16, bf16, f32, Major.K, Major.K, "multiple of 8 in 8..256, got 264"),
+    (64, 12, 16, f16, f32, Major.K, Major.K, "got 12"),
+    (64, 64, 32, bf16, f32, Major.K, Major.K, r"K = 16 \(32 bytes\), got K = 32"),
+    (64, 64, 16, e4m3, f32, Major.K, Major.K, "K = 32"),
+    (64, 40, 32, s8, i32, Major.K, Major.K, "then multiples of 16 up to 256, got 40"),
+    (64, 64, 32, e4m3, f32, Major.K, Major.MN, "float8_e4m3fn wgmma operands must be K-major.*B MN-major"),
+    (64, 64, 8, f32, f32, Major.MN, Major.K, "float32 wgmma operands must be K-major"),
+    (64, 64, 16, bf16, f16, Major.K, Major.K, "accumulates into float32, got float16"),
+    (64, 64, 16, dtypes.int16, i32, Major.K, Major.K, "no variant for int16"),
+])
+def test_wgmma_invalid_shapes(m, n, k, ab, d, a_major, b_major, message):
+    with pytest.raises(DescriptorError, match=message):
+        check_wgmma_shape(m, n, k, ab, d, a_major, b_major)
