@@ -5,7 +5,6 @@ Nothing here imports MLIR, torch or numpy, so a cache hit stays cheap.
 """
 
 from .store import (
-    CacheReadError,
     CacheWarning,
     Entry,
     EntryInfo,
@@ -14,4 +13,4 @@ from .store import (
     hash_parts,
 )
 
-__all__ = ["CacheReadError", "CacheWarning", "Entry", "EntryInfo", "Store", "default_store", "hash_parts"]
+__all__ = ["CacheWarning", "Entry", "EntryInfo", "Store", "default_store", "hash_parts"]

@@ -9,9 +9,10 @@ Layout under the root (created 0700)::
 
 A writer fills a private temporary directory, fsyncs it and renames it into place; if another writer got
 there first the rename fails and the loser's copy is dropped (same key, same content). Removal renames the
-entry out of the way before deleting it. A reader therefore sees a whole entry or none, with no locks, which
-also holds on network filesystems where flock is unreliable. The last-use time of an entry is the mtime of
-its meta.json, bumped on every hit. Metadata is JSON only: a damaged or tampered entry is a miss.
+entry out of the way before deleting it, meta.json last. A reader reads through one directory descriptor,
+so it sees a whole entry or none, with no locks, which also holds on network filesystems where flock is
+unreliable. The last-use time of an entry is the mtime of its meta.json, bumped on every hit. Metadata is
+JSON only: a damaged or tampered entry is a miss.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import Any, Mapping
 from ._warn import CacheWarning, warn_once
 
 __all__ = [
-    "CacheReadError",
     "CacheWarning",
     "DEFAULT_MAX_BYTES",
     "Entry",
@@ -58,10 +58,6 @@ _MAX_META_BYTES = 16 << 20
 _STALE_TMP_S = 3600.0
 # Eviction goes below the limit by this factor so that the next puts do not each trigger a scan.
 _LOW_WATER = 0.9
-
-
-class CacheReadError(OSError):
-    """A file of a cache entry, read after `Store.get`, vanished or failed its checksum."""
 
 
 class _Damaged(ValueError):
@@ -169,12 +165,23 @@ def _verify(name: str, data: bytes, info: Mapping[str, Any]) -> None:
         raise _Damaged(f"{name} fails its sha256 checksum")
 
 
-def _read_verified(path: Path, info: Mapping[str, Any]) -> bytes:
-    with open(path, "rb") as f:
-        # One byte more than recorded, so an overlong file is caught without reading all of it.
-        data = f.read(info["size"] + 1)
-    _verify(path.name, data, info)
-    return data
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_at(dir_fd: int, name: str, limit: int) -> bytes:
+    """Up to `limit` bytes of file `name` in the directory open as `dir_fd`."""
+    with open(os.open(name, os.O_RDONLY | _O_CLOEXEC, dir_fd=dir_fd), "rb") as f:
+        return f.read(limit)
+
+
+def _same_dir(fd: int, path: Path) -> bool:
+    """Whether the directory open as `fd` is still the one at `path`."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
 
 
 def _check_expect(meta: Mapping[str, Any], expect: Mapping[str, Any] | None) -> None:
@@ -193,43 +200,26 @@ def _check_expect(meta: Mapping[str, Any], expect: Mapping[str, Any] | None) -> 
 class Entry:
     """One cached kernel: `key`, the caller's `meta`, and `path` (None when kept in memory only).
 
-    `Store.get` reads and verifies the `.cubin` files and checks the others' sizes; those others (PTX,
-    the ptxas report) are read and checksummed on `read`, so a hit does not load them.
+    An entry is a verified snapshot: `Store.get` reads every file and checks its sha256, so `read` never
+    touches the disk and cannot fail if the entry is evicted afterwards.
     """
 
-    __slots__ = ("key", "meta", "path", "_files", "_data")
+    __slots__ = ("key", "meta", "path", "_data")
 
-    def __init__(
-        self,
-        key: str,
-        meta: dict[str, Any],
-        path: Path | None,
-        files: Mapping[str, Mapping[str, Any]],
-        data: Mapping[str, bytes],
-    ) -> None:
+    def __init__(self, key: str, meta: dict[str, Any], path: Path | None, data: Mapping[str, bytes]) -> None:
         self.key = key
         self.meta = meta
         self.path = path
-        self._files = dict(files)
         self._data = dict(data)
 
     @property
     def names(self) -> tuple[str, ...]:
         """The names of the entry's files."""
-        return tuple(self._files)
+        return tuple(self._data)
 
     def read(self, name: str) -> bytes:
-        """The bytes of file `name` (KeyError if the entry has none; CacheReadError if it is gone or bad)."""
-        data = self._data.get(name)
-        if data is not None:
-            return data
-        if name not in self._files:
-            raise KeyError(name)
-        assert self.path is not None  # in-memory entries hold every file
-        try:
-            return _read_verified(self.path / name, self._files[name])
-        except (OSError, _Damaged) as e:
-            raise CacheReadError(f"cache file {self.path / name} is gone or damaged: {e}") from None
+        """The bytes of file `name` (KeyError if the entry has none)."""
+        return self._data[name]
 
     def __repr__(self) -> str:
         return f"Entry({self.key[:12]}…, name={self.meta.get('name')!r}, path={self.path})"
@@ -336,46 +326,48 @@ class Store:
 
     def _get_local(self, key: str, expect: Mapping[str, Any] | None) -> Entry | None:
         d = self._entry_dir(key)
-        meta_path = d / META
         try:
-            with open(meta_path, "rb") as f:
-                raw = f.read(_MAX_META_BYTES + 1)
+            # Everything is read through one directory descriptor, so that meta.json and the files come
+            # from the same entry even if it is replaced or removed while we read.
+            fd = os.open(d, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
-            # Entries are published and removed whole, so a directory without meta.json is damage.
-            if os.path.isdir(d):
-                self._damaged(d, "meta.json is missing")
             return None
         except OSError as e:
-            warn_once(("read", str(d)), f"mgjit cache: cannot read {meta_path} ({e}); recompiling")
+            warn_once(("read", str(d)), f"mgjit cache: cannot open {d} ({e}); recompiling")
             return None
+        try:
+            return self._read_entry(key, d, fd, expect)
+        finally:
+            os.close(fd)
+
+    def _read_entry(self, key: str, d: Path, fd: int, expect: Mapping[str, Any] | None) -> Entry | None:
         name = META
         try:
-            rec = _parse_record(raw, key)
+            rec = _parse_record(_read_at(fd, META, _MAX_META_BYTES + 1), key)
             _check_expect(rec["meta"], expect)
             data = {}
             for name, info in rec["files"].items():
-                if name.endswith(".cubin"):
-                    data[name] = _read_verified(d / name, info)
-                elif os.stat(d / name).st_size != info["size"]:
-                    # Other files are checksummed when read; a size check here catches truncation
-                    # while a recompile can still restore them.
-                    raise _Damaged(f"{name} has the wrong size")
+                # One byte more than recorded, so an overlong file is caught without reading all of it.
+                data[name] = _read_at(fd, name, info["size"] + 1)
+                _verify(name, data[name], info)
         except _Damaged as e:
             self._damaged(d, str(e))
             return None
         except FileNotFoundError:
-            # Gone as a whole: evicted or cleared by another process between our reads. Not damage.
-            if os.path.isdir(d):
+            # A published entry is complete for as long as it stays at `d` (removal renames it away
+            # first, and deletes meta.json last), so a missing file is damage only if the directory we
+            # read is still there, and an empty directory is nothing at all.
+            if _same_dir(fd, d) and os.listdir(fd):
                 self._damaged(d, f"{name} is missing")
             return None
         except OSError as e:
             warn_once(("read", str(d)), f"mgjit cache: cannot read {d / name} ({e}); recompiling")
             return None
         try:
-            os.utime(meta_path)
+            os.utime(META, dir_fd=fd)
         except OSError:
             pass  # a read-only shared cache still serves hits; only its LRU order stops advancing
-        return Entry(key, rec["meta"], d, rec["files"], data)
+        return Entry(key, rec["meta"], d, data)
 
     def _get_remote(self, key: str, expect: Mapping[str, Any] | None) -> Entry | None:
         from .remote import decode_blob
@@ -402,7 +394,7 @@ class Store:
             )
             self.redis.delete(key)
             return None
-        return self._publish(key, members, rec["files"], rec["meta"], raw)
+        return self._publish(key, members, rec["meta"], raw)
 
     def _damaged(self, d: Path, reason: str) -> None:
         warn_once(("damaged", str(d)), f"mgjit cache: ignoring damaged entry {d}: {reason}; it will be recompiled")
@@ -421,17 +413,16 @@ class Store:
         for name, data in files.items():
             _check_name(name)
             blobs[name] = data if isinstance(data, bytes) else bytes(data)
-        rec_files = {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in blobs.items()}
         rec = {
             "format": FORMAT,
             "key": key,
             "created": time.time(),
             "size": sum(len(b) for b in blobs.values()),
-            "files": rec_files,
+            "files": {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in blobs.items()},
             "meta": dict(meta),
         }
         raw = json.dumps(rec, indent=1, sort_keys=True).encode()
-        entry = self._publish(key, blobs, rec_files, json.loads(raw)["meta"], raw)
+        entry = self._publish(key, blobs, json.loads(raw)["meta"], raw)
         if self.redis is not None:
             self.redis.submit(key, blobs, raw)
         return entry
@@ -440,7 +431,6 @@ class Store:
         self,
         key: str,
         files: Mapping[str, bytes],
-        rec_files: Mapping[str, Mapping[str, Any]],
         meta: dict[str, Any],
         raw: bytes,
     ) -> Entry:
@@ -456,10 +446,10 @@ class Store:
                 ("unwritable", str(self.root)),
                 f"mgjit cache: cannot write to {self.root} ({e}); compiled kernels are kept in memory only",
             )
-            return Entry(key, meta, None, rec_files, files)
+            return Entry(key, meta, None, files)
         if won:
             self._account(key, len(raw) + sum(len(b) for b in files.values()))
-        return Entry(key, meta, d, rec_files, files)
+        return Entry(key, meta, d, files)
 
     def _write_tmp(self, key: str, files: Mapping[str, bytes], raw: bytes) -> Path:
         # Every time, not once: someone may have deleted the whole cache since, and makedirs would
@@ -498,7 +488,11 @@ class Store:
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EBUSY):
                     raise
                 last = e
-                if os.path.exists(d / META):
+                try:
+                    names = os.listdir(d)
+                except FileNotFoundError:
+                    continue  # removed meanwhile: try again
+                if META in names:
                     shutil.rmtree(tmp, ignore_errors=True)
                     return False
                 self._discard(d)  # a damaged remnant without meta.json: replace it
@@ -542,7 +536,7 @@ class Store:
             os.rename(d, dest)
         except OSError:
             return  # already gone, or a read-only cache where ignoring the entry is all we can do
-        shutil.rmtree(dest, ignore_errors=True)
+        _remove_entry_dir(dest)
 
     def _account(self, key: str, size: int) -> None:
         with self._lock:
@@ -588,7 +582,7 @@ class Store:
                 for e in it:
                     try:
                         if now - e.stat(follow_symlinks=False).st_mtime >= min_age:
-                            shutil.rmtree(e.path, ignore_errors=True)
+                            _remove_entry_dir(Path(e.path))
                     except OSError:
                         pass  # removed by a concurrent sweep
 
@@ -663,8 +657,33 @@ def _scan_entry(d: Path, key: str, with_meta: bool) -> EntryInfo | None:
     return EntryInfo(key, d, size, last_used, meta)
 
 
+def _remove_entry_dir(d: Path) -> None:
+    """Delete an entry directory, meta.json last.
+
+    A reader that opened the directory before it was renamed away may still be reading it; because
+    meta.json goes last, a directory with files but no meta.json is always damage, never a removal.
+    """
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for name in sorted(names, key=lambda n: n == META):
+        p = d / name
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)  # not ours: entries are flat
+            else:
+                os.unlink(p)
+        except OSError:
+            pass  # removed by a concurrent sweep
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass
+
+
 def _write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
     with open(fd, "wb") as f:
         f.write(data)
         f.flush()
