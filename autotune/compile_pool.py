@@ -51,10 +51,10 @@ def can_fork() -> bool:
             and not multiprocessing.current_process().daemon)
 
 
-def _compile_here(kernel: Any, args: Sequence[Any], constexprs: Mapping[str, Any], config: Config,
+def _compile_here(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any], config: Config,
                   target: str | None) -> CompileOutcome:
     try:
-        compiled = kernel.compile(*args, target=target, **constexprs, **config.launch_kwargs())
+        compiled = kernel.compile(*args, target=target, **keywords, **config.launch_kwargs())
     except CompileError as error:
         return CompileOutcome(config, pruned=compile_error_reason(error))
     reason = resource_reason(compiled.registers, compiled.spills, compiled.threads)
@@ -63,7 +63,7 @@ def _compile_here(kernel: Any, args: Sequence[Any], constexprs: Mapping[str, Any
     return CompileOutcome(config, compiled=compiled)
 
 
-# What forked children compile: (kernel, args, constexprs, configs, target). Set in the parent just before
+# What forked children compile: (kernel, args, keywords, configs, target). Set in the parent just before
 # the pool forks and cleared after; a module global because fork, not pickling, carries it to the children.
 _JOB: tuple[Any, Sequence[Any], Mapping[str, Any], Sequence[Config], str | None] | None = None
 
@@ -78,9 +78,9 @@ def _compile_in_child(index: int) -> tuple[int, str | None]:
     (a success, now in the disk cache, or an unexpected failure that the parent will reproduce and raise
     with its own traceback)."""
     assert _JOB is not None, "compile worker started without a job"
-    kernel, args, constexprs, configs, target = _JOB
+    kernel, args, keywords, configs, target = _JOB
     try:
-        kernel.compile(*args, target=target, **constexprs, **configs[index].launch_kwargs())
+        kernel.compile(*args, target=target, **keywords, **configs[index].launch_kwargs())
     except CompileError as error:
         return index, compile_error_reason(error)
     except Exception:
@@ -88,10 +88,10 @@ def _compile_in_child(index: int) -> tuple[int, str | None]:
     return index, None
 
 
-def compile_configs(kernel: Any, args: Sequence[Any], constexprs: Mapping[str, Any],
+def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any],
                     configs: Sequence[Config], *, target: str | None = None, jobs: int | None = None,
                     on_done: Callable[[], None] | None = None) -> list[CompileOutcome]:
-    """Compile every config (with the call's positional `args` and non-config `constexprs`), pruning those
+    """Compile every config (with the call's `args` and `keywords`, the config's values added), pruning those
     that break a compiler rule or whose ptxas report rules them out. Outcomes come back in config order.
 
     `jobs` worker processes (default `default_jobs()`); 1, or no fork on this OS, compiles serially.
@@ -107,7 +107,7 @@ def compile_configs(kernel: Any, args: Sequence[Any], constexprs: Mapping[str, A
     # ask a device for it) and imports the compiler once, so that children inherit it warm.
     next_index = 0
     while next_index < len(configs):
-        outcome = _compile_here(kernel, args, constexprs, configs[next_index], target)
+        outcome = _compile_here(kernel, args, keywords, configs[next_index], target)
         outcomes[next_index] = outcome
         next_index += 1
         tick()
@@ -118,7 +118,7 @@ def compile_configs(kernel: Any, args: Sequence[Any], constexprs: Mapping[str, A
     rest = list(range(next_index, len(configs)))
     workers = min(jobs, len(rest))
     if workers > 1 and can_fork():
-        _JOB = (kernel, args, constexprs, configs, target)
+        _JOB = (kernel, args, keywords, configs, target)
         try:
             with multiprocessing.get_context("fork").Pool(workers, initializer=_child_init) as pool:
                 for index, reason in pool.imap_unordered(_compile_in_child, rest):
@@ -131,9 +131,9 @@ def compile_configs(kernel: Any, args: Sequence[Any], constexprs: Mapping[str, A
         # former, the real error with its traceback for the latter.
         for index in rest:
             if index not in outcomes:
-                outcomes[index] = _compile_here(kernel, args, constexprs, configs[index], target)
+                outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target)
     else:
         for index in rest:
-            outcomes[index] = _compile_here(kernel, args, constexprs, configs[index], target)
+            outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target)
             tick()
     return [outcomes[i] for i in range(len(configs))]

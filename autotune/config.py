@@ -26,29 +26,36 @@ def _freeze(name: str, value: Any) -> Any:
     )
 
 
-def _cluster(value: Any) -> tuple[int, int, int]:
+def _cluster(value: Any) -> tuple[int, int, int] | None:
+    if value is None:
+        return None
     dims = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
     if dims is None or not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and not isinstance(d, bool)
                                                           and d >= 1 for d in dims):
         raise ValueError(f"Config cluster must be 1 to 3 positive ints, e.g. (2, 1, 1); got {value!r}")
-    return dims + (1,) * (3 - len(dims))
+    dims += (1,) * (3 - len(dims))
+    # No cluster and a 1x1x1 cluster launch alike; one spelling keeps them one config.
+    return None if dims == (1, 1, 1) else dims
 
 
 class Config:
     """Constexpr values plus launch options for one candidate: `Config(BM=128, BN=256, num_warpgroups=3)`.
 
-    Immutable and hashable; two configs with the same values are equal whatever order the values were
-    given in. `key()` is the canonical JSON text that the on-disk store keys on."""
+    A launch option left as None is not passed, so the kernel's own default applies (`@mgjit.kernel(
+    num_warpgroups=2)`; no cluster). Immutable and hashable; two configs with the same values are equal
+    whatever order the values were given in. `key()` is the canonical JSON text that the on-disk store
+    keys on."""
 
     __slots__ = ("kwargs", "num_warpgroups", "cluster", "_key")
 
     kwargs: Mapping[str, Any]
-    num_warpgroups: int
-    cluster: tuple[int, int, int]
+    num_warpgroups: int | None
+    cluster: tuple[int, int, int] | None
 
-    def __init__(self, num_warpgroups: int = 1, cluster: Any = (1, 1, 1), **kwargs: Any):
-        if not isinstance(num_warpgroups, int) or isinstance(num_warpgroups, bool) or num_warpgroups < 1:
-            raise ValueError(f"Config num_warpgroups must be a positive int; got {num_warpgroups!r}")
+    def __init__(self, num_warpgroups: int | None = None, cluster: Any = None, **kwargs: Any):
+        if num_warpgroups is not None and (not isinstance(num_warpgroups, int) or isinstance(num_warpgroups, bool)
+                                           or num_warpgroups < 1):
+            raise ValueError(f"Config num_warpgroups must be a positive int or None; got {num_warpgroups!r}")
         frozen = {name: _freeze(name, value) for name, value in kwargs.items()}
         cluster = _cluster(cluster)
         key = json.dumps({"kwargs": frozen, "num_warpgroups": num_warpgroups, "cluster": cluster},
@@ -79,12 +86,16 @@ class Config:
         if not isinstance(data, Mapping) or not isinstance(data.get("kwargs"), Mapping):
             raise ValueError(f"expected a config's JSON form {{'kwargs': {{...}}, 'num_warpgroups': n, "
                              f"'cluster': [x, y, z]}}; got {data!r}")
-        return cls(num_warpgroups=data.get("num_warpgroups", 1), cluster=data.get("cluster", (1, 1, 1)),
-                   **data["kwargs"])
+        return cls(num_warpgroups=data.get("num_warpgroups"), cluster=data.get("cluster"), **data["kwargs"])
 
     def launch_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `Kernel.compile` and a launch: the constexprs plus the launch options."""
-        return {**self.kwargs, "num_warpgroups": self.num_warpgroups, "cluster": self.cluster}
+        """Keyword arguments for `Kernel.compile` and a launch: the constexprs plus the launch options set."""
+        options = {**self.kwargs}
+        if self.num_warpgroups is not None:
+            options["num_warpgroups"] = self.num_warpgroups
+        if self.cluster is not None:
+            options["cluster"] = self.cluster
+        return options
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Config) and self._key == other._key
@@ -94,22 +105,23 @@ class Config:
 
     def __repr__(self) -> str:
         parts = [f"{k}={v!r}" for k, v in self.kwargs.items()]
-        if self.num_warpgroups != 1:
+        if self.num_warpgroups is not None:
             parts.append(f"num_warpgroups={self.num_warpgroups}")
-        if self.cluster != (1, 1, 1):
+        if self.cluster is not None:
             parts.append(f"cluster={self.cluster}")
         return f"Config({', '.join(parts)})"
 
     def short(self) -> str:
         """A compact one-line form for tables and plots: `BM=128 BN=256 wg=3 cl=2x1x1`."""
         parts = [f"{k}={v}" for k, v in self.kwargs.items()]
-        parts.append(f"wg={self.num_warpgroups}")
-        if self.cluster != (1, 1, 1):
+        if self.num_warpgroups is not None:
+            parts.append(f"wg={self.num_warpgroups}")
+        if self.cluster is not None:
             parts.append("cl=" + "x".join(map(str, self.cluster)))
         return " ".join(parts)
 
 
-def _rebuild(kwargs: dict[str, Any], num_warpgroups: int, cluster: tuple[int, int, int]) -> Config:
+def _rebuild(kwargs: dict[str, Any], num_warpgroups: int | None, cluster: tuple[int, int, int] | None) -> Config:
     return Config(num_warpgroups=num_warpgroups, cluster=cluster, **kwargs)
 
 

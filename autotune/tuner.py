@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import distributed, progress
 from .compile_pool import CompileOutcome, compile_configs
-from .config import Config, expand_space
+from .config import LAUNCH_OPTIONS, Config, expand_space
 from .prune import PruneConfigs, Rule, apply_user_pruning
 from .report import Row, TuningReport
 from .store import Result, ResultStore, default_root
@@ -73,7 +74,9 @@ class Autotuned:
         self.configs = configs
         # The arguments a launch passes: every parameter but those the config supplies.
         self._call_names = tuple(n for n in kernel.arg_names if n not in config_names)
-        self._runtime_names = tuple(n for n in self._call_names if n not in kernel.constexpr_names)
+        # Leading parameters go to the kernel positionally (its launch fast path) up to the first one that a
+        # config sets; the rest by name, so that parameters after a tuned constexpr still bind right.
+        self._positional = tuple(itertools.takewhile(lambda n: n not in config_names, kernel.arg_names))
         for what, names in (("key", key), ("restore", restore), ("reset", reset)):
             for name in _names(what, names):
                 if name not in self._call_names:
@@ -82,6 +85,8 @@ class Autotuned:
         self.key = tuple(key)
         self.restore = tuple(restore)
         self.reset = tuple(reset)
+        # What the autotuner itself reads from a launch's arguments; the kernel checks the rest.
+        self._required = tuple(dict.fromkeys(self.key + self.restore + self.reset))
         self.prune_configs = prune_configs
         self.rules = tuple(rules)
         self.timer = timer
@@ -111,16 +116,20 @@ class Autotuned:
             if name in named:
                 raise TypeError(f"{self.kernel.name} got argument {name!r} twice")
             named[name] = value
-        missing = [n for n in self._runtime_names if n not in named]
+        missing = [n for n in self._required if n not in named]
         if missing:
             raise TypeError(f"{self.kernel.name} is missing arguments {missing}")
         return named
 
     def _split(self, named: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        """Runtime arguments in parameter order, and the constexprs that the caller (not the config) set."""
-        runtime = [named[n] for n in self._runtime_names]
-        constexprs = {n: v for n, v in named.items() if n not in self._runtime_names}
-        return runtime, constexprs
+        """The caller's arguments as the kernel takes them: positional ones, then the rest by name."""
+        positional = []
+        for name in self._positional:
+            if name not in named:  # left to the kernel's default: later ones must go by name
+                break
+            positional.append(named[name])
+        passed = self._positional[:len(positional)]
+        return positional, {n: v for n, v in named.items() if n not in passed}
 
     def tuning_key(self, named: Mapping[str, Any]) -> Key:
         """The `key` arguments' values (a tensor's shape), then every tensor argument's dtype: a config
@@ -145,8 +154,8 @@ class Autotuned:
             config = self._best.get(key)
             if config is None:
                 config = self._tune(named, key, grid)
-            runtime, constexprs = self._split(named)
-            return self.kernel[self._grid(grid, named, config)](*runtime, **constexprs,
+            positional, keywords = self._split(named)
+            return self.kernel[self._grid(grid, named, config)](*positional, **keywords,
                                                                  **config.launch_kwargs())
 
         return launch
@@ -170,14 +179,14 @@ class Autotuned:
         """Compile one config for these arguments: the one whose values `kwargs` set, else the chosen one
         (see `best_config`). Returns the kernel's CompiledKernel."""
         config_names = set(self.configs[0].kwargs)
-        given = {n: kwargs.pop(n) for n in list(kwargs) if n in config_names | {"num_warpgroups", "cluster"}}
+        given = {n: kwargs.pop(n) for n in list(kwargs) if n in config_names or n in LAUNCH_OPTIONS}
         if given and not config_names <= set(given):
             raise TypeError(f"{self.kernel.name}.compile: to compile a config of your own, give all of "
                             f"{sorted(config_names)}; got {sorted(given)}")
         named = self._bind(args, kwargs)
         config = Config(**given) if given else self.best_config(named)
-        runtime, constexprs = self._split(named)
-        return self.kernel.compile(*runtime, target=target, **constexprs, **config.launch_kwargs())
+        positional, keywords = self._split(named)
+        return self.kernel.compile(*positional, target=target, **keywords, **config.launch_kwargs())
 
     def compile_all(self, *args: Any, target: str | None = None, jobs: int | None = None,
                     **kwargs: Any) -> list[CompileOutcome]:
@@ -186,9 +195,9 @@ class Autotuned:
         named = self._bind(args, kwargs)
         dropped = apply_user_pruning(self.configs, named, self.prune_configs, self.rules)
         todo = [c for c in self.configs if c not in dropped]
-        runtime, constexprs = self._split(named)
+        positional, keywords = self._split(named)
         with progress.bar(len(todo), f"{self.kernel.name}: compiling") as tick:
-            compiled = compile_configs(self.kernel, runtime, constexprs, todo, target=target,
+            compiled = compile_configs(self.kernel, positional, keywords, todo, target=target,
                                        jobs=self.jobs if jobs is None else jobs, on_done=tick)
         by_config = {outcome.config: outcome for outcome in compiled}
         return [by_config.get(c) or CompileOutcome(c, pruned=dropped[c]) for c in self.configs]
@@ -222,9 +231,9 @@ class Autotuned:
         """Compile, prune and time `configs`; results by config key."""
         if not configs:
             return {}
-        runtime, constexprs = self._split(named)
+        positional, keywords = self._split(named)
         with progress.bar(len(configs), f"{self.kernel.name}: compiling") as tick:
-            outcomes = compile_configs(self.kernel, runtime, constexprs, configs, jobs=self.jobs, on_done=tick)
+            outcomes = compile_configs(self.kernel, positional, keywords, configs, jobs=self.jobs, on_done=tick)
         results = {o.config.key(): Result(pruned=o.pruned) for o in outcomes if o.pruned is not None}
         survivors = [o.config for o in outcomes if o.pruned is None]
 
@@ -241,7 +250,7 @@ class Autotuned:
             with progress.bar(len(survivors), f"{self.kernel.name}: timing") as tick:
                 for config in survivors:
                     launcher = self.kernel[self._grid(grid, named, config)]
-                    ms = timer(Run(config, setup, functools.partial(launcher, *runtime, **constexprs,
+                    ms = timer(Run(config, setup, functools.partial(launcher, *positional, **keywords,
                                                                     **config.launch_kwargs())))
                     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) \
                             or ms < 0:

@@ -12,16 +12,25 @@ def test_config_equality_ignores_argument_order_and_keys_are_canonical():
     a = Config(BM=128, BN=256, num_warpgroups=3)
     b = Config(BN=256, BM=128, num_warpgroups=3)
     assert a == b and hash(a) == hash(b) and a.key() == b.key()
-    assert a.key() == '{"cluster":[1,1,1],"kwargs":{"BM":128,"BN":256},"num_warpgroups":3}'
+    assert a.key() == '{"cluster":null,"kwargs":{"BM":128,"BN":256},"num_warpgroups":3}'
     assert a != Config(BM=128, BN=256, num_warpgroups=2)
+    assert a != Config(BM=128, BN=256)  # None: the kernel's own default, which may not be 3
     assert a != Config(BM=128, BN=256, num_warpgroups=3, cluster=(2, 1, 1))
+    assert a == Config(BM=128, BN=256, num_warpgroups=3, cluster=(1, 1, 1)) == Config(BN=256, BM=128, num_warpgroups=3, cluster=1)
     assert len({a, b, Config(BM=64, BN=256, num_warpgroups=3)}) == 2
 
 
 def test_config_repr_keeps_the_given_order_and_omits_defaults():
     assert repr(Config(BM=128, BK=64, SWIZZLE=128)) == "Config(BM=128, BK=64, SWIZZLE=128)"
     assert repr(Config(BM=64, num_warpgroups=2, cluster=2)) == "Config(BM=64, num_warpgroups=2, cluster=(2, 1, 1))"
-    assert Config(BM=64, cluster=(2, 1)).short() == "BM=64 wg=1 cl=2x1x1"
+    assert Config(BM=64, cluster=(2, 1)).short() == "BM=64 cl=2x1x1"
+    assert Config(BM=64, num_warpgroups=2).short() == "BM=64 wg=2"
+
+
+def test_launch_options_are_passed_only_when_set():
+    assert Config(BM=64).launch_kwargs() == {"BM": 64}
+    assert Config(BM=64, num_warpgroups=2, cluster=(1, 2)).launch_kwargs() == {"BM": 64, "num_warpgroups": 2,
+                                                                               "cluster": (1, 2, 1)}
 
 
 def test_config_json_and_pickle_round_trip():
@@ -48,8 +57,8 @@ def test_config_is_immutable():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(BM=[1, [2]]), "must be a bool, int, float, str, None or a tuple"),
     (dict(BM=object()), "must be a bool, int, float, str, None or a tuple"),
-    (dict(num_warpgroups=0), "num_warpgroups must be a positive int; got 0"),
-    (dict(num_warpgroups=True), "num_warpgroups must be a positive int; got True"),
+    (dict(num_warpgroups=0), "num_warpgroups must be a positive int or None; got 0"),
+    (dict(num_warpgroups=True), "num_warpgroups must be a positive int or None; got True"),
     (dict(cluster=(1, 1, 1, 1)), r"cluster must be 1 to 3 positive ints.*got \(1, 1, 1, 1\)"),
     (dict(cluster=(0, 1)), r"cluster must be 1 to 3 positive ints"),
 ])

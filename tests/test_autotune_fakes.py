@@ -52,21 +52,28 @@ class FakeKernel:
     def source_key(self) -> str:
         return hashlib.sha256(f"{self.name}:{self.source}".encode()).hexdigest()
 
-    def _runtime_names(self) -> list[str]:
-        return [n for n in self.arg_names if n not in self.constexpr_names]
+    def _bind(self, args, kwargs) -> tuple[dict, dict]:
+        """Like the core: positional arguments bind to the parameters in order, the rest by name, all
+        required (this fake has no defaults). Returns (runtime values by name, constexprs)."""
+        if len(args) > len(self.arg_names):
+            raise TypeError(f"{self.name}: {len(args)} positional arguments for {len(self.arg_names)} parameters")
+        bound = dict(zip(self.arg_names, args))
+        for name, value in kwargs.items():
+            if name not in self.arg_names or name in bound:
+                raise TypeError(f"{self.name}: unexpected or repeated argument {name!r}")
+            bound[name] = value
+        if set(bound) != set(self.arg_names):
+            raise TypeError(f"{self.name}: missing {sorted(set(self.arg_names) - set(bound))}")
+        return ({n: v for n, v in bound.items() if n not in self.constexpr_names},
+                {n: v for n, v in bound.items() if n in self.constexpr_names})
 
-    def _check_call(self, args, constexprs) -> None:
-        if len(args) != len(self._runtime_names()):
-            raise TypeError(f"{self.name}: expected {len(self._runtime_names())} runtime args, got {len(args)}")
-        if set(constexprs) != set(self.constexpr_names):
-            raise TypeError(f"{self.name}: expected constexprs {self.constexpr_names}, got {sorted(constexprs)}")
-
-    def compile(self, *args, target=None, num_warpgroups=1, cluster=(1, 1, 1), **constexprs) -> FakeCompiled:
-        self._check_call(args, constexprs)
+    def compile(self, *args, target=None, num_warpgroups=None, cluster=None, **kwargs) -> FakeCompiled:
+        runtime, constexprs = self._bind(args, kwargs)
         target = target or "sm_90a"
-        spec = [str(getattr(a, "dtype", type(a).__name__)) for a in args]
+        num_warpgroups = num_warpgroups or 1  # the kernel's default
+        spec = [str(getattr(a, "dtype", type(a).__name__)) for a in runtime.values()]
         key = hashlib.sha256(json.dumps([self.source_key(), spec, sorted(constexprs.items()),
-                                         num_warpgroups, list(cluster), target]).encode()).hexdigest()[:24]
+                                         num_warpgroups, cluster, target]).encode()).hexdigest()[:24]
         path = self.cache_dir / f"{key}.json"
         if path.exists():
             self.hits += 1
@@ -91,21 +98,13 @@ class FakeKernel:
         return [json.loads(p.read_text())["pid"] for p in self.cache_dir.glob("*.json")]
 
     def __getitem__(self, grid):
-        def launch(*args, num_warpgroups=1, cluster=(1, 1, 1), **constexprs):
-            self._check_call(args, constexprs)
-            self.launches.append((dict(constexprs), num_warpgroups, tuple(cluster), grid))
+        def launch(*args, num_warpgroups=None, cluster=None, **kwargs):
+            runtime, constexprs = self._bind(args, kwargs)
+            self.launches.append((constexprs, num_warpgroups, cluster, grid))
             if self.body is not None:
-                self.body(dict(zip(self._runtime_names(), args)), constexprs)
+                self.body(runtime, constexprs)
 
         return launch
-
-    def last_config(self) -> tuple:
-        constexprs, num_warpgroups, cluster, _ = self.launches[-1]
-        return tuple(sorted(constexprs.items())), num_warpgroups
-
-
-def cfg_id(config) -> tuple:
-    return tuple(sorted(config.kwargs.items())), config.num_warpgroups
 
 
 class FakeTimer:
@@ -125,8 +124,10 @@ class FakeTimer:
         self.calls += 1
         for _ in range(self.runs):
             run()
-        launched = self.kernel.last_config()
-        assert launched == cfg_id(run.config), f"run launched {launched}, not {run.config}"
+        constexprs, num_warpgroups, cluster, _ = self.kernel.launches[-1]
+        launched = ({k: constexprs[k] for k in run.config.kwargs}, num_warpgroups, cluster)
+        expected = (dict(run.config.kwargs), run.config.num_warpgroups, run.config.cluster)
+        assert launched == expected, f"run launched {launched}, not {run.config}"
         self.timed.append(run.config)
         return self.times(run.config)
 

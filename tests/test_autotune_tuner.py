@@ -37,7 +37,7 @@ def test_winner_is_the_fastest_and_the_launch_uses_it(cache_dirs):
     matmul[grid](*args())
     best = Config(BM=128, BN=256, BK=64, STAGES=3, num_warpgroups=2)
     assert timer.calls == len(CONFIGS)
-    assert kernel.launches[-1][:3] == (dict(BM=128, BN=256, BK=64, STAGES=3), 2, (1, 1, 1))
+    assert kernel.launches[-1][:3] == (dict(BM=128, BN=256, BK=64, STAGES=3), 2, None)
     assert kernel.launches[-1][3] == (2, 1)  # the grid callable saw the winner's BM/BN
     assert grid_calls[-1]["num_warpgroups"] == 2 and grid_calls[-1]["M"] == 256
     assert matmul.best_config(dict(zip(["a", "b", "c", "M", "N", "K"], args()))) == best
@@ -277,6 +277,24 @@ def test_importing_autotune_imports_neither_torch_nor_mlir():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_public_names():
+def test_public_names(tmp_path):
+    import mgjit
+
     assert at.Config is Config and at.autotune is autotune
     assert callable(at.divisible) and callable(at.expand_space)
+    # Importing the package binds mgjit.autotune to it; calling it must still decorate.
+    assert mgjit.autotune is at or mgjit.autotune is autotune
+    tuned = mgjit.autotune(configs=CONFIGS[:2], key=["M"])(FakeKernel(tmp_path))
+    assert isinstance(tuned, at.Autotuned) and tuned.configs == tuple(CONFIGS[:2])
+
+
+def test_parameters_after_a_tuned_constexpr_go_by_name(cache_dirs):
+    # def k(a, BM: constexpr, b, c, M, N, K, BN, BK, STAGES, ACT: constexpr): BM sits between runtime args.
+    kernel_options = dict(arg_names=("a", "BM", "b", "c", "M", "N", "K", "BN", "BK", "STAGES", "ACT"),
+                          constexpr_names=("BM", "BN", "BK", "STAGES", "ACT"))
+    matmul, kernel, timer = tuned(cache_dirs, kernel_options=kernel_options)
+    a, b, c, m, n, k = args()
+    matmul[(1,)](a, b, c, m, n, k, "relu")
+    assert kernel.launches[-1][0] == dict(BM=128, BN=256, BK=64, STAGES=3, ACT="relu")
+    assert timer.calls == len(CONFIGS)
+    assert matmul.compile(a, b, c, m, n, k, ACT="gelu").smem_bytes == (128 + 256) * 64 * 2 * 3
