@@ -11,6 +11,11 @@
 Importing this package is cheap: torch is imported inside the functions that time, share or inspect
 tensors, and nothing here imports MLIR.
 """
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
 from .compile_pool import CompileOutcome
 from .config import Config, expand_space
 from .prune import divisible
@@ -21,3 +26,15 @@ from .tuner import Autotuned, autotune
 
 __all__ = ["Autotuned", "CompileOutcome", "Config", "CudaEventTimer", "Result", "ResultStore", "Row", "Run",
            "TuningReport", "autotune", "divisible", "expand_space"]
+
+
+class _CallableModule(types.ModuleType):
+    """Once `mgjit.autotune` (this package) is imported, Python binds the name `autotune` in `mgjit` to the
+    package, shadowing the decorator that `mgjit` exports under the same name. Calling the package calls
+    the decorator, so `@mgjit.autotune(...)` works whichever of the two the name holds."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Callable[[Any], Autotuned]:
+        return autotune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
