@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Hashable
+from collections.abc import Hashable
 
 
 class CacheWarning(UserWarning):

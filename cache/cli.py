@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from .store import EntryInfo, Store, parse_size
 
@@ -62,7 +63,7 @@ def cmd_list(store: Store, out: TextIO) -> None:
             )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip(), file=out)
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip(), file=out)
 
 
 def cmd_stats(store: Store, out: TextIO) -> None:

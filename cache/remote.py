@@ -20,8 +20,9 @@ import socket
 import struct
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ._warn import warn_once

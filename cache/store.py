@@ -26,9 +26,10 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ._warn import CacheWarning, warn_once
 
@@ -138,7 +139,7 @@ def _parse_record(raw: bytes, key: str) -> dict[str, Any]:
     except (ValueError, RecursionError) as e:
         raise _Damaged(f"meta.json is not valid JSON ({e.__class__.__name__})") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
-        raise _Damaged("meta.json is not an mgjit cache record of format %d" % FORMAT)
+        raise _Damaged(f"meta.json is not an mgjit cache record of format {FORMAT}")
     if rec.get("key") != key:
         raise _Damaged(f"meta.json names key {str(rec.get('key'))[:80]!r}")
     files, meta = rec.get("files"), rec.get("meta")
@@ -715,8 +716,7 @@ def default_store() -> Store:
     """
     global _default
     env = tuple(
-        os.environ.get(v)
-        for v in ("MGJIT_CACHE_DIR", "XDG_CACHE_HOME", "MGJIT_CACHE_MAX_BYTES", "MGJIT_CACHE_REDIS")
+        os.environ.get(v) for v in ("MGJIT_CACHE_DIR", "XDG_CACHE_HOME", "MGJIT_CACHE_MAX_BYTES", "MGJIT_CACHE_REDIS")
     )
     current = _default
     if current is None or current[0] != env:

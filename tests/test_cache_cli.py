@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from mgjit.cache import _warn
 from mgjit.cache.cli import human_size, main
 from mgjit.cache.store import Store, hash_parts
@@ -32,8 +31,12 @@ def fill(root, n: int, days_ago=None) -> list[str]:
         e = store.put(
             k,
             {"kernel.cubin": bytes([i]) * 10_000, "kernel.ptx": b"// ptx\n", "ptxas.txt": b"ok\n"},
-            {"name": f"matmul_{i}", "target": "sm_90a", "specialization": {"BM": 128, "dtype": "bf16", "i": i},
-             "mgjit_version": "0.1.0"},
+            {
+                "name": f"matmul_{i}",
+                "target": "sm_90a",
+                "specialization": {"BM": 128, "dtype": "bf16", "i": i},
+                "mgjit_version": "0.1.0",
+            },
         )
         t = now - (days_ago[i] * 86400 if days_ago else i * 60)
         os.utime(e.path / "meta.json", (t, t))
@@ -54,7 +57,7 @@ def test_list_shows_name_specialization_target_size_last_use(tmp_path):
     assert len(lines) == 4
     infos = {i.key: i for i in Store(tmp_path).entries()}
     # most recently used first
-    for line, i in zip(lines[1:], range(3)):
+    for line, i in zip(lines[1:], range(3), strict=True):
         info = infos[keys[i]]
         assert line.startswith(keys[i][:12])
         assert f"matmul_{i}" in line

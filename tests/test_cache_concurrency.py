@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from mgjit.cache import _warn
 from mgjit.cache.store import CacheWarning, Store, hash_parts
 
@@ -42,7 +41,7 @@ def check(entry):
 
 CHILD = (
     COMMON
-    + '''
+    + """
 import json, os, sys, time, warnings
 warnings.simplefilter("error")  # a damaged entry seen by anyone fails the test
 from mgjit.cache.store import Store
@@ -66,7 +65,7 @@ for key in mine:
             check(got)
             hits += 1
 print(json.dumps({"paths": paths, "hits": hits}))
-'''
+"""
 )
 
 namespace: dict = {}
@@ -82,8 +81,9 @@ def strict_warnings():
         yield
 
 
-def run_children(tmp_path: Path, plan: list[tuple[list[str], list[str]]], max_bytes: int = 1 << 30,
-                 read_keys: list[str] = ()) -> list[dict]:
+def run_children(
+    tmp_path: Path, plan: list[tuple[list[str], list[str]]], max_bytes: int = 1 << 30, read_keys: list[str] = ()
+) -> list[dict]:
     """Start one child per (keys to put, keys to get) in `plan`, release them at once, and meanwhile read
     `read_keys` in this process. Returns the children's reports."""
     root, ready, go = tmp_path / "cache", tmp_path / "ready", tmp_path / "go"
@@ -91,9 +91,22 @@ def run_children(tmp_path: Path, plan: list[tuple[list[str], list[str]]], max_by
     env = {k: v for k, v in os.environ.items() if k != "MGJIT_CACHE_REDIS"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(root), str(i), str(ready), str(go), str(max_bytes),
-             json.dumps(mine), json.dumps(others)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(root),
+                str(i),
+                str(ready),
+                str(go),
+                str(max_bytes),
+                json.dumps(mine),
+                json.dumps(others),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for i, (mine, others) in enumerate(plan)
     ]
@@ -118,7 +131,7 @@ def run_children(tmp_path: Path, plan: list[tuple[list[str], list[str]]], max_by
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (out, err) in zip(procs, outputs):
+    for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err
     return [json.loads(out) for out, _ in outputs]
 
@@ -161,8 +174,7 @@ def test_concurrent_eviction_never_serves_a_partial_entry(tmp_path):
     limit = 6 * entry_size
     keys = [[hash_parts("evict", i, j) for j in range(3)] for i in range(N)]
     everyone = [k for ks in keys for k in ks]
-    run_children(tmp_path, [(ks, everyone[i::4]) for i, ks in enumerate(keys)], max_bytes=limit,
-                 read_keys=everyone)
+    run_children(tmp_path, [(ks, everyone[i::4]) for i, ks in enumerate(keys)], max_bytes=limit, read_keys=everyone)
     store = Store(tmp_path / "cache", max_bytes=limit)
     left = store.entries()
     assert 0 < len(left) < len(everyone)

@@ -11,7 +11,6 @@ import time
 import warnings
 
 import pytest
-
 from mgjit.cache import _warn, remote
 from mgjit.cache.cli import main
 from mgjit.cache.remote import Connection, RedisError, decode_blob, encode_blob, parse_url
@@ -50,10 +49,10 @@ class Server:
             try:
                 self.conn().close()
                 return
-            except OSError:
+            except OSError as e:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     self.stop()
-                    raise RuntimeError("redis-server did not start")
+                    raise RuntimeError("redis-server did not start") from e
                 time.sleep(0.02)
 
     def url(self, db: int = 0) -> str:

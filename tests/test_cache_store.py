@@ -11,7 +11,6 @@ import time
 import warnings
 
 import pytest
-
 from mgjit.cache import _warn
 from mgjit.cache.store import (
     DEFAULT_MAX_BYTES,
