@@ -181,6 +181,7 @@ class Kernel:
         self._compiled: dict[tuple, CompiledKernel] = {}
         self._source_key: str | None = None
         self._deps: list[tuple[dict, str, Any]] | None = None
+        self._dispatch: Callable[..., None] | None = None
 
     # -- keys
     def _deps_changed(self) -> bool:
@@ -332,34 +333,83 @@ class Kernel:
 
     # -- launch
     def __getitem__(self, grid) -> Callable[..., None]:
-        return functools.partial(self._launch, grid)
+        dispatch = self._dispatch or self._build_dispatcher()
+        return functools.partial(dispatch, grid)
 
-    def _launch(self, grid, *args, num_warpgroups: int | None = None, **kwargs) -> None:
-        plan_key = (args.__len__(), tuple(kwargs), num_warpgroups)
-        runtime, consts = self._bind(args, kwargs)
+    def _build_dispatcher(self) -> Callable[..., None]:
+        """Generate `<kernel name>(grid, <the kernel's parameters>, *, num_warpgroups=None)`.
+
+        Python's own argument binding matches names; each runtime argument contributes a small
+        specialization tuple (and its launch values, in the same pass); a dict lookup finds the launch
+        plan. Anything unusual (a missing or unknown argument, a redefined helper, a new specialization)
+        leaves the fast path for Python code that explains or compiles. The generated source contains only
+        the signature's identifiers.
+        """
+        missing = object()
+        namespace: dict[str, Any] = {"_plans": self._plans, "_miss": self._miss, "_spec": _arg_specializer(),
+                                     "_M": missing, "_slow": self._slow_call, "_deps_changed": self._deps_changed}
+        params = ", ".join(f"{n}=_M" for n in self.arg_names)
+        specs = "".join(f"_spec({n}, _values), " for n in self.runtime_names)
+        consts = "".join(f"{n}, " for n in self.constexpr_names)
+        runtime = "".join(f"{n}, " for n in self.runtime_names)
+        given = " or ".join(f"{n} is _M" for n in self.arg_names) or "False"
+        src = (f"def {self.name}(grid, {params}{', ' if params else ''}*_extra, num_warpgroups=None, **_unknown):\n"
+               f"    if _extra or _unknown or {given} or _deps_changed():\n"
+               f"        return _slow(grid, ({', '.join(self.arg_names)}{',' if self.arg_names else ''}), _extra, "
+               f"_unknown, num_warpgroups)\n"
+               f"    _values = []\n"
+               f"    key = (({specs}), ({consts}), num_warpgroups)\n"
+               f"    try:\n"
+               f"        plan = _plans[key]\n"
+               f"    except (KeyError, TypeError):\n"
+               f"        plan = _miss(key, ({runtime}), dict(({''.join(f'({n!r}, {n}), ' for n in self.constexpr_names)})), "
+               f"num_warpgroups)\n"
+               f"    plan(grid, _values)\n")
+        exec(compile(src, f"<mgjit dispatcher for {self.name}>", "exec"), namespace)
+        self._dispatch = namespace[self.name]
+        self._missing = missing
+        return self._dispatch
+
+    def _slow_call(self, grid, given: tuple, extra: tuple, unknown: dict, num_warpgroups) -> None:
+        """A call that is not on the fast path: report argument errors clearly, or refresh after a helper or
+        global the kernel reads was redefined, then dispatch again."""
+        args = [v for v in given if v is not self._missing] + list(extra)
+        named = dict(zip(self.arg_names, given))
+        if extra or any(v is self._missing for v in given) or unknown:
+            positional = [v for n, v in named.items() if v is not self._missing]
+            self._bind(positional + list(extra), unknown)  # raises the LaunchError that explains it
         self._refresh_if_redefined()
-        spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
-        const_key = tuple(consts.items())
+        self._dispatch(grid, *args, num_warpgroups=num_warpgroups)
+
+    def _miss(self, key: tuple, runtime: tuple, consts: dict, num_warpgroups: int | None):
         try:
-            plan = self._plans.get((spec, const_key, plan_key))
+            hash(key)
         except TypeError:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
-        if plan is None:
-            plan = self._make_plan(spec, consts, num_warpgroups or self.num_warpgroups)
-            self._plans[(spec, const_key, plan_key)] = plan
-        plan(grid, runtime)
+        spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
+        plan = self._make_plan(spec, consts, num_warpgroups or self.num_warpgroups, runtime)
+        self._plans[key] = plan
+        return plan
 
-    def _make_plan(self, spec: tuple, consts: dict, num_warpgroups: int):
+    def _make_plan(self, spec: tuple, consts: dict, num_warpgroups: int, runtime: tuple):
         import torch
         if not torch.cuda.is_available():
             raise LaunchError(f"launching {self.name} needs a CUDA GPU; on this machine use "
                               f"{self.name}.compile(..., target='sm_90a') to compile without one")
-        major, minor = torch.cuda.get_device_capability()
+        device = torch.cuda.current_device()
+        for n, v in zip(self.runtime_names, runtime):
+            if isinstance(v, torch.Tensor):
+                if not v.is_cuda:
+                    raise LaunchError(f"{self.name}: argument `{n}` is on {v.device}; kernels take CUDA tensors")
+                if v.device.index != device:
+                    raise LaunchError(f"{self.name}: argument `{n}` is on {v.device} but the current device is "
+                                      f"cuda:{device}")
+        major, minor = torch.cuda.get_device_capability(device)
         target = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
         if target is None:
             raise LaunchError(f"mgjit targets Hopper (sm_90a) and Blackwell (sm_100a); this GPU is sm_{major}{minor}")
         compiled = self._get_compiled(spec, consts, target, num_warpgroups)
-        return _make_launch_fn(self.name, compiled, self.runtime_names)
+        return _make_launch_fn(self.name, compiled, device)
 
     def __call__(self, *args, **kwargs):
         raise LaunchError(f"launch {self.name} with a grid: {self.name}[grid](...)")
@@ -394,47 +444,72 @@ def _describe_spec(names: Sequence[str], spec: tuple, consts: dict) -> str:
     return ", ".join(parts)
 
 
-def _make_launch_fn(name: str, compiled: CompiledKernel, runtime_names: Sequence[str]):
-    """The per-specialization fast path: check the tensors' device, flatten the arguments, launch."""
+def _arg_specializer() -> Callable[[Any, list], Any]:
+    """The per-argument part of the dispatch key, as cheap as possible: for a tensor its dtype, rank,
+    alignment and size-divisibility classes, unit last stride and device; for a scalar its kind and whether
+    it is a multiple of 16. In the same pass it appends the argument's launch values (pointer, sizes,
+    strides) to `values`, so each tensor attribute is read once per launch."""
+    import torch
+    tensor = torch.Tensor
+    div = _DIV_CLASS
+
+    def spec(v, values):
+        t = type(v)
+        if t is tensor or (t is not int and t is not float and t is not bool and isinstance(v, tensor)):
+            st = v.stride()
+            shape = v.shape
+            bits = v.data_ptr()
+            values.append(bits)
+            values += shape
+            values += st
+            if len(st) > 1:
+                isz = v.itemsize
+                for s in st[:-1]:
+                    bits |= s * isz
+            last = shape[-1] if st else 1
+            return (v.dtype, len(st), div[bits & 15], not st or st[-1] == 1 or last == 1, div[last & 15],
+                    v.get_device())
+        values.append(v)
+        if t is int:
+            return ("int", -2147483648 <= v <= 2147483647, (v & 15) == 0)
+        if t is float:
+            return "float"
+        if t is bool:
+            return "bool"
+        return ("other", t)
+
+    return spec
+
+
+_DIV_CLASS = tuple(16 if i == 0 else (i & -i) for i in range(16))
+
+
+def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
+    """The per-specialization launch: flatten the arguments into the launcher's buffer and launch."""
     import torch
     launcher = compiled.launcher()
-    kinds = [p["kind"] == "tensor" for p in compiled.params]
     get_stream = torch._C._cuda_getCurrentRawStream
     get_device = torch._C._cuda_getDevice
-    max_int = 2**31 - 1
+    launch = launcher.launch
+    max_grid_x, max_grid_yz = MAX_GRID[0], MAX_GRID[1]
 
-    def run(grid, runtime):
+    def run(grid, values):
         if type(grid) is not tuple:
-            grid = tuple(grid) if not isinstance(grid, int) else (grid,)
+            grid = (grid,) if isinstance(grid, int) else tuple(grid)
         n = len(grid)
-        if n == 3:
-            g = grid
-        elif n == 1:
+        if n == 1:
             g = (grid[0], 1, 1)
+        elif n == 3:
+            g = grid
         elif n == 2:
             g = (grid[0], grid[1], 1)
         else:
             raise LaunchError(f"{name}: a grid has 1 to 3 dimensions, got {grid!r}")
-        if not (0 < g[0] <= MAX_GRID[0] and 0 < g[1] <= MAX_GRID[1] and 0 < g[2] <= MAX_GRID[2]):
+        if not (0 < g[0] <= max_grid_x and 0 < g[1] <= max_grid_yz and 0 < g[2] <= max_grid_yz):
             raise LaunchError(f"{name}: every grid dimension must be positive and at most {MAX_GRID}, got {grid!r}")
-        device = get_device()
-        values = []
-        for is_tensor, v, arg_name in zip(kinds, runtime, runtime_names):
-            if is_tensor:
-                if not v.is_cuda:
-                    raise LaunchError(f"{name}: argument `{arg_name}` is on {v.device}; kernels take CUDA tensors")
-                if v.device.index != device:
-                    raise LaunchError(f"{name}: argument `{arg_name}` is on {v.device} but the current device is "
-                                      f"cuda:{device}")
-                shape = v.shape
-                for s in shape:
-                    if s > max_int:
-                        raise LaunchError(f"{name}: argument `{arg_name}` has a dimension of {s} > 2**31-1")
-                values.append(v.data_ptr())
-                values.extend(shape)
-                values.extend(v.stride())
-            else:
-                values.append(v)
-        launcher.launch(device, g, get_stream(device), values)
+        if get_device() != device:
+            raise LaunchError(f"{name}: the tensors are on cuda:{device} but the current device is "
+                              f"cuda:{get_device()}")
+        launch(device, g, get_stream(device), values)
 
     return run

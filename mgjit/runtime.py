@@ -82,7 +82,12 @@ class Launcher:
     def launch(self, device: int, grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
         f = self.functions.get(device) or self.function(device)
         with self.lock:
-            self.packer.pack_into(self.buffer, 0, *values)
+            try:
+                self.packer.pack_into(self.buffer, 0, *values)
+            except struct.error as e:
+                from .errors import LaunchError
+                raise LaunchError(f"{self.name}: an argument does not fit its parameter type ({e}); tensor "
+                                  "dimensions must be below 2**31 and int arguments fit in 64 bits") from None
             err, = driver().cuLaunchKernel(f, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem_bytes,
                                            stream, self.pointers_address, 0)
         if err:
