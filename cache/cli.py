@@ -11,8 +11,6 @@ from typing import TextIO
 
 from .store import EntryInfo, Store, parse_size
 
-_SPEC_WIDTH = 48
-
 
 def human_size(n: int) -> str:
     """1536 -> '1.5 KiB'."""
@@ -36,8 +34,7 @@ def _summary(infos: Sequence[EntryInfo]) -> str:
 
 
 def _cell(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= _SPEC_WIDTH else text[: _SPEC_WIDTH - 1] + "…"
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def cmd_list(store: Store, out: TextIO) -> None:
@@ -45,20 +42,21 @@ def cmd_list(store: Store, out: TextIO) -> None:
     if not infos:
         print(f"no entries in {store.root}", file=out)
         return
-    rows = [("KEY", "NAME", "SPECIALIZATION", "TARGET", "SIZE", "LAST USE")]
+    # The specialization goes last and whole: it is long, and its end (the constexprs) tells entries apart.
+    rows = [("KEY", "NAME", "TARGET", "SIZE", "LAST USE", "SPECIALIZATION")]
     for i in infos:
         m = i.meta
         if m is None:
-            rows.append((i.key[:12], "(damaged)", "", "", human_size(i.size), _when(i.last_used)))
+            rows.append((i.key[:12], "(damaged)", "", human_size(i.size), _when(i.last_used), ""))
         else:
             rows.append(
                 (
                     i.key[:12],
                     _cell(m.get("name", "?")),
-                    _cell(m.get("specialization", "")),
                     _cell(m.get("target", "?")),
                     human_size(i.size),
                     _when(i.last_used),
+                    _cell(m.get("specialization", "")),
                 )
             )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
