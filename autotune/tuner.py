@@ -33,10 +33,6 @@ def _shared_default_timer() -> CudaEventTimer:
     return _default_timer
 
 
-def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "copy_")
-
-
 def _names(what: str, names: Any) -> tuple[str, ...]:
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
         raise TypeError(f"{what} must be a list of argument names, e.g. {what}=['M', 'N']; got {names!r}")
@@ -77,12 +73,14 @@ class Autotuned:
         # Leading parameters go to the kernel positionally (its launch fast path) up to the first one that a
         # config sets; the rest by name, so that parameters after a tuned constexpr still bind right.
         self._positional = tuple(itertools.takewhile(lambda n: n not in config_names, kernel.arg_names))
+        self._all_positional = self._positional == self._call_names
         for what, names in (("key", key), ("restore", restore), ("reset", reset)):
             for name in _names(what, names):
                 if name not in self._call_names:
                     raise ValueError(f"{what} names {name!r}, which is not an argument that launches of "
                                      f"{kernel.name} pass (they pass {list(self._call_names)})")
         self.key = tuple(key)
+        self._key_index = tuple(self._call_names.index(n) for n in self.key)
         self.restore = tuple(restore)
         self.reset = tuple(reset)
         # What the autotuner itself reads from a launch's arguments; the kernel checks the rest.
@@ -91,7 +89,9 @@ class Autotuned:
         self.rules = tuple(rules)
         self.timer = timer
         self.jobs = jobs
-        self._best: dict[Key, Config] = {}
+        # The launch path's memo: tuning key in its cheap in-process form (tensor shapes and dtypes as torch
+        # gives them) -> (config, the keyword arguments it adds to a launch).
+        self._chosen: dict[tuple, tuple[Config, dict[str, Any]]] = {}
         self._reports: dict[Key, TuningReport] = {}
         self._last_key: Key | None = None
 
@@ -132,40 +132,51 @@ class Autotuned:
         return positional, {n: v for n, v in named.items() if n not in passed}
 
     def tuning_key(self, named: Mapping[str, Any]) -> Key:
-        """The `key` arguments' values (a tensor's shape), then every tensor argument's dtype: a config
-        tuned for float16 is not assumed best for float8."""
-        parts = [(n, tuple(int(d) for d in named[n].shape) if _is_tensor(named[n]) else named[n])
+        """The `key` arguments' values (a tensor's shape), then every tensor argument's dtype (a config
+        tuned for float16 is not assumed best for float8), in parameter order; JSON-able."""
+        parts = [(n, tuple(int(d) for d in named[n].shape) if hasattr(named[n], "shape") else named[n])
                  for n in self.key]
-        parts += [(f"{n}.dtype", str(v.dtype)) for n, v in named.items() if _is_tensor(v)]
+        parts += [(f"{n}.dtype", str(named[n].dtype)) for n in self._call_names if hasattr(named.get(n), "dtype")]
         return tuple(parts)
 
+    def _memo_key(self, values: Sequence[Any]) -> tuple:
+        """What `tuning_key` tells apart, without names or conversions, from the arguments in `_call_names`
+        order: the launch path builds it on every call."""
+        return (*[getattr(values[i], "shape", values[i]) for i in self._key_index],
+                *[getattr(v, "dtype", None) for v in values])
+
     @staticmethod
-    def _grid(grid: Any, named: Mapping[str, Any], config: Config) -> Any:
-        if callable(grid):
-            return grid({**named, **config.launch_kwargs()})
-        return grid
+    def _grid(grid: Any, named: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+        """A grid, or a grid callable's answer for these arguments plus the config's values."""
+        return grid({**named, **options}) if callable(grid) else grid
 
     # -- launching ---------------------------------------------------------------------------------------
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
-        def launch(*args: Any, **kwargs: Any) -> Any:
-            named = self._bind(args, kwargs)
-            key = self.tuning_key(named)
-            config = self._best.get(key)
-            if config is None:
-                config = self._tune(named, key, grid)
-            positional, keywords = self._split(named)
-            return self.kernel[self._grid(grid, named, config)](*positional, **keywords,
-                                                                 **config.launch_kwargs())
+        return functools.partial(self._launch, grid)
 
-        return launch
+    def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        plain = not kwargs and len(args) == len(self._call_names)
+        named = dict(zip(self._call_names, args)) if plain else self._bind(args, kwargs)
+        memo = self._memo_key(args if plain else [named.get(n) for n in self._call_names])
+        chosen = self._chosen.get(memo)
+        if chosen is None:
+            config = self._tune(named, self.tuning_key(named), grid)
+            chosen = self._chosen[memo] = (config, config.launch_kwargs())
+        options = chosen[1]
+        launcher = self.kernel[self._grid(grid, named, options)]
+        if plain and self._all_positional:
+            return launcher(*args, **options)
+        positional, keywords = self._split(named)
+        return launcher(*positional, **keywords, **options)
 
     def best_config(self, named_args: Mapping[str, Any]) -> Config:
         """The chosen config for these arguments (name -> value, as a launch would bind them), from this
         process's sweeps or the on-disk store. Raises LookupError when neither has every config's result."""
+        chosen = self._chosen.get(self._memo_key([named_args.get(n) for n in self._call_names]))
+        if chosen is not None:
+            return chosen[0]
         key = self.tuning_key(named_args)
-        if key in self._best:
-            return self._best[key]
         device = device_name(self.timer or _shared_default_timer())
         dropped = apply_user_pruning(self.configs, named_args, self.prune_configs, self.rules)
         known = self._store().load(self.kernel.name, self.kernel.source_key(), device, key)
@@ -249,7 +260,7 @@ class Autotuned:
         try:
             with progress.bar(len(survivors), f"{self.kernel.name}: timing") as tick:
                 for config in survivors:
-                    launcher = self.kernel[self._grid(grid, named, config)]
+                    launcher = self.kernel[self._grid(grid, named, config.launch_kwargs())]
                     ms = timer(Run(config, setup, functools.partial(launcher, *positional, **keywords,
                                                                     **config.launch_kwargs())))
                     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) \
@@ -281,7 +292,6 @@ class Autotuned:
                                f"{reasons}{' ...' if len(rows) > 8 else ''}")
         best = min(timed, key=lambda row: (row.ms, row.index))
         rows[best.index] = dataclasses.replace(best, winner=True)
-        self._best[key] = best.config
         self._reports[key] = TuningReport(self.kernel.name, dict(key), device, tuple(rows))
         self._last_key = key
         return best.config
