@@ -1,4 +1,5 @@
 """The sweep end to end on a fake kernel and a fake timer: choice, persistence, in-place arguments, report."""
+import io
 import json
 import sys
 import warnings
@@ -298,3 +299,33 @@ def test_parameters_after_a_tuned_constexpr_go_by_name(cache_dirs):
     assert kernel.launches[-1][0] == dict(BM=128, BN=256, BK=64, STAGES=3, ACT="relu")
     assert timer.calls == len(CONFIGS)
     assert matmul.compile(a, b, c, m, n, k, ACT="gelu").smem_bytes == (128 + 256) * 64 * 2 * 3
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal_only_and_not_when_quiet(cache_dirs, monkeypatch):
+    pytest.importorskip("tqdm")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.delenv("MGJIT_AUTOTUNE_QUIET")
+    matmul, _, _ = tuned(cache_dirs)
+    matmul[(1,)](*args())
+    shown = terminal.getvalue()
+    # tqdm redraws at most every 0.1 s and clears the bar at the end (leave=False): look for the opening.
+    assert "matmul: compiling:   0%" in shown and f"0/{len(CONFIGS)}" in shown and "matmul: timing:" in shown
+
+    monkeypatch.setenv("MGJIT_AUTOTUNE_QUIET", "1")
+    terminal.seek(0)
+    terminal.truncate()
+    quiet, _, _ = tuned(cache_dirs, source="v-quiet")
+    quiet[(1,)](*args())
+    assert terminal.getvalue() == ""
+
+    monkeypatch.delenv("MGJIT_AUTOTUNE_QUIET")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file, not a terminal
+    logged, _, _ = tuned(cache_dirs, source="v-log")
+    logged[(1,)](*args())
+    assert sys.stderr.getvalue() == ""
