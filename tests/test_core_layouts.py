@@ -1,0 +1,207 @@
+"""CPU tests of the register-layout algebra (mgjit/layouts.py) against expectations derived by hand."""
+import collections
+import itertools
+import math
+
+import pytest
+
+from mgjit import dtypes
+from mgjit.layouts import (SPLAT, THREADS_PER_WARPGROUP, WGMMA, LayoutError, Replicated, Tiling, TiledLayout,
+                           blocked, describe)
+
+
+def owners(layout: TiledLayout, shape):
+    """(tid, register index, vector slot, element index) for every element copy the 128 threads hold."""
+    regs = list(layout.registers(shape))
+    for tid in range(THREADS_PER_WARPGROUP):
+        for r, reg in enumerate(regs):
+            for v in range(layout.vector_length):
+                yield tid, r, v, layout.element_index(shape, tid, reg, v)
+
+
+def is_primary(layout: TiledLayout, tid: int) -> bool:
+    """The thread holds the first copy: its coordinate along every Replicated warp/lane entry is 0."""
+    tile = layout.tiling.tile_shape(layout.tiling.tiles[0])
+    for dims, idx in ((layout.warp_dims, (tid // 32) % 4), (layout.lane_dims, tid % 32)):
+        for d in reversed(dims):
+            size = d.times if isinstance(d, Replicated) else tile[d]
+            if isinstance(d, Replicated) and idx % size:
+                return False
+            idx //= size
+    return True
+
+
+def copies(layout: TiledLayout) -> int:
+    return math.prod(d.times for d in (*layout.warp_dims, *layout.lane_dims) if isinstance(d, Replicated))
+
+
+# ------------------------------------------------------------------------------------------ WGMMA
+
+@pytest.mark.parametrize("shape", [(64, 8), (64, 64), (128, 32)])
+def test_wgmma_element_mapping(shape):
+    """PTX's wgmma D fragment: (r, c) is in warp (r%64)//16, lane 4(r%8) + (c%8)//2, vector slot c%2."""
+    seen = collections.Counter()
+    for tid, _, v, (r, c) in owners(WGMMA, shape):
+        warp, lane = tid // 32, tid % 32
+        assert warp == (r % 64) // 16, (tid, r, c)
+        assert lane == 4 * (r % 8) + (c % 8) // 2, (tid, r, c)
+        assert v == c % 2, (tid, r, c)
+        seen[(r, c)] += 1
+    assert set(seen) == set(itertools.product(range(shape[0]), range(shape[1])))
+    assert set(seen.values()) == {1}  # no replication: every element is held exactly once
+
+
+def test_wgmma_registers():
+    # Per thread of a 64x8 tile: rows r and r+8 (register row-half (r%16)//8), 2 columns each.
+    assert WGMMA.vector_length == 2
+    assert WGMMA.registers_shape((64, 8)) == (1, 1, 1, 1, 2, 1, 1, 1, 1)
+    # A 128x256 accumulator: 2 row tiles x 2 row halves x 32 column groups, 2 elements each = 256 values.
+    assert math.prod(WGMMA.registers_shape((128, 256))) * 2 == 128 * 256 // 128
+    tid = 37  # warp 1, lane 5: rows 16 + 5//4 = 17 and 25, columns 2*(5%4) = 2, 3
+    regs = list(WGMMA.registers((64, 8)))
+    held = sorted(WGMMA.element_index((64, 8), tid, reg, v) for reg in regs for v in range(2))
+    assert held == [(17, 2), (17, 3), (25, 2), (25, 3)]
+
+
+# ------------------------------------------------------------------------------------------ blocked
+
+SHAPES = [(1,), (2,), (128,), (256,), (1024,), (8192,), (1, 1024), (2, 8), (8, 256), (32, 64), (64, 16),
+          (128, 128), (4, 2), (256, 4)]
+DTYPES = [dtypes.float32, dtypes.bfloat16, dtypes.int8, dtypes.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_blocked_covers_every_element_exactly_once(shape, dtype):
+    layout = blocked(shape, dtype)
+    n_copies = copies(layout)
+    counts = collections.Counter()
+    primary = collections.Counter()
+    for tid, _, _, idx in owners(layout, shape):
+        assert all(0 <= i < d for i, d in zip(idx, shape)), (tid, idx)
+        counts[idx] += 1
+        if is_primary(layout, tid):
+            primary[idx] += 1
+    every = set(itertools.product(*map(range, shape)))
+    assert set(counts) == every
+    assert set(counts.values()) == {n_copies}  # replicated copies, counted separately
+    assert set(primary) == every and set(primary.values()) == {1}
+    assert sum(counts.values()) == math.prod(shape) * n_copies
+
+
+@pytest.mark.parametrize("dtype,vec", [(dtypes.float32, 4), (dtypes.bfloat16, 8), (dtypes.float16, 8),
+                                       (dtypes.int8, 16), (dtypes.float64, 2)], ids=lambda x: str(x))
+def test_blocked_moves_16_bytes_per_thread_where_the_shape_allows(dtype, vec):
+    assert blocked((4096,), dtype).vector_length == vec
+    assert blocked((16, 1024), dtype).vector_length == vec
+    assert blocked((4096,), dtype).vector_length * dtype.itemsize == 16
+    # A last dimension narrower than 16 bytes is one vector.
+    assert blocked((64, 2), dtype).vector_length == 2
+    assert blocked((1,), dtype).vector_length == 1
+
+
+def test_blocked_1d_is_the_strided_layout():
+    """Thread t holds elements [i*128*v + t*v, +v) in register i (v = 4 for float32)."""
+    layout = blocked((2048,), dtypes.float32)
+    assert layout.registers_shape((2048,)) == (4, 1, 1, 1)
+    for tid in (0, 1, 31, 32, 127):
+        for i, reg in enumerate(layout.registers((2048,))):
+            got = [layout.element_index((2048,), tid, reg, v)[0] for v in range(4)]
+            assert got == [i * 512 + tid * 4 + v for v in range(4)]
+
+
+def test_blocked_2d_by_hand():
+    """float32 (32, 64): 16 lanes x 4 elements span a row; 2 lanes and 4 warps go down the rows."""
+    layout = blocked((32, 64), dtypes.float32)
+    assert layout == TiledLayout(Tiling(((8, 64), (2, 64), (4,))), warp_dims=(-5, -4), lane_dims=(-3, -2),
+                                 vector_dim=-1)
+    assert layout.registers_shape((32, 64)) == (4, 1, 1, 1, 1, 1, 1)
+    # Thread 37 = warp 1, lane 5: row 2*1 + 5//16 = 2 (+8 per register), columns 4*(5%16) .. +3.
+    regs = list(layout.registers((32, 64)))
+    assert [layout.element_index((32, 64), 37, regs[i], 0) for i in range(4)] == [(2, 20), (10, 20), (18, 20),
+                                                                                (26, 20)]
+
+
+# ------------------------------------------------------------------------------------------ reduce
+
+def test_reduce_rows_of_a_2d_layout():
+    """Summing axis 1 of blocked((32, 64)): the 16 lanes along a row now hold copies (Replicated(16)), the
+    vector of 4 columns disappears, and each thread keeps one value per register row: 4 registers."""
+    layout = blocked((32, 64), dtypes.float32)
+    out = layout.reduce((1,), 2)
+    assert out == TiledLayout(Tiling(((8,), (2,))), warp_dims=(-2,), lane_dims=(-1, Replicated(16)),
+                              vector_dim=None)
+    assert out.registers_shape((32,)) == (4, 1, 1)
+    assert out.vector_length == 1
+    # Row r of the result is held by the threads that held row r of the operand.
+    for tid in range(128):
+        rows_before = {layout.element_index((32, 64), tid, reg, 0)[0] for reg in layout.registers((32, 64))}
+        rows_after = {out.element_index((32,), tid, reg, 0)[0] for reg in out.registers((32,))}
+        assert rows_before == rows_after
+
+
+def test_reduce_columns_of_a_2d_layout():
+    """Max over axis 0: the 4 warps and the 2 lanes that went down the rows hold copies; the column part of the
+    tiling, the 16 lanes and the vector of 4 survive."""
+    layout = blocked((32, 64), dtypes.float32)
+    out = layout.reduce((0,), 2)
+    assert out == TiledLayout(Tiling(((64,), (64,), (4,))), warp_dims=(Replicated(4), -3),
+                              lane_dims=(Replicated(2), -2), vector_dim=-1)
+    assert out.registers_shape((64,)) == (1, 1, 1, 1)
+    assert copies(out) == 8
+
+
+def test_reduce_wgmma_rows():
+    """A row reduction of the wgmma layout: each row lives in 4 lanes (4 (r%8) + {0..3}), which become
+    Replicated(4); the warps keep their 16-row strips."""
+    out = WGMMA.reduce((1,), 2)
+    assert out.lane_dims == (-1, Replicated(4))
+    assert out.warp_dims == (-3,)
+    assert out.vector_dim is None
+    assert WGMMA.reduced_lane_dims((1,), 2) == [(1, 4)]  # butterfly over lane bits 0 and 1
+    assert WGMMA.reduced_warp_dims((1,), 2) == []
+
+
+def test_reducing_everything_is_an_error():
+    with pytest.raises(LayoutError, match="scalar"):
+        blocked((1024,), dtypes.float32).reduce((0,), 1)
+
+
+# ------------------------------------------------------------------------------------------ describe
+
+def test_describe_draws_owners():
+    # float32 (2, 8): 2 lanes x 4 columns per row, 2 rows; lanes 4.. and warps 1.. hold copies.
+    assert describe(blocked((2, 8), dtypes.float32), (2, 8)) == (
+        "t0r0 t0r0 t0r0 t0r0 t1r0 t1r0 t1r0 t1r0\n"
+        "t2r0 t2r0 t2r0 t2r0 t3r0 t3r0 t3r0 t3r0")
+    picture = describe(WGMMA, (64, 8)).splitlines()
+    assert len(picture) == 64
+    assert picture[0].split() == ["t0r0", "t0r0", "t1r0", "t1r0", "t2r0", "t2r0", "t3r0", "t3r0"]
+    assert picture[8].split() == ["t0r1", "t0r1", "t1r1", "t1r1", "t2r1", "t2r1", "t3r1", "t3r1"]
+    assert picture[16].split()[0] == "t32r0"
+    assert describe(SPLAT, (4, 4)) == "splat (4, 4): every thread holds the one value"
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+@pytest.mark.parametrize("shape", [(1000,), (3,), (48, 64), (64, 96), (0,)])
+def test_blocked_rejects_non_power_of_two_shapes(shape):
+    with pytest.raises(LayoutError, match="powers of two"):
+        blocked(shape, dtypes.float32)
+
+
+def test_layout_construction_errors():
+    with pytest.raises(LayoutError, match="does not divide the tile"):
+        Tiling(((64, 8), (24, 8)))
+    with pytest.raises(LayoutError, match="cover 2 warps, expected 4"):
+        TiledLayout(Tiling(((64, 8), (2,))), warp_dims=(Replicated(2),), lane_dims=(Replicated(32),),
+                    vector_dim=-1)
+    with pytest.raises(LayoutError, match="cover 16 lanes, expected 32"):
+        TiledLayout(Tiling(((64, 8), (2,))), warp_dims=(Replicated(4),), lane_dims=(Replicated(16),),
+                    vector_dim=-1)
+    with pytest.raises(LayoutError, match="does not divide the trailing dimensions"):
+        WGMMA.check_shape((48, 8))
+    with pytest.raises(LayoutError, match="needs arrays of rank >= 2"):
+        WGMMA.check_shape((64,))
+    with pytest.raises(LayoutError, match="scalar has no register layout"):
+        blocked((), dtypes.float32)
