@@ -143,7 +143,7 @@ def expand_space(space: Mapping[str, Iterable[Any]],
         if not values:
             raise ValueError(f"space[{name!r}] is empty: a search space needs at least one value per name")
         choices.append(values)
-    configs = [Config(**dict(zip(names, combo))) for combo in itertools.product(*choices)]
+    configs = [Config(**dict(zip(names, combo, strict=True))) for combo in itertools.product(*choices)]
     if space_filter is not None:
         configs = [c for c in configs if space_filter(c)]
     if not configs:

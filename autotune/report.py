@@ -37,7 +37,7 @@ class TuningReport:
         configs = [row.config.short() for row in self.rows]
         width = max([len("config")] + [len(c) for c in configs])
         lines = [header, f"{'#':>3}  {'config':<{width}}  {'time (ms)':>10}  note"]
-        for row, text in zip(self.rows, configs):
+        for row, text in zip(self.rows, configs, strict=True):
             if row.ms is not None:
                 note = ("<- winner" if row.winner else "") + (" (stored)" if row.stored else "")
                 lines.append(f"{row.index:>3}  {text:<{width}}  {row.ms:>10.4f}  {note.strip()}")

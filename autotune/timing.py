@@ -92,7 +92,7 @@ class CudaEventTimer:
             launch()
             ends[i].record()
         torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
 def device_name(timer: Any) -> str:

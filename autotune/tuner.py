@@ -108,7 +108,7 @@ class Autotuned:
         if len(args) > len(self._call_names):
             raise TypeError(f"{self.kernel.name} takes {len(self._call_names)} arguments besides its tuned "
                             f"constexprs ({list(self._call_names)}); got {len(args)} positional")
-        named = dict(zip(self._call_names, args))
+        named = dict(zip(self._call_names, args, strict=False))  # the rest may come by name
         for name, value in kwargs.items():
             if name not in self._call_names:
                 raise TypeError(f"{self.kernel.name} got an unexpected argument {name!r} (the autotuner sets "
@@ -157,7 +157,7 @@ class Autotuned:
 
     def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
         plain = not kwargs and len(args) == len(self._call_names)
-        named = dict(zip(self._call_names, args)) if plain else self._bind(args, kwargs)
+        named = dict(zip(self._call_names, args, strict=True)) if plain else self._bind(args, kwargs)
         memo = self._memo_key(args if plain else [named.get(n) for n in self._call_names])
         chosen = self._chosen.get(memo)
         if chosen is None:
@@ -260,9 +260,9 @@ class Autotuned:
         try:
             with progress.bar(len(survivors), f"{self.kernel.name}: timing") as tick:
                 for config in survivors:
-                    launcher = self.kernel[self._grid(grid, named, config.launch_kwargs())]
-                    ms = timer(Run(config, setup, functools.partial(launcher, *positional, **keywords,
-                                                                    **config.launch_kwargs())))
+                    options = config.launch_kwargs()
+                    launcher = self.kernel[self._grid(grid, named, options)]
+                    ms = timer(Run(config, setup, functools.partial(launcher, *positional, **keywords, **options)))
                     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) \
                             or ms < 0:
                         raise ValueError(f"an autotune timer must return a finite time in ms >= 0; "

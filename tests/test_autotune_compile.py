@@ -2,11 +2,13 @@
 import os
 
 import pytest
+import test_autotune_fakes
 import torch
-
 from mgjit.autotune import Config, autotune, compile_pool
 from mgjit.autotune.compile_pool import compile_configs, default_jobs
-from test_autotune_fakes import FakeKernel, FakeTimer, cache_dirs  # noqa: F401  (fixture)
+from test_autotune_fakes import FakeKernel, FakeTimer
+
+cache_dirs = test_autotune_fakes.cache_dirs  # the shared fixture
 
 CONFIGS = [Config(BM=bm, BN=bn, BK=64, STAGES=s) for bm in (64, 128) for bn in (128, 256, 512) for s in (2, 8)]
 ARGS = (torch.ones(256, 64), torch.ones(64, 256), torch.zeros(256, 256), 256, 256, 64)

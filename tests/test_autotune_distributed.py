@@ -7,8 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing
-
-from mgjit.autotune import Config, ResultStore, Result, autotune
+from mgjit.autotune import Config, Result, ResultStore, autotune
 from mgjit.autotune.distributed import my_share
 from test_autotune_fakes import FakeKernel, FakeTimer
 

@@ -57,7 +57,7 @@ class FakeKernel:
         required (this fake has no defaults). Returns (runtime values by name, constexprs)."""
         if len(args) > len(self.arg_names):
             raise TypeError(f"{self.name}: {len(args)} positional arguments for {len(self.arg_names)} parameters")
-        bound = dict(zip(self.arg_names, args))
+        bound = dict(zip(self.arg_names, args, strict=False))
         for name, value in kwargs.items():
             if name not in self.arg_names or name in bound:
                 raise TypeError(f"{self.name}: unexpected or repeated argument {name!r}")

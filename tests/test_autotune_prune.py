@@ -1,11 +1,14 @@
 """Pruning before timing: user predicates, compile errors with their rule, and the ptxas report."""
 import pytest
+import test_autotune_fakes
 import torch
-
 from mgjit.autotune import Config, autotune, divisible
 from mgjit.autotune.prune import apply_user_pruning, compile_error_reason, resource_reason
+from test_autotune_fakes import FakeKernel, FakeTimer
+
 from mgjit.errors import CompileError, Loc
-from test_autotune_fakes import FakeKernel, FakeTimer, cache_dirs  # noqa: F401  (fixture)
+
+cache_dirs = test_autotune_fakes.cache_dirs  # the shared fixture
 
 
 def test_resource_reason_thresholds():

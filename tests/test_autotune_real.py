@@ -5,8 +5,9 @@ import torch
 
 pytest.importorskip("mgjit.jit", reason="the compiler core (mgjit.jit) is not there yet")
 
-import mgjit  # noqa: E402
 from mgjit.autotune import Config  # noqa: E402
+
+import mgjit  # noqa: E402
 
 CONFIGS = [Config(BLOCK=1000, ALPHA=2.0), Config(BLOCK=1024, ALPHA=2.0), Config(BLOCK=4096, ALPHA=2.0),
            Config(BLOCK=4096, ALPHA=2.0, num_warpgroups=2), Config(BLOCK=16384, ALPHA=2.0)]

@@ -1,10 +1,12 @@
 """The default CUDA-event timer (GPU only; skipped without one) and the Run it is handed."""
 import pytest
+import test_autotune_fakes
 import torch
-
 from mgjit.autotune import Config, CudaEventTimer, Run, autotune
 from mgjit.autotune.timing import device_name
-from test_autotune_fakes import FakeKernel, cache_dirs  # noqa: F401  (fixture)
+from test_autotune_fakes import FakeKernel
+
+cache_dirs = test_autotune_fakes.cache_dirs  # the shared fixture
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

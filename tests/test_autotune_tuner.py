@@ -4,12 +4,14 @@ import json
 import sys
 import warnings
 
-import pytest
-import torch
-
 import mgjit.autotune as at
+import pytest
+import test_autotune_fakes
+import torch
 from mgjit.autotune import Config, autotune
-from test_autotune_fakes import FakeKernel, FakeTimer, cache_dirs  # noqa: F401  (fixture)
+from test_autotune_fakes import FakeKernel, FakeTimer
+
+cache_dirs = test_autotune_fakes.cache_dirs  # the shared fixture
 
 CONFIGS = [Config(BM=bm, BN=bn, BK=64, STAGES=3, num_warpgroups=wg)
            for bm in (64, 128) for bn in (128, 256) for wg in (1, 2)]
@@ -41,7 +43,7 @@ def test_winner_is_the_fastest_and_the_launch_uses_it(cache_dirs):
     assert kernel.launches[-1][:3] == (dict(BM=128, BN=256, BK=64, STAGES=3), 2, None)
     assert kernel.launches[-1][3] == (2, 1)  # the grid callable saw the winner's BM/BN
     assert grid_calls[-1]["num_warpgroups"] == 2 and grid_calls[-1]["M"] == 256
-    assert matmul.best_config(dict(zip(["a", "b", "c", "M", "N", "K"], args()))) == best
+    assert matmul.best_config(dict(zip(["a", "b", "c", "M", "N", "K"], args(), strict=True))) == best
 
     # Same key again: no new sweep.
     matmul[grid](*args())
@@ -69,7 +71,7 @@ def test_a_new_process_times_nothing_and_an_added_config_is_timed_alone(cache_di
     second[(1,)](*args())
     assert timer2.calls == 0
     assert kernel2.misses == 0 and kernel2.hits == 0  # nothing compiled either: the launch compiles lazily
-    assert second.best_config(dict(zip(["a", "b", "c", "M", "N", "K"], args()))) == \
+    assert second.best_config(dict(zip(["a", "b", "c", "M", "N", "K"], args(), strict=True))) == \
         first.tuning_report().winner.config
     assert all(row.stored for row in second.tuning_report().rows)
 
