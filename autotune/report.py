@@ -40,7 +40,7 @@ class TuningReport:
         for row, text in zip(self.rows, configs, strict=True):
             if row.ms is not None:
                 note = ("<- winner" if row.winner else "") + (" (stored)" if row.stored else "")
-                lines.append(f"{row.index:>3}  {text:<{width}}  {row.ms:>10.4f}  {note.strip()}")
+                lines.append(f"{row.index:>3}  {text:<{width}}  {row.ms:>10.4f}  {note.strip()}".rstrip())
             else:
                 note = f"pruned: {row.pruned}" + (" (stored)" if row.stored else "")
                 lines.append(f"{row.index:>3}  {text:<{width}}  {'-':>10}  {note}")

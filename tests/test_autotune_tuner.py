@@ -331,3 +331,9 @@ def test_progress_bar_on_a_terminal_only_and_not_when_quiet(cache_dirs, monkeypa
     logged, _, _ = tuned(cache_dirs, source="v-log")
     logged[(1,)](*args())
     assert sys.stderr.getvalue() == ""
+
+
+def test_report_rows_carry_no_trailing_blanks(cache_dirs):
+    matmul, _, _ = tuned(cache_dirs)
+    matmul[(1,)](*args())
+    assert all(line == line.rstrip() for line in str(matmul.tuning_report()).splitlines())
