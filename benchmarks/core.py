@@ -135,8 +135,34 @@ def launch_overhead(rows: list, results: dict) -> None:
         "triton": host_us(lambda: t_add[(1,)](x, y, out, 1024, BLOCK=1024)),
         "torch add(out=)": host_us(lambda: torch.add(x, y, out=out)),
     }
+    # Where the time goes: the Python dispatch with a no-op plan, our launcher, and the driver call alone
+    # through cuda.bindings and through ctypes.
+    import ctypes
+    from mgjit.runtime import driver
+    compiled = add.compile(x, y, out, BLOCK=1024, target="sm_90a")
+    launcher = compiled.launcher()
+    device = torch.cuda.current_device()
+    func = launcher.function(device)
+    stream = torch.cuda.current_stream().cuda_stream
+    values = [x.data_ptr(), 1024, 1, y.data_ptr(), 1024, 1, out.data_ptr(), 1024, 1]
+    us["  our launcher.launch alone"] = host_us(lambda: launcher.launch(device, (1, 1, 1), stream, values))
+    d = driver()
+    addr = launcher.pointers_address
+    us["  cuda.bindings cuLaunchKernel alone"] = host_us(
+        lambda: d.cuLaunchKernel(func, 1, 1, 1, 128, 1, 1, 0, stream, addr, 0))
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    raw = libcuda.cuLaunchKernel
+    raw.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    handle = int(func)
+    us["  ctypes cuLaunchKernel alone"] = host_us(lambda: raw(handle, 1, 1, 1, 128, 1, 1, 0, stream, addr, None))
+    plans = add._plans
+    saved = dict(plans)
+    for k in plans:
+        plans[k] = lambda grid, v: None
+    us["  mgjit dispatch alone (no-op plan)"] = host_us(lambda: add[(1,)](x, y, out, BLOCK=1024))
+    plans.update(saved)
     for who, v in us.items():
-        results[f"launch_us_{who}"] = v
+        results[f"launch_us_{who.strip()}"] = v
         rows.append((f"host launch, 3 tensors [{who}]", f"{v:.2f} us", "", ""))
 
 
@@ -177,7 +203,8 @@ CHILD = textwrap.dedent("""
     dt = time.perf_counter() - t0
     rss = [l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]
     maps = open("/proc/self/maps").read()
-    print(dt, int(rss) // 1024, int("libMLIR" in maps or "_mlir" in maps), int(any("mlir" in m for m in sys.modules)))
+    print(dt, int(rss) // 1024, int("_mlir_libs" in maps or "libMLIR" in maps),
+          int(any(m.startswith("numba_cuda_mlir") or m == "mgjit.mlir" for m in sys.modules)))
 """)
 
 
@@ -193,7 +220,7 @@ def new_process(rows: list, results: dict) -> None:
         rss = statistics.median(int(o[1]) for o in out)
         results[f"warm_first_result_s_{who}"] = dt
         results[f"rss_MB_{who}"] = rss
-        mlir_note = "MLIR mapped!" if any(o[2] == "1" or o[3] == "1" for o in out) else "no MLIR in process"
+        mlir_note = "MLIR loaded!" if any(o[2] == "1" or o[3] == "1" for o in out) else "no MLIR in process"
         label = "import mgjit → first result" if who == "mgjit" else ("first launch" if who == "triton" else "torch.softmax")
         rows.append((f"new process, warm cache: {label} [{who}]", f"{dt * 1e3:.0f} ms", f"RSS {rss} MB",
                      mlir_note if who == "mgjit" else ""))

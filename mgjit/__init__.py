@@ -12,9 +12,10 @@ from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16
 from .errors import CompileError, LaunchError
 from .frontend import DeviceFunction
 from .jit import VERSION as __version__, CompiledKernel, Kernel
-from .language import (abs, arange, cdiv, constexpr, cos, ds, erf, exp, exp2, full, log, log2, max, maximum, min,
-                       minimum, num_programs, program_id, rsqrt, sin, sqrt, static_range, sum, tanh, warpgroup_id,
-                       where, zeros)
+from .language import (abs, arange, barrier, cdiv, constexpr, copy_async, cos, ds, erf, exp, exp2,
+                       fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, program_id,
+                       rsqrt, set_max_registers, sin, smem, sqrt, static_range, sum, tanh, warpgroup_id, wgmma,
+                       wgmma_wait, where, zeros)
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

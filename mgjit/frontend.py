@@ -220,6 +220,61 @@ class Ref:
         self.tracer.store(self, index, value)
 
 
+class SmemRef:
+    """A shared-memory buffer or a view of one during tracing."""
+
+    def __init__(self, tracer: "Tracer", value: ir.Value):
+        self.tracer = tracer
+        self.value = value
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.type.shape
+
+    @property
+    def T(self) -> "SmemRef":
+        b = self.tracer.builder
+        return SmemRef(self.tracer, b.add(ir.RefTranspose(self.value, b.loc)).result)
+
+    def __getitem__(self, index) -> "SmemRef":
+        t = self.tracer
+        if isinstance(index, tuple):
+            raise t.error("SMEM buffers are indexed by one stage index at a time (buf[slot])")
+        i = t.cast(t.to_tensor(index), dtypes.int32)
+        return SmemRef(t, t.builder.add(ir.RefIndex(self.value, i.value, t.builder.loc)).result)
+
+
+class Barriers:
+    """An array of mbarriers. Each keeps a phase bit per slot in a hidden variable of the trace, so that
+    `bars[i].wait()` waits for the right phase without the user tracking it (carried through loops/ifs)."""
+
+    _ids = 0
+
+    def __init__(self, tracer: "Tracer", value: ir.Value, count: int):
+        self.value = value
+        self.count = count
+        Barriers._ids += 1
+        self.phase_var = f"$phase{Barriers._ids}"
+        tracer.scope[self.phase_var] = tracer.to_tensor(0)
+
+    def __getitem__(self, index) -> "BarrierSlot":
+        return BarrierSlot(self, index)
+
+
+class BarrierSlot:
+    def __init__(self, barriers: Barriers, index: Any):
+        self.barriers = barriers
+        self.index = index
+
+    def _ref(self, t: "Tracer") -> tuple[ir.Value, Tensor]:
+        i = t.cast(t.to_tensor(self.index), dtypes.int32)
+        return t.builder.add(ir.RefIndex(self.barriers.value, i.value, t.builder.loc)).result, i
+
+
 # ---------------------------------------------------------------------------------------------- tracer
 
 class _Return(Exception):
@@ -234,10 +289,14 @@ _ALLOWED_PY_BUILTINS = {"range", "len", "int", "float", "bool", "min", "max", "a
 class Tracer:
     """Walks one kernel's AST (and the helpers it calls) emitting IR into a Builder."""
 
-    def __init__(self, source: SourceFunction, builder: Builder, scope: dict[str, Any], depth: int = 0):
+    def __init__(self, source: SourceFunction, builder: Builder, scope: dict[str, Any], depth: int = 0,
+                 parent: "Tracer | None" = None):
         self.src = source
         self.builder = builder
         self.scope = scope
+        # Kernel-wide state shared with inlined helpers.
+        self.tma_descriptors: list[ir.TmaDescriptor] = parent.tma_descriptors if parent else []
+        self.param_index: dict[str, int] = parent.param_index if parent else {}
         self.globals = source.fn.__globals__
         self.closure = self._closure_vars(source.fn)
         self.depth = depth
@@ -564,7 +623,7 @@ class Tracer:
             raise self.error("an `if` condition must be a scalar; for arrays use mgjit.where")
         if cond.dtype != dtypes.bool_:
             cond = self.compare("ne", cond, 0)
-        assigned = sorted(_assigned_names(node.body) | _assigned_names(node.orelse))
+        assigned = sorted(_assigned_names(node.body) | _assigned_names(node.orelse) | _hidden(self.scope))
 
         def trace_branch(stmts) -> dict[str, Any]:
             saved_block, saved_scope = self.builder.block, self.scope
@@ -662,7 +721,8 @@ class Tracer:
         for b in bounds:
             if not b.dtype.is_int or b.shape:
                 raise self.error(f"range bounds must be integer scalars, got {b.value.type}")
-        carried = [n for n in sorted(_assigned_names(node.body)) if n in self.scope and n != node.target.id]
+        carried = [n for n in sorted(_assigned_names(node.body) | _hidden(self.scope))
+                   if n in self.scope and n != node.target.id]
         inits = {n: self.scope[n] for n in carried}
         for n, v in inits.items():
             if not isinstance(v, (Tensor, int, float, bool)):
@@ -761,6 +821,14 @@ class Tracer:
 
     def expr_Attribute(self, node: ast.Attribute) -> Any:
         obj = self.expr(node.value)
+        if isinstance(obj, BarrierSlot):
+            if node.attr not in ("wait", "arrive"):
+                raise self.error(f"a barrier has the methods wait() and arrive(), not `{node.attr}`")
+            return _SlotMethod(obj, node.attr)
+        if isinstance(obj, SmemRef):
+            if node.attr in ("T", "shape", "dtype"):
+                return getattr(obj, node.attr)
+            raise self.error(f"SMEM buffers have no attribute `{node.attr}`")
         if isinstance(obj, (Tensor, Ref, Expanded)):
             if node.attr in ("dtype", "shape", "ndim", "astype", "to", "sum", "max", "min"):
                 return getattr(obj, node.attr)
@@ -780,7 +848,7 @@ class Tracer:
     def expr_Subscript(self, node: ast.Subscript) -> Any:
         obj = self.expr(node.value)
         index = self.subscript_index(node.slice)
-        if isinstance(obj, (Ref, Tensor)):
+        if isinstance(obj, (Ref, Tensor, SmemRef, Barriers)):
             return obj[index]
         if isinstance(obj, (tuple, list, dict)):
             if isinstance(index, Tensor):
@@ -868,6 +936,8 @@ class Tracer:
             return self.call_builtin(fn, args, kwargs)
         if inspect.ismethod(fn) and isinstance(fn.__self__, (Tensor, Ref)):
             return fn(*args, **kwargs)
+        if isinstance(fn, _SlotMethod):
+            return self.barrier_method(fn.slot, fn.method, args, kwargs)
         if fn is lang.ds:
             try:
                 return lang.ds(*args, **kwargs)
@@ -965,7 +1035,121 @@ class Tracer:
             return self._emit(ir.Splat(scalar.value, shape, b.loc))
         if fn is lang.static_range:
             raise self.error("static_range can only be iterated by a for loop")
+        if fn in _HOPPER_BUILTINS:
+            return getattr(self, f"builtin_{fn.name}")(args, kwargs)
         raise self.error(f"mgjit.{fn.name} is not supported here")
+
+    # -- Hopper builtins
+    def builtin_smem(self, args: list, kwargs: dict) -> SmemRef:
+        shape = args[0] if args else kwargs.get("shape")
+        dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+        swizzle = args[2] if len(args) > 2 else kwargs.get("swizzle")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape or ())
+        if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise self.error(f"mgjit.smem needs a static shape of positive ints, got {shape}")
+        if not isinstance(dtype, DType):
+            raise self.error(f"mgjit.smem needs an mgjit dtype, got {dtype!r}")
+        if swizzle not in (None, 32, 64, 128):
+            raise self.error(f"swizzle must be None, 32, 64 or 128 bytes, got {swizzle!r}", rule="swizzle-width")
+        if swizzle is not None:
+            row_bytes = shape[-1] * dtype.bits // 8
+            if row_bytes % swizzle:
+                raise self.error(f"a {swizzle}B swizzle needs tile rows that are a multiple of {swizzle} bytes; "
+                                 f"rows of {shape[-1]} x {dtype.name} are {row_bytes} bytes "
+                                 f"(the swizzle is wider than the tile row)", rule="swizzle-width")
+            if len(shape) < 2 or shape[-2] % 8:
+                raise self.error(f"a swizzled tile has a multiple of 8 rows, got shape {shape}", rule="swizzle-width")
+        return SmemRef(self, self.builder.add(ir.SmemAlloc(shape, dtype, swizzle, self.builder.loc)).result)
+
+    def builtin_barrier(self, args: list, kwargs: dict) -> Barriers:
+        count = args[0] if args else kwargs.get("count", 1)
+        arrivals = args[1] if len(args) > 1 else kwargs.get("arrivals", 1)
+        if not all(isinstance(v, int) for v in (count, arrivals)):
+            raise self.error("barrier count and arrivals must be static ints")
+        op = self.builder.add(ir.BarrierAlloc(count, arrivals, self.builder.loc))
+        return Barriers(self, op.result, count)
+
+    def barrier_method(self, slot: BarrierSlot, method: str, args: list, kwargs: dict) -> None:
+        if args or kwargs:
+            raise self.error(f"barrier.{method}() takes no arguments")
+        ref, index = slot._ref(self)
+        if method == "arrive":
+            self.builder.add(ir.BarrierArrive(ref, self.builder.loc))
+            return None
+        mask = self.scope[slot.barriers.phase_var]
+        phase = self.binary("and", self.binary("shr", mask, index), 1)
+        self.builder.add(ir.BarrierWait(ref, phase.value, self.builder.loc))
+        self.scope[slot.barriers.phase_var] = self.binary("xor", mask, self.binary("shl", 1, index))
+        return None
+
+    def builtin_copy_async(self, args: list, kwargs: dict) -> None:
+        if len(args) != 3 or set(kwargs) != {"barrier"}:
+            raise self.error("copy_async(src, coords, dst, barrier=bars[i]) takes a tensor, a tuple of element "
+                             "coordinates, an SMEM tile and a barrier slot")
+        src, coords, dst = args
+        bar = kwargs["barrier"]
+        if not isinstance(src, Ref):
+            raise self.error("copy_async copies from a tensor argument of the kernel")
+        if not isinstance(dst, SmemRef):
+            raise self.error("copy_async copies into an SMEM tile (mgjit.smem(...)[slot])")
+        if not isinstance(bar, BarrierSlot):
+            raise self.error("copy_async completes on one barrier slot: barrier=bars[i]")
+        coords = coords if isinstance(coords, (tuple, list)) else (coords,)
+        if len(coords) != src.ndim:
+            raise self.error(f"{src.name} has rank {src.ndim}; copy_async needs {src.ndim} coordinates")
+        tile = dst.shape
+        if len(tile) != src.ndim:
+            raise self.error(f"the SMEM tile {tile} must have the rank of {src.name} ({src.ndim})")
+        swizzle = dst.value.type.swizzle or 0
+        inner = tile[-1] if not swizzle else swizzle * 8 // dst.dtype.bits
+        box = (*tile[:-1], inner)
+        if any(b > 256 for b in box):
+            raise self.error(f"a TMA box has at most 256 elements per dimension, got {box}", rule="tma-box")
+        if (box[-1] * dst.dtype.bits // 8) % 16:
+            raise self.error(f"the innermost TMA box dimension must be a multiple of 16 bytes, got {box[-1]} x "
+                             f"{dst.dtype.name}", rule="tma-box")
+        param = self.param_index[src.name]
+        desc = ir.TmaDescriptor(param, box, swizzle)
+        if desc not in self.tma_descriptors:
+            self.tma_descriptors.append(desc)
+        starts = [self.cast(self.to_tensor(c), dtypes.int32).value for c in coords]
+        ref, _ = bar._ref(self)
+        self.builder.add(ir.TmaLoad(src.value, starts, dst.value, ref, self.tma_descriptors.index(desc),
+                                    self.builder.loc))
+        return None
+
+    def builtin_wgmma(self, args: list, kwargs: dict) -> Tensor:
+        if len(args) != 3 or kwargs:
+            raise self.error("wgmma(acc, a, b) takes the accumulator and two SMEM tiles")
+        acc, a, b = args
+        if not isinstance(acc, Tensor) or not acc.shape:
+            raise self.error("the wgmma accumulator must be a register array (e.g. mgjit.zeros((BM, BN), mgjit.float32))")
+        for name, v in (("a", a), ("b", b)):
+            if not isinstance(v, SmemRef):
+                raise self.error(f"wgmma operand {name} must be an SMEM tile")
+        return self._emit(ir.Wgmma(acc.value, a.value, b.value, self.builder.loc))
+
+    def builtin_wgmma_wait(self, args: list, kwargs: dict) -> None:
+        pending = args[0] if args else kwargs.get("pending", 0)
+        if not isinstance(pending, int):
+            raise self.error("wgmma_wait takes a static number of pending groups")
+        # Every 32-bit register array in scope goes through the wait, so no read of an accumulator can be
+        # scheduled before the tensor cores are done with it.
+        names = [n for n, v in self.scope.items() if isinstance(v, Tensor) and v.shape and v.dtype.bits == 32]
+        op = self.builder.add(ir.WgmmaWait(pending, [self.scope[n].value for n in names], self.builder.loc))
+        for n, r in zip(names, op.results):
+            self.scope[n] = Tensor(self, r)
+        return None
+
+    def builtin_fence_async_shared(self, args: list, kwargs: dict) -> None:
+        self.builder.add(ir.FenceAsyncShared(self.builder.loc))
+
+    def builtin_set_max_registers(self, args: list, kwargs: dict) -> None:
+        count = args[0] if args else kwargs.get("count")
+        increase = kwargs.get("increase", True)
+        if not isinstance(count, int):
+            raise self.error("set_max_registers takes a static register count")
+        self.builder.add(ir.SetMaxRegisters(count, bool(increase), self.builder.loc))
 
     def inline(self, fn: DeviceFunction, args: list, kwargs: dict, node: ast.Call) -> Any:
         if self.depth > 32:
@@ -977,7 +1161,7 @@ class Tracer:
         except TypeError as e:
             raise self.error(f"bad call of {fn.__name__}: {e}") from None
         bound.apply_defaults()
-        tracer = Tracer(src, self.builder, dict(bound.arguments), self.depth + 1)
+        tracer = Tracer(src, self.builder, dict(bound.arguments), self.depth + 1, parent=self)
         saved_loc = self.builder.loc
         try:
             tracer.run_body(src.node.body)
@@ -989,6 +1173,16 @@ class Tracer:
         return result
 
 
+class _SlotMethod:
+    def __init__(self, slot: BarrierSlot, method: str):
+        self.slot = slot
+        self.method = method
+
+
+_HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
+                    lang.set_max_registers)
+
+
 def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> list[int]:
     out = []
     for i in range(1, max(len(a), len(b)) + 1):
@@ -998,6 +1192,11 @@ def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> list[int]:
             raise ValueError
         out.append(max(x, y))
     return out[::-1]
+
+
+def _hidden(scope: dict[str, Any]) -> set[str]:
+    """Variables the trace keeps for the user (barrier phases), carried through loops and ifs like theirs."""
+    return {n for n in scope if n.startswith("$")}
 
 
 def _assigned_names(stmts: Sequence[ast.stmt]) -> set[str]:
@@ -1032,7 +1231,8 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
     args: list[ir.Value] = []
     scope: dict[str, Any] = dict(constexprs)
     tracer = Tracer(source, builder, scope)
-    for p in params:
+    for i, p in enumerate(params):
+        tracer.param_index[p.name] = i
         if p.kind == "tensor":
             v = ir.Value(ir.RefType("gmem", p.dtype, p.rank))
             scope[p.name] = Ref(tracer, v, p.name)
@@ -1046,6 +1246,7 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
         pass
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
-    kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node))
+    kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
+                       tracer.tma_descriptors)
     ir.verify(kernel)
     return kernel

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Callable
 
 from . import ir
-from .layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked
+from .layouts import SPLAT, WGMMA, Layout, LayoutError, SplatLayout, TiledLayout, blocked
 
 Rule = Callable[[ir.Op, "Inference"], None]
 RULES: dict[type, Rule] = {}
@@ -163,7 +163,9 @@ def infer_layouts(kernel: ir.Kernel) -> None:
 
 # ---------------------------------------------------------------------------------------------- rules
 
-@rule(ir.Constant, ir.ProgramId, ir.NumPrograms, ir.WarpgroupId, ir.RefDim, ir.Store, ir.Yield)
+@rule(ir.Constant, ir.ProgramId, ir.NumPrograms, ir.WarpgroupId, ir.RefDim, ir.Store, ir.Yield, ir.SmemAlloc,
+      ir.BarrierAlloc, ir.RefIndex, ir.RefTranspose, ir.TmaLoad, ir.BarrierArrive, ir.BarrierWait,
+      ir.FenceAsyncShared, ir.SetMaxRegisters)
 def _no_arrays(op: ir.Op, inf: Inference) -> None:
     pass
 
@@ -195,6 +197,20 @@ def _elementwise(op: ir.Op, inf: Inference) -> None:
     layout = inf.choose_common(op, list(range(len(op.operands))))
     if layout is not None:
         inf.set_layout(op.result, layout, op)
+
+
+@rule(ir.Wgmma)
+def _wgmma(op: ir.Wgmma, inf: Inference) -> None:
+    """The accumulator lives in the WGMMA layout (an anchor): a zeros splat moves into it for free."""
+    if op.operands[0].layout != WGMMA:
+        inf.relayout(inf.current_block, op, 0, WGMMA)
+    inf.set_layout(op.result, WGMMA, op)
+
+
+@rule(ir.WgmmaWait)
+def _wgmma_wait(op: ir.WgmmaWait, inf: Inference) -> None:
+    for x, r in zip(op.operands, op.results):
+        inf.set_layout(r, x.layout, op)
 
 
 @rule(ir.Relayout)

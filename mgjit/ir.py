@@ -37,14 +37,22 @@ class ArrayType:
 
 @dataclasses.dataclass(frozen=True)
 class RefType:
-    """A reference to memory. GMEM references have runtime sizes and strides (passed at launch)."""
+    """A reference to memory. GMEM references have runtime sizes and strides (passed at launch); SMEM
+    references have a static shape, an optional swizzle (bytes) and may be a transposed view; a barrier
+    reference is an array of mbarriers (rank 1) or one of them (rank 0)."""
 
-    space: str  # "gmem" (later "smem", "tmem")
+    space: str  # "gmem", "smem" or "barrier"
     dtype: DType
     rank: int
+    shape: tuple[int, ...] | None = None
+    swizzle: int | None = None
+    transposed: bool = False
 
     def __str__(self) -> str:
-        return f"ref<{self.space}, {self.dtype.name}, rank {self.rank}>"
+        if self.space == "gmem":
+            return f"ref<gmem, {self.dtype.name}, rank {self.rank}>"
+        extra = (f", swizzle {self.swizzle}" if self.swizzle else "") + (", transposed" if self.transposed else "")
+        return f"ref<{self.space}, {self.dtype.name}[{','.join(map(str, self.shape or ()))}]{extra}>"
 
 
 Type = ScalarType | ArrayType | RefType
@@ -124,6 +132,16 @@ class Param:
     rank: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class TmaDescriptor:
+    """A TMA descriptor the launcher builds from a tensor argument: a box of `box` elements (outermost
+    first) with `swizzle` bytes of swizzle (0: none). It reaches the kernel as a 128-byte parameter."""
+
+    param: int  # index of the tensor among the kernel's parameters
+    box: tuple[int, ...]
+    swizzle: int
+
+
 @dataclasses.dataclass
 class Kernel:
     """A whole kernel in IR: its runtime parameters (one Value each) and its body."""
@@ -134,6 +152,7 @@ class Kernel:
     body: Block
     num_warpgroups: int
     loc: Loc
+    tma_descriptors: list["TmaDescriptor"] = dataclasses.field(default_factory=list)
 
     def walk(self) -> Iterator[Op]:
         return self.body.walk()
@@ -498,6 +517,227 @@ class Yield(Op):
 
     def __init__(self, values: Sequence[Value], loc: Loc | None):
         super().__init__(values, [], loc)
+
+
+# ---- Hopper: shared memory, mbarriers, TMA, wgmma
+
+def _is_ref(v: Value, space: str) -> bool:
+    return isinstance(v.type, RefType) and v.type.space == space
+
+
+class SmemAlloc(Op):
+    """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
+
+    name = "smem_alloc"
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, swizzle: int | None, loc: Loc | None):
+        super().__init__([], [RefType("smem", dtype, len(shape), shape, swizzle)], loc)
+
+    def attrs(self):
+        t = self.result.type
+        return {"shape": t.shape, "dtype": t.dtype.name, "swizzle": t.swizzle}
+
+
+class BarrierAlloc(Op):
+    """`count` mbarriers, each expecting `arrivals` arrivals per phase; initialised at kernel start."""
+
+    name = "barrier_alloc"
+
+    def __init__(self, count: int, arrivals: int, loc: Loc | None):
+        super().__init__([], [RefType("barrier", dtypes.int64, 1, (count,))], loc)
+        self.count = count
+        self.arrivals = arrivals
+
+    def attrs(self):
+        return {"count": self.count, "arrivals": self.arrivals}
+
+    def verify(self):
+        _check(self.count >= 1 and 1 <= self.arrivals < 2**20, self,
+               f"barriers need count >= 1 and 1 <= arrivals < 2**20, got {self.count} and {self.arrivals}")
+
+
+class RefIndex(Op):
+    """`ref[i]`: drop the leading dimension of an SMEM or barrier reference at a runtime index."""
+
+    name = "ref_index"
+
+    def __init__(self, ref: Value, index: Value, loc: Loc | None):
+        t = ref.type
+        shape = t.shape[1:]
+        super().__init__([ref, index], [RefType(t.space, t.dtype, t.rank - 1, shape, t.swizzle)], loc)
+
+    def verify(self):
+        t = self.operands[0].type
+        _check(t.space in ("smem", "barrier") and t.rank >= 1 and not t.transposed, self,
+               f"only SMEM and barrier references can be indexed by a stage, got {t}")
+        _check(_is_int_scalar(self.operands[1]), self, "a stage index must be an integer scalar")
+
+
+class RefTranspose(Op):
+    """`ref.T`: the same 2D SMEM tile read with its dimensions swapped (an MN-major MMA operand)."""
+
+    name = "ref_transpose"
+
+    def __init__(self, ref: Value, loc: Loc | None):
+        t = ref.type
+        super().__init__([ref], [RefType("smem", t.dtype, 2, (t.shape[1], t.shape[0]), t.swizzle, not t.transposed)],
+                         loc)
+
+    def verify(self):
+        t = self.operands[0].type
+        _check(t.space == "smem" and t.rank == 2, self, f".T applies to 2D SMEM tiles, got {t}")
+
+
+class TmaLoad(Op):
+    """Copy a tile of a GMEM tensor at `coords` into an SMEM tile with the TMA engine; completion is
+    signalled on `barrier` (which the op arms with the byte count). Out-of-bounds elements read as zero."""
+
+    name = "tma_load"
+
+    def __init__(self, src: Value, coords: Sequence[Value], dst: Value, barrier: Value, descriptor: int,
+                 loc: Loc | None):
+        super().__init__([src, *coords, dst, barrier], [], loc)
+        self.descriptor = descriptor  # index into Kernel.tma_descriptors
+
+    @property
+    def src(self) -> Value:
+        return self.operands[0]
+
+    @property
+    def coords(self) -> list[Value]:
+        return self.operands[1:-2]
+
+    @property
+    def dst(self) -> Value:
+        return self.operands[-2]
+
+    @property
+    def barrier(self) -> Value:
+        return self.operands[-1]
+
+    def attrs(self):
+        return {"descriptor": self.descriptor}
+
+    def verify(self):
+        _check(_is_ref(self.src, "gmem"), self, "TMA copies from a GMEM tensor argument")
+        _check(_is_ref(self.dst, "smem") and not self.dst.type.transposed, self,
+               "TMA copies into an SMEM tile (not a transposed view)")
+        _check(_is_ref(self.barrier, "barrier") and self.barrier.type.rank == 0, self,
+               "a TMA copy completes on one barrier: index the barrier array, e.g. bars[slot]")
+        _check(len(self.coords) == self.src.type.rank == self.dst.type.rank, self,
+               f"a rank-{self.src.type.rank} tensor needs {self.src.type.rank} coordinates and an SMEM tile of "
+               f"that rank, got {len(self.coords)} and rank {self.dst.type.rank}")
+        _check(self.src.dtype == self.dst.dtype, self,
+               f"TMA cannot convert: {self.src.dtype.name} tensor into a {self.dst.dtype.name} tile")
+
+
+class BarrierArrive(Op):
+    name = "barrier_arrive"
+
+    def __init__(self, barrier: Value, loc: Loc | None):
+        super().__init__([barrier], [], loc)
+
+    def verify(self):
+        _check(_is_ref(self.operands[0], "barrier") and self.operands[0].type.rank == 0, self,
+               "arrive on one barrier: index the barrier array")
+
+
+class BarrierWait(Op):
+    """Wait until the barrier completes the phase with parity `phase` (tracked by the frontend)."""
+
+    name = "barrier_wait"
+
+    def __init__(self, barrier: Value, phase: Value, loc: Loc | None):
+        super().__init__([barrier, phase], [], loc)
+
+    def verify(self):
+        _check(_is_ref(self.operands[0], "barrier") and self.operands[0].type.rank == 0, self,
+               "wait on one barrier: index the barrier array")
+
+
+class Wgmma(Op):
+    """acc + a @ b on the warpgroup's tensor cores, issued asynchronously (complete with WgmmaWait).
+    `a` and `b` are SMEM tiles (a: (M, K), b: (K, N), either may be a transposed view); acc is (M, N)."""
+
+    name = "wgmma"
+
+    def __init__(self, acc: Value, a: Value, b: Value, loc: Loc | None):
+        super().__init__([acc, a, b], [acc.type], loc)
+
+    def verify(self):
+        from . import mma_descriptors as md
+        acc, a, b = self.operands
+        _check(acc.is_array and len(acc.type.shape) == 2, self, "the wgmma accumulator is a 2D register array")
+        for name, v in (("a", a), ("b", b)):
+            _check(_is_ref(v, "smem") and v.type.rank == 2, self, f"wgmma operand {name} must be a 2D SMEM tile")
+            _check(v.type.swizzle is not None, self, f"wgmma operand {name} needs a swizzled SMEM tile "
+                   "(mgjit.smem(..., swizzle=32/64/128))")
+        (m, n), (ma, k), (kb, nb) = acc.type.shape, a.type.shape, b.type.shape
+        _check(m == ma and n == nb and k == kb, self,
+               f"wgmma shapes do not chain: acc {acc.type.shape}, a {a.type.shape}, b {b.type.shape}")
+        if m % 64:
+            raise self.error(f"a warpgroup's wgmma accumulator has a multiple of 64 rows, got {m}", rule="wgmma-shape")
+        _check(a.dtype == b.dtype, self, f"wgmma operands differ in dtype: {a.dtype.name} and {b.dtype.name}")
+        a_major = md.Major.MN if a.type.transposed else md.Major.K
+        b_major = md.Major.K if b.type.transposed else md.Major.MN
+        k_step = 256 // a.dtype.bits
+        if k % k_step:
+            raise self.error(f"the K extent of wgmma tiles must be a multiple of {k_step} for {a.dtype.name}, "
+                             f"got {k}", rule="wgmma-shape")
+        try:
+            md.check_wgmma_shape(64, n, k_step, a.dtype, acc.dtype, a_major, b_major)
+            for v in (a, b):
+                rows, cols = v.type.shape if not v.type.transposed else v.type.shape[::-1]
+                md.check_swizzle(v.type.swizzle)
+                if (cols * v.dtype.bits // 8) % v.type.swizzle:
+                    raise md.DescriptorError(
+                        f"a {v.type.swizzle}B-swizzled tile needs rows that are a multiple of {v.type.swizzle} "
+                        f"bytes, got {cols} x {v.dtype.name} = {cols * v.dtype.bits // 8} bytes")
+        except md.DescriptorError as e:
+            raise self.error(str(e), rule="wgmma-shape") from None
+
+
+class WgmmaWait(Op):
+    """Wait until at most `pending` wgmma groups are in flight. The arrays it carries (accumulators) are
+    returned as its results, so no read of them can be scheduled before the wait."""
+
+    name = "wgmma_wait"
+
+    def __init__(self, pending: int, arrays: Sequence[Value], loc: Loc | None):
+        super().__init__(arrays, [a.type for a in arrays], loc)
+        self.pending = pending
+
+    def attrs(self):
+        return {"pending": self.pending}
+
+    def verify(self):
+        _check(0 <= self.pending <= 7, self, f"wgmma_wait takes 0..7 pending groups, got {self.pending}")
+
+
+class FenceAsyncShared(Op):
+    """Order this thread's ordinary SMEM writes before later reads by the TMA engine or tensor cores."""
+
+    name = "fence_async_shared"
+
+    def __init__(self, loc: Loc | None):
+        super().__init__([], [], loc)
+
+
+class SetMaxRegisters(Op):
+    name = "set_max_registers"
+
+    def __init__(self, count: int, increase: bool, loc: Loc | None):
+        super().__init__([], [], loc)
+        self.count = count
+        self.increase = increase
+
+    def attrs(self):
+        return {"count": self.count, "increase": self.increase}
+
+    def verify(self):
+        if not (24 <= self.count <= 256 and self.count % 8 == 0):
+            raise self.error(f"set_max_registers takes a multiple of 8 in 24..256, got {self.count}",
+                             rule="registers")
 
 
 # ---------------------------------------------------------------------------------------------- verifier

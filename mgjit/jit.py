@@ -146,7 +146,8 @@ class CompiledKernel:
     def launcher(self):
         if self._launcher is None:
             from .runtime import Launcher
-            self._launcher = Launcher(self.cubin, self.name, self.params, self.smem_bytes, self.threads)
+            self._launcher = Launcher(self.cubin, self.name, self.params, self.smem_bytes, self.threads,
+                                      len(self.meta.get("tma", [])))
         return self._launcher
 
     def __repr__(self) -> str:
@@ -204,12 +205,9 @@ class Kernel:
         self._refresh_if_redefined()
         if self._source_key is None:
             from .cache.store import hash_parts
-            from . import mlir, toolchain
-            import os
-            ptxas = toolchain.ptxas_path()
-            st = os.stat(ptxas)
+            from . import toolchain
             self._deps = _dependency_snapshot(self.fn)
-            self._source_key = hash_parts("mgjit", VERSION, mlir.bindings_version(), (ptxas, st.st_size, int(st.st_mtime)),
+            self._source_key = hash_parts("mgjit", VERSION, toolchain.compiler_fingerprint(),
                                           _source_parts(self.fn, set()))
         return self._source_key
 
@@ -313,6 +311,14 @@ class Kernel:
         params, specs = self._params_and_specs(spec)
         kernel_ir = frontend.trace(SourceFunction(self.fn), params, consts, num_warpgroups)
         spec_by_value = {v.id: s for v, s in zip(kernel_ir.args, specs) if s is not None}
+        for desc in kernel_ir.tma_descriptors:
+            s = specs[desc.param]
+            if s.align < 16 or not s.unit_stride:
+                raise CompileError(
+                    f"argument `{params[desc.param].name}` is copied with TMA (copy_async), which needs a 16-byte "
+                    f"aligned base, row strides that are multiples of 16 bytes and a contiguous last dimension; "
+                    f"this call's tensor has {s.align}-byte alignment{'' if s.unit_stride else ' and a strided last dimension'}",
+                    kernel_ir.loc, rule="tma-alignment")
         art = compiler.compile_ir(kernel_ir, spec_by_value, target)
         abi = [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
                for p in params]
@@ -320,6 +326,8 @@ class Kernel:
                 "specialization": _describe_spec(self.runtime_names, spec, consts),
                 "params": abi, "registers": art.registers, "spills": art.spills, "smem_bytes": art.smem_bytes,
                 "threads": art.threads, "num_warpgroups": num_warpgroups,
+                "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle}
+                        for d in kernel_ir.tma_descriptors],
                 "compile_seconds": round(art.compile_seconds, 4)}
         files = {"kernel.cubin": art.cubin, "kernel.ptx": art.ptx.encode(), "kernel.ir": art.ir_text.encode(),
                  "kernel.mlir": art.mlir_text.encode(), "ptxas.txt": art.ptxas_report.encode()}
@@ -488,6 +496,10 @@ def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
     """The per-specialization launch: flatten the arguments into the launcher's buffer and launch."""
     import torch
     launcher = compiled.launcher()
+    tensormaps = None
+    if compiled.meta.get("tma"):
+        from .runtime import TensorMaps
+        tensormaps = TensorMaps(name, compiled.params, compiled.meta["tma"]).encode_all
     get_stream = torch._C._cuda_getCurrentRawStream
     get_device = torch._C._cuda_getDevice
     launch = launcher.launch
@@ -510,6 +522,8 @@ def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
         if get_device() != device:
             raise LaunchError(f"{name}: the tensors are on cuda:{device} but the current device is "
                               f"cuda:{get_device()}")
+        if tensormaps is not None:
+            values += tensormaps(values)
         launch(device, g, get_stream(device), values)
 
     return run

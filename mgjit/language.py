@@ -64,6 +64,19 @@ max = _builtin("max", "max(x, axis=None): a reduction.")
 min = _builtin("min", "min(x, axis=None): a reduction.")
 cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 
+# Hopper machinery
+smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel.")
+barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers; bars[i].wait() tracks "
+                              "its phase for you, bars[i].arrive() arrives.")
+copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i]): TMA copy of the tile of "
+                                    "tensor `src` at element coordinates `coords` into SMEM tile `dst`.")
+wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
+wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
+fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "
+                                                    "reads of them.")
+set_max_registers = _builtin("set_max_registers", "set_max_registers(n, increase=True): setmaxnreg for the "
+                                                  "warpgroup (warp specialization).")
+
 UNARY_BUILTINS = {exp: "exp", exp2: "exp2", log: "log", log2: "log2", sqrt: "sqrt", rsqrt: "rsqrt",
                   tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs"}
 REDUCE_BUILTINS = {sum: "sum", max: "max", min: "min"}

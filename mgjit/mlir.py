@@ -34,18 +34,6 @@ def load() -> types.SimpleNamespace:
     return _loaded
 
 
-def bindings_version() -> str:
-    """A version string for the cache key, read without importing the bindings."""
-    from importlib import metadata
-    top = package_name().split(".")[0]
-    for dist in (top.replace("_", "-"), top):
-        try:
-            return f"{dist}=={metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return f"{top}==unknown"
-
-
 def to_ptx(module) -> str:
     """Run the lowering pipeline on a module holding one gpu.module and return its PTX."""
     m = load()

@@ -38,30 +38,48 @@ def check(result) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-def abi_format(params: Sequence[dict]) -> str:
-    """struct format of the kernel parameters in order (native alignment matches the driver's)."""
-    fmt = "@"
+_FIELD = {"ptr": ("Q", 8, 8), "i32": ("i", 4, 4), "i64": ("q", 8, 8), "f32": ("f", 4, 4), "f64": ("d", 8, 8),
+          "i1": ("?", 1, 1), "tensormap": ("128s", 128, 64)}
+
+
+def abi_layout(params: Sequence[dict], tensormaps: int) -> tuple[str, list[int]]:
+    """struct format (explicit padding) and byte offset of every kernel parameter, in order: each tensor is
+    its pointer, sizes (i32) and strides (i64); then the TMA descriptors (128 bytes, 64-byte aligned)."""
+    kinds = []
     for p in params:
         if p["kind"] == "tensor":
-            fmt += "Q" + "i" * p["rank"] + "q" * p["rank"]
+            kinds += ["ptr"] + ["i32"] * p["rank"] + ["i64"] * p["rank"]
         else:
-            fmt += {"i32": "i", "i64": "q", "f32": "f", "f64": "d", "i1": "?"}[p["mlir"]]
-    return fmt
+            kinds.append(p["mlir"])
+    kinds += ["tensormap"] * tensormaps
+    fmt, offsets, pos = "=", [], 0
+    for k in kinds:
+        code, size, align = _FIELD[k]
+        pad = -pos % align
+        fmt += "x" * pad + code
+        pos += pad
+        offsets.append(pos)
+        pos += size
+    return fmt, offsets
 
 
 _MAX_STATIC_SMEM = 48 * 1024
 
 
 class Launcher:
-    def __init__(self, cubin: bytes, name: str, params: Sequence[dict], smem_bytes: int, threads: int):
+    def __init__(self, cubin: bytes, name: str, params: Sequence[dict], smem_bytes: int, threads: int,
+                 tensormaps: int = 0):
         self.cubin = cubin
         self.name = name
         self.smem_bytes = smem_bytes
         self.threads = threads
-        self.packer = struct.Struct(abi_format(params))
-        self.buffer = ctypes.create_string_buffer(max(self.packer.size, 1))
-        base = ctypes.addressof(self.buffer)
-        offsets = _field_offsets(abi_format(params))
+        fmt, offsets = abi_layout(params, tensormaps)
+        self.packer = struct.Struct(fmt)
+        # 64 spare bytes so the buffer can start on a 64-byte boundary (the descriptors' alignment).
+        self.storage = ctypes.create_string_buffer(max(self.packer.size, 1) + 64)
+        base = ctypes.addressof(self.storage)
+        base += -base % 64
+        self.buffer = (ctypes.c_char * max(self.packer.size, 1)).from_address(base)
         self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*(base + o for o in offsets))
         self.pointers_address = ctypes.addressof(self.pointers)
         self.functions: dict[int, Any] = {}  # device ordinal → CUfunction
@@ -94,12 +112,63 @@ class Launcher:
             check((err,))
 
 
-def _field_offsets(fmt: str) -> list[int]:
-    """Byte offset of each field of a struct format (with native alignment)."""
-    offsets = []
-    prefix = "@"
-    for ch in fmt[1:]:
-        size = struct.calcsize(prefix + ch)
-        offsets.append(size - struct.calcsize(ch))
-        prefix += ch
-    return offsets
+_TMA_DTYPE = {"bfloat16": "BFLOAT16", "float16": "FLOAT16", "float32": "FLOAT32", "float64": "FLOAT64",
+              "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "int8": "UINT8", "float8_e4m3fn": "UINT8",
+              "float8_e5m2": "UINT8", "int16": "UINT16"}
+_TMA_SWIZZLE = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+
+
+class TensorMaps:
+    """Builds the TMA descriptors of a launch from its tensors' pointers, sizes and strides, keeping the
+    encoded bytes per (pointer, sizes, strides): the same tensors next time cost one dict lookup."""
+
+    def __init__(self, name: str, params: Sequence[dict], descriptors: Sequence[dict]):
+        self.name = name
+        self.descriptors = descriptors
+        starts, pos = [], 0
+        for p in params:
+            starts.append(pos)
+            pos += 1 + 2 * p["rank"] if p["kind"] == "tensor" else 1
+        self.slices = []
+        for desc in descriptors:
+            p = params[desc["param"]]
+            start = starts[desc["param"]]
+            self.slices.append((start, start + 1 + 2 * p["rank"], p))
+        self.cache: dict[tuple, bytes] = {}
+
+    def encode_all(self, values: Sequence) -> list[bytes]:
+        out = []
+        for desc, (start, stop, p) in zip(self.descriptors, self.slices):
+            key = (id(desc), *values[start:stop])
+            blob = self.cache.get(key)
+            if blob is None:
+                if len(self.cache) > 4096:
+                    self.cache.clear()
+                blob = self.cache[key] = self._encode(desc, p, values[start:stop])
+            out.append(blob)
+        return out
+
+    def _encode(self, desc: dict, p: dict, values: Sequence) -> bytes:
+        d = driver()
+        rank = p["rank"]
+        ptr, sizes, strides = values[0], values[1:1 + rank], values[1 + rank:]
+        itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+                    "int16": 2}.get(p["dtype"], 1)
+        from .errors import LaunchError
+        if ptr % 16 or any((s * itemsize) % 16 for s in strides[:-1]) or (rank and strides[-1] != 1):
+            raise LaunchError(f"{self.name}: argument `{p['name']}` is read with TMA (copy_async), which needs a "
+                              f"16-byte aligned base, row strides that are multiples of 16 bytes and a contiguous "
+                              f"last dimension; got address {ptr:#x}, strides {tuple(strides)} x {itemsize} bytes")
+        dtype = getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMA_DTYPE[p['dtype']]}")
+        swizzle = getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_TMA_SWIZZLE[desc['swizzle']]}")
+        # The driver takes dimensions innermost first, and strides (bytes) of every dimension but the innermost.
+        dims = [d.cuuint64_t(int(x)) for x in reversed(sizes)]
+        byte_strides = [d.cuuint64_t(int(x) * itemsize) for x in list(reversed(strides))[1:]]
+        box = [d.cuuint32_t(int(x)) for x in reversed(desc["box"])]
+        ones = [d.cuuint32_t(1)] * rank
+        tmap = check(d.cuTensorMapEncodeTiled(
+            dtype, rank, ptr, dims, byte_strides, box, ones,
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        return struct.pack("<16Q", *(int(x) for x in tmap.opaque))

@@ -69,6 +69,30 @@ def libdevice_path() -> str:
                        "or set MGJIT_LIBDEVICE")
 
 
+@functools.lru_cache(maxsize=None)
+def compiler_fingerprint() -> tuple:
+    """What identifies the code that compiles kernels: mgjit's own source files (stat only: cheap, and any
+    edit or reinstall changes it), the MLIR bindings' version and the ptxas binary."""
+    root = Path(__file__).parent
+    files = tuple((str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
+                  for p in sorted(root.rglob("*.py")) for st in [p.stat()])
+    ptxas = ptxas_path()
+    st = os.stat(ptxas)
+    return (files, mlir_bindings_version(), (ptxas, st.st_size, st.st_mtime_ns))
+
+
+def mlir_bindings_version() -> str:
+    """The MLIR bindings' distribution version, read from package metadata (MLIR itself is not imported)."""
+    from importlib import metadata
+    top = os.environ.get("MGJIT_MLIR_PACKAGE", "numba_cuda_mlir._mlir").split(".")[0]
+    for dist in (top.replace("_", "-"), top):
+        try:
+            return f"{dist}=={metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return f"{top}==unknown"
+
+
 @dataclasses.dataclass(frozen=True)
 class PtxasReport:
     registers: int

@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import ir, mlir
 from ..layouts import THREADS_PER_WARPGROUP
-from . import control, elementwise, memory, reduce  # noqa: F401  (register their rules)
+from . import control, elementwise, hopper, memory, reduce  # noqa: F401  (register their rules)
 from .core import RULES, Context, LoweredRef, TensorSpec
 from .emit import Emitter
 
@@ -29,6 +29,9 @@ def _param_types(kernel: ir.Kernel) -> list[str]:
             types += ["!llvm.ptr<1>"] + ["i32"] * p.rank + ["i64"] * p.rank
         else:
             types.append(p.dtype.mlir)
+    # TMA descriptors: 128-byte, 64-byte aligned by-value parameters the kernel reads in place.
+    types += ["!llvm.ptr {llvm.byval = !llvm.array<128 x i8>, llvm.align = 64 : i64, nvvm.grid_constant}"] * \
+        len(kernel.tma_descriptors)
     return types
 
 
@@ -57,10 +60,10 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
         text = (
             'module attributes {gpu.container_module} {\n'
             f'  gpu.module @mgjit [#nvvm.target<chip = "{target}", features = "{TARGET_FEATURES[target]}", O = 3{link}>] {{\n'
-            '    llvm.mlir.global external @__mgjit_smem() {addr_space = 3 : i32, alignment = 128 : i64} '
+            '    llvm.mlir.global external @__mgjit_smem() {addr_space = 3 : i32, alignment = 1024 : i64} '
             ': !llvm.array<0 x i8>\n'
             f'    llvm.func @{kernel.name}({sig}) attributes {{gpu.kernel, nvvm.kernel, '
-            f'nvvm.maxntid = array<i32: {threads}, 1, 1>}} {{\n'
+            f'nvvm.maxntid = array<i32: {threads}, 1, 1>, nvvm.minctasm = 1 : i32}} {{\n'
             '      llvm.return\n    }\n  }\n}\n')
         module = m.ir.Module.parse(text)
         gpu_module = module.body.operations[0]
@@ -82,6 +85,7 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
                 else:
                     ctx.set(v, args[pos])
                     pos += 1
+            ctx.tma_descriptors = [emitter.ptr_to_int(a) for a in args[pos:]]
             lower_ops(ctx, kernel.body.ops)
         return LoweredKernel(module, ctx.smem_bytes, bool(emitter.libdevice_decls), threads)
 

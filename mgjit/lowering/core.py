@@ -71,6 +71,7 @@ class Context:
         self.e = emitter
         self.specs = specs  # ir.Value.id -> TensorSpec (tensors) or int divisor (int scalars)
         self.values: dict[int, Any] = {}
+        self.tma_descriptors: list[Any] = []  # i64 generic addresses of the descriptor parameters
         self.smem_bytes = 0
         self.uses_libdevice = False
         e = emitter
@@ -135,7 +136,14 @@ class Context:
                 stride *= size
         return pred
 
-    # -- shared memory scratch
+    # -- shared memory
+    def alloc_shared(self, nbytes: int, align: int) -> int:
+        """A static byte offset into dynamic SMEM for a buffer shared by the whole CTA."""
+        self.smem_bytes = (self.smem_bytes + align - 1) // align * align
+        offset = self.smem_bytes
+        self.smem_bytes += nbytes
+        return offset
+
     def alloc_smem(self, nbytes: int, align: int = 16) -> Any:
         """An i32 byte offset into dynamic SMEM of a region private to this warpgroup."""
         self.smem_bytes = (self.smem_bytes + align - 1) // align * align

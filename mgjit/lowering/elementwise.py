@@ -74,7 +74,14 @@ def _unary(op: ir.Unary, ctx: Context) -> None:
 def _binary(op: ir.Binary, ctx: Context) -> None:
     e, dtype, kind = ctx.e, op.operands[0].dtype, op.kind
     if dtype.is_float:
-        if kind in ("add", "sub", "mul", "div", "min", "max"):
+        divisor = ctx.get(op.operands[1])
+        if kind == "div" and op.result.is_array and (not op.operands[1].is_array or divisor.is_splat):
+            # Dividing an array by one value: one IEEE reciprocal, then multiplies (within 1.5 ulp of
+            # division; a divide per element is a long instruction sequence).
+            scalar = divisor if not op.operands[1].is_array else divisor.elems[0]
+            inverse = e.fbinary("div", e.const(1.0, dtype), scalar)
+            _map(ctx, op, lambda a, b: e.fbinary("mul", a, inverse))
+        elif kind in ("add", "sub", "mul", "div", "min", "max"):
             _map(ctx, op, lambda a, b: e.fbinary(kind, a, b))
         elif kind == "floordiv":
             _map(ctx, op, lambda a, b: _floor(e, e.fbinary("div", a, b), dtype))

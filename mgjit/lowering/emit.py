@@ -92,6 +92,19 @@ class Emitter:
     def trunc(self, v, bits: int): return self.m.arith.trunci(self.int_type(bits), v)
     def bitcast(self, v, t): return self.m.arith.bitcast(t, v)
 
+    def pack_i32(self, parts: Sequence[Any]):
+        """Narrow integers (lowest first) → one i32, through a vector bitcast."""
+        vec_t = self.ir.VectorType.get([len(parts)], parts[0].type)
+        vec = self.m.llvm.mlir_undef(vec_t)
+        for i, x in enumerate(parts):
+            vec = self.m.llvm.insertelement(vec, x, self.i32(i))
+        return self.m.llvm.bitcast(self.int_type(32), vec)
+
+    def unpack_i32(self, word, bits: int) -> list:
+        n = 32 // bits
+        vec = self.m.llvm.bitcast(self.ir.VectorType.get([n], self.int_type(bits)), word)
+        return [self.m.llvm.extractelement(vec, self.i32(i)) for i in range(n)]
+
     # -- special registers
     def _sreg(self, name: str):
         return getattr(self.m.nvvm, f"read_ptx_sreg_{name}")(results=[self.int_type(32)])

@@ -94,19 +94,10 @@ def _pack_words(e, elems, dtype: DType) -> list:
             words.append(e.trunc(e.m.arith.shrui(x, e.i64(32)), 32))
         return words
     per_word = 32 // bits
-    total = len(ints) * bits
-    words = []
-    for i in range(0, len(ints), per_word):
-        group = ints[i:i + per_word]
-        acc = None
-        for j, x in enumerate(group):
-            x32 = e.zext(x, 32) if bits < 32 else x
-            if j:
-                x32 = e.m.arith.shli(x32, e.i32(j * bits))
-            acc = x32 if acc is None else e.ori(acc, x32)
-        words.append(acc)
-    assert total >= 8
-    return words
+    if per_word == 1:
+        return ints
+    # Narrow elements go through a vector<per_word x iN> bitcast: one register move, not shifts and ors.
+    return [e.pack_i32(ints[i:i + per_word]) for i in range(0, len(ints), per_word)]
 
 
 def _unpack_words(e, words, dtype: DType, count: int) -> list:
@@ -117,17 +108,11 @@ def _unpack_words(e, words, dtype: DType, count: int) -> list:
             x = e.ori(e.zext(lo, 64), e.m.arith.shli(e.zext(hi, 64), e.i64(32)))
             out.append(_from_bits(e, x, dtype))
         return out
-    out = []
     per_word = 32 // bits
-    for w in words:
-        for j in range(per_word):
-            if len(out) == count:
-                break
-            x = e.m.arith.shrui(w, e.i32(j * bits)) if j else w
-            if bits < 32:
-                x = e.trunc(x, bits)
-            out.append(_from_bits(e, x, dtype))
-    return out
+    if per_word == 1:
+        return [_from_bits(e, w, dtype) for w in words][:count]
+    out = [x for w in words for x in e.unpack_i32(w, bits)]
+    return [_from_bits(e, x, dtype) for x in out[:count]]
 
 
 def _access_suffix(total_bits: int) -> tuple[str, int]:

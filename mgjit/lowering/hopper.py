@@ -1,0 +1,213 @@
+"""Lowering rules for the Hopper machinery: SMEM buffers, mbarriers, TMA copies and wgmma.
+
+SMEM tiles are stored as column blocks one swizzle wide: a (rows, cols) tile under an S-byte swizzle is
+cols*itemsize/S blocks of rows x S bytes, each copied by one TMA box and each a run of 8-row swizzle atoms
+that wgmma descriptors address directly (K-major: SBO = 8*S; MN-major: LBO = distance between blocks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .. import dtypes, ir
+from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
+from .core import Context, Frag, rule
+
+_SWIZZLE_ALIGN = 1024  # the 128B swizzle pattern repeats every 1024 bytes; tiles start on that boundary
+
+
+@dataclasses.dataclass
+class SmemTile:
+    offset: Any  # i32 byte offset into dynamic SMEM (runtime value)
+    type: ir.RefType
+
+
+def _shared_address(ctx: Context, offset) -> Any:
+    """The 32-bit shared-window address of a byte offset into the kernel's dynamic SMEM."""
+    e = ctx.e
+    base = e.m.llvm.ptrtoint(e.int_type(32), e.smem_base())
+    return e.addi(base, offset)
+
+
+def _tile_bytes(t: ir.RefType) -> int:
+    return math.prod(t.shape) * t.dtype.bits // 8
+
+
+@rule(ir.SmemAlloc)
+def _smem_alloc(op: ir.SmemAlloc, ctx: Context) -> None:
+    t = op.result.type
+    offset = ctx.alloc_shared(_tile_bytes(t), _SWIZZLE_ALIGN if t.swizzle else 128)
+    ctx.set(op.result, SmemTile(ctx.e.i32(offset), t))
+
+
+@rule(ir.BarrierAlloc)
+def _barrier_alloc(op: ir.BarrierAlloc, ctx: Context) -> None:
+    e = ctx.e
+    offset = ctx.alloc_shared(8 * op.count, 8)
+    base = _shared_address(ctx, e.i32(offset))
+    first = e.cmpi("eq", ctx.tid, e.i32(0))
+    for i in range(op.count):
+        e.asm_void(f"@$0 mbarrier.init.shared::cta.b64 [$1], {op.arrivals};", "b,r", [first, e.addi(base, e.i32(8 * i))])
+    # Make the initialised barriers visible to every thread and to the async proxy before any use.
+    e.asm_void("fence.mbarrier_init.release.cluster;", "", [])
+    e.asm_void("bar.sync 0;", "", [])
+    ctx.set(op.result, SmemTile(e.i32(offset), op.result.type))
+
+
+@rule(ir.RefIndex)
+def _ref_index(op: ir.RefIndex, ctx: Context) -> None:
+    e = ctx.e
+    src: SmemTile = ctx.get(op.operands[0])
+    t = op.result.type
+    stride = 8 if t.space == "barrier" else _tile_bytes(t)
+    ctx.set(op.result, SmemTile(e.addi(src.offset, e.muli(ctx.get(op.operands[1]), e.i32(stride))), t))
+
+
+@rule(ir.RefTranspose)
+def _ref_transpose(op: ir.RefTranspose, ctx: Context) -> None:
+    ctx.set(op.result, SmemTile(ctx.get(op.operands[0]).offset, op.result.type))
+
+
+@rule(ir.TmaLoad)
+def _tma_load(op: ir.TmaLoad, ctx: Context) -> None:
+    e = ctx.e
+    dst: SmemTile = ctx.get(op.dst)
+    bar = _shared_address(ctx, ctx.get(op.barrier).offset)
+    desc = ctx.tma_descriptors[op.descriptor]
+    spec = ctx.kernel.tma_descriptors[op.descriptor]
+    t = dst.type
+    rank = len(t.shape)
+    box_inner = spec.box[-1]
+    blocks = t.shape[-1] // box_inner
+    block_bytes = _tile_bytes(t) // blocks
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    e.asm_void(f"@$0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$1], {_tile_bytes(t)};", "b,r", [elected, bar])
+    coords = [ctx.get(c) for c in op.coords]
+    dst_addr = _shared_address(ctx, dst.offset)
+    for j in range(blocks):
+        inner = e.addi(coords[-1], e.i32(j * box_inner)) if j else coords[-1]
+        # TMA coordinates are innermost first.
+        ordered = [inner] + coords[-2::-1]
+        slots = ", ".join(f"${i + 4}" for i in range(rank))
+        e.asm_void(
+            f"@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes "
+            f"[$1], [$2, {{{slots}}}], [$3];",
+            ",".join(["b", "r", "l", "r"] + ["r"] * rank),
+            [elected, e.addi(dst_addr, e.i32(j * block_bytes)), desc, bar, *ordered])
+
+
+@rule(ir.BarrierArrive)
+def _barrier_arrive(op: ir.BarrierArrive, ctx: Context) -> None:
+    e = ctx.e
+    bar = _shared_address(ctx, ctx.get(op.operands[0]).offset)
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))  # one arrival per warpgroup
+    e.asm_void("@$0 mbarrier.arrive.shared::cta.b64 _, [$1];", "b,r", [elected, bar])
+
+
+@rule(ir.BarrierWait)
+def _barrier_wait(op: ir.BarrierWait, ctx: Context) -> None:
+    e = ctx.e
+    bar = _shared_address(ctx, ctx.get(op.operands[0]).offset)
+    e.asm_void("{ .reg .pred done; WAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
+               "@!done bra WAIT; }", "r,r", [bar, ctx.get(op.operands[1])])
+
+
+@rule(ir.FenceAsyncShared)
+def _fence(op: ir.FenceAsyncShared, ctx: Context) -> None:
+    ctx.e.asm_void("fence.proxy.async.shared::cta;", "", [])
+
+
+@rule(ir.SetMaxRegisters)
+def _set_max_registers(op: ir.SetMaxRegisters, ctx: Context) -> None:
+    ctx.e.asm_void(f"setmaxnreg.{'inc' if op.increase else 'dec'}.sync.aligned.u32 {op.count};", "", [])
+
+
+_PTX_TYPE = {dtypes.bfloat16: "bf16", dtypes.float16: "f16", dtypes.float32: "tf32",
+             dtypes.float8_e4m3fn: "e4m3", dtypes.float8_e5m2: "e5m2"}
+
+
+def _operand_descriptor(ctx: Context, tile: SmemTile, mn_offset: int, k_offset: int, k_major: bool) -> Any:
+    """The wgmma descriptor of the operand block starting at (mn_offset, k_offset) of an SMEM tile.
+
+    K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
+    along MN. `k_major` says which; the stored shape is the tile's own (before any transposed view).
+    """
+    e = ctx.e
+    t = tile.type
+    s = t.swizzle
+    isz = t.dtype.bits // 8
+    per_row = s // isz  # elements in one swizzle-wide row
+    rows, _ = (t.shape[::-1] if t.transposed else t.shape)  # stored rows
+    if k_major:
+        block, within = divmod(k_offset, per_row)
+        byte = block * rows * s + mn_offset * s + within * isz
+        lbo, sbo = 16, 8 * s
+    else:
+        block, within = divmod(mn_offset, per_row)
+        assert within == 0
+        byte = block * rows * s + k_offset * s
+        lbo, sbo = rows * s, 8 * s
+    const = wgmma_smem_descriptor(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
+    addr = e.addi(_shared_address(ctx, tile.offset), e.i32(byte))
+    field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
+    return e.m.arith.ori(field, e.i64(const))
+
+
+@rule(ir.Wgmma)
+def _wgmma(op: ir.Wgmma, ctx: Context) -> None:
+    e = ctx.e
+    acc: Frag = ctx.frag(op.operands[0])
+    a: SmemTile = ctx.get(op.operands[1])
+    b: SmemTile = ctx.get(op.operands[2])
+    m, n = op.result.type.shape
+    k = a.type.shape[1]
+    dtype = a.type.dtype
+    k_step = 256 // dtype.bits
+    a_k_major = not a.type.transposed  # a is (M, K): stored K-major unless it is a transposed view
+    b_k_major = b.type.transposed  # b is (K, N): stored N-major unless it is a transposed view of (N, K)
+    ab = _PTX_TYPE[dtype]
+    per_tile = n // 2  # accumulator registers per thread per m64 tile
+    elems = list(acc.elems)
+    f32 = e.type(dtypes.float32)
+    e.asm_void("wgmma.fence.sync.aligned;", "", [])
+    one = e.i32(1)
+    for t in range(m // 64):
+        regs = elems[t * per_tile:(t + 1) * per_tile]
+        for kk in range(k // k_step):
+            da = _operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)
+            db = _operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
+            outs = ", ".join(f"${i}" for i in range(per_tile))
+            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${per_tile + 2}, 0; "
+                    f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, ${per_tile}, "
+                    f"${per_tile + 1}, p, 1, 1, {0 if a_k_major else 1}, {0 if b_k_major else 1}; }}")
+            constraints = ",".join(["=f"] * per_tile + ["l", "l", "r"] + [str(i) for i in range(per_tile)])
+            regs = e.asm(text, constraints, [da, db, one, *regs], [f32] * per_tile, side_effects=True)
+        elems[t * per_tile:(t + 1) * per_tile] = regs
+    e.asm_void("wgmma.commit_group.sync.aligned;", "", [])
+    ctx.set(op.result, Frag(acc.layout, acc.shape, acc.dtype, elems))
+
+
+_CONSTRAINT = {32: "f", 16: "h"}
+
+
+@rule(ir.WgmmaWait)
+def _wgmma_wait(op: ir.WgmmaWait, ctx: Context) -> None:
+    e = ctx.e
+    flat, where = [], []
+    for v in op.operands:
+        f = ctx.frag(v)
+        where.append((len(flat), len(f.elems)))
+        flat.extend(f.elems)
+    if not flat:
+        e.asm_void(f"wgmma.wait_group.sync.aligned {op.pending};", "", [])
+        return
+    cons = []
+    for x in flat:
+        cons.append("r" if str(x.type).startswith("i") else "f")
+    constraints = ",".join([f"={c}" for c in cons] + [str(i) for i in range(len(flat))])
+    out = e.asm(f"wgmma.wait_group.sync.aligned {op.pending};", constraints, flat, [x.type for x in flat],
+                side_effects=True)
+    for v, r, (start, count) in zip(op.operands, op.results, where):
+        f = ctx.frag(v)
+        ctx.set(r, Frag(f.layout, f.shape, f.dtype, out[start:start + count]))
