@@ -10,9 +10,10 @@ An example describes itself with five callbacks and calls `run_example(...)` fro
 
 Without a GPU (or with --compile-only) it compiles for --target (default sm_90a) into the cache
 (MGJIT_CACHE_DIR if set) and prints what it built; `setup` then gets device "meta" (tensors with shapes,
-dtypes and strides but no data, which is all a compile looks at). With a Hopper or Blackwell GPU it also runs the wrapper
-on the fresh inputs with the output poisoned first, compares with the reference (exit code 1 if wrong) and
-times it (triton.testing.do_bench's median when triton is importable, else CUDA events).
+dtypes and strides but no data, which is all a compile looks at). With a Hopper or Blackwell GPU it also
+runs the wrapper on the fresh inputs with the output poisoned first, compares with the reference (exit
+code 1 if wrong) and times it (triton.testing.do_bench's median when triton is importable, else CUDA
+events).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import math
 import statistics
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -84,12 +86,12 @@ def _time_ms(fn: Callable[[], Any]) -> tuple[float, str]:
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(100)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(100)]
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=True):
         s.record()
         fn()
         e.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)), "CUDA events, median of 100"
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)), "CUDA events, median of 100"
 
 
 def check(out: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:

@@ -179,7 +179,7 @@ def k_with(x, out, n, BLOCK: mgjit.constexpr):
 
 @mgjit.kernel
 def k_lambda(x, out, n, BLOCK: mgjit.constexpr):
-    f = lambda v: v * 2.0  # ERR
+    f = lambda v: v * 2.0  # noqa: E731, F841  # ERR
     out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(0, BLOCK)]
 
 
@@ -240,8 +240,9 @@ RETURN_CASES = [(k_return_in_if, "return inside a runtime `if` is not supported"
                 (k_return_in_loop, "return inside a runtime loop is not supported")]
 
 
-@pytest.mark.xfail(strict=True, reason="frontend.py:577 and :709 report a `return` inside a runtime `if` or loop "
-                   "at the line of the `if`/`for` (they raise with node=the If/For), not at the `return`")
+@pytest.mark.xfail(strict=True, reason="frontend.py Tracer.stmt_If (trace_branch) and Tracer._trace_loop "
+                   "report a `return` inside a runtime `if`/loop with node=the If/For, so the error names the "
+                   "`if`/`for` line, not the `return`")
 @pytest.mark.parametrize("kernel,phrase", RETURN_CASES, ids=["if", "for"])
 def test_return_inside_runtime_control_flow_points_at_the_return(kernel, phrase):
     args, kwargs = compile_args(kernel)
@@ -306,8 +307,8 @@ def k_static_chained(x, out, BLOCK: mgjit.constexpr):
     out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(0, BLOCK)]
 
 
-@pytest.mark.xfail(strict=True, reason="frontend.py:818 expr_Compare rejects every chained comparison, even on "
-                   "compile-time values (`assert 0 < BLOCK <= 4096`), where Python semantics are well defined")
+@pytest.mark.xfail(strict=True, reason="frontend.py Tracer.expr_Compare rejects every chained comparison, "
+                   "even on compile-time values (`assert 0 < BLOCK <= 4096`), where Python semantics are well defined")
 def test_chained_comparison_of_constexprs_is_python():
     x = torch.zeros(4096)
     c = k_static_chained.compile(x, x, BLOCK=1024, target="sm_90a")

@@ -134,8 +134,9 @@ def test_structured_control_flow_in_the_printer():
                                                                                      "yield(%15)"]
 
 
-@pytest.mark.xfail(strict=True, reason="frontend.py:603 builds the If op with builder.loc after tracing both "
-                   "branches, so it carries the line of the last statement traced, not the `if` statement's")
+@pytest.mark.xfail(strict=True, reason="frontend.py Tracer.stmt_If builds the If op with builder.loc after "
+                   "tracing both branches, so it carries the line of the last statement traced, not the "
+                   "`if` statement's")
 def test_if_op_carries_the_line_of_the_if_statement():
     k = loop_if_ir()
     (if_op,) = [op for op in k.walk() if isinstance(op, ir.If)]
@@ -183,7 +184,8 @@ def test_verifier_accepts_well_formed_ir():
     b = ir.Constant(2, dtypes.int32, LOC)
     add = ir.Binary("add", a.result, b.result, LOC)
     ir.verify(hand_kernel(a, b, add))
-    assert ir.format_kernel(hand_kernel(a, b, add)).splitlines()[3] == "  %2 = binary {kind=add}(%0, %1) : int32  # line 7"
+    text = ir.format_kernel(hand_kernel(a, b, add))
+    assert text.splitlines()[3] == "  %2 = binary {kind=add}(%0, %1) : int32  # line 7"
 
 
 def test_verifier_rejects_use_before_definition():

@@ -6,8 +6,17 @@ import math
 import pytest
 
 from mgjit import dtypes
-from mgjit.layouts import (SPLAT, THREADS_PER_WARPGROUP, WGMMA, LayoutError, Replicated, Tiling, TiledLayout,
-                           blocked, describe)
+from mgjit.layouts import (
+    SPLAT,
+    THREADS_PER_WARPGROUP,
+    WGMMA,
+    LayoutError,
+    Replicated,
+    TiledLayout,
+    Tiling,
+    blocked,
+    describe,
+)
 
 
 def owners(layout: TiledLayout, shape):
@@ -78,7 +87,7 @@ def test_blocked_covers_every_element_exactly_once(shape, dtype):
     counts = collections.Counter()
     primary = collections.Counter()
     for tid, _, _, idx in owners(layout, shape):
-        assert all(0 <= i < d for i, d in zip(idx, shape)), (tid, idx)
+        assert all(0 <= i < d for i, d in zip(idx, shape, strict=True)), (tid, idx)
         counts[idx] += 1
         if is_primary(layout, tid):
             primary[idx] += 1
