@@ -26,6 +26,16 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 _LAUNCH_OPTIONS = ("num_warpgroups", "target")
 
 
+def _cluster(cluster) -> tuple[int, int, int]:
+    """Normalise a cluster shape: None → (1, 1, 1); checked against the hardware's limit of 16 CTAs."""
+    if cluster is None:
+        return (1, 1, 1)
+    c = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+    if len(c) != 3 or not all(isinstance(x, int) and x >= 1 for x in c) or c[0] * c[1] * c[2] > 16:
+        raise LaunchError(f"cluster must be 1 to 3 positive ints with at most 16 CTAs in all, got {cluster!r}")
+    return c
+
+
 def _pow2_div(x: int) -> int:
     return 16 if x == 0 else min(16, x & -x)
 
@@ -147,7 +157,7 @@ class CompiledKernel:
         if self._launcher is None:
             from .runtime import Launcher
             self._launcher = Launcher(self.cubin, self.name, self.params, self.smem_bytes, self.threads,
-                                      len(self.meta.get("tma", [])))
+                                      len(self.meta.get("tma", [])), tuple(self.meta.get("cluster", (1, 1, 1))))
         return self._launcher
 
     def __repr__(self) -> str:
@@ -271,26 +281,28 @@ class Kernel:
 
     # -- compile
     def compile(self, *args, target: str | None = None, num_warpgroups: int | None = None,
-                **kwargs) -> CompiledKernel:
+                cluster: tuple[int, int, int] | None = None, **kwargs) -> CompiledKernel:
         """Compile for the given arguments (tensors may live on any device: only their dtype, rank, strides and
         alignment matter) and return the CompiledKernel; a machine without a GPU can compile for any target."""
         runtime, consts = self._bind(args, kwargs)
         spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
-        return self._get_compiled(spec, consts, target or DEFAULT_TARGET, num_warpgroups or self.num_warpgroups)
+        return self._get_compiled(spec, consts, target or DEFAULT_TARGET, num_warpgroups or self.num_warpgroups,
+                                  _cluster(cluster))
 
-    def _get_compiled(self, spec: tuple, consts: dict, target: str, num_warpgroups: int) -> CompiledKernel:
+    def _get_compiled(self, spec: tuple, consts: dict, target: str, num_warpgroups: int,
+                      cluster: tuple[int, int, int] = (1, 1, 1)) -> CompiledKernel:
         self._refresh_if_redefined()
         try:
             const_key = tuple(sorted(consts.items()))
             hash(const_key)
         except TypeError:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
-        memo_key = (spec, const_key, target, num_warpgroups)
+        memo_key = (spec, const_key, target, num_warpgroups, cluster)
         compiled = self._compiled.get(memo_key)
         if compiled is not None:
             return compiled
         from .cache.store import default_store, hash_parts
-        key = hash_parts(self.source_key(), repr(spec), repr(const_key), target, num_warpgroups)
+        key = hash_parts(self.source_key(), repr(spec), repr(const_key), target, num_warpgroups, cluster)
         expect = {"mgjit_version": VERSION, "target": target, "name": self.name}
         store = default_store()
         entry = store.get(key, expect=expect)
@@ -299,12 +311,13 @@ class Kernel:
             compiled = CompiledKernel(self.name, key, target, dict(entry.meta), files)
             compiled.from_cache = True
         else:
-            compiled = self._compile_fresh(key, spec, consts, target, num_warpgroups)
+            compiled = self._compile_fresh(key, spec, consts, target, num_warpgroups, cluster)
             store.put(key, compiled._files, compiled.meta)
         self._compiled[memo_key] = compiled
         return compiled
 
-    def _compile_fresh(self, key: str, spec: tuple, consts: dict, target: str, num_warpgroups: int) -> CompiledKernel:
+    def _compile_fresh(self, key: str, spec: tuple, consts: dict, target: str, num_warpgroups: int,
+                       cluster: tuple[int, int, int]) -> CompiledKernel:
         from . import compiler, frontend
         if num_warpgroups not in (1, 2, 3, 4):
             raise LaunchError(f"num_warpgroups must be 1..4, got {num_warpgroups}")
@@ -325,7 +338,7 @@ class Kernel:
         meta = {"name": self.name, "target": target, "mgjit_version": VERSION,
                 "specialization": _describe_spec(self.runtime_names, spec, consts),
                 "params": abi, "registers": art.registers, "spills": art.spills, "smem_bytes": art.smem_bytes,
-                "threads": art.threads, "num_warpgroups": num_warpgroups,
+                "threads": art.threads, "num_warpgroups": num_warpgroups, "cluster": list(cluster),
                 "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle}
                         for d in kernel_ir.tma_descriptors],
                 "compile_seconds": round(art.compile_seconds, 4)}
@@ -333,9 +346,10 @@ class Kernel:
                  "kernel.mlir": art.mlir_text.encode(), "ptxas.txt": art.ptxas_report.encode()}
         return CompiledKernel(self.name, key, target, meta, files)
 
-    def inspect(self, *args, target: str | None = None, num_warpgroups: int | None = None, **kwargs) -> str:
+    def inspect(self, *args, target: str | None = None, num_warpgroups: int | None = None,
+                cluster: tuple[int, int, int] | None = None, **kwargs) -> str:
         """The IR with inferred layouts, the ptxas report, and where to find the MLIR and PTX."""
-        c = self.compile(*args, target=target, num_warpgroups=num_warpgroups, **kwargs)
+        c = self.compile(*args, target=target, num_warpgroups=num_warpgroups, cluster=cluster, **kwargs)
         return (f"{c!r}\n--- IR (layouts inferred) ---\n{c.ir}\n--- ptxas ---\n{c.ptxas_report.strip()}\n"
                 f"(.mlir and .ptx: CompiledKernel.mlir / .ptx)")
 
@@ -361,24 +375,25 @@ class Kernel:
         consts = "".join(f"{n}, " for n in self.constexpr_names)
         runtime = "".join(f"{n}, " for n in self.runtime_names)
         given = " or ".join(f"{n} is _M" for n in self.arg_names) or "False"
-        src = (f"def {self.name}(grid, {params}{', ' if params else ''}*_extra, num_warpgroups=None, **_unknown):\n"
+        src = (f"def {self.name}(grid, {params}{', ' if params else ''}*_extra, num_warpgroups=None, cluster=None, "
+               f"**_unknown):\n"
                f"    if _extra or _unknown or {given} or _deps_changed():\n"
                f"        return _slow(grid, ({', '.join(self.arg_names)}{',' if self.arg_names else ''}), _extra, "
-               f"_unknown, num_warpgroups)\n"
+               f"_unknown, num_warpgroups, cluster)\n"
                f"    _values = []\n"
-               f"    key = (({specs}), ({consts}), num_warpgroups)\n"
+               f"    key = (({specs}), ({consts}), num_warpgroups, cluster)\n"
                f"    try:\n"
                f"        plan = _plans[key]\n"
                f"    except (KeyError, TypeError):\n"
                f"        plan = _miss(key, ({runtime}), dict(({''.join(f'({n!r}, {n}), ' for n in self.constexpr_names)})), "
-               f"num_warpgroups)\n"
+               f"num_warpgroups, cluster)\n"
                f"    plan(grid, _values)\n")
         exec(compile(src, f"<mgjit dispatcher for {self.name}>", "exec"), namespace)
         self._dispatch = namespace[self.name]
         self._missing = missing
         return self._dispatch
 
-    def _slow_call(self, grid, given: tuple, extra: tuple, unknown: dict, num_warpgroups) -> None:
+    def _slow_call(self, grid, given: tuple, extra: tuple, unknown: dict, num_warpgroups, cluster) -> None:
         """A call that is not on the fast path: report argument errors clearly, or refresh after a helper or
         global the kernel reads was redefined, then dispatch again."""
         args = [v for v in given if v is not self._missing] + list(extra)
@@ -387,19 +402,20 @@ class Kernel:
             positional = [v for n, v in named.items() if v is not self._missing]
             self._bind(positional + list(extra), unknown)  # raises the LaunchError that explains it
         self._refresh_if_redefined()
-        self._dispatch(grid, *args, num_warpgroups=num_warpgroups)
+        self._dispatch(grid, *args, num_warpgroups=num_warpgroups, cluster=cluster)
 
-    def _miss(self, key: tuple, runtime: tuple, consts: dict, num_warpgroups: int | None):
+    def _miss(self, key: tuple, runtime: tuple, consts: dict, num_warpgroups: int | None, cluster):
         try:
             hash(key)
         except TypeError:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
         spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
-        plan = self._make_plan(spec, consts, num_warpgroups or self.num_warpgroups, runtime)
+        plan = self._make_plan(spec, consts, num_warpgroups or self.num_warpgroups, _cluster(cluster), runtime)
         self._plans[key] = plan
         return plan
 
-    def _make_plan(self, spec: tuple, consts: dict, num_warpgroups: int, runtime: tuple):
+    def _make_plan(self, spec: tuple, consts: dict, num_warpgroups: int, cluster: tuple[int, int, int],
+                   runtime: tuple):
         import torch
         if not torch.cuda.is_available():
             raise LaunchError(f"launching {self.name} needs a CUDA GPU; on this machine use "
@@ -416,7 +432,7 @@ class Kernel:
         target = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
         if target is None:
             raise LaunchError(f"mgjit targets Hopper (sm_90a) and Blackwell (sm_100a); this GPU is sm_{major}{minor}")
-        compiled = self._get_compiled(spec, consts, target, num_warpgroups)
+        compiled = self._get_compiled(spec, consts, target, num_warpgroups, cluster)
         return _make_launch_fn(self.name, compiled, device)
 
     def __call__(self, *args, **kwargs):
@@ -504,6 +520,7 @@ def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
     get_device = torch._C._cuda_getDevice
     launch = launcher.launch
     max_grid_x, max_grid_yz = MAX_GRID[0], MAX_GRID[1]
+    cluster_shape = launcher.cluster if launcher.cluster != (1, 1, 1) else None
 
     def run(grid, values):
         if type(grid) is not tuple:
@@ -519,6 +536,8 @@ def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
             raise LaunchError(f"{name}: a grid has 1 to 3 dimensions, got {grid!r}")
         if not (0 < g[0] <= max_grid_x and 0 < g[1] <= max_grid_yz and 0 < g[2] <= max_grid_yz):
             raise LaunchError(f"{name}: every grid dimension must be positive and at most {MAX_GRID}, got {grid!r}")
+        if cluster_shape is not None and (g[0] % cluster_shape[0] or g[1] % cluster_shape[1] or g[2] % cluster_shape[2]):
+            raise LaunchError(f"{name}: the grid {g} is not a whole number of clusters of {cluster_shape}")
         if get_device() != device:
             raise LaunchError(f"{name}: the tensors are on cuda:{device} but the current device is "
                               f"cuda:{get_device()}")

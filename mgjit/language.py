@@ -66,10 +66,12 @@ cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 
 # Hopper machinery
 smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel.")
-barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers; bars[i].wait() tracks "
-                              "its phase for you, bars[i].arrive() arrives.")
+barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers, each completing a phase "
+                              "after `arrivals` arrivals (every copy_async on it and every arrive() of a "
+                              "warpgroup counts one) and their bytes; bars[i].wait() tracks the phase for you.")
 copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i]): TMA copy of the tile of "
-                                    "tensor `src` at element coordinates `coords` into SMEM tile `dst`.")
+                                    "tensor `src` at element coordinates `coords` into SMEM tile `dst`; it is one "
+                                    "arrival on the barrier, with the tile's bytes.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "

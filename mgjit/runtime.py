@@ -68,8 +68,9 @@ _MAX_STATIC_SMEM = 48 * 1024
 
 class Launcher:
     def __init__(self, cubin: bytes, name: str, params: Sequence[dict], smem_bytes: int, threads: int,
-                 tensormaps: int = 0):
+                 tensormaps: int = 0, cluster: tuple[int, int, int] = (1, 1, 1)):
         self.cubin = cubin
+        self.cluster = cluster
         self.name = name
         self.smem_bytes = smem_bytes
         self.threads = threads
@@ -106,10 +107,28 @@ class Launcher:
                 from .errors import LaunchError
                 raise LaunchError(f"{self.name}: an argument does not fit its parameter type ({e}); tensor "
                                   "dimensions must be below 2**31 and int arguments fit in 64 bits") from None
-            err, = driver().cuLaunchKernel(f, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem_bytes,
-                                           stream, self.pointers_address, 0)
+            if self.cluster != (1, 1, 1):
+                err, = driver().cuLaunchKernelEx(self._cluster_config(grid, stream), f, self.pointers_address, 0)
+            else:
+                err, = driver().cuLaunchKernel(f, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem_bytes,
+                                               stream, self.pointers_address, 0)
         if err:
             check((err,))
+
+
+    def _cluster_config(self, grid: tuple[int, int, int], stream: int):
+        d = driver()
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.threads, 1, 1
+        config.sharedMemBytes = self.smem_bytes
+        config.hStream = stream
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = self.cluster
+        config.attrs = [attr]
+        config.numAttrs = 1
+        return config
 
 
 _TMA_DTYPE = {"bfloat16": "BFLOAT16", "float16": "FLOAT16", "float32": "FLOAT32", "float64": "FLOAT64",

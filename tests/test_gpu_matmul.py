@@ -15,7 +15,7 @@ def pipelined_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgji
     n0 = mgjit.program_id(1) * BN
     a_s = mgjit.smem((STAGES, BM, BK), a.dtype, swizzle=128)
     b_s = mgjit.smem((STAGES, BK, BN), b.dtype, swizzle=128)
-    full = mgjit.barrier(STAGES)
+    full = mgjit.barrier(STAGES, arrivals=2)  # two TMA copies (A and B) arrive on each phase
     k_tiles = mgjit.cdiv(a.shape[1], BK)
     for s in mgjit.static_range(STAGES - 1):
         if s < k_tiles:
@@ -54,3 +54,57 @@ def test_pipelined_matmul(m, n, k, dtype):
 
 def triton_cdiv(x, y):
     return (x + y - 1) // y
+
+
+@mgjit.kernel(num_warpgroups=3)
+def ws_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr, STAGES: mgjit.constexpr,
+              GROUP_M: mgjit.constexpr):
+    """Warp-specialized: warpgroup 0 issues TMA, warpgroups 1 and 2 each compute BM/2 rows with wgmma."""
+    pid = mgjit.program_id(0)
+    tiles_m = mgjit.cdiv(a.shape[0], BM)
+    tiles_n = mgjit.cdiv(b.shape[1], BN)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    rows_in_group = mgjit.minimum(tiles_m - first_m, GROUP_M)
+    m0 = (first_m + (pid % (GROUP_M * tiles_n)) % rows_in_group) * BM
+    n0 = ((pid % (GROUP_M * tiles_n)) // rows_in_group) * BN
+    a_s = mgjit.smem((STAGES, 2, BM // 2, BK), a.dtype, swizzle=128)
+    b_s = mgjit.smem((STAGES, BK, BN), b.dtype, swizzle=128)
+    full = mgjit.barrier(STAGES, arrivals=3)   # three TMA copies per stage
+    empty = mgjit.barrier(STAGES, arrivals=2)  # both consumers release a stage
+    k_tiles = mgjit.cdiv(a.shape[1], BK)
+    wg = mgjit.warpgroup_id()
+    if wg == 0:
+        mgjit.set_max_registers(40, increase=False)
+        for k in range(k_tiles):
+            slot = k % STAGES
+            if k >= STAGES:
+                empty[slot].wait()
+            mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
+            mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
+            mgjit.copy_async(b, (k * BK, n0), b_s[slot], barrier=full[slot])
+    else:
+        mgjit.set_max_registers(232, increase=True)
+        acc = mgjit.zeros((BM // 2, BN), mgjit.float32)
+        for k in range(k_tiles):
+            slot = k % STAGES
+            full[slot].wait()
+            acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot])
+            mgjit.wgmma_wait(1)
+            if k > 0:
+                empty[(k - 1) % STAGES].arrive()
+        mgjit.wgmma_wait(0)
+        c[mgjit.ds(m0 + (wg - 1) * (BM // 2), BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (1000, 3000, 2000), (4096, 4096, 512), (256, 8192, 1024)])
+def test_ws_matmul(m, n, k):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bm, bn = 128, 256
+    grid = (triton_cdiv(m, bm) * triton_cdiv(n, bn),)
+    ws_matmul[grid](a, b, c, BM=bm, BN=bn, BK=64, STAGES=4, GROUP_M=8)
+    ref = a.float() @ b.float()
+    assert not c.isnan().any()
+    assert rel_err(c, ref) < 1e-2
