@@ -145,7 +145,17 @@ def launch_overhead(rows: list, results: dict) -> None:
     func = launcher.function(device)
     stream = torch.cuda.current_stream().cuda_stream
     values = [x.data_ptr(), 1024, 1, y.data_ptr(), 1024, 1, out.data_ptr(), 1024, 1]
-    us["  our launcher.launch alone"] = host_us(lambda: launcher.launch(device, (1, 1, 1), stream, values))
+    us["  cuda-python launcher path alone"] = host_us(lambda: launcher.launch(device, (1, 1, 1), stream, values))
+    from mgjit import fastlaunch
+    c_module = fastlaunch.load()
+    if c_module is not None:
+        c_launch, handle = c_module.launch, int(func)
+        args_c = (launcher.threads, launcher.smem_bytes)
+        us["  C launcher alone (pack + cuLaunchKernel)"] = host_us(
+            lambda: c_launch(handle, (1,), *args_c, stream, launcher.buffer_address, launcher.c_layout, values,
+                             launcher.pointers_address))
+    else:
+        rows.append(("C launcher unavailable", fastlaunch.failure() or "", "", ""))
     d = driver()
     addr = launcher.pointers_address
     us["  cuda.bindings cuLaunchKernel alone"] = host_us(

@@ -1,64 +1,86 @@
-"""Hopper matmul: TMA into 128B-swizzled SMEM, an mbarrier ring, wgmma, warp specialization.
+"""Hopper matmul: TMA into 128B-swizzled SMEM, an mbarrier ring, wgmma, warp specialization, persistent grid.
 
-Warpgroup 0 is the producer: it streams A and B tiles into a ring of STAGES shared-memory slots with the
-TMA engine. Warpgroups 1 and 2 are consumers: each multiplies its half of the A tile by the B tile on the
-tensor cores (wgmma) and hands the slot back. Ragged edges need no code: TMA reads zeros past the
-tensor's end and the final store is masked.
+Each CTA loops over output tiles. Warpgroup 0 is the producer: it streams A and B tiles into a ring of
+STAGES shared-memory slots with the TMA engine, running ahead into the next tile while the consumers
+finish the current one. Warpgroups 1 and 2 are consumers: each multiplies its half of the A tile by the
+B tile on the tensor cores (wgmma), hands each slot back, and stores its half of C. Ragged edges need no
+code: TMA reads zeros past the tensor's end and the final store is masked.
 
     python examples/matmul_hopper.py     # runs and checks on a Hopper GPU; compiles for sm_90a without one
 """
 from __future__ import annotations
 
+import functools
+
 import mgjit
+
+
+@mgjit.device
+def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
+    """Grouped order: GROUP_M row tiles share each column sweep, so B tiles are reused from L2."""
+    group = tile // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    rows_in_group = mgjit.minimum(tiles_m - first_m, GROUP_M)
+    within = tile % (GROUP_M * tiles_n)
+    return (first_m + within % rows_in_group) * BM, (within // rows_in_group) * BN
 
 
 @mgjit.kernel(num_warpgroups=3)
 def matmul_kernel(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
                   STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr):
-    # Grouped tile order: GROUP_M row tiles share each column sweep, so B tiles are reused from L2.
-    pid = mgjit.program_id(0)
+    tiles_m = mgjit.cdiv(a.shape[0], BM)
     tiles_n = mgjit.cdiv(b.shape[1], BN)
-    group = pid // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    rows_in_group = mgjit.minimum(mgjit.cdiv(a.shape[0], BM) - first_m, GROUP_M)
-    m0 = (first_m + (pid % (GROUP_M * tiles_n)) % rows_in_group) * BM
-    n0 = ((pid % (GROUP_M * tiles_n)) // rows_in_group) * BN
+    k_tiles = mgjit.cdiv(a.shape[1], BK)
+    first, step = mgjit.program_id(0), mgjit.num_programs(0)
 
     a_s = mgjit.smem((STAGES, 2, BM // 2, BK), a.dtype, swizzle=128)  # one half of A per consumer
     b_s = mgjit.smem((STAGES, BK, BN), b.dtype, swizzle=128)
     full = mgjit.barrier(STAGES, arrivals=3)   # three TMA copies fill a slot
     empty = mgjit.barrier(STAGES, arrivals=2)  # both consumers release it
-    k_tiles = mgjit.cdiv(a.shape[1], BK)
 
     wg = mgjit.warpgroup_id()
+    it = 0  # position in the slot ring, continued across tiles
     if wg == 0:
         mgjit.set_max_registers(40, increase=False)
-        for k in range(k_tiles):
-            slot = k % STAGES
-            if k >= STAGES:
-                empty[slot].wait()
-            mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
-            mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
-            mgjit.copy_async(b, (k * BK, n0), b_s[slot], barrier=full[slot])
+        for tile in range(first, tiles_m * tiles_n, step):
+            m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+            for k in range(k_tiles):
+                slot = it % STAGES
+                if it >= STAGES:
+                    empty[slot].wait()
+                mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
+                mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
+                mgjit.copy_async(b, (k * BK, n0), b_s[slot], barrier=full[slot])
+                it += 1
     else:
         mgjit.set_max_registers(232, increase=True)
-        acc = mgjit.zeros((BM // 2, BN), mgjit.float32)
-        for k in range(k_tiles):
-            slot = k % STAGES
-            full[slot].wait()
-            acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot])
-            mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
-            if k > 0:
-                empty[(k - 1) % STAGES].arrive()
-        mgjit.wgmma_wait(0)
-        c[mgjit.ds(m0 + (wg - 1) * (BM // 2), BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+        for tile in range(first, tiles_m * tiles_n, step):
+            m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+            acc = mgjit.zeros((BM // 2, BN), mgjit.float32)
+            for k in range(k_tiles):
+                slot = it % STAGES
+                full[slot].wait()
+                acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot])
+                mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
+                if k > 0:
+                    empty[(it - 1) % STAGES].arrive()
+                it += 1
+            mgjit.wgmma_wait(0)
+            empty[(it - 1) % STAGES].arrive()
+            c[mgjit.ds(m0 + (wg - 1) * (BM // 2), BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
 
 
 DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=4, GROUP_M=8)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _tma_ready(t):
-    """TMA needs 16-byte aligned rows: pad the last dimension of a tensor whose rows are not."""
+    """TMA needs 16-byte aligned rows: copy a tensor whose rows are not into one padded to 16 bytes."""
     import torch
     if t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0:
         return t
@@ -78,8 +100,8 @@ def matmul(a, b, config: dict | None = None):
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     m, n = a.shape[0], b.shape[1]
     c = torch.empty(m, n, dtype=a.dtype, device=a.device)
-    grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
-    matmul_kernel[grid](_tma_ready(a), _tma_ready(b), c, **cfg)
+    tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
+    matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](_tma_ready(a), _tma_ready(b), c, **cfg)
     return c
 
 

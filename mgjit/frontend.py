@@ -710,12 +710,8 @@ class Tracer:
         if not 1 <= len(args) <= 3:
             raise self.error("range takes 1 to 3 arguments")
         lower, upper, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
-        if isinstance(step, int) and step == 0:
-            raise self.error("range step must not be zero")
-        if isinstance(step, Tensor):
-            raise self.error("range step must be a compile-time value (a positive int)")
-        if step < 0:
-            raise self.error("negative range steps are not supported; count upwards")
+        if not isinstance(step, Tensor) and step <= 0:
+            raise self.error("range steps must be positive (count upwards); a runtime step must be positive too")
         bound_dtype = dtypes.int32
         bounds = [self.cast(self.to_tensor(v, bound_dtype), bound_dtype) for v in (lower, upper, step)]
         for b in bounds:

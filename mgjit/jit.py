@@ -509,8 +509,11 @@ _DIV_CLASS = tuple(16 if i == 0 else (i & -i) for i in range(16))
 
 
 def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
-    """The per-specialization launch: flatten the arguments into the launcher's buffer and launch."""
+    """The per-specialization launch: TMA descriptors if any, then one C call that packs the values and
+    launches (or the cuda-python path where the C launcher is unavailable or the launch uses a cluster)."""
     import torch
+    from . import fastlaunch
+    from .runtime import CudaError, check
     launcher = compiled.launcher()
     tensormaps = None
     if compiled.meta.get("tma"):
@@ -518,31 +521,67 @@ def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):
         tensormaps = TensorMaps(name, compiled.params, compiled.meta["tma"]).encode_all
     get_stream = torch._C._cuda_getCurrentRawStream
     get_device = torch._C._cuda_getDevice
-    launch = launcher.launch
-    max_grid_x, max_grid_yz = MAX_GRID[0], MAX_GRID[1]
     cluster_shape = launcher.cluster if launcher.cluster != (1, 1, 1) else None
+    c_module = fastlaunch.load() if cluster_shape is None else None
 
-    def run(grid, values):
-        if type(grid) is not tuple:
-            grid = (grid,) if isinstance(grid, int) else tuple(grid)
-        n = len(grid)
-        if n == 1:
-            g = (grid[0], 1, 1)
-        elif n == 3:
-            g = grid
-        elif n == 2:
-            g = (grid[0], grid[1], 1)
-        else:
-            raise LaunchError(f"{name}: a grid has 1 to 3 dimensions, got {grid!r}")
-        if not (0 < g[0] <= max_grid_x and 0 < g[1] <= max_grid_yz and 0 < g[2] <= max_grid_yz):
-            raise LaunchError(f"{name}: every grid dimension must be positive and at most {MAX_GRID}, got {grid!r}")
-        if cluster_shape is not None and (g[0] % cluster_shape[0] or g[1] % cluster_shape[1] or g[2] % cluster_shape[2]):
-            raise LaunchError(f"{name}: the grid {g} is not a whole number of clusters of {cluster_shape}")
+    def check_device():
         if get_device() != device:
             raise LaunchError(f"{name}: the tensors are on cuda:{device} but the current device is "
                               f"cuda:{get_device()}")
+
+    def normalise(grid) -> tuple[int, int, int]:
+        g = (grid,) if isinstance(grid, int) else tuple(grid)
+        if not 1 <= len(g) <= 3:
+            raise LaunchError(f"{name}: a grid has 1 to 3 dimensions, got {grid!r}")
+        g = g + (1,) * (3 - len(g))
+        if not all(isinstance(x, int) for x in g) or not (0 < g[0] <= MAX_GRID[0] and 0 < g[1] <= MAX_GRID[1]
+                                                          and 0 < g[2] <= MAX_GRID[2]):
+            raise LaunchError(f"{name}: every grid dimension must be a positive int, at most {MAX_GRID}, got {grid!r}")
+        if cluster_shape is not None and (g[0] % cluster_shape[0] or g[1] % cluster_shape[1] or g[2] % cluster_shape[2]):
+            raise LaunchError(f"{name}: the grid {g} is not a whole number of clusters of {cluster_shape}")
+        return g
+
+    if c_module is None:
+        def run(grid, values):
+            check_device()
+            if tensormaps is not None:
+                values += tensormaps(values)
+            launcher.launch(device, normalise(grid), get_stream(device), values)
+        return run
+
+    c_launch = c_module.launch
+    handle = int(launcher.function(device))
+    threads, smem, layout = launcher.threads, launcher.smem_bytes, launcher.c_layout
+    buffer, pointers = launcher.buffer_address, launcher.pointers_address
+
+    def failed(rc: int, grid, values):
+        if rc == -1:
+            g = normalise(grid)  # raises for a bad grid; a list or numpy ints land here and go again
+            rc = c_launch(handle, g, threads, smem, get_stream(device), buffer, layout, values, pointers)
+            if rc == 0:
+                return
+        if rc in (-2, -3):
+            raise LaunchError(f"{name}: an argument does not fit its parameter type: tensor dimensions must be "
+                              "below 2**31 and int arguments must fit in 64 bits")
+        if rc > 0:
+            try:
+                check((driver_result(rc),))
+            except CudaError as e:
+                raise CudaError(f"{name}: launch failed: {e}") from None
+            raise CudaError(f"{name}: launch failed with CUDA error {rc}")
+
+    def run(grid, values):
+        if get_device() != device:
+            check_device()
         if tensormaps is not None:
             values += tensormaps(values)
-        launch(device, g, get_stream(device), values)
+        rc = c_launch(handle, grid, threads, smem, get_stream(device), buffer, layout, values, pointers)
+        if rc:
+            failed(rc, grid, values)
 
     return run
+
+
+def driver_result(rc: int):
+    from .runtime import driver
+    return driver().CUresult(rc)

@@ -42,7 +42,10 @@ _FIELD = {"ptr": ("Q", 8, 8), "i32": ("i", 4, 4), "i64": ("q", 8, 8), "f32": ("f
           "i1": ("?", 1, 1), "tensormap": ("128s", 128, 64)}
 
 
-def abi_layout(params: Sequence[dict], tensormaps: int) -> tuple[str, list[int]]:
+_C_CODE = {"ptr": 1, "i32": 2, "i64": 3, "f32": 4, "f64": 5, "i1": 6, "tensormap": 7}
+
+
+def abi_layout(params: Sequence[dict], tensormaps: int) -> tuple[str, list[int], bytes]:
     """struct format (explicit padding) and byte offset of every kernel parameter, in order: each tensor is
     its pointer, sizes (i32) and strides (i64); then the TMA descriptors (128 bytes, 64-byte aligned)."""
     kinds = []
@@ -52,15 +55,16 @@ def abi_layout(params: Sequence[dict], tensormaps: int) -> tuple[str, list[int]]
         else:
             kinds.append(p["mlir"])
     kinds += ["tensormap"] * tensormaps
-    fmt, offsets, pos = "=", [], 0
+    fmt, offsets, pos, c_layout = "=", [], 0, b""
     for k in kinds:
         code, size, align = _FIELD[k]
         pad = -pos % align
         fmt += "x" * pad + code
         pos += pad
         offsets.append(pos)
+        c_layout += struct.pack("<BI", _C_CODE[k], pos)
         pos += size
-    return fmt, offsets
+    return fmt, offsets, c_layout
 
 
 _MAX_STATIC_SMEM = 48 * 1024
@@ -74,13 +78,14 @@ class Launcher:
         self.name = name
         self.smem_bytes = smem_bytes
         self.threads = threads
-        fmt, offsets = abi_layout(params, tensormaps)
+        fmt, offsets, self.c_layout = abi_layout(params, tensormaps)
         self.packer = struct.Struct(fmt)
         # 64 spare bytes so the buffer can start on a 64-byte boundary (the descriptors' alignment).
         self.storage = ctypes.create_string_buffer(max(self.packer.size, 1) + 64)
         base = ctypes.addressof(self.storage)
         base += -base % 64
         self.buffer = (ctypes.c_char * max(self.packer.size, 1)).from_address(base)
+        self.buffer_address = base
         self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*(base + o for o in offsets))
         self.pointers_address = ctypes.addressof(self.pointers)
         self.functions: dict[int, Any] = {}  # device ordinal → CUfunction

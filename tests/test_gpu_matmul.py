@@ -108,3 +108,18 @@ def test_ws_matmul(m, n, k):
     ref = a.float() @ b.float()
     assert not c.isnan().any()
     assert rel_err(c, ref) < 1e-2
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 3000, 2000), (4097, 4095, 333), (128, 8192, 1024),
+                                   (1, 256, 512), (77, 1000, 64)])
+@pytest.mark.parametrize("config", [{}, {"BN": 128, "STAGES": 6}, {"BN": 64, "STAGES": 8}])
+def test_example_persistent_matmul(m, n, k, config):
+    import sys, os
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from matmul_hopper import matmul
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = matmul(a, b, config)
+    ref = a.float() @ b.float()
+    assert not c.isnan().any()
+    assert rel_err(c, ref) < 1e-2
