@@ -26,6 +26,10 @@ class TuningReport:
     key: Mapping[str, Any]  # tuning key: argument name -> value (shapes for tensors, plus dtypes)
     device: str
     rows: tuple[Row, ...]
+    # Wall time of this process's sweep for the key, by phase: compiling the candidates (in parallel) and
+    # timing the survivors. Both 0 when every result came from the store (or another rank swept them).
+    compile_seconds: float = 0.0
+    timing_seconds: float = 0.0
 
     @property
     def winner(self) -> Row:

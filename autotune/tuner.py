@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -231,20 +232,25 @@ class Autotuned:
         known = distributed.share(local, size)
         dropped = apply_user_pruning(self.configs, named, self.prune_configs, self.rules)
         todo = [c for c in self.configs if c not in dropped and c.key() not in known]
-        new = distributed.share(self._sweep(distributed.my_share(todo, rank, size), named, grid, timer), size)
+        phases: dict[str, float] = {}
+        new = distributed.share(self._sweep(distributed.my_share(todo, rank, size), named, grid, timer, phases),
+                                size)
         results = {**known, **new}
         if results != local:  # also keep what other ranks knew, so this rank's next process needs no one
             store.save(self.kernel.name, source_key, device, key, results)
-        return self._choose(key, results, dropped, set(known), device)
+        return self._choose(key, results, dropped, set(known), device, phases)
 
     def _sweep(self, configs: Sequence[Config], named: dict[str, Any], grid: Any,
-               timer: Timer) -> dict[str, Result]:
-        """Compile, prune and time `configs`; results by config key."""
+               timer: Timer, phases: dict[str, float]) -> dict[str, Result]:
+        """Compile, prune and time `configs`; results by config key. The wall time of each phase goes into
+        `phases` ("compile", "timing"), in seconds."""
         if not configs:
             return {}
         positional, keywords = self._split(named)
+        start = time.perf_counter()
         with progress.bar(len(configs), f"{self.kernel.name}: compiling") as tick:
             outcomes = compile_configs(self.kernel, positional, keywords, configs, jobs=self.jobs, on_done=tick)
+        phases["compile"] = time.perf_counter() - start
         results = {o.config.key(): Result(pruned=o.pruned) for o in outcomes if o.pruned is not None}
         survivors = [o.config for o in outcomes if o.pruned is None]
 
@@ -257,6 +263,7 @@ class Autotuned:
             for tensor in reset:
                 tensor.zero_()
 
+        start = time.perf_counter()
         try:
             with progress.bar(len(survivors), f"{self.kernel.name}: timing") as tick:
                 for config in survivors:
@@ -272,12 +279,13 @@ class Autotuned:
         finally:
             # The launch that follows the sweep must see the arguments as the caller passed them.
             setup()
+            phases["timing"] = time.perf_counter() - start
         return results
 
     def _choose(self, key: Key, results: Mapping[str, Result], dropped: Mapping[Config, str],
-                stored: set[str], device: str) -> Config:
+                stored: set[str], device: str, phases: Mapping[str, float] | None = None) -> Config:
         """The fastest timed config (earliest in the list on a tie, so that every rank agrees), recorded
-        with its report."""
+        with its report (and the sweep's phase times, where this process swept)."""
         rows = []
         for index, config in enumerate(self.configs):
             if config in dropped:
@@ -292,7 +300,10 @@ class Autotuned:
                                f"{reasons}{' ...' if len(rows) > 8 else ''}")
         best = min(timed, key=lambda row: (row.ms, row.index))
         rows[best.index] = dataclasses.replace(best, winner=True)
-        self._reports[key] = TuningReport(self.kernel.name, dict(key), device, tuple(rows))
+        phases = phases or {}
+        self._reports[key] = TuningReport(self.kernel.name, dict(key), device, tuple(rows),
+                                          compile_seconds=phases.get("compile", 0.0),
+                                          timing_seconds=phases.get("timing", 0.0))
         self._last_key = key
         return best.config
 

@@ -191,6 +191,26 @@ def test_report_lists_every_config_with_time_or_reason(cache_dirs):
     assert repr(report) == table
 
 
+def test_report_records_the_wall_time_of_each_phase_of_the_sweep(cache_dirs):
+    import time
+
+    def slow(config):  # the fake timer's time per config, after a real 10 ms of wall time
+        time.sleep(0.01)
+        return TIMES[config]
+
+    matmul, _, _ = tuned(cache_dirs, times=slow)
+    matmul[(1,)](*args())
+    report = matmul.tuning_report()
+    assert report.timing_seconds >= 0.01 * len(CONFIGS)
+    assert 0 < report.compile_seconds < report.timing_seconds
+
+    # Every result from the store: nothing compiled or timed in this sweep.
+    again, _, timer = tuned(cache_dirs, times=slow)
+    again[(1,)](*args())
+    assert timer.calls == 0
+    assert again.tuning_report().compile_seconds == again.tuning_report().timing_seconds == 0.0
+
+
 def test_report_plot_needs_matplotlib_and_says_so(cache_dirs, monkeypatch, tmp_path):
     matmul, _, _ = tuned(cache_dirs)
     matmul[(1,)](*args())
