@@ -26,15 +26,17 @@ def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
 
 
 @mgjit.kernel(num_warpgroups=3)
-def matmul_kernel(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
-                  STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr):
+def matmul_kernel(a, b, c, scale, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
+                  STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr, B_KMAJOR: mgjit.constexpr = False,
+                  SCALED: mgjit.constexpr = False):
+    """c = a @ b (times scale[0] if SCALED). b is (K, N), or (N, K) when B_KMAJOR (needed for fp8/tf32)."""
     tiles_m = mgjit.cdiv(a.shape[0], BM)
-    tiles_n = mgjit.cdiv(b.shape[1], BN)
+    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN)
     k_tiles = mgjit.cdiv(a.shape[1], BK)
     first, step = mgjit.program_id(0), mgjit.num_programs(0)
 
     a_s = mgjit.smem((STAGES, 2, BM // 2, BK), a.dtype, swizzle=128)  # one half of A per consumer
-    b_s = mgjit.smem((STAGES, BK, BN), b.dtype, swizzle=128)
+    b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype, swizzle=128)
     full = mgjit.barrier(STAGES, arrivals=3)   # three TMA copies fill a slot
     empty = mgjit.barrier(STAGES, arrivals=2)  # both consumers release it
 
@@ -50,7 +52,7 @@ def matmul_kernel(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.c
                     empty[slot].wait()
                 mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
                 mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
-                mgjit.copy_async(b, (k * BK, n0), b_s[slot], barrier=full[slot])
+                mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
                 it += 1
     else:
         mgjit.set_max_registers(232, increase=True)
@@ -60,17 +62,21 @@ def matmul_kernel(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.c
             for k in range(k_tiles):
                 slot = it % STAGES
                 full[slot].wait()
-                acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot])
+                acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot].T if B_KMAJOR else b_s[slot])
                 mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
                 if k > 0:
                     empty[(it - 1) % STAGES].arrive()
                 it += 1
             mgjit.wgmma_wait(0)
             empty[(it - 1) % STAGES].arrive()
+            if SCALED:
+                acc = acc * scale[0]
             c[mgjit.ds(m0 + (wg - 1) * (BM // 2), BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
 
 
 DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=4, GROUP_M=8)
+# One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
+BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,18 +96,26 @@ def _tma_ready(t):
     return padded[:, :t.shape[1]]
 
 
-def matmul(a, b, config: dict | None = None):
-    """c = a @ b for 2D bf16/f16 CUDA tensors (fp32 accumulation)."""
+def matmul(a, b, config: dict | None = None, *, scale=None, out_dtype=None, b_kmajor: bool = False):
+    """c = a @ b for 2D CUDA tensors with fp32 accumulation: bf16/f16, fp8 e4m3/e5m2 (b given (N, K) with
+    b_kmajor=True, `scale` a 1-element f32 tensor applied to the product) or f32 as tf32 (b_kmajor=True)."""
     import torch
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul needs (M, K) @ (K, N), got {tuple(a.shape)} @ {tuple(b.shape)}")
-    if a.dtype != b.dtype or a.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"matmul takes two bf16 or two f16 tensors, got {a.dtype} and {b.dtype}")
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    m, n = a.shape[0], b.shape[1]
-    c = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    k_b = b.shape[1] if b_kmajor else b.shape[0]
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
+        raise ValueError(f"matmul needs (M, K) @ (K, N) (or (N, K) with b_kmajor), got {tuple(a.shape)}, "
+                         f"{tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul takes two tensors of one dtype, got {a.dtype} and {b.dtype}")
+    bits = a.element_size() * 8
+    if bits != 16 and not b_kmajor:
+        raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True")
+    cfg = {**DEFAULT_CONFIG, "BK": BK_FOR_BITS[bits], **(config or {}), "B_KMAJOR": b_kmajor,
+           "SCALED": scale is not None}
+    m, n = a.shape[0], (b.shape[0] if b_kmajor else b.shape[1])
+    c = torch.empty(m, n, dtype=out_dtype or (a.dtype if bits == 16 else torch.bfloat16), device=a.device)
+    scale = scale if scale is not None else c  # unread unless SCALED
     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
-    matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](_tma_ready(a), _tma_ready(b), c, **cfg)
+    matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](_tma_ready(a), _tma_ready(b), c, scale, **cfg)
     return c
 
 
@@ -115,4 +129,4 @@ if __name__ == "__main__":
         print(f"matmul 4096^3 bf16: relative error {err:.2e}")
         raise SystemExit(0 if err < 1e-2 else 1)
     x = torch.empty(4096, 4096, dtype=torch.bfloat16)
-    print(matmul_kernel.compile(x, x, x, **DEFAULT_CONFIG, target="sm_90a"))
+    print(matmul_kernel.compile(x, x, x, x, **DEFAULT_CONFIG, target="sm_90a"))

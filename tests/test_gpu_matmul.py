@@ -123,3 +123,45 @@ def test_example_persistent_matmul(m, n, k, config):
     ref = a.float() @ b.float()
     assert not c.isnan().any()
     assert rel_err(c, ref) < 1e-2
+
+
+def _example():
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import matmul_hopper
+    return matmul_hopper
+
+
+@pytest.mark.parametrize("m,n,k", [(2048, 2048, 2048), (1000, 3000, 2000), (64, 512, 1024)])
+def test_fp8_e4m3_with_scales(m, n, k):
+    mh = _example()
+    a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)  # B given (N, K): K-major
+    scale_a = torch.tensor([0.5], device="cuda")
+    scale_b = torch.tensor([0.25], device="cuda")
+    c = mh.matmul(a, w, scale=scale_a * scale_b, b_kmajor=True)
+    ref = (a.float() @ w.float().t()) * 0.125
+    assert c.dtype == torch.bfloat16 and not c.isnan().any()
+    assert rel_err(c, ref) < 1e-2
+    if m % 16 == 0 and n % 16 == 0 and k % 16 == 0:
+        theirs = torch._scaled_mm(a, w.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+        assert rel_err(c, theirs.float()) < 1e-2
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (1000, 300, 200)])
+def test_tf32(m, n, k):
+    mh = _example()
+    a = torch.randn(m, k, device="cuda")
+    w = torch.randn(n, k, device="cuda")
+    c = mh.matmul(a, w, b_kmajor=True, out_dtype=torch.float32)
+    ref = a.double() @ w.double().t()
+    assert rel_err(c, ref) < 2e-3
+
+
+def test_f16_operands_k_major_b():
+    mh = _example()
+    a = torch.randn(512, 768, device="cuda", dtype=torch.float16)
+    w = torch.randn(384, 768, device="cuda", dtype=torch.float16)
+    c = mh.matmul(a, w, b_kmajor=True)
+    assert rel_err(c, a.float() @ w.float().t()) < 1e-2

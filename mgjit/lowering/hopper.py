@@ -34,10 +34,21 @@ def _tile_bytes(t: ir.RefType) -> int:
     return math.prod(t.shape) * t.dtype.bits // 8
 
 
+# Dynamic shared memory one CTA may use on sm_90a and sm_100a (227 KiB).
+SMEM_LIMIT = 232448
+
+
+def check_smem_budget(ctx: Context, op: ir.Op) -> None:
+    if ctx.smem_bytes > SMEM_LIMIT:
+        raise op.error(f"shared memory: the kernel needs {ctx.smem_bytes} bytes by this allocation, more than the "
+                       f"{SMEM_LIMIT} bytes a CTA can have (fewer stages or smaller tiles)", rule="smem-budget")
+
+
 @rule(ir.SmemAlloc)
 def _smem_alloc(op: ir.SmemAlloc, ctx: Context) -> None:
     t = op.result.type
     offset = ctx.alloc_shared(_tile_bytes(t), _SWIZZLE_ALIGN if t.swizzle else 128)
+    check_smem_budget(ctx, op)
     ctx.set(op.result, SmemTile(ctx.e.i32(offset), t))
 
 
@@ -178,9 +189,11 @@ def _wgmma(op: ir.Wgmma, ctx: Context) -> None:
             da = _operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)
             db = _operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
             outs = ", ".join(f"${i}" for i in range(per_tile))
+            # Only 16-bit operands have the transpose immediates (tf32 and fp8 must be K-major).
+            transposes = f", {0 if a_k_major else 1}, {0 if b_k_major else 1}" if dtype.bits == 16 else ""
             text = (f"{{ .reg .pred p; setp.ne.b32 p, ${per_tile + 2}, 0; "
                     f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, ${per_tile}, "
-                    f"${per_tile + 1}, p, 1, 1, {0 if a_k_major else 1}, {0 if b_k_major else 1}; }}")
+                    f"${per_tile + 1}, p, 1, 1{transposes}; }}")
             constraints = ",".join(["=f"] * per_tile + ["l", "l", "r"] + [str(i) for i in range(per_tile)])
             regs = e.asm(text, constraints, [da, db, one, *regs], [f32] * per_tile, side_effects=True)
         elems[t * per_tile:(t + 1) * per_tile] = regs
