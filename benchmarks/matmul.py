@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from matmul_hopper import DEFAULT_CONFIG, matmul, matmul_kernel  # noqa: E402
 
 SHAPES = ["8192x8192x8192", "4096x4096x4096", "16384x8192x1024", "128x8192x8192", "1000x3000x2000"]
-CONFIGS = [DEFAULT_CONFIG, {**DEFAULT_CONFIG, "BN": 128, "STAGES": 6}, {**DEFAULT_CONFIG, "BN": 64, "STAGES": 8}]
+CONFIGS = [DEFAULT_CONFIG, {**DEFAULT_CONFIG, "TMA_STORE": False, "STAGES": 4},
+           {**DEFAULT_CONFIG, "BN": 128, "STAGES": 4}, {**DEFAULT_CONFIG, "BN": 128, "STAGES": 6, "TMA_STORE": False},
+           {**DEFAULT_CONFIG, "BN": 64, "STAGES": 6}]
 
 
 def triton_matmul():

@@ -26,10 +26,12 @@ def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
 
 
 @mgjit.kernel(num_warpgroups=3)
-def matmul_kernel(a, b, c, scale, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
+def matmul_kernel(a, b, c, scale, bias, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
                   STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr, B_KMAJOR: mgjit.constexpr = False,
-                  SCALED: mgjit.constexpr = False):
-    """c = a @ b (times scale[0] if SCALED). b is (K, N), or (N, K) when B_KMAJOR (needed for fp8/tf32)."""
+                  SCALED: mgjit.constexpr = False, BIAS: mgjit.constexpr = False,
+                  ACTIVATION: mgjit.constexpr = None, TMA_STORE: mgjit.constexpr = True):
+    """c = act(a @ b * scale[0] + bias): b is (K, N), or (N, K) when B_KMAJOR (needed for fp8/tf32); the
+    scale, bias and activation are optional and applied to the fp32 accumulator on the way out."""
     tiles_m = mgjit.cdiv(a.shape[0], BM)
     tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN)
     k_tiles = mgjit.cdiv(a.shape[1], BK)
@@ -37,6 +39,8 @@ def matmul_kernel(a, b, c, scale, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: 
 
     a_s = mgjit.smem((STAGES, 2, BM // 2, BK), a.dtype, swizzle=128)  # one half of A per consumer
     b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype, swizzle=128)
+    if TMA_STORE:
+        c_s = mgjit.smem((2, BM // 2, BN), c.dtype, swizzle=128)  # each consumer's epilogue tile
     full = mgjit.barrier(STAGES, arrivals=3)   # three TMA copies fill a slot
     empty = mgjit.barrier(STAGES, arrivals=2)  # both consumers release it
 
@@ -71,10 +75,23 @@ def matmul_kernel(a, b, c, scale, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: 
             empty[(it - 1) % STAGES].arrive()
             if SCALED:
                 acc = acc * scale[0]
-            c[mgjit.ds(m0 + (wg - 1) * (BM // 2), BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+            if BIAS:
+                acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
+            if ACTIVATION == "relu":
+                acc = mgjit.maximum(acc, 0.0)
+            elif ACTIVATION == "gelu":
+                acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
+            row0 = m0 + (wg - 1) * (BM // 2)
+            if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
+                mgjit.store_async_wait(0)
+                c_s[wg - 1][...] = acc.astype(c.dtype)
+                mgjit.store_async(c, (row0, n0), c_s[wg - 1])
+            else:
+                c[mgjit.ds(row0, BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+        mgjit.store_async_wait(0)
 
 
-DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=4, GROUP_M=8)
+DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=3, GROUP_M=8)
 # One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
 BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
 
@@ -85,20 +102,23 @@ def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _tma_ready(t):
-    """TMA needs 16-byte aligned rows: copy a tensor whose rows are not into one padded to 16 bytes."""
+def _tma_ready(t, copy: bool = True):
+    """TMA needs 16-byte aligned rows: a tensor whose rows are not goes into (a view of) one padded to 16."""
     import torch
     if t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0:
         return t
     cols = -(-t.shape[1] * t.element_size() // 16) * 16 // t.element_size()
     padded = torch.zeros(t.shape[0], cols, dtype=t.dtype, device=t.device)
-    padded[:, :t.shape[1]] = t
+    if copy:
+        padded[:, :t.shape[1]] = t
     return padded[:, :t.shape[1]]
 
 
-def matmul(a, b, config: dict | None = None, *, scale=None, out_dtype=None, b_kmajor: bool = False):
-    """c = a @ b for 2D CUDA tensors with fp32 accumulation: bf16/f16, fp8 e4m3/e5m2 (b given (N, K) with
-    b_kmajor=True, `scale` a 1-element f32 tensor applied to the product) or f32 as tf32 (b_kmajor=True)."""
+def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activation: str | None = None,
+           out_dtype=None, b_kmajor: bool = False):
+    """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation: bf16/f16; fp8 e4m3/e5m2 and f32
+    (as tf32) with b given (N, K) and b_kmajor=True. `scale` is a 1-element f32 tensor, `bias` an (N,)
+    tensor, `activation` None, "relu" or "gelu"."""
     import torch
     k_b = b.shape[1] if b_kmajor else b.shape[0]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -110,12 +130,13 @@ def matmul(a, b, config: dict | None = None, *, scale=None, out_dtype=None, b_km
     if bits != 16 and not b_kmajor:
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True")
     cfg = {**DEFAULT_CONFIG, "BK": BK_FOR_BITS[bits], **(config or {}), "B_KMAJOR": b_kmajor,
-           "SCALED": scale is not None}
+           "SCALED": scale is not None, "BIAS": bias is not None, "ACTIVATION": activation}
     m, n = a.shape[0], (b.shape[0] if b_kmajor else b.shape[1])
-    c = torch.empty(m, n, dtype=out_dtype or (a.dtype if bits == 16 else torch.bfloat16), device=a.device)
-    scale = scale if scale is not None else c  # unread unless SCALED
+    out_dtype = out_dtype or (a.dtype if bits == 16 else torch.bfloat16)
+    c = _tma_ready(torch.empty(m, n, dtype=out_dtype, device=a.device), copy=False)
     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
-    matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](_tma_ready(a), _tma_ready(b), c, scale, **cfg)
+    matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](
+        _tma_ready(a), _tma_ready(b), c, scale if scale is not None else c, bias if bias is not None else c, **cfg)
     return c
 
 
@@ -129,4 +150,4 @@ if __name__ == "__main__":
         print(f"matmul 4096^3 bf16: relative error {err:.2e}")
         raise SystemExit(0 if err < 1e-2 else 1)
     x = torch.empty(4096, 4096, dtype=torch.bfloat16)
-    print(matmul_kernel.compile(x, x, x, x, **DEFAULT_CONFIG, target="sm_90a"))
+    print(matmul_kernel.compile(x, x, x, x, x, **DEFAULT_CONFIG, target="sm_90a"))

@@ -240,6 +240,16 @@ class SmemRef:
         b = self.tracer.builder
         return SmemRef(self.tracer, b.add(ir.RefTranspose(self.value, b.loc)).result)
 
+    def __setitem__(self, index, value) -> None:
+        t = self.tracer
+        if index is not Ellipsis:
+            raise t.error("an SMEM tile is written whole: tile[...] = array")
+        if not isinstance(value, (Tensor, Expanded)):
+            value = t.to_tensor(value, self.dtype)
+        if tuple(value.shape) != self.shape:
+            value = t._broadcast_to(value, self.shape)
+        t.builder.add(ir.SmemStore(self.value, value.value, t.builder.loc))
+
     def __getitem__(self, index) -> "SmemRef":
         t = self.tracer
         if isinstance(index, tuple):
@@ -273,6 +283,55 @@ class BarrierSlot:
     def _ref(self, t: "Tracer") -> tuple[ir.Value, Tensor]:
         i = t.cast(t.to_tensor(self.index), dtypes.int32)
         return t.builder.add(ir.RefIndex(self.barriers.value, i.value, t.builder.loc)).result, i
+
+
+class TmemRef:
+    """A tensor-memory reference during tracing: `ref.load()`, `ref.store(x)`, `ref[:, a:b]` (static columns)."""
+
+    def __init__(self, tracer: "Tracer", value: ir.Value):
+        self.tracer = tracer
+        self.value = value
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.type.shape)
+
+    def load(self) -> Tensor:
+        t = self.tracer
+        return t._emit(ir.TmemLoad(self.value, t.builder.loc))
+
+    def store(self, value: Any) -> None:
+        t = self.tracer
+        if not isinstance(value, (Tensor, Expanded)):
+            value = t.to_tensor(value, self.dtype)
+        if value.dtype != self.dtype:
+            raise t.error(f"storing {value.dtype.name} into a {self.dtype.name} TMEM reference; convert with "
+                          f".astype(mgjit.{self.dtype.name})")
+        if tuple(value.shape) != self.shape or isinstance(value, Expanded):
+            value = t._broadcast_to(value, self.shape)
+        t.builder.add(ir.TmemStore(self.value, value.value, t.builder.loc))
+
+    def __getitem__(self, index) -> "TmemRef":
+        t = self.tracer
+        usage = "a TMEM reference is sliced by columns with static bounds: ref[:, a:b] or ref[:, mgjit.ds(a, SIZE)]"
+        if not (isinstance(index, tuple) and len(index) == 2 and isinstance(index[0], slice)
+                and index[0] == slice(None)):
+            raise t.error(usage)
+        col = index[1]
+        if isinstance(col, lang.ds):
+            start, size = col.start, col.size
+        elif isinstance(col, slice) and col.step in (None, 1) and not isinstance(col.stop, Tensor):
+            start = 0 if col.start is None else col.start
+            size = (self.shape[1] if col.stop is None else col.stop) - start if isinstance(start, int) else None
+        else:
+            raise t.error(usage)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, size)):
+            raise t.error(usage)
+        return TmemRef(t, t.builder.add(ir.TmemSlice(self.value, start, size, t.builder.loc)).result)
 
 
 # ---------------------------------------------------------------------------------------------- tracer
@@ -591,6 +650,9 @@ class Tracer:
                 self.assign(t, v)
         elif isinstance(target, ast.Subscript):
             ref = self.expr(target.value)
+            if isinstance(ref, SmemRef):
+                ref[self.subscript_index(target.slice)] = value
+                return
             if not isinstance(ref, Ref):
                 raise self.error("only references (tensor arguments) can be assigned to by index; register "
                                  "arrays are values — build a new one with mgjit.where")
@@ -844,7 +906,7 @@ class Tracer:
     def expr_Subscript(self, node: ast.Subscript) -> Any:
         obj = self.expr(node.value)
         index = self.subscript_index(node.slice)
-        if isinstance(obj, (Ref, Tensor, SmemRef, Barriers)):
+        if isinstance(obj, (Ref, Tensor, SmemRef, Barriers, TmemRef)):
             return obj[index]
         if isinstance(obj, (tuple, list, dict)):
             if isinstance(index, Tensor):
@@ -930,7 +992,7 @@ class Tracer:
     def call(self, fn: Any, args: list, kwargs: dict, node: ast.Call) -> Any:
         if isinstance(fn, lang.Builtin):
             return self.call_builtin(fn, args, kwargs)
-        if inspect.ismethod(fn) and isinstance(fn.__self__, (Tensor, Ref)):
+        if inspect.ismethod(fn) and isinstance(fn.__self__, (Tensor, Ref, TmemRef)):
             return fn(*args, **kwargs)
         if isinstance(fn, _SlotMethod):
             return self.barrier_method(fn.slot, fn.method, args, kwargs)
@@ -1033,6 +1095,8 @@ class Tracer:
             raise self.error("static_range can only be iterated by a for loop")
         if fn in _HOPPER_BUILTINS:
             return getattr(self, f"builtin_{fn.name}")(args, kwargs)
+        if fn in _BLACKWELL_BUILTINS:
+            return getattr(self, f"builtin_{fn.name}")(args, kwargs)
         raise self.error(f"mgjit.{fn.name} is not supported here")
 
     # -- Hopper builtins
@@ -1079,9 +1143,12 @@ class Tracer:
         return None
 
     def builtin_copy_async(self, args: list, kwargs: dict) -> None:
-        if len(args) != 3 or set(kwargs) != {"barrier"}:
+        if len(args) != 3 or set(kwargs) - {"collective"} != {"barrier"}:
             raise self.error("copy_async(src, coords, dst, barrier=bars[i]) takes a tensor, a tuple of element "
                              "coordinates, an SMEM tile and a barrier slot")
+        collective = kwargs.get("collective", False)
+        if not isinstance(collective, bool):
+            raise self.error(f"copy_async's collective= must be a static bool, got {collective!r}")
         src, coords, dst = args
         bar = kwargs["barrier"]
         if not isinstance(src, Ref):
@@ -1093,26 +1160,52 @@ class Tracer:
         coords = coords if isinstance(coords, (tuple, list)) else (coords,)
         if len(coords) != src.ndim:
             raise self.error(f"{src.name} has rank {src.ndim}; copy_async needs {src.ndim} coordinates")
-        tile = dst.shape
-        if len(tile) != src.ndim:
-            raise self.error(f"the SMEM tile {tile} must have the rank of {src.name} ({src.ndim})")
-        swizzle = dst.value.type.swizzle or 0
-        inner = tile[-1] if not swizzle else swizzle * 8 // dst.dtype.bits
-        box = (*tile[:-1], inner)
-        if any(b > 256 for b in box):
-            raise self.error(f"a TMA box has at most 256 elements per dimension, got {box}", rule="tma-box")
-        if (box[-1] * dst.dtype.bits // 8) % 16:
-            raise self.error(f"the innermost TMA box dimension must be a multiple of 16 bytes, got {box[-1]} x "
-                             f"{dst.dtype.name}", rule="tma-box")
-        param = self.param_index[src.name]
-        desc = ir.TmaDescriptor(param, box, swizzle)
-        if desc not in self.tma_descriptors:
-            self.tma_descriptors.append(desc)
+        descriptor = self._tma_descriptor(src, dst)
         starts = [self.cast(self.to_tensor(c), dtypes.int32).value for c in coords]
         ref, _ = bar._ref(self)
-        self.builder.add(ir.TmaLoad(src.value, starts, dst.value, ref, self.tma_descriptors.index(desc),
-                                    self.builder.loc))
+        # collective=True: the arrival and bytes count on the barrier of the 2-CTA pair's leader CTA.
+        load = ir.TmaLoadCollective if collective else ir.TmaLoad
+        self.builder.add(load(src.value, starts, dst.value, ref, descriptor, self.builder.loc))
         return None
+
+    def _tma_descriptor(self, tensor: Ref, tile: SmemRef) -> int:
+        """Register (once) the host-built TMA descriptor for copies between `tensor` and tiles like `tile`."""
+        shape = tile.shape
+        if len(shape) != tensor.ndim:
+            raise self.error(f"the SMEM tile {shape} must have the rank of {tensor.name} ({tensor.ndim})")
+        swizzle = tile.value.type.swizzle or 0
+        inner = shape[-1] if not swizzle else swizzle * 8 // tile.dtype.bits
+        box = (*shape[:-1], inner)
+        if any(b > 256 for b in box):
+            raise self.error(f"a TMA box has at most 256 elements per dimension, got {box}", rule="tma-box")
+        if (box[-1] * tile.dtype.bits // 8) % 16:
+            raise self.error(f"the innermost TMA box dimension must be a multiple of 16 bytes, got {box[-1]} x "
+                             f"{tile.dtype.name}", rule="tma-box")
+        desc = ir.TmaDescriptor(self.param_index[tensor.name], box, swizzle)
+        if desc not in self.tma_descriptors:
+            self.tma_descriptors.append(desc)
+        return self.tma_descriptors.index(desc)
+
+    def builtin_store_async(self, args: list, kwargs: dict) -> None:
+        if len(args) != 3 or set(kwargs) - {"reduce"}:
+            raise self.error("store_async(dst, coords, src, reduce=None) takes a tensor, a tuple of element "
+                             "coordinates and an SMEM tile")
+        dst, coords, src = args
+        if not isinstance(dst, Ref) or not isinstance(src, SmemRef):
+            raise self.error("store_async copies an SMEM tile into a tensor argument of the kernel")
+        coords = coords if isinstance(coords, (tuple, list)) else (coords,)
+        if len(coords) != dst.ndim:
+            raise self.error(f"{dst.name} has rank {dst.ndim}; store_async needs {dst.ndim} coordinates")
+        descriptor = self._tma_descriptor(dst, src)
+        starts = [self.cast(self.to_tensor(c), dtypes.int32).value for c in coords]
+        self.builder.add(ir.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"),
+                                     self.builder.loc))
+
+    def builtin_store_async_wait(self, args: list, kwargs: dict) -> None:
+        pending = args[0] if args else kwargs.get("pending", 0)
+        if not isinstance(pending, int) or not 0 <= pending <= 7:
+            raise self.error(f"store_async_wait takes a static count 0..7, got {pending!r}")
+        self.builder.add(ir.TmaStoreWait(pending, self.builder.loc))
 
     def builtin_wgmma(self, args: list, kwargs: dict) -> Tensor:
         if len(args) != 3 or kwargs:
@@ -1147,6 +1240,54 @@ class Tracer:
             raise self.error("set_max_registers takes a static register count")
         self.builder.add(ir.SetMaxRegisters(count, bool(increase), self.builder.loc))
 
+    # -- Blackwell builtins
+    def builtin_tmem(self, args: list, kwargs: dict) -> TmemRef:
+        usage = "tmem(shape, dtype=mgjit.float32, collective=False, packing=None)"
+        if len(args) > 2 or set(kwargs) - {"shape", "dtype", "collective", "packing"}:
+            raise self.error(f"bad call: {usage}")
+        shape = args[0] if args else kwargs.get("shape")
+        dtype = args[1] if len(args) > 1 else kwargs.get("dtype", dtypes.float32)
+        collective = kwargs.get("collective", False)
+        packing = kwargs.get("packing")
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise self.error(f"mgjit.tmem needs a static shape of positive ints, got {shape}")
+        if not isinstance(dtype, DType):
+            raise self.error(f"mgjit.tmem needs an mgjit dtype, got {dtype!r}")
+        if not isinstance(collective, bool):
+            raise self.error(f"mgjit.tmem's collective= must be a static bool, got {collective!r}")
+        if packing is None:  # as many elements as fill a 32-bit column (1 for float32 accumulators)
+            packing = 32 // dtype.bits if dtype.bits in (8, 16, 32) else 1
+        if not isinstance(packing, int) or isinstance(packing, bool):
+            raise self.error(f"mgjit.tmem's packing= must be a static int, got {packing!r}")
+        op = self.builder.add(ir.TmemAlloc(shape, dtype, packing, collective, self.builder.loc))
+        return TmemRef(self, op.result)
+
+    def builtin_tcgen05_mma(self, args: list, kwargs: dict) -> None:
+        if len(args) != 3 or set(kwargs) - {"accumulate"}:
+            raise self.error("tcgen05_mma(acc, a, b, accumulate=True) takes a TMEM accumulator, an SMEM tile or TMEM "
+                             "reference, and an SMEM tile")
+        acc, a, b = args
+        if not isinstance(acc, TmemRef):
+            raise self.error("the tcgen05_mma accumulator must be a TMEM reference "
+                             "(mgjit.tmem((M, N), mgjit.float32))")
+        if not isinstance(a, (SmemRef, TmemRef)):
+            raise self.error("tcgen05_mma operand a must be an SMEM tile or a TMEM reference")
+        if not isinstance(b, SmemRef):
+            raise self.error("tcgen05_mma operand b must be an SMEM tile")
+        accumulate = kwargs.get("accumulate", True)
+        if isinstance(accumulate, Expanded) or (isinstance(accumulate, Tensor) and accumulate.shape):
+            raise self.error("accumulate= must be a scalar: a bool or a runtime condition such as k > 0")
+        flag = self.cast(self.to_tensor(accumulate), dtypes.bool_)
+        self.builder.add(ir.Tcgen05Mma(acc.value, a.value, b.value, flag.value, self.builder.loc))
+
+    def builtin_tcgen05_commit(self, args: list, kwargs: dict) -> None:
+        bar = args[0] if len(args) == 1 and not kwargs else kwargs.get("barrier") if not args else None
+        if not isinstance(bar, BarrierSlot) or set(kwargs) - {"barrier"}:
+            raise self.error("tcgen05_commit(bars[i]) takes one barrier slot")
+        ref, _ = bar._ref(self)
+        self.builder.add(ir.Tcgen05Commit(ref, self.builder.loc))
+
     def inline(self, fn: DeviceFunction, args: list, kwargs: dict, node: ast.Call) -> Any:
         if self.depth > 32:
             raise self.error(f"device function {fn.__name__} recurses too deeply (recursion is not supported)")
@@ -1176,7 +1317,33 @@ class _SlotMethod:
 
 
 _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
-                    lang.set_max_registers)
+                    lang.set_max_registers, lang.store_async, lang.store_async_wait)
+_BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit)
+
+
+def _finish_tmem(body: ir.Block, builder: Builder, loc: Loc) -> None:
+    """Tensor memory's kernel-wide rules, and its deallocation (TmemDealloc) where the kernel ends."""
+    allocs = [op for op in body.walk() if isinstance(op, ir.TmemAlloc)]
+    if not allocs:
+        return
+    top = {id(op) for op in body.ops}
+    for op in allocs:
+        if id(op) not in top:
+            raise op.error("mgjit.tmem allocates tensor memory for the whole kernel: call it at the kernel's top "
+                           "level, not inside a runtime `for` or `if`", rule="tmem-alloc")
+    first = allocs[0]
+    for op in allocs[1:]:
+        if op.result.type.collective != first.result.type.collective:
+            raise op.error(f"a kernel's tcgen05 instructions all use one CTA group (PTX ISA): this TMEM reference has "
+                           f"collective={op.result.type.collective}, the one at line {first.loc.line} "
+                           f"collective={first.result.type.collective}", rule="cta-group")
+    if first.result.type.collective:
+        for op in body.ops[body.ops.index(first) + 1:]:
+            if isinstance(op, ir.BarrierAlloc):
+                raise op.error("in a 2-CTA (collective) kernel allocate barriers before tensor memory: the TMEM "
+                               "allocation synchronises the CTA pair, which makes the initialised barriers visible "
+                               "to the peer CTA", rule="cta-group")
+    builder.add(ir.TmemDealloc([op.result for op in allocs], loc))
 
 
 def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> list[int]:
@@ -1242,6 +1409,7 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
         pass
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
+    _finish_tmem(body, builder, source.loc(source.node))
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
                        tracer.tma_descriptors)
     ir.verify(kernel)

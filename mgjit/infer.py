@@ -165,7 +165,7 @@ def infer_layouts(kernel: ir.Kernel) -> None:
 
 @rule(ir.Constant, ir.ProgramId, ir.NumPrograms, ir.WarpgroupId, ir.RefDim, ir.Store, ir.Yield, ir.SmemAlloc,
       ir.BarrierAlloc, ir.RefIndex, ir.RefTranspose, ir.TmaLoad, ir.BarrierArrive, ir.BarrierWait,
-      ir.FenceAsyncShared, ir.SetMaxRegisters)
+      ir.FenceAsyncShared, ir.SetMaxRegisters, ir.TmaStore, ir.TmaStoreWait, ir.SmemStore)
 def _no_arrays(op: ir.Op, inf: Inference) -> None:
     pass
 
@@ -252,11 +252,11 @@ def _broadcast(op: ir.Broadcast, inf: Inference) -> None:
             return
     target = candidates[0]
     wanted = target.reduce(axes, len(shape))
-    producer = src.owner
-    if isinstance(producer, (ir.Iota, ir.Load)) and inf.uses[src.id] == 1:
-        inf.set_layout(src, wanted, producer)  # an anchor with one use can load straight into the layout
-    else:
-        inf.relayout(inf.current_block, op, 0, wanted)
+    anchors = _flexible_origins(src)
+    if anchors and all(id(a) not in inf.overrides for a in anchors):
+        # The operand comes (through elementwise ops) from loads/iotas only: load it straight into the layout.
+        raise _Restart({id(a): wanted for a in anchors})
+    inf.relayout(inf.current_block, op, 0, wanted)
     inf.set_layout(op.result, target, op)
 
 
@@ -315,3 +315,52 @@ def _if(op: ir.If, inf: Inference) -> None:
             if y.operands[i].layout != layout:
                 inf.relayout(region, y, i, layout)
         inf.set_layout(r, layout, op)
+
+
+# ---------------------------------------------------------------------------------------------- Blackwell
+
+def _tmem_layout(op: ir.Op, t: ir.TmemRefType):
+    from .tmem_layouts import TMEMLayoutError
+    try:
+        return ir.tmem_layout(t)
+    except TMEMLayoutError as e:
+        raise op.error(str(e), rule="tmem-layout") from None
+
+
+def _tmem_register_layout(op: ir.Op, ref: ir.Value) -> TiledLayout:
+    from .tmem_layouts import TMEMLayoutError
+    try:
+        return _tmem_layout(op, ref.type).register_layout(ref.dtype.bits)
+    except TMEMLayoutError as e:
+        raise op.error(f"{ref.type} cannot move through registers: {e}", rule="tmem-layout") from None
+
+
+@rule(ir.TmemAlloc, ir.TmemSlice)
+def _tmem_ref(op: ir.Op, inf: Inference) -> None:
+    """A TMEM reference's layout follows from its type (128 rows: default; 64 rows: half-lane, or m64 collective
+    in a 2-CTA kernel; packing from the dtype) and is recorded on the reference, where the IR printer shows it."""
+    op.result.layout = _tmem_layout(op, op.result.type)
+
+
+@rule(ir.TmemLoad)
+def _tmem_load(op: ir.TmemLoad, inf: Inference) -> None:
+    """An anchor: tcgen05.ld delivers the register layout that matches the TMEM layout (TCGEN05 for default,
+    WGMMA for half-lane, the m64-collective layout)."""
+    inf.set_layout(op.result, _tmem_register_layout(op, op.operands[0]), op)
+
+
+@rule(ir.TmemStore)
+def _tmem_store(op: ir.TmemStore, inf: Inference) -> None:
+    target = _tmem_register_layout(op, op.operands[0])
+    if op.operands[1].layout != target:
+        inf.relayout(inf.current_block, op, 1, target)
+
+
+@rule(ir.Tcgen05Commit)
+def _tcgen05_commit(op: ir.Tcgen05Commit, inf: Inference) -> None:
+    op.cta_group = ir.kernel_cta_group(inf.kernel)
+
+
+@rule(ir.Tcgen05Mma, ir.TmemDealloc, ir.TmaLoadCollective)
+def _tcgen05_no_arrays(op: ir.Op, inf: Inference) -> None:
+    pass

@@ -631,6 +631,66 @@ class TmaLoad(Op):
                f"TMA cannot convert: {self.src.dtype.name} tensor into a {self.dst.dtype.name} tile")
 
 
+class SmemStore(Op):
+    """Write a register array into a whole SMEM tile (swizzled as the tile is), for TMA or MMA to read."""
+
+    name = "smem_store"
+
+    def __init__(self, tile: Value, value: Value, loc: Loc | None):
+        super().__init__([tile, value], [], loc)
+
+    def verify(self):
+        tile, value = self.operands
+        _check(_is_ref(tile, "smem") and not tile.type.transposed, self, "store into an SMEM tile (not a transposed view)")
+        shape = value.type.shape if value.is_array else ()
+        _check(shape == tile.type.shape, self, f"storing an array of shape {shape} into an SMEM tile of shape "
+               f"{tile.type.shape}")
+        _check(value.dtype == tile.dtype, self, f"storing {value.dtype.name} into a {tile.dtype.name} SMEM tile; "
+               "use .astype()")
+
+
+class TmaStore(Op):
+    """Copy an SMEM tile to the tile of a GMEM tensor at `coords` with the TMA engine (or add it there, with
+    reduce="add"); asynchronous: complete with TmaStoreWait before the tile is written again."""
+
+    name = "tma_store"
+
+    def __init__(self, dst: Value, coords: Sequence[Value], src: Value, descriptor: int, reduce: str | None,
+                 loc: Loc | None):
+        super().__init__([dst, *coords, src], [], loc)
+        self.descriptor = descriptor
+        self.reduce = reduce
+
+    @property
+    def coords(self) -> list[Value]:
+        return self.operands[1:-1]
+
+    def attrs(self):
+        return {"descriptor": self.descriptor, "reduce": self.reduce}
+
+    def verify(self):
+        dst, src = self.operands[0], self.operands[-1]
+        _check(_is_ref(dst, "gmem") and _is_ref(src, "smem") and not src.type.transposed, self,
+               "a TMA store goes from an SMEM tile to a GMEM tensor")
+        _check(len(self.coords) == dst.type.rank == src.type.rank, self,
+               f"a rank-{dst.type.rank} tensor needs {dst.type.rank} coordinates and an SMEM tile of that rank")
+        _check(dst.dtype == src.dtype, self, f"TMA cannot convert: {src.dtype.name} tile into {dst.dtype.name}")
+        _check(self.reduce in (None, "add", "min", "max"), self, f"TMA reductions are add, min, max; got {self.reduce}")
+
+
+class TmaStoreWait(Op):
+    """Wait until at most `pending` TMA store groups of this warpgroup still read their SMEM source."""
+
+    name = "tma_store_wait"
+
+    def __init__(self, pending: int, loc: Loc | None):
+        super().__init__([], [], loc)
+        self.pending = pending
+
+    def attrs(self):
+        return {"pending": self.pending}
+
+
 class BarrierArrive(Op):
     name = "barrier_arrive"
 
@@ -738,6 +798,272 @@ class SetMaxRegisters(Op):
         if not (24 <= self.count <= 256 and self.count % 8 == 0):
             raise self.error(f"set_max_registers takes a multiple of 8 in 24..256, got {self.count}",
                              rule="registers")
+
+
+# ---- Blackwell: tensor memory (TMEM), tcgen05 MMA, TMA loads of a 2-CTA pair
+
+@dataclasses.dataclass(frozen=True)
+class TmemRefType(RefType):
+    """A (rows, cols) array in tensor memory: `packing` elements share a 32-bit column; `collective` marks a
+    kernel whose tcgen05 instructions are 2-CTA (cta_group::2; PTX allows one CTA group per kernel). The TMEM
+    layout follows from the type (`tmem_layout`): 128 rows default; 64 rows half-lane, or m64 collective."""
+
+    packing: int = 1
+    collective: bool = False
+
+    def __str__(self) -> str:
+        extra = (f", packing {self.packing}" if self.packing != 1 else "") + (", collective" if self.collective else "")
+        return f"ref<tmem, {self.dtype.name}[{','.join(map(str, self.shape or ()))}]{extra}>"
+
+
+def tmem_layout(t: TmemRefType):
+    """The TMEMLayout of a TMEM reference type; raises TMEMLayoutError for what TMEM cannot hold."""
+    from .tmem_layouts import infer_tmem_layout
+    rows, cols = t.shape
+    return infer_tmem_layout(rows, cols, t.dtype.bits, t.collective, t.packing)
+
+
+def _tmem_layout_of(op: Op, t: TmemRefType):
+    from .tmem_layouts import TMEMLayoutError
+    try:
+        return tmem_layout(t)
+    except TMEMLayoutError as e:
+        raise op.error(str(e), rule="tmem-layout") from None
+
+
+def kernel_cta_group(kernel: "Kernel") -> int:
+    """2 if the kernel's tensor memory is allocated for 2-CTA MMAs, else 1."""
+    return 2 if any(isinstance(op, TmemAlloc) and op.result.type.collective for op in kernel.walk()) else 1
+
+
+class TmemAlloc(Op):
+    """Tensor memory for the whole kernel. Warp 0 allocates every TMEM reference of the kernel at the first
+    TmemAlloc (one tcgen05.alloc, then relinquish_alloc_permit); TmemDealloc frees it at the end."""
+
+    name = "tmem_alloc"
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, packing: int, collective: bool, loc: Loc | None):
+        t = TmemRefType("tmem", dtype, len(shape), tuple(shape), packing=packing, collective=collective)
+        super().__init__([], [t], loc)
+
+    @property
+    def columns(self) -> int:
+        return tmem_layout(self.result.type).columns
+
+    def attrs(self):
+        t = self.result.type
+        return {"shape": t.shape, "dtype": t.dtype.name, "packing": t.packing, "collective": t.collective}
+
+    def verify(self):
+        from .tmem_layouts import TMEM_COLUMNS, TMEMLayoutError, tmem_alloc_columns
+        t = self.result.type
+        if len(t.shape) != 2:
+            raise self.error(f"a TMEM reference is 2D (rows, cols), got shape {t.shape}", rule="tmem-layout")
+        layout = _tmem_layout_of(self, t)
+        try:
+            tmem_alloc_columns(layout.columns, exact=True)
+        except TMEMLayoutError:
+            raise self.error(
+                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a {t.shape[0]}x{t.shape[1]} "
+                f"{t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
+                f"{layout.columns} columns; give it a power-of-two number of columns", rule="tmem-alloc") from None
+
+
+class TmemSlice(Op):
+    """`ref[:, start:start + size]`: static column range of a 128-row (default layout) TMEM reference."""
+
+    name = "tmem_slice"
+
+    def __init__(self, ref: Value, start: int, size: int, loc: Loc | None):
+        t = ref.type
+        super().__init__([ref], [dataclasses.replace(t, shape=(t.shape[0], size))], loc)
+        self.start = start
+        self.size = size
+
+    def attrs(self):
+        return {"start": self.start, "size": self.size}
+
+    def verify(self):
+        t = self.operands[0].type
+        _check(_is_ref(self.operands[0], "tmem"), self, "only TMEM references are sliced by columns")
+        if t.shape[0] != 128:
+            raise self.error(f"column slices are taken of 128-row TMEM references (the default layout); a "
+                             f"{t.shape[0]}-row reference folds its columns over lanes, load it whole",
+                             rule="tmem-layout")
+        if not (self.size > 0 and 0 <= self.start and self.start + self.size <= t.shape[1]):
+            raise self.error(f"columns {self.start}:{self.start + self.size} are outside the {t.shape[1]} columns "
+                             "of the TMEM reference", rule="tmem-layout")
+        if self.start % t.packing or self.size % t.packing:
+            raise self.error(f"a TMEM slice covers whole 32-bit columns: start and size must be multiples of the "
+                             f"packing {t.packing}, got {self.start} and {self.size}", rule="tmem-layout")
+
+
+class TmemLoad(Op):
+    """TMEM → registers (tcgen05.ld, then tcgen05.wait::ld) by one warpgroup, in the register layout that
+    matches the reference's TMEM layout (TCGEN05, WGMMA for half-lane, or the m64-collective one)."""
+
+    name = "tmem_load"
+
+    def __init__(self, ref: Value, loc: Loc | None):
+        super().__init__([ref], [ArrayType(tuple(ref.type.shape), ref.dtype)], loc)
+
+    def verify(self):
+        _check(_is_ref(self.operands[0], "tmem"), self, "tmem_load reads a TMEM reference")
+
+
+class TmemStore(Op):
+    """Registers → TMEM (tcgen05.st, tcgen05.wait::st) by one warpgroup; visible to MMAs it issues next."""
+
+    name = "tmem_store"
+
+    def __init__(self, ref: Value, value: Value, loc: Loc | None):
+        super().__init__([ref, value], [], loc)
+
+    def verify(self):
+        ref, value = self.operands
+        _check(_is_ref(ref, "tmem"), self, "tmem_store writes a TMEM reference")
+        shape = value.type.shape if value.is_array else ()
+        _check(shape == tuple(ref.type.shape), self,
+               f"storing an array of shape {shape} into a TMEM reference of shape {tuple(ref.type.shape)}")
+        _check(value.dtype == ref.dtype, self,
+               f"storing {value.dtype.name} into a {ref.dtype.name} TMEM reference; use .astype()")
+
+
+class Tcgen05Mma(Op):
+    """acc = a @ b (+ acc when `accumulate`), on the tensor cores, issued by one thread and asynchronous (its
+    completion is signalled by Tcgen05Commit). acc is a TMEM reference; a an SMEM tile or a TMEM reference;
+    b an SMEM tile; SMEM tiles may be transposed views. A 2-CTA (collective) MMA takes each CTA's share:
+    acc (M/2, N), a (M/2, K), b (K, N/2); the pair's leader CTA issues it."""
+
+    name = "tcgen05_mma"
+
+    def __init__(self, acc: Value, a: Value, b: Value, accumulate: Value, loc: Loc | None):
+        super().__init__([acc, a, b, accumulate], [], loc)
+
+    @property
+    def collective(self) -> bool:
+        return self.operands[0].type.collective
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        """The MMA's M (both CTAs' rows for a 2-CTA MMA), N and K."""
+        (rows, n), k = self.operands[0].type.shape, self.operands[1].type.shape[1]
+        return rows * (2 if self.collective else 1), n, k
+
+    def attrs(self):
+        from . import mma_descriptors as md
+        m, n, k = self.mnk
+        out = {"m": m, "n": n, "k": k}
+        try:
+            out["kind"] = md.tcgen05_kind(self.operands[1].dtype).value
+            out["tmem_layout"] = tmem_layout(self.operands[0].type).kind.value
+        except Exception:  # an op that failed verification is still printable
+            pass
+        out["cta_group"] = 2 if self.collective else 1
+        out["a"] = self.operands[1].type.space
+        return out
+
+    def verify(self):
+        from . import mma_descriptors as md
+        from .tmem_layouts import TMEMLayoutError, check_tcgen05_shape
+        acc, a, b, accumulate = self.operands
+        _check(_is_ref(acc, "tmem") and acc.type.rank == 2, self,
+               "the tcgen05_mma accumulator must be a TMEM reference (mgjit.tmem((M, N), mgjit.float32))")
+        _check((_is_ref(a, "smem") or _is_ref(a, "tmem")) and a.type.rank == 2, self,
+               "tcgen05_mma operand a must be a 2D SMEM tile or a TMEM reference")
+        _check(_is_ref(b, "smem") and b.type.rank == 2, self, "tcgen05_mma operand b must be a 2D SMEM tile")
+        _check(isinstance(accumulate.type, ScalarType) and accumulate.dtype == dtypes.bool_, self,
+               "accumulate= must be a bool (a constant or a runtime condition such as k > 0)")
+        for name, v in (("a", a), ("b", b)):
+            if v.type.space == "smem":
+                _check(v.type.swizzle is not None, self, f"tcgen05_mma operand {name} needs a swizzled SMEM tile "
+                       "(mgjit.smem(..., swizzle=32/64/128))")
+        collective = acc.type.collective
+        (rows, n), (ra, k), (kb, nb) = acc.type.shape, a.type.shape, b.type.shape
+        n_cta = n // 2 if collective else n
+        if ra != rows or kb != k or nb != n_cta:
+            per_cta = " per CTA: acc (M/2, N), a (M/2, K), b (K, N/2)" if collective else ""
+            raise self.error(f"tcgen05_mma shapes do not chain{per_cta}: acc {acc.type.shape}, a {a.type.shape}, "
+                             f"b {b.type.shape}", rule="tcgen05-shape")
+        if acc.type.packing != 1:
+            raise self.error("an MMA accumulator is stored one element per 32-bit column: allocate it with packing=1",
+                             rule="tcgen05-shape")
+        if a.type.space == "tmem":
+            if a.type.collective != collective:
+                raise self.error("operand a in TMEM and the accumulator belong to different CTA groups",
+                                 rule="cta-group")
+            if a.type.shape[0] != 128 or a.type.packing != 32 // a.dtype.bits:
+                raise self.error(f"an A operand in TMEM has 128 rows and is packed {32 // a.dtype.bits} to a column "
+                                 f"(mgjit.tmem((128, K), {a.dtype.name})), got {a.type}", rule="tcgen05-shape")
+        m = rows * (2 if collective else 1)
+        try:
+            kind = md.tcgen05_kind(a.dtype)
+            k_step = kind.instruction_k
+            if k % k_step:
+                raise md.DescriptorError(f"the K extent of tcgen05 tiles must be a multiple of {k_step} for "
+                                         f"{a.dtype.name} (32 bytes per instruction), got {k}")
+            a_major = md.Major.MN if a.type.transposed else md.Major.K
+            b_major = md.Major.K if b.type.transposed else md.Major.MN
+            pieces = tmem_layout(acc.type).mma_pieces()
+            if collective and len(pieces) != 1:
+                raise md.DescriptorError(f"a 2-CTA MMA writes its accumulator with one instruction: N <= 256, got {n}")
+            for piece in pieces:
+                check_tcgen05_shape(m, piece.n, k_step, kind, collective)
+                md.Tcgen05InstrDescriptor(m, piece.n, a.dtype, b.dtype, acc.dtype, a_major, b_major)
+            for v in (a, b):
+                if v.type.space != "smem":
+                    continue
+                cols = (v.type.shape[::-1] if v.type.transposed else v.type.shape)[1]
+                md.check_swizzle(v.type.swizzle)
+                if (cols * v.dtype.bits // 8) % v.type.swizzle:
+                    raise md.DescriptorError(
+                        f"a {v.type.swizzle}B-swizzled tile needs rows that are a multiple of {v.type.swizzle} "
+                        f"bytes, got {cols} x {v.dtype.name} = {cols * v.dtype.bits // 8} bytes")
+            per_row = b.type.swizzle * 8 // b.dtype.bits
+            if b_major is md.Major.MN and any(p.col_start % per_row for p in pieces):
+                raise md.DescriptorError(f"this accumulator takes {len(pieces)} MMAs of N = {pieces[0].n}; with an "
+                                         f"N-major B each must start on a {b.type.swizzle}B swizzle column "
+                                         f"({per_row} elements)")
+        except (md.DescriptorError, TMEMLayoutError) as e:
+            raise self.error(str(e), rule="tcgen05-shape") from None
+
+
+class Tcgen05Commit(Op):
+    """Arrive once on `barrier` when every tcgen05 MMA the issuing thread started before it has completed
+    (tcgen05.commit ... mbarrier::arrive::one); in a 2-CTA kernel the arrival goes to both CTAs of the pair.
+    `cta_group` is the kernel's, set by layout inference."""
+
+    name = "tcgen05_commit"
+
+    def __init__(self, barrier: Value, loc: Loc | None):
+        super().__init__([barrier], [], loc)
+        self.cta_group: int | None = None
+
+    def attrs(self):
+        return {"cta_group": self.cta_group} if self.cta_group else {}
+
+    def verify(self):
+        _check(_is_ref(self.operands[0], "barrier") and self.operands[0].type.rank == 0, self,
+               "tcgen05_commit arrives on one barrier: index the barrier array, e.g. bars[slot]")
+
+
+class TmemDealloc(Op):
+    """The end of the kernel's tensor memory: every thread is done with it, warp 0 frees it."""
+
+    name = "tmem_dealloc"
+
+    def __init__(self, refs: Sequence[Value], loc: Loc | None):
+        super().__init__(refs, [], loc)
+
+
+class TmaLoadCollective(TmaLoad):
+    """A TMA load by one CTA of a 2-CTA pair into its own SMEM whose arrival and bytes are counted on the
+    barrier at the same offset in the pair's leader CTA (even cluster rank), where the 2-CTA MMA waits."""
+
+    name = "tma_load"
+
+    def attrs(self):
+        return {**super().attrs(), "collective": True}
 
 
 # ---------------------------------------------------------------------------------------------- verifier

@@ -72,12 +72,28 @@ barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarrie
 copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i]): TMA copy of the tile of "
                                     "tensor `src` at element coordinates `coords` into SMEM tile `dst`; it is one "
                                     "arrival on the barrier, with the tile's bytes.")
+store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None): TMA copy of SMEM tile `src` "
+                                      "to the tile of tensor `dst` at `coords` (reduce='add' adds it there).")
+store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
+                                                "warpgroup still read their SMEM tiles.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "
                                                     "reads of them.")
 set_max_registers = _builtin("set_max_registers", "set_max_registers(n, increase=True): setmaxnreg for the "
                                                   "warpgroup (warp specialization).")
+
+# Blackwell machinery (sm_100a)
+tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None): a (rows, cols) tensor-memory reference "
+                        "for the whole kernel (rows 128, or 64; a power of two of 32..512 TMEM columns); "
+                        "collective=True for 2-CTA MMAs. ref.load() / ref.store(x) move it to and from registers; "
+                        "ref[:, a:b] takes columns of a 128-row reference.")
+tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True): acc (TMEM) = a @ b (+ acc), a an SMEM "
+                                      "tile or TMEM reference, b an SMEM tile; issued by one thread, asynchronous "
+                                      "(tcgen05_commit signals completion). For collective acc, each CTA passes "
+                                      "acc (M/2, N), a (M/2, K), b (K, N/2).")
+tcgen05_commit = _builtin("tcgen05_commit", "tcgen05_commit(bars[i]): one arrival on the barrier once the MMAs this "
+                                            "warpgroup issued are complete (on both CTAs of a 2-CTA pair).")
 
 UNARY_BUILTINS = {exp: "exp", exp2: "exp2", log: "log", log2: "log2", sqrt: "sqrt", rsqrt: "rsqrt",
                   tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs"}

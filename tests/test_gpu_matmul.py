@@ -165,3 +165,80 @@ def test_f16_operands_k_major_b():
     w = torch.randn(384, 768, device="cuda", dtype=torch.float16)
     c = mh.matmul(a, w, b_kmajor=True)
     assert rel_err(c, a.float() @ w.float().t()) < 1e-2
+
+
+@mgjit.kernel
+def tile_roundtrip(x, y, BM: mgjit.constexpr, BN: mgjit.constexpr):
+    """GMEM → registers → swizzled SMEM → TMA store."""
+    m0 = mgjit.program_id(0) * BM
+    t = mgjit.smem((BM, BN), y.dtype, swizzle=128)
+    v = x[mgjit.ds(m0, BM), mgjit.ds(0, BN)]
+    t[...] = (v * 2).astype(y.dtype)
+    mgjit.store_async(y, (m0, 0), t)
+    mgjit.store_async_wait(0)
+
+
+@pytest.mark.parametrize("dtype,bn", [(torch.bfloat16, 128), (torch.float32, 64), (torch.bfloat16, 64)])
+def test_smem_store_and_tma_store(dtype, bn):
+    x = torch.randn(300, bn, device="cuda", dtype=dtype)
+    y = torch.full_like(x, float("nan"))
+    tile_roundtrip[(triton_cdiv(300, 64),)](x, y, BM=64, BN=bn)
+    torch.testing.assert_close(y, (x * 2).to(dtype))
+
+
+def test_fused_bias_gelu_epilogue():
+    mh = _example()
+    a = torch.randn(1000, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 3000, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
+    c = mh.matmul(a, b, bias=bias, activation="gelu")
+    ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
+    assert rel_err(c, ref) < 1e-2
+
+
+@pytest.mark.parametrize("tma_store", [True, False])
+def test_epilogue_variants(tma_store):
+    mh = _example()
+    a = torch.randn(4097, 333, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(333, 4095, device="cuda", dtype=torch.bfloat16)
+    cfg = {"TMA_STORE": tma_store, "STAGES": 3 if tma_store else 4}
+    c = mh.matmul(a, b, cfg)
+    assert rel_err(c, a.float() @ b.float()) < 1e-2
+
+
+@mgjit.kernel
+def splitk_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr, SPLIT: mgjit.constexpr):
+    """Each CTA multiplies one K slice and adds its partial tile into c (f32) with a TMA reduction."""
+    m0 = mgjit.program_id(0) * BM
+    n0 = mgjit.program_id(1) * BN
+    split = mgjit.program_id(2)
+    a_s = mgjit.smem((2, BM, BK), a.dtype, swizzle=128)
+    b_s = mgjit.smem((2, BK, BN), b.dtype, swizzle=128)
+    c_s = mgjit.smem((BM, BN), c.dtype, swizzle=128)
+    full = mgjit.barrier(2, arrivals=2)
+    k_tiles = mgjit.cdiv(mgjit.cdiv(a.shape[1], BK), SPLIT)
+    k_first = split * k_tiles
+    acc = mgjit.zeros((BM, BN), mgjit.float32)
+    mgjit.copy_async(a, (m0, k_first * BK), a_s[0], barrier=full[0])
+    mgjit.copy_async(b, (k_first * BK, n0), b_s[0], barrier=full[0])
+    for k in range(k_tiles):
+        slot = k % 2
+        if k + 1 < k_tiles:
+            nxt = (k + 1) % 2
+            mgjit.copy_async(a, (m0, (k_first + k + 1) * BK), a_s[nxt], barrier=full[nxt])
+            mgjit.copy_async(b, ((k_first + k + 1) * BK, n0), b_s[nxt], barrier=full[nxt])
+        full[slot].wait()
+        acc = mgjit.wgmma(acc, a_s[slot], b_s[slot])
+        mgjit.wgmma_wait(0)
+    c_s[...] = acc
+    mgjit.store_async(c, (m0, n0), c_s, reduce="add")
+    mgjit.store_async_wait(0)
+
+
+def test_split_k_with_tma_reduce_add():
+    m, n, k = 256, 256, 2048
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.zeros(m, n, device="cuda")
+    splitk_matmul[(m // 64, n // 64, 4)](a, b, c, BM=64, BN=64, BK=64, SPLIT=4)
+    assert rel_err(c, a.float() @ b.float()) < 1e-3

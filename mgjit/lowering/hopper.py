@@ -224,3 +224,104 @@ def _wgmma_wait(op: ir.WgmmaWait, ctx: Context) -> None:
     for v, r, (start, count) in zip(op.operands, op.results, where):
         f = ctx.frag(v)
         ctx.set(r, Frag(f.layout, f.shape, f.dtype, out[start:start + count]))
+
+
+def _swizzled(ctx: Context, tile: SmemTile, row, col) -> Any:
+    """The byte offset (i32) of element (row, col) of an SMEM tile; rows count over all leading dims.
+
+    Swizzled tiles are column blocks one swizzle wide; within a block the 16-byte chunk index of each
+    128-byte line is XORed with the line index modulo swizzle/16 (the pattern TMA and wgmma apply)."""
+    e = ctx.e
+    t = tile.type
+    isz = t.dtype.bits // 8
+    rows = math.prod(t.shape[:-1])
+    if not t.swizzle:
+        return e.addi(tile.offset, e.muli(e.addi(e.muli(row, e.i32(t.shape[-1])), col), e.i32(isz)))
+    s = t.swizzle
+    per_row = s // isz
+    block = e.divui(col, e.i32(per_row))
+    linear = e.addi(e.muli(row, e.i32(s)), e.muli(e.remui(col, e.i32(per_row)), e.i32(isz)))
+    chunk_xor = e.m.arith.shli(e.andi(e.m.arith.shrui(linear, e.i32(7)), e.i32(s // 16 - 1)), e.i32(4))
+    swizzled = e.m.arith.xori(linear, chunk_xor)
+    return e.addi(tile.offset, e.addi(e.muli(block, e.i32(rows * s)), swizzled))
+
+
+@rule(ir.SmemStore)
+def _smem_store(op: ir.SmemStore, ctx: Context) -> None:
+    from ..layouts import blocked, SplatLayout
+    from .core import element_offsets, splat_to
+    from .memory import _pack_words, _storage_bits
+    e = ctx.e
+    tile: SmemTile = ctx.get(op.operands[0])
+    frag: Frag = ctx.frag(op.operands[1])
+    shape = tile.type.shape
+    if isinstance(frag.layout, SplatLayout):
+        frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
+    layout = frag.layout
+    bits = _storage_bits(frag.dtype)
+    # Contiguous elements of a register's vector along the last dim go as one store, within one 16-byte chunk.
+    w = 1
+    if layout.vector_dim is not None:
+        entries = layout.tiling.dim_strides(len(shape))
+        dim, stride = entries[len(entries) + layout.vector_dim]
+        if dim == len(shape) - 1 and stride == 1:
+            w = max(1, min(layout.vector_length, 128 // bits))
+            while w > 1 and (w * bits) % 32:
+                w //= 2
+    thread = ctx.thread_index(layout, shape)
+    offsets = element_offsets(layout, shape)
+    base = _shared_address(ctx, e.i32(0))
+    for i in range(0, len(offsets), w):
+        off = offsets[i]
+        idx = [e.addi(t, e.i32(o)) if o else t for t, o in zip(thread, off)]
+        row = e.i32(0)
+        for d in range(len(shape) - 1):
+            row = e.addi(e.muli(row, e.i32(shape[d])), idx[d])
+        addr = e.addi(base, _swizzled(ctx, tile, row, idx[-1]))
+        words = _pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
+        if words is None:
+            value = frag.elems[i]
+            x = e.bitcast(value, e.int_type(bits)) if frag.dtype.is_float else value
+            e.asm_void(f"st.shared.b{bits} [$0], $1;", "r,h" if bits == 16 else "r,r",
+                       [addr, x if bits >= 16 else e.zext(x, 16)])
+            continue
+        n = len(words)
+        vec = f".v{n}" if n > 1 else ""
+        srcs = ", ".join(f"${j + 1}" for j in range(n))
+        e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
+                   [addr, *words])
+
+
+@rule(ir.TmaStore)
+def _tma_store(op: ir.TmaStore, ctx: Context) -> None:
+    e = ctx.e
+    src: SmemTile = ctx.get(op.operands[-1])
+    desc = ctx.tma_descriptors[op.descriptor]
+    spec = ctx.kernel.tma_descriptors[op.descriptor]
+    t = src.type
+    rank = len(t.shape)
+    blocks = t.shape[-1] // spec.box[-1]
+    block_bytes = _tile_bytes(t) // blocks
+    # Every thread's ordinary SMEM writes must be visible to the TMA engine before one thread issues it.
+    e.asm_void("fence.proxy.async.shared::cta;", "", [])
+    ctx.warpgroup_barrier()
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    coords = [ctx.get(c) for c in op.coords]
+    src_addr = _shared_address(ctx, src.offset)
+    verb = (f"cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.{op.reduce}.tile.bulk_group" if op.reduce
+            else f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group")
+    for j in range(blocks):
+        inner = e.addi(coords[-1], e.i32(j * spec.box[-1])) if j else coords[-1]
+        ordered = [inner] + coords[-2::-1]
+        slots = ", ".join(f"${i + 3}" for i in range(rank))
+        e.asm_void(f"@$0 {verb} [$1, {{{slots}}}], [$2];", ",".join(["b", "l", "r"] + ["r"] * rank),
+                   [elected, desc, e.addi(src_addr, e.i32(j * block_bytes)), *ordered])
+    e.asm_void("@$0 cp.async.bulk.commit_group;", "b", [elected])
+
+
+@rule(ir.TmaStoreWait)
+def _tma_store_wait(op: ir.TmaStoreWait, ctx: Context) -> None:
+    e = ctx.e
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    e.asm_void(f"@$0 cp.async.bulk.wait_group.read {op.pending};", "b", [elected])
+    ctx.warpgroup_barrier()  # the whole warpgroup may now overwrite the tiles
