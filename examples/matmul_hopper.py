@@ -129,10 +129,11 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     bits = a.element_size() * 8
     if bits != 16 and not b_kmajor:
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True")
-    cfg = {**DEFAULT_CONFIG, "BK": BK_FOR_BITS[bits], **(config or {}), "B_KMAJOR": b_kmajor,
-           "SCALED": scale is not None, "BIAS": bias is not None, "ACTIVATION": activation}
-    m, n = a.shape[0], (b.shape[0] if b_kmajor else b.shape[1])
     out_dtype = out_dtype or (a.dtype if bits == 16 else torch.bfloat16)
+    wide_out = out_dtype.itemsize == 4  # a 4-byte epilogue tile does not fit beside the stages: store directly
+    cfg = {**DEFAULT_CONFIG, "BK": BK_FOR_BITS[bits], "TMA_STORE": not wide_out, **(config or {}),
+           "B_KMAJOR": b_kmajor, "SCALED": scale is not None, "BIAS": bias is not None, "ACTIVATION": activation}
+    m, n = a.shape[0], (b.shape[0] if b_kmajor else b.shape[1])
     c = _tma_ready(torch.empty(m, n, dtype=out_dtype, device=a.device), copy=False)
     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
     matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](

@@ -332,6 +332,10 @@ class Kernel:
                     f"aligned base, row strides that are multiples of 16 bytes and a contiguous last dimension; "
                     f"this call's tensor has {s.align}-byte alignment{'' if s.unit_stride else ' and a strided last dimension'}",
                     kernel_ir.loc, rule="tma-alignment")
+        if ir.kernel_cta_group(kernel_ir) == 2 and (cluster[0] * cluster[1] * cluster[2]) % 2:
+            raise CompileError(f"{self.name} runs 2-CTA (collective) tcgen05 MMAs on CTA pairs: compile and launch it "
+                               f"with a cluster of an even number of CTAs, e.g. cluster=(2, 1, 1); got {cluster}",
+                               kernel_ir.loc, rule="cta-group")
         art = compiler.compile_ir(kernel_ir, spec_by_value, target)
         abi = [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
                for p in params]
@@ -370,11 +374,14 @@ class Kernel:
         missing = object()
         namespace: dict[str, Any] = {"_plans": self._plans, "_miss": self._miss, "_spec": _arg_specializer(),
                                      "_M": missing, "_slow": self._slow_call, "_deps_changed": self._deps_changed}
-        params = ", ".join(f"{n}=_M" for n in self.arg_names)
+        for n in self.arg_names:
+            if n in self.defaults:
+                namespace[f"_default_{n}"] = self.defaults[n]
+        params = ", ".join(f"{n}=_default_{n}" if n in self.defaults else f"{n}=_M" for n in self.arg_names)
         specs = "".join(f"_spec({n}, _values), " for n in self.runtime_names)
         consts = "".join(f"{n}, " for n in self.constexpr_names)
         runtime = "".join(f"{n}, " for n in self.runtime_names)
-        given = " or ".join(f"{n} is _M" for n in self.arg_names) or "False"
+        given = " or ".join(f"{n} is _M" for n in self.arg_names if n not in self.defaults) or "False"
         src = (f"def {self.name}(grid, {params}{', ' if params else ''}*_extra, num_warpgroups=None, cluster=None, "
                f"**_unknown):\n"
                f"    if _extra or _unknown or {given} or _deps_changed():\n"
@@ -395,14 +402,14 @@ class Kernel:
 
     def _slow_call(self, grid, given: tuple, extra: tuple, unknown: dict, num_warpgroups, cluster) -> None:
         """A call that is not on the fast path: report argument errors clearly, or refresh after a helper or
-        global the kernel reads was redefined, then dispatch again."""
-        args = [v for v in given if v is not self._missing] + list(extra)
-        named = dict(zip(self.arg_names, given))
-        if extra or any(v is self._missing for v in given) or unknown:
-            positional = [v for n, v in named.items() if v is not self._missing]
-            self._bind(positional + list(extra), unknown)  # raises the LaunchError that explains it
+        global the kernel reads was redefined, then dispatch again (by name, defaults included)."""
+        named = {n: v for n, v in zip(self.arg_names, given) if v is not self._missing}
+        if extra:
+            self._bind(list(named.values()) + list(extra), {})  # raises: too many positional arguments
+        if unknown or len(named) < len(self.arg_names):
+            self._bind([], {**named, **unknown})  # raises: an unknown or a missing argument
         self._refresh_if_redefined()
-        self._dispatch(grid, *args, num_warpgroups=num_warpgroups, cluster=cluster)
+        self._dispatch(grid, num_warpgroups=num_warpgroups, cluster=cluster, **named)
 
     def _miss(self, key: tuple, runtime: tuple, consts: dict, num_warpgroups: int | None, cluster):
         try:
@@ -432,7 +439,14 @@ class Kernel:
         target = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
         if target is None:
             raise LaunchError(f"mgjit targets Hopper (sm_90a) and Blackwell (sm_100a); this GPU is sm_{major}{minor}")
-        compiled = self._get_compiled(spec, consts, target, num_warpgroups, cluster)
+        try:
+            compiled = self._get_compiled(spec, consts, target, num_warpgroups, cluster)
+        except CompileError as e:
+            if e.rule != "target-arch":
+                raise
+            raise LaunchError(_wrong_gpu(self.name, _required_target(e.message), device) + f"\n{e}") from None
+        if compiled.target != target:  # never launch code built for another architecture
+            raise LaunchError(_wrong_gpu(self.name, compiled.target, device))
         return _make_launch_fn(self.name, compiled, device)
 
     def __call__(self, *args, **kwargs):
@@ -506,6 +520,21 @@ def _arg_specializer() -> Callable[[Any, list], Any]:
 
 
 _DIV_CLASS = tuple(16 if i == 0 else (i & -i) for i in range(16))
+
+
+_ARCHITECTURES = {"sm_90a": "Hopper", "sm_100a": "Blackwell"}
+
+
+def _required_target(message: str) -> str:
+    """The target a `target-arch` CompileError says the kernel needs (its lowering names it)."""
+    return next((t for t in _ARCHITECTURES if f"needs {t}" in message), "sm_100a")
+
+
+def _wrong_gpu(name: str, required: str, device: int) -> str:
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return (f"{name} needs {required} ({_ARCHITECTURES.get(required, 'another architecture')}); this GPU is "
+            f"sm_{major}{minor} ({torch.cuda.get_device_name(device)}), so it was not launched")
 
 
 def _make_launch_fn(name: str, compiled: CompiledKernel, device: int):

@@ -1,0 +1,48 @@
+"""The generated launch dispatcher, on the CPU: argument binding, defaults and errors (the launch itself
+needs a GPU, so a correct call ends in the clear 'needs a CUDA GPU' error)."""
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+
+
+@mgjit.kernel
+def with_defaults(x, out, n, BLOCK: mgjit.constexpr, SCALE: mgjit.constexpr = 2, FLAG: mgjit.constexpr = False):
+    start = mgjit.program_id(0) * BLOCK
+    v = x[mgjit.ds(start, BLOCK)] * SCALE
+    out[mgjit.ds(start, BLOCK)] = v if not FLAG else -v
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_defaults_do_not_leave_the_fast_path(no_gpu):
+    x = torch.zeros(1024)
+    for call in (lambda: with_defaults[(1,)](x, x, 1024, BLOCK=256),
+                 lambda: with_defaults[(1,)](x, x, 1024, BLOCK=256, FLAG=True),
+                 lambda: with_defaults[(1,)](x, x, 1024, 256, 3)):
+        with pytest.raises(mgjit.LaunchError, match="needs a CUDA GPU"):
+            call()
+
+
+def test_argument_errors(no_gpu):
+    x = torch.zeros(1024)
+    with pytest.raises(mgjit.LaunchError, match="missing the constexpr argument `BLOCK`"):
+        with_defaults[(1,)](x, x, 1024)
+    with pytest.raises(mgjit.LaunchError, match="missing the argument `n`"):
+        with_defaults[(1,)](x, x, BLOCK=256)
+    with pytest.raises(mgjit.LaunchError, match="has no parameter `BLOKC`"):
+        with_defaults[(1,)](x, x, 1024, BLOKC=256)
+    with pytest.raises(mgjit.LaunchError, match="takes 6 arguments"):
+        with_defaults[(1,)](x, x, 1024, 256, 2, False, 7)
+
+
+def test_defaults_are_part_of_the_specialization():
+    x = torch.zeros(1024)
+    a = with_defaults.compile(x, x, 1024, BLOCK=256)
+    b = with_defaults.compile(x, x, 1024, BLOCK=256, SCALE=2)
+    c = with_defaults.compile(x, x, 1024, BLOCK=256, SCALE=3)
+    assert a.key == b.key != c.key
