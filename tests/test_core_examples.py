@@ -76,6 +76,15 @@ def test_example_compiles_for_blackwell(tmp_path):
     assert "compiled for sm_100a, not run" in run.stdout
 
 
+def test_matmul_example_compiles_without_a_gpu(tmp_path):
+    """examples/matmul_hopper.py has its own driver; without a GPU it compiles its default config."""
+    env = {"MGJIT_CACHE_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, str(EXAMPLES / "matmul_hopper.py")], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"CompiledKernel\(matmul_kernel, sm_90a, registers=\d+, spills=0, ", run.stdout), run.stdout
+
+
 @pytest.mark.gpu
 def test_examples_check_and_time_on_a_gpu(tmp_path):
     runs = run_scripts({"MGJIT_CACHE_DIR": str(tmp_path)})
