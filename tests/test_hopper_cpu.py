@@ -1,0 +1,139 @@
+"""Hopper machinery on the CPU: the example matmul's PTX and ptxas report for sm_90a, and bad
+configurations rejected before ptxas with the kernel's line and the broken rule."""
+import inspect
+import os
+import sys
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import matmul_hopper as mh  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def _compile(config: dict, dtype=BF16, **extra):
+    x = torch.empty(4096, 4096, dtype=dtype)
+    out = torch.empty(4096, 4096, dtype=BF16)
+    scale, bias = torch.empty(1), torch.empty(4096, dtype=BF16)
+    return mh.matmul_kernel.compile(x, x, out, scale, bias, **{**mh.DEFAULT_CONFIG, **config}, **extra,
+                                    target="sm_90a")
+
+
+@pytest.fixture(scope="module")
+def default_kernel():
+    return _compile({})
+
+
+def test_ptx_has_the_hopper_instructions(default_kernel):
+    ptx = default_kernel.ptx
+    for instr in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d.shared::cluster",
+                  "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx", "wgmma.wait_group.sync.aligned 1",
+                  "setmaxnreg.inc.sync.aligned.u32 232", "setmaxnreg.dec.sync.aligned.u32 40",
+                  "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.wait_group.read 0",
+                  "fence.proxy.async.shared::cta"):
+        assert instr in ptx, instr
+    assert ".param .align 64 .b8" in ptx  # TMA descriptors passed by value
+
+
+@pytest.mark.parametrize("config", [{}, {"TMA_STORE": False, "STAGES": 4}, {"BN": 128, "STAGES": 4},
+                                    {"BN": 64, "STAGES": 6}, {"BIAS": True, "ACTIVATION": "gelu"}])
+def test_ptxas_reports_no_spills(config):
+    c = _compile(config)
+    assert c.spills == 0, c.ptxas_report
+    assert 0 < c.registers <= 168
+    assert c.smem_bytes <= 232448
+
+
+@pytest.mark.parametrize("dtype,bk,instr", [(torch.float8_e4m3fn, 128, "m64n256k32.f32.e4m3.e4m3"),
+                                            (torch.float32, 32, "m64n256k8.f32.tf32.tf32"),
+                                            (torch.float16, 64, "m64n256k16.f32.f16.f16")])
+def test_other_input_types(dtype, bk, instr):
+    c = _compile({"BK": bk, "TMA_STORE": False, "STAGES": 3}, dtype=dtype, B_KMAJOR=True)
+    assert instr in c.ptx and c.spills == 0
+
+
+def _line_of(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@mgjit.kernel
+def tile_kernel(a, c, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, ACC_N: mgjit.constexpr,
+                SWIZZLE: mgjit.constexpr, STAGES: mgjit.constexpr):
+    a_s = mgjit.smem((STAGES, ROWS, COLS), a.dtype, swizzle=SWIZZLE)  # the tile under test
+    x_s = mgjit.smem((64, 64), a.dtype, swizzle=128)
+    b_s = mgjit.smem((64, ACC_N), a.dtype, swizzle=128)
+    bars = mgjit.barrier(1, arrivals=3)
+    mgjit.copy_async(a, (0, 0), a_s[0], barrier=bars[0])
+    mgjit.copy_async(a, (0, 0), x_s, barrier=bars[0])
+    mgjit.copy_async(a, (0, 0), b_s, barrier=bars[0])
+    bars[0].wait()
+    acc = mgjit.zeros((64, ACC_N), mgjit.float32)
+    acc = mgjit.wgmma(acc, x_s, b_s)
+    mgjit.wgmma_wait(0)
+    c[mgjit.ds(0, 64), mgjit.ds(0, ACC_N)] = acc
+
+
+def _bad(**cfg):
+    base = dict(ROWS=64, COLS=64, ACC_N=64, SWIZZLE=128, STAGES=1)
+    x = torch.empty(256, 256, dtype=BF16)
+    with pytest.raises(mgjit.CompileError) as info:
+        tile_kernel.compile(x, torch.empty(256, 256), **{**base, **cfg}, target="sm_90a")
+    return info.value
+
+
+def test_a_good_tile_kernel_compiles():
+    x = torch.empty(256, 256, dtype=BF16)
+    c = tile_kernel.compile(x, torch.empty(256, 256), ROWS=64, COLS=64, ACC_N=64, SWIZZLE=128, STAGES=1)
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" in c.ptx and c.spills == 0
+
+
+def test_swizzle_wider_than_the_tile_row():
+    err = _bad(COLS=32)  # 32 bf16 = 64-byte rows under a 128-byte swizzle
+    assert err.rule == "swizzle-width"
+    assert err.loc.line == _line_of(tile_kernel.fn, "a_s = mgjit.smem")
+    assert "128B swizzle" in str(err) and "64 bytes" in str(err)
+
+
+def test_shared_memory_over_the_device_limit():
+    err = _bad(ROWS=256, COLS=128, STAGES=4)  # 4 x 64 KiB
+    assert err.rule == "smem-budget"
+    assert err.loc.line == _line_of(tile_kernel.fn, "a_s = mgjit.smem")
+    assert "232448" in str(err)
+
+
+def test_wgmma_shape_the_hardware_lacks():
+    err = _bad(ACC_N=320)  # N = 320 > 256
+    assert err.rule == "wgmma-shape"
+    assert err.loc.line == _line_of(tile_kernel.fn, "acc = mgjit.wgmma")
+    assert "N a multiple of 8 in 8..256" in str(err)
+
+
+def test_tile_rows_not_a_multiple_of_8():
+    err = _bad(ROWS=60)  # also what makes a K-major B's N (its rows) not a multiple of 8
+    assert err.rule == "swizzle-width"
+    assert "multiple of 8 rows" in str(err)
+
+
+def test_tma_box_limit():
+    err = _bad(ROWS=512)
+    assert err.rule == "tma-box"
+    assert err.loc.line == _line_of(tile_kernel.fn, "mgjit.copy_async")
+
+
+def test_fp8_operand_must_be_k_major():
+    x = torch.empty(4096, 4096, dtype=torch.float8_e4m3fn)
+    with pytest.raises(mgjit.CompileError) as info:
+        mh.matmul_kernel.compile(x, x, x, x, x, **{**mh.DEFAULT_CONFIG, "BK": 128, "TMA_STORE": False})
+    assert info.value.rule == "wgmma-shape" and "K-major" in str(info.value)
+
+
+def test_tma_needs_aligned_rows():
+    base = torch.empty(256, 333, dtype=BF16)  # 666-byte rows
+    with pytest.raises(mgjit.CompileError) as info:
+        tile_kernel.compile(base, torch.empty(256, 256), ROWS=64, COLS=64, ACC_N=64, SWIZZLE=128, STAGES=1)
+    assert info.value.rule == "tma-alignment" and "`a`" in str(info.value)
