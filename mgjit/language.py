@@ -76,6 +76,10 @@ store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None
                                       "to the tile of tensor `dst` at `coords` (reduce='add' adds it there).")
 store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
                                                 "warpgroup still read their SMEM tiles.")
+pipeline = _builtin("pipeline", "for k, *tiles in pipeline(steps, tile(...), ..., stages=2, release=1, "
+                                "warp_specialize=False, registers=None): a TMA→SMEM ring feeding the loop body.")
+tile = _builtin("tile", "tile(tensor, origin, block, step, swizzle=None): a block of `tensor` for mgjit.pipeline: "
+                        "at step k it is the block at origin + k * step (element coordinates).")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "

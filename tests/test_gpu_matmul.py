@@ -242,3 +242,38 @@ def test_split_k_with_tma_reduce_add():
     c = torch.zeros(m, n, device="cuda")
     splitk_matmul[(m // 64, n // 64, 4)](a, b, c, BM=64, BN=64, BK=64, SPLIT=4)
     assert rel_err(c, a.float() @ b.float()) < 1e-3
+
+
+@mgjit.kernel
+def pipe_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr, STAGES: mgjit.constexpr):
+    m0 = mgjit.program_id(0) * BM
+    n0 = mgjit.program_id(1) * BN
+    acc = mgjit.zeros((BM, BN), mgjit.float32)
+    for k, a_t, b_t in mgjit.pipeline(mgjit.cdiv(a.shape[1], BK), mgjit.tile(a, (m0, 0), (BM, BK), (0, BK)),
+                                      mgjit.tile(b, (0, n0), (BK, BN), (BK, 0)), stages=STAGES):
+        acc = mgjit.wgmma(acc, a_t, b_t)
+    c[mgjit.ds(m0, BM), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+
+
+@mgjit.kernel(num_warpgroups=2)
+def ws_pipe_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
+                   STAGES: mgjit.constexpr):
+    m0 = mgjit.program_id(0) * BM
+    n0 = mgjit.program_id(1) * BN
+    acc = mgjit.zeros((BM, BN), mgjit.float32)
+    for k, a_t, b_t in mgjit.pipeline(mgjit.cdiv(a.shape[1], BK), mgjit.tile(a, (m0, 0), (BM, BK), (0, BK)),
+                                      mgjit.tile(b, (0, n0), (BK, BN), (BK, 0)), stages=STAGES,
+                                      warp_specialize=True):
+        acc = mgjit.wgmma(acc, a_t, b_t)
+    if mgjit.warpgroup_id() == 1:
+        c[mgjit.ds(m0, BM), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+
+
+@pytest.mark.parametrize("kernel", [pipe_matmul, ws_pipe_matmul])
+@pytest.mark.parametrize("m,n,k", [(512, 512, 1024), (1000, 300, 200), (128, 128, 64)])
+def test_pipeline_helper(kernel, m, n, k):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kernel[(triton_cdiv(m, 128), triton_cdiv(n, 128))](a, b, c, BM=128, BN=128, BK=64, STAGES=4)
+    assert rel_err(c, a.float() @ b.float()) < 1e-2

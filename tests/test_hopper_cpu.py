@@ -137,3 +137,32 @@ def test_tma_needs_aligned_rows():
     with pytest.raises(mgjit.CompileError) as info:
         tile_kernel.compile(base, torch.empty(256, 256), ROWS=64, COLS=64, ACC_N=64, SWIZZLE=128, STAGES=1)
     assert info.value.rule == "tma-alignment" and "`a`" in str(info.value)
+
+
+def test_pipeline_helper_compiles_without_spills():
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_gpu_matmul import pipe_matmul, ws_pipe_matmul
+    x = torch.empty(1024, 1024, dtype=BF16)
+    for kernel in (pipe_matmul, ws_pipe_matmul):
+        c = kernel.compile(x, x, x, BM=128, BN=128, BK=64, STAGES=4, target="sm_90a")
+        assert c.spills == 0 and "wgmma.mma_async" in c.ptx and "mbarrier.try_wait" in c.ptx
+    ws = ws_pipe_matmul.compile(x, x, x, BM=128, BN=128, BK=64, STAGES=4)
+    assert "mbarrier.arrive.shared::cta" in ws.ptx  # consumers release slots to the producer
+
+
+@mgjit.kernel(num_warpgroups=2)
+def ws_registers_kernel(a, b, c, BK: mgjit.constexpr):
+    acc = mgjit.zeros((64, 64), mgjit.float32)
+    for k, a_t, b_t in mgjit.pipeline(4, mgjit.tile(a, (0, 0), (64, BK), (0, BK)),
+                                      mgjit.tile(b, (0, 0), (BK, 64), (BK, 0)), stages=2,
+                                      warp_specialize=True, registers=(40, 232)):
+        acc = mgjit.wgmma(acc, a_t, b_t)
+    c[mgjit.ds(0, 64), mgjit.ds(0, 64)] = acc.astype(c.dtype)
+
+
+def test_pipeline_registers_with_state_leaving_the_loop_is_an_error():
+    x = torch.empty(256, 256, dtype=BF16)
+    with pytest.raises(mgjit.CompileError) as info:
+        ws_registers_kernel.compile(x, x, x, BK=64)
+    assert info.value.rule == "registers" and "`acc`" in str(info.value)
+    assert info.value.loc.line == _line_of(ws_registers_kernel.fn, "for k, a_t, b_t")
