@@ -13,9 +13,9 @@ from .errors import CompileError, LaunchError
 from .frontend import DeviceFunction
 from .jit import VERSION as __version__, CompiledKernel, Kernel
 from .language import (abs, arange, barrier, cdiv, constexpr, copy_async, cos, ds, erf, exp, exp2,
-                       fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, program_id,
+                       fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,
                        rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
-                       warpgroup_id, wgmma,
+                       tile, warpgroup_id, wgmma,
                        wgmma_wait, where, zeros)
 from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)
 

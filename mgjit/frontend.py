@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import inspect
+import itertools
 import math
 import textwrap
 from typing import Any, Callable, Sequence
@@ -355,6 +357,7 @@ class Tracer:
         self.scope = scope
         # Kernel-wide state shared with inlined helpers.
         self.tma_descriptors: list[ir.TmaDescriptor] = parent.tma_descriptors if parent else []
+        self.num_warpgroups: int = parent.num_warpgroups if parent else 1
         self.param_index: dict[str, int] = parent.param_index if parent else {}
         self.globals = source.fn.__globals__
         self.closure = self._closure_vars(source.fn)
@@ -755,6 +758,8 @@ class Tracer:
         if not (isinstance(node.iter, ast.Call)):
             raise self.error("mgjit loops iterate over range(...) or mgjit.static_range(...)")
         fn = self.expr(node.iter.func)
+        if fn is lang.pipeline:
+            return self._pipeline(node)
         args = [self.expr(a) for a in node.iter.args]
         if node.iter.keywords:
             raise self.error("range takes no keyword arguments")
@@ -1186,6 +1191,122 @@ class Tracer:
             self.tma_descriptors.append(desc)
         return self.tma_descriptors.index(desc)
 
+    def builtin_tile(self, args: list, kwargs: dict) -> TileSpec:
+        names = ("tensor", "origin", "block", "step", "swizzle")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names or k in bound:
+                raise self.error(f"tile() got an unexpected or repeated argument `{k}`")
+            bound[k] = v
+        if not {"tensor", "origin", "block", "step"} <= set(bound):
+            raise self.error("tile(tensor, origin, block, step, swizzle=None) needs the first four arguments")
+        tensor = bound["tensor"]
+        if not isinstance(tensor, Ref):
+            raise self.error("tile() takes a tensor argument of the kernel")
+        origin, block, step = (tuple(bound[k]) if isinstance(bound[k], (tuple, list)) else (bound[k],)
+                               for k in ("origin", "block", "step"))
+        if not len(origin) == len(block) == len(step) == tensor.ndim:
+            raise self.error(f"tile() needs origin, block and step of rank {tensor.ndim} for {tensor.name}")
+        if not all(isinstance(x, int) and x > 0 for x in block) or not all(isinstance(x, int) for x in step):
+            raise self.error("tile() block and step must be static ints (constexprs)")
+        swizzle = bound.get("swizzle")
+        if swizzle is None:
+            row = block[-1] * tensor.dtype.bits // 8
+            swizzle = next((sw for sw in (128, 64, 32) if row % sw == 0 and len(block) >= 2 and block[-2] % 8 == 0),
+                           None)
+        return TileSpec(tensor, origin, block, step, swizzle)
+
+    def _pipeline(self, node: ast.For) -> None:
+        """Expand `for k, *tiles in mgjit.pipeline(...)` into a TMA ring, by building the loop as Python AST from
+        a template and tracing it: the user's body is spliced in unchanged."""
+        call = node.iter
+        args = [self.expr(a) for a in call.args]
+        kwargs = {k.arg: self.expr(k.value) for k in call.keywords}
+        unknown = set(kwargs) - {"stages", "release", "warp_specialize", "registers"}
+        if unknown:
+            raise self.error(f"pipeline() has no argument {sorted(unknown)[0]!r}")
+        if len(args) < 2 or not all(isinstance(t, TileSpec) for t in args[1:]):
+            raise self.error("pipeline(steps, mgjit.tile(...), ...) takes a step count and at least one tile")
+        steps, specs = args[0], args[1:]
+        stages = kwargs.get("stages", 2)
+        release = kwargs.get("release", 1)
+        ws = bool(kwargs.get("warp_specialize", False))
+        registers = kwargs.get("registers")
+        if not isinstance(stages, int) or stages < 2:
+            raise self.error(f"pipeline stages must be a static int >= 2, got {stages!r}")
+        if not isinstance(release, int) or not 0 <= release < stages:
+            raise self.error(f"pipeline release must be a static int in 0..stages-1, got {release!r}")
+        target = node.target
+        if not (isinstance(target, ast.Tuple) and len(target.elts) == 1 + len(specs)
+                and all(isinstance(e, ast.Name) for e in target.elts)):
+            raise self.error(f"write `for k, {', '.join(f'tile{i}' for i in range(len(specs)))} in mgjit.pipeline(...)`: "
+                             "one name for the step and one per tile")
+        if ws and self.num_warpgroups < 2:
+            raise self.error("a warp-specialized pipeline needs num_warpgroups >= 2 (one producer, the rest consume)")
+        if ws and registers:
+            leaving = sorted(n for n in _assigned_names(node.body) if n in self.scope)
+            if leaving:
+                raise self.error(f"registers={registers} caps the producer warpgroup, but `{leaving[0]}` is carried "
+                                 "out of the pipeline and would live in the producer too (it would spill); drop "
+                                 "registers= or keep such values inside the loop body", rule="registers")
+        p = f"__p{next(_pipeline_ids)}_"
+        sc = self.scope
+        sc[p + "steps"] = steps
+        sc[p + "full"] = self.builtin_barrier([stages, len(specs)], {})
+        if ws:
+            sc[p + "empty"] = self.builtin_barrier([stages, self.num_warpgroups - 1], {})
+        for i, spec in enumerate(specs):
+            sc[f"{p}t{i}"] = spec.tensor
+            sc[f"{p}buf{i}"] = self.builtin_smem([(stages, *spec.block), spec.tensor.dtype, spec.swizzle], {})
+            for d, o in enumerate(spec.origin):
+                sc[f"{p}o{i}_{d}"] = o
+        for name, value in (("copy", lang.copy_async), ("wait", lang.wgmma_wait), ("range", builtins.range),
+                            ("static", lang.static_range), ("wg", lang.warpgroup_id), ("maxreg", lang.set_max_registers)):
+            sc[p + name] = value
+
+        def copies(step: str, slot: str, indent: str) -> list[str]:
+            out = []
+            for i, spec in enumerate(specs):
+                coords = ", ".join(f"{p}o{i}_{d} + ({step}) * {spec.step[d]}" for d in range(len(spec.block)))
+                out.append(f"{indent}{p}copy({p}t{i}, ({coords},), {p}buf{i}[{slot}], barrier={p}full[{slot}])")
+            return out
+
+        k_name = target.elts[0].id
+        bind = [f"{t.id} = {p}buf{i}[{p}slot]" for i, t in enumerate(target.elts[1:])]
+        consumer = [f"for {k_name} in {p}range({p}steps):", f"    {p}slot = {k_name} % {stages}",
+                    f"    {p}full[{p}slot].wait()", *(f"    {b}" for b in bind), "    __BODY__",
+                    f"    {p}wait({release})"]
+        if ws:
+            consumer += [f"    if {k_name} >= {release}:", f"        {p}empty[({k_name} - {release}) % {stages}].arrive()",
+                         f"{p}wait(0)"]
+            lo, hi = registers if registers else (None, None)
+            lines = [f"if {p}wg() == 0:"] + ([f"    {p}maxreg({lo}, increase=False)"] if lo else []) + [
+                f"    for {p}k in {p}range({p}steps):", f"        {p}slot = {p}k % {stages}",
+                f"        if {p}k >= {stages}:", f"            {p}empty[{p}slot].wait()",
+                *copies(f"{p}k", f"{p}slot", "        "), "else:"] + (
+                [f"    {p}maxreg({hi}, increase=True)"] if hi else []) + [f"    {line}" for line in consumer]
+        else:
+            consumer += [f"    {p}next = {k_name} + {stages - 1}", f"    if {p}next < {p}steps:",
+                         *copies(f"{p}next", f"{p}next % {stages}", "        "), f"{p}wait(0)"]
+            lines = [f"for {p}s in {p}static({stages - 1}):", f"    if {p}s < {p}steps:",
+                     *copies(f"{p}s", f"{p}s", "        "), *consumer]
+        tree = ast.parse("\n".join(lines))
+        for n in ast.walk(tree):
+            if hasattr(n, "lineno"):
+                n.lineno, n.col_offset = node.lineno, node.col_offset
+                n.end_lineno, n.end_col_offset = node.lineno, node.col_offset
+
+        class Splice(ast.NodeTransformer):
+            def visit_Expr(self, e):
+                if isinstance(e.value, ast.Name) and e.value.id == "__BODY__":
+                    return node.body
+                return e
+
+        tree = Splice().visit(tree)
+        self.run_body(tree.body)
+        for name in [n for n in sc if n.startswith(p)]:
+            del sc[name]
+
     def builtin_store_async(self, args: list, kwargs: dict) -> None:
         if len(args) != 3 or set(kwargs) - {"reduce"}:
             raise self.error("store_async(dst, coords, src, reduce=None) takes a tensor, a tuple of element "
@@ -1310,6 +1431,20 @@ class Tracer:
         return result
 
 
+@dataclasses.dataclass(frozen=True)
+class TileSpec:
+    """mgjit.tile(...): the block of `tensor` at origin + k * step, for mgjit.pipeline."""
+
+    tensor: Ref
+    origin: tuple
+    block: tuple[int, ...]
+    step: tuple[int, ...]
+    swizzle: int | None
+
+
+_pipeline_ids = itertools.count(1)
+
+
 class _SlotMethod:
     def __init__(self, slot: BarrierSlot, method: str):
         self.slot = slot
@@ -1317,7 +1452,7 @@ class _SlotMethod:
 
 
 _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
-                    lang.set_max_registers, lang.store_async, lang.store_async_wait)
+                    lang.set_max_registers, lang.store_async, lang.store_async_wait, lang.tile)
 _BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit)
 
 
@@ -1394,6 +1529,7 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
     args: list[ir.Value] = []
     scope: dict[str, Any] = dict(constexprs)
     tracer = Tracer(source, builder, scope)
+    tracer.num_warpgroups = num_warpgroups
     for i, p in enumerate(params):
         tracer.param_index[p.name] = i
         if p.kind == "tensor":
