@@ -1334,9 +1334,10 @@ class Tracer:
         acc, a, b = args
         if not isinstance(acc, Tensor) or not acc.shape:
             raise self.error("the wgmma accumulator must be a register array (e.g. mgjit.zeros((BM, BN), mgjit.float32))")
-        for name, v in (("a", a), ("b", b)):
-            if not isinstance(v, SmemRef):
-                raise self.error(f"wgmma operand {name} must be an SMEM tile")
+        if not isinstance(b, SmemRef):
+            raise self.error("wgmma operand b must be an SMEM tile")
+        if not isinstance(a, SmemRef) and not (isinstance(a, Tensor) and a.shape):
+            raise self.error("wgmma operand a must be an SMEM tile or a register array")
         return self._emit(ir.Wgmma(acc.value, a.value, b.value, self.builder.loc))
 
     def builtin_wgmma_wait(self, args: list, kwargs: dict) -> None:

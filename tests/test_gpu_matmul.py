@@ -277,3 +277,26 @@ def test_pipeline_helper(kernel, m, n, k):
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     kernel[(triton_cdiv(m, 128), triton_cdiv(n, 128))](a, b, c, BM=128, BN=128, BK=64, STAGES=4)
     assert rel_err(c, a.float() @ b.float()) < 1e-2
+
+
+@mgjit.kernel
+def a_from_registers(a, b, c, K: mgjit.constexpr, N: mgjit.constexpr):
+    """acc = relu(a) @ b: A is loaded to registers, transformed, and fed to wgmma from registers."""
+    m0 = mgjit.program_id(0) * 64
+    b_s = mgjit.smem((K, N), b.dtype, swizzle=128)
+    bar = mgjit.barrier(1)
+    mgjit.copy_async(b, (0, 0), b_s, barrier=bar[0])
+    a_r = mgjit.maximum(a[mgjit.ds(m0, 64), mgjit.ds(0, K)], 0.0)
+    bar[0].wait()
+    acc = mgjit.wgmma(mgjit.zeros((64, N), mgjit.float32), a_r, b_s)
+    mgjit.wgmma_wait(0)
+    c[mgjit.ds(m0, 64), mgjit.ds(0, N)] = acc
+
+
+@pytest.mark.parametrize("k,n", [(64, 128), (128, 64)])
+def test_wgmma_a_from_registers(k, n):
+    a = torch.randn(200, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((200, n), float("nan"), device="cuda")
+    a_from_registers[(triton_cdiv(200, 64),)](a, b, c, K=k, N=n)
+    assert rel_err(c, a.float().relu() @ b.float()) < 1e-2

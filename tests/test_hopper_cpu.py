@@ -166,3 +166,15 @@ def test_pipeline_registers_with_state_leaving_the_loop_is_an_error():
         ws_registers_kernel.compile(x, x, x, BK=64)
     assert info.value.rule == "registers" and "`acc`" in str(info.value)
     assert info.value.loc.line == _line_of(ws_registers_kernel.fn, "for k, a_t, b_t")
+
+
+def test_wgmma_a_from_registers_loads_straight_into_the_fragment_layout():
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_gpu_matmul import a_from_registers
+    x, y = torch.empty(256, 64, dtype=BF16), torch.empty(64, 128, dtype=BF16)
+    c = a_from_registers.compile(x, y, torch.empty(256, 128), K=64, N=128)
+    assert c.spills == 0
+    instr = next(line for line in c.ptx.splitlines() if "wgmma.mma_async" in line)
+    assert "m64n128k16.f32.bf16.bf16" in instr and instr.count("%r") >= 64 + 4
+    load = next(line for line in c.ir.splitlines() if "= load" in line)
+    assert "Tiling((64, 8)(16, 8)(8, 8)(2))" in load  # the WGMMA layout: no relayout of A

@@ -169,13 +169,14 @@ def _operand_descriptor(ctx: Context, tile: SmemTile, mn_offset: int, k_offset: 
 def _wgmma(op: ir.Wgmma, ctx: Context) -> None:
     e = ctx.e
     acc: Frag = ctx.frag(op.operands[0])
-    a: SmemTile = ctx.get(op.operands[1])
+    a = ctx.get(op.operands[1])  # an SmemTile, or a Frag for A from registers
     b: SmemTile = ctx.get(op.operands[2])
     m, n = op.result.type.shape
-    k = a.type.shape[1]
-    dtype = a.type.dtype
+    a_regs = isinstance(a, Frag)
+    k = op.operands[1].type.shape[1]
+    dtype = op.operands[1].dtype
     k_step = 256 // dtype.bits
-    a_k_major = not a.type.transposed  # a is (M, K): stored K-major unless it is a transposed view
+    a_k_major = a_regs or not a.type.transposed  # a is (M, K): stored K-major unless it is a transposed view
     b_k_major = b.type.transposed  # b is (K, N): stored N-major unless it is a transposed view of (N, K)
     ab = _PTX_TYPE[dtype]
     per_tile = n // 2  # accumulator registers per thread per m64 tile
@@ -186,16 +187,33 @@ def _wgmma(op: ir.Wgmma, ctx: Context) -> None:
     for t in range(m // 64):
         regs = elems[t * per_tile:(t + 1) * per_tile]
         for kk in range(k // k_step):
-            da = _operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)
             db = _operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
             outs = ", ".join(f"${i}" for i in range(per_tile))
-            # Only 16-bit operands have the transpose immediates (tf32 and fp8 must be K-major).
-            transposes = f", {0 if a_k_major else 1}, {0 if b_k_major else 1}" if dtype.bits == 16 else ""
-            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${per_tile + 2}, 0; "
-                    f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, ${per_tile}, "
-                    f"${per_tile + 1}, p, 1, 1{transposes}; }}")
-            constraints = ",".join(["=f"] * per_tile + ["l", "l", "r"] + [str(i) for i in range(per_tile)])
-            regs = e.asm(text, constraints, [da, db, one, *regs], [f32] * per_tile, side_effects=True)
+            if a_regs:
+                # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair)
+                # in the WGMMA layout's register order, packed into 4 b32 registers a0..a3.
+                per_block = k // 8 * 2 * 2  # elements per m64 tile of A, per thread
+                chunk = a.elems[t * per_block + kk * 8:t * per_block + kk * 8 + 8]
+                a_ops = [e.pack_i32([e.bitcast(x, e.int_type(16)) for x in chunk[i:i + 2]]) for i in range(0, 8, 2)]
+                a_text = "{" + ", ".join(f"${per_tile + i}" for i in range(4)) + "}"
+                a_cons = ["r"] * 4
+            else:
+                a_ops = [_operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)]
+                a_text, a_cons = f"${per_tile}", ["l"]
+            nb = per_tile + len(a_ops)
+            # Only 16-bit operands have the transpose immediates (tf32 and fp8 must be K-major); A in
+            # registers has only B's.
+            if dtype.bits != 16:
+                transposes = ""
+            elif a_regs:
+                transposes = f", {0 if b_k_major else 1}"
+            else:
+                transposes = f", {0 if a_k_major else 1}, {0 if b_k_major else 1}"
+            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nb + 1}, 0; "
+                    f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, {a_text}, "
+                    f"${nb}, p, 1, 1{transposes}; }}")
+            constraints = ",".join(["=f"] * per_tile + a_cons + ["l", "r"] + [str(i) for i in range(per_tile)])
+            regs = e.asm(text, constraints, [*a_ops, db, one, *regs], [f32] * per_tile, side_effects=True)
         elems[t * per_tile:(t + 1) * per_tile] = regs
     e.asm_void("wgmma.commit_group.sync.aligned;", "", [])
     ctx.set(op.result, Frag(acc.layout, acc.shape, acc.dtype, elems))
