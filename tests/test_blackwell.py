@@ -125,6 +125,18 @@ def test_epilogue_through_smem_and_tma_or_straight_to_gmem(built):
     assert "bulk_group" not in direct.ptx and re.search(r"@%p\d+ st\.global\.b32", direct.ptx)
 
 
+def test_m64_collective_variant_compiles():
+    """2-CTA M = 128: each CTA's 64-row accumulator in the m64-collective layout, read whole into registers."""
+    (a, b), out = example.setup("meta")
+    cfg = {**example.CONFIGS["2cta"], "BM": 64, "BN": 128}
+    c = example.matmul_kernel.compile(a, b, out, **cfg, target="sm_100a", cluster=(2, 1, 1))
+    assert c.spills == 0
+    assert re.search(rf"mov\.b32\s+%r\d+, {idesc(128, 128)};", c.ptx)
+    assert "tcgen05.mma.cta_group::2.kind::f16" in c.ptx
+    assert len(re.findall(r"tcgen05\.ld\.sync\.aligned\.16x256b\.x8\.b32", c.ptx)) == 2
+    assert "tmem_layout=m64 collective, cta_group=2" in c.ir
+
+
 def test_half_lane_mma_writes_two_lane_halves(built):
     """M = 64: two MMAs per K step whose D addresses differ by 16 lanes (16 << 16)."""
     ptx = built["m64"].ptx
