@@ -204,6 +204,12 @@ def _wgmma(op: ir.Wgmma, inf: Inference) -> None:
     """The accumulator lives in the WGMMA layout (an anchor): a zeros splat moves into it for free."""
     if op.operands[0].layout != WGMMA:
         inf.relayout(inf.current_block, op, 0, WGMMA)
+    a = op.operands[1]
+    if a.is_array and a.layout != WGMMA:  # A from registers: the wgmma operand fragment is the WGMMA layout
+        anchors = _flexible_origins(a) if isinstance(a.layout, TiledLayout) else None
+        if anchors and all(id(x) not in inf.overrides for x in anchors):
+            raise _Restart({id(x): WGMMA for x in anchors})
+        inf.relayout(inf.current_block, op, 1, WGMMA)
     inf.set_layout(op.result, WGMMA, op)
 
 
@@ -352,8 +358,14 @@ def _tmem_load(op: ir.TmemLoad, inf: Inference) -> None:
 @rule(ir.TmemStore)
 def _tmem_store(op: ir.TmemStore, inf: Inference) -> None:
     target = _tmem_register_layout(op, op.operands[0])
-    if op.operands[1].layout != target:
-        inf.relayout(inf.current_block, op, 1, target)
+    value = op.operands[1]
+    if value.layout == target:
+        return
+    # Data loaded from GMEM (or an iota) straight into the layout tcgen05.st needs, rather than relayouted.
+    anchors = _flexible_origins(value) if isinstance(value.layout, TiledLayout) else None
+    if anchors and all(id(a) not in inf.overrides for a in anchors):
+        raise _Restart({id(a): target for a in anchors})
+    inf.relayout(inf.current_block, op, 1, target)
 
 
 @rule(ir.Tcgen05Commit)

@@ -717,7 +717,8 @@ class BarrierWait(Op):
 
 class Wgmma(Op):
     """acc + a @ b on the warpgroup's tensor cores, issued asynchronously (complete with WgmmaWait).
-    `a` and `b` are SMEM tiles (a: (M, K), b: (K, N), either may be a transposed view); acc is (M, N)."""
+    `b` is an SMEM tile (K, N) (or a transposed view); `a` is an SMEM tile (M, K) or a 16-bit register
+    array (M, K) in the WGMMA layout; acc is (M, N)."""
 
     name = "wgmma"
 
@@ -727,18 +728,27 @@ class Wgmma(Op):
     def verify(self):
         from . import mma_descriptors as md
         acc, a, b = self.operands
-        _check(acc.is_array and len(acc.type.shape) == 2, self, "the wgmma accumulator is a 2D register array")
-        for name, v in (("a", a), ("b", b)):
-            _check(_is_ref(v, "smem") and v.type.rank == 2, self, f"wgmma operand {name} must be a 2D SMEM tile")
-            _check(v.type.swizzle is not None, self, f"wgmma operand {name} needs a swizzled SMEM tile "
-                   "(mgjit.smem(..., swizzle=32/64/128))")
+
+        def need(cond: bool, message: str) -> None:
+            if not cond:
+                raise self.error(message, rule="wgmma-shape")
+
+        need(acc.is_array and len(acc.type.shape) == 2, "the wgmma accumulator is a 2D register array")
+        a_in_registers = a.is_array
+        if a_in_registers:
+            need(len(a.type.shape) == 2 and a.dtype.bits == 16,
+                 f"wgmma A from registers is a 2D f16/bf16 array, got {a.type}")
+        for name, v in ((("b", b),) if a_in_registers else (("a", a), ("b", b))):
+            need(_is_ref(v, "smem") and v.type.rank == 2, f"wgmma operand {name} must be a 2D SMEM tile")
+            need(v.type.swizzle is not None, f"wgmma operand {name} needs a swizzled SMEM tile "
+                 "(mgjit.smem(..., swizzle=32/64/128))")
         (m, n), (ma, k), (kb, nb) = acc.type.shape, a.type.shape, b.type.shape
-        _check(m == ma and n == nb and k == kb, self,
-               f"wgmma shapes do not chain: acc {acc.type.shape}, a {a.type.shape}, b {b.type.shape}")
+        need(m == ma and n == nb and k == kb,
+             f"wgmma shapes do not chain: acc {acc.type.shape}, a {a.type.shape}, b {b.type.shape}")
         if m % 64:
             raise self.error(f"a warpgroup's wgmma accumulator has a multiple of 64 rows, got {m}", rule="wgmma-shape")
-        _check(a.dtype == b.dtype, self, f"wgmma operands differ in dtype: {a.dtype.name} and {b.dtype.name}")
-        a_major = md.Major.MN if a.type.transposed else md.Major.K
+        need(a.dtype == b.dtype, f"wgmma operands differ in dtype: {a.dtype.name} and {b.dtype.name}")
+        a_major = md.Major.MN if (not a_in_registers and a.type.transposed) else md.Major.K
         b_major = md.Major.K if b.type.transposed else md.Major.MN
         k_step = 256 // a.dtype.bits
         if k % k_step:
@@ -746,7 +756,7 @@ class Wgmma(Op):
                              f"got {k}", rule="wgmma-shape")
         try:
             md.check_wgmma_shape(64, n, k_step, a.dtype, acc.dtype, a_major, b_major)
-            for v in (a, b):
+            for v in ((b,) if a_in_registers else (a, b)):
                 rows, cols = v.type.shape if not v.type.transposed else v.type.shape[::-1]
                 md.check_swizzle(v.type.swizzle)
                 if (cols * v.dtype.bits // 8) % v.type.swizzle:
@@ -864,9 +874,10 @@ class TmemAlloc(Op):
             tmem_alloc_columns(layout.columns, exact=True)
         except TMEMLayoutError:
             raise self.error(
-                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a {t.shape[0]}x{t.shape[1]} "
-                f"{t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
-                f"{layout.columns} columns; give it a power-of-two number of columns", rule="tmem-alloc") from None
+                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a "
+                f"{t.shape[0]}x{t.shape[1]} {t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
+                f"{layout.columns} columns; give it a power-of-two number of columns, at least 32",
+                rule="tmem-alloc") from None
 
 
 class TmemSlice(Op):
@@ -1002,7 +1013,7 @@ class Tcgen05Mma(Op):
             if k % k_step:
                 raise md.DescriptorError(f"the K extent of tcgen05 tiles must be a multiple of {k_step} for "
                                          f"{a.dtype.name} (32 bytes per instruction), got {k}")
-            a_major = md.Major.MN if a.type.transposed else md.Major.K
+            a_major = md.Major.K if not a.type.transposed else md.Major.MN  # (a TMEM operand is never transposed)
             b_major = md.Major.K if b.type.transposed else md.Major.MN
             pieces = tmem_layout(acc.type).mma_pieces()
             if collective and len(pieces) != 1:

@@ -71,7 +71,9 @@ barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarrie
                               "warpgroup counts one) and their bytes; bars[i].wait() tracks the phase for you.")
 copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i]): TMA copy of the tile of "
                                     "tensor `src` at element coordinates `coords` into SMEM tile `dst`; it is one "
-                                    "arrival on the barrier, with the tile's bytes.")
+                                    "arrival on the barrier, with the tile's bytes. collective=True (2-CTA "
+                                    "Blackwell kernels): the arrival counts on that barrier in the pair's leader "
+                                    "CTA, where the 2-CTA MMA waits.")
 store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None): TMA copy of SMEM tile `src` "
                                       "to the tile of tensor `dst` at `coords` (reduce='add' adds it there).")
 store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
@@ -93,9 +95,11 @@ tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None): a (
                         "collective=True for 2-CTA MMAs. ref.load() / ref.store(x) move it to and from registers; "
                         "ref[:, a:b] takes columns of a 128-row reference.")
 tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True): acc (TMEM) = a @ b (+ acc), a an SMEM "
-                                      "tile or TMEM reference, b an SMEM tile; issued by one thread, asynchronous "
-                                      "(tcgen05_commit signals completion). For collective acc, each CTA passes "
-                                      "acc (M/2, N), a (M/2, K), b (K, N/2).")
+                                      "tile or TMEM reference, b an SMEM tile; issued by thread 0 of the calling "
+                                      "warpgroup (call it from one warpgroup), asynchronous (tcgen05_commit "
+                                      "signals completion). For collective acc, each CTA passes acc (M/2, N), "
+                                      "a (M/2, K), b (K, N/2), and only the pair's leader (even cluster rank) "
+                                      "issues it.")
 tcgen05_commit = _builtin("tcgen05_commit", "tcgen05_commit(bars[i]): one arrival on the barrier once the MMAs this "
                                             "warpgroup issued are complete (on both CTAs of a 2-CTA pair).")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import ir, mlir
 from ..layouts import THREADS_PER_WARPGROUP
-from . import control, elementwise, hopper, memory, reduce  # noqa: F401  (register their rules)
+from . import blackwell, control, elementwise, hopper, memory, reduce  # noqa: F401  (register their rules)
 from .core import RULES, Context, LoweredRef, TensorSpec
 from .emit import Emitter
 
@@ -73,6 +73,7 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
         emitter = Emitter(m, module, func_block, gpu_block)
         with emitter.ip[0]:
             ctx = Context(kernel, emitter, specs)
+            ctx.target = target  # rules that need a newer architecture check it
             args = list(func_block.arguments)
             pos = 0
             for p, v in zip(kernel.params, kernel.args):
