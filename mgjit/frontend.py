@@ -339,8 +339,9 @@ class TmemRef:
 # ---------------------------------------------------------------------------------------------- tracer
 
 class _Return(Exception):
-    def __init__(self, value):
+    def __init__(self, value, node: ast.AST):
         self.value = value
+        self.node = node
 
 
 _ALLOWED_PY_BUILTINS = {"range", "len", "int", "float", "bool", "min", "max", "abs", "tuple", "list",
@@ -666,7 +667,7 @@ class Tracer:
     def stmt_Return(self, node: ast.Return) -> None:
         if self.depth == 0 and node.value is not None:
             raise self.error("a kernel cannot return a value; store results into an output argument")
-        raise _Return(self.expr(node.value) if node.value is not None else None)
+        raise _Return(self.expr(node.value) if node.value is not None else None, node)
 
     def stmt_Assert(self, node: ast.Assert) -> None:
         cond = self.expr(node.test)
@@ -697,14 +698,15 @@ class Tracer:
             self.builder.block = block
             try:
                 self.run_body(stmts)
-            except _Return:
+            except _Return as r:
                 raise self.error("return inside a runtime `if` is not supported; assign to a variable "
-                                 "and return after the `if`", node)
+                                 "and return after the `if`", r.node)
             finally:
                 self.builder.block, out_scope = saved_block, self.scope
                 self.scope = saved_scope
             return {"block": block, "scope": out_scope}
 
+        if_loc = self.src.loc(node)
         then_, else_ = trace_branch(node.body), trace_branch(node.orelse)
         results = []
         for name in assigned:
@@ -724,11 +726,11 @@ class Tracer:
             a, b = self._join_branch_values(name, a, b, then_["block"], else_["block"])
             results[i] = (name, a, b)
             types.append(a.value.type)
-        op = ir.If(cond.value, types, self.builder.loc)
+        op = ir.If(cond.value, types, if_loc)
         op.regions[0].ops = then_["block"].ops
         op.regions[1].ops = else_["block"].ops
-        op.regions[0].ops.append(ir.Yield([a.value for _, a, _ in results], self.builder.loc))
-        op.regions[1].ops.append(ir.Yield([b.value for _, _, b in results], self.builder.loc))
+        op.regions[0].ops.append(ir.Yield([a.value for _, a, _ in results], if_loc))
+        op.regions[1].ops.append(ir.Yield([b.value for _, _, b in results], if_loc))
         self.builder.add(op)
         for (name, _, _), r in zip(results, op.results):
             self.scope[name] = Tensor(self, r)
@@ -828,8 +830,8 @@ class Tracer:
                 self.scope[n] = Tensor(self, arg)
             try:
                 self.run_body(node.body)
-            except _Return:
-                raise self.error("return inside a runtime loop is not supported", node)
+            except _Return as r:
+                raise self.error("return inside a runtime loop is not supported", r.node)
             self._at(node)
             yielded = []
             for n in carried:
@@ -946,7 +948,17 @@ class Tracer:
 
     def expr_Compare(self, node: ast.Compare) -> Any:
         if len(node.ops) != 1:
-            raise self.error("chained comparisons are not supported; combine two comparisons with &")
+            values = [self.expr(node.left)] + [self.expr(c) for c in node.comparators]
+            if any(isinstance(v, (Tensor, Expanded)) for v in values):
+                raise self.error("chained comparisons of runtime values are not supported; combine two "
+                                 "comparisons with &")
+            for op, a, b in zip(node.ops, values, values[1:]):
+                kind = _CMPOPS.get(type(op))
+                if kind is None or not _PY_CMP[kind](a, b):
+                    if kind is None:
+                        raise self.error(f"comparison {type(op).__name__} is not supported in a chain")
+                    return False
+            return True
         kind = _CMPOPS.get(type(node.ops[0]))
         a, b = self.expr(node.left), self.expr(node.comparators[0])
         if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):

@@ -134,9 +134,6 @@ def test_structured_control_flow_in_the_printer():
                                                                                      "yield(%15)"]
 
 
-@pytest.mark.xfail(strict=True, reason="frontend.py Tracer.stmt_If builds the If op with builder.loc after "
-                   "tracing both branches, so it carries the line of the last statement traced, not the "
-                   "`if` statement's")
 def test_if_op_carries_the_line_of_the_if_statement():
     k = loop_if_ir()
     (if_op,) = [op for op in k.walk() if isinstance(op, ir.If)]
