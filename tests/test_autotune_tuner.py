@@ -357,3 +357,22 @@ def test_report_rows_carry_no_trailing_blanks(cache_dirs):
     matmul, _, _ = tuned(cache_dirs)
     matmul[(1,)](*args())
     assert all(line == line.rstrip() for line in str(matmul.tuning_report()).splitlines())
+
+
+def test_close_finalists_are_timed_again_before_choosing(cache_dirs):
+    """A first pass that mis-ranks two configs 2% apart (a noisy first sample) must not decide the winner:
+    finalists within 5% of the fastest are re-timed, interleaved, and the median decides."""
+    fast, close = CONFIGS[0], CONFIGS[1]
+    seen: dict = {}
+
+    def times(c):
+        seen[c] = seen.get(c, 0) + 1
+        if c == fast:
+            return 1.05 if seen[c] == 1 else 1.00  # its first sample was unlucky
+        return 1.02 if c == close else 3.0
+
+    matmul, _, timer = tuned(cache_dirs, times=times)
+    matmul[(1,)](*args())
+    assert matmul.tuning_report().winner.config == fast
+    assert seen[fast] == seen[close] == 1 + at.tuner.Autotuned.CONFIRM_ROUNDS
+    assert all(seen[c] == 1 for c in CONFIGS[2:])  # far slower configs are timed once

@@ -207,10 +207,6 @@ print("child exit", os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTER
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="lowering/__init__.py lower() creates ir.Context() with multithreading on; "
-                   "a context collected in a process forked after it was made (autotune's fork pool) joins "
-                   "thread-pool threads that do not exist there: the child hangs or segfaults (seen hanging "
-                   "test_autotune_real in a full run). ctx.enable_multithreading(False) fixes it")
 def test_forked_child_can_collect_the_parents_mlir_context(tmp_path):
     script = tmp_path / "fork_after_compile.py"
     script.write_text(FORK_AFTER_COMPILE)

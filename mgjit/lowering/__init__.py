@@ -54,6 +54,9 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
     m = mlir.load()
     threads = THREADS_PER_WARPGROUP * kernel.num_warpgroups
     ctx_mlir = m.ir.Context()
+    # No MLIR thread pool: one module per compile gains nothing from it, and a context collected in a
+    # forked autotune worker would wait forever for pool threads that did not survive the fork.
+    ctx_mlir.enable_multithreading(False)
     with ctx_mlir, m.ir.Location.unknown():
         sig = ", ".join(f"%a{i}: {t}" for i, t in enumerate(_param_types(kernel)))
         link = f', link = ["{libdevice}"]' if libdevice else ""
