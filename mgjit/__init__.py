@@ -12,7 +12,7 @@ from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16
 from .errors import CompileError, LaunchError
 from .frontend import DeviceFunction
 from .jit import VERSION as __version__, CompiledKernel, Kernel
-from .language import (abs, arange, barrier, cdiv, constexpr, copy_async, cos, ds, erf, exp, exp2,
+from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, constexpr, copy_async, cos, ds, erf, exp, exp2,
                        fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,
                        rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
                        tile, warpgroup_id, wgmma,

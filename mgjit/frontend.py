@@ -359,6 +359,7 @@ class Tracer:
         # Kernel-wide state shared with inlined helpers.
         self.tma_descriptors: list[ir.TmaDescriptor] = parent.tma_descriptors if parent else []
         self.num_warpgroups: int = parent.num_warpgroups if parent else 1
+        self.cluster: tuple[int, int, int] = parent.cluster if parent else (1, 1, 1)
         self.param_index: dict[str, int] = parent.param_index if parent else {}
         self.globals = source.fn.__globals__
         self.closure = self._closure_vars(source.fn)
@@ -1160,12 +1161,19 @@ class Tracer:
         return None
 
     def builtin_copy_async(self, args: list, kwargs: dict) -> None:
-        if len(args) != 3 or set(kwargs) - {"collective"} != {"barrier"}:
+        if len(args) != 3 or set(kwargs) - {"collective", "multicast"} != {"barrier"}:
             raise self.error("copy_async(src, coords, dst, barrier=bars[i]) takes a tensor, a tuple of element "
                              "coordinates, an SMEM tile and a barrier slot")
         collective = kwargs.get("collective", False)
-        if not isinstance(collective, bool):
-            raise self.error(f"copy_async's collective= must be a static bool, got {collective!r}")
+        multicast = kwargs.get("multicast", False)
+        if not isinstance(collective, bool) or not isinstance(multicast, bool):
+            raise self.error("copy_async's collective= and multicast= must be static bools")
+        ctas = self.cluster[0] * self.cluster[1] * self.cluster[2]
+        if multicast and ctas < 2:
+            raise self.error("copy_async(multicast=True) delivers a tile to every CTA of a cluster: launch and "
+                             "compile with cluster=(n, 1, 1), n >= 2", rule="cluster")
+        if multicast and collective:
+            raise self.error("copy_async takes collective= or multicast=, not both")
         src, coords, dst = args
         bar = kwargs["barrier"]
         if not isinstance(src, Ref):
@@ -1177,17 +1185,24 @@ class Tracer:
         coords = coords if isinstance(coords, (tuple, list)) else (coords,)
         if len(coords) != src.ndim:
             raise self.error(f"{src.name} has rank {src.ndim}; copy_async needs {src.ndim} coordinates")
-        descriptor = self._tma_descriptor(src, dst)
+        split = ctas if multicast else 1
+        if multicast and (dst.shape[0] % split or (dst.value.type.swizzle and (dst.shape[0] // split) % 8)):
+            raise self.error(f"a multicast tile's rows are split over the cluster's {split} CTAs: {dst.shape[0]} rows "
+                             f"must divide into parts that are multiples of 8 rows", rule="cluster")
+        descriptor = self._tma_descriptor(src, dst, rows_split=split)
         starts = [self.cast(self.to_tensor(c), dtypes.int32).value for c in coords]
         ref, _ = bar._ref(self)
-        # collective=True: the arrival and bytes count on the barrier of the 2-CTA pair's leader CTA.
-        load = ir.TmaLoadCollective if collective else ir.TmaLoad
-        self.builder.add(load(src.value, starts, dst.value, ref, descriptor, self.builder.loc))
+        if collective:  # the arrival and bytes count on the barrier of the 2-CTA pair's leader CTA
+            self.builder.add(ir.TmaLoadCollective(src.value, starts, dst.value, ref, descriptor, self.builder.loc))
+        else:
+            self.builder.add(ir.TmaLoad(src.value, starts, dst.value, ref, descriptor, self.builder.loc,
+                                        multicast=split if multicast else 0))
         return None
 
-    def _tma_descriptor(self, tensor: Ref, tile: SmemRef) -> int:
-        """Register (once) the host-built TMA descriptor for copies between `tensor` and tiles like `tile`."""
-        shape = tile.shape
+    def _tma_descriptor(self, tensor: Ref, tile: SmemRef, rows_split: int = 1) -> int:
+        """Register (once) the host-built TMA descriptor for copies between `tensor` and tiles like `tile`
+        (or 1/rows_split of their rows, for multicast)."""
+        shape = (tile.shape[0] // rows_split, *tile.shape[1:])
         if len(shape) != tensor.ndim:
             raise self.error(f"the SMEM tile {shape} must have the rank of {tensor.name} ({tensor.ndim})")
         swizzle = tile.value.type.swizzle or 0
@@ -1364,6 +1379,12 @@ class Tracer:
             self.scope[n] = Tensor(self, r)
         return None
 
+    def builtin_cluster_rank(self, args: list, kwargs: dict) -> Tensor:
+        return self._emit(ir.ClusterRank(self.builder.loc))
+
+    def builtin_cluster_sync(self, args: list, kwargs: dict) -> None:
+        self.builder.add(ir.ClusterSync(self.builder.loc))
+
     def builtin_fence_async_shared(self, args: list, kwargs: dict) -> None:
         self.builder.add(ir.FenceAsyncShared(self.builder.loc))
 
@@ -1465,7 +1486,8 @@ class _SlotMethod:
 
 
 _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
-                    lang.set_max_registers, lang.store_async, lang.store_async_wait, lang.tile)
+                    lang.set_max_registers, lang.store_async, lang.store_async_wait, lang.tile, lang.cluster_rank,
+                    lang.cluster_sync)
 _BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit)
 
 
@@ -1535,7 +1557,7 @@ _PY_CMP = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, 
 # ---------------------------------------------------------------------------------------------- entry
 
 def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, Any],
-          num_warpgroups: int) -> ir.Kernel:
+          num_warpgroups: int, cluster: tuple[int, int, int] = (1, 1, 1)) -> ir.Kernel:
     """Build the IR of one specialization of a kernel."""
     body = ir.Block()
     builder = Builder(body)
@@ -1543,6 +1565,7 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
     scope: dict[str, Any] = dict(constexprs)
     tracer = Tracer(source, builder, scope)
     tracer.num_warpgroups = num_warpgroups
+    tracer.cluster = cluster
     for i, p in enumerate(params):
         tracer.param_index[p.name] = i
         if p.kind == "tensor":

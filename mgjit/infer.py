@@ -165,7 +165,8 @@ def infer_layouts(kernel: ir.Kernel) -> None:
 
 @rule(ir.Constant, ir.ProgramId, ir.NumPrograms, ir.WarpgroupId, ir.RefDim, ir.Store, ir.Yield, ir.SmemAlloc,
       ir.BarrierAlloc, ir.RefIndex, ir.RefTranspose, ir.TmaLoad, ir.BarrierArrive, ir.BarrierWait,
-      ir.FenceAsyncShared, ir.SetMaxRegisters, ir.TmaStore, ir.TmaStoreWait, ir.SmemStore)
+      ir.FenceAsyncShared, ir.SetMaxRegisters, ir.TmaStore, ir.TmaStoreWait, ir.SmemStore,
+      ir.ClusterRank, ir.ClusterSync)
 def _no_arrays(op: ir.Op, inf: Inference) -> None:
     pass
 

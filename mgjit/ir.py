@@ -595,9 +595,11 @@ class TmaLoad(Op):
     name = "tma_load"
 
     def __init__(self, src: Value, coords: Sequence[Value], dst: Value, barrier: Value, descriptor: int,
-                 loc: Loc | None):
+                 loc: Loc | None, multicast: int = 0):
         super().__init__([src, *coords, dst, barrier], [], loc)
         self.descriptor = descriptor  # index into Kernel.tma_descriptors
+        # With multicast=n, each of the cluster's n CTAs copies 1/n of the tile's rows to all of them.
+        self.multicast = multicast
 
     @property
     def src(self) -> Value:
@@ -616,7 +618,7 @@ class TmaLoad(Op):
         return self.operands[-1]
 
     def attrs(self):
-        return {"descriptor": self.descriptor}
+        return {"descriptor": self.descriptor, **({"multicast": self.multicast} if self.multicast else {})}
 
     def verify(self):
         _check(_is_ref(self.src, "gmem"), self, "TMA copies from a GMEM tensor argument")
@@ -689,6 +691,22 @@ class TmaStoreWait(Op):
 
     def attrs(self):
         return {"pending": self.pending}
+
+
+class ClusterRank(Op):
+    name = "cluster_rank"
+
+    def __init__(self, loc: Loc | None):
+        super().__init__([], [ScalarType(dtypes.int32)], loc)
+
+
+class ClusterSync(Op):
+    """A barrier across every thread of every CTA in the cluster (release/acquire ordering)."""
+
+    name = "cluster_sync"
+
+    def __init__(self, loc: Loc | None):
+        super().__init__([], [], loc)
 
 
 class BarrierArrive(Op):

@@ -322,7 +322,7 @@ class Kernel:
         if num_warpgroups not in (1, 2, 3, 4):
             raise LaunchError(f"num_warpgroups must be 1..4, got {num_warpgroups}")
         params, specs = self._params_and_specs(spec)
-        kernel_ir = frontend.trace(SourceFunction(self.fn), params, consts, num_warpgroups)
+        kernel_ir = frontend.trace(SourceFunction(self.fn), params, consts, num_warpgroups, cluster)
         spec_by_value = {v.id: s for v, s in zip(kernel_ir.args, specs) if s is not None}
         for desc in kernel_ir.tma_descriptors:
             s = specs[desc.param]

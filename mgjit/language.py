@@ -69,7 +69,7 @@ smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffe
 barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers, each completing a phase "
                               "after `arrivals` arrivals (every copy_async on it and every arrive() of a "
                               "warpgroup counts one) and their bytes; bars[i].wait() tracks the phase for you.")
-copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i]): TMA copy of the tile of "
+copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i], multicast=False): TMA copy of the tile of "
                                     "tensor `src` at element coordinates `coords` into SMEM tile `dst`; it is one "
                                     "arrival on the barrier, with the tile's bytes. collective=True (2-CTA "
                                     "Blackwell kernels): the arrival counts on that barrier in the pair's leader "
@@ -82,6 +82,8 @@ pipeline = _builtin("pipeline", "for k, *tiles in pipeline(steps, tile(...), ...
                                 "warp_specialize=False, registers=None): a TMA→SMEM ring feeding the loop body.")
 tile = _builtin("tile", "tile(tensor, origin, block, step, swizzle=None): a block of `tensor` for mgjit.pipeline: "
                         "at step k it is the block at origin + k * step (element coordinates).")
+cluster_rank = _builtin("cluster_rank", "cluster_rank(): the rank of this CTA in its cluster.")
+cluster_sync = _builtin("cluster_sync", "cluster_sync(): a barrier for every thread of every CTA in the cluster.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "

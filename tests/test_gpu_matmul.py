@@ -300,3 +300,29 @@ def test_wgmma_a_from_registers(k, n):
     c = torch.full((200, n), float("nan"), device="cuda")
     a_from_registers[(triton_cdiv(200, 64),)](a, b, c, K=k, N=n)
     assert rel_err(c, a.float().relu() @ b.float()) < 1e-2
+
+
+@mgjit.kernel
+def multicast_copy(x, out, R: mgjit.constexpr, C: mgjit.constexpr):
+    """Each CTA of a 2-CTA cluster issues half of one tile, multicast: both receive all of it."""
+    t = mgjit.smem((R, C), x.dtype, swizzle=128)
+    bar = mgjit.barrier(1)
+    mgjit.cluster_sync()  # every CTA's barrier is initialised before any multicast signals it
+    cluster = mgjit.program_id(0) // 2
+    mgjit.copy_async(x, (cluster * R, 0), t, barrier=bar[0], multicast=True)
+    bar[0].wait()
+    mgjit.store_async(out, (mgjit.program_id(0) * R, 0), t)
+    mgjit.store_async_wait(0)
+    mgjit.cluster_sync()  # no CTA exits while its peer may still write into its shared memory
+
+
+def test_tma_multicast_in_a_cluster():
+    clusters, r, c = 6, 64, 64
+    x = torch.randn(clusters * r, c, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((2 * clusters * r, c), float("nan"), device="cuda", dtype=torch.bfloat16)
+    multicast_copy[(2 * clusters,)](x, out, R=r, C=c, cluster=(2, 1, 1))
+    torch.cuda.synchronize()
+    expected = x.view(clusters, 1, r, c).expand(clusters, 2, r, c).reshape(2 * clusters * r, c)
+    torch.testing.assert_close(out, expected)
+    with pytest.raises(mgjit.LaunchError, match="whole number of clusters"):
+        multicast_copy[(3,)](x, out, R=r, C=c, cluster=(2, 1, 1))

@@ -178,3 +178,17 @@ def test_wgmma_a_from_registers_loads_straight_into_the_fragment_layout():
     assert "m64n128k16.f32.bf16.bf16" in instr and instr.count("%r") >= 64 + 4
     load = next(line for line in c.ir.splitlines() if "= load" in line)
     assert "Tiling((64, 8)(16, 8)(8, 8)(2))" in load  # the WGMMA layout: no relayout of A
+
+
+def test_multicast_copy_and_cluster_barrier():
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_gpu_matmul import multicast_copy
+    x = torch.empty(256, 64, dtype=BF16)
+    c = multicast_copy.compile(x, x, R=64, C=64, cluster=(2, 1, 1), target="sm_90a")
+    assert "mbarrier::complete_tx::bytes.multicast::cluster" in c.ptx and "%cluster_ctarank" in c.ptx
+    assert "barrier.cluster.arrive.release.aligned" in c.ptx and c.meta["cluster"] == [2, 1, 1]
+    with pytest.raises(mgjit.CompileError) as info:
+        multicast_copy.compile(x, x, R=64, C=64)  # no cluster
+    assert info.value.rule == "cluster" and info.value.loc.line == _line_of(multicast_copy.fn, "multicast=True")
+    with pytest.raises(mgjit.CompileError, match="multiples of 8 rows"):
+        multicast_copy.compile(x, x, R=8, C=64, cluster=(2, 1, 1))

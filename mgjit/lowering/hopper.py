@@ -93,19 +93,32 @@ def _tma_load(op: ir.TmaLoad, ctx: Context) -> None:
     blocks = t.shape[-1] // box_inner
     block_bytes = _tile_bytes(t) // blocks
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    # The barrier expects the whole tile, also under multicast, where the other CTAs deliver their parts.
     e.asm_void(f"@$0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$1], {_tile_bytes(t)};", "b,r", [elected, bar])
     coords = [ctx.get(c) for c in op.coords]
     dst_addr = _shared_address(ctx, dst.offset)
+    extra, suffix, mask = [], "", []
+    if op.multicast:
+        # This CTA copies rows [rank*R/n, (rank+1)*R/n) of every column block, to every CTA of the cluster.
+        n = op.multicast
+        rank_id = e.asm("mov.u32 $0, %cluster_ctarank;", "=r", [], [e.int_type(32)])[0]
+        part_rows = spec.box[0]
+        first_row = e.muli(rank_id, e.i32(part_rows))
+        coords = [e.addi(coords[0], first_row)] + coords[1:]
+        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(block_bytes // t.shape[0])))
+        suffix = ".multicast::cluster"
+        mask = [e.trunc(e.i32((1 << n) - 1), 16)]
+        extra = [f"${4 + rank}"]
     for j in range(blocks):
         inner = e.addi(coords[-1], e.i32(j * box_inner)) if j else coords[-1]
         # TMA coordinates are innermost first.
         ordered = [inner] + coords[-2::-1]
         slots = ", ".join(f"${i + 4}" for i in range(rank))
         e.asm_void(
-            f"@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes "
-            f"[$1], [$2, {{{slots}}}], [$3];",
-            ",".join(["b", "r", "l", "r"] + ["r"] * rank),
-            [elected, e.addi(dst_addr, e.i32(j * block_bytes)), desc, bar, *ordered])
+            f"@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{suffix} "
+            f"[$1], [$2, {{{slots}}}], [$3]{''.join(', ' + x for x in extra)};",
+            ",".join(["b", "r", "l", "r"] + ["r"] * rank + ["h"] * len(mask)),
+            [elected, e.addi(dst_addr, e.i32(j * block_bytes)), desc, bar, *ordered, *mask])
 
 
 @rule(ir.BarrierArrive)
@@ -122,6 +135,16 @@ def _barrier_wait(op: ir.BarrierWait, ctx: Context) -> None:
     bar = _shared_address(ctx, ctx.get(op.operands[0]).offset)
     e.asm_void("{ .reg .pred done; WAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
                "@!done bra WAIT; }", "r,r", [bar, ctx.get(op.operands[1])])
+
+
+@rule(ir.ClusterRank)
+def _cluster_rank(op: ir.ClusterRank, ctx: Context) -> None:
+    ctx.set(op.result, ctx.e.asm("mov.u32 $0, %cluster_ctarank;", "=r", [], [ctx.e.int_type(32)])[0])
+
+
+@rule(ir.ClusterSync)
+def _cluster_sync(op: ir.ClusterSync, ctx: Context) -> None:
+    ctx.e.asm_void("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;", "", [])
 
 
 @rule(ir.FenceAsyncShared)
