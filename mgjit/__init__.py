@@ -5,6 +5,7 @@ compiled or launched.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
@@ -35,6 +36,8 @@ def device(fn: Callable) -> DeviceFunction:
 def __getattr__(name: str):
     # The autotuner loads on first use so that `import mgjit` stays light.
     if name in ("autotune", "Config"):
-        from . import autotune as _autotune
-        return getattr(_autotune, name) if name == "Config" else _autotune.autotune
+        # import_module, not `from . import autotune`: the latter asks this module for the attribute first,
+        # which would recurse here. Importing binds mgjit.autotune to the (callable) package.
+        module = importlib.import_module("mgjit.autotune")
+        return module.Config if name == "Config" else module
     raise AttributeError(f"module 'mgjit' has no attribute {name!r}")

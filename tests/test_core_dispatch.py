@@ -46,3 +46,14 @@ def test_defaults_are_part_of_the_specialization():
     b = with_defaults.compile(x, x, 1024, BLOCK=256, SCALE=2)
     c = with_defaults.compile(x, x, 1024, BLOCK=256, SCALE=3)
     assert a.key == b.key != c.key
+
+
+def test_autotune_names_load_lazily_in_a_fresh_process():
+    """`mgjit.Config` / `mgjit.autotune` used before anything imported the autotuner (a spawned worker)."""
+    import subprocess
+    import sys
+    for first in ("Config", "autotune"):
+        code = (f"import sys, mgjit; mgjit.{first}; assert callable(mgjit.autotune); "
+                "print(mgjit.Config(BM=64))")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-500:]
