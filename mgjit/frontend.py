@@ -45,6 +45,17 @@ class SourceFunction:
                    getattr(node, "col_offset", 0), self.name)
 
 
+def closure_vars(fn: Callable) -> dict[str, Any]:
+    """The values of a function's closure variables (cells not yet filled are left out)."""
+    out = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            out[name] = cell.cell_contents
+        except ValueError:
+            pass
+    return out
+
+
 class DeviceFunction:
     """A helper made by @mgjit.device: inlined into the kernels that call it."""
 
@@ -362,21 +373,9 @@ class Tracer:
         self.cluster: tuple[int, int, int] = parent.cluster if parent else (1, 1, 1)
         self.param_index: dict[str, int] = parent.param_index if parent else {}
         self.globals = source.fn.__globals__
-        self.closure = self._closure_vars(source.fn)
+        self.closure = closure_vars(source.fn)
         self.depth = depth
         self.node: ast.AST | None = None
-
-    @staticmethod
-    def _closure_vars(fn: Callable) -> dict[str, Any]:
-        if not fn.__closure__:
-            return {}
-        out = {}
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
-            try:
-                out[name] = cell.cell_contents
-            except ValueError:
-                pass
-        return out
 
     # -- errors and locations
     def error(self, message: str, node: ast.AST | None = None, rule: str | None = None) -> CompileError:
@@ -579,8 +578,7 @@ class Tracer:
 
     def load(self, ref: Ref, index: Any) -> Tensor:
         starts, sizes, squeeze = self._window(ref, index)
-        other = self.to_tensor(0, ref.dtype) if ref.dtype != dtypes.bool_ else self.to_tensor(False)
-        return self._emit(ir.Load(ref.value, starts, sizes, squeeze, other.value, self.builder.loc))
+        return self._emit(ir.Load(ref.value, starts, sizes, squeeze, self.builder.loc))
 
     def store(self, ref: Ref, index: Any, value: Any) -> None:
         starts, sizes, squeeze = self._window(ref, index)

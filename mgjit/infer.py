@@ -13,18 +13,12 @@ from collections import defaultdict
 from typing import Callable
 
 from . import ir
+from .registry import RuleRegistry
 from .layouts import SPLAT, WGMMA, Layout, LayoutError, SplatLayout, TiledLayout, blocked
 
 Rule = Callable[[ir.Op, "Inference"], None]
-RULES: dict[type, Rule] = {}
-
-
-def rule(*op_types: type) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
-        for t in op_types:
-            RULES[t] = fn
-        return fn
-    return register
+RULES: RuleRegistry[Rule] = RuleRegistry("layout inference")
+rule = RULES.rule
 
 
 class _Restart(Exception):

@@ -398,6 +398,10 @@ class _GmemAccess(Op):
     """Shared shape logic of Load and Store: a window of static `sizes` at runtime `starts`; squeezed dims
     (integer indices) are dropped from the register array's shape."""
 
+    @property
+    def ref(self) -> Value:
+        return self.operands[0]
+
     def _init_window(self, sizes: tuple[int, ...], squeeze: tuple[bool, ...]):
         self.sizes = sizes
         self.squeeze = squeeze
@@ -418,30 +422,23 @@ class _GmemAccess(Op):
 
 
 class Load(_GmemAccess):
+    """Elements outside the tensor read as zero."""
+
     name = "load"
 
     def __init__(self, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...], squeeze: tuple[bool, ...],
-                 other: Value, loc: Loc | None):
+                 loc: Loc | None):
         shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
         rtype = ArrayType(shape, ref.dtype) if shape else ScalarType(ref.dtype)
-        super().__init__([ref, *starts, other], [rtype], loc)
+        super().__init__([ref, *starts], [rtype], loc)
         self._init_window(sizes, squeeze)
 
     @property
-    def ref(self) -> Value:
-        return self.operands[0]
-
-    @property
     def starts(self) -> list[Value]:
-        return self.operands[1:-1]
-
-    @property
-    def other(self) -> Value:
-        return self.operands[-1]
+        return self.operands[1:]
 
     def verify(self):
         self._verify_window(self.ref, self.starts)
-        _check(self.other.dtype == self.ref.dtype, self, "the fill value must have the reference's dtype")
 
 
 class Store(_GmemAccess):
@@ -451,10 +448,6 @@ class Store(_GmemAccess):
                  value: Value, loc: Loc | None):
         super().__init__([ref, *starts, value], [], loc)
         self._init_window(sizes, squeeze)
-
-    @property
-    def ref(self) -> Value:
-        return self.operands[0]
 
     @property
     def starts(self) -> list[Value]:

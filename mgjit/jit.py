@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from . import dtypes, ir
 from .errors import CompileError, LaunchError
-from .frontend import DeviceFunction, SourceFunction
+from .frontend import DeviceFunction, SourceFunction, closure_vars
 from .language import Builtin, constexpr
 
 VERSION = "0.1.0"
@@ -73,12 +73,7 @@ def _referenced(fn: Callable) -> dict[str, Any]:
         names.update(code.co_names)
         stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     out = {n: fn.__globals__[n] for n in sorted(names) if n in fn.__globals__}
-    if fn.__closure__:
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
-            try:
-                out[name] = cell.cell_contents
-            except ValueError:
-                pass
+    out.update(closure_vars(fn))
     return out
 
 

@@ -17,17 +17,11 @@ from ..errors import CompileError
 from ..layouts import (LANES_PER_WARP, SPLAT, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Layout, Replicated,
                        SplatLayout, TiledLayout)
 from .emit import Emitter
+from ..registry import RuleRegistry
 
 Rule = Callable[[ir.Op, "Context"], None]
-RULES: dict[type, Rule] = {}
-
-
-def rule(*op_types: type) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
-        for t in op_types:
-            RULES[t] = fn
-        return fn
-    return register
+RULES: RuleRegistry[Rule] = RuleRegistry("lowering")
+rule = RULES.rule
 
 
 @dataclasses.dataclass

@@ -1,0 +1,26 @@
+"""Rules keyed by IR op class: layout inference and lowering each keep one registry, so adding an op means
+adding its class, its inference rule and its lowering rule, each found by the op's name."""
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+R = TypeVar("R", bound=Callable)
+
+
+class RuleRegistry(Generic[R]):
+    def __init__(self, what: str):
+        self.what = what
+        self._rules: dict[type, R] = {}
+
+    def rule(self, *op_types: type) -> Callable[[R], R]:
+        """Decorator: `@registry.rule(ir.Binary, ir.Compare)` makes the function the rule for those ops."""
+        def register(fn: R) -> R:
+            for t in op_types:
+                if t in self._rules:
+                    raise ValueError(f"{self.what}: {t.__name__} already has the rule {self._rules[t].__name__}")
+                self._rules[t] = fn
+            return fn
+        return register
+
+    def get(self, op_type: type) -> R | None:
+        return self._rules.get(op_type)
