@@ -36,10 +36,6 @@ def _cluster(cluster) -> tuple[int, int, int]:
     return c
 
 
-def _pow2_div(x: int) -> int:
-    return 16 if x == 0 else min(16, x & -x)
-
-
 def _is_constexpr(annotation: Any) -> bool:
     return annotation is constexpr or (isinstance(annotation, str) and annotation.split(".")[-1] == "constexpr")
 
@@ -241,23 +237,34 @@ class Kernel:
         return runtime, consts
 
     def _arg_spec(self, name: str, v: Any) -> tuple:
-        if hasattr(v, "data_ptr") and hasattr(v, "stride"):
-            spec = _tensor_spec(v)
-            fixed = self.fixed_dtypes.get(name)
-            if fixed is not None and spec[0] != fixed.name:
-                raise LaunchError(f"argument `{name}` of {self.name} must be {fixed.name} (fixed by its annotation), "
-                                  f"got {spec[0]}")
-            return ("tensor", spec)
-        if isinstance(v, bool):
+        """The specialization of one runtime argument, from the same key the launch dispatcher uses, so a
+        launch plan is always compiled from exactly what its key records."""
+        if type(v) is int and not -2**63 <= v < 2**63:
+            raise LaunchError(f"argument `{name}` = {v} does not fit in 64 bits")
+        return self._spec_from_key(name, _arg_specializer()(v, []))
+
+    def _spec_from_key(self, name: str, part: Any) -> tuple:
+        """Translate one argument's dispatch-key part into the specialization the compiler receives."""
+        if part == "bool":
             return ("scalar", "i1")
-        if isinstance(v, int):
-            if not -2**63 <= v < 2**63:
-                raise LaunchError(f"argument `{name}` = {v} does not fit in 64 bits")
-            return ("scalar", "i32" if -2**31 <= v < 2**31 else "i64", _pow2_div(v))
-        if isinstance(v, float):
+        if part == "float":
             return ("scalar", "f32")
-        raise LaunchError(f"argument `{name}` of {self.name} is a {type(v).__name__}; kernels take torch tensors, "
-                          "ints, floats and bools (constexpr parameters take any hashable value)")
+        if part[0] == "int":
+            _, fits_i32, multiple_of_16 = part
+            return ("scalar", "i32" if fits_i32 else "i64", 16 if multiple_of_16 else 1)
+        if part[0] == "other":
+            raise LaunchError(f"argument `{name}` of {self.name} is a {part[1].__name__}; kernels take torch "
+                              "tensors, ints, floats and bools (constexpr parameters take any hashable value)")
+        torch_dtype, rank, align, unit, size_div, _device = part
+        try:
+            dtype = dtypes.from_torch(torch_dtype).name
+        except TypeError as e:
+            raise LaunchError(f"argument `{name}` of {self.name}: {e}") from None
+        fixed = self.fixed_dtypes.get(name)
+        if fixed is not None and dtype != fixed.name:
+            raise LaunchError(f"argument `{name}` of {self.name} must be {fixed.name} (fixed by its annotation), "
+                              f"got {dtype}")
+        return ("tensor", (dtype, rank, align, unit, size_div))
 
     def _params_and_specs(self, spec: tuple) -> tuple[list[ir.Param], list[Any]]:
         params, specs = [], []
@@ -411,7 +418,7 @@ class Kernel:
             hash(key)
         except TypeError:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
-        spec = tuple(self._arg_spec(n, v) for n, v in zip(self.runtime_names, runtime))
+        spec = tuple(self._spec_from_key(n, part) for n, part in zip(self.runtime_names, key[0]))
         plan = self._make_plan(spec, consts, num_warpgroups or self.num_warpgroups, _cluster(cluster), runtime)
         self._plans[key] = plan
         return plan
@@ -449,20 +456,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<mgjit.kernel {self.name}>"
-
-
-def _tensor_spec(t) -> tuple:
-    dtype = dtypes.from_torch(t.dtype).name
-    shape = t.shape
-    strides = t.stride()
-    rank = len(shape)
-    itemsize = t.element_size()
-    bits = t.data_ptr()
-    for s in strides[:-1]:
-        bits |= s * itemsize
-    unit = rank == 0 or strides[-1] == 1 or shape[-1] == 1
-    size_div = _pow2_div(shape[-1]) if rank else 16
-    return (dtype, rank, min(16, _pow2_div(bits)), unit, size_div)
 
 
 def _describe_spec(names: Sequence[str], spec: tuple, consts: dict) -> str:

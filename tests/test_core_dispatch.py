@@ -57,3 +57,22 @@ def test_autotune_names_load_lazily_in_a_fresh_process():
                 "print(mgjit.Config(BM=64))")
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr[-500:]
+
+
+@mgjit.kernel
+def window_at(x, out, start, BLOCK: mgjit.constexpr):
+    out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(start, BLOCK)]
+
+
+def test_a_plan_is_compiled_from_exactly_what_its_key_records():
+    """Launch plans are found by a key that records, for an int, only whether it is a multiple of 16: the
+    kernel behind the plan must assume no more (1000 and 1004 share a plan, so neither may assume 8)."""
+    x = torch.zeros(4096)
+    spec = mgjit.jit._arg_specializer()
+    assert spec(1000, []) == spec(1004, []) != spec(1024, [])
+    k1000 = window_at.compile(x, x, 1000, BLOCK=256)
+    k1004 = window_at.compile(x, x, 1004, BLOCK=256)
+    k1024 = window_at.compile(x, x, 1024, BLOCK=256)
+    assert k1000.key == k1004.key != k1024.key
+    assert "ld.global.v4" not in k1000.ptx  # start known only to be an int: no 16-byte loads from it
+    assert "ld.global.v4" in k1024.ptx  # a multiple of 16: aligned 16-byte loads
