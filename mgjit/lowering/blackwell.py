@@ -28,15 +28,13 @@ from .. import ir
 from ..layouts import LANES_PER_WARP
 from ..mma_descriptors import (
     Major,
-    SmemDescriptor,
-    SmemSwizzle,
     Tcgen05InstrDescriptor,
     tcgen05_kind,
     tcgen05_smem_descriptor,
 )
 from ..tmem_layouts import TMEM_COLUMNS, TMEMLayout, tmem_alloc_columns
 from .core import Context, Frag, rule
-from .hopper import SmemTile
+from .hopper import SmemTile, operand_descriptor
 
 BLACKWELL_TARGET = "sm_100a"
 _ARCH_NAMES = {"sm_90a": "Hopper", "sm_100a": "Blackwell"}
@@ -250,33 +248,6 @@ def _tmem_store(op: ir.TmemStore, ctx: Context) -> None:
 
 # ---------------------------------------------------------------------------------------------- MMA
 
-def _smem_descriptor(ctx: Context, tile: SmemTile, mn_offset: int, k_offset: int, k_major: bool) -> Any:
-    """The tcgen05 descriptor of the operand block at (mn_offset, k_offset) of an SMEM tile (i64).
-
-    K-major tiles are stored (MN, K) in column blocks along K, MN-major ones (K, MN) in column blocks along MN,
-    each block `rows` x swizzle bytes of 8-row swizzle atoms (the storage TMA writes; see hopper.py).
-    """
-    e = ctx.e
-    t = tile.type
-    s = t.swizzle
-    isz = t.dtype.bits // 8
-    per_row = s // isz
-    rows = (t.shape[::-1] if t.transposed else t.shape)[0]  # stored rows
-    if k_major:
-        block, within = divmod(k_offset, per_row)
-        byte = block * rows * s + mn_offset * s + within * isz
-        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
-    else:
-        block, within = divmod(mn_offset, per_row)
-        assert within == 0, "an MN-major operand block starts on a swizzle column (checked by Tcgen05Mma)"
-        byte = block * rows * s + k_offset * s
-        lbo, sbo = rows * s, 8 * s
-    const = tcgen05_smem_descriptor(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
-    addr = e.addi(_shared_address(ctx, tile.offset), e.i32(byte))
-    field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
-    return e.m.arith.ori(field, e.i64(const))
-
-
 @rule(ir.Tcgen05Mma)
 def _tcgen05_mma(op: ir.Tcgen05Mma, ctx: Context) -> None:
     require_blackwell(op, ctx, "mgjit.tcgen05_mma")
@@ -307,8 +278,9 @@ def _tcgen05_mma(op: ir.Tcgen05Mma, ctx: Context) -> None:
                 columns = kk * k_step * a_v.dtype.bits // 32
                 da = e.addi(a.addr, e.i32(columns)) if columns else a.addr
             else:
-                da = _smem_descriptor(ctx, a, 0, kk * k_step, a_k_major)
-            db = _smem_descriptor(ctx, b, piece.col_start, kk * k_step, b_k_major)
+                da = operand_descriptor(ctx, a, 0, kk * k_step, a_k_major, tcgen05_smem_descriptor)
+            db = operand_descriptor(ctx, b, piece.col_start, kk * k_step, b_k_major,
+                                    tcgen05_smem_descriptor)
             e.asm_void(text, ",".join(["b", "r", "r" if a_in_tmem else "l", "l", "r", "b"]),
                        [issuer, d, da, db, e.i32(idesc.encode()), accumulate if kk == 0 else true])
 

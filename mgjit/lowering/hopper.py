@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 from .. import dtypes, ir
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
@@ -161,8 +161,10 @@ _PTX_TYPE = {dtypes.bfloat16: "bf16", dtypes.float16: "f16", dtypes.float32: "tf
              dtypes.float8_e4m3fn: "e4m3", dtypes.float8_e5m2: "e5m2"}
 
 
-def _operand_descriptor(ctx: Context, tile: SmemTile, mn_offset: int, k_offset: int, k_major: bool) -> Any:
-    """The wgmma descriptor of the operand block starting at (mn_offset, k_offset) of an SMEM tile.
+def operand_descriptor(ctx: Context, tile: SmemTile, mn_offset: int, k_offset: int, k_major: bool,
+                       encode: Callable[[SmemDescriptor], int] = wgmma_smem_descriptor) -> Any:
+    """The MMA descriptor (i64) of the operand block starting at (mn_offset, k_offset) of an SMEM tile, in
+    the wgmma format or, with encode=tcgen05_smem_descriptor, the tcgen05 one (they differ only there).
 
     K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
     along MN. `k_major` says which; the stored shape is the tile's own (before any transposed view).
@@ -176,13 +178,13 @@ def _operand_descriptor(ctx: Context, tile: SmemTile, mn_offset: int, k_offset: 
     if k_major:
         block, within = divmod(k_offset, per_row)
         byte = block * rows * s + mn_offset * s + within * isz
-        lbo, sbo = 16, 8 * s
+        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
     else:
         block, within = divmod(mn_offset, per_row)
-        assert within == 0
+        assert within == 0, "an MN-major operand block starts on a swizzle column (checked by the MMA op)"
         byte = block * rows * s + k_offset * s
         lbo, sbo = rows * s, 8 * s
-    const = wgmma_smem_descriptor(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
+    const = encode(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
     addr = e.addi(_shared_address(ctx, tile.offset), e.i32(byte))
     field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
     return e.m.arith.ori(field, e.i64(const))
@@ -210,7 +212,7 @@ def _wgmma(op: ir.Wgmma, ctx: Context) -> None:
     for t in range(m // 64):
         regs = elems[t * per_tile:(t + 1) * per_tile]
         for kk in range(k // k_step):
-            db = _operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
+            db = operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
             outs = ", ".join(f"${i}" for i in range(per_tile))
             if a_regs:
                 # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair)
@@ -221,7 +223,7 @@ def _wgmma(op: ir.Wgmma, ctx: Context) -> None:
                 a_text = "{" + ", ".join(f"${per_tile + i}" for i in range(4)) + "}"
                 a_cons = ["r"] * 4
             else:
-                a_ops = [_operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)]
+                a_ops = [operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)]
                 a_text, a_cons = f"${per_tile}", ["l"]
             nb = per_tile + len(a_ops)
             # Only 16-bit operands have the transpose immediates (tf32 and fp8 must be K-major); A in
