@@ -323,48 +323,11 @@ def _set_triton_cache(path: str) -> None:
 def triton_space_matmul(configs: list[Config]) -> Any:
     """benchmarks/matmul.py's Triton matmul, autotuned over `configs` (BM, BN, BK, GROUP_M, STAGES as
     num_stages, 8 warps like mgjit's two consumer warpgroups)."""
-    import triton
-    import triton.language as tl
+    from matmul import triton_matmul
 
-    points = dict.fromkeys((c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"], c.kwargs["GROUP_M"], c.kwargs["STAGES"])
+    points = dict.fromkeys((c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"], c.kwargs["GROUP_M"], c.kwargs["STAGES"], 8)
                            for c in configs)  # one per point: Triton has no TMA_STORE
-    triton_configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": g}, num_stages=s, num_warps=8)
-                      for bm, bn, bk, g, s in points]
-
-    @triton.autotune(configs=triton_configs, key=["M", "N", "K"])
-    @triton.jit
-    def kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, GROUP_M: tl.constexpr):
-        # The body of benchmarks/matmul.py's Triton matmul.
-        pid = tl.program_id(0)
-        num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-        group = pid // (GROUP_M * num_n)
-        first_m = group * GROUP_M
-        size_m = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
-        pid_n = (pid % (GROUP_M * num_n)) // size_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BK)):
-            kk = k * BK + rk
-            x = tl.load(a + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K),
-                        other=0.0)
-            y = tl.load(b + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < K) & (rn[None, :] < N),
-                        other=0.0)
-            acc = tl.dot(x, y, acc)
-        tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(c.dtype.element_ty),
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    def run(x, y, out):
-        M, K = x.shape
-        N = y.shape[1]
-        kernel[lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)](
-            x, y, out, M, N, K, x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1))
-        return out
-
-    return run
+    return triton_matmul(list(points))
 
 
 def time_triton_sweep(make: Any, a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from matmul_hopper import DEFAULT_CONFIG, matmul, matmul_kernel  # noqa: E402
+from matmul_hopper import DEFAULT_CONFIG, matmul  # noqa: E402
 
 SHAPES = ["8192x8192x8192", "4096x4096x4096", "16384x8192x1024", "128x8192x8192", "1000x3000x2000"]
 CONFIGS = [DEFAULT_CONFIG, {**DEFAULT_CONFIG, "TMA_STORE": False, "STAGES": 4},
@@ -22,13 +22,18 @@ CONFIGS = [DEFAULT_CONFIG, {**DEFAULT_CONFIG, "TMA_STORE": False, "STAGES": 4},
            {**DEFAULT_CONFIG, "BN": 64, "STAGES": 6}]
 
 
-def triton_matmul():
+# (BM, BN, BK, GROUP_M, num_stages, num_warps): the Triton matmul's own tuned configs.
+TRITON_POINTS = [(128, 256, 64, 8, 3, 8), (128, 128, 64, 8, 4, 4), (64, 256, 64, 8, 4, 4), (128, 256, 64, 8, 4, 8),
+                 (256, 128, 64, 8, 3, 8), (128, 128, 128, 8, 3, 8)]
+
+
+def triton_matmul(points=TRITON_POINTS):
+    """A tutorial-style Triton matmul autotuned over `points`; returns run(x, y, out)."""
     import triton
     import triton.language as tl
 
-    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
-               for bm, bn, bk, s, w in [(128, 256, 64, 3, 8), (128, 128, 64, 4, 4), (64, 256, 64, 4, 4),
-                                        (128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 128, 3, 8)]]
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
+               for bm, bn, bk, g, s, w in points]
 
     @triton.autotune(configs=configs, key=["M", "N", "K"])
     @triton.jit
