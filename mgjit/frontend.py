@@ -233,8 +233,8 @@ class Ref:
         self.tracer.store(self, index, value)
 
 
-class SmemRef:
-    """A shared-memory buffer or a view of one during tracing."""
+class _StaticRef:
+    """During tracing, a reference with a static shape (shared or tensor memory)."""
 
     def __init__(self, tracer: "Tracer", value: ir.Value):
         self.tracer = tracer
@@ -246,7 +246,11 @@ class SmemRef:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.value.type.shape
+        return tuple(self.value.type.shape)
+
+
+class SmemRef(_StaticRef):
+    """A shared-memory buffer or a view of one during tracing."""
 
     @property
     def T(self) -> "SmemRef":
@@ -298,20 +302,8 @@ class BarrierSlot:
         return t.builder.add(ir.RefIndex(self.barriers.value, i.value, t.builder.loc)).result, i
 
 
-class TmemRef:
+class TmemRef(_StaticRef):
     """A tensor-memory reference during tracing: `ref.load()`, `ref.store(x)`, `ref[:, a:b]` (static columns)."""
-
-    def __init__(self, tracer: "Tracer", value: ir.Value):
-        self.tracer = tracer
-        self.value = value
-
-    @property
-    def dtype(self) -> DType:
-        return self.value.dtype
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.type.shape)
 
     def load(self) -> Tensor:
         t = self.tracer
