@@ -11,7 +11,7 @@ from typing import Callable
 from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
                      int16, int32, int64, uint8)
 from .errors import CompileError, LaunchError
-from .frontend import DeviceFunction
+from .source import DeviceFunction
 from .jit import VERSION as __version__, CompiledKernel, Kernel
 from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, constexpr, copy_async, cos, ds, erf, exp, exp2,
                        fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,

@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Any
 
-from . import infer, ir, mlir, toolchain
+from . import infer, ir, lower, mlir, targets, toolchain
 from .errors import CompileError
 
 
@@ -23,26 +23,12 @@ class Artifacts:
     compile_seconds: float
 
 
-_LIBDEVICE_UNARY = {"tanh", "erf", "sin", "cos"}
-
-
-def needs_libdevice(kernel: ir.Kernel) -> bool:
-    for op in kernel.walk():
-        if isinstance(op, ir.Unary) and op.operands[0].dtype.is_float:
-            if op.kind in _LIBDEVICE_UNARY or (op.operands[0].dtype.bits == 64 and op.kind not in ("neg", "abs", "sqrt")):
-                return True
-        if isinstance(op, ir.Binary) and op.kind == "pow" and op.operands[0].dtype.bits == 64:
-            return True
-    return False
-
-
 def compile_ir(kernel: ir.Kernel, specs: dict[int, Any], target: str) -> Artifacts:
-    from . import lowering  # imports MLIR-facing code only when compiling
     start = time.perf_counter()
+    target_info = targets.get(target, kernel.loc)
     infer.infer_layouts(kernel)
     ir_text = ir.format_kernel(kernel)
-    libdevice = toolchain.libdevice_path() if needs_libdevice(kernel) else None
-    lowered = lowering.lower(kernel, specs, target, libdevice)
+    lowered = lower.lower(kernel, specs, target_info, toolchain.libdevice_path)
     mlir_text = str(lowered.module)
     try:
         ptx = mlir.to_ptx(lowered.module)

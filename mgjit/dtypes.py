@@ -1,4 +1,4 @@
-"""Element types of the kernel language and their torch / MLIR counterparts."""
+"""Element types of the kernel language, and their names in torch, MLIR and the TMA engine: one table."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,10 +11,16 @@ class DType:
     kind: str  # "float", "int", "uint" or "bool"
     mlir: str  # the MLIR type spelling
     torch_name: str | None  # attribute of the torch module, None where torch has no such type
+    tma: str  # the CUtensorMapDataType a TMA descriptor of this element type names (CU_TENSOR_MAP_DATA_TYPE_*)
 
     @property
     def itemsize(self) -> int:
         return max(self.bits // 8, 1)
+
+    @property
+    def storage_bits(self) -> int:
+        """Bits one element occupies in memory (a bool is a byte)."""
+        return 8 * self.itemsize
 
     @property
     def is_float(self) -> bool:
@@ -32,18 +38,19 @@ class DType:
         return f"mgjit.{self.name}"
 
 
-float32 = DType("float32", 32, "float", "f32", "float32")
-float16 = DType("float16", 16, "float", "f16", "float16")
-bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16")
-float64 = DType("float64", 64, "float", "f64", "float64")
-float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn")
-float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2")
-int8 = DType("int8", 8, "int", "i8", "int8")
-int16 = DType("int16", 16, "int", "i16", "int16")
-int32 = DType("int32", 32, "int", "i32", "int32")
-int64 = DType("int64", 64, "int", "i64", "int64")
-uint8 = DType("uint8", 8, "uint", "i8", "uint8")
-bool_ = DType("bool", 1, "bool", "i1", "bool")
+float32 = DType("float32", 32, "float", "f32", "float32", "FLOAT32")
+float16 = DType("float16", 16, "float", "f16", "float16", "FLOAT16")
+bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16", "BFLOAT16")
+float64 = DType("float64", 64, "float", "f64", "float64", "FLOAT64")
+# TMA moves bytes: fp8 and 8-bit integers travel as UINT8, int16 as UINT16 (no conversion happens).
+float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn", "UINT8")
+float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2", "UINT8")
+int8 = DType("int8", 8, "int", "i8", "int8", "UINT8")
+int16 = DType("int16", 16, "int", "i16", "int16", "UINT16")
+int32 = DType("int32", 32, "int", "i32", "int32", "INT32")
+int64 = DType("int64", 64, "int", "i64", "int64", "INT64")
+uint8 = DType("uint8", 8, "uint", "i8", "uint8", "UINT8")
+bool_ = DType("bool", 1, "bool", "i1", "bool", "UINT8")
 
 ALL: tuple[DType, ...] = (
     float32, float16, bfloat16, float64, float8_e4m3fn, float8_e5m2,

@@ -11,68 +11,21 @@ import dataclasses
 import inspect
 import itertools
 import math
-import textwrap
 from typing import Any, Callable, Sequence
 
-from . import dtypes, ir, language as lang
+from . import dtypes, ir, language as lang, ops
+from .ops.elementwise import FLOAT_ONLY_UNARY
 from .dtypes import DType
 from .errors import CompileError, Loc
+from .source import DeviceFunction, SourceFunction, closure_vars
 
 
 # ---------------------------------------------------------------------------------------------- source
 
-class SourceFunction:
-    """A Python function's parsed source, with its location in the user's file."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-        self.name = fn.__name__
-        try:
-            lines, first = inspect.getsourcelines(fn)
-        except (OSError, TypeError) as e:
-            raise CompileError(f"cannot read the source of {fn.__qualname__}: {e}") from None
-        self.source = textwrap.dedent("".join(lines))
-        self.file = inspect.getsourcefile(fn) or fn.__code__.co_filename
-        self.first_line = first
-        tree = ast.parse(self.source)
-        self.node = tree.body[0]
-        if not isinstance(self.node, ast.FunctionDef):
-            raise CompileError(f"{fn.__qualname__} is not a plain function definition",
-                               Loc(self.file, first, 0, self.name))
-
-    def loc(self, node: ast.AST) -> Loc:
-        return Loc(self.file, self.first_line + getattr(node, "lineno", 1) - 1,
-                   getattr(node, "col_offset", 0), self.name)
 
 
-def closure_vars(fn: Callable) -> dict[str, Any]:
-    """The values of a function's closure variables (cells not yet filled are left out)."""
-    out = {}
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
-            out[name] = cell.cell_contents
-        except ValueError:
-            pass
-    return out
 
 
-class DeviceFunction:
-    """A helper made by @mgjit.device: inlined into the kernels that call it."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-        self.__name__ = fn.__name__
-        self.__doc__ = fn.__doc__
-        self._source: SourceFunction | None = None
-
-    @property
-    def source(self) -> SourceFunction:
-        if self._source is None:
-            self._source = SourceFunction(self.fn)
-        return self._source
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self.__name__} is an @mgjit.device function: call it from inside a kernel")
 
 
 # ---------------------------------------------------------------------------------------------- builder
@@ -222,7 +175,7 @@ class Ref:
     def shape(self) -> tuple[Tensor, ...]:
         if self._dims is None:
             b = self.tracer.builder
-            self._dims = [Tensor(self.tracer, b.add(ir.RefDim(self.value, i, b.loc)).result)
+            self._dims = [Tensor(self.tracer, b.add(ops.RefDim(self.value, i, b.loc)).result)
                           for i in range(self.ndim)]
         return tuple(self._dims)
 
@@ -255,7 +208,7 @@ class SmemRef(_StaticRef):
     @property
     def T(self) -> "SmemRef":
         b = self.tracer.builder
-        return SmemRef(self.tracer, b.add(ir.RefTranspose(self.value, b.loc)).result)
+        return SmemRef(self.tracer, b.add(ops.RefTranspose(self.value, b.loc)).result)
 
     def __setitem__(self, index, value) -> None:
         t = self.tracer
@@ -265,14 +218,14 @@ class SmemRef(_StaticRef):
             value = t.to_tensor(value, self.dtype)
         if tuple(value.shape) != self.shape:
             value = t._broadcast_to(value, self.shape)
-        t.builder.add(ir.SmemStore(self.value, value.value, t.builder.loc))
+        t.builder.add(ops.SmemStore(self.value, value.value, t.builder.loc))
 
     def __getitem__(self, index) -> "SmemRef":
         t = self.tracer
         if isinstance(index, tuple):
             raise t.error("SMEM buffers are indexed by one stage index at a time (buf[slot])")
         i = t.cast(t.to_tensor(index), dtypes.int32)
-        return SmemRef(t, t.builder.add(ir.RefIndex(self.value, i.value, t.builder.loc)).result)
+        return SmemRef(t, t.builder.add(ops.RefIndex(self.value, i.value, t.builder.loc)).result)
 
 
 class Barriers:
@@ -299,7 +252,7 @@ class BarrierSlot:
 
     def _ref(self, t: "Tracer") -> tuple[ir.Value, Tensor]:
         i = t.cast(t.to_tensor(self.index), dtypes.int32)
-        return t.builder.add(ir.RefIndex(self.barriers.value, i.value, t.builder.loc)).result, i
+        return t.builder.add(ops.RefIndex(self.barriers.value, i.value, t.builder.loc)).result, i
 
 
 class TmemRef(_StaticRef):
@@ -307,7 +260,7 @@ class TmemRef(_StaticRef):
 
     def load(self) -> Tensor:
         t = self.tracer
-        return t._emit(ir.TmemLoad(self.value, t.builder.loc))
+        return t._emit(ops.TmemLoad(self.value, t.builder.loc))
 
     def store(self, value: Any) -> None:
         t = self.tracer
@@ -318,7 +271,7 @@ class TmemRef(_StaticRef):
                           f".astype(mgjit.{self.dtype.name})")
         if tuple(value.shape) != self.shape or isinstance(value, Expanded):
             value = t._broadcast_to(value, self.shape)
-        t.builder.add(ir.TmemStore(self.value, value.value, t.builder.loc))
+        t.builder.add(ops.TmemStore(self.value, value.value, t.builder.loc))
 
     def __getitem__(self, index) -> "TmemRef":
         t = self.tracer
@@ -336,7 +289,7 @@ class TmemRef(_StaticRef):
             raise t.error(usage)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, size)):
             raise t.error(usage)
-        return TmemRef(t, t.builder.add(ir.TmemSlice(self.value, start, size, t.builder.loc)).result)
+        return TmemRef(t, t.builder.add(ops.TmemSlice(self.value, start, size, t.builder.loc)).result)
 
 
 # ---------------------------------------------------------------------------------------------- tracer
@@ -389,7 +342,7 @@ class Tracer:
             if like is not None and (like.is_float or not isinstance(x, float)) and not isinstance(x, bool):
                 dtype = like
             value = float(x) if dtype.is_float else int(x)
-            return Tensor(self, self.builder.add(ir.Constant(value, dtype, self.builder.loc)).result)
+            return Tensor(self, self.builder.add(ops.Constant(value, dtype, self.builder.loc)).result)
         raise self.error(f"expected a number or a runtime value, got {type(x).__name__} {x!r}")
 
     def _emit(self, op: ir.Op) -> Tensor:
@@ -403,7 +356,7 @@ class Tracer:
         x = self.to_tensor(x, dtype)
         if x.dtype == dtype:
             return x
-        return self._emit(ir.Cast(x.value, dtype, self.builder.loc))
+        return self._emit(ops.Cast(x.value, dtype, self.builder.loc))
 
     def _broadcast_to(self, x: Tensor | Expanded, shape: tuple[int, ...]) -> Tensor:
         if isinstance(x, Expanded):
@@ -414,13 +367,13 @@ class Tracer:
         if own == shape and not isinstance(x, Expanded):
             return src
         if not src.shape:
-            return self._emit(ir.Splat(src.value, shape, self.builder.loc))
+            return self._emit(ops.Splat(src.value, shape, self.builder.loc))
         # Drop the size-1 dimensions of the operand that broadcast; the rest map to result dims.
         keep = [(i, d) for i, d in enumerate(dims)]
         for i, d in keep:
             if src.shape[i] != shape[d]:
                 raise self.error(f"cannot broadcast shape {own} to {shape}")
-        return self._emit(ir.Broadcast(src.value, shape, tuple(d for _, d in keep), self.builder.loc))
+        return self._emit(ops.Broadcast(src.value, shape, tuple(d for _, d in keep), self.builder.loc))
 
     def _operands(self, a: Any, b: Any) -> tuple[Tensor, Tensor]:
         """Promote two operands to one dtype and one shape (numpy broadcasting; Python numbers are weak)."""
@@ -460,24 +413,24 @@ class Tracer:
             a, b = self.cast(a, dtypes.float32), self.cast(b, dtypes.float32)
         if kind == "pow" and not a.dtype.is_float:
             raise self.error("** on integer arrays is not supported; cast to a float type first")
-        return self._emit(ir.Binary(kind, a.value, b.value, self.builder.loc))
+        return self._emit(ops.Binary(kind, a.value, b.value, self.builder.loc))
 
     def compare(self, kind: str, a: Any, b: Any) -> Tensor:
         view = self._on_view(lambda x, y: self.compare(kind, x, y), a, b)
         if view is not None:
             return view
         a, b = self._operands(a, b)
-        return self._emit(ir.Compare(kind, a.value, b.value, self.builder.loc))
+        return self._emit(ops.Compare(kind, a.value, b.value, self.builder.loc))
 
     def unary(self, kind: str, x: Any) -> Tensor:
         if isinstance(x, Expanded):
             return Expanded(self.unary(kind, x.tensor), x.shape, x.dims)
         x = self.to_tensor(x)
-        if kind in ir.FLOAT_ONLY_UNARY and not x.dtype.is_float:
+        if kind in FLOAT_ONLY_UNARY and not x.dtype.is_float:
             x = self.cast(x, dtypes.float32)
         if kind == "not" and x.dtype != dtypes.bool_ and not x.dtype.is_int:
             raise self.error(f"~ needs a bool or integer operand, got {x.dtype.name}")
-        return self._emit(ir.Unary(kind, x.value, self.builder.loc))
+        return self._emit(ops.Unary(kind, x.value, self.builder.loc))
 
     def select(self, cond: Any, a: Any, b: Any) -> Tensor:
         if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):
@@ -490,7 +443,7 @@ class Tracer:
         shape = tuple(_broadcast_shape(tuple(cond.shape), a.shape))
         cond = self._broadcast_to(cond, shape) if (tuple(cond.shape) != shape or isinstance(cond, Expanded)) else cond
         a, b = self._broadcast_to(a, shape), self._broadcast_to(b, shape)
-        return self._emit(ir.Select(cond.value, a.value, b.value, self.builder.loc))
+        return self._emit(ops.Select(cond.value, a.value, b.value, self.builder.loc))
 
     def reduce(self, kind: str, x: Any, axis: Any, keepdims: bool) -> Tensor | Expanded:
         x = self.to_tensor(x)
@@ -503,7 +456,7 @@ class Tracer:
             axes = tuple(a % rank for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
             if not all(isinstance(a, int) for a in axes):
                 raise self.error(f"reduction axes must be static integers, got {axis!r}")
-        out = self._emit(ir.Reduce(kind, x.value, tuple(sorted(set(axes))), self.builder.loc))
+        out = self._emit(ops.Reduce(kind, x.value, tuple(sorted(set(axes))), self.builder.loc))
         if keepdims:
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
             dims = tuple(i for i in range(rank) if i not in axes)
@@ -570,7 +523,7 @@ class Tracer:
 
     def load(self, ref: Ref, index: Any) -> Tensor:
         starts, sizes, squeeze = self._window(ref, index)
-        return self._emit(ir.Load(ref.value, starts, sizes, squeeze, self.builder.loc))
+        return self._emit(ops.Load(ref.value, starts, sizes, squeeze, self.builder.loc))
 
     def store(self, ref: Ref, index: Any, value: Any) -> None:
         starts, sizes, squeeze = self._window(ref, index)
@@ -585,7 +538,7 @@ class Tracer:
                 value = self._broadcast_to(value, shape)
             except CompileError:
                 raise self.error(f"storing an array of shape {tuple(value.shape)} into a window of shape {shape}")
-        self.builder.add(ir.Store(ref.value, starts, sizes, squeeze, value.value, self.builder.loc))
+        self.builder.add(ops.Store(ref.value, starts, sizes, squeeze, value.value, self.builder.loc))
 
     # -- statements
     def run_body(self, stmts: Sequence[ast.stmt]) -> None:
@@ -717,11 +670,11 @@ class Tracer:
             a, b = self._join_branch_values(name, a, b, then_["block"], else_["block"])
             results[i] = (name, a, b)
             types.append(a.value.type)
-        op = ir.If(cond.value, types, if_loc)
+        op = ops.If(cond.value, types, if_loc)
         op.regions[0].ops = then_["block"].ops
         op.regions[1].ops = else_["block"].ops
-        op.regions[0].ops.append(ir.Yield([a.value for _, a, _ in results], if_loc))
-        op.regions[1].ops.append(ir.Yield([b.value for _, _, b in results], if_loc))
+        op.regions[0].ops.append(ops.Yield([a.value for _, a, _ in results], if_loc))
+        op.regions[1].ops.append(ops.Yield([b.value for _, _, b in results], if_loc))
         self.builder.add(op)
         for (name, _, _), r in zip(results, op.results):
             self.scope[name] = Tensor(self, r)
@@ -809,7 +762,7 @@ class Tracer:
 
     def _trace_loop(self, node, bounds, carried, inits, init_types):
         init_values = [self.cast(self.to_tensor(inits[n], init_types[n]), init_types[n]) for n in carried]
-        op = ir.For(bounds[0].value, bounds[1].value, bounds[2].value, [v.value for v in init_values],
+        op = ops.For(bounds[0].value, bounds[1].value, bounds[2].value, [v.value for v in init_values],
                     self.builder.loc)
         body = op.body
         saved_block, saved_scope = self.builder.block, self.scope
@@ -834,7 +787,7 @@ class Tracer:
                 t = self.to_tensor(v, init_types[n])
                 yielded.append(t)
             casted = [self.cast(t, dtypes.promote(init_types[n], t.dtype)) for n, t in zip(carried, yielded)]
-            body.ops.append(ir.Yield([t.value for t in casted], self.builder.loc))
+            body.ops.append(ops.Yield([t.value for t in casted], self.builder.loc))
         finally:
             self.builder.block, self.scope = saved_block, saved_scope
         return op, yielded
@@ -1051,11 +1004,11 @@ class Tracer:
             want(1, 1)
             if not isinstance(args[0], int):
                 raise self.error(f"mgjit.{fn.name} axis must be a static int")
-            cls = ir.ProgramId if fn is lang.program_id else ir.NumPrograms
+            cls = ops.ProgramId if fn is lang.program_id else ops.NumPrograms
             return self._emit(cls(args[0], b.loc))
         if fn is lang.warpgroup_id:
             want(0, 0)
-            return self._emit(ir.WarpgroupId(b.loc))
+            return self._emit(ops.WarpgroupId(b.loc))
         if fn in lang.UNARY_BUILTINS:
             want(1, 1)
             if not isinstance(args[0], (Tensor, Expanded)):
@@ -1084,7 +1037,7 @@ class Tracer:
             start, stop = (0, args[0]) if len(args) == 1 else args
             if not all(isinstance(v, int) for v in (start, stop)):
                 raise self.error("arange bounds must be static ints (constexprs)")
-            return self._emit(ir.Iota(start, stop - start, b.loc))
+            return self._emit(ops.Iota(start, stop - start, b.loc))
         if fn in (lang.zeros, lang.full):
             shape = args[0] if args else kwargs.get("shape")
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -1098,7 +1051,7 @@ class Tracer:
             if dtype is None:
                 dtype = value.dtype if isinstance(value, Tensor) else _python_scalar_dtype(value)
             scalar = self.cast(self.to_tensor(value, dtype), dtype)
-            return self._emit(ir.Splat(scalar.value, shape, b.loc))
+            return self._emit(ops.Splat(scalar.value, shape, b.loc))
         if fn is lang.static_range:
             raise self.error("static_range can only be iterated by a for loop")
         if fn in _HOPPER_BUILTINS:
@@ -1127,14 +1080,14 @@ class Tracer:
                                  f"(the swizzle is wider than the tile row)", rule="swizzle-width")
             if len(shape) < 2 or shape[-2] % 8:
                 raise self.error(f"a swizzled tile has a multiple of 8 rows, got shape {shape}", rule="swizzle-width")
-        return SmemRef(self, self.builder.add(ir.SmemAlloc(shape, dtype, swizzle, self.builder.loc)).result)
+        return SmemRef(self, self.builder.add(ops.SmemAlloc(shape, dtype, swizzle, self.builder.loc)).result)
 
     def builtin_barrier(self, args: list, kwargs: dict) -> Barriers:
         count = args[0] if args else kwargs.get("count", 1)
         arrivals = args[1] if len(args) > 1 else kwargs.get("arrivals", 1)
         if not all(isinstance(v, int) for v in (count, arrivals)):
             raise self.error("barrier count and arrivals must be static ints")
-        op = self.builder.add(ir.BarrierAlloc(count, arrivals, self.builder.loc))
+        op = self.builder.add(ops.BarrierAlloc(count, arrivals, self.builder.loc))
         return Barriers(self, op.result, count)
 
     def barrier_method(self, slot: BarrierSlot, method: str, args: list, kwargs: dict) -> None:
@@ -1142,11 +1095,11 @@ class Tracer:
             raise self.error(f"barrier.{method}() takes no arguments")
         ref, index = slot._ref(self)
         if method == "arrive":
-            self.builder.add(ir.BarrierArrive(ref, self.builder.loc))
+            self.builder.add(ops.BarrierArrive(ref, self.builder.loc))
             return None
         mask = self.scope[slot.barriers.phase_var]
         phase = self.binary("and", self.binary("shr", mask, index), 1)
-        self.builder.add(ir.BarrierWait(ref, phase.value, self.builder.loc))
+        self.builder.add(ops.BarrierWait(ref, phase.value, self.builder.loc))
         self.scope[slot.barriers.phase_var] = self.binary("xor", mask, self.binary("shl", 1, index))
         return None
 
@@ -1183,9 +1136,9 @@ class Tracer:
         starts = [self.cast(self.to_tensor(c), dtypes.int32).value for c in coords]
         ref, _ = bar._ref(self)
         if collective:  # the arrival and bytes count on the barrier of the 2-CTA pair's leader CTA
-            self.builder.add(ir.TmaLoadCollective(src.value, starts, dst.value, ref, descriptor, self.builder.loc))
+            self.builder.add(ops.TmaLoadCollective(src.value, starts, dst.value, ref, descriptor, self.builder.loc))
         else:
-            self.builder.add(ir.TmaLoad(src.value, starts, dst.value, ref, descriptor, self.builder.loc,
+            self.builder.add(ops.TmaLoad(src.value, starts, dst.value, ref, descriptor, self.builder.loc,
                                         multicast=split if multicast else 0))
         return None
 
@@ -1336,14 +1289,14 @@ class Tracer:
             raise self.error(f"{dst.name} has rank {dst.ndim}; store_async needs {dst.ndim} coordinates")
         descriptor = self._tma_descriptor(dst, src)
         starts = [self.cast(self.to_tensor(c), dtypes.int32).value for c in coords]
-        self.builder.add(ir.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"),
+        self.builder.add(ops.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"),
                                      self.builder.loc))
 
     def builtin_store_async_wait(self, args: list, kwargs: dict) -> None:
         pending = args[0] if args else kwargs.get("pending", 0)
         if not isinstance(pending, int) or not 0 <= pending <= 7:
             raise self.error(f"store_async_wait takes a static count 0..7, got {pending!r}")
-        self.builder.add(ir.TmaStoreWait(pending, self.builder.loc))
+        self.builder.add(ops.TmaStoreWait(pending, self.builder.loc))
 
     def builtin_wgmma(self, args: list, kwargs: dict) -> Tensor:
         if len(args) != 3 or kwargs:
@@ -1355,7 +1308,7 @@ class Tracer:
             raise self.error("wgmma operand b must be an SMEM tile")
         if not isinstance(a, SmemRef) and not (isinstance(a, Tensor) and a.shape):
             raise self.error("wgmma operand a must be an SMEM tile or a register array")
-        return self._emit(ir.Wgmma(acc.value, a.value, b.value, self.builder.loc))
+        return self._emit(ops.Wgmma(acc.value, a.value, b.value, self.builder.loc))
 
     def builtin_wgmma_wait(self, args: list, kwargs: dict) -> None:
         pending = args[0] if args else kwargs.get("pending", 0)
@@ -1364,26 +1317,26 @@ class Tracer:
         # Every 32-bit register array in scope goes through the wait, so no read of an accumulator can be
         # scheduled before the tensor cores are done with it.
         names = [n for n, v in self.scope.items() if isinstance(v, Tensor) and v.shape and v.dtype.bits == 32]
-        op = self.builder.add(ir.WgmmaWait(pending, [self.scope[n].value for n in names], self.builder.loc))
+        op = self.builder.add(ops.WgmmaWait(pending, [self.scope[n].value for n in names], self.builder.loc))
         for n, r in zip(names, op.results):
             self.scope[n] = Tensor(self, r)
         return None
 
     def builtin_cluster_rank(self, args: list, kwargs: dict) -> Tensor:
-        return self._emit(ir.ClusterRank(self.builder.loc))
+        return self._emit(ops.ClusterRank(self.builder.loc))
 
     def builtin_cluster_sync(self, args: list, kwargs: dict) -> None:
-        self.builder.add(ir.ClusterSync(self.builder.loc))
+        self.builder.add(ops.ClusterSync(self.builder.loc))
 
     def builtin_fence_async_shared(self, args: list, kwargs: dict) -> None:
-        self.builder.add(ir.FenceAsyncShared(self.builder.loc))
+        self.builder.add(ops.FenceAsyncShared(self.builder.loc))
 
     def builtin_set_max_registers(self, args: list, kwargs: dict) -> None:
         count = args[0] if args else kwargs.get("count")
         increase = kwargs.get("increase", True)
         if not isinstance(count, int):
             raise self.error("set_max_registers takes a static register count")
-        self.builder.add(ir.SetMaxRegisters(count, bool(increase), self.builder.loc))
+        self.builder.add(ops.SetMaxRegisters(count, bool(increase), self.builder.loc))
 
     # -- Blackwell builtins
     def builtin_tmem(self, args: list, kwargs: dict) -> TmemRef:
@@ -1405,7 +1358,7 @@ class Tracer:
             packing = 32 // dtype.bits if dtype.bits in (8, 16, 32) else 1
         if not isinstance(packing, int) or isinstance(packing, bool):
             raise self.error(f"mgjit.tmem's packing= must be a static int, got {packing!r}")
-        op = self.builder.add(ir.TmemAlloc(shape, dtype, packing, collective, self.builder.loc))
+        op = self.builder.add(ops.TmemAlloc(shape, dtype, packing, collective, self.builder.loc))
         return TmemRef(self, op.result)
 
     def builtin_tcgen05_mma(self, args: list, kwargs: dict) -> None:
@@ -1424,14 +1377,14 @@ class Tracer:
         if isinstance(accumulate, Expanded) or (isinstance(accumulate, Tensor) and accumulate.shape):
             raise self.error("accumulate= must be a scalar: a bool or a runtime condition such as k > 0")
         flag = self.cast(self.to_tensor(accumulate), dtypes.bool_)
-        self.builder.add(ir.Tcgen05Mma(acc.value, a.value, b.value, flag.value, self.builder.loc))
+        self.builder.add(ops.Tcgen05Mma(acc.value, a.value, b.value, flag.value, self.builder.loc))
 
     def builtin_tcgen05_commit(self, args: list, kwargs: dict) -> None:
         bar = args[0] if len(args) == 1 and not kwargs else kwargs.get("barrier") if not args else None
         if not isinstance(bar, BarrierSlot) or set(kwargs) - {"barrier"}:
             raise self.error("tcgen05_commit(bars[i]) takes one barrier slot")
         ref, _ = bar._ref(self)
-        self.builder.add(ir.Tcgen05Commit(ref, self.builder.loc))
+        self.builder.add(ops.Tcgen05Commit(ref, self.builder.loc))
 
     def inline(self, fn: DeviceFunction, args: list, kwargs: dict, node: ast.Call) -> Any:
         if self.depth > 32:
@@ -1481,11 +1434,12 @@ _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.w
 _BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit)
 
 
-def _finish_tmem(body: ir.Block, builder: Builder, loc: Loc) -> None:
-    """Tensor memory's kernel-wide rules, and its deallocation (TmemDealloc) where the kernel ends."""
-    allocs = [op for op in body.walk() if isinstance(op, ir.TmemAlloc)]
+def _finish_tmem(body: ir.Block, builder: Builder, loc: Loc) -> int:
+    """Tensor memory's kernel-wide rules, and its deallocation (TmemDealloc) where the kernel ends; returns the
+    kernel's CTA group (2 when its tensor memory serves 2-CTA MMAs)."""
+    allocs = [op for op in body.walk() if isinstance(op, ops.TmemAlloc)]
     if not allocs:
-        return
+        return 1
     top = {id(op) for op in body.ops}
     for op in allocs:
         if id(op) not in top:
@@ -1499,11 +1453,12 @@ def _finish_tmem(body: ir.Block, builder: Builder, loc: Loc) -> None:
                            f"collective={first.result.type.collective}", rule="cta-group")
     if first.result.type.collective:
         for op in body.ops[body.ops.index(first) + 1:]:
-            if isinstance(op, ir.BarrierAlloc):
+            if isinstance(op, ops.BarrierAlloc):
                 raise op.error("in a 2-CTA (collective) kernel allocate barriers before tensor memory: the TMEM "
                                "allocation synchronises the CTA pair, which makes the initialised barriers visible "
                                "to the peer CTA", rule="cta-group")
-    builder.add(ir.TmemDealloc([op.result for op in allocs], loc))
+    builder.add(ops.TmemDealloc([op.result for op in allocs], loc))
+    return 2 if first.result.type.collective else 1
 
 
 def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> list[int]:
@@ -1571,8 +1526,8 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
         pass
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
-    _finish_tmem(body, builder, source.loc(source.node))
+    cta_group = _finish_tmem(body, builder, source.loc(source.node))
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
-                       tracer.tma_descriptors)
+                       tracer.tma_descriptors, cta_group)
     ir.verify(kernel)
     return kernel

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from . import dtypes, ir
 from .errors import CompileError, LaunchError
-from .frontend import DeviceFunction, SourceFunction, closure_vars
+from .source import DeviceFunction, SourceFunction, closure_vars
 from .language import Builtin, constexpr
 
 VERSION = "0.1.0"
@@ -268,7 +268,7 @@ class Kernel:
 
     def _params_and_specs(self, spec: tuple) -> tuple[list[ir.Param], list[Any]]:
         params, specs = [], []
-        from .lowering.core import TensorSpec
+        from .specialize import TensorSpec
         for name, s in zip(self.runtime_names, spec):
             if s[0] == "tensor":
                 dtype_name, rank, align, unit, size_div = s[1]
@@ -334,7 +334,7 @@ class Kernel:
                     f"aligned base, row strides that are multiples of 16 bytes and a contiguous last dimension; "
                     f"this call's tensor has {s.align}-byte alignment{'' if s.unit_stride else ' and a strided last dimension'}",
                     kernel_ir.loc, rule="tma-alignment")
-        if ir.kernel_cta_group(kernel_ir) == 2 and (cluster[0] * cluster[1] * cluster[2]) % 2:
+        if kernel_ir.cta_group == 2 and (cluster[0] * cluster[1] * cluster[2]) % 2:
             raise CompileError(f"{self.name} runs 2-CTA (collective) tcgen05 MMAs on CTA pairs: compile and launch it "
                                f"with a cluster of an even number of CTAs, e.g. cluster=(2, 1, 1); got {cluster}",
                                kernel_ir.loc, rule="cta-group")

@@ -1,5 +1,5 @@
-"""Rules keyed by IR op class: layout inference and lowering each keep one registry, so adding an op means
-adding its class, its inference rule and its lowering rule, each found by the op's name."""
+"""Rules keyed by IR op class: layout inference and lowering each keep one registry (in their pass drivers),
+and each op family module registers its ops' rules beside the op classes."""
 from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
@@ -13,7 +13,7 @@ class RuleRegistry(Generic[R]):
         self._rules: dict[type, R] = {}
 
     def rule(self, *op_types: type) -> Callable[[R], R]:
-        """Decorator: `@registry.rule(ir.Binary, ir.Compare)` makes the function the rule for those ops."""
+        """Decorator: `@infer.rule(Binary, Compare)` makes the function the rule for those ops."""
         def register(fn: R) -> R:
             for t in op_types:
                 if t in self._rules:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import mgjit
-from mgjit import dtypes, frontend, infer, ir
+from mgjit import dtypes, frontend, infer, ir, ops
 from mgjit.layouts import TCGEN05, WGMMA
 from mgjit.mma_descriptors import Major, Tcgen05InstrDescriptor
 from mgjit.tmem_layouts import TMEMLayoutKind, m64_collective_register_layout
@@ -188,16 +188,16 @@ COMBOS = [  # (rows per CTA, collective) -> MMA M, TMEM layout, register layout 
 def test_inferred_tmem_layout_per_mma_shape(rows, collective, m, kind, registers):
     cfg = dict(BM=rows, BN=128, BK=64, STAGES=2, COLLECTIVE=collective, EPI_N=64, TMA_STORE=True)
     k = trace(example.matmul_kernel, MATMUL_PARAMS, cfg)
-    (alloc,) = [op for op in k.walk() if isinstance(op, ir.TmemAlloc)]
+    (alloc,) = [op for op in k.walk() if isinstance(op, ops.TmemAlloc)]
     assert alloc.result.layout.kind is kind and alloc.result.layout.shape == (rows, 128)
-    (mma,) = [op for op in k.walk() if isinstance(op, ir.Tcgen05Mma)]
+    (mma,) = [op for op in k.walk() if isinstance(op, ops.Tcgen05Mma)]
     assert mma.mnk == (m, 128, 64)
     assert mma.attrs()["tmem_layout"] == kind.value and mma.attrs()["cta_group"] == (2 if collective else 1)
-    loads = [op for op in k.walk() if isinstance(op, ir.TmemLoad)]
+    loads = [op for op in k.walk() if isinstance(op, ops.TmemLoad)]
     assert loads and all(op.result.layout == registers for op in loads)
     text = ir.format_kernel(k)
     assert f"tcgen05_mma {{m={m}, n=128, k=64, kind=f16, tmem_layout={kind.value}" in text
-    assert all(op.cta_group == (2 if collective else 1) for op in k.walk() if isinstance(op, ir.Tcgen05Commit))
+    assert all(op.cta_group == (2 if collective else 1) for op in k.walk() if isinstance(op, ops.Tcgen05Commit))
 
 
 @mgjit.kernel
@@ -214,13 +214,13 @@ def tmem_roundtrip(x, y, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, DT: mgjit
 def test_tmem_store_and_load_use_the_matching_register_layout(rows, cols, dt, packing, layout):
     k = trace(tmem_roundtrip, [tensor("x", dt), tensor("y", dt)],
               dict(ROWS=rows, COLS=cols, DT=dt, PACKING=packing))
-    (alloc,) = [op for op in k.walk() if isinstance(op, ir.TmemAlloc)]
+    (alloc,) = [op for op in k.walk() if isinstance(op, ops.TmemAlloc)]
     assert alloc.result.type.packing == packing
-    assert [op.result.layout for op in k.walk() if isinstance(op, ir.TmemLoad)] == [layout, layout]
-    (store,) = [op for op in k.walk() if isinstance(op, ir.TmemStore)]
+    assert [op.result.layout for op in k.walk() if isinstance(op, ops.TmemLoad)] == [layout, layout]
+    (store,) = [op for op in k.walk() if isinstance(op, ops.TmemStore)]
     assert store.operands[1].layout == layout
-    assert isinstance(store.operands[1].owner, ir.Load)  # loaded straight into the layout: no relayout
-    assert not any(isinstance(op, ir.Relayout) for op in k.walk())
+    assert isinstance(store.operands[1].owner, ops.Load)  # loaded straight into the layout: no relayout
+    assert not any(isinstance(op, ops.Relayout) for op in k.walk())
 
 
 def test_tmem_roundtrip_compiles_with_st_and_ld_shapes():

@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 import mgjit
-from mgjit import dtypes, frontend, infer, ir
+from mgjit import dtypes, frontend, infer, ir, ops
 from mgjit.errors import CompileError, Loc
 
 torch = pytest.importorskip("torch")
@@ -135,7 +135,7 @@ def test_structured_control_flow_in_the_printer():
 
 def test_if_op_carries_the_line_of_the_if_statement():
     k = loop_if_ir()
-    (if_op,) = [op for op in k.walk() if isinstance(op, ir.If)]
+    (if_op,) = [op for op in k.walk() if isinstance(op, ops.If)]
     assert if_op.loc.line == line_of(loop_if_kernel, "if row % 2")
 
 
@@ -148,12 +148,12 @@ def two_reductions(x, out, B: mgjit.constexpr):
 def test_layout_conflict_inserts_a_visible_relayout():
     """A row sum and a column max of one tile live in different layouts: adding them moves one of them."""
     k = trace(two_reductions, [tensor("x", 2), tensor("out", 1)], {"B": 32})
-    ops = list(k.walk())
-    (relayout,) = [op for op in ops if isinstance(op, ir.Relayout)]
-    row_sum, col_max = [op for op in ops if isinstance(op, ir.Reduce)]
+    body = list(k.walk())
+    (relayout,) = [op for op in body if isinstance(op, ops.Relayout)]
+    row_sum, col_max = [op for op in body if isinstance(op, ops.Reduce)]
     assert relayout.operands[0] is col_max.result
     assert relayout.result.layout == row_sum.result.layout != col_max.result.layout
-    add = next(op for op in ops if isinstance(op, ir.Binary) and op.kind == "add")
+    add = next(op for op in body if isinstance(op, ops.Binary) and op.kind == "add")
     assert add.operands == [row_sum.result, relayout.result]
     assert "%7 = relayout(%6) : float32[32] TiledLayout(" in ir.format_kernel(k)
 
@@ -176,17 +176,17 @@ def hand_kernel(*ops: ir.Op, args=()) -> ir.Kernel:
 
 
 def test_verifier_accepts_well_formed_ir():
-    a = ir.Constant(1, dtypes.int32, LOC)
-    b = ir.Constant(2, dtypes.int32, LOC)
-    add = ir.Binary("add", a.result, b.result, LOC)
+    a = ops.Constant(1, dtypes.int32, LOC)
+    b = ops.Constant(2, dtypes.int32, LOC)
+    add = ops.Binary("add", a.result, b.result, LOC)
     ir.verify(hand_kernel(a, b, add))
     text = ir.format_kernel(hand_kernel(a, b, add))
     assert text.splitlines()[3] == "  %2 = binary {kind=add}(%0, %1) : int32  # line 7"
 
 
 def test_verifier_rejects_use_before_definition():
-    a = ir.Constant(1, dtypes.int32, LOC)
-    add = ir.Binary("add", a.result, a.result, LOC)
+    a = ops.Constant(1, dtypes.int32, LOC)
+    add = ops.Binary("add", a.result, a.result, LOC)
     with pytest.raises(CompileError, match="is not defined before its use") as excinfo:
         ir.verify(hand_kernel(add, a))
     assert str(excinfo.value).startswith("hand_written.py:7 (in hand): internal error: operand %")
@@ -194,40 +194,40 @@ def test_verifier_rejects_use_before_definition():
 
 def test_verifier_rejects_a_value_used_outside_its_region():
     """A value defined inside a loop body is not visible after the loop."""
-    lo, hi, step = (ir.Constant(v, dtypes.int32, LOC) for v in (0, 4, 1))
-    loop = ir.For(lo.result, hi.result, step.result, [], LOC)
-    inner = ir.Binary("add", loop.body.args[0], loop.body.args[0], LOC)
-    loop.body.ops = [inner, ir.Yield([], LOC)]
+    lo, hi, step = (ops.Constant(v, dtypes.int32, LOC) for v in (0, 4, 1))
+    loop = ops.For(lo.result, hi.result, step.result, [], LOC)
+    inner = ops.Binary("add", loop.body.args[0], loop.body.args[0], LOC)
+    loop.body.ops = [inner, ops.Yield([], LOC)]
     ok = hand_kernel(lo, hi, step, loop)
     ir.verify(ok)
-    after = ir.Binary("mul", inner.result, inner.result, LOC)
+    after = ops.Binary("mul", inner.result, inner.result, LOC)
     with pytest.raises(CompileError, match="not defined before its use"):
         ir.verify(hand_kernel(lo, hi, step, loop, after))
 
 
 def test_verifier_rejects_mismatched_binary_dtypes():
-    a = ir.Constant(1, dtypes.int32, LOC)
-    b = ir.Constant(2.0, dtypes.float32, LOC)
-    add = ir.Binary("add", a.result, b.result, LOC)
+    a = ops.Constant(1, dtypes.int32, LOC)
+    b = ops.Constant(2.0, dtypes.float32, LOC)
+    add = ops.Binary("add", a.result, b.result, LOC)
     with pytest.raises(CompileError, match="operand dtypes differ: int32 and float32") as excinfo:
         ir.verify(hand_kernel(a, b, add))
     assert excinfo.value.loc == LOC
 
 
 def test_verifier_rejects_other_malformed_ops():
-    i = ir.Constant(1, dtypes.int32, LOC)
-    f = ir.Constant(1.0, dtypes.float32, LOC)
+    i = ops.Constant(1, dtypes.int32, LOC)
+    f = ops.Constant(1.0, dtypes.float32, LOC)
     with pytest.raises(CompileError, match="xor needs integer operands, got float32"):
-        ir.verify(hand_kernel(f, ir.Binary("xor", f.result, f.result, LOC)))
+        ir.verify(hand_kernel(f, ops.Binary("xor", f.result, f.result, LOC)))
     with pytest.raises(CompileError, match="exp needs a floating-point operand, got int32"):
-        ir.verify(hand_kernel(i, ir.Unary("exp", i.result, LOC)))
+        ir.verify(hand_kernel(i, ops.Unary("exp", i.result, LOC)))
     with pytest.raises(CompileError, match="program_id axis must be 0, 1 or 2, got 3"):
-        ir.verify(hand_kernel(ir.ProgramId(3, LOC)))
+        ir.verify(hand_kernel(ops.ProgramId(3, LOC)))
     ref = ir.Value(ir.RefType("gmem", dtypes.float32, 2))
-    arr = ir.Splat(f.result, (8, 4), LOC)
-    store = ir.Store(ref, [i.result, i.result], (8, 8), (False, False), arr.result, LOC)
+    arr = ops.Splat(f.result, (8, 4), LOC)
+    store = ops.Store(ref, [i.result, i.result], (8, 8), (False, False), arr.result, LOC)
     with pytest.raises(CompileError, match=r"storing an array of shape \(8, 4\) into a window of shape \(8, 8\)"):
         ir.verify(hand_kernel(i, f, arr, store, args=[ref]))
-    load = ir.Load(ref, [i.result], (8,), (False,), LOC)
+    load = ops.Load(ref, [i.result], (8,), (False,), LOC)
     with pytest.raises(CompileError, match="a reference of rank 2 needs 2 indices, got 1"):
         ir.verify(hand_kernel(i, f, load, args=[ref]))

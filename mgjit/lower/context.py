@@ -1,27 +1,21 @@
-"""The lowering context: MLIR builder state, the lowered form of every IR value, and the rule registry.
+"""The lowering context: MLIR builder state and the lowered form of every IR value.
 
 A scalar lowers to one MLIR value (the same in every thread). A register array lowers to a `Frag`: its
 layout plus one MLIR scalar per element that this thread holds, in the order of the layout's registers
-and vector slots (a splat array holds one value). Lowering rules, one per IR op, live beside this file
-and register with `@rule(OpClass)`.
+and vector slots (a splat array holds one value). A tensor argument lowers to a `LoweredRef`.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from .. import dtypes, ir
+from .. import ir, targets
 from ..dtypes import DType
-from ..errors import CompileError
-from ..layouts import (LANES_PER_WARP, SPLAT, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Layout, Replicated,
+from ..layouts import (LANES_PER_WARP, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Layout, Replicated,
                        SplatLayout, TiledLayout)
+from ..specialize import TensorSpec
 from .emit import Emitter
-from ..registry import RuleRegistry
-
-Rule = Callable[[ir.Op, "Context"], None]
-RULES: RuleRegistry[Rule] = RuleRegistry("lowering")
-rule = RULES.rule
 
 
 @dataclasses.dataclass
@@ -41,15 +35,6 @@ class Frag:
         return self.elems[0] if self.is_splat else self.elems[i]
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """What a launch fixed about a tensor argument (part of the cache key)."""
-
-    align: int  # bytes (power of two <= 16) dividing the base address and every non-last stride in bytes
-    unit_stride: bool  # the last dimension is contiguous
-    size_div: int  # power of two <= 16 dividing the last dimension's size
-
-
 @dataclasses.dataclass
 class LoweredRef:
     ptr: Any  # i64 address of element 0
@@ -60,14 +45,15 @@ class LoweredRef:
 
 
 class Context:
-    def __init__(self, kernel: ir.Kernel, emitter: Emitter, specs: dict[int, Any]):
+    def __init__(self, kernel: ir.Kernel, emitter: Emitter, specs: dict[int, Any], target: targets.Target):
         self.kernel = kernel
         self.e = emitter
         self.specs = specs  # ir.Value.id -> TensorSpec (tensors) or int divisor (int scalars)
+        self.target = target
         self.values: dict[int, Any] = {}
         self.tma_descriptors: list[Any] = []  # i64 generic addresses of the descriptor parameters
         self.smem_bytes = 0
-        self.uses_libdevice = False
+        self.tmem: Any = None  # the kernel's tensor-memory allocation, made at its first TmemAlloc
         e = emitter
         self.tid = e.tid_x()
         self.wg_tid = e.remui(self.tid, e.i32(THREADS_PER_WARPGROUP))
@@ -150,9 +136,6 @@ class Context:
         """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index)."""
         self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
 
-    def error(self, op: ir.Op, message: str, rule: str | None = None) -> CompileError:
-        return op.error(message, rule)
-
 
 def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """The register/vector part of each held element's index, in Frag order."""
@@ -182,37 +165,3 @@ def splat_to(ctx: Context, frag: Frag, layout: Layout) -> Frag:
     if isinstance(layout, SplatLayout):
         return frag
     return Frag(layout, frag.shape, frag.dtype, [frag.elems[0]] * num_elems(layout, frag.shape))
-
-
-def int_divisor(ctx: Context, v: ir.Value) -> int:
-    """The largest power of two (<= 16) known to divide integer scalar `v` at compile time."""
-    return _divisor(ctx, v, 0)
-
-
-def _divisor(ctx: Context, v: ir.Value, depth: int) -> int:
-    if depth > 16:
-        return 1
-    if v.id in ctx.specs and isinstance(ctx.specs[v.id], int):
-        return ctx.specs[v.id]
-    op = v.owner
-    if isinstance(op, ir.Block) and isinstance(op.parent, ir.For) and v is op.args[0]:
-        loop = op.parent  # the induction variable: lower + i * step
-        return min(_divisor(ctx, loop.operands[0], depth + 1), _divisor(ctx, loop.operands[2], depth + 1))
-    if isinstance(op, ir.Constant):
-        n = abs(int(op.value))
-        return 16 if n == 0 else min(16, n & -n)
-    if isinstance(op, ir.Cast):
-        return _divisor(ctx, op.operands[0], depth + 1)
-    if isinstance(op, ir.Binary):
-        a, b = (_divisor(ctx, x, depth + 1) for x in op.operands)
-        if op.kind in ("add", "sub"):
-            return min(a, b)
-        if op.kind == "mul":
-            return min(16, a * b)
-        if op.kind == "shl" and isinstance(op.operands[1].owner, ir.Constant):
-            return min(16, a << int(op.operands[1].owner.value))
-    return 1
-
-
-__all__ = ["Context", "Frag", "LoweredRef", "TensorSpec", "RULES", "rule", "element_offsets", "num_elems",
-           "splat_to", "int_divisor", "SPLAT", "dtypes"]

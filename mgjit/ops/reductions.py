@@ -1,19 +1,62 @@
-"""Lowering rules that move data between threads: Reduce and Relayout.
+"""Reductions over axes of a register array: Reduce (sum, max, min).
 
-A reduction combines, in order: the elements one thread holds that differ only along reduced axes; then
-across lanes with butterfly shuffles (one per bit of each lane dimension that indexes a reduced axis); then
-across warps through a small SMEM scratch owned by the warpgroup. Narrow floats accumulate in f32.
+The result's layout is the operand's with the reduced axes removed (the threads that held different parts
+of them now hold copies). Lowering combines, in order: the elements one thread holds that differ only along
+reduced axes; then across lanes with butterfly shuffles (one per bit of each lane dimension that indexes a
+reduced axis); then across warps through a small SMEM scratch owned by the warpgroup. Narrow floats
+accumulate in f32.
 """
 from __future__ import annotations
 
 import math
 
-from .. import dtypes, ir
-from ..layouts import SplatLayout, TiledLayout
-from .core import Context, Frag, element_offsets, num_elems, rule, splat_to
+from .. import dtypes, infer, lower
+from ..errors import Loc, Rule
+from ..ir import ArrayType, Op, ScalarType, Value, check
+from ..layouts import SPLAT, LayoutError, SplatLayout, TiledLayout
+from ..lower.context import element_offsets
+from .arrays import linear_index
+
+REDUCE_KINDS = ("sum", "max", "min")
 
 
-def _combine(ctx: Context, kind: str, dtype, a, b):
+class Reduce(Op):
+    name = "reduce"
+
+    def __init__(self, kind: str, x: Value, axes: tuple[int, ...], loc: Loc | None):
+        shape = tuple(d for i, d in enumerate(x.type.shape) if i not in axes)
+        rtype = ArrayType(shape, x.dtype) if shape else ScalarType(x.dtype)
+        super().__init__([x], [rtype], loc)
+        self.kind = kind
+        self.axes = axes
+
+    def attrs(self):
+        return {"kind": self.kind, "axes": self.axes}
+
+    def verify(self):
+        check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
+        rank = len(self.operands[0].type.shape)
+        check(all(0 <= a < rank for a in self.axes), self, f"reduction axes {self.axes} out of range for rank {rank}")
+
+
+@infer.rule(Reduce)
+def _infer_reduce(op: Reduce, inf: infer.Inference) -> None:
+    src = op.operands[0]
+    if not op.result.is_array:
+        return
+    if isinstance(src.layout, SplatLayout):
+        inf.set_layout(op.result, SPLAT, op)
+        return
+    try:
+        layout = src.layout.reduce(op.axes, len(src.type.shape))
+    except LayoutError as e:
+        raise op.error(f"cannot reduce axes {op.axes} of this array's layout: {e}", rule=Rule.LAYOUT) from None
+    inf.set_layout(op.result, layout, op)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+def _combine(ctx: lower.Context, kind: str, dtype, a, b):
     e = ctx.e
     if kind == "sum":
         return e.fbinary("add", a, b) if dtype.is_float else e.addi(a, b)
@@ -22,17 +65,8 @@ def _combine(ctx: Context, kind: str, dtype, a, b):
     return e.ibinary(kind, a, b, dtype.is_signed)
 
 
-def _linear(ctx: Context, index: list, shape: tuple[int, ...]):
-    """Row-major linear index (i32) of an element index given as i32 values."""
-    e = ctx.e
-    lin = e.i32(0)
-    for i, n in zip(index, shape):
-        lin = e.addi(e.muli(lin, e.i32(n)), i)
-    return lin
-
-
-@rule(ir.Reduce)
-def _reduce(op: ir.Reduce, ctx: Context) -> None:
+@lower.rule(Reduce)
+def _reduce(op: Reduce, ctx: lower.Context) -> None:
     e = ctx.e
     src = ctx.frag(op.operands[0])
     out = op.result
@@ -49,7 +83,7 @@ def _reduce(op: ir.Reduce, ctx: Context) -> None:
             x = _combine(ctx, "mul", acc_dtype, x, e.const(reduced_count, acc_dtype)) if acc_dtype.is_float \
                 else e.muli(x, e.const(reduced_count, acc_dtype))
         x = e.cast(x, acc_dtype, dtype)
-        ctx.set(out, x if not out.is_array else Frag(out.layout, out.type.shape, dtype, [x]))
+        ctx.set(out, x if not out.is_array else lower.Frag(out.layout, out.type.shape, dtype, [x]))
         return
 
     layout: TiledLayout = src.layout
@@ -86,7 +120,7 @@ def _reduce(op: ir.Reduce, ctx: Context) -> None:
         for key in groups:
             if out_shape:
                 idx = [e.addi(t, e.i32(k)) for t, k in zip(thread, key)]
-                slots[key] = _linear(ctx, idx, out_shape)
+                slots[key] = linear_index(ctx, idx, out_shape)
             else:
                 slots[key] = e.i32(0)
         ctx.warpgroup_barrier()  # a previous use of this scratch (in a loop) must be fully read
@@ -110,39 +144,4 @@ def _reduce(op: ir.Reduce, ctx: Context) -> None:
         ctx.set(out, e.cast(x, acc_dtype, dtype))
         return
     elems = [e.cast(groups[off], acc_dtype, dtype) for off in element_offsets(out.layout, out.type.shape)]
-    ctx.set(out, Frag(out.layout, out.type.shape, dtype, elems))
-
-
-@rule(ir.Relayout)
-def _relayout(op: ir.Relayout, ctx: Context) -> None:
-    """Splat → anything is free; between tiled layouts, through SMEM (each thread writes what it holds and
-    reads what it needs)."""
-    e = ctx.e
-    src = ctx.frag(op.operands[0])
-    out = op.result
-    target = out.layout
-    if src.is_splat:
-        ctx.set(out, splat_to(ctx, src, target))
-        return
-    if isinstance(target, SplatLayout):
-        raise op.error("internal error: relayout of an array into a splat")
-    shape, dtype = src.shape, src.dtype
-    storage = dtypes.int8 if dtype == dtypes.bool_ else dtype
-    size = math.prod(shape) * storage.itemsize
-    base = ctx.alloc_smem(size)
-    ctx.warpgroup_barrier()
-    thread = ctx.thread_index(src.layout, shape)
-    for off, x in zip(element_offsets(src.layout, shape), src.elems):
-        idx = [e.addi(t, e.i32(o)) for t, o in zip(thread, off)]
-        addr = e.addi(base, e.muli(_linear(ctx, idx, shape), e.i32(storage.itemsize)))
-        e.smem_store(e.zext(x, 8) if dtype == dtypes.bool_ else x, addr)
-    ctx.warpgroup_barrier()
-    thread = ctx.thread_index(target, shape)
-    elems = []
-    for off in element_offsets(target, shape):
-        idx = [e.addi(t, e.i32(o)) for t, o in zip(thread, off)]
-        addr = e.addi(base, e.muli(_linear(ctx, idx, shape), e.i32(storage.itemsize)))
-        v = e.smem_load(e.type(storage), addr)
-        elems.append(e.cmpi("ne", v, e.const(0, dtypes.int8)) if dtype == dtypes.bool_ else v)
-    assert len(elems) == num_elems(target, shape)
-    ctx.set(out, Frag(target, shape, dtype, elems))
+    ctx.set(out, lower.Frag(out.layout, out.type.shape, dtype, elems))

@@ -1,24 +1,29 @@
-"""IR → MLIR (gpu.module with one llvm.func kernel). One rule per IR op, registered in `core.RULES`."""
+"""IR → MLIR: a gpu.module holding one llvm.func kernel, built by one rule per IR op.
+
+This is the driver. The rules live beside their ops in `mgjit/ops/` and register with
+`@lower.rule(OpClass)`; `Context` (context.py) holds the lowered values and `Emitter` (emit.py) the MLIR
+builders. MLIR itself is imported only when `lower()` runs.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
-from .. import ir, mlir
+from .. import ir, mlir, targets
 from ..layouts import THREADS_PER_WARPGROUP
-from . import blackwell, control, elementwise, hopper, memory, reduce  # noqa: F401  (register their rules)
-from .core import RULES, Context, LoweredRef, TensorSpec
+from ..registry import RuleRegistry
+from .context import Context, Frag, LoweredRef
 from .emit import Emitter
 
-# PTX ISA version each target is compiled with (wgmma needs 8.0 on sm_90a; tcgen05 8.6 on sm_100a).
-TARGET_FEATURES = {"sm_90a": "+ptx80", "sm_100a": "+ptx86"}
+LowerRule = Callable[[ir.Op, Context], None]
+RULES: RuleRegistry[LowerRule] = RuleRegistry("lowering")
+rule = RULES.rule
 
 
 @dataclasses.dataclass
 class LoweredKernel:
     module: Any  # the MLIR module
     smem_bytes: int
-    uses_libdevice: bool
     threads: int
 
 
@@ -43,14 +48,30 @@ def lower_ops(ctx: Context, ops: list[ir.Op]) -> None:
         fn(op, ctx)
 
 
-def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str | None = None) -> LoweredKernel:
+def lower_block(ctx: Context, block: ir.Block) -> list:
+    """Lower a region's ops (all but its terminator); returns the flat values its Yield yields."""
+    lower_ops(ctx, block.ops[:-1])
+    terminator = block.ops[-1]
+    return [x for v in terminator.operands for x in flatten(ctx.get(v))]
+
+
+def flatten(lowered) -> list:
+    """The MLIR values a lowered value travels as through a region boundary (a Frag as its elements)."""
+    return list(lowered.elems) if isinstance(lowered, Frag) else [lowered]
+
+
+def _nvvm_target(target: targets.Target, libdevice: str | None) -> str:
+    link = f', link = ["{libdevice}"]' if libdevice else ""
+    return f'[#nvvm.target<chip = "{target.name}", features = "{target.ptx_features}", O = 3{link}>]'
+
+
+def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
+          libdevice: Callable[[], str]) -> LoweredKernel:
     """Build the MLIR module for a kernel whose layouts are inferred.
 
-    `specs` maps each parameter Value id to its TensorSpec (tensors) or known divisor (int scalars).
+    `specs` maps each parameter Value id to its TensorSpec (tensors) or known divisor (int scalars);
+    `libdevice` finds libdevice, which is linked when a rule called into it.
     """
-    if target not in TARGET_FEATURES:
-        raise ir.CompileError(f"unknown target {target!r}; mgjit compiles for {sorted(TARGET_FEATURES)}",
-                              kernel.loc, rule="target")
     m = mlir.load()
     threads = THREADS_PER_WARPGROUP * kernel.num_warpgroups
     ctx_mlir = m.ir.Context()
@@ -59,10 +80,9 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
     ctx_mlir.enable_multithreading(False)
     with ctx_mlir, m.ir.Location.unknown():
         sig = ", ".join(f"%a{i}: {t}" for i, t in enumerate(_param_types(kernel)))
-        link = f', link = ["{libdevice}"]' if libdevice else ""
         text = (
             'module attributes {gpu.container_module} {\n'
-            f'  gpu.module @mgjit [#nvvm.target<chip = "{target}", features = "{TARGET_FEATURES[target]}", O = 3{link}>] {{\n'
+            f'  gpu.module @mgjit {_nvvm_target(target, None)} {{\n'
             '    llvm.mlir.global external @__mgjit_smem() {addr_space = 3 : i32, alignment = 1024 : i64} '
             ': !llvm.array<0 x i8>\n'
             f'    llvm.func @{kernel.name}({sig}) attributes {{gpu.kernel, nvvm.kernel, '
@@ -75,8 +95,7 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
         func_block = func.regions[0].blocks[0]
         emitter = Emitter(m, module, func_block, gpu_block)
         with emitter.ip[0]:
-            ctx = Context(kernel, emitter, specs)
-            ctx.target = target  # rules that need a newer architecture check it
+            ctx = Context(kernel, emitter, specs, target)
             args = list(func_block.arguments)
             pos = 0
             for p, v in zip(kernel.params, kernel.args):
@@ -91,7 +110,6 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: str, libdevice: str 
                     pos += 1
             ctx.tma_descriptors = [emitter.ptr_to_int(a) for a in args[pos:]]
             lower_ops(ctx, kernel.body.ops)
-        return LoweredKernel(module, ctx.smem_bytes, bool(emitter.libdevice_decls), threads)
-
-
-__all__ = ["lower", "LoweredKernel", "TensorSpec", "TARGET_FEATURES"]
+        if emitter.libdevice_decls:  # link libdevice exactly when a rule called into it
+            gpu_module.attributes["targets"] = m.ir.Attribute.parse(_nvvm_target(target, libdevice()))
+        return LoweredKernel(module, ctx.smem_bytes, threads)

@@ -1,20 +1,137 @@
-"""Lowering rules for GMEM windows: Load and Store.
+"""GMEM windows: Load and Store of a window of static sizes at runtime starts in a tensor argument.
 
 Each thread moves the elements its layout gives it. Consecutive elements of a register's vector that are
 contiguous in memory go as one access of up to 16 bytes when the launch's specialization proves it legal:
 unit last stride, base and row strides aligned, the window's start and the last dimension's size divisible
 by the access width (so that one bounds check covers the whole access). Every access is predicated on the
-window being inside the tensor: ragged edges need no code from the user.
+window being inside the tensor: ragged edges need no code from the user, and elements outside read as zero.
+A load is a free anchor for layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
-from .. import dtypes, ir
+from typing import Sequence
+
+from .. import dtypes, infer, ir, lower
 from ..dtypes import DType
-from ..layouts import SplatLayout, TiledLayout, blocked, LayoutError
-from .core import Context, Frag, LoweredRef, element_offsets, int_divisor, num_elems, rule, splat_to
+from ..errors import Loc, Rule
+from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
+from ..layouts import LayoutError, SplatLayout, TiledLayout, blocked
+from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
+from .control import For
+from .elementwise import Binary, Cast
+from .program import Constant
 
 
-def _access_width(ctx: Context, op: ir.Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...]) -> int:
+class _GmemAccess(Op):
+    """Shared shape logic of Load and Store: a window of static `sizes` at runtime `starts`; squeezed dims
+    (integer indices) are dropped from the register array's shape."""
+
+    @property
+    def ref(self) -> Value:
+        return self.operands[0]
+
+    def _init_window(self, sizes: tuple[int, ...], squeeze: tuple[bool, ...]):
+        self.sizes = sizes
+        self.squeeze = squeeze
+
+    @property
+    def window_shape(self) -> tuple[int, ...]:
+        return tuple(s for s, q in zip(self.sizes, self.squeeze) if not q)
+
+    def attrs(self):
+        return {"sizes": self.sizes, "squeeze": tuple(int(q) for q in self.squeeze)}
+
+    def _verify_window(self, ref: Value, starts: Sequence[Value]):
+        check(isinstance(ref.type, RefType) and ref.type.space == "gmem", self, "expected a GMEM reference")
+        check(len(starts) == ref.type.rank == len(self.sizes), self,
+               f"a reference of rank {ref.type.rank} needs {ref.type.rank} indices, got {len(starts)}")
+        for s in starts:
+            check(is_int_scalar(s), self, f"indices must be integer scalars, got {s.type}")
+
+
+class Load(_GmemAccess):
+    """Elements outside the tensor read as zero."""
+
+    name = "load"
+    free_anchor = True
+
+    def __init__(self, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...], squeeze: tuple[bool, ...],
+                 loc: Loc | None):
+        shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
+        rtype = ArrayType(shape, ref.dtype) if shape else ScalarType(ref.dtype)
+        super().__init__([ref, *starts], [rtype], loc)
+        self._init_window(sizes, squeeze)
+
+    @property
+    def starts(self) -> list[Value]:
+        return self.operands[1:]
+
+    def verify(self):
+        self._verify_window(self.ref, self.starts)
+
+
+class Store(_GmemAccess):
+    name = "store"
+
+    def __init__(self, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...], squeeze: tuple[bool, ...],
+                 value: Value, loc: Loc | None):
+        super().__init__([ref, *starts, value], [], loc)
+        self._init_window(sizes, squeeze)
+
+    @property
+    def starts(self) -> list[Value]:
+        return self.operands[1:-1]
+
+    @property
+    def value(self) -> Value:
+        return self.operands[-1]
+
+    def verify(self):
+        self._verify_window(self.ref, self.starts)
+        shape = self.value.type.shape if self.value.is_array else ()
+        check(shape == self.window_shape, self,
+               f"storing an array of shape {shape} into a window of shape {self.window_shape}")
+        check(self.value.dtype == self.ref.dtype, self,
+               f"storing {self.value.dtype.name} into a {self.ref.dtype.name} reference; use .astype()")
+
+
+infer.rule(Load)(infer.free_anchor_layout)
+infer.rule(Store)(infer.no_arrays)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+def int_divisor(ctx: lower.Context, v: ir.Value) -> int:
+    """The largest power of two (<= 16) known to divide integer scalar `v` at compile time."""
+    return _divisor(ctx, v, 0)
+
+
+def _divisor(ctx: lower.Context, v: ir.Value, depth: int) -> int:
+    if depth > 16:
+        return 1
+    if v.id in ctx.specs and isinstance(ctx.specs[v.id], int):
+        return ctx.specs[v.id]
+    op = v.owner
+    if isinstance(op, ir.Block) and isinstance(op.parent, For) and v is op.args[0]:
+        loop = op.parent  # the induction variable: lower + i * step
+        return min(_divisor(ctx, loop.operands[0], depth + 1), _divisor(ctx, loop.operands[2], depth + 1))
+    if isinstance(op, Constant):
+        n = abs(int(op.value))
+        return 16 if n == 0 else min(16, n & -n)
+    if isinstance(op, Cast):
+        return _divisor(ctx, op.operands[0], depth + 1)
+    if isinstance(op, Binary):
+        a, b = (_divisor(ctx, x, depth + 1) for x in op.operands)
+        if op.kind in ("add", "sub"):
+            return min(a, b)
+        if op.kind == "mul":
+            return min(16, a * b)
+        if op.kind == "shl" and isinstance(op.operands[1].owner, Constant):
+            return min(16, a << int(op.operands[1].owner.value))
+    return 1
+
+
+def _access_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...]) -> int:
     rank = len(op.sizes)
     if not ref.spec.unit_stride or op.squeeze[rank - 1] or not shape or layout.vector_dim is None:
         return 1
@@ -32,7 +149,7 @@ def _access_width(ctx: Context, op: ir.Op, ref: LoweredRef, layout: TiledLayout,
     return max(w, 1)
 
 
-def _element_addresses(ctx: Context, op: ir.Op, ref: LoweredRef, layout, shape: tuple[int, ...]):
+def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...]):
     """Per held element: (i64 byte address, i1 in-bounds predicate)."""
     e = ctx.e
     rank = len(op.sizes)
@@ -61,13 +178,9 @@ def _element_addresses(ctx: Context, op: ir.Op, ref: LoweredRef, layout, shape: 
     return out
 
 
-def _storage_bits(dtype: DType) -> int:
-    return 8 if dtype == dtypes.bool_ else dtype.bits
-
-
 def _to_bits(e, x, dtype: DType):
     """An element as an integer of its storage width."""
-    bits = _storage_bits(dtype)
+    bits = dtype.storage_bits
     if dtype == dtypes.bool_:
         return e.zext(x, 8)
     if dtype.is_float:
@@ -83,9 +196,9 @@ def _from_bits(e, x, dtype: DType):
     return x
 
 
-def _pack_words(e, elems, dtype: DType) -> list:
+def pack_words(e, elems, dtype: DType) -> list:
     """Elements (one access) → 32-bit words (or one narrower integer for accesses under 32 bits)."""
-    bits = _storage_bits(dtype)
+    bits = dtype.storage_bits
     ints = [_to_bits(e, x, dtype) for x in elems]
     if bits == 64:
         words = []
@@ -101,7 +214,7 @@ def _pack_words(e, elems, dtype: DType) -> list:
 
 
 def _unpack_words(e, words, dtype: DType, count: int) -> list:
-    bits = _storage_bits(dtype)
+    bits = dtype.storage_bits
     if bits == 64:
         out = []
         for lo, hi in zip(words[0::2], words[1::2]):
@@ -123,23 +236,23 @@ def _access_suffix(total_bits: int) -> tuple[str, int]:
     return {16: ".u16", 8: ".u8"}[total_bits], 1
 
 
-def _load_access(ctx: Context, addr, pred, dtype: DType, count: int) -> list:
+def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> list:
     e = ctx.e
-    suffix, n = _access_suffix(count * _storage_bits(dtype))
+    suffix, n = _access_suffix(count * dtype.storage_bits)
     outs = ", ".join(f"${i}" for i in range(n))
     dst = f"{{{outs}}}" if n > 1 else outs
     zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
     text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
     constraints = ",".join(["=r"] * n + ["b", "l"])
     words = e.asm(text, constraints, [pred, addr], [e.int_type(32)] * n, side_effects=True)
-    if count * _storage_bits(dtype) < 32:
-        words = [e.trunc(words[0], count * _storage_bits(dtype))]
+    if count * dtype.storage_bits < 32:
+        words = [e.trunc(words[0], count * dtype.storage_bits)]
         return _unpack_narrow(e, words[0], dtype, count)
     return _unpack_words(e, words, dtype, count)
 
 
 def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
-    bits = _storage_bits(dtype)
+    bits = dtype.storage_bits
     out = []
     for j in range(count):
         x = e.m.arith.shrui(word, e.const(j * bits, _int_of(word, e))) if j else word
@@ -154,9 +267,9 @@ def _int_of(word, e) -> DType:
     return {8: dtypes.int8, 16: dtypes.int16, 32: dtypes.int32}[width]
 
 
-def _store_access(ctx: Context, addr, pred, elems, dtype: DType) -> None:
+def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
     e = ctx.e
-    total = len(elems) * _storage_bits(dtype)
+    total = len(elems) * dtype.storage_bits
     suffix, n = _access_suffix(total)
     if total < 32:
         ints = [_to_bits(e, x, dtype) for x in elems]
@@ -164,18 +277,18 @@ def _store_access(ctx: Context, addr, pred, elems, dtype: DType) -> None:
         for j, x in enumerate(ints):
             x32 = e.zext(x, 32)
             if j:
-                x32 = e.m.arith.shli(x32, e.i32(j * _storage_bits(dtype)))
+                x32 = e.m.arith.shli(x32, e.i32(j * dtype.storage_bits))
             word = x32 if word is None else e.ori(word, x32)
         words = [word]
     else:
-        words = _pack_words(e, elems, dtype)
+        words = pack_words(e, elems, dtype)
     srcs = ", ".join(f"${i + 2}" for i in range(n))
     src = f"{{{srcs}}}" if n > 1 else srcs
     e.asm_void(f"@$0 st.global{suffix} [$1], {src};", ",".join(["b", "l"] + ["r"] * n), [pred, addr, *words])
 
 
-@rule(ir.Load)
-def _load(op: ir.Load, ctx: Context) -> None:
+@lower.rule(Load)
+def _load(op: Load, ctx: lower.Context) -> None:
     ref: LoweredRef = ctx.get(op.ref)
     out = op.result
     dtype = ref.dtype
@@ -190,11 +303,11 @@ def _load(op: ir.Load, ctx: Context) -> None:
     for i in range(0, len(addrs), w):
         addr, pred = addrs[i]
         elems.extend(_load_access(ctx, addr, pred, dtype, w))
-    ctx.set(out, Frag(layout, shape, dtype, elems))
+    ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 
-@rule(ir.Store)
-def _store(op: ir.Store, ctx: Context) -> None:
+@lower.rule(Store)
+def _store(op: Store, ctx: lower.Context) -> None:
     ref: LoweredRef = ctx.get(op.ref)
     value = op.value
     dtype = ref.dtype
@@ -210,7 +323,7 @@ def _store(op: ir.Store, ctx: Context) -> None:
         try:
             frag = splat_to(ctx, frag, blocked(shape, dtype))
         except LayoutError as err:
-            raise op.error(str(err), rule="layout") from None
+            raise op.error(str(err), rule=Rule.LAYOUT) from None
     layout = frag.layout
     w = _access_width(ctx, op, ref, layout, shape)
     addrs = _element_addresses(ctx, op, ref, layout, shape)

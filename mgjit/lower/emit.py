@@ -1,12 +1,10 @@
 """Emitter: the MLIR ops the lowering rules need, as small typed calls (through the shim's bindings).
 
-Every method appends at the current insertion point. Transcendentals follow Triton's choice: exp/log/rsqrt
-use the hardware approximations (ex2/lg2/rsqrt.approx); tanh, erf, sin and cos call libdevice, which is
-linked only into kernels that use it.
+Every method appends at the current insertion point. `libdevice(...)` declares the function it calls on first
+use; the driver links libdevice into exactly the kernels that declared one.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 from .. import dtypes
@@ -193,47 +191,6 @@ class Emitter:
         if dst.bits < src.bits:
             return arith.trunci(t, x)
         return x
-
-    def unary_float(self, kind: str, x, dtype: DType):
-        """A float unary op; narrow floats are computed in f32."""
-        f32 = dtypes.float32
-        if dtype == dtypes.float64:
-            if kind in ("neg", "abs", "sqrt"):
-                return self._exact_unary(kind, x)
-            name = {"exp": "__nv_exp", "exp2": "__nv_exp2", "log": "__nv_log", "log2": "__nv_log2",
-                    "rsqrt": "__nv_rsqrt", "tanh": "__nv_tanh", "erf": "__nv_erf", "sin": "__nv_sin",
-                    "cos": "__nv_cos"}[kind]
-            return self.libdevice(name, [x], self.type(dtype))
-        if kind in ("neg", "abs"):
-            return self._exact_unary(kind, x)
-        wide = self.cast(x, dtype, f32) if dtype != f32 else x
-        if kind == "exp":
-            y = self.f32_asm("ex2.approx.f32", self.fbinary("mul", wide, self.const(math.log2(math.e), f32)))
-        elif kind == "exp2":
-            y = self.f32_asm("ex2.approx.f32", wide)
-        elif kind == "log":
-            y = self.fbinary("mul", self.f32_asm("lg2.approx.f32", wide), self.const(math.log(2.0), f32))
-        elif kind == "log2":
-            y = self.f32_asm("lg2.approx.f32", wide)
-        elif kind == "rsqrt":
-            y = self.f32_asm("rsqrt.approx.f32", wide)
-        elif kind == "sqrt":
-            y = self._exact_unary("sqrt", wide)
-        else:
-            name = {"tanh": "__nv_tanhf", "erf": "__nv_erff", "sin": "__nv_sinf", "cos": "__nv_cosf"}[kind]
-            y = self.libdevice(name, [wide], self.type(f32))
-        return self.cast(y, f32, dtype) if dtype != f32 else y
-
-    def _exact_unary(self, kind: str, x):
-        if kind == "neg":
-            return self.m.arith.negf(x)
-        bits = self.ir.FloatType(x.type).width
-        if kind == "abs":  # clear the sign bit: exact for every float width, NaN payloads kept
-            as_int = self.bitcast(x, self.int_type(bits))
-            mask = self.m.arith.constant(self.int_type(bits), (1 << (bits - 1)) - 1)
-            return self.bitcast(self.andi(as_int, mask), x.type)
-        reg = {32: "f", 64: "d"}[bits]
-        return self.asm(f"sqrt.rn.f{bits} $0, $1;", f"={reg},{reg}", [x], [x.type])[0]
 
     # -- warp shuffles
     def shfl_bfly(self, x, offset: int):

@@ -1,0 +1,190 @@
+"""Arrays as wholes: Splat (one value everywhere), Iota (arange), Broadcast, and Relayout (inserted by layout
+inference to move an array into another register layout; visible in the IR).
+
+A splat costs nothing to place in any layout; an iota is a free anchor (each thread computes the indices it
+holds); a broadcast reuses the elements a thread already holds (inference picks a result layout whose reduction
+is the operand's); a relayout is the one op here that moves data between threads, through SMEM.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import dtypes, infer, lower
+from ..errors import Loc, Rule
+from ..ir import ArrayType, Op, ScalarType, Value, check
+from ..layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked
+from ..lower.context import element_offsets, num_elems, splat_to
+
+
+class Splat(Op):
+    """An array whose every element is one scalar."""
+
+    name = "splat"
+
+    def __init__(self, x: Value, shape: tuple[int, ...], loc: Loc | None):
+        super().__init__([x], [ArrayType(shape, x.dtype)], loc)
+
+    def verify(self):
+        check(isinstance(self.operands[0].type, ScalarType), self, "splat takes a scalar")
+
+
+class Iota(Op):
+    """arange: element i of a 1D int32 array is start + i."""
+
+    name = "iota"
+    free_anchor = True
+    index_only = True
+
+    def __init__(self, start: int, size: int, loc: Loc | None):
+        super().__init__([], [ArrayType((size,), dtypes.int32)], loc)
+        self.start = start
+
+    def attrs(self):
+        return {"start": self.start}
+
+
+class Broadcast(Op):
+    """Broadcast `x` to `shape`; `dims[i]` is the result dimension that operand dimension i becomes."""
+
+    name = "broadcast"
+
+    def __init__(self, x: Value, shape: tuple[int, ...], dims: tuple[int, ...], loc: Loc | None):
+        super().__init__([x], [ArrayType(shape, x.dtype)], loc)
+        self.dims = dims
+
+    def attrs(self):
+        return {"dims": self.dims}
+
+    def verify(self):
+        src = self.operands[0].type.shape
+        shape = self.results[0].type.shape
+        check(len(src) == len(self.dims), self, f"broadcast dims {self.dims} do not match operand rank {len(src)}")
+        for d, n in zip(self.dims, src):
+            check(shape[d] == n, self, f"cannot broadcast a dimension of {n} to {shape[d]}")
+
+
+@infer.relayout_op
+class Relayout(Op):
+    """Move an array into another register layout (inserted by layout inference; visible in the IR)."""
+
+    name = "relayout"
+
+    def __init__(self, x: Value, layout: Layout, loc: Loc | None):
+        super().__init__([x], [x.type], loc)
+        self.results[0].layout = layout
+
+
+@infer.rule(Splat)
+def _infer_splat(op: Splat, inf: infer.Inference) -> None:
+    inf.set_layout(op.result, SPLAT, op)
+
+
+infer.rule(Iota)(infer.free_anchor_layout)
+infer.rule(Relayout)(infer.no_arrays)  # its result layout is set when inference inserts it
+
+
+@infer.rule(Broadcast)
+def _infer_broadcast(op: Broadcast, inf: infer.Inference) -> None:
+    src = op.operands[0]
+    shape = op.result.type.shape
+    if isinstance(src.layout, SplatLayout):
+        inf.set_layout(op.result, SPLAT, op)
+        return
+    axes = tuple(d for d in range(len(shape)) if d not in op.dims)
+    candidates = list(reversed(inf.by_shape.get(shape, [])))
+    try:
+        candidates.append(blocked(shape, op.result.dtype))
+    except LayoutError as e:
+        raise op.error(str(e), rule=Rule.LAYOUT) from None
+    for layout in candidates:
+        if layout.reduce(axes, len(shape)) == src.layout:
+            inf.set_layout(op.result, layout, op)
+            return
+    target = candidates[0]
+    wanted = target.reduce(axes, len(shape))
+    # An operand that comes (through elementwise ops) from loads/iotas only is loaded straight into the layout.
+    inf.move_or_relayout(op, 0, wanted)
+    inf.set_layout(op.result, target, op)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+@lower.rule(Splat)
+def _splat(op: Splat, ctx: lower.Context) -> None:
+    ctx.set(op.result, lower.Frag(op.result.layout, op.result.type.shape, op.result.dtype, [ctx.get(op.operands[0])]))
+
+
+@lower.rule(Iota)
+def _iota(op: Iota, ctx: lower.Context) -> None:
+    out = op.result
+    layout, shape, e = out.layout, out.type.shape, ctx.e
+    base = e.addi(ctx.thread_index(layout, shape)[0], e.i32(op.start))
+    elems = [e.addi(base, e.i32(off[0])) for off in element_offsets(layout, shape)]
+    ctx.set(out, lower.Frag(layout, shape, out.dtype, elems))
+
+
+@lower.rule(Broadcast)
+def _broadcast(op: Broadcast, ctx: lower.Context) -> None:
+    """The operand's layout is the result's layout reduced over the new axes (inference guarantees it), so
+    each result element is found among the thread's own operand elements: no data moves."""
+    src = ctx.frag(op.operands[0])
+    out = op.result
+    if src.is_splat:
+        ctx.set(out, lower.Frag(out.layout, out.type.shape, out.dtype, [src.elems[0]]))
+        return
+    layout: TiledLayout = out.layout
+    shape = out.type.shape
+    src_shape = src.shape
+    position = {off: i for i, off in enumerate(element_offsets(src.layout, src_shape))}
+    elems = []
+    for off in element_offsets(layout, shape):
+        src_off = tuple(off[d] for d in op.dims)
+        i = position.get(src_off)
+        if i is None:
+            raise op.error(f"internal error: broadcast source layout {src.layout} does not hold element {src_off}")
+        elems.append(src.elems[i])
+    ctx.set(out, lower.Frag(layout, shape, out.dtype, elems))
+
+
+def linear_index(ctx: lower.Context, index: list, shape: tuple[int, ...]):
+    """Row-major linear index (i32) of an element index given as i32 values."""
+    e = ctx.e
+    lin = e.i32(0)
+    for i, n in zip(index, shape):
+        lin = e.addi(e.muli(lin, e.i32(n)), i)
+    return lin
+
+
+@lower.rule(Relayout)
+def _relayout(op: Relayout, ctx: lower.Context) -> None:
+    """Splat → anything is free; between tiled layouts, through SMEM (each thread writes what it holds and
+    reads what it needs)."""
+    e = ctx.e
+    src = ctx.frag(op.operands[0])
+    out = op.result
+    target = out.layout
+    if src.is_splat:
+        ctx.set(out, splat_to(ctx, src, target))
+        return
+    if isinstance(target, SplatLayout):
+        raise op.error("internal error: relayout of an array into a splat")
+    shape, dtype = src.shape, src.dtype
+    storage = dtypes.int8 if dtype == dtypes.bool_ else dtype
+    size = math.prod(shape) * storage.itemsize
+    base = ctx.alloc_smem(size)
+    ctx.warpgroup_barrier()
+    thread = ctx.thread_index(src.layout, shape)
+    for off, x in zip(element_offsets(src.layout, shape), src.elems):
+        idx = [e.addi(t, e.i32(o)) for t, o in zip(thread, off)]
+        addr = e.addi(base, e.muli(linear_index(ctx, idx, shape), e.i32(storage.itemsize)))
+        e.smem_store(e.zext(x, 8) if dtype == dtypes.bool_ else x, addr)
+    ctx.warpgroup_barrier()
+    thread = ctx.thread_index(target, shape)
+    elems = []
+    for off in element_offsets(target, shape):
+        idx = [e.addi(t, e.i32(o)) for t, o in zip(thread, off)]
+        addr = e.addi(base, e.muli(linear_index(ctx, idx, shape), e.i32(storage.itemsize)))
+        v = e.smem_load(e.type(storage), addr)
+        elems.append(e.cmpi("ne", v, e.const(0, dtypes.int8)) if dtype == dtypes.bool_ else v)
+    assert len(elems) == num_elems(target, shape)
+    ctx.set(out, lower.Frag(target, shape, dtype, elems))

@@ -1,0 +1,104 @@
+"""mbarriers and fences: BarrierAlloc (an array of mbarriers, initialised at kernel start), BarrierArrive,
+BarrierWait (on the phase parity the frontend tracks for the user), FenceAsyncShared (orders ordinary SMEM
+writes before the TMA engine or tensor cores read them).
+
+An mbarrier completes a phase once it has seen its expected arrivals and, for TMA copies, its expected bytes;
+a warpgroup arrives once (its first thread), a TMA copy arrives once with its byte count.
+"""
+from __future__ import annotations
+
+from .. import dtypes, infer, lower
+from ..errors import Loc
+from ..ir import Op, RefType, Value, check, is_ref
+from .smem import SmemTile, shared_address
+
+
+class BarrierAlloc(Op):
+    """`count` mbarriers, each expecting `arrivals` arrivals per phase; initialised at kernel start."""
+
+    name = "barrier_alloc"
+
+    def __init__(self, count: int, arrivals: int, loc: Loc | None):
+        super().__init__([], [RefType("barrier", dtypes.int64, 1, (count,))], loc)
+        self.count = count
+        self.arrivals = arrivals
+
+    def attrs(self):
+        return {"count": self.count, "arrivals": self.arrivals}
+
+    def verify(self):
+        check(self.count >= 1 and 1 <= self.arrivals < 2**20, self,
+               f"barriers need count >= 1 and 1 <= arrivals < 2**20, got {self.count} and {self.arrivals}")
+
+
+class BarrierArrive(Op):
+    name = "barrier_arrive"
+
+    def __init__(self, barrier: Value, loc: Loc | None):
+        super().__init__([barrier], [], loc)
+
+    def verify(self):
+        check(is_ref(self.operands[0], "barrier") and self.operands[0].type.rank == 0, self,
+               "arrive on one barrier: index the barrier array")
+
+
+class BarrierWait(Op):
+    """Wait until the barrier completes the phase with parity `phase` (tracked by the frontend)."""
+
+    name = "barrier_wait"
+
+    def __init__(self, barrier: Value, phase: Value, loc: Loc | None):
+        super().__init__([barrier, phase], [], loc)
+
+    def verify(self):
+        check(is_ref(self.operands[0], "barrier") and self.operands[0].type.rank == 0, self,
+               "wait on one barrier: index the barrier array")
+
+
+class FenceAsyncShared(Op):
+    """Order this thread's ordinary SMEM writes before later reads by the TMA engine or tensor cores."""
+
+    name = "fence_async_shared"
+
+    def __init__(self, loc: Loc | None):
+        super().__init__([], [], loc)
+
+
+infer.rule(BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared)(infer.no_arrays)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+@lower.rule(BarrierAlloc)
+def _barrier_alloc(op: BarrierAlloc, ctx: lower.Context) -> None:
+    e = ctx.e
+    offset = ctx.alloc_shared(8 * op.count, 8)
+    base = shared_address(ctx, e.i32(offset))
+    first = e.cmpi("eq", ctx.tid, e.i32(0))
+    for i in range(op.count):
+        e.asm_void(f"@$0 mbarrier.init.shared::cta.b64 [$1], {op.arrivals};", "b,r", [first, e.addi(base, e.i32(8 * i))])
+    # Make the initialised barriers visible to every thread and to the async proxy before any use.
+    e.asm_void("fence.mbarrier_init.release.cluster;", "", [])
+    e.asm_void("bar.sync 0;", "", [])
+    ctx.set(op.result, SmemTile(e.i32(offset), op.result.type))
+
+
+@lower.rule(BarrierArrive)
+def _barrier_arrive(op: BarrierArrive, ctx: lower.Context) -> None:
+    e = ctx.e
+    bar = shared_address(ctx, ctx.get(op.operands[0]).offset)
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))  # one arrival per warpgroup
+    e.asm_void("@$0 mbarrier.arrive.shared::cta.b64 _, [$1];", "b,r", [elected, bar])
+
+
+@lower.rule(BarrierWait)
+def _barrier_wait(op: BarrierWait, ctx: lower.Context) -> None:
+    e = ctx.e
+    bar = shared_address(ctx, ctx.get(op.operands[0]).offset)
+    e.asm_void("{ .reg .pred done; WAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
+               "@!done bra WAIT; }", "r,r", [bar, ctx.get(op.operands[1])])
+
+
+@lower.rule(FenceAsyncShared)
+def _fence(op: FenceAsyncShared, ctx: lower.Context) -> None:
+    ctx.e.asm_void("fence.proxy.async.shared::cta;", "", [])

@@ -1,0 +1,172 @@
+"""Structured control flow: For (`for i in range(...)` on runtime bounds, lowered to scf.for), If (lowered to
+scf.if) and Yield, their terminator.
+
+Values carried through a loop or out of an if are the ops' results; their layouts settle by re-inferring a
+loop body until the carried layouts stop changing. Carried register arrays travel as their per-thread
+elements (a splat as its one value).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import infer, ir, lower
+from ..errors import Loc
+from ..ir import Block, Op, ScalarType, Type, Value, check, is_int_scalar
+from ..lower.context import num_elems
+
+
+class For(Op):
+    """`for iv in range(lower, upper, step)`; the body's block args are (iv, *carried), it ends in Yield."""
+
+    name = "for"
+
+    def __init__(self, lower: Value, upper: Value, step: Value, inits: Sequence[Value], loc: Loc | None):
+        body = Block([lower.type, *(v.type for v in inits)])
+        super().__init__([lower, upper, step, *inits], [v.type for v in inits], loc, [body])
+        body.parent = self
+
+    @property
+    def body(self) -> Block:
+        return self.regions[0]
+
+    @property
+    def inits(self) -> list[Value]:
+        return self.operands[3:]
+
+    def verify(self):
+        for v in self.operands[:3]:
+            check(is_int_scalar(v), self, f"range bounds must be integers, got {v.type}")
+
+
+class If(Op):
+    """Two regions, each ending in Yield of the op's results."""
+
+    name = "if"
+
+    def __init__(self, cond: Value, result_types: Sequence[Type], loc: Loc | None):
+        super().__init__([cond], result_types, loc, [Block(), Block()])
+
+    def verify(self):
+        cond = self.operands[0]
+        check(isinstance(cond.type, ScalarType), self,
+               "an `if` condition must be a scalar; for arrays use mgjit.where")
+
+
+class Yield(Op):
+    name = "yield"
+
+    def __init__(self, values: Sequence[Value], loc: Loc | None):
+        super().__init__(values, [], loc)
+
+
+@infer.rule(For)
+def _infer_for(op: For, inf: infer.Inference) -> None:
+    body = op.body
+    carried = [a for a in body.args[1:]]
+    layouts = [v.layout for v in op.inits]
+    yield_op = body.ops[-1]
+    for _ in range(4):
+        mark = len(inf.log)
+        for arg, layout in zip(carried, layouts):
+            if arg.is_array:
+                inf.set_layout(arg, layout, op)
+        saved = inf.current_block
+        inf.block(body)
+        inf.current_block = saved
+        yielded = [v.layout for v in yield_op.operands]
+        joined = [infer.join(a, y) if arg.is_array else None for arg, a, y in zip(carried, layouts, yielded)]
+        if joined == layouts:
+            break
+        inf.undo(mark)
+        layouts = joined
+    else:
+        raise op.error("layout inference for the loop-carried arrays does not settle; "
+                       "consider initialising them from a load or an explicit layout")
+    for i, (arg, layout) in enumerate(zip(carried, layouts)):
+        if arg.is_array:
+            if yield_op.operands[i].layout != layout:
+                inf.relayout(body, yield_op, i, layout)
+            if op.inits[i].layout != layout:
+                inf.relayout(inf.current_block, op, 3 + i, layout)
+            inf.set_layout(op.results[i], layout, op)
+
+
+@infer.rule(If)
+def _infer_if(op: If, inf: infer.Inference) -> None:
+    saved = inf.current_block
+    for region in op.regions:
+        inf.block(region)
+    inf.current_block = saved
+    then_yield, else_yield = op.regions[0].ops[-1], op.regions[1].ops[-1]
+    for i, r in enumerate(op.results):
+        if not r.is_array:
+            continue
+        layout = infer.join(then_yield.operands[i].layout, else_yield.operands[i].layout)
+        for region, y in zip(op.regions, (then_yield, else_yield)):
+            if y.operands[i].layout != layout:
+                inf.relayout(region, y, i, layout)
+        inf.set_layout(r, layout, op)
+
+
+infer.rule(Yield)(infer.no_arrays)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+def _unflatten(v: ir.Value, values: list, pos: int):
+    """Rebuild the lowered form of `v` from a flat list starting at `pos`; returns (lowered, next pos)."""
+    if not v.is_array:
+        return values[pos], pos + 1
+    n = num_elems(v.layout, v.type.shape)
+    return lower.Frag(v.layout, v.type.shape, v.dtype, list(values[pos:pos + n])), pos + n
+
+
+def _assign(ctx: lower.Context, targets: list[ir.Value], values: list) -> None:
+    pos = 0
+    for t in targets:
+        lowered, pos = _unflatten(t, values, pos)
+        ctx.set(t, lowered)
+
+
+@lower.rule(For)
+def _for(op: For, ctx: lower.Context) -> None:
+    e = ctx.e
+    scf = e.m.scf
+    inits = [x for v in op.inits for x in lower.flatten(ctx.get(v))]
+    start, stop, step = (ctx.get(v) for v in op.operands[:3])
+    loop = scf.ForOp(start, stop, step, inits)
+    body = loop.body
+    e.push(e.ir.InsertionPoint(body))
+    try:
+        ctx.set(op.body.args[0], loop.induction_variable)
+        _assign(ctx, op.body.args[1:], list(loop.inner_iter_args))
+        scf.yield_(lower.lower_block(ctx, op.body))
+    finally:
+        e.pop()
+    _assign(ctx, op.results, list(loop.results))
+
+
+@lower.rule(If)
+def _if(op: If, ctx: lower.Context) -> None:
+    e = ctx.e
+    scf = e.m.scf
+    then_region, else_region = op.regions
+    # The result types are those of the flat yielded values; lower the then-branch to learn them.
+    result_types = []
+    for r in op.results:
+        t = e.type(r.dtype)
+        result_types.extend([t] * (num_elems(r.layout, r.type.shape) if r.is_array else 1))
+    if_op = scf.IfOp(ctx.get(op.operands[0]), result_types, has_else=True)
+    for region, block in ((then_region, if_op.then_block), (else_region, if_op.else_block)):
+        e.push(e.ir.InsertionPoint(block))
+        try:
+            scf.yield_(lower.lower_block(ctx, region))
+        finally:
+            e.pop()
+    _assign(ctx, op.results, list(if_op.results))
+
+
+@lower.rule(Yield)
+def _yield(op: Yield, ctx: lower.Context) -> None:
+    # A Yield is lowered by the For or If whose region it ends (lower.lower_block); anywhere else the IR is broken.
+    raise op.error("internal error: a yield that does not end a loop or if region")

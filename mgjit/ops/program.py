@@ -1,0 +1,79 @@
+"""The program's identity and its constants: Constant, ProgramId, NumPrograms, RefDim (a tensor's size).
+
+All are scalars, the same in every thread of the CTA.
+"""
+from __future__ import annotations
+
+from .. import dtypes, infer, lower
+from ..errors import Loc
+from ..ir import Op, ScalarType, Value, check
+from ..dtypes import DType
+
+
+class Constant(Op):
+    name = "constant"
+
+    def __init__(self, value: int | float | bool, dtype: DType, loc: Loc | None):
+        super().__init__([], [ScalarType(dtype)], loc)
+        self.value = value
+
+    def attrs(self):
+        return {"value": self.value}
+
+
+class ProgramId(Op):
+    name = "program_id"
+
+    def __init__(self, axis: int, loc: Loc | None):
+        super().__init__([], [ScalarType(dtypes.int32)], loc)
+        self.axis = axis
+
+    def attrs(self):
+        return {"axis": self.axis}
+
+    def verify(self):
+        check(self.axis in (0, 1, 2), self, f"program_id axis must be 0, 1 or 2, got {self.axis}")
+
+
+class NumPrograms(ProgramId):
+    name = "num_programs"
+
+
+class RefDim(Op):
+    """The runtime size of one dimension of a GMEM reference."""
+
+    name = "ref_dim"
+
+    def __init__(self, ref: Value, axis: int, loc: Loc | None):
+        super().__init__([ref], [ScalarType(dtypes.int32)], loc)
+        self.axis = axis
+
+    def attrs(self):
+        return {"axis": self.axis}
+
+    def verify(self):
+        rank = self.operands[0].type.rank
+        check(0 <= self.axis < rank, self, f"axis {self.axis} is out of range for a reference of rank {rank}")
+
+
+infer.rule(Constant, ProgramId, NumPrograms, RefDim)(infer.no_arrays)
+
+
+@lower.rule(Constant)
+def _constant(op: Constant, ctx: lower.Context) -> None:
+    ctx.set(op.result, ctx.e.const(op.value, op.result.dtype))
+
+
+@lower.rule(ProgramId)
+def _program_id(op: ProgramId, ctx: lower.Context) -> None:
+    ctx.set(op.result, ctx.e.ctaid(op.axis))
+
+
+@lower.rule(NumPrograms)
+def _num_programs(op: NumPrograms, ctx: lower.Context) -> None:
+    ctx.set(op.result, ctx.e.nctaid(op.axis))
+
+
+@lower.rule(RefDim)
+def _ref_dim(op: RefDim, ctx: lower.Context) -> None:
+    ctx.set(op.result, ctx.get(op.operands[0]).sizes[op.axis])

@@ -1,0 +1,231 @@
+"""Shared memory: SmemAlloc (a static buffer for the whole kernel), RefIndex (`buf[slot]`, also of barrier
+arrays), RefTranspose (`tile.T`), SmemStore (`tile[...] = array`), and the addressing every SMEM user shares.
+
+SMEM tiles are stored as column blocks one swizzle wide: a (rows, cols) tile under an S-byte swizzle is
+cols*itemsize/S blocks of rows x S bytes, each copied by one TMA box and each a run of 8-row swizzle atoms
+that wgmma and tcgen05 descriptors address directly (K-major: SBO = 8*S; MN-major: LBO = distance between
+blocks). Within a block the 16-byte chunk index of each 128-byte line is XORed with the line index modulo
+S/16 (the pattern TMA and the tensor cores apply).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+from .. import infer, lower
+from ..dtypes import DType
+from ..errors import Loc, Rule
+from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
+from ..layouts import SplatLayout, blocked
+from ..lower.context import element_offsets, splat_to
+from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
+from .gmem import pack_words
+
+_SWIZZLE_ALIGN = 1024  # the 128B swizzle pattern repeats every 1024 bytes; tiles start on that boundary
+
+
+class SmemAlloc(Op):
+    """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
+
+    name = "smem_alloc"
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, swizzle: int | None, loc: Loc | None):
+        super().__init__([], [RefType("smem", dtype, len(shape), shape, swizzle)], loc)
+
+    def attrs(self):
+        t = self.result.type
+        return {"shape": t.shape, "dtype": t.dtype.name, "swizzle": t.swizzle}
+
+
+class RefIndex(Op):
+    """`ref[i]`: drop the leading dimension of an SMEM or barrier reference at a runtime index."""
+
+    name = "ref_index"
+
+    def __init__(self, ref: Value, index: Value, loc: Loc | None):
+        t = ref.type
+        shape = t.shape[1:]
+        super().__init__([ref, index], [RefType(t.space, t.dtype, t.rank - 1, shape, t.swizzle)], loc)
+
+    def verify(self):
+        t = self.operands[0].type
+        check(t.space in ("smem", "barrier") and t.rank >= 1 and not t.transposed, self,
+               f"only SMEM and barrier references can be indexed by a stage, got {t}")
+        check(is_int_scalar(self.operands[1]), self, "a stage index must be an integer scalar")
+
+
+class RefTranspose(Op):
+    """`ref.T`: the same 2D SMEM tile read with its dimensions swapped (an MN-major MMA operand)."""
+
+    name = "ref_transpose"
+
+    def __init__(self, ref: Value, loc: Loc | None):
+        t = ref.type
+        super().__init__([ref], [RefType("smem", t.dtype, 2, (t.shape[1], t.shape[0]), t.swizzle, not t.transposed)],
+                         loc)
+
+    def verify(self):
+        t = self.operands[0].type
+        check(t.space == "smem" and t.rank == 2, self, f".T applies to 2D SMEM tiles, got {t}")
+
+
+class SmemStore(Op):
+    """Write a register array into a whole SMEM tile (swizzled as the tile is), for TMA or MMA to read."""
+
+    name = "smem_store"
+
+    def __init__(self, tile: Value, value: Value, loc: Loc | None):
+        super().__init__([tile, value], [], loc)
+
+    def verify(self):
+        tile, value = self.operands
+        check(is_ref(tile, "smem") and not tile.type.transposed, self, "store into an SMEM tile (not a transposed view)")
+        shape = value.type.shape if value.is_array else ()
+        check(shape == tile.type.shape, self, f"storing an array of shape {shape} into an SMEM tile of shape "
+               f"{tile.type.shape}")
+        check(value.dtype == tile.dtype, self, f"storing {value.dtype.name} into a {tile.dtype.name} SMEM tile; "
+               "use .astype()")
+
+
+infer.rule(SmemAlloc, RefIndex, RefTranspose, SmemStore)(infer.no_arrays)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+@dataclasses.dataclass
+class SmemTile:
+    offset: Any  # i32 byte offset into dynamic SMEM (runtime value)
+    type: RefType
+
+
+def shared_address(ctx: lower.Context, offset) -> Any:
+    """The 32-bit shared-window address of a byte offset into the kernel's dynamic SMEM."""
+    e = ctx.e
+    base = e.m.llvm.ptrtoint(e.int_type(32), e.smem_base())
+    return e.addi(base, offset)
+
+
+def tile_bytes(t: RefType) -> int:
+    return math.prod(t.shape) * t.dtype.bits // 8
+
+
+def check_smem_budget(ctx: lower.Context, op: Op) -> None:
+    limit = ctx.target.smem_bytes
+    if ctx.smem_bytes > limit:
+        raise op.error(f"shared memory: the kernel needs {ctx.smem_bytes} bytes by this allocation, more than the "
+                       f"{limit} bytes a CTA can have (fewer stages or smaller tiles)", rule=Rule.SMEM_BUDGET)
+
+
+@lower.rule(SmemAlloc)
+def _smem_alloc(op: SmemAlloc, ctx: lower.Context) -> None:
+    t = op.result.type
+    offset = ctx.alloc_shared(tile_bytes(t), _SWIZZLE_ALIGN if t.swizzle else 128)
+    check_smem_budget(ctx, op)
+    ctx.set(op.result, SmemTile(ctx.e.i32(offset), t))
+
+
+@lower.rule(RefIndex)
+def _ref_index(op: RefIndex, ctx: lower.Context) -> None:
+    e = ctx.e
+    src: SmemTile = ctx.get(op.operands[0])
+    t = op.result.type
+    stride = 8 if t.space == "barrier" else tile_bytes(t)
+    ctx.set(op.result, SmemTile(e.addi(src.offset, e.muli(ctx.get(op.operands[1]), e.i32(stride))), t))
+
+
+@lower.rule(RefTranspose)
+def _ref_transpose(op: RefTranspose, ctx: lower.Context) -> None:
+    ctx.set(op.result, SmemTile(ctx.get(op.operands[0]).offset, op.result.type))
+
+
+def operand_descriptor(ctx: lower.Context, tile: SmemTile, mn_offset: int, k_offset: int, k_major: bool,
+                       encode: Callable[[SmemDescriptor], int] = wgmma_smem_descriptor) -> Any:
+    """The MMA descriptor (i64) of the operand block starting at (mn_offset, k_offset) of an SMEM tile, in
+    the wgmma format or, with encode=tcgen05_smem_descriptor, the tcgen05 one (they differ only there).
+
+    K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
+    along MN. `k_major` says which; the stored shape is the tile's own (before any transposed view).
+    """
+    e = ctx.e
+    t = tile.type
+    s = t.swizzle
+    isz = t.dtype.bits // 8
+    per_row = s // isz  # elements in one swizzle-wide row
+    rows, _ = (t.shape[::-1] if t.transposed else t.shape)  # stored rows
+    if k_major:
+        block, within = divmod(k_offset, per_row)
+        byte = block * rows * s + mn_offset * s + within * isz
+        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
+    else:
+        block, within = divmod(mn_offset, per_row)
+        assert within == 0, "an MN-major operand block starts on a swizzle column (checked by the MMA op)"
+        byte = block * rows * s + k_offset * s
+        lbo, sbo = rows * s, 8 * s
+    const = encode(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
+    addr = e.addi(shared_address(ctx, tile.offset), e.i32(byte))
+    field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
+    return e.m.arith.ori(field, e.i64(const))
+
+
+def _swizzled(ctx: lower.Context, tile: SmemTile, row, col) -> Any:
+    """The byte offset (i32) of element (row, col) of an SMEM tile; rows count over all leading dims.
+
+    Swizzled tiles are column blocks one swizzle wide; within a block the 16-byte chunk index of each
+    128-byte line is XORed with the line index modulo swizzle/16 (the pattern TMA and wgmma apply)."""
+    e = ctx.e
+    t = tile.type
+    isz = t.dtype.bits // 8
+    rows = math.prod(t.shape[:-1])
+    if not t.swizzle:
+        return e.addi(tile.offset, e.muli(e.addi(e.muli(row, e.i32(t.shape[-1])), col), e.i32(isz)))
+    s = t.swizzle
+    per_row = s // isz
+    block = e.divui(col, e.i32(per_row))
+    linear = e.addi(e.muli(row, e.i32(s)), e.muli(e.remui(col, e.i32(per_row)), e.i32(isz)))
+    chunk_xor = e.m.arith.shli(e.andi(e.m.arith.shrui(linear, e.i32(7)), e.i32(s // 16 - 1)), e.i32(4))
+    swizzled = e.m.arith.xori(linear, chunk_xor)
+    return e.addi(tile.offset, e.addi(e.muli(block, e.i32(rows * s)), swizzled))
+
+
+@lower.rule(SmemStore)
+def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
+    e = ctx.e
+    tile: SmemTile = ctx.get(op.operands[0])
+    frag: lower.Frag = ctx.frag(op.operands[1])
+    shape = tile.type.shape
+    if isinstance(frag.layout, SplatLayout):
+        frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
+    layout = frag.layout
+    bits = frag.dtype.storage_bits
+    # Contiguous elements of a register's vector along the last dim go as one store, within one 16-byte chunk.
+    w = 1
+    if layout.vector_dim is not None:
+        entries = layout.tiling.dim_strides(len(shape))
+        dim, stride = entries[len(entries) + layout.vector_dim]
+        if dim == len(shape) - 1 and stride == 1:
+            w = max(1, min(layout.vector_length, 128 // bits))
+            while w > 1 and (w * bits) % 32:
+                w //= 2
+    thread = ctx.thread_index(layout, shape)
+    offsets = element_offsets(layout, shape)
+    base = shared_address(ctx, e.i32(0))
+    for i in range(0, len(offsets), w):
+        off = offsets[i]
+        idx = [e.addi(t, e.i32(o)) if o else t for t, o in zip(thread, off)]
+        row = e.i32(0)
+        for d in range(len(shape) - 1):
+            row = e.addi(e.muli(row, e.i32(shape[d])), idx[d])
+        addr = e.addi(base, _swizzled(ctx, tile, row, idx[-1]))
+        words = pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
+        if words is None:
+            value = frag.elems[i]
+            x = e.bitcast(value, e.int_type(bits)) if frag.dtype.is_float else value
+            e.asm_void(f"st.shared.b{bits} [$0], $1;", "r,h" if bits == 16 else "r,r",
+                       [addr, x if bits >= 16 else e.zext(x, 16)])
+            continue
+        n = len(words)
+        vec = f".v{n}" if n > 1 else ""
+        srcs = ", ".join(f"${j + 1}" for j in range(n))
+        e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
+                   [addr, *words])

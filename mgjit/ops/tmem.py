@@ -1,0 +1,363 @@
+"""Tensor memory (TMEM, Blackwell): TmemAlloc, TmemSlice (`ref[:, a:b]`), TmemLoad (`ref.load()`), TmemStore
+(`ref.store(x)`) and TmemDealloc (the end of the kernel's tensor memory).
+
+A TMEM reference's layout follows from its type (`tmem_layout`: 128 rows default; 64 rows half-lane, or m64
+collective in a 2-CTA kernel); layout inference records it on the reference, and loads and stores move data in
+the register layout that matches it (TCGEN05, WGMMA for half-lane, or the m64-collective one).
+
+Warp 0 allocates every TMEM reference of the kernel with one `tcgen05.alloc` (the sum of their columns, each
+reference aligned to its own power-of-two size, rounded up to a power of two of at least 32), writes the address
+to an SMEM word, relinquishes the allocation permit and synchronises the CTA (the CTA pair in a 2-CTA kernel)
+with the tcgen05 fences around the barrier; every thread then reads the address. The end of the kernel
+(TmemDealloc) synchronises again and warp 0 frees the columns. A TMEM address is lane << 16 | column; a lowered
+reference is the address of its (lane 0, first column). tcgen05.ld/st follow `TMEMLayout.access`: every warp
+addresses its own 32-lane quarter (warp w of a warpgroup may touch lanes 32w..32w+31 only). Loads are followed
+by tcgen05.wait::ld with the loaded registers threaded through it, so no use of them can be scheduled before
+the wait.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from .. import infer, lower
+from ..dtypes import DType
+from ..errors import Loc, Rule
+from ..ir import ArrayType, Op, TmemRefType, Value, check, is_ref
+from ..layouts import LANES_PER_WARP, TiledLayout
+from ..tmem_layouts import TMEM_COLUMNS, TMEMLayout, TMEMLayoutError, infer_tmem_layout, tmem_alloc_columns
+from .smem import shared_address
+
+BLACKWELL_TARGET = "sm_100a"
+_ARCH_NAMES = {"sm_90a": "Hopper", "sm_100a": "Blackwell"}
+
+
+def tmem_layout(t: TmemRefType):
+    """The TMEMLayout of a TMEM reference type; raises TMEMLayoutError for what TMEM cannot hold."""
+    rows, cols = t.shape
+    return infer_tmem_layout(rows, cols, t.dtype.bits, t.collective, t.packing)
+
+
+def _tmem_layout_of(op: Op, t: TmemRefType):
+    try:
+        return tmem_layout(t)
+    except TMEMLayoutError as e:
+        raise op.error(str(e), rule=Rule.TMEM_LAYOUT) from None
+
+
+class TmemAlloc(Op):
+    """Tensor memory for the whole kernel. Warp 0 allocates every TMEM reference of the kernel at the first
+    TmemAlloc (one tcgen05.alloc, then relinquish_alloc_permit); TmemDealloc frees it at the end."""
+
+    name = "tmem_alloc"
+    requires = "tcgen05"
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, packing: int, collective: bool, loc: Loc | None):
+        t = TmemRefType("tmem", dtype, len(shape), tuple(shape), packing=packing, collective=collective)
+        super().__init__([], [t], loc)
+
+    @property
+    def columns(self) -> int:
+        return tmem_layout(self.result.type).columns
+
+    def attrs(self):
+        t = self.result.type
+        return {"shape": t.shape, "dtype": t.dtype.name, "packing": t.packing, "collective": t.collective}
+
+    def verify(self):
+        t = self.result.type
+        if len(t.shape) != 2:
+            raise self.error(f"a TMEM reference is 2D (rows, cols), got shape {t.shape}", rule=Rule.TMEM_LAYOUT)
+        layout = _tmem_layout_of(self, t)
+        try:
+            tmem_alloc_columns(layout.columns, exact=True)
+        except TMEMLayoutError:
+            raise self.error(
+                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a "
+                f"{t.shape[0]}x{t.shape[1]} {t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
+                f"{layout.columns} columns; give it a power-of-two number of columns, at least 32",
+                rule=Rule.TMEM_ALLOC) from None
+
+
+class TmemSlice(Op):
+    """`ref[:, start:start + size]`: static column range of a 128-row (default layout) TMEM reference."""
+
+    name = "tmem_slice"
+    requires = "tcgen05"
+
+    def __init__(self, ref: Value, start: int, size: int, loc: Loc | None):
+        t = ref.type
+        super().__init__([ref], [dataclasses.replace(t, shape=(t.shape[0], size))], loc)
+        self.start = start
+        self.size = size
+
+    def attrs(self):
+        return {"start": self.start, "size": self.size}
+
+    def verify(self):
+        t = self.operands[0].type
+        check(is_ref(self.operands[0], "tmem"), self, "only TMEM references are sliced by columns")
+        if t.shape[0] != 128:
+            raise self.error(f"column slices are taken of 128-row TMEM references (the default layout); a "
+                             f"{t.shape[0]}-row reference folds its columns over lanes, load it whole",
+                             rule=Rule.TMEM_LAYOUT)
+        if not (self.size > 0 and 0 <= self.start and self.start + self.size <= t.shape[1]):
+            raise self.error(f"columns {self.start}:{self.start + self.size} are outside the {t.shape[1]} columns "
+                             "of the TMEM reference", rule=Rule.TMEM_LAYOUT)
+        if self.start % t.packing or self.size % t.packing:
+            raise self.error(f"a TMEM slice covers whole 32-bit columns: start and size must be multiples of the "
+                             f"packing {t.packing}, got {self.start} and {self.size}", rule=Rule.TMEM_LAYOUT)
+
+
+class TmemLoad(Op):
+    """TMEM → registers (tcgen05.ld, then tcgen05.wait::ld) by one warpgroup, in the register layout that
+    matches the reference's TMEM layout (TCGEN05, WGMMA for half-lane, or the m64-collective one)."""
+
+    name = "tmem_load"
+    requires = "tcgen05"
+
+    def __init__(self, ref: Value, loc: Loc | None):
+        super().__init__([ref], [ArrayType(tuple(ref.type.shape), ref.dtype)], loc)
+
+    def verify(self):
+        check(is_ref(self.operands[0], "tmem"), self, "tmem_load reads a TMEM reference")
+
+
+class TmemStore(Op):
+    """Registers → TMEM (tcgen05.st, tcgen05.wait::st) by one warpgroup; visible to MMAs it issues next."""
+
+    name = "tmem_store"
+    requires = "tcgen05"
+
+    def __init__(self, ref: Value, value: Value, loc: Loc | None):
+        super().__init__([ref, value], [], loc)
+
+    def verify(self):
+        ref, value = self.operands
+        check(is_ref(ref, "tmem"), self, "tmem_store writes a TMEM reference")
+        shape = value.type.shape if value.is_array else ()
+        check(shape == tuple(ref.type.shape), self,
+               f"storing an array of shape {shape} into a TMEM reference of shape {tuple(ref.type.shape)}")
+        check(value.dtype == ref.dtype, self,
+               f"storing {value.dtype.name} into a {ref.dtype.name} TMEM reference; use .astype()")
+
+
+class TmemDealloc(Op):
+    """The end of the kernel's tensor memory: every thread is done with it, warp 0 frees it."""
+
+    name = "tmem_dealloc"
+    requires = "tcgen05"
+
+    def __init__(self, refs: Sequence[Value], loc: Loc | None):
+        super().__init__(refs, [], loc)
+
+
+def _tmem_register_layout(op: Op, ref: Value) -> TiledLayout:
+    try:
+        return _tmem_layout_of(op, ref.type).register_layout(ref.dtype.bits)
+    except TMEMLayoutError as e:
+        raise op.error(f"{ref.type} cannot move through registers: {e}", rule=Rule.TMEM_LAYOUT) from None
+
+
+@infer.rule(TmemAlloc, TmemSlice)
+def _infer_tmem_ref(op: Op, inf: infer.Inference) -> None:
+    """A TMEM reference's layout follows from its type (128 rows: default; 64 rows: half-lane, or m64 collective
+    in a 2-CTA kernel; packing from the dtype) and is recorded on the reference, where the IR printer shows it."""
+    op.result.layout = _tmem_layout_of(op, op.result.type)
+
+
+@infer.rule(TmemLoad)
+def _infer_tmem_load(op: TmemLoad, inf: infer.Inference) -> None:
+    """An anchor: tcgen05.ld delivers the register layout that matches the TMEM layout (TCGEN05 for default,
+    WGMMA for half-lane, the m64-collective layout)."""
+    inf.set_layout(op.result, _tmem_register_layout(op, op.operands[0]), op)
+
+
+@infer.rule(TmemStore)
+def _infer_tmem_store(op: TmemStore, inf: infer.Inference) -> None:
+    target = _tmem_register_layout(op, op.operands[0])
+    value = op.operands[1]
+    if value.layout == target:
+        return
+    # Data loaded from GMEM (or an iota) straight into the layout tcgen05.st needs, rather than relayouted.
+    inf.move_or_relayout(op, 1, target)
+
+
+infer.rule(TmemDealloc)(infer.no_arrays)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+@dataclasses.dataclass
+class LoweredTmem:
+    """A lowered TMEM reference."""
+
+    addr: Any  # i32 TMEM address of its (lane 0, first column)
+    type: TmemRefType
+    layout: TMEMLayout
+
+
+@dataclasses.dataclass
+class _TmemState:
+    """The kernel's one allocation (made at its first TmemAlloc)."""
+
+    base: Any  # i32 TMEM address tcgen05.alloc returned
+    columns: int  # the columns allocated
+    cta_group: int
+    offsets: dict[int, int]  # id(TmemAlloc) -> first column of its reference
+
+
+def require_blackwell(op: Op, ctx: lower.Context, what: str) -> None:
+    """CompileError naming the kernel line unless this kernel is compiled for sm_100a."""
+    target = ctx.target.name
+    if target != BLACKWELL_TARGET:
+        arch = f" ({_ARCH_NAMES[target]})" if target in _ARCH_NAMES else ""
+        raise op.error(f"{what} needs {BLACKWELL_TARGET} (Blackwell): tensor memory and tcgen05 exist only there; "
+                       f"this kernel is being compiled for {target}{arch}", rule=Rule.TARGET_ARCH)
+
+
+def thread_sync(ctx: lower.Context, cta_group: int) -> None:
+    """Order tcgen05 operations across all threads of the CTA (of both CTAs of a pair): fence, barrier, fence."""
+    e = ctx.e
+    e.asm_void("tcgen05.fence::before_thread_sync;", "", [])
+    if cta_group == 2:
+        e.asm_void("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;", "", [])
+    else:
+        e.asm_void("bar.sync 0;", "", [])
+    e.asm_void("tcgen05.fence::after_thread_sync;", "", [])
+
+
+def _warp0(ctx: lower.Context) -> Any:
+    return ctx.e.cmpi("ult", ctx.tid, ctx.e.i32(LANES_PER_WARP))
+
+
+def _allocate(op: TmemAlloc, ctx: lower.Context) -> _TmemState:
+    allocs = [o for o in ctx.kernel.body.ops if isinstance(o, TmemAlloc)]
+    cta_group = ctx.kernel.cta_group
+    offsets, used = {}, 0
+    # Largest first: powers of two then pack without gaps, each aligned to its own size.
+    for o in sorted(allocs, key=lambda o: -o.columns):
+        offsets[id(o)] = used
+        used += o.columns
+        if used > TMEM_COLUMNS:
+            raise o.error(f"the kernel's TMEM references need {used} columns by this one, more than the "
+                          f"{TMEM_COLUMNS} a CTA has", rule=Rule.TMEM_ALLOC)
+    columns = tmem_alloc_columns(used)
+    e = ctx.e
+    slot = shared_address(ctx, e.i32(ctx.alloc_shared(4, 16)))
+    warp0 = _warp0(ctx)
+    e.asm_void(f"@$0 tcgen05.alloc.cta_group::{cta_group}.sync.aligned.shared::cta.b32 [$1], {columns};", "b,r",
+               [warp0, slot])
+    e.asm_void(f"@$0 tcgen05.relinquish_alloc_permit.cta_group::{cta_group}.sync.aligned;", "b", [warp0])
+    thread_sync(ctx, cta_group)
+    base = e.asm("ld.shared.b32 $0, [$1];", "=r,r", [slot], [ctx.e.int_type(32)], side_effects=True)[0]
+    return _TmemState(base, columns, cta_group, offsets)
+
+
+@lower.rule(TmemAlloc)
+def _tmem_alloc(op: TmemAlloc, ctx: lower.Context) -> None:
+    require_blackwell(op, ctx, "mgjit.tmem")
+    state = ctx.tmem
+    if state is None:
+        state = ctx.tmem = _allocate(op, ctx)
+    offset = state.offsets[id(op)]
+    addr = ctx.e.addi(state.base, ctx.e.i32(offset)) if offset else state.base
+    ctx.set(op.result, LoweredTmem(addr, op.result.type, tmem_layout(op.result.type)))
+
+
+@lower.rule(TmemDealloc)
+def _tmem_dealloc(op: TmemDealloc, ctx: lower.Context) -> None:
+    state: _TmemState = ctx.tmem
+    thread_sync(ctx, state.cta_group)
+    ctx.e.asm_void(f"@$0 tcgen05.dealloc.cta_group::{state.cta_group}.sync.aligned.b32 $1, {state.columns};", "b,r",
+                   [_warp0(ctx), state.base])
+
+
+@lower.rule(TmemSlice)
+def _tmem_slice(op: TmemSlice, ctx: lower.Context) -> None:
+    src: LoweredTmem = ctx.get(op.operands[0])
+    column = op.start // src.type.packing
+    addr = ctx.e.addi(src.addr, ctx.e.i32(column)) if column else src.addr
+    ctx.set(op.result, LoweredTmem(addr, op.result.type, tmem_layout(op.result.type)))
+
+
+def _register_index(layout, shape) -> dict[tuple[int, ...], int]:
+    """Register-layout register index -> position of its first element in a Frag's `elems`."""
+    regs = list(layout.registers(shape))
+    return {r: i * layout.vector_length for i, r in enumerate(regs)}
+
+
+def _warp_address(ctx: lower.Context, ref: LoweredTmem) -> Any:
+    """The reference's address in this warp's 32-lane quarter."""
+    e = ctx.e
+    return e.addi(ref.addr, e.m.arith.shli(ctx.warp, e.i32(16 + 5)))  # (32 * warp) << 16
+
+
+def _words_to_elems(ctx: lower.Context, word, dtype) -> list:
+    e = ctx.e
+    if dtype.bits == 32:
+        return [e.bitcast(word, e.type(dtype)) if dtype.is_float else word]
+    parts = e.unpack_i32(word, dtype.bits)
+    return [e.bitcast(x, e.type(dtype)) if dtype.is_float else x for x in parts]
+
+
+def _elems_to_word(ctx: lower.Context, elems: list, dtype) -> Any:
+    e = ctx.e
+    ints = [e.bitcast(x, e.int_type(dtype.bits)) if dtype.is_float else x for x in elems]
+    return ints[0] if dtype.bits == 32 else e.pack_i32(ints)
+
+
+@lower.rule(TmemLoad)
+def _tmem_load(op: TmemLoad, ctx: lower.Context) -> None:
+    require_blackwell(op, ctx, "a TMEM load (ref.load())")
+    e = ctx.e
+    ref: LoweredTmem = ctx.get(op.operands[0])
+    out = op.result
+    dtype, shape, layout = out.dtype, out.type.shape, out.layout
+    access = ref.layout.access(dtype.bits, layout)
+    per_word = 32 // dtype.bits
+    where = _register_index(layout, shape)
+    e.asm_void("tcgen05.fence::after_thread_sync;", "", [])
+    base = _warp_address(ctx, ref)
+    words, slots = [], []
+    for ins in access.instructions:
+        n = len(ins.operands)
+        addr = e.addi(base, e.i32((ins.lane_offset << 16) + ins.column_offset))
+        outs = ", ".join(f"${i}" for i in range(n))
+        words += e.asm(f"{access.opcode(ins)} {{{outs}}}, [${n}];", ",".join(["=r"] * n + ["r"]), [addr],
+                       [ctx.e.int_type(32)] * n, side_effects=True)
+        slots += [where[reg] + pos for reg, pos in ins.operands]
+    # The registers pass through the wait, so that no use of them is scheduled before it.
+    n = len(words)
+    words = e.asm("tcgen05.wait::ld.sync.aligned;", ",".join(["=r"] * n + [str(i) for i in range(n)]), words,
+                  [ctx.e.int_type(32)] * n, side_effects=True)
+    elems: list[Any] = [None] * (len(where) * layout.vector_length)
+    for word, slot in zip(words, slots, strict=True):
+        elems[slot:slot + per_word] = _words_to_elems(ctx, word, dtype)
+    assert all(x is not None for x in elems), "TMEM access plan does not cover the register layout"
+    ctx.set(out, lower.Frag(layout, shape, dtype, elems))
+
+
+@lower.rule(TmemStore)
+def _tmem_store(op: TmemStore, ctx: lower.Context) -> None:
+    require_blackwell(op, ctx, "a TMEM store (ref.store(x))")
+    e = ctx.e
+    ref: LoweredTmem = ctx.get(op.operands[0])
+    frag: lower.Frag = ctx.frag(op.operands[1])
+    dtype, shape, layout = frag.dtype, frag.shape, frag.layout
+    access = ref.layout.access(dtype.bits, layout)
+    per_word = 32 // dtype.bits
+    where = _register_index(layout, shape)
+    base = _warp_address(ctx, ref)
+    for ins in access.instructions:
+        n = len(ins.operands)
+        words = [_elems_to_word(ctx, frag.elems[where[reg] + pos:where[reg] + pos + per_word], dtype)
+                 for reg, pos in ins.operands]
+        addr = e.addi(base, e.i32((ins.lane_offset << 16) + ins.column_offset))
+        srcs = ", ".join(f"${i + 1}" for i in range(n))
+        e.asm_void(f"{access.opcode(ins, store=True)} [$0], {{{srcs}}};", ",".join(["r"] * (n + 1)), [addr, *words])
+    e.asm_void("tcgen05.wait::st.sync.aligned;", "", [])
+    # The MMA that reads this is issued by one thread of the warpgroup: make every warp's stores visible to it.
+    e.asm_void("tcgen05.fence::before_thread_sync;", "", [])
+    ctx.warpgroup_barrier()
+    e.asm_void("tcgen05.fence::after_thread_sync;", "", [])

@@ -1,0 +1,186 @@
+"""Hopper's warpgroup MMA: Wgmma (acc + a @ b on the tensor cores, asynchronous) and WgmmaWait.
+
+The accumulator lives in registers in the WGMMA layout (an anchor for layout inference: a zeros splat moves
+into it for free); A comes from SMEM or from registers in the same layout; B from SMEM. SMEM operands are
+addressed by matrix descriptors over the column-block storage of smem.py. WgmmaWait returns the arrays it
+carries as new values, so no read of an accumulator can be scheduled before the tensor cores are done.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import dtypes, infer, lower
+from .. import mma_descriptors as md
+from ..errors import Loc, Rule
+from ..ir import Op, Value, check, is_ref
+from ..layouts import WGMMA
+from .smem import SmemTile, operand_descriptor
+
+
+class Wgmma(Op):
+    """acc + a @ b on the warpgroup's tensor cores, issued asynchronously (complete with WgmmaWait).
+    `b` is an SMEM tile (K, N) (or a transposed view); `a` is an SMEM tile (M, K) or a 16-bit register
+    array (M, K) in the WGMMA layout; acc is (M, N)."""
+
+    name = "wgmma"
+    requires = "wgmma"
+
+    def __init__(self, acc: Value, a: Value, b: Value, loc: Loc | None):
+        super().__init__([acc, a, b], [acc.type], loc)
+
+    def verify(self):
+        acc, a, b = self.operands
+
+        def need(cond: bool, message: str) -> None:
+            if not cond:
+                raise self.error(message, rule=Rule.WGMMA_SHAPE)
+
+        need(acc.is_array and len(acc.type.shape) == 2, "the wgmma accumulator is a 2D register array")
+        a_in_registers = a.is_array
+        if a_in_registers:
+            need(len(a.type.shape) == 2 and a.dtype.bits == 16,
+                 f"wgmma A from registers is a 2D f16/bf16 array, got {a.type}")
+        for name, v in ((("b", b),) if a_in_registers else (("a", a), ("b", b))):
+            need(is_ref(v, "smem") and v.type.rank == 2, f"wgmma operand {name} must be a 2D SMEM tile")
+            need(v.type.swizzle is not None, f"wgmma operand {name} needs a swizzled SMEM tile "
+                 "(mgjit.smem(..., swizzle=32/64/128))")
+        (m, n), (ma, k), (kb, nb) = acc.type.shape, a.type.shape, b.type.shape
+        need(m == ma and n == nb and k == kb,
+             f"wgmma shapes do not chain: acc {acc.type.shape}, a {a.type.shape}, b {b.type.shape}")
+        if m % 64:
+            raise self.error(f"a warpgroup's wgmma accumulator has a multiple of 64 rows, got {m}", rule=Rule.WGMMA_SHAPE)
+        need(a.dtype == b.dtype, f"wgmma operands differ in dtype: {a.dtype.name} and {b.dtype.name}")
+        a_major = md.Major.MN if (not a_in_registers and a.type.transposed) else md.Major.K
+        b_major = md.Major.K if b.type.transposed else md.Major.MN
+        k_step = 256 // a.dtype.bits
+        if k % k_step:
+            raise self.error(f"the K extent of wgmma tiles must be a multiple of {k_step} for {a.dtype.name}, "
+                             f"got {k}", rule=Rule.WGMMA_SHAPE)
+        try:
+            md.check_wgmma_shape(64, n, k_step, a.dtype, acc.dtype, a_major, b_major)
+            for v in ((b,) if a_in_registers else (a, b)):
+                rows, cols = v.type.shape if not v.type.transposed else v.type.shape[::-1]
+                md.check_swizzle(v.type.swizzle)
+                if (cols * v.dtype.bits // 8) % v.type.swizzle:
+                    raise md.DescriptorError(
+                        f"a {v.type.swizzle}B-swizzled tile needs rows that are a multiple of {v.type.swizzle} "
+                        f"bytes, got {cols} x {v.dtype.name} = {cols * v.dtype.bits // 8} bytes")
+        except md.DescriptorError as e:
+            raise self.error(str(e), rule=Rule.WGMMA_SHAPE) from None
+
+
+class WgmmaWait(Op):
+    """Wait until at most `pending` wgmma groups are in flight. The arrays it carries (accumulators) are
+    returned as its results, so no read of them can be scheduled before the wait."""
+
+    name = "wgmma_wait"
+    requires = "wgmma"
+
+    def __init__(self, pending: int, arrays: Sequence[Value], loc: Loc | None):
+        super().__init__(arrays, [a.type for a in arrays], loc)
+        self.pending = pending
+
+    def attrs(self):
+        return {"pending": self.pending}
+
+    def verify(self):
+        check(0 <= self.pending <= 7, self, f"wgmma_wait takes 0..7 pending groups, got {self.pending}")
+
+
+@infer.rule(Wgmma)
+def _infer_wgmma(op: Wgmma, inf: infer.Inference) -> None:
+    """The accumulator lives in the WGMMA layout (an anchor): a zeros splat moves into it for free."""
+    if op.operands[0].layout != WGMMA:
+        inf.relayout(inf.current_block, op, 0, WGMMA)
+    a = op.operands[1]
+    if a.is_array and a.layout != WGMMA:  # A from registers: the wgmma operand fragment is the WGMMA layout
+        inf.move_or_relayout(op, 1, WGMMA)
+    inf.set_layout(op.result, WGMMA, op)
+
+
+@infer.rule(WgmmaWait)
+def _infer_wgmma_wait(op: WgmmaWait, inf: infer.Inference) -> None:
+    for x, r in zip(op.operands, op.results):
+        inf.set_layout(r, x.layout, op)
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+_PTX_TYPE = {dtypes.bfloat16: "bf16", dtypes.float16: "f16", dtypes.float32: "tf32",
+             dtypes.float8_e4m3fn: "e4m3", dtypes.float8_e5m2: "e5m2"}
+
+
+@lower.rule(Wgmma)
+def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
+    e = ctx.e
+    acc: lower.Frag = ctx.frag(op.operands[0])
+    a = ctx.get(op.operands[1])  # an SmemTile, or a Frag for A from registers
+    b: SmemTile = ctx.get(op.operands[2])
+    m, n = op.result.type.shape
+    a_regs = isinstance(a, lower.Frag)
+    k = op.operands[1].type.shape[1]
+    dtype = op.operands[1].dtype
+    k_step = 256 // dtype.bits
+    a_k_major = a_regs or not a.type.transposed  # a is (M, K): stored K-major unless it is a transposed view
+    b_k_major = b.type.transposed  # b is (K, N): stored N-major unless it is a transposed view of (N, K)
+    ab = _PTX_TYPE[dtype]
+    per_tile = n // 2  # accumulator registers per thread per m64 tile
+    elems = list(acc.elems)
+    f32 = e.type(dtypes.float32)
+    e.asm_void("wgmma.fence.sync.aligned;", "", [])
+    one = e.i32(1)
+    for t in range(m // 64):
+        regs = elems[t * per_tile:(t + 1) * per_tile]
+        for kk in range(k // k_step):
+            db = operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
+            outs = ", ".join(f"${i}" for i in range(per_tile))
+            if a_regs:
+                # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair)
+                # in the WGMMA layout's register order, packed into 4 b32 registers a0..a3.
+                per_block = k // 8 * 2 * 2  # elements per m64 tile of A, per thread
+                chunk = a.elems[t * per_block + kk * 8:t * per_block + kk * 8 + 8]
+                a_ops = [e.pack_i32([e.bitcast(x, e.int_type(16)) for x in chunk[i:i + 2]]) for i in range(0, 8, 2)]
+                a_text = "{" + ", ".join(f"${per_tile + i}" for i in range(4)) + "}"
+                a_cons = ["r"] * 4
+            else:
+                a_ops = [operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)]
+                a_text, a_cons = f"${per_tile}", ["l"]
+            nb = per_tile + len(a_ops)
+            # Only 16-bit operands have the transpose immediates (tf32 and fp8 must be K-major); A in
+            # registers has only B's.
+            if dtype.bits != 16:
+                transposes = ""
+            elif a_regs:
+                transposes = f", {0 if b_k_major else 1}"
+            else:
+                transposes = f", {0 if a_k_major else 1}, {0 if b_k_major else 1}"
+            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nb + 1}, 0; "
+                    f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, {a_text}, "
+                    f"${nb}, p, 1, 1{transposes}; }}")
+            constraints = ",".join(["=f"] * per_tile + a_cons + ["l", "r"] + [str(i) for i in range(per_tile)])
+            regs = e.asm(text, constraints, [*a_ops, db, one, *regs], [f32] * per_tile, side_effects=True)
+        elems[t * per_tile:(t + 1) * per_tile] = regs
+    e.asm_void("wgmma.commit_group.sync.aligned;", "", [])
+    ctx.set(op.result, lower.Frag(acc.layout, acc.shape, acc.dtype, elems))
+
+
+@lower.rule(WgmmaWait)
+def _wgmma_wait(op: WgmmaWait, ctx: lower.Context) -> None:
+    e = ctx.e
+    flat, where = [], []
+    for v in op.operands:
+        f = ctx.frag(v)
+        where.append((len(flat), len(f.elems)))
+        flat.extend(f.elems)
+    if not flat:
+        e.asm_void(f"wgmma.wait_group.sync.aligned {op.pending};", "", [])
+        return
+    cons = []
+    for x in flat:
+        cons.append("r" if str(x.type).startswith("i") else "f")
+    constraints = ",".join([f"={c}" for c in cons] + [str(i) for i in range(len(flat))])
+    out = e.asm(f"wgmma.wait_group.sync.aligned {op.pending};", constraints, flat, [x.type for x in flat],
+                side_effects=True)
+    for v, r, (start, count) in zip(op.operands, op.results, where):
+        f = ctx.frag(v)
+        ctx.set(r, lower.Frag(f.layout, f.shape, f.dtype, out[start:start + count]))

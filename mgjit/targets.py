@@ -1,0 +1,56 @@
+"""The targets mgjit compiles for: one table of what each architecture has and how it is compiled.
+
+Everything that depends on the architecture reads it here: the PTX ISA version the MLIR pipeline asks for,
+the device capability a launch maps to a target, shared and tensor memory per CTA, cluster limits, and the
+hardware units an op may need (an op names its unit in `Op.requires`; the compiler checks it against the
+target before lowering).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .errors import CompileError, Loc, Rule
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str                     # the ptxas -arch and nvvm chip name
+    architecture: str             # the marketing name, for messages
+    capability: tuple[int, int]   # torch.cuda.get_device_capability() of GPUs that run it
+    ptx_features: str             # the nvvm target's PTX ISA version (wgmma needs 8.0, tcgen05 8.6)
+    smem_bytes: int               # dynamic shared memory one CTA may use
+    tmem_columns: int             # 32-bit tensor-memory columns per CTA (128 lanes each); 0: none
+    max_cluster_ctas: int         # CTAs in one cluster (the non-portable limit, opted into at launch)
+    units: frozenset[str]         # hardware units its ops may use (see UNITS)
+
+
+# The hardware units ops are checked against. "wgmma" is Hopper's warpgroup MMA (sm_90a only: Blackwell has
+# tcgen05 instead); "tcgen05" covers tensor memory and its MMA; TMA, mbarriers, clusters and setmaxnreg exist
+# on both.
+UNITS = ("tma", "mbarrier", "cluster", "setmaxnreg", "wgmma", "tcgen05")
+
+HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx80", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
+                units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
+BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx86", smem_bytes=232448, tmem_columns=512,
+                   max_cluster_ctas=16, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05"}))
+
+TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}
+DEFAULT = HOPPER
+
+
+def get(name: str, loc: Loc | None = None) -> Target:
+    """The Target called `name`; a CompileError (at `loc`) naming the known ones otherwise."""
+    target = TARGETS.get(name)
+    if target is None:
+        raise CompileError(f"unknown target {name!r}; mgjit compiles for {', '.join(TARGETS)}", loc, Rule.TARGET)
+    return target
+
+
+def for_capability(capability: tuple[int, int]) -> Target | None:
+    """The target that runs on a GPU of this compute capability, or None."""
+    return next((t for t in TARGETS.values() if t.capability == tuple(capability)), None)
+
+
+def providing(unit: str) -> Target:
+    """The first target that has `unit` (what an error suggests compiling for)."""
+    return next(t for t in TARGETS.values() if unit in t.units)
