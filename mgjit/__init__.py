@@ -12,7 +12,9 @@ from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16
                      int16, int32, int64, uint8)
 from .errors import CompileError, LaunchError
 from .source import DeviceFunction
-from .jit import VERSION as __version__, CompiledKernel, Kernel
+from ._version import VERSION as __version__
+from .compiler import CompiledKernel
+from .jit import Kernel
 from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, constexpr, copy_async, cos, ds, erf, exp, exp2,
                        fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,
                        rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,

@@ -1,6 +1,7 @@
 /* mgjit's launch fast path: pack a launch's argument values into the kernel's parameter buffer and call
  * cuLaunchKernel, in one C call. Built on first use by mgjit/fastlaunch.py with the system C compiler; it
- * needs no CUDA headers (the few driver types are declared here) and finds the driver with dlopen. */
+ * needs no CUDA headers (the few driver types are declared here) and finds the driver with dlopen.
+ * The field codes and error returns come from mgjit/abi.py, which fastlaunch passes as -D definitions. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -11,13 +12,11 @@ typedef int (*cuLaunchKernel_t)(void *f, unsigned gx, unsigned gy, unsigned gz, 
                                 unsigned bz, unsigned smem, void *stream, void **params, void **extra);
 static cuLaunchKernel_t cu_launch = NULL;
 
-/* Field codes of the layout bytes: one (code, offset) pair per value, offsets as uint32. */
-enum { F_U64 = 1, F_I32 = 2, F_I64 = 3, F_F32 = 4, F_F64 = 5, F_BOOL = 6, F_BLOB128 = 7 };
-
-/* Return codes besides CUresult values (which are >= 0). */
-#define E_GRID -1
-#define E_VALUE -2
-#define E_COUNT -3
+#if !defined(MGJIT_FIELD_PTR) || !defined(MGJIT_FIELD_I32) || !defined(MGJIT_FIELD_I64) || \
+    !defined(MGJIT_FIELD_F32) || !defined(MGJIT_FIELD_F64) || !defined(MGJIT_FIELD_I1) || \
+    !defined(MGJIT_FIELD_TENSORMAP) || !defined(MGJIT_E_GRID) || !defined(MGJIT_E_VALUE) || !defined(MGJIT_E_COUNT)
+#error "build with the definitions of mgjit.abi.c_defines()"
+#endif
 
 static int grid_dim(PyObject *o, unsigned long long limit, unsigned *out) {
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
@@ -42,20 +41,20 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
     unsigned g[3] = {1, 1, 1};
     if (PyLong_Check(grid)) {
-        if (!grid_dim(grid, 2147483647ULL, &g[0])) return PyLong_FromLong(E_GRID);
+        if (!grid_dim(grid, 2147483647ULL, &g[0])) return PyLong_FromLong(MGJIT_E_GRID);
     } else if (PyTuple_Check(grid)) {
         Py_ssize_t n = PyTuple_GET_SIZE(grid);
-        if (n < 1 || n > 3) return PyLong_FromLong(E_GRID);
+        if (n < 1 || n > 3) return PyLong_FromLong(MGJIT_E_GRID);
         for (Py_ssize_t i = 0; i < n; i++)
             if (!grid_dim(PyTuple_GET_ITEM(grid, i), i ? 65535ULL : 2147483647ULL, &g[i]))
-                return PyLong_FromLong(E_GRID);
+                return PyLong_FromLong(MGJIT_E_GRID);
     } else {
-        return PyLong_FromLong(E_GRID);
+        return PyLong_FromLong(MGJIT_E_GRID);
     }
 
     const unsigned char *lay = (const unsigned char *)PyBytes_AS_STRING(layout);
     Py_ssize_t count = PyBytes_GET_SIZE(layout) / 5;
-    if (!PyList_Check(values) || PyList_GET_SIZE(values) != count) return PyLong_FromLong(E_COUNT);
+    if (!PyList_Check(values) || PyList_GET_SIZE(values) != count) return PyLong_FromLong(MGJIT_E_COUNT);
     for (Py_ssize_t i = 0; i < count; i++) {
         unsigned char code = lay[5 * i];
         uint32_t offset;
@@ -63,23 +62,23 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *v = PyList_GET_ITEM(values, i);
         char *dst = buffer + offset;
         switch (code) {
-        case F_U64: { unsigned long long x = PyLong_AsUnsignedLongLong(v); memcpy(dst, &x, 8); break; }
-        case F_I64: { long long x = PyLong_AsLongLong(v); memcpy(dst, &x, 8); break; }
-        case F_I32: {
+        case MGJIT_FIELD_PTR: { unsigned long long x = PyLong_AsUnsignedLongLong(v); memcpy(dst, &x, 8); break; }
+        case MGJIT_FIELD_I64: { long long x = PyLong_AsLongLong(v); memcpy(dst, &x, 8); break; }
+        case MGJIT_FIELD_I32: {
             long long x = PyLong_AsLongLong(v);
-            if (x > 2147483647LL || x < -2147483648LL) { PyErr_Clear(); return PyLong_FromLong(E_VALUE); }
+            if (x > 2147483647LL || x < -2147483648LL) { PyErr_Clear(); return PyLong_FromLong(MGJIT_E_VALUE); }
             int32_t y = (int32_t)x; memcpy(dst, &y, 4); break;
         }
-        case F_F32: { float x = (float)PyFloat_AsDouble(v); memcpy(dst, &x, 4); break; }
-        case F_F64: { double x = PyFloat_AsDouble(v); memcpy(dst, &x, 8); break; }
-        case F_BOOL: { char x = (char)PyObject_IsTrue(v); *dst = x; break; }
-        case F_BLOB128: {
-            if (!PyBytes_Check(v) || PyBytes_GET_SIZE(v) != 128) return PyLong_FromLong(E_VALUE);
+        case MGJIT_FIELD_F32: { float x = (float)PyFloat_AsDouble(v); memcpy(dst, &x, 4); break; }
+        case MGJIT_FIELD_F64: { double x = PyFloat_AsDouble(v); memcpy(dst, &x, 8); break; }
+        case MGJIT_FIELD_I1: { char x = (char)PyObject_IsTrue(v); *dst = x; break; }
+        case MGJIT_FIELD_TENSORMAP: {
+            if (!PyBytes_Check(v) || PyBytes_GET_SIZE(v) != 128) return PyLong_FromLong(MGJIT_E_VALUE);
             memcpy(dst, PyBytes_AS_STRING(v), 128); break;
         }
-        default: return PyLong_FromLong(E_VALUE);
+        default: return PyLong_FromLong(MGJIT_E_VALUE);
         }
-        if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(E_VALUE); }
+        if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(MGJIT_E_VALUE); }
     }
     int rc = cu_launch(function, g[0], g[1], g[2], threads, 1, 1, smem, stream, pointers, NULL);
     return PyLong_FromLong(rc);

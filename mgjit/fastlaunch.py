@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from . import abi
+
 _SOURCE = Path(__file__).with_name("_launch.c")
 _module: ModuleType | None = None
 _failed: str | None = None
@@ -49,7 +51,8 @@ def failure() -> str | None:
 
 def _build_and_import() -> ModuleType:
     source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(source + sys.version.encode()).hexdigest()[:16]
+    defines = abi.c_defines()
+    tag = hashlib.sha256(source + sys.version.encode() + " ".join(defines).encode()).hexdigest()[:16]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     directory = _cache_dir()
     target = directory / f"mgjit_launch_{tag}{suffix}"
@@ -61,8 +64,8 @@ def _build_and_import() -> ModuleType:
         include = sysconfig.get_paths()["include"]
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             out = Path(tmp) / target.name
-            proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(_SOURCE), "-o", str(out), "-ldl"],
-                                  capture_output=True, text=True)
+            proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}", *defines, str(_SOURCE), "-o",
+                                   str(out), "-ldl"], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"building the C launcher failed: {proc.stderr.strip()[:500]}")
             os.replace(out, target)

@@ -1,8 +1,9 @@
 """Loading cubins and launching them on torch's current stream through cuda-python (cuda.bindings.driver).
 
-A `Launcher` is built once per compiled kernel. Its arguments live in one preallocated buffer laid out by a
-precompiled `struct.Struct`, with a fixed array of pointers into it, so a launch is one `pack_into` and
-one `cuLaunchKernel` with the pointer array's address: no per-call allocation, no per-argument wrapping.
+A `Launcher` is built once per compiled kernel. Its arguments live in one preallocated buffer laid out by the
+parameter ABI (`abi.buffer_layout`), with a fixed array of pointers into it, so a launch is one `pack_into` and
+one `cuLaunchKernel` with the pointer array's address: no per-call allocation, no per-argument wrapping. The C
+launcher (`fastlaunch`) packs the same buffer from the same layout.
 """
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import ctypes
 import struct
 import threading
 from typing import Any, Sequence
+
+from . import abi, dtypes
+from .errors import LaunchError
 
 _driver = None
 
@@ -38,48 +42,20 @@ def check(result) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-_FIELD = {"ptr": ("Q", 8, 8), "i32": ("i", 4, 4), "i64": ("q", 8, 8), "f32": ("f", 4, 4), "f64": ("d", 8, 8),
-          "i1": ("?", 1, 1), "tensormap": ("128s", 128, 64)}
-
-
-_C_CODE = {"ptr": 1, "i32": 2, "i64": 3, "f32": 4, "f64": 5, "i1": 6, "tensormap": 7}
-
-
-def abi_layout(params: Sequence[dict], tensormaps: int) -> tuple[str, list[int], bytes]:
-    """struct format (explicit padding) and byte offset of every kernel parameter, in order: each tensor is
-    its pointer, sizes (i32) and strides (i64); then the TMA descriptors (128 bytes, 64-byte aligned)."""
-    kinds = []
-    for p in params:
-        if p["kind"] == "tensor":
-            kinds += ["ptr"] + ["i32"] * p["rank"] + ["i64"] * p["rank"]
-        else:
-            kinds.append(p["mlir"])
-    kinds += ["tensormap"] * tensormaps
-    fmt, offsets, pos, c_layout = "=", [], 0, b""
-    for k in kinds:
-        code, size, align = _FIELD[k]
-        pad = -pos % align
-        fmt += "x" * pad + code
-        pos += pad
-        offsets.append(pos)
-        c_layout += struct.pack("<BI", _C_CODE[k], pos)
-        pos += size
-    return fmt, offsets, c_layout
-
-
 _MAX_STATIC_SMEM = 48 * 1024
 
 
 class Launcher:
-    def __init__(self, cubin: bytes, name: str, params: Sequence[dict], smem_bytes: int, threads: int,
-                 tensormaps: int = 0, cluster: tuple[int, int, int] = (1, 1, 1)):
+    def __init__(self, cubin: bytes, name: str, fields: Sequence[abi.Field], smem_bytes: int, threads: int,
+                 cluster: tuple[int, int, int] = (1, 1, 1)):
         self.cubin = cubin
         self.cluster = cluster
         self.name = name
         self.smem_bytes = smem_bytes
         self.threads = threads
-        fmt, offsets, self.c_layout = abi_layout(params, tensormaps)
-        self.packer = struct.Struct(fmt)
+        layout = abi.buffer_layout(fields)
+        offsets, self.c_layout = layout.offsets, layout.c_layout
+        self.packer = struct.Struct(layout.struct_format)
         # 64 spare bytes so the buffer can start on a 64-byte boundary (the descriptors' alignment).
         self.storage = ctypes.create_string_buffer(max(self.packer.size, 1) + 64)
         base = ctypes.addressof(self.storage)
@@ -109,7 +85,6 @@ class Launcher:
             try:
                 self.packer.pack_into(self.buffer, 0, *values)
             except struct.error as e:
-                from .errors import LaunchError
                 raise LaunchError(f"{self.name}: an argument does not fit its parameter type ({e}); tensor "
                                   "dimensions must be below 2**31 and int arguments fit in 64 bits") from None
             if self.cluster != (1, 1, 1):
@@ -136,9 +111,6 @@ class Launcher:
         return config
 
 
-_TMA_DTYPE = {"bfloat16": "BFLOAT16", "float16": "FLOAT16", "float32": "FLOAT32", "float64": "FLOAT64",
-              "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "int8": "UINT8", "float8_e4m3fn": "UINT8",
-              "float8_e5m2": "UINT8", "int16": "UINT16"}
 _TMA_SWIZZLE = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
 
 
@@ -149,15 +121,13 @@ class TensorMaps:
     def __init__(self, name: str, params: Sequence[dict], descriptors: Sequence[dict]):
         self.name = name
         self.descriptors = descriptors
-        starts, pos = [], 0
+        # Each parameter's launch values: as many as the fields it occupies (abi.param_fields).
+        spans, pos = [], 0
         for p in params:
-            starts.append(pos)
-            pos += 1 + 2 * p["rank"] if p["kind"] == "tensor" else 1
-        self.slices = []
-        for desc in descriptors:
-            p = params[desc["param"]]
-            start = starts[desc["param"]]
-            self.slices.append((start, start + 1 + 2 * p["rank"], p))
+            count = len(abi.param_fields(p["kind"], dtypes.BY_NAME[p["dtype"]], p["rank"]))
+            spans.append((pos, pos + count))
+            pos += count
+        self.slices = [(*spans[desc["param"]], params[desc["param"]]) for desc in descriptors]
         self.cache: dict[tuple, bytes] = {}
 
     def encode_all(self, values: Sequence) -> list[bytes]:
@@ -174,16 +144,13 @@ class TensorMaps:
 
     def _encode(self, desc: dict, p: dict, values: Sequence) -> bytes:
         d = driver()
+        # Alignment and unit last stride are part of the specialization this kernel was compiled for (the
+        # compiler refuses TMA on anything else), so they need no check here.
         rank = p["rank"]
         ptr, sizes, strides = values[0], values[1:1 + rank], values[1 + rank:]
-        itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
-                    "int16": 2}.get(p["dtype"], 1)
-        from .errors import LaunchError
-        if ptr % 16 or any((s * itemsize) % 16 for s in strides[:-1]) or (rank and strides[-1] != 1):
-            raise LaunchError(f"{self.name}: argument `{p['name']}` is read with TMA (copy_async), which needs a "
-                              f"16-byte aligned base, row strides that are multiples of 16 bytes and a contiguous "
-                              f"last dimension; got address {ptr:#x}, strides {tuple(strides)} x {itemsize} bytes")
-        dtype = getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMA_DTYPE[p['dtype']]}")
+        element = dtypes.BY_NAME[p["dtype"]]
+        itemsize = element.itemsize
+        dtype = getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{element.tma}")
         swizzle = getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_TMA_SWIZZLE[desc['swizzle']]}")
         # The driver takes dimensions innermost first, and strides (bytes) of every dimension but the innermost.
         dims = [d.cuuint64_t(int(x)) for x in reversed(sizes)]

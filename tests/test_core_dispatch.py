@@ -3,6 +3,7 @@ needs a GPU, so a correct call ends in the clear 'needs a CUDA GPU' error)."""
 import pytest
 
 import mgjit
+import mgjit.specialize
 
 torch = pytest.importorskip("torch")
 
@@ -68,7 +69,7 @@ def test_a_plan_is_compiled_from_exactly_what_its_key_records():
     """Launch plans are found by a key that records, for an int, only whether it is a multiple of 16: the
     kernel behind the plan must assume no more (1000 and 1004 share a plan, so neither may assume 8)."""
     x = torch.zeros(4096)
-    spec = mgjit.jit._arg_specializer()
+    spec = mgjit.specialize.argument_key()
     assert spec(1000, []) == spec(1004, []) != spec(1024, [])
     k1000 = window_at.compile(x, x, 1000, BLOCK=256)
     k1004 = window_at.compile(x, x, 1004, BLOCK=256)

@@ -34,17 +34,18 @@ def _compile_entry():
     """(owner, attribute) of the function that compiles one specialization afresh, in this tree's layout, and
     a function mapping that entry's arguments to (kernel name, target, a call with another target)."""
     try:
-        from mgjit.compiler import compile_specialization as entry  # the restructured tree
-        import mgjit.compiler as owner
+        import mgjit.compiler as owner  # compile_specialization(source, spec: Specialization, key)
+        import dataclasses
+        owner.compile_specialization
 
         def with_target(args, kwargs, target):
-            return args, {**kwargs, "target": target}
+            return (args[0], dataclasses.replace(args[1], target=target), *args[2:]), kwargs
 
         def target_of(args, kwargs):
-            return kwargs["target"]
+            return args[1].target
 
         return owner, "compile_specialization", with_target, target_of
-    except ImportError:
+    except AttributeError:
         from mgjit.jit import Kernel  # the tree before the restructure: Kernel._compile_fresh(key, spec, consts, target, ...)
 
         def with_target(args, kwargs, target):

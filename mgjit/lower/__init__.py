@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from .. import ir, mlir, targets
+from .. import abi, ir, mlir, targets
 from ..layouts import THREADS_PER_WARPGROUP
 from ..registry import RuleRegistry
 from .context import Context, Frag, LoweredRef
@@ -25,19 +25,6 @@ class LoweredKernel:
     module: Any  # the MLIR module
     smem_bytes: int
     threads: int
-
-
-def _param_types(kernel: ir.Kernel) -> list[str]:
-    types = []
-    for p in kernel.params:
-        if p.kind == "tensor":
-            types += ["!llvm.ptr<1>"] + ["i32"] * p.rank + ["i64"] * p.rank
-        else:
-            types.append(p.dtype.mlir)
-    # TMA descriptors: 128-byte, 64-byte aligned by-value parameters the kernel reads in place.
-    types += ["!llvm.ptr {llvm.byval = !llvm.array<128 x i8>, llvm.align = 64 : i64, nvvm.grid_constant}"] * \
-        len(kernel.tma_descriptors)
-    return types
 
 
 def lower_ops(ctx: Context, ops: list[ir.Op]) -> None:
@@ -79,7 +66,8 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
     # forked autotune worker would wait forever for pool threads that did not survive the fork.
     ctx_mlir.enable_multithreading(False)
     with ctx_mlir, m.ir.Location.unknown():
-        sig = ", ".join(f"%a{i}: {t}" for i, t in enumerate(_param_types(kernel)))
+        fields = abi.kernel_fields([(p.kind, p.dtype, p.rank) for p in kernel.params], len(kernel.tma_descriptors))
+        sig = ", ".join(f"%a{i}: {f.mlir}" for i, f in enumerate(fields))
         text = (
             'module attributes {gpu.container_module} {\n'
             f'  gpu.module @mgjit {_nvvm_target(target, None)} {{\n'
@@ -99,15 +87,13 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
             args = list(func_block.arguments)
             pos = 0
             for p, v in zip(kernel.params, kernel.args):
-                if p.kind == "tensor":
-                    ptr = emitter.ptr_to_int(args[pos])
-                    sizes = args[pos + 1:pos + 1 + p.rank]
-                    strides = args[pos + 1 + p.rank:pos + 1 + 2 * p.rank]
+                mine = args[pos:pos + len(abi.param_fields(p.kind, p.dtype, p.rank))]
+                pos += len(mine)
+                if p.kind == "tensor":  # pointer, sizes, strides
+                    ptr, sizes, strides = emitter.ptr_to_int(mine[0]), mine[1:1 + p.rank], mine[1 + p.rank:]
                     ctx.set(v, LoweredRef(ptr, list(sizes), list(strides), specs[v.id], p.dtype))
-                    pos += 1 + 2 * p.rank
                 else:
-                    ctx.set(v, args[pos])
-                    pos += 1
+                    ctx.set(v, mine[0])
             ctx.tma_descriptors = [emitter.ptr_to_int(a) for a in args[pos:]]
             lower_ops(ctx, kernel.body.ops)
         if emitter.libdevice_decls:  # link libdevice exactly when a rule called into it

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from .. import infer, lower
 from ..dtypes import DType
-from ..errors import Loc, Rule
+from ..errors import CompileError, Loc, Rule
 from ..ir import ArrayType, Op, TmemRefType, Value, check, is_ref
 from ..layouts import LANES_PER_WARP, TiledLayout
 from ..tmem_layouts import TMEM_COLUMNS, TMEMLayout, TMEMLayoutError, infer_tmem_layout, tmem_alloc_columns
@@ -212,8 +212,9 @@ def require_blackwell(op: Op, ctx: lower.Context, what: str) -> None:
     target = ctx.target.name
     if target != BLACKWELL_TARGET:
         arch = f" ({_ARCH_NAMES[target]})" if target in _ARCH_NAMES else ""
-        raise op.error(f"{what} needs {BLACKWELL_TARGET} (Blackwell): tensor memory and tcgen05 exist only there; "
-                       f"this kernel is being compiled for {target}{arch}", rule=Rule.TARGET_ARCH)
+        raise CompileError(f"{what} needs {BLACKWELL_TARGET} (Blackwell): tensor memory and tcgen05 exist only "
+                           f"there; this kernel is being compiled for {target}{arch}", op.loc, Rule.TARGET_ARCH,
+                           required_target=BLACKWELL_TARGET)
 
 
 def thread_sync(ctx: lower.Context, cta_group: int) -> None:
