@@ -104,6 +104,9 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     kernel = frontend.trace(source, params, dict(spec.constexprs), spec.num_warpgroups, spec.cluster)
     _check_specialization(kernel, spec)
     target = targets.get(spec.target, kernel.loc)
+    for op in kernel.walk():
+        if op.requires is not None:
+            targets.check_unit(target, op.requires, f"`{op.name}`", op.loc)
     by_value: dict[int, Any] = {}
     for v, a in zip(kernel.args, spec.args):
         if isinstance(a, TensorSpec):

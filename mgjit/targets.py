@@ -24,10 +24,12 @@ class Target:
     units: frozenset[str]         # hardware units its ops may use (see UNITS)
 
 
-# The hardware units ops are checked against. "wgmma" is Hopper's warpgroup MMA (sm_90a only: Blackwell has
-# tcgen05 instead); "tcgen05" covers tensor memory and its MMA; TMA, mbarriers, clusters and setmaxnreg exist
-# on both.
-UNITS = ("tma", "mbarrier", "cluster", "setmaxnreg", "wgmma", "tcgen05")
+# The hardware units ops are checked against, with what an error says of each. "wgmma" is Hopper's warpgroup
+# MMA (sm_90a only: Blackwell has tcgen05 instead); "tcgen05" covers tensor memory, its MMA and 2-CTA work;
+# TMA, mbarriers, clusters and setmaxnreg exist on both.
+UNITS = {"tma": "the TMA engine exists", "mbarrier": "mbarriers exist", "cluster": "clusters exist",
+         "setmaxnreg": "setmaxnreg exists", "wgmma": "the warpgroup MMA (wgmma) exists",
+         "tcgen05": "tensor memory and tcgen05 exist"}
 
 HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx80", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
                 units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
@@ -54,3 +56,13 @@ def for_capability(capability: tuple[int, int]) -> Target | None:
 def providing(unit: str) -> Target:
     """The first target that has `unit` (what an error suggests compiling for)."""
     return next(t for t in TARGETS.values() if unit in t.units)
+
+
+def check_unit(target: Target, unit: str, what: str, loc: Loc | None) -> None:
+    """A CompileError at `loc` unless `target` has the hardware `unit` that `what` needs."""
+    if unit not in target.units:
+        needed = providing(unit)
+        only = "only there" if sum(unit in t.units for t in TARGETS.values()) == 1 else "there"
+        raise CompileError(f"{what} needs {needed.name} ({needed.architecture}): {UNITS[unit]} {only}; this "
+                           f"kernel is being compiled for {target.name} ({target.architecture})", loc,
+                           Rule.TARGET_ARCH, required_target=needed.name)

@@ -132,6 +132,20 @@ def test_fp8_operand_must_be_k_major():
     assert info.value.rule == "wgmma-shape" and "K-major" in str(info.value)
 
 
+def test_wgmma_compiled_for_blackwell_is_a_compile_error():
+    """Blackwell has tcgen05, not wgmma: compiling a wgmma kernel for sm_100a stops at the wgmma line, naming the
+    target it needs (a launch on a Blackwell GPU turns this into a LaunchError naming sm_90a)."""
+    x = torch.empty(256, 256, dtype=BF16)
+    with pytest.raises(mgjit.CompileError) as info:
+        tile_kernel.compile(x, torch.empty(256, 256), ROWS=64, COLS=64, ACC_N=64, SWIZZLE=128, STAGES=1,
+                            target="sm_100a")
+    err = info.value
+    assert err.rule == "target-arch" and err.required_target == "sm_90a"
+    assert err.loc.line == _line_of(tile_kernel.fn, "acc = mgjit.wgmma")
+    assert "needs sm_90a (Hopper): the warpgroup MMA (wgmma) exists only there" in str(err)
+    assert "compiled for sm_100a (Blackwell)" in str(err)
+
+
 def test_tma_needs_aligned_rows():
     base = torch.empty(256, 333, dtype=BF16)  # 666-byte rows
     with pytest.raises(mgjit.CompileError) as info:

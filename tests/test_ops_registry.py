@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from mgjit import infer, ir, lower, ops
+from mgjit import infer, ir, lower, ops, targets
 
 
 def all_op_classes() -> list[type]:
@@ -36,3 +36,9 @@ def test_every_op_has_its_rules(cls):
 def test_an_op_lives_in_one_family_module(cls):
     """`grep class Name` finds one definition: the op's story is in its family module."""
     assert getattr(ops, cls.__name__) is cls
+
+
+@pytest.mark.parametrize("cls", OP_CLASSES, ids=lambda c: c.__name__)
+def test_an_op_needs_a_known_unit(cls):
+    assert cls.requires is None or cls.requires in targets.UNITS
+    assert cls.requires is None or any(cls.requires in t.units for t in targets.TARGETS.values())

@@ -17,6 +17,7 @@ class BarrierAlloc(Op):
     """`count` mbarriers, each expecting `arrivals` arrivals per phase; initialised at kernel start."""
 
     name = "barrier_alloc"
+    requires = "mbarrier"
 
     def __init__(self, count: int, arrivals: int, loc: Loc | None):
         super().__init__([], [RefType("barrier", dtypes.int64, 1, (count,))], loc)
@@ -33,6 +34,7 @@ class BarrierAlloc(Op):
 
 class BarrierArrive(Op):
     name = "barrier_arrive"
+    requires = "mbarrier"
 
     def __init__(self, barrier: Value, loc: Loc | None):
         super().__init__([barrier], [], loc)
@@ -46,6 +48,7 @@ class BarrierWait(Op):
     """Wait until the barrier completes the phase with parity `phase` (tracked by the frontend)."""
 
     name = "barrier_wait"
+    requires = "mbarrier"
 
     def __init__(self, barrier: Value, phase: Value, loc: Loc | None):
         super().__init__([barrier, phase], [], loc)

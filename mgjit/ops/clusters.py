@@ -12,6 +12,7 @@ from ..ir import Op, ScalarType
 
 class ClusterRank(Op):
     name = "cluster_rank"
+    requires = "cluster"
 
     def __init__(self, loc: Loc | None):
         super().__init__([], [ScalarType(dtypes.int32)], loc)
@@ -21,6 +22,7 @@ class ClusterSync(Op):
     """A barrier across every thread of every CTA in the cluster (release/acquire ordering)."""
 
     name = "cluster_sync"
+    requires = "cluster"
 
     def __init__(self, loc: Loc | None):
         super().__init__([], [], loc)

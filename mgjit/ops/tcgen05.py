@@ -20,7 +20,7 @@ from ..mma_descriptors import Major, Tcgen05InstrDescriptor, tcgen05_kind, tcgen
 from ..tmem_layouts import TMEMLayoutError, check_tcgen05_shape
 from .clusters import cluster_ctarank, pair_leader_rank
 from .smem import SmemTile, operand_descriptor, shared_address
-from .tmem import LoweredTmem, require_blackwell, tmem_layout
+from .tmem import LoweredTmem, tmem_layout
 
 
 class Tcgen05Mma(Op):
@@ -161,7 +161,6 @@ def _issuer(ctx: lower.Context, cta_group: int) -> Any:
 
 @lower.rule(Tcgen05Mma)
 def _tcgen05_mma(op: Tcgen05Mma, ctx: lower.Context) -> None:
-    require_blackwell(op, ctx, "mgjit.tcgen05_mma")
     e = ctx.e
     acc_v, a_v, b_v, accumulate_v = op.operands
     acc: LoweredTmem = ctx.get(acc_v)
@@ -198,7 +197,6 @@ def _tcgen05_mma(op: Tcgen05Mma, ctx: lower.Context) -> None:
 
 @lower.rule(Tcgen05Commit)
 def _tcgen05_commit(op: Tcgen05Commit, ctx: lower.Context) -> None:
-    require_blackwell(op, ctx, "mgjit.tcgen05_commit")
     e = ctx.e
     cta_group = op.cta_group or ctx.kernel.cta_group
     bar = shared_address(ctx, ctx.get(op.operands[0]).offset)

@@ -17,7 +17,6 @@ from ..errors import Loc
 from ..ir import Op, Value, check, is_ref
 from .clusters import cluster_ctarank, pair_leader_rank
 from .smem import SmemTile, shared_address, tile_bytes
-from .tmem import require_blackwell
 
 
 class TmaLoad(Op):
@@ -25,6 +24,7 @@ class TmaLoad(Op):
     signalled on `barrier` (which the op arms with the byte count). Out-of-bounds elements read as zero."""
 
     name = "tma_load"
+    requires = "tma"
 
     def __init__(self, src: Value, coords: Sequence[Value], dst: Value, barrier: Value, descriptor: int,
                  loc: Loc | None, multicast: int = 0):
@@ -69,6 +69,7 @@ class TmaLoadCollective(TmaLoad):
     """A TMA load by one CTA of a 2-CTA pair into its own SMEM whose arrival and bytes are counted on the
     barrier at the same offset in the pair's leader CTA (even cluster rank), where the 2-CTA MMA waits."""
 
+    requires = "tcgen05"  # the .cta_group::2 form of the copy is Blackwell's
     name = "tma_load"
 
     def attrs(self):
@@ -80,6 +81,7 @@ class TmaStore(Op):
     reduce="add"); asynchronous: complete with TmaStoreWait before the tile is written again."""
 
     name = "tma_store"
+    requires = "tma"
 
     def __init__(self, dst: Value, coords: Sequence[Value], src: Value, descriptor: int, reduce: str | None,
                  loc: Loc | None):
@@ -108,6 +110,7 @@ class TmaStoreWait(Op):
     """Wait until at most `pending` TMA store groups of this warpgroup still read their SMEM source."""
 
     name = "tma_store_wait"
+    requires = "tma"
 
     def __init__(self, pending: int, loc: Loc | None):
         super().__init__([], [], loc)
@@ -165,7 +168,6 @@ def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
 
 @lower.rule(TmaLoadCollective)
 def _tma_load_collective(op: TmaLoadCollective, ctx: lower.Context) -> None:
-    require_blackwell(op, ctx, "copy_async(..., collective=True)")
     e = ctx.e
     dst: SmemTile = ctx.get(op.dst)
     desc = ctx.tma_descriptors[op.descriptor]

@@ -22,15 +22,11 @@ from typing import Any, Sequence
 
 from .. import infer, lower
 from ..dtypes import DType
-from ..errors import CompileError, Loc, Rule
+from ..errors import Loc, Rule
 from ..ir import ArrayType, Op, TmemRefType, Value, check, is_ref
 from ..layouts import LANES_PER_WARP, TiledLayout
 from ..tmem_layouts import TMEM_COLUMNS, TMEMLayout, TMEMLayoutError, infer_tmem_layout, tmem_alloc_columns
 from .smem import shared_address
-
-BLACKWELL_TARGET = "sm_100a"
-_ARCH_NAMES = {"sm_90a": "Hopper", "sm_100a": "Blackwell"}
-
 
 def tmem_layout(t: TmemRefType):
     """The TMEMLayout of a TMEM reference type; raises TMEMLayoutError for what TMEM cannot hold."""
@@ -207,16 +203,6 @@ class _TmemState:
     offsets: dict[int, int]  # id(TmemAlloc) -> first column of its reference
 
 
-def require_blackwell(op: Op, ctx: lower.Context, what: str) -> None:
-    """CompileError naming the kernel line unless this kernel is compiled for sm_100a."""
-    target = ctx.target.name
-    if target != BLACKWELL_TARGET:
-        arch = f" ({_ARCH_NAMES[target]})" if target in _ARCH_NAMES else ""
-        raise CompileError(f"{what} needs {BLACKWELL_TARGET} (Blackwell): tensor memory and tcgen05 exist only "
-                           f"there; this kernel is being compiled for {target}{arch}", op.loc, Rule.TARGET_ARCH,
-                           required_target=BLACKWELL_TARGET)
-
-
 def thread_sync(ctx: lower.Context, cta_group: int) -> None:
     """Order tcgen05 operations across all threads of the CTA (of both CTAs of a pair): fence, barrier, fence."""
     e = ctx.e
@@ -257,7 +243,6 @@ def _allocate(op: TmemAlloc, ctx: lower.Context) -> _TmemState:
 
 @lower.rule(TmemAlloc)
 def _tmem_alloc(op: TmemAlloc, ctx: lower.Context) -> None:
-    require_blackwell(op, ctx, "mgjit.tmem")
     state = ctx.tmem
     if state is None:
         state = ctx.tmem = _allocate(op, ctx)
@@ -310,7 +295,6 @@ def _elems_to_word(ctx: lower.Context, elems: list, dtype) -> Any:
 
 @lower.rule(TmemLoad)
 def _tmem_load(op: TmemLoad, ctx: lower.Context) -> None:
-    require_blackwell(op, ctx, "a TMEM load (ref.load())")
     e = ctx.e
     ref: LoweredTmem = ctx.get(op.operands[0])
     out = op.result
@@ -341,7 +325,6 @@ def _tmem_load(op: TmemLoad, ctx: lower.Context) -> None:
 
 @lower.rule(TmemStore)
 def _tmem_store(op: TmemStore, ctx: lower.Context) -> None:
-    require_blackwell(op, ctx, "a TMEM store (ref.store(x))")
     e = ctx.e
     ref: LoweredTmem = ctx.get(op.operands[0])
     frag: lower.Frag = ctx.frag(op.operands[1])
