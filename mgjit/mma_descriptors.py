@@ -262,34 +262,6 @@ def check_swizzle(swizzle: int) -> None:
         raise DescriptorError(f"an MMA operand swizzle must be one of {SWIZZLES} bytes, got {swizzle}")
 
 
-def swizzle_tile_shape(swizzle: int, dtype_bits: int) -> tuple[int, int]:
-    """The (rows, elements) of one swizzle atom: 8 rows, each exactly `swizzle` bytes wide."""
-    check_swizzle(swizzle)
-    if dtype_bits not in (8, 16, 32):
-        raise DescriptorError(f"MMA operand elements are 8, 16 or 32 bits wide, got {dtype_bits}")
-    return 8, swizzle * 8 // dtype_bits
-
-
-def check_swizzle_row(row_bytes: int, swizzle: int) -> None:
-    """A swizzled operand tile's row must be exactly the swizzle width: the XOR pattern repeats per 8 rows of
-    that width, so a narrower row would mix rows and a wider one is a different (tiled) layout."""
-    check_swizzle(swizzle)
-    if row_bytes != swizzle:
-        raise DescriptorError(f"a tile row under {swizzle}B swizzle must be {swizzle} bytes wide, got {row_bytes}")
-
-
-def swizzle_byte_offset(offset: int, swizzle: int) -> int:
-    """Where byte `offset` of an unswizzled tile lands under the `swizzle`-byte swizzle.
-
-    The 16-byte chunk index within a 128-byte line is XORed with the line index modulo swizzle / 16, so the
-    pattern repeats every 8 * swizzle bytes (256, 512, 1024: the repeat boundaries of 9.7.16.4.1, Table 41).
-    """
-    check_swizzle(swizzle)
-    if offset < 0:
-        raise DescriptorError(f"a byte offset must be non-negative, got {offset}")
-    return offset ^ ((offset // 128) % (swizzle // 16)) * 16
-
-
 _WGMMA_D_TYPES: dict[DType, tuple[DType, ...]] = {
     dtypes.float16: (dtypes.float16, dtypes.float32),
     dtypes.bfloat16: (dtypes.float32,),

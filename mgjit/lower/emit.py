@@ -196,3 +196,30 @@ class Emitter:
     def shfl_bfly(self, x, offset: int):
         kind = self.ir.Attribute.parse("#nvvm<shfl_kind bfly>")
         return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(0x1F), kind, results=[x.type])
+
+
+class Index:
+    """An i32 MLIR value with Python's integer operators, so that index arithmetic written for ints (tiles.py)
+    emits the same arithmetic in a kernel. Indices are non-negative: // % >> are the unsigned operations.
+    Python ints mix in as constants."""
+
+    def __init__(self, e: Emitter, value):
+        self.e = e
+        self.value = value
+
+    def _v(self, x):
+        return x.value if isinstance(x, Index) else self.e.i32(x) if isinstance(x, int) else x
+
+    def _op(self, fn, a, b) -> "Index":
+        return Index(self.e, fn(self._v(a), self._v(b)))
+
+    def __add__(self, o): return self._op(self.e.addi, self, o)
+    def __radd__(self, o): return self._op(self.e.addi, o, self)
+    def __mul__(self, o): return self._op(self.e.muli, self, o)
+    def __rmul__(self, o): return self._op(self.e.muli, o, self)
+    def __floordiv__(self, o): return self._op(self.e.divui, self, o)
+    def __mod__(self, o): return self._op(self.e.remui, self, o)
+    def __and__(self, o): return self._op(self.e.andi, self, o)
+    def __xor__(self, o): return self._op(self.e.m.arith.xori, self, o)
+    def __lshift__(self, o): return self._op(self.e.m.arith.shli, self, o)
+    def __rshift__(self, o): return self._op(self.e.m.arith.shrui, self, o)

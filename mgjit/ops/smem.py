@@ -1,29 +1,24 @@
 """Shared memory: SmemAlloc (a static buffer for the whole kernel), RefIndex (`buf[slot]`, also of barrier
 arrays), RefTranspose (`tile.T`), SmemStore (`tile[...] = array`), and the addressing every SMEM user shares.
 
-SMEM tiles are stored as column blocks one swizzle wide: a (rows, cols) tile under an S-byte swizzle is
-cols*itemsize/S blocks of rows x S bytes, each copied by one TMA box and each a run of 8-row swizzle atoms
-that wgmma and tcgen05 descriptors address directly (K-major: SBO = 8*S; MN-major: LBO = distance between
-blocks). Within a block the 16-byte chunk index of each 128-byte line is XORed with the line index modulo
-S/16 (the pattern TMA and the tensor cores apply).
+How a tile is stored (column blocks one swizzle wide, the swizzle's XOR, the TMA boxes) is `tiles.Tile`'s
+job; `tile_of` gives a reference's. MMA operand descriptors address its column blocks directly (K-major:
+SBO = 8*S; MN-major: LBO = the distance between blocks).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
-from .. import infer, lower
+from .. import infer, lower, tiles
 from ..dtypes import DType
 from ..errors import Loc, Rule
 from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
 from ..layouts import SplatLayout, blocked
 from ..lower.context import element_offsets, splat_to
+from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
 from .gmem import pack_words
-
-_SWIZZLE_ALIGN = 1024  # the 128B swizzle pattern repeats every 1024 bytes; tiles start on that boundary
-
 
 class SmemAlloc(Op):
     """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
@@ -106,8 +101,9 @@ def shared_address(ctx: lower.Context, offset) -> Any:
     return e.addi(base, offset)
 
 
-def tile_bytes(t: RefType) -> int:
-    return math.prod(t.shape) * t.dtype.bits // 8
+def tile_of(t: RefType) -> tiles.Tile:
+    """The storage of an SMEM reference (of the tile it views, for a transposed view)."""
+    return tiles.Tile(tuple(t.shape[::-1] if t.transposed else t.shape), t.dtype.storage_bits, t.swizzle)
 
 
 def check_smem_budget(ctx: lower.Context, op: Op) -> None:
@@ -120,7 +116,7 @@ def check_smem_budget(ctx: lower.Context, op: Op) -> None:
 @lower.rule(SmemAlloc)
 def _smem_alloc(op: SmemAlloc, ctx: lower.Context) -> None:
     t = op.result.type
-    offset = ctx.alloc_shared(tile_bytes(t), _SWIZZLE_ALIGN if t.swizzle else 128)
+    offset = ctx.alloc_shared(tile_of(t).nbytes, tiles.SWIZZLE_ALIGN if t.swizzle else 128)
     check_smem_budget(ctx, op)
     ctx.set(op.result, SmemTile(ctx.e.i32(offset), t))
 
@@ -130,7 +126,7 @@ def _ref_index(op: RefIndex, ctx: lower.Context) -> None:
     e = ctx.e
     src: SmemTile = ctx.get(op.operands[0])
     t = op.result.type
-    stride = 8 if t.space == "barrier" else tile_bytes(t)
+    stride = 8 if t.space == "barrier" else tile_of(t).nbytes
     ctx.set(op.result, SmemTile(e.addi(src.offset, e.muli(ctx.get(op.operands[1]), e.i32(stride))), t))
 
 
@@ -148,44 +144,19 @@ def operand_descriptor(ctx: lower.Context, tile: SmemTile, mn_offset: int, k_off
     along MN. `k_major` says which; the stored shape is the tile's own (before any transposed view).
     """
     e = ctx.e
-    t = tile.type
-    s = t.swizzle
-    isz = t.dtype.bits // 8
-    per_row = s // isz  # elements in one swizzle-wide row
-    rows, _ = (t.shape[::-1] if t.transposed else t.shape)  # stored rows
+    stored = tile_of(tile.type)
+    s = stored.swizzle
     if k_major:
-        block, within = divmod(k_offset, per_row)
-        byte = block * rows * s + mn_offset * s + within * isz
+        byte = stored.offset(mn_offset, k_offset, swizzled=False)
         lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
     else:
-        block, within = divmod(mn_offset, per_row)
-        assert within == 0, "an MN-major operand block starts on a swizzle column (checked by the MMA op)"
-        byte = block * rows * s + k_offset * s
-        lbo, sbo = rows * s, 8 * s
+        assert mn_offset % stored.block_cols == 0, "an MN-major operand block starts on a swizzle column"
+        byte = stored.offset(k_offset, mn_offset, swizzled=False)
+        lbo, sbo = stored.rows * s, 8 * s
     const = encode(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
     addr = e.addi(shared_address(ctx, tile.offset), e.i32(byte))
     field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
     return e.m.arith.ori(field, e.i64(const))
-
-
-def _swizzled(ctx: lower.Context, tile: SmemTile, row, col) -> Any:
-    """The byte offset (i32) of element (row, col) of an SMEM tile; rows count over all leading dims.
-
-    Swizzled tiles are column blocks one swizzle wide; within a block the 16-byte chunk index of each
-    128-byte line is XORed with the line index modulo swizzle/16 (the pattern TMA and wgmma apply)."""
-    e = ctx.e
-    t = tile.type
-    isz = t.dtype.bits // 8
-    rows = math.prod(t.shape[:-1])
-    if not t.swizzle:
-        return e.addi(tile.offset, e.muli(e.addi(e.muli(row, e.i32(t.shape[-1])), col), e.i32(isz)))
-    s = t.swizzle
-    per_row = s // isz
-    block = e.divui(col, e.i32(per_row))
-    linear = e.addi(e.muli(row, e.i32(s)), e.muli(e.remui(col, e.i32(per_row)), e.i32(isz)))
-    chunk_xor = e.m.arith.shli(e.andi(e.m.arith.shrui(linear, e.i32(7)), e.i32(s // 16 - 1)), e.i32(4))
-    swizzled = e.m.arith.xori(linear, chunk_xor)
-    return e.addi(tile.offset, e.addi(e.muli(block, e.i32(rows * s)), swizzled))
 
 
 @lower.rule(SmemStore)
@@ -210,13 +181,14 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
     thread = ctx.thread_index(layout, shape)
     offsets = element_offsets(layout, shape)
     base = shared_address(ctx, e.i32(0))
+    stored = tile_of(tile.type)
     for i in range(0, len(offsets), w):
         off = offsets[i]
         idx = [e.addi(t, e.i32(o)) if o else t for t, o in zip(thread, off)]
         row = e.i32(0)
         for d in range(len(shape) - 1):
             row = e.addi(e.muli(row, e.i32(shape[d])), idx[d])
-        addr = e.addi(base, _swizzled(ctx, tile, row, idx[-1]))
+        addr = e.addi(base, (Index(e, tile.offset) + stored.offset(Index(e, row), Index(e, idx[-1]))).value)
         words = pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
         if words is None:
             value = frag.elems[i]

@@ -2,21 +2,20 @@
 TmaLoadCollective (a load by one CTA of a 2-CTA pair whose arrival counts in the pair's leader), TmaStore
 (optionally a reduction into GMEM) and TmaStoreWait.
 
-A copy moves a whole SMEM tile as one TMA box per swizzle-wide column block of the tile (see smem.py); the
-descriptor (box and swizzle) is built by the launcher from the tensor argument and passed as a 128-byte
+A copy moves a whole SMEM tile as one TMA box per swizzle-wide column block of the tile (`tiles.Tile.boxes`);
+the descriptor (box and swizzle) is built by the launcher from the tensor argument and passed as a 128-byte
 grid-constant parameter. Out-of-bounds elements of a load read as zero; out-of-bounds elements of a store are
 dropped.
 """
 from __future__ import annotations
 
-import math
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 from .. import infer, lower
 from ..errors import Loc
 from ..ir import Op, Value, check, is_ref
 from .clusters import cluster_ctarank, pair_leader_rank
-from .smem import SmemTile, shared_address, tile_bytes
+from .smem import SmemTile, shared_address, tile_of
 
 
 class TmaLoad(Op):
@@ -125,6 +124,15 @@ infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait)(infer.no_arrays)
 
 # ---------------------------------------------------------------------------------------------- lowering
 
+def _boxes(ctx: lower.Context, tile: SmemTile, coords: list, addr) -> Iterator[tuple[list, Any]]:
+    """Per TMA box of a tile: its coordinates, innermost first as the instruction takes them, and the SMEM
+    address it fills or drains (computed as each is needed, so each copy's arithmetic sits beside it)."""
+    e = ctx.e
+    for col, byte in tile_of(tile.type).boxes():
+        inner = e.addi(coords[-1], e.i32(col)) if col else coords[-1]
+        yield [inner] + coords[-2::-1], e.addi(addr, e.i32(byte))
+
+
 @lower.rule(TmaLoad)
 def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
     e = ctx.e
@@ -132,14 +140,11 @@ def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
     bar = shared_address(ctx, ctx.get(op.barrier).offset)
     desc = ctx.tma_descriptors[op.descriptor]
     spec = ctx.kernel.tma_descriptors[op.descriptor]
-    t = dst.type
-    rank = len(t.shape)
-    box_inner = spec.box[-1]
-    blocks = t.shape[-1] // box_inner
-    block_bytes = tile_bytes(t) // blocks
+    stored = tile_of(dst.type)
+    rank = len(stored.shape)
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     # The barrier expects the whole tile, also under multicast, where the other CTAs deliver their parts.
-    e.asm_void(f"@$0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$1], {tile_bytes(t)};", "b,r", [elected, bar])
+    e.asm_void(f"@$0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$1], {stored.nbytes};", "b,r", [elected, bar])
     coords = [ctx.get(c) for c in op.coords]
     dst_addr = shared_address(ctx, dst.offset)
     extra, suffix, mask = [], "", []
@@ -150,20 +155,17 @@ def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
         part_rows = spec.box[0]
         first_row = e.muli(rank_id, e.i32(part_rows))
         coords = [e.addi(coords[0], first_row)] + coords[1:]
-        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(block_bytes // t.shape[0])))
+        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(stored.block_bytes // stored.shape[0])))
         suffix = ".multicast::cluster"
         mask = [e.trunc(e.i32((1 << n) - 1), 16)]
         extra = [f"${4 + rank}"]
-    for j in range(blocks):
-        inner = e.addi(coords[-1], e.i32(j * box_inner)) if j else coords[-1]
-        # TMA coordinates are innermost first.
-        ordered = [inner] + coords[-2::-1]
-        slots = ", ".join(f"${i + 4}" for i in range(rank))
+    slots = ", ".join(f"${i + 4}" for i in range(rank))
+    for ordered, addr in _boxes(ctx, dst, coords, dst_addr):
         e.asm_void(
             f"@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{suffix} "
             f"[$1], [$2, {{{slots}}}], [$3]{''.join(', ' + x for x in extra)};",
             ",".join(["b", "r", "l", "r"] + ["r"] * rank + ["h"] * len(mask)),
-            [elected, e.addi(dst_addr, e.i32(j * block_bytes)), desc, bar, *ordered, *mask])
+            [elected, addr, desc, bar, *ordered, *mask])
 
 
 @lower.rule(TmaLoadCollective)
@@ -171,26 +173,20 @@ def _tma_load_collective(op: TmaLoadCollective, ctx: lower.Context) -> None:
     e = ctx.e
     dst: SmemTile = ctx.get(op.dst)
     desc = ctx.tma_descriptors[op.descriptor]
-    spec = ctx.kernel.tma_descriptors[op.descriptor]
-    t = dst.type
-    rank = len(t.shape)
-    nbytes = math.prod(t.shape) * t.dtype.bits // 8
-    blocks = t.shape[-1] // spec.box[-1]
+    stored = tile_of(dst.type)
+    rank = len(stored.shape)
     # The barrier at the same offset in the leader CTA, in the cluster's shared window.
     local = shared_address(ctx, ctx.get(op.barrier).offset)
     bar = e.asm("mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [local, pair_leader_rank(ctx)], [e.int_type(32)])[0]
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
-    e.asm_void(f"@$0 mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [$1], {nbytes};", "b,r",
-               [elected, bar])
+    e.asm_void(f"@$0 mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [$1], {stored.nbytes};",
+               "b,r", [elected, bar])
     coords = [ctx.get(c) for c in op.coords]
-    dst_addr = shared_address(ctx, dst.offset)
-    for j in range(blocks):
-        inner = e.addi(coords[-1], e.i32(j * spec.box[-1])) if j else coords[-1]
-        ordered = [inner] + coords[-2::-1]  # innermost first
-        slots = ", ".join(f"${i + 4}" for i in range(rank))
+    slots = ", ".join(f"${i + 4}" for i in range(rank))
+    for ordered, addr in _boxes(ctx, dst, coords, shared_address(ctx, dst.offset)):
         e.asm_void(f"@$0 cp.async.bulk.tensor.{rank}d.cta_group::2.shared::cluster.global.mbarrier::complete_tx::bytes "
                    f"[$1], [$2, {{{slots}}}], [$3];", ",".join(["b", "r", "l", "r"] + ["r"] * rank),
-                   [elected, e.addi(dst_addr, e.i32(j * nbytes // blocks)), desc, bar, *ordered])
+                   [elected, addr, desc, bar, *ordered])
 
 
 @lower.rule(TmaStore)
@@ -198,11 +194,7 @@ def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
     e = ctx.e
     src: SmemTile = ctx.get(op.operands[-1])
     desc = ctx.tma_descriptors[op.descriptor]
-    spec = ctx.kernel.tma_descriptors[op.descriptor]
-    t = src.type
-    rank = len(t.shape)
-    blocks = t.shape[-1] // spec.box[-1]
-    block_bytes = tile_bytes(t) // blocks
+    rank = len(src.type.shape)
     # Every thread's ordinary SMEM writes must be visible to the TMA engine before one thread issues it.
     e.asm_void("fence.proxy.async.shared::cta;", "", [])
     ctx.warpgroup_barrier()
@@ -211,12 +203,10 @@ def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
     src_addr = shared_address(ctx, src.offset)
     verb = (f"cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.{op.reduce}.tile.bulk_group" if op.reduce
             else f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group")
-    for j in range(blocks):
-        inner = e.addi(coords[-1], e.i32(j * spec.box[-1])) if j else coords[-1]
-        ordered = [inner] + coords[-2::-1]
-        slots = ", ".join(f"${i + 3}" for i in range(rank))
+    slots = ", ".join(f"${i + 3}" for i in range(rank))
+    for ordered, addr in _boxes(ctx, src, coords, src_addr):
         e.asm_void(f"@$0 {verb} [$1, {{{slots}}}], [$2];", ",".join(["b", "l", "r"] + ["r"] * rank),
-                   [elected, desc, e.addi(src_addr, e.i32(j * block_bytes)), *ordered])
+                   [elected, desc, addr, *ordered])
     e.asm_void("@$0 cp.async.bulk.commit_group;", "b", [elected])
 
 
