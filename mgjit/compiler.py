@@ -11,7 +11,7 @@ hit and a launch load none of them; MLIR itself loads only inside lowering.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from . import abi, dtypes
 from ._version import VERSION
@@ -78,19 +78,23 @@ class CompiledKernel:
 ARTIFACTS: tuple[str, ...] = tuple(a.filename for a in vars(CompiledKernel).values() if isinstance(a, _Artifact))
 
 
-def get(name: str, source_key: str, source: Callable[[], SourceFunction], spec: Specialization) -> CompiledKernel:
-    """Kernel `name`'s compiled `spec` from the store, compiled (and stored) on a miss. `source` gives the
-    kernel's source, read only when it must be compiled."""
+def get(source: SourceFunction, source_key: str, persistent: bool, spec: Specialization) -> CompiledKernel:
+    """A kernel's compiled `spec`: from the store, or compiled and stored. `persistent` False (the kernel reads
+    a value that has no content description) keeps it out of the store: see deps.py."""
     from .cache.store import default_store, hash_parts
-    key = hash_parts(source_key, *spec.key_parts())
-    store = default_store()
-    entry = store.get(key, expect={"mgjit_version": VERSION, "target": spec.target, "name": name})
-    if entry is not None:
-        compiled = CompiledKernel(name, key, spec.target, dict(entry.meta), {n: entry.read(n) for n in ARTIFACTS})
-        compiled.from_cache = True
-        return compiled
-    compiled = compile_specialization(source(), spec, key)
-    store.put(key, compiled.files, compiled.meta)
+    parts, content_only = spec.key_parts()
+    key = hash_parts(source_key, *parts)
+    store = default_store() if persistent and content_only else None
+    if store is not None:
+        entry = store.get(key, expect={"mgjit_version": VERSION, "target": spec.target, "name": source.name})
+        if entry is not None:
+            compiled = CompiledKernel(source.name, key, spec.target, dict(entry.meta),
+                                      {n: entry.read(n) for n in ARTIFACTS})
+            compiled.from_cache = True
+            return compiled
+    compiled = compile_specialization(source, spec, key)
+    if store is not None:
+        store.put(key, compiled.files, compiled.meta)
     return compiled
 
 

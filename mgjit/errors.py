@@ -8,18 +8,20 @@ import linecache
 
 @dataclasses.dataclass(frozen=True)
 class Loc:
-    """A place in the user's Python source."""
+    """A place in the user's Python source; `text` is that line as the source was read when the function was
+    decorated (the file may have changed since)."""
 
     file: str
     line: int
     col: int = 0
     function: str = ""
+    text: str = ""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
 
     def source_line(self) -> str:
-        return linecache.getline(self.file, self.line).rstrip()
+        return self.text.rstrip() if self.text else linecache.getline(self.file, self.line).rstrip()
 
 
 class Rule(str, enum.Enum):

@@ -59,15 +59,16 @@ class Kernel:
                 raise CompileError(f"kernel {self.name}: parameter `{n}` must be a plain named parameter "
                                    "(no *args/**kwargs)")
         self.num_warpgroups = num_warpgroups
+        self.source = SourceFunction(fn)  # read once: an edited file changes nothing until it is re-imported
         self._plans: dict[tuple, Any] = {}
         self._compiled: dict[Specialization, Any] = {}
         self._source_key: str | None = None
-        self._deps: list[tuple[dict, str, Any]] | None = None
+        self._deps: deps.Dependencies | None = None
         self._dispatch: Callable[..., None] | None = None
 
     # -- keys
     def _deps_changed(self) -> bool:
-        return self._deps is not None and deps.changed(self._deps)
+        return self._deps is not None and self._deps.changed()
 
     def _refresh_if_redefined(self) -> None:
         if self._deps_changed():
@@ -82,9 +83,8 @@ class Kernel:
         if self._source_key is None:
             from . import toolchain
             from .cache.store import hash_parts
-            self._deps = deps.snapshot(self.fn)
-            self._source_key = hash_parts("mgjit", VERSION, toolchain.compiler_fingerprint(),
-                                          deps.source_parts(self.fn, set()))
+            self._deps = deps.of_kernel(self.source)
+            self._source_key = hash_parts("mgjit", VERSION, toolchain.compiler_fingerprint(), self._deps.parts)
         return self._source_key
 
     # -- specialization
@@ -136,7 +136,8 @@ class Kernel:
         compiled = self._compiled.get(spec)
         if compiled is None:
             from . import compiler  # the compiler loads on the first miss (see compiler.py)
-            compiled = compiler.get(self.name, self.source_key(), lambda: SourceFunction(self.fn), spec)
+            key = self.source_key()
+            compiled = compiler.get(self.source, key, self._deps.persistent, spec)
             self._compiled[spec] = compiled
         return compiled
 

@@ -1,4 +1,6 @@
-"""A kernel's or helper's Python source, read once: what the frontend parses and what cache keys hash.
+"""A kernel's or helper's Python source, read once, when it is decorated: what the frontend parses, what cache
+keys hash and what errors quote. A file edited (or switched by git) after that changes nothing until the
+function is defined again (re-imported, or its notebook cell re-run).
 
 Kept apart from the frontend so that `import mgjit` and a cache hit never load the compiler.
 """
@@ -22,6 +24,7 @@ class SourceFunction:
             lines, first = inspect.getsourcelines(fn)
         except (OSError, TypeError) as e:
             raise CompileError(f"cannot read the source of {fn.__qualname__}: {e}") from None
+        self.lines = [line.rstrip("\n") for line in lines]
         self.source = textwrap.dedent("".join(lines))
         self.file = inspect.getsourcefile(fn) or fn.__code__.co_filename
         self.first_line = first
@@ -32,8 +35,9 @@ class SourceFunction:
                                Loc(self.file, first, 0, self.name))
 
     def loc(self, node: ast.AST) -> Loc:
-        return Loc(self.file, self.first_line + getattr(node, "lineno", 1) - 1,
-                   getattr(node, "col_offset", 0), self.name)
+        line = getattr(node, "lineno", 1)
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return Loc(self.file, self.first_line + line - 1, getattr(node, "col_offset", 0), self.name, text)
 
 
 def closure_vars(fn: Callable) -> dict[str, Any]:
@@ -48,19 +52,13 @@ def closure_vars(fn: Callable) -> dict[str, Any]:
 
 
 class DeviceFunction:
-    """A helper made by @mgjit.device: inlined into the kernels that call it."""
+    """A helper made by @mgjit.device: inlined into the kernels that call it. Its source is read here, once."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
-        self._source: SourceFunction | None = None
-
-    @property
-    def source(self) -> SourceFunction:
-        if self._source is None:
-            self._source = SourceFunction(self.fn)
-        return self._source
+        self.source = SourceFunction(fn)
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError(f"{self.__name__} is an @mgjit.device function: call it from inside a kernel")

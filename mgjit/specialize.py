@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from . import dtypes, ir
+from . import deps, dtypes, ir
 from .dtypes import DType
 from .errors import LaunchError
 
@@ -66,10 +66,14 @@ class Specialization:
     num_warpgroups: int
     cluster: tuple[int, int, int]
 
-    def key_parts(self) -> tuple:
-        """The parts of the cache key this specialization contributes."""
-        return (tuple(a.key() for a in self.args), repr(self.constexprs), self.target, self.num_warpgroups,
-                self.cluster)
+    def key_parts(self) -> tuple[tuple, bool]:
+        """The parts of the cache key this specialization contributes, and whether they describe content only
+        (False when a constexpr value is described by identity: see deps.describe_value)."""
+        described = [(name, deps.describe_value(value)) for name, value in self.constexprs]
+        constexprs = tuple((name, d) for name, (d, _) in described)
+        persistent = all(p for _, (_, p) in described)
+        return (tuple(a.key() for a in self.args), constexprs, self.target, self.num_warpgroups,
+                self.cluster), persistent
 
     def params(self) -> list[ir.Param]:
         return [ir.Param(n, "tensor", a.dtype, a.rank) if isinstance(a, TensorSpec) else ir.Param(n, "scalar", a.dtype)
