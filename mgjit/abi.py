@@ -9,6 +9,7 @@ dimension; a scalar as one value of its type; then come the TMA descriptors the 
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 from typing import Sequence
 
@@ -85,3 +86,11 @@ def c_defines() -> list[str]:
     """The preprocessor definitions the C launcher is compiled with: its field codes and error returns."""
     defines = [f"-DMGJIT_FIELD_{f.name.upper()}={f.c_code}" for f in FIELDS]
     return defines + [f"-DMGJIT_E_{name.upper()}={code}" for name, code in C_ERRORS.items()]
+
+
+def symbol(kernel_name: str) -> str:
+    """The kernel's symbol in MLIR, PTX and the cubin, which the launcher looks up: its Python name when that is
+    a plain ASCII identifier, else an ASCII spelling of it (Python allows Unicode names; PTX does not)."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", kernel_name):
+        return kernel_name
+    return "mgjit_" + kernel_name.encode("utf-8").hex()

@@ -11,11 +11,12 @@ hit and a launch load none of them; MLIR itself loads only inside lowering.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 from . import abi, dtypes
 from ._version import VERSION
-from .errors import CompileError, LaunchError, Rule
+from .errors import CompileError, PtxasWarning, Rule
 from .source import SourceFunction
 from .specialize import Specialization, TensorSpec
 
@@ -91,8 +92,10 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
             compiled = CompiledKernel(source.name, key, spec.target, dict(entry.meta),
                                       {n: entry.read(n) for n in ARTIFACTS})
             compiled.from_cache = True
+            _warn(compiled, source)
             return compiled
     compiled = compile_specialization(source, spec, key)
+    _warn(compiled, source)
     if store is not None:
         store.put(key, compiled.files, compiled.meta)
     return compiled
@@ -102,8 +105,6 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     """Trace, check, infer, lower and assemble one specialization of a kernel."""
     from . import frontend, infer, ir, lower, mlir, targets, toolchain  # the stages: see the module docstring
     start = time.perf_counter()
-    if spec.num_warpgroups not in (1, 2, 3, 4):
-        raise LaunchError(f"num_warpgroups must be 1..4, got {spec.num_warpgroups}")
     params = spec.params()
     kernel = frontend.trace(source, params, dict(spec.constexprs), spec.num_warpgroups, spec.cluster)
     _check_specialization(kernel, spec)
@@ -133,10 +134,19 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
             "threads": lowered.threads, "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster),
             "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle} for d in kernel.tma_descriptors],
-            "compile_seconds": round(time.perf_counter() - start, 4)}
+            "warnings": report.warnings, "compile_seconds": round(time.perf_counter() - start, 4)}
     files = {"kernel.cubin": cubin, "kernel.ptx": ptx.encode(), "kernel.ir": ir_text.encode(),
              "kernel.mlir": mlir_text.encode(), "ptxas.txt": report.text.encode()}
     return CompiledKernel(kernel.name, key, target.name, meta, files)
+
+
+def _warn(compiled: CompiledKernel, source: SourceFunction) -> None:
+    """ptxas' warnings about a kernel (and any spill), as Python warnings at the kernel's definition: when it
+    is compiled, and again when a process first loads it from the cache."""
+    loc = source.loc(source.node)
+    for text in compiled.meta.get("warnings", []):
+        warnings.warn_explicit(f"{compiled.name} ({compiled.target}): ptxas: {text}", PtxasWarning, loc.file,
+                               loc.line)
 
 
 def _check_specialization(kernel, spec: Specialization) -> None:

@@ -75,3 +75,8 @@ class CompileError(Exception):
 
 class LaunchError(ValueError):
     """A launch's arguments do not fit the kernel (wrong count, device, dtype, grid)."""
+
+
+class PtxasWarning(UserWarning):
+    """ptxas warned about a kernel (serialized wgmma, ignored setmaxnreg, ...) or spilled registers: usually a
+    large slowdown, so it is shown, naming the kernel."""

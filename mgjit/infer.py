@@ -80,6 +80,7 @@ class Inference:
                 layout.check_shape(value.type.shape)
             except LayoutError as e:
                 raise (op.error(str(e), rule=Rule.LAYOUT) if op else e) from None
+            _check_registers(value, layout, op)
             known = self.by_shape[value.type.shape]
             if layout not in known:
                 known.append(layout)
@@ -169,6 +170,23 @@ def infer_layouts(kernel: ir.Kernel) -> None:
         for v in [*op.results, *(a for r in op.regions for a in r.args)]:
             if v.is_array and v.layout is None:
                 raise op.error(f"internal error: no layout was inferred for the result of {op.name}")
+
+
+# A thread has at most 255 32-bit registers: an array that needs more than that, by itself, lives in local
+# memory (a spill of every element, each access a round trip), so it is refused where it is made.
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def _check_registers(value: ir.Value, layout: TiledLayout, op: ir.Op | None) -> None:
+    elements = layout.vector_length
+    for d in layout.registers_shape(value.type.shape):
+        elements *= d
+    registers = -(-elements * value.dtype.storage_bits // 32)
+    if registers > MAX_REGISTERS_PER_THREAD and op is not None:
+        raise op.error(f"this {value.type} array needs {registers} registers in each thread ({elements} elements "
+                       f"per thread), more than the {MAX_REGISTERS_PER_THREAD} a thread has: it would spill to "
+                       f"local memory. Give each program a smaller block, or loop over the block in pieces",
+                       rule=Rule.REGISTERS)
 
 
 def join(a: Layout | None, b: Layout | None) -> Layout | None:

@@ -34,6 +34,14 @@ def _cluster(cluster) -> tuple[int, int, int]:
     return c
 
 
+def _warpgroups(value: Any, default: int) -> int:
+    """A num_warpgroups argument (None: the kernel's own) checked: 1 to 4 warpgroups of 128 threads."""
+    n = default if value is None else value
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4):
+        raise LaunchError(f"num_warpgroups must be an int in 1..4 (128 to 512 threads per CTA), got {n!r}")
+    return n
+
+
 def _is_constexpr(annotation: Any) -> bool:
     return annotation is constexpr or (isinstance(annotation, str) and annotation.split(".")[-1] == "constexpr")
 
@@ -58,7 +66,7 @@ class Kernel:
             if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
                 raise CompileError(f"kernel {self.name}: parameter `{n}` must be a plain named parameter "
                                    "(no *args/**kwargs)")
-        self.num_warpgroups = num_warpgroups
+        self.num_warpgroups = _warpgroups(num_warpgroups, 1)
         self.source = SourceFunction(fn)  # read once: an edited file changes nothing until it is re-imported
         self._plans: dict[tuple, Any] = {}
         self._compiled: dict[Specialization, Any] = {}
@@ -128,7 +136,7 @@ class Kernel:
         runtime, consts = self._bind(args, kwargs)
         arg_specs = specialize.of_arguments(self.name, self.runtime_names, runtime, self.fixed_dtypes)
         spec = self._specialization(arg_specs, consts, target or targets.DEFAULT.name,
-                                    num_warpgroups or self.num_warpgroups, _cluster(cluster))
+                                    _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster))
         return self._get_compiled(spec)
 
     def _get_compiled(self, spec: Specialization):
@@ -180,7 +188,8 @@ class Kernel:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
         arg_specs = tuple(specialize.from_key(self.name, n, part, self.fixed_dtypes.get(n))
                           for n, part in zip(self.runtime_names, key[0]))
-        plan = self._make_plan(arg_specs, consts, num_warpgroups or self.num_warpgroups, _cluster(cluster), runtime)
+        plan = self._make_plan(arg_specs, consts, _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster),
+                               runtime)
         self._plans[key] = plan
         return plan
 

@@ -10,6 +10,8 @@ import importlib
 import os
 import types
 
+from .errors import CompileError
+
 _loaded: types.SimpleNamespace | None = None
 
 PIPELINE = ("builtin.module(convert-scf-to-cf, convert-arith-to-llvm, gpu.module(convert-gpu-to-nvvm), "
@@ -26,10 +28,17 @@ def load() -> types.SimpleNamespace:
     if _loaded is None:
         pkg = package_name()
         mods = {}
-        for name in ("ir", "passmanager"):
-            mods[name] = importlib.import_module(f"{pkg}.{name}")
-        for name in ("arith", "scf", "llvm", "nvvm", "gpu"):
-            mods[name] = importlib.import_module(f"{pkg}.dialects.{name}")
+        try:
+            for name in ("ir", "passmanager"):
+                mods[name] = importlib.import_module(f"{pkg}.{name}")
+            for name in ("arith", "scf", "llvm", "nvvm", "gpu"):
+                mods[name] = importlib.import_module(f"{pkg}.dialects.{name}")
+        except ImportError as e:
+            where = (f"MGJIT_MLIR_PACKAGE={pkg}" if "MGJIT_MLIR_PACKAGE" in os.environ
+                     else f"{pkg} (from the numba-cuda-mlir wheel, a dependency of mgjit)")
+            raise CompileError(f"the MLIR Python bindings could not be imported from {where}: {e}; install "
+                               "numba-cuda-mlir, or point MGJIT_MLIR_PACKAGE at a package that provides ir, "
+                               "passmanager and the arith, scf, llvm, nvvm and gpu dialects") from None
         _loaded = types.SimpleNamespace(**mods)
     return _loaded
 

@@ -72,7 +72,7 @@ class Launcher:
         if f is None:
             d = driver()
             module = check(d.cuModuleLoadData(self.cubin))
-            f = check(d.cuModuleGetFunction(module, self.name.encode()))
+            f = check(d.cuModuleGetFunction(module, abi.symbol(self.name).encode()))
             if self.smem_bytes > _MAX_STATIC_SMEM:
                 check(d.cuFuncSetAttribute(
                     f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem_bytes))

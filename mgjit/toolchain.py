@@ -1,17 +1,48 @@
-"""Finding and running ptxas, and finding libdevice: no system CUDA toolkit is required."""
+"""Finding and running ptxas, and finding libdevice: no system CUDA toolkit is required.
+
+ptxas runs with a bounded wait (MGJIT_PTXAS_TIMEOUT seconds, 300 by default) in a private scratch directory
+that a later compile cleans if a killed process left it behind. Its warnings, and any spill, become Python
+warnings naming the kernel (`errors.PtxasWarning`, raised by the compiler).
+"""
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from .errors import CompileError
+from .errors import CompileError, Rule
+
+
+def timeout_seconds() -> float:
+    """How long ptxas and the other tools mgjit runs may take (MGJIT_PTXAS_TIMEOUT, default 300 s)."""
+    text = os.environ.get("MGJIT_PTXAS_TIMEOUT", "300")
+    try:
+        value = float(text)
+    except ValueError:
+        raise CompileError(f"MGJIT_PTXAS_TIMEOUT={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise CompileError(f"MGJIT_PTXAS_TIMEOUT={text!r} must be a positive number of seconds")
+    return value
+
+
+def run_tool(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    """Run a tool with the bounded wait; a CompileError that says so if it does not finish."""
+    limit = timeout_seconds()
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"{what} did not finish within {limit:g} s (MGJIT_PTXAS_TIMEOUT): {cmd[0]}",
+                           rule=Rule.PTXAS) from None
 
 
 def _wheel_dirs() -> list[Path]:
@@ -48,7 +79,7 @@ def ptxas_path() -> str:
 
 @functools.lru_cache(maxsize=None)
 def ptxas_version() -> str:
-    out = subprocess.run([ptxas_path(), "--version"], capture_output=True, text=True).stdout
+    out = run_tool([ptxas_path(), "--version"], "ptxas --version").stdout
     m = re.search(r"V(\d+\.\d+\.\d+)", out)
     return m.group(1) if m else out.strip().splitlines()[-1]
 
@@ -71,14 +102,40 @@ def libdevice_path() -> str:
 
 @functools.lru_cache(maxsize=None)
 def compiler_fingerprint() -> tuple:
-    """What identifies the code that compiles kernels: mgjit's own source files (stat only: cheap, and any
-    edit or reinstall changes it), the MLIR bindings' version and the ptxas binary."""
+    """What identifies the code that compiles kernels, by content: mgjit's own source files, the MLIR
+    bindings' version and the ptxas binary. Never a path or a time, so two installs of one version share keys
+    (and the shared cache tier serves both)."""
     root = Path(__file__).parent
-    files = tuple((str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
-                  for p in sorted(root.rglob("*.py")) for st in [p.stat()])
-    ptxas = ptxas_path()
-    st = os.stat(ptxas)
-    return (files, mlir_bindings_version(), (ptxas, st.st_size, st.st_mtime_ns))
+    sources = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        sources.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return (sources.hexdigest(), mlir_bindings_version(), _file_digest(ptxas_path()))
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a file. ptxas is ~50 MB (70 ms to hash), so the digest is remembered per user, keyed by the
+    file's identity (device, inode, size, mtime): a replaced binary is hashed again."""
+    st = os.stat(path)
+    identity = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{os.path.realpath(path)}"
+    memo = _memo_file()
+    known = {}
+    if memo is not None:
+        try:
+            known = json.loads(memo.read_text())
+        except (OSError, ValueError):
+            known = {}
+    digest = known.get(identity) if isinstance(known, dict) else None
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = h.hexdigest()
+        if memo is not None:
+            kept = dict(list(known.items())[-7:]) if isinstance(known, dict) else {}
+            _write_private(memo, json.dumps({**kept, identity: digest}))
+    return digest
+
 
 
 def mlir_bindings_version() -> str:
@@ -106,6 +163,16 @@ class PtxasReport:
     def spills(self) -> int:
         return self.spill_stores + self.spill_loads
 
+    @property
+    def warnings(self) -> list[str]:
+        """What ptxas warned about, one line each, and the spill if any."""
+        out = [re.sub(r"^ptxas\s+warning\s*:\s*", "", line.strip()) for line in self.text.splitlines()
+               if re.match(r"\s*ptxas\s+warning\b", line)]
+        if self.spills:
+            out.append(f"{self.spill_stores} bytes of spill stores and {self.spill_loads} bytes of spill loads "
+                       f"to local memory ({self.registers} registers)")
+        return out
+
 
 def parse_report(text: str) -> PtxasReport:
     def find(pattern: str) -> int:
@@ -123,12 +190,59 @@ def parse_report(text: str) -> PtxasReport:
 
 def assemble(ptx: str, target: str, kernel_name: str) -> tuple[bytes, PtxasReport]:
     """ptxas the PTX for `target` (e.g. sm_90a); returns the cubin and the parsed resource report."""
-    with tempfile.TemporaryDirectory(prefix="mgjit-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ptxas-", dir=_scratch_dir()) as tmp:
         src, out = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_text(ptx)
         cmd = [ptxas_path(), "-v", f"-arch={target}", "-O3", str(src), "-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_tool(cmd, f"ptxas for kernel {kernel_name} ({target})")
         if proc.returncode != 0:
             raise CompileError(f"ptxas failed for kernel {kernel_name} ({target}):\n{proc.stderr.strip()}",
-                               rule="ptxas")
+                               rule=Rule.PTXAS)
         return out.read_bytes(), parse_report(proc.stderr + proc.stdout)
+
+
+# A scratch directory left by a process killed while ptxas ran is removed once it is this old.
+_STALE_SCRATCH_S = 3600.0
+
+
+def _scratch_dir() -> str | None:
+    """A directory of this user's own (0700, not a link) under the system's temporary directory for ptxas'
+    files, swept of what killed compiles left behind; None (the temporary directory itself) if it cannot be
+    had safely."""
+    base = Path(tempfile.gettempdir()) / f"mgjit-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    now = time.time()
+    with os.scandir(base) as entries:
+        for entry in entries:
+            try:
+                if (entry.name.startswith("ptxas-") and entry.is_dir(follow_symlinks=False)
+                        and now - entry.stat(follow_symlinks=False).st_mtime > _STALE_SCRATCH_S):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                continue
+    return str(base)
+
+
+def _memo_file() -> Path | None:
+    scratch = _scratch_dir()
+    return Path(scratch) / "digests.json" if scratch else None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace a file of ours atomically (a temporary file in the same directory, then rename)."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
