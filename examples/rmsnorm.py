@@ -1,8 +1,10 @@
-"""RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, one program per row.
+"""RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, for rows of any length.
 
 `eps` is a constexpr: it is folded into the kernel and is part of the cache key, so each value compiles once.
 The row length stays a runtime value (`x.shape[1]`), so one compiled kernel serves every width up to BLOCK:
 the padding beyond the row is loaded as 0 (loads outside the tensor read zeros) and contributes nothing.
+Rows that fit in registers go ROWS to a program (short rows would leave threads idle); longer rows take two
+passes over BLOCK-wide chunks (the sum of squares, then the scaled row).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -10,25 +12,52 @@ import torch
 
 import mgjit
 
+MAX_BLOCK = 8192  # the widest row kept whole in registers (64 f32 per thread)
+
 
 @mgjit.kernel
-def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    row = mgjit.program_id(0)
-    v = x[row, mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    ms = (v * v).sum() / x.shape[1]
+def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    row0 = mgjit.program_id(0) * ROWS
+    v = x[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)].astype(mgjit.float32)
+    ms = (v * v).sum(axis=1, keepdims=True) / x.shape[1]
     y = v * mgjit.rsqrt(ms + eps) * w[mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    out[row, mgjit.ds(0, BLOCK)] = y.astype(out.dtype)
+    out[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)] = y.astype(out.dtype)
 
 
-def block_for(cols: int) -> int:
-    return max(128, 1 << (cols - 1).bit_length())
+@mgjit.kernel
+def rmsnorm_long(x, w, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    row = mgjit.program_id(0)
+    n = x.shape[1]
+    squares = 0.0
+    for c0 in range(0, n, BLOCK):
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        squares = squares + (v * v).sum()
+    scale = mgjit.rsqrt(squares / n + eps)
+    for c0 in range(0, n, BLOCK):
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        out[row, mgjit.ds(c0, BLOCK)] = (v * scale * w[mgjit.ds(c0, BLOCK)].astype(mgjit.float32)).astype(out.dtype)
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
+    """Which kernel and constexprs serve rows of n columns."""
+    block = max(128, 1 << max(n - 1, 0).bit_length())
+    if block > MAX_BLOCK:
+        return "long", {"BLOCK": 4096}
+    return "rows", {"ROWS": rows_per_program or max(1, min(32, 4096 // block)), "BLOCK": block}
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
+            rows_per_program: int | None = None) -> torch.Tensor:
     """RMSNorm over the last dimension of a 2D tensor, like torch.nn.functional.rms_norm(x, (n,), w, eps)."""
-    assert x.ndim == 2 and w.shape == (x.shape[1],) and x.shape[1] <= 16384
+    assert x.ndim == 2 and w.shape == (x.shape[1],)
     out = torch.empty_like(x) if out is None else out
-    rmsnorm_kernel[(x.shape[0],)](x, w, out, eps=eps, BLOCK=block_for(x.shape[1]))
+    if x.shape[0] == 0:
+        return out
+    kind, cfg = mapping(x.shape[1], rows_per_program)
+    if kind == "long":
+        rmsnorm_long[(x.shape[0],)](x, w, out, eps=eps, **cfg)
+    else:
+        rmsnorm_kernel[(-(-x.shape[0] // cfg["ROWS"]),)](x, w, out, eps=eps, **cfg)
     return out
 
 
@@ -41,7 +70,8 @@ def setup(device):
 
 
 def compile(x, w, out, target):
-    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, BLOCK=block_for(x.shape[1]), target=target)
+    kind, cfg = mapping(x.shape[1])
+    return (rmsnorm_long if kind == "long" else rmsnorm_kernel).compile(x, w, out, eps=1e-6, **cfg, target=target)
 
 
 def reference(x, w):

@@ -1,9 +1,12 @@
-"""Row softmax: one program per row, with reductions across the warpgroup.
+"""Row softmax for rows of any length, with reductions across the warpgroup.
 
-The row is loaded as one register array of BLOCK elements (BLOCK is the row length rounded up to a power of
-two; the padding is masked to -inf so it adds nothing). `v.max()` and `e.sum()` reduce across the 128
-threads: within each thread, then across lanes with butterfly shuffles, then across the 4 warps through
-shared memory. bf16/f16 inputs are computed in float32 and rounded once at the store.
+Rows that fit in registers (up to 8192 columns) are loaded as one (ROWS, BLOCK) register array: BLOCK is the
+row rounded up to a power of two, ROWS rows per program keep short rows from leaving threads idle (about
+4096 elements per program). The padding is masked to -inf so it adds nothing. `v.max(axis=1)` and
+`e.sum(axis=1)` reduce across the 128 threads: within each thread, then across lanes with butterfly shuffles,
+then across the 4 warps through shared memory. Longer rows stream through registers in BLOCK-wide chunks with
+an online softmax (a running maximum and a sum rescaled when it grows), then a second pass writes. bf16/f16
+inputs are computed in float32 and rounded once at the store.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -11,27 +14,55 @@ import torch
 
 import mgjit
 
+MAX_BLOCK = 8192  # the widest row kept whole in registers (64 f32 per thread)
+
 
 @mgjit.kernel
-def softmax_kernel(x, out, BLOCK: mgjit.constexpr):
+def softmax_kernel(x, out, ROWS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    row0 = mgjit.program_id(0) * ROWS
+    v = x[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)].astype(mgjit.float32)   # ROWS rows into registers
+    v = mgjit.where(mgjit.arange(BLOCK) < x.shape[1], v, -float("inf"))    # mask the padding past the row's end
+    e = mgjit.exp(v - v.max(axis=1, keepdims=True))                        # reductions over 128 threads
+    out[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)] = (e / e.sum(axis=1, keepdims=True)).astype(out.dtype)
+
+
+@mgjit.kernel
+def softmax_long(x, out, BLOCK: mgjit.constexpr):
     row = mgjit.program_id(0)
-    v = x[row, mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    cols = mgjit.arange(BLOCK)
-    v = mgjit.where(cols < x.shape[1], v, -float("inf"))
-    e = mgjit.exp(v - v.max())
-    out[row, mgjit.ds(0, BLOCK)] = (e / e.sum()).astype(out.dtype)
+    n = x.shape[1]
+    m = -float("inf")
+    s = 0.0
+    for c0 in range(0, n, BLOCK):
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        v = mgjit.where(c0 + mgjit.arange(BLOCK) < n, v, -float("inf"))
+        m_new = mgjit.maximum(m, v.max())
+        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new).sum()
+        m = m_new
+    scale = 1.0 / s
+    for c0 in range(0, n, BLOCK):
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m) * scale).astype(out.dtype)
 
 
-def block_for(cols: int) -> int:
-    """The register array's length: the row rounded up to a power of two (at least 128, one per thread)."""
-    return max(128, 1 << (cols - 1).bit_length())
+def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
+    """Which kernel and constexprs serve rows of n columns."""
+    block = max(128, 1 << max(n - 1, 0).bit_length())
+    if block > MAX_BLOCK:
+        return "long", {"BLOCK": 4096}
+    return "rows", {"ROWS": rows_per_program or max(1, min(32, 4096 // block)), "BLOCK": block}
 
 
-def softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """torch.softmax(x, dim=1) for a 2D tensor whose rows fit in registers (up to 16384 columns)."""
-    assert x.ndim == 2 and x.shape[1] <= 16384, "softmax: 2D input with at most 16384 columns"
+def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
+    """torch.softmax(x, dim=1) for a 2D tensor with rows of any length."""
+    assert x.ndim == 2
     out = torch.empty_like(x) if out is None else out
-    softmax_kernel[(x.shape[0],)](x, out, BLOCK=block_for(x.shape[1]))
+    if x.shape[0] == 0:
+        return out
+    kind, cfg = mapping(x.shape[1], rows_per_program)
+    if kind == "long":
+        softmax_long[(x.shape[0],)](x, out, **cfg)
+    else:
+        softmax_kernel[(-(-x.shape[0] // cfg["ROWS"]),)](x, out, **cfg)
     return out
 
 
@@ -43,7 +74,8 @@ def setup(device):
 
 
 def compile(x, out, target):
-    return softmax_kernel.compile(x, out, BLOCK=block_for(x.shape[1]), target=target)
+    kind, cfg = mapping(x.shape[1])
+    return (softmax_long if kind == "long" else softmax_kernel).compile(x, out, **cfg, target=target)
 
 
 def reference(x):

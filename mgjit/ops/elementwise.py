@@ -8,6 +8,7 @@ links into exactly the kernels that call it. bf16/f16 math is done in f32 and ro
 """
 from __future__ import annotations
 
+import collections
 import math
 
 from .. import dtypes, infer, lower
@@ -208,13 +209,8 @@ def _unary(op: Unary, ctx: lower.Context) -> None:
 def _binary(op: Binary, ctx: lower.Context) -> None:
     e, dtype, kind = ctx.e, op.operands[0].dtype, op.kind
     if dtype.is_float:
-        divisor = ctx.get(op.operands[1])
-        if kind == "div" and op.result.is_array and (not op.operands[1].is_array or divisor.is_splat):
-            # Dividing an array by one value: one IEEE reciprocal, then multiplies (within 1.5 ulp of
-            # division; a divide per element is a long instruction sequence).
-            scalar = divisor if not op.operands[1].is_array else divisor.elems[0]
-            inverse = e.fbinary("div", e.const(1.0, dtype), scalar)
-            _map(ctx, op, lambda a, b: e.fbinary("mul", a, inverse))
+        if kind == "div" and op.result.is_array:
+            _map(ctx, op, _divide(e, ctx.frag(op.operands[1]), dtype))
         elif kind in ("add", "sub", "mul", "div", "min", "max"):
             _map(ctx, op, lambda a, b: e.fbinary(kind, a, b))
         elif kind == "floordiv":
@@ -228,6 +224,26 @@ def _binary(op: Binary, ctx: lower.Context) -> None:
             raise op.error(f"{kind} is not defined for {dtype.name}")
     else:
         _map(ctx, op, lambda a, b: e.ibinary(kind, a, b, dtype.is_signed))
+
+
+def _divide(e, divisor: lower.Frag, dtype: DType):
+    """Elementwise division that divides once per divisor value shared by several elements (a splat, the
+    broadcast of a row's reduction, as in x / x.sum(axis=1, keepdims=True)): one IEEE reciprocal, then
+    multiplies, within 1.5 ulp of division; a divide per element is a long instruction sequence. A divisor used
+    by one element only is divided by as written."""
+    uses = collections.Counter(id(v) for v in divisor.elems)
+    shared = divisor.is_splat or max(uses.values()) > 1
+    inverses: dict[int, object] = {}
+
+    def divide(a, b):
+        if not shared or uses[id(b)] == 1 and not divisor.is_splat:
+            return e.fbinary("div", a, b)
+        inverse = inverses.get(id(b))
+        if inverse is None:
+            inverse = inverses[id(b)] = e.fbinary("div", e.const(1.0, dtype), b)
+        return e.fbinary("mul", a, inverse)
+
+    return divide
 
 
 def _floor(e, x, dtype: DType):

@@ -1,0 +1,209 @@
+"""Memory-bound row kernels against copy bandwidth, over row lengths from 1 to 262144 and every dtype.
+
+For each kernel (softmax, RMSNorm, LayerNorm, cross-entropy, a fused gelu_tanh(x) * y + z), dtype and row
+length, it times mgjit's example wrapper, torch and Triton (benchmarks/triton_rows.py) in one run, interleaved,
+on fresh random inputs of at least 256 MB moved (far beyond L2), and divides each by the time of a
+device-to-device copy of the same number of bytes (read plus written) measured in the same run: 1.0 is copy
+bandwidth. Every mgjit result is checked against torch first (outputs poisoned with NaN).
+
+    python benchmarks/rows.py                    # the whole sweep; a table, rows.json and rows.png in --out
+    python benchmarks/rows.py --quick            # a few lengths per kernel
+    python benchmarks/rows.py --kernels softmax --dtypes bfloat16 --lengths 4097 100000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE))
+
+import cross_entropy as ce_example  # noqa: E402
+import fused_elementwise as fe_example  # noqa: E402
+import layernorm as ln_example  # noqa: E402
+import rmsnorm as rms_example  # noqa: E402
+import softmax as sm_example  # noqa: E402
+
+LENGTHS = [1, 3, 16, 100, 127, 128, 1000, 1024, 2047, 4096, 4097, 5000, 8191, 8192, 16384, 32000, 65536, 100000,
+           262144]
+QUICK = [16, 1000, 4096, 4097, 32000, 100000]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TARGET_BYTES = 256 << 20
+
+
+def bench(fn, reps: int = 30) -> float:
+    """Median milliseconds of fn (do_bench when triton is there, else CUDA events)."""
+    try:
+        from triton.testing import do_bench
+        return float(do_bench(fn, warmup=10, rep=max(reps, 20), return_mode="median"))
+    except ImportError:
+        pass
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_ms(nbytes: int) -> float:
+    """A device-to-device copy that reads and writes nbytes in all."""
+    half = max(nbytes // 2, 16)
+    src = torch.empty(half, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return bench(lambda: dst.copy_(src))
+
+
+def rows_for(n: int, itemsize: int, tensors: int) -> int:
+    return max(1, min(1 << 20, TARGET_BYTES // (max(n, 1) * itemsize * tensors)))
+
+
+def relerr(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def case(kernel: str, n: int, dtype: torch.dtype):
+    """(runs {name: fn}, check fn -> relative error, bytes moved) for one kernel, length and dtype."""
+    import triton_rows as tr
+    isz = torch.finfo(dtype).bits // 8
+    if kernel == "softmax":
+        m = rows_for(n, isz, 2)
+        x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
+        out = torch.empty_like(x)
+        runs = {"mgjit": lambda: sm_example.softmax(x, out), "torch": lambda: torch.softmax(x, 1),
+                "triton": lambda: tr.softmax(x, out)}
+        ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
+        return runs, out, ref, 2 * x.numel() * isz
+    if kernel in ("rmsnorm", "layernorm"):
+        m = rows_for(n, isz, 2)
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        b = torch.randn(n, device="cuda", dtype=dtype)
+        out = torch.empty_like(x)
+        if kernel == "rmsnorm":
+            runs = {"mgjit": lambda: rms_example.rmsnorm(x, w, 1e-6, out),
+                    "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
+                    "triton": lambda: tr.rmsnorm(x, w, out)}
+            ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
+        else:
+            runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
+                    "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
+                    "triton": lambda: tr.layernorm(x, w, b, out)}
+            ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
+        return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz
+    if kernel == "cross_entropy":
+        m = rows_for(n, isz, 1)
+        logits = torch.randn(m, n, device="cuda", dtype=dtype) * 4
+        target = torch.randint(0, n, (m,), device="cuda")
+        loss = torch.empty(m, device="cuda", dtype=torch.float32)
+        runs = {"mgjit": lambda: ce_example.cross_entropy(logits, target, out=loss),
+                "torch": lambda: torch.nn.functional.cross_entropy(logits, target, reduction="none"),
+                "triton": lambda: tr.cross_entropy(logits, target, loss)}
+        ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
+        return runs, loss, ref, logits.numel() * isz + m * 12
+    if kernel == "fused":
+        m = rows_for(n, isz, 4)
+        x, y, z = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(3))
+        out = torch.empty_like(x)
+        runs = {"mgjit": lambda: fe_example.fused(x, y, z, out), "torch": lambda: tr.torch_fused(x, y, z, out),
+                "triton": lambda: tr.fused(x, y, z, out)}
+        ref = lambda: fe_example.reference(x, y, z)  # noqa: E731
+        return runs, out, ref, 4 * x.numel() * isz
+    raise ValueError(kernel)
+
+
+def measure(kernel: str, n: int, dtype_name: str) -> dict:
+    dtype = DTYPES[dtype_name]
+    runs, out, ref, nbytes = case(kernel, n, dtype)
+    out.fill_(float("nan"))
+    runs["mgjit"]()
+    torch.cuda.synchronize()
+    err = relerr(out, ref())
+    row = {"kernel": kernel, "dtype": dtype_name, "n": n, "bytes": nbytes, "mgjit_relerr": err}
+    copy = copy_ms(nbytes)
+    row["copy_ms"] = copy
+    for name in ("mgjit", "torch", "triton"):  # interleaved: the three in one sitting, same inputs
+        try:
+            ms = bench(runs[name])
+            row[f"{name}_ms"] = ms
+            row[f"{name}_frac"] = copy / ms
+        except Exception as e:  # a comparison that cannot run this case is reported, not fatal
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return row
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    kernels = sorted({r["kernel"] for r in rows})
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(len(kernels), len(dtypes), figsize=(5 * len(dtypes), 3 * len(kernels)), squeeze=False)
+    for i, k in enumerate(kernels):
+        for j, d in enumerate(dtypes):
+            ax = axes[i][j]
+            sel = sorted((r for r in rows if r["kernel"] == k and r["dtype"] == d), key=lambda r: r["n"])
+            for name, style in (("mgjit", "o-"), ("torch", "s--"), ("triton", "^:")):
+                pts = [(r["n"], r[f"{name}_frac"]) for r in sel if f"{name}_frac" in r]
+                if pts:
+                    ax.plot(*zip(*pts), style, label=name, markersize=3)
+            ax.axhline(0.9, color="gray", linewidth=0.5)
+            ax.set_xscale("log")
+            ax.set_ylim(0, 1.1)
+            ax.set_title(f"{k} {d}", fontsize=9)
+            ax.set_xlabel("row length")
+            ax.set_ylabel("fraction of copy bandwidth")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernels", nargs="*", default=["softmax", "rmsnorm", "layernorm", "cross_entropy", "fused"])
+    p.add_argument("--dtypes", nargs="*", default=list(DTYPES))
+    p.add_argument("--lengths", nargs="*", type=int)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    lengths = args.lengths or (QUICK if args.quick else LENGTHS)
+    rows, start = [], time.time()
+    print(f"{'kernel':14} {'dtype':9} {'n':>7} {'relerr':>8} {'mgjit':>6} {'torch':>6} {'triton':>6}  (fraction of "
+          f"copy bandwidth) on {torch.cuda.get_device_name()}", flush=True)
+    for kernel in args.kernels:
+        for dtype in args.dtypes:
+            for n in lengths:
+                row = measure(kernel, n, dtype)
+                rows.append(row)
+                cell = lambda name: f"{row[name + '_frac']:6.2f}" if name + "_frac" in row else "   err"  # noqa: E731
+                print(f"{kernel:14} {dtype:9} {n:7d} {row['mgjit_relerr']:8.1e} {cell('mgjit')} {cell('torch')} "
+                      f"{cell('triton')}", flush=True)
+    out = Path(args.out)
+    (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    try:
+        plot(rows, out / "rows.png")
+    except ImportError:
+        pass
+    print(f"{len(rows)} cases in {time.time() - start:.0f} s; rows.json and rows.png in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
