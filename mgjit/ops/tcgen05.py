@@ -20,7 +20,7 @@ from ..mma_descriptors import Major, Tcgen05InstrDescriptor, tcgen05_kind, tcgen
 from ..tmem_layouts import TMEMLayoutError, check_tcgen05_shape
 from .clusters import cluster_ctarank, pair_leader_rank
 from .smem import SmemTile, operand_descriptor, shared_address
-from .tmem import LoweredTmem, tmem_layout
+from .tmem import LoweredTmem
 
 
 class Tcgen05Mma(Op):
@@ -50,9 +50,10 @@ class Tcgen05Mma(Op):
         out = {"m": m, "n": n, "k": k}
         try:
             out["kind"] = md.tcgen05_kind(self.operands[1].dtype).value
-            out["tmem_layout"] = tmem_layout(self.operands[0].type).kind.value
-        except Exception:  # an op that failed verification is still printable
+        except md.DescriptorError:  # an op that failed verification is still printable
             pass
+        if self.operands[0].layout is not None:
+            out["tmem_layout"] = self.operands[0].layout.kind.value
         out["cta_group"] = 2 if self.collective else 1
         out["a"] = self.operands[1].type.space
         return out
@@ -87,21 +88,11 @@ class Tcgen05Mma(Op):
             if a.type.shape[0] != 128 or a.type.packing != 32 // a.dtype.bits:
                 raise self.error(f"an A operand in TMEM has 128 rows and is packed {32 // a.dtype.bits} to a column "
                                  f"(mgjit.tmem((128, K), {a.dtype.name})), got {a.type}", rule=Rule.TCGEN05_SHAPE)
-        m = rows * (2 if collective else 1)
         try:
-            kind = md.tcgen05_kind(a.dtype)
-            k_step = kind.instruction_k
+            k_step = md.tcgen05_kind(a.dtype).instruction_k
             if k % k_step:
                 raise md.DescriptorError(f"the K extent of tcgen05 tiles must be a multiple of {k_step} for "
                                          f"{a.dtype.name} (32 bytes per instruction), got {k}")
-            a_major = md.Major.K if not a.type.transposed else md.Major.MN  # (a TMEM operand is never transposed)
-            b_major = md.Major.K if b.type.transposed else md.Major.MN
-            pieces = tmem_layout(acc.type).mma_pieces()
-            if collective and len(pieces) != 1:
-                raise md.DescriptorError(f"a 2-CTA MMA writes its accumulator with one instruction: N <= 256, got {n}")
-            for piece in pieces:
-                check_tcgen05_shape(m, piece.n, k_step, kind, collective)
-                md.Tcgen05InstrDescriptor(m, piece.n, a.dtype, b.dtype, acc.dtype, a_major, b_major)
             for v in (a, b):
                 if v.type.space != "smem":
                     continue
@@ -111,13 +102,15 @@ class Tcgen05Mma(Op):
                     raise md.DescriptorError(
                         f"a {v.type.swizzle}B-swizzled tile needs rows that are a multiple of {v.type.swizzle} "
                         f"bytes, got {cols} x {v.dtype.name} = {cols * v.dtype.bits // 8} bytes")
-            per_row = b.type.swizzle * 8 // b.dtype.bits
-            if b_major is md.Major.MN and any(p.col_start % per_row for p in pieces):
-                raise md.DescriptorError(f"this accumulator takes {len(pieces)} MMAs of N = {pieces[0].n}; with an "
-                                         f"N-major B each must start on a {b.type.swizzle}B swizzle column "
-                                         f"({per_row} elements)")
-        except (md.DescriptorError, TMEMLayoutError) as e:
+        except md.DescriptorError as e:
             raise self.error(str(e), rule=Rule.TCGEN05_SHAPE) from None
+
+    @property
+    def majors(self) -> tuple[md.Major, md.Major]:
+        """Which dimension of A and of B is contiguous in memory (A is (M, K), B is (K, N) as the op sees them;
+        a transposed SMEM view swaps it; a TMEM operand is never transposed)."""
+        a, b = self.operands[1], self.operands[2]
+        return (md.Major.MN if a.type.transposed else md.Major.K), (md.Major.K if b.type.transposed else md.Major.MN)
 
 
 class Tcgen05Commit(Op):
@@ -145,7 +138,28 @@ def _infer_tcgen05_commit(op: Tcgen05Commit, inf: infer.Inference) -> None:
     op.cta_group = inf.kernel.cta_group
 
 
-infer.rule(Tcgen05Mma)(infer.no_arrays)
+@infer.rule(Tcgen05Mma)
+def _infer_tcgen05_mma(op: Tcgen05Mma, inf: infer.Inference) -> None:
+    """The instructions an MMA takes follow from its accumulator's TMEM layout (chosen by the accumulator's
+    TmemAlloc, earlier in the kernel): each must be a tcgen05.mma shape the hardware has."""
+    acc, a, b, _ = op.operands
+    pieces = acc.layout.mma_pieces()
+    m, n, _ = op.mnk
+    a_major, b_major = op.majors
+    try:
+        kind = md.tcgen05_kind(a.dtype)
+        if op.collective and len(pieces) != 1:
+            raise md.DescriptorError(f"a 2-CTA MMA writes its accumulator with one instruction: N <= 256, got {n}")
+        for piece in pieces:
+            check_tcgen05_shape(m, piece.n, kind.instruction_k, kind, op.collective)
+            md.Tcgen05InstrDescriptor(m, piece.n, a.dtype, b.dtype, acc.dtype, a_major, b_major)
+        per_row = b.type.swizzle * 8 // b.dtype.bits
+        if b_major is md.Major.MN and any(p.col_start % per_row for p in pieces):
+            raise md.DescriptorError(f"this accumulator takes {len(pieces)} MMAs of N = {pieces[0].n}; with an "
+                                     f"N-major B each must start on a {b.type.swizzle}B swizzle column "
+                                     f"({per_row} elements)")
+    except (md.DescriptorError, TMEMLayoutError) as e:
+        raise op.error(str(e), rule=Rule.TCGEN05_SHAPE) from None
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -171,8 +185,8 @@ def _tcgen05_mma(op: Tcgen05Mma, ctx: lower.Context) -> None:
     kind = tcgen05_kind(a_v.dtype)
     k_step = kind.instruction_k
     a_in_tmem = isinstance(a, LoweredTmem)
-    a_k_major = a_in_tmem or not a.type.transposed  # a is (M, K): K-major unless a transposed view
-    b_k_major = b.type.transposed  # b is (K, N): N-major unless a transposed view of an (N, K) tile
+    a_major, b_major = op.majors
+    a_k_major, b_k_major = a_major is Major.K, b_major is Major.K
     issuer = _issuer(ctx, cta_group)
     accumulate = ctx.get(accumulate_v)
     true = e.const_bool(True)
@@ -180,7 +194,7 @@ def _tcgen05_mma(op: Tcgen05Mma, ctx: lower.Context) -> None:
     e.asm_void("tcgen05.fence::after_thread_sync;", "", [])
     for piece in acc.layout.mma_pieces():
         idesc = Tcgen05InstrDescriptor(m, piece.n, a_v.dtype, b_v.dtype, acc_v.dtype,
-                                       Major.K if a_k_major else Major.MN, Major.K if b_k_major else Major.MN)
+                                       a_major, b_major)
         text = (f"@$0 tcgen05.mma.cta_group::{cta_group}.kind::{kind.value} [$1], {a_operand}, $3, $4, $5;")
         d = e.addi(acc.addr, e.i32((piece.lane_offset << 16) + piece.column_offset))
         for kk in range(k // k_step):

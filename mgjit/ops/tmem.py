@@ -52,10 +52,6 @@ class TmemAlloc(Op):
         t = TmemRefType("tmem", dtype, len(shape), tuple(shape), packing=packing, collective=collective)
         super().__init__([], [t], loc)
 
-    @property
-    def columns(self) -> int:
-        return tmem_layout(self.result.type).columns
-
     def attrs(self):
         t = self.result.type
         return {"shape": t.shape, "dtype": t.dtype.name, "packing": t.packing, "collective": t.collective}
@@ -64,15 +60,6 @@ class TmemAlloc(Op):
         t = self.result.type
         if len(t.shape) != 2:
             raise self.error(f"a TMEM reference is 2D (rows, cols), got shape {t.shape}", rule=Rule.TMEM_LAYOUT)
-        layout = _tmem_layout_of(self, t)
-        try:
-            tmem_alloc_columns(layout.columns, exact=True)
-        except TMEMLayoutError:
-            raise self.error(
-                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a "
-                f"{t.shape[0]}x{t.shape[1]} {t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
-                f"{layout.columns} columns; give it a power-of-two number of columns, at least 32",
-                rule=Rule.TMEM_ALLOC) from None
 
 
 class TmemSlice(Op):
@@ -158,8 +145,19 @@ def _tmem_register_layout(op: Op, ref: Value) -> TiledLayout:
 @infer.rule(TmemAlloc, TmemSlice)
 def _infer_tmem_ref(op: Op, inf: infer.Inference) -> None:
     """A TMEM reference's layout follows from its type (128 rows: default; 64 rows: half-lane, or m64 collective
-    in a 2-CTA kernel; packing from the dtype) and is recorded on the reference, where the IR printer shows it."""
-    op.result.layout = _tmem_layout_of(op, op.result.type)
+    in a 2-CTA kernel; packing from the dtype); it is chosen here, recorded on the reference (where the IR
+    printer shows it, and lowering and the MMA's checks read it), and an allocation must fit tcgen05.alloc."""
+    t = op.result.type
+    layout = op.result.layout = _tmem_layout_of(op, t)
+    if isinstance(op, TmemAlloc):
+        try:
+            tmem_alloc_columns(layout.columns, exact=True)
+        except TMEMLayoutError:
+            raise op.error(
+                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a {t.shape[0]}x{t.shape[1]} "
+                f"{t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
+                f"{layout.columns} columns; give it a power-of-two number of columns, at least 32",
+                rule=Rule.TMEM_ALLOC) from None
 
 
 @infer.rule(TmemLoad)
@@ -223,9 +221,9 @@ def _allocate(op: TmemAlloc, ctx: lower.Context) -> _TmemState:
     cta_group = ctx.kernel.cta_group
     offsets, used = {}, 0
     # Largest first: powers of two then pack without gaps, each aligned to its own size.
-    for o in sorted(allocs, key=lambda o: -o.columns):
+    for o in sorted(allocs, key=lambda o: -o.result.layout.columns):
         offsets[id(o)] = used
-        used += o.columns
+        used += o.result.layout.columns
         if used > TMEM_COLUMNS:
             raise o.error(f"the kernel's TMEM references need {used} columns by this one, more than the "
                           f"{TMEM_COLUMNS} a CTA has", rule=Rule.TMEM_ALLOC)
@@ -248,7 +246,7 @@ def _tmem_alloc(op: TmemAlloc, ctx: lower.Context) -> None:
         state = ctx.tmem = _allocate(op, ctx)
     offset = state.offsets[id(op)]
     addr = ctx.e.addi(state.base, ctx.e.i32(offset)) if offset else state.base
-    ctx.set(op.result, LoweredTmem(addr, op.result.type, tmem_layout(op.result.type)))
+    ctx.set(op.result, LoweredTmem(addr, op.result.type, op.result.layout))
 
 
 @lower.rule(TmemDealloc)
@@ -264,7 +262,7 @@ def _tmem_slice(op: TmemSlice, ctx: lower.Context) -> None:
     src: LoweredTmem = ctx.get(op.operands[0])
     column = op.start // src.type.packing
     addr = ctx.e.addi(src.addr, ctx.e.i32(column)) if column else src.addr
-    ctx.set(op.result, LoweredTmem(addr, op.result.type, tmem_layout(op.result.type)))
+    ctx.set(op.result, LoweredTmem(addr, op.result.type, op.result.layout))
 
 
 def _register_index(layout, shape) -> dict[tuple[int, ...], int]:
