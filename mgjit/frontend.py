@@ -36,11 +36,22 @@ class Builder:
     def __init__(self, block: ir.Block):
         self.block = block
         self.loc: Loc | None = None
+        self.top = block  # the kernel's body
+        self._hoisted = 0
 
     def add(self, op: ir.Op) -> ir.Op:
         op.loc = op.loc or self.loc
         op.verify()
         self.block.ops.append(op)
+        return op
+
+    def add_at_top(self, op: ir.Op) -> ir.Op:
+        """Add an op of the kernel's arguments alone (a tensor's size) at the start of the kernel, where it
+        dominates every use, whichever loop or branch first asked for it."""
+        op.loc = op.loc or self.loc
+        op.verify()
+        self.top.ops.insert(self._hoisted, op)
+        self._hoisted += 1
         return op
 
 
@@ -175,7 +186,7 @@ class Ref:
     def shape(self) -> tuple[Tensor, ...]:
         if self._dims is None:
             b = self.tracer.builder
-            self._dims = [Tensor(self.tracer, b.add(ops.RefDim(self.value, i, b.loc)).result)
+            self._dims = [Tensor(self.tracer, b.add_at_top(ops.RefDim(self.value, i, b.loc)).result)
                           for i in range(self.ndim)]
         return tuple(self._dims)
 

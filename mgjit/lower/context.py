@@ -60,6 +60,9 @@ class Context:
         self.wg_id = e.divui(self.tid, e.i32(THREADS_PER_WARPGROUP))
         self.lane = e.remui(self.tid, e.i32(LANES_PER_WARP))
         self.warp = e.remui(e.divui(self.tid, e.i32(LANES_PER_WARP)), e.i32(WARPS_PER_WARPGROUP))
+        # Values that depend only on the thread are computed once, at the kernel's entry, whatever region first
+        # asks for them: a value cached from inside a loop or branch would not dominate its later uses.
+        self._entry = e.ir.InsertionPoint(e.i32(0).owner)
         self._thread_index_cache: dict[tuple, list[Any]] = {}
 
     # -- values
@@ -93,11 +96,13 @@ class Context:
         key = (layout, shape)
         if key not in self._thread_index_cache:
             e = self.e
+            e.push(self._entry)
             entries = layout.tiling.dim_strides(len(shape))
             index = [e.i32(0) for _ in shape]
             for d, c in self.thread_coords(layout).items():
                 dim, stride = entries[len(entries) + d]
                 index[dim] = e.addi(index[dim], e.muli(c, e.i32(stride)))
+            e.pop()
             self._thread_index_cache[key] = index
         return self._thread_index_cache[key]
 
