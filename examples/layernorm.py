@@ -67,11 +67,10 @@ def _pow2(n: int) -> int:
 def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
     """Which kernel and constexprs serve rows of n columns: several short rows per program (about 4096 elements
     per program), one row per program, or a chunked loop."""
-    block = max(_pow2(n), 128)
+    block = _pow2(n)
     if block > MAX_BLOCK:
         return "long", {"BLOCK": 4096}
-    rows = rows_per_program or max(1, min(32, 4096 // block))
-    return "rows", {"ROWS": rows, "BLOCK": block}
+    return "rows", {"ROWS": rows_per_program or max(1, min(512, 4096 // block)), "BLOCK": block}
 
 
 def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5,

@@ -40,10 +40,10 @@ def rmsnorm_long(x, w, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
 
 def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
     """Which kernel and constexprs serve rows of n columns."""
-    block = max(128, 1 << max(n - 1, 0).bit_length())
+    block = 1 << max(n - 1, 0).bit_length()
     if block > MAX_BLOCK:
         return "long", {"BLOCK": 4096}
-    return "rows", {"ROWS": rows_per_program or max(1, min(32, 4096 // block)), "BLOCK": block}
+    return "rows", {"ROWS": rows_per_program or max(1, min(512, 4096 // block)), "BLOCK": block}
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,

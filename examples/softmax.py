@@ -46,10 +46,10 @@ def softmax_long(x, out, BLOCK: mgjit.constexpr):
 
 def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
     """Which kernel and constexprs serve rows of n columns."""
-    block = max(128, 1 << max(n - 1, 0).bit_length())
+    block = 1 << max(n - 1, 0).bit_length()
     if block > MAX_BLOCK:
         return "long", {"BLOCK": 4096}
-    return "rows", {"ROWS": rows_per_program or max(1, min(32, 4096 // block)), "BLOCK": block}
+    return "rows", {"ROWS": rows_per_program or max(1, min(512, 4096 // block)), "BLOCK": block}
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
