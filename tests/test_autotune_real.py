@@ -10,7 +10,7 @@ from mgjit.autotune import Config  # noqa: E402
 import mgjit  # noqa: E402
 
 CONFIGS = [Config(BLOCK=1000, ALPHA=2.0), Config(BLOCK=1024, ALPHA=2.0), Config(BLOCK=4096, ALPHA=2.0),
-           Config(BLOCK=4096, ALPHA=2.0, num_warpgroups=2), Config(BLOCK=16384, ALPHA=2.0)]
+           Config(BLOCK=4096, ALPHA=2.0, num_warpgroups=2), Config(BLOCK=32768, ALPHA=2.0)]
 
 
 @mgjit.autotune(configs=CONFIGS, key=["n"], restore=["x"])
@@ -29,12 +29,30 @@ def test_real_compile_errors_and_ptxas_spills_prune_in_parallel(monkeypatch, tmp
     assert reasons[0].startswith(f"layout: {__file__}:")
     assert reasons[0].endswith("register array dimensions must be powers of two, got shape (1000,)")
     assert reasons[1] is None and reasons[2] is None and reasons[3] is None
-    assert reasons[4].startswith("ptxas: ") and reasons[4].endswith(" bytes spilled")  # 16K fp32 per 128 threads
+    # 32K fp32 over 128 threads cannot live in registers: refused before ptxas, at the line that loads it.
+    assert reasons[4].startswith(f"registers: {__file__}:") and "256 registers in each thread" in reasons[4]
     survivors = [o.compiled for o in outcomes if o.compiled is not None]
     assert [c.threads for c in survivors] == [128, 128, 256]
     assert all(c.target == "sm_90a" for c in survivors)
     # The first survivor compiled in this process; the others in workers, read back from the disk cache.
     assert [c.from_cache for c in survivors] == [False, True, True]
+
+
+@mgjit.autotune(configs=[Config(BLOCK=4096), Config(BLOCK=16384)], key=["n"], restore=["x"])
+@mgjit.kernel
+def scale_by_sum(x, y, n, BLOCK: mgjit.constexpr):
+    start = mgjit.program_id(0) * BLOCK
+    a = x[mgjit.ds(start, BLOCK)]
+    x[mgjit.ds(start, BLOCK)] = a * 2.0 + y[mgjit.ds(start, BLOCK)] * a.sum()
+
+
+def test_ptxas_spills_prune(monkeypatch, tmp_path):
+    """Two 16K fp32 arrays live at once over 128 threads fit no register budget: ptxas spills, the config goes."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    x = torch.ones(1 << 16)
+    reasons = [o.pruned for o in scale_by_sum.compile_all(x, x, 1 << 16, target="sm_90a", jobs=1)]
+    assert reasons[0] is None
+    assert reasons[1].startswith("ptxas: ") and reasons[1].endswith(" bytes spilled")
 
 
 @pytest.mark.gpu

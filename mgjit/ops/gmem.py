@@ -9,7 +9,7 @@ A load is a free anchor for layout inference: it can deliver any layout its user
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import dtypes, infer, ir, lower
 from ..dtypes import DType
@@ -150,7 +150,12 @@ def _access_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayo
 
 
 def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...]):
-    """Per held element: (i64 byte address, i1 in-bounds predicate)."""
+    """Per held element: (i64 byte address, i1 in-bounds predicate).
+
+    Each thread's base address is computed once; an element's address is that base plus its offset in bytes,
+    a constant along a contiguous last dimension (which ptxas folds into the access) and one product per
+    distinct offset along the others. An element is in bounds when its index along every dimension is below
+    that dimension's size (indices are unsigned there, so a negative start masks too)."""
     e = ctx.e
     rank = len(op.sizes)
     arr_dims = [d for d in range(rank) if not op.squeeze[d]]
@@ -159,22 +164,36 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
     base_idx = list(starts)
     for a, d in enumerate(arr_dims):
         base_idx[d] = e.addi(starts[d], thread[a])
-    itemsize = e.i64(ref.dtype.itemsize)
+    isz = ref.dtype.itemsize
+    contiguous = ref.spec.unit_stride
+    stride_bytes = [e.muli(ref.strides[d], e.i64(isz)) if not (d == rank - 1 and contiguous) else None
+                    for d in range(rank)]
+    base = ref.ptr
+    for d in range(rank):
+        idx64 = e.ext_i64(base_idx[d])
+        base = e.addi(base, e.muli(idx64, e.i64(isz)) if stride_bytes[d] is None else e.muli(idx64, stride_bytes[d]))
     offsets = element_offsets(layout, shape) if shape else [()]
+    steps: dict[tuple[int, int], Any] = {}  # (dim, offset) -> its i64 byte offset along a strided dim
+    inside: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i1
     out = []
     for off in offsets:
-        addr = ref.ptr
-        pred = None
+        by_dim = {d: off[arr_dims.index(d)] for d in arr_dims}
+        addr, pred, constant = base, None, 0
         for d in range(rank):
-            idx = base_idx[d]
-            if d in arr_dims and off[arr_dims.index(d)]:
-                idx = e.addi(idx, e.i32(off[arr_dims.index(d)]))
-            inside = e.cmpi("ult", idx, ref.sizes[d])
-            pred = inside if pred is None else e.andi(pred, inside)
-            idx64 = e.ext_i64(idx)
-            term = idx64 if (d == rank - 1 and ref.spec.unit_stride) else e.muli(idx64, ref.strides[d])
-            addr = e.addi(addr, e.muli(term, itemsize))
-        out.append((addr, pred))
+            k = by_dim.get(d, 0)
+            if (d, k) not in inside:
+                idx = e.addi(base_idx[d], e.i32(k)) if k else base_idx[d]
+                inside[(d, k)] = e.cmpi("ult", idx, ref.sizes[d])
+            pred = inside[(d, k)] if pred is None else e.andi(pred, inside[(d, k)])
+            if not k:
+                continue
+            if stride_bytes[d] is None:
+                constant += k * isz
+            else:
+                if (d, k) not in steps:
+                    steps[(d, k)] = e.muli(stride_bytes[d], e.i64(k))
+                addr = e.addi(addr, steps[(d, k)])
+        out.append((e.addi(addr, e.i64(constant)) if constant else addr, pred))
     return out
 
 
@@ -229,25 +248,26 @@ def _unpack_words(e, words, dtype: DType, count: int) -> list:
 
 
 def _access_suffix(total_bits: int) -> tuple[str, int]:
-    """The ld/st type suffix and the number of 32-bit registers for one access of `total_bits`."""
-    if total_bits >= 32:
-        n = total_bits // 32
-        return (f".v{n}.b32" if n > 1 else ".b32"), n
-    return {16: ".u16", 8: ".u8"}[total_bits], 1
+    """The ld/st type suffix and the number of 32-bit registers for one access of `total_bits` (>= 32)."""
+    n = total_bits // 32
+    return (f".v{n}.b32" if n > 1 else ".b32"), n
 
 
 def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> list:
     e = ctx.e
-    suffix, n = _access_suffix(count * dtype.storage_bits)
+    total = count * dtype.storage_bits
+    if total < 32:  # one or two narrow elements: a 16-bit register, no conversions around the access
+        suffix = ".b16" if total == 16 else ".u8"
+        half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr], [e.int_type(16)],
+                     side_effects=True)[0]
+        return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
+    suffix, n = _access_suffix(total)
     outs = ", ".join(f"${i}" for i in range(n))
     dst = f"{{{outs}}}" if n > 1 else outs
     zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
     text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
     constraints = ",".join(["=r"] * n + ["b", "l"])
     words = e.asm(text, constraints, [pred, addr], [e.int_type(32)] * n, side_effects=True)
-    if count * dtype.storage_bits < 32:
-        words = [e.trunc(words[0], count * dtype.storage_bits)]
-        return _unpack_narrow(e, words[0], dtype, count)
     return _unpack_words(e, words, dtype, count)
 
 
@@ -270,18 +290,18 @@ def _int_of(word, e) -> DType:
 def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
     e = ctx.e
     total = len(elems) * dtype.storage_bits
-    suffix, n = _access_suffix(total)
-    if total < 32:
+    if total < 32:  # one or two narrow elements, through a 16-bit register
         ints = [_to_bits(e, x, dtype) for x in elems]
-        word = None
-        for j, x in enumerate(ints):
-            x32 = e.zext(x, 32)
-            if j:
-                x32 = e.m.arith.shli(x32, e.i32(j * dtype.storage_bits))
-            word = x32 if word is None else e.ori(word, x32)
-        words = [word]
-    else:
-        words = pack_words(e, elems, dtype)
+        half = ints[0] if total == 16 and len(ints) == 1 else None
+        if half is None:
+            half = e.zext(ints[0], 16) if ints[0].type != e.int_type(16) else ints[0]
+            for j, x in enumerate(ints[1:], 1):
+                half = e.ori(half, e.m.arith.shli(e.zext(x, 16), e.const(j * dtype.storage_bits, dtypes.int16)))
+        suffix = ".b16" if total == 16 else ".u8"
+        e.asm_void(f"@$0 st.global{suffix} [$1], $2;", "b,l,h", [pred, addr, half])
+        return
+    suffix, n = _access_suffix(total)
+    words = pack_words(e, elems, dtype)
     srcs = ", ".join(f"${i + 2}" for i in range(n))
     src = f"{{{srcs}}}" if n > 1 else srcs
     e.asm_void(f"@$0 st.global{suffix} [$1], {src};", ",".join(["b", "l"] + ["r"] * n), [pred, addr, *words])
