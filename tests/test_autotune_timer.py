@@ -57,10 +57,11 @@ def test_cuda_event_timer_orders_work_and_leaves_setup_untimed():
 @pytest.mark.gpu
 @gpu
 def test_a_gpu_sweep_with_the_default_timer_picks_the_least_work(cache_dirs):
-    # The fake launch multiplies (16 BN)^2 matrices: 8x the work per step of BN.
-    mats = {n: torch.randn(n, n, device="cuda", dtype=torch.float16) for n in (1024, 2048, 4096)}
+    # The fake launch multiplies (32 BN)^2 matrices: 8x the work per step of BN, and large enough (30 us for
+    # the least) that a GPU still raising its clocks from idle cannot reorder them (it did at 16 BN).
+    mats = {n: torch.randn(n, n, device="cuda", dtype=torch.float16) for n in (2048, 4096, 8192)}
     kernel = FakeKernel(cache_dirs / "kernels",
-                        body=lambda named, c: named["c"].copy_((mats[c["BN"] * 16] @ mats[c["BN"] * 16])[:256, :256]))
+                        body=lambda named, c: named["c"].copy_((mats[c["BN"] * 32] @ mats[c["BN"] * 32])[:256, :256]))
     matmul = autotune(configs=[Config(BM=64, BN=bn, BK=64, STAGES=2) for bn in (256, 64, 128)], key=["M"],
                       restore=["c"], jobs=1)(kernel)
     c = torch.zeros(256, 256, device="cuda", dtype=torch.float16)
