@@ -231,8 +231,10 @@ class SmemRef(_StaticRef):
             value = t._broadcast_to(value, self.shape)
         t.builder.add(ops.SmemStore(self.value, value.value, t.builder.loc))
 
-    def __getitem__(self, index) -> "SmemRef":
+    def __getitem__(self, index) -> "SmemRef | Tensor":
         t = self.tracer
+        if index is Ellipsis:  # the whole tile, into registers
+            return t._emit(ops.SmemLoad(self.value, t.builder.loc))
         if isinstance(index, tuple):
             raise t.error("SMEM buffers are indexed by one stage index at a time (buf[slot])")
         i = t.cast(t.to_tensor(index), dtypes.int32)

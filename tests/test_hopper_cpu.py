@@ -206,3 +206,20 @@ def test_multicast_copy_and_cluster_barrier():
     assert info.value.rule == "cluster" and info.value.loc.line == _line_of(multicast_copy.fn, "multicast=True")
     with pytest.raises(mgjit.CompileError, match="multiples of 8 rows"):
         multicast_copy.compile(x, x, R=8, C=64, cluster=(2, 1, 1))
+
+
+@mgjit.kernel
+def smem_roundtrip(x, out, R: mgjit.constexpr, C: mgjit.constexpr, SW: mgjit.constexpr):
+    s = mgjit.smem((R, C), x.dtype, swizzle=SW)
+    s[...] = x[mgjit.ds(0, R), mgjit.ds(0, C)]
+    out[mgjit.ds(0, R), mgjit.ds(0, C)] = s[...] * 2
+    out2 = s.T[...]  # a transposed view reads the stored tile with its indices swapped
+    out[mgjit.ds(R, C), mgjit.ds(0, R)] = out2
+
+
+@pytest.mark.parametrize("dtype,swizzle", [(BF16, 128), (torch.float32, None), (BF16, None), (torch.float32, 64)])
+def test_smem_reads_into_registers_with_16_byte_accesses(dtype, swizzle):
+    x = torch.empty(256, 64, dtype=dtype)
+    c = smem_roundtrip.compile(x, x, R=64, C=64, SW=swizzle, target="sm_90a")
+    assert "ld.shared.v4.b32" in c.ptx and "st.shared.v4.b32" in c.ptx and c.spills == 0
+    assert "smem_load" in c.ir

@@ -10,7 +10,7 @@ class. Importing this package registers every rule.
 | reductions | Reduce |
 | control | For, If, Yield |
 | gmem | Load, Store |
-| smem | SmemAlloc, RefIndex, RefTranspose, SmemStore |
+| smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
 | barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
 | wgmma | Wgmma, WgmmaWait |
@@ -27,7 +27,7 @@ from .elementwise import Binary, Cast, Compare, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
-from .smem import RefIndex, RefTranspose, SmemAlloc, SmemStore
+from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
 from .tcgen05 import Tcgen05Commit, Tcgen05Mma
 from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
 from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
@@ -37,6 +37,6 @@ from .wgmma import Wgmma, WgmmaWait
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
            "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
            "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "SmemAlloc", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
+           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
            "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
            "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

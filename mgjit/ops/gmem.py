@@ -207,7 +207,7 @@ def _to_bits(e, x, dtype: DType):
     return x
 
 
-def _from_bits(e, x, dtype: DType):
+def from_bits(e, x, dtype: DType):
     if dtype == dtypes.bool_:
         return e.cmpi("ne", x, e.const(0, dtypes.int8))
     if dtype.is_float:
@@ -232,19 +232,19 @@ def pack_words(e, elems, dtype: DType) -> list:
     return [e.pack_i32(ints[i:i + per_word]) for i in range(0, len(ints), per_word)]
 
 
-def _unpack_words(e, words, dtype: DType, count: int) -> list:
+def unpack_words(e, words, dtype: DType, count: int) -> list:
     bits = dtype.storage_bits
     if bits == 64:
         out = []
         for lo, hi in zip(words[0::2], words[1::2]):
             x = e.ori(e.zext(lo, 64), e.m.arith.shli(e.zext(hi, 64), e.i64(32)))
-            out.append(_from_bits(e, x, dtype))
+            out.append(from_bits(e, x, dtype))
         return out
     per_word = 32 // bits
     if per_word == 1:
-        return [_from_bits(e, w, dtype) for w in words][:count]
+        return [from_bits(e, w, dtype) for w in words][:count]
     out = [x for w in words for x in e.unpack_i32(w, bits)]
-    return [_from_bits(e, x, dtype) for x in out[:count]]
+    return [from_bits(e, x, dtype) for x in out[:count]]
 
 
 def _access_suffix(total_bits: int) -> tuple[str, int]:
@@ -268,7 +268,7 @@ def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> li
     text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
     constraints = ",".join(["=r"] * n + ["b", "l"])
     words = e.asm(text, constraints, [pred, addr], [e.int_type(32)] * n, side_effects=True)
-    return _unpack_words(e, words, dtype, count)
+    return unpack_words(e, words, dtype, count)
 
 
 def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
@@ -278,7 +278,7 @@ def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
         x = e.m.arith.shrui(word, e.const(j * bits, _int_of(word, e))) if j else word
         if word.type != e.int_type(bits):
             x = e.trunc(x, bits)
-        out.append(_from_bits(e, x, dtype))
+        out.append(from_bits(e, x, dtype))
     return out
 
 

@@ -1,5 +1,6 @@
 """Shared memory: SmemAlloc (a static buffer for the whole kernel), RefIndex (`buf[slot]`, also of barrier
-arrays), RefTranspose (`tile.T`), SmemStore (`tile[...] = array`), and the addressing every SMEM user shares.
+arrays), RefTranspose (`tile.T`), SmemStore (`tile[...] = array`), SmemLoad (`array = tile[...]`), and the
+addressing every SMEM user shares.
 
 How a tile is stored (column blocks one swizzle wide, the swizzle's XOR, the TMA boxes) is `tiles.Tile`'s
 job; `tile_of` gives a reference's. MMA operand descriptors address its column blocks directly (K-major:
@@ -13,12 +14,12 @@ from typing import Any, Callable
 from .. import infer, lower, tiles
 from ..dtypes import DType
 from ..errors import Loc, Rule
-from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
+from ..ir import ArrayType, Op, RefType, Value, check, is_int_scalar, is_ref
 from ..layouts import SplatLayout, blocked
 from ..lower.context import element_offsets, splat_to
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
-from .gmem import pack_words
+from .gmem import from_bits, pack_words, unpack_words
 
 class SmemAlloc(Op):
     """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
@@ -83,7 +84,24 @@ class SmemStore(Op):
                "use .astype()")
 
 
+class SmemLoad(Op):
+    """Read a whole SMEM tile (or a transposed view of one) into a register array. Any register layout can be
+    read, so the array takes the layout its users need (a free anchor for inference). It sees what the
+    warpgroup's threads stored before it (a warpgroup barrier comes first), and what TMA copies completed on a
+    barrier the warpgroup waited on."""
+
+    name = "smem_load"
+    free_anchor = True
+
+    def __init__(self, tile: Value, loc: Loc | None):
+        super().__init__([tile], [ArrayType(tuple(tile.type.shape), tile.dtype)], loc)
+
+    def verify(self):
+        check(is_ref(self.operands[0], "smem"), self, "smem_load reads an SMEM tile")
+
+
 infer.rule(SmemAlloc, RefIndex, RefTranspose, SmemStore)(infer.no_arrays)
+infer.rule(SmemLoad)(infer.free_anchor_layout)
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -159,19 +177,16 @@ def operand_descriptor(ctx: lower.Context, tile: SmemTile, mn_offset: int, k_off
     return e.m.arith.ori(field, e.i64(const))
 
 
-@lower.rule(SmemStore)
-def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
+def _accesses(ctx: lower.Context, tile: SmemTile, layout, shape: tuple[int, ...], bits: int):
+    """The SMEM accesses that move a register array in `layout` to or from a tile: (shared-window address,
+    first element, elements) for each, several contiguous elements of a register's vector along the stored
+    last dimension going as one access within a 16-byte chunk. A transposed view reads its stored tile with the
+    indices swapped."""
     e = ctx.e
-    tile: SmemTile = ctx.get(op.operands[0])
-    frag: lower.Frag = ctx.frag(op.operands[1])
-    shape = tile.type.shape
-    if isinstance(frag.layout, SplatLayout):
-        frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
-    layout = frag.layout
-    bits = frag.dtype.storage_bits
-    # Contiguous elements of a register's vector along the last dim go as one store, within one 16-byte chunk.
+    stored = tile_of(tile.type)
+    transposed = tile.type.transposed
     w = 1
-    if layout.vector_dim is not None:
+    if layout.vector_dim is not None and not transposed:
         entries = layout.tiling.dim_strides(len(shape))
         dim, stride = entries[len(entries) + layout.vector_dim]
         if dim == len(shape) - 1 and stride == 1:
@@ -181,14 +196,28 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
     thread = ctx.thread_index(layout, shape)
     offsets = element_offsets(layout, shape)
     base = shared_address(ctx, e.i32(0))
-    stored = tile_of(tile.type)
     for i in range(0, len(offsets), w):
         off = offsets[i]
         idx = [e.addi(t, e.i32(o)) if o else t for t, o in zip(thread, off)]
+        if transposed:
+            idx = idx[::-1]
         row = e.i32(0)
         for d in range(len(shape) - 1):
-            row = e.addi(e.muli(row, e.i32(shape[d])), idx[d])
+            row = e.addi(e.muli(row, e.i32(stored.shape[d])), idx[d])
         addr = e.addi(base, (Index(e, tile.offset) + stored.offset(Index(e, row), Index(e, idx[-1]))).value)
+        yield addr, i, w
+
+
+@lower.rule(SmemStore)
+def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
+    e = ctx.e
+    tile: SmemTile = ctx.get(op.operands[0])
+    frag: lower.Frag = ctx.frag(op.operands[1])
+    shape = tile.type.shape
+    if isinstance(frag.layout, SplatLayout):
+        frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
+    bits = frag.dtype.storage_bits
+    for addr, i, w in _accesses(ctx, tile, frag.layout, shape, bits):
         words = pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
         if words is None:
             value = frag.elems[i]
@@ -201,3 +230,26 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
         srcs = ", ".join(f"${j + 1}" for j in range(n))
         e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
                    [addr, *words])
+
+
+@lower.rule(SmemLoad)
+def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
+    e = ctx.e
+    tile: SmemTile = ctx.get(op.operands[0])
+    out = op.result
+    dtype, layout, shape = out.dtype, out.layout, out.type.shape
+    bits = dtype.storage_bits
+    elems: list[Any] = []
+    ctx.warpgroup_barrier()  # elements other threads of the warpgroup stored
+    for addr, i, w in _accesses(ctx, tile, layout, shape, bits):
+        if w * bits < 32:
+            half = e.asm(f"ld.shared.{'b16' if bits == 16 else 'u8'} $0, [$1];", "=h,r", [addr], [e.int_type(16)])[0]
+            x = half if bits == 16 else e.trunc(half, 8)
+            elems.append(from_bits(e, x, dtype))
+            continue
+        n = w * bits // 32
+        outs = ", ".join(f"${j}" for j in range(n))
+        words = e.asm(f"ld.shared{f'.v{n}' if n > 1 else ''}.b32 {'{' + outs + '}' if n > 1 else outs}, [${n}];",
+                      ",".join(["=r"] * n + ["r"]), [addr], [e.int_type(32)] * n)
+        elems.extend(unpack_words(e, words, dtype, w))
+    ctx.set(out, lower.Frag(layout, shape, dtype, elems))
