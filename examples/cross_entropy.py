@@ -1,13 +1,14 @@
 """Cross-entropy forward: loss[r] = logsumexp(logits[r, :]) - logits[r, target[r]], for any vocabulary size.
 
 Large vocabularies: one program per row streams the row in BLOCK-wide chunks with an online logsumexp (a
-running maximum, the sum rescaled when it grows), so the logits are read exactly once. Small ones: ROWS rows
-per program as one (ROWS, BLOCK) array, the target's logit picked by a masked sum (no gather). Rows whose target
+running maximum, the sum rescaled when it grows), so the logits are read exactly once. Up to 8192: ROWS rows
+per program held as in examples/_rows.py, the target's logit picked by a masked sum (no gather). Rows whose target
 is `ignore_index` get a loss of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
+from _rows import load_row, mapping as rows_mapping, row_max, row_sum
 
 import mgjit
 
@@ -32,17 +33,22 @@ def cross_entropy_kernel(logits, target, loss, lse, ignore_index, BLOCK: mgjit.c
 
 
 @mgjit.kernel
-def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
     row0 = mgjit.program_id(0) * ROWS
-    cols = mgjit.arange(BLOCK)
-    v = logits[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    v = mgjit.where(cols < logits.shape[1], v, -float("inf"))
-    m = v.max(axis=1)
-    row_lse = m + mgjit.log(mgjit.exp(v - m[:, None]).sum(axis=1))
-    t = target[mgjit.ds(row0, ROWS)]
-    picked = mgjit.where(cols[None, :] == t[:, None], v, 0.0).sum(axis=1)
-    lse[mgjit.ds(row0, ROWS)] = row_lse
-    loss[mgjit.ds(row0, ROWS)] = mgjit.where(t == ignore_index, 0.0, row_lse - picked)
+    rows = mgjit.ds(row0, ROWS)
+    v = load_row(logits, rows, PARTS, -float("inf"))
+    m = row_max(v)
+    t = target[rows]
+    e = ()
+    hits = ()
+    c0 = 0
+    for p in mgjit.static_range(len(PARTS)):
+        e = e + (mgjit.exp(v[p] - m[:, None]),)
+        hits = hits + (mgjit.where(c0 + mgjit.arange(PARTS[p])[None, :] == t[:, None], v[p], 0.0),)
+        c0 += PARTS[p]
+    row_lse = m + mgjit.log(row_sum(e))
+    lse[rows] = row_lse
+    loss[rows] = mgjit.where(t == ignore_index, 0.0, row_lse - row_sum(hits))
 
 
 def block_for(n: int) -> int:
@@ -51,11 +57,9 @@ def block_for(n: int) -> int:
 
 
 def mapping(n: int) -> tuple[str, dict]:
-    """Rows that fit in a quarter of the registers go several to a program; longer ones stream."""
-    block = block_for(n)
-    if block <= 2048 and block >= n:
-        return "rows", {"ROWS": max(1, min(512, 4096 // block)), "BLOCK": block}
-    return "stream", {"BLOCK": block}
+    """Rows that fit in registers go several to a program (examples/_rows.py); longer ones stream."""
+    kind, cfg = rows_mapping(n)
+    return ("rows", cfg) if kind == "rows" else ("stream", {"BLOCK": block_for(n)})
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,

@@ -1,9 +1,8 @@
 """LayerNorm over the last dimension: y = (x - mean) / sqrt(var + eps) * w + b, for any row length.
 
-Three mappings of rows to programs, chosen by the wrapper from the row length (and autotuned among the fitting
-ones by `layernorm_tuned`):
-- short rows: ROWS rows per program, as one (ROWS, BLOCK) register array reduced along axis 1;
-- rows that fit in registers: one row per program;
+Two mappings of rows to programs, chosen by the wrapper from the row length:
+- rows that fit in registers: ROWS rows per program (short rows go many to a program), each held as a few
+  (ROWS, width) arrays whose widths add up to the row rounded up to 128 columns (examples/_rows.py);
 - long rows: a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk (Chan's parallel
   update of Welford's sums, exact in f32), then a second pass that normalizes.
 Statistics are computed in f32 and the output rounded once; the padding past a row's end reads as zero and is
@@ -12,24 +11,32 @@ masked out of the variance.
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
+from _rows import load_row, load_vector, mapping, row_sum, store_row
 
 import mgjit
 
-MAX_BLOCK = 8192  # the widest row kept whole in registers (64 f32 per thread of one warpgroup)
-
 
 @mgjit.kernel
-def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    """ROWS rows of at most BLOCK columns per program."""
-    row0 = mgjit.program_id(0) * ROWS
+def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
+    """ROWS rows, held as arrays of the widths PARTS, per program."""
+    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
     n = x.shape[1]
-    v = x[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    mean = v.sum(axis=1, keepdims=True) / n
-    inside = mgjit.arange(BLOCK) < n
-    d = mgjit.where(inside, v - mean, 0.0)
-    rstd = mgjit.rsqrt((d * d).sum(axis=1, keepdims=True) / n + eps)
-    y = d * rstd * w[mgjit.ds(0, BLOCK)].astype(mgjit.float32) + b[mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    out[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)] = y.astype(out.dtype)
+    v = load_row(x, rows, PARTS, 0.0)
+    mean = row_sum(v) / n
+    d = ()
+    squares = ()
+    c0 = 0
+    for p in mgjit.static_range(len(PARTS)):
+        dp = mgjit.where(c0 + mgjit.arange(PARTS[p]) < n, v[p] - mean[:, None], 0.0)
+        d = d + (dp,)
+        squares = squares + (dp * dp,)
+        c0 += PARTS[p]
+    rstd = mgjit.rsqrt(row_sum(squares) / n + eps)
+    wv, bv = load_vector(w, PARTS), load_vector(b, PARTS)
+    y = ()
+    for p in mgjit.static_range(len(PARTS)):
+        y = y + (d[p] * rstd[:, None] * wv[p] + bv[p],)
+    store_row(out, rows, y, PARTS)
 
 
 @mgjit.kernel
@@ -58,19 +65,6 @@ def layernorm_long(x, w, b, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
         y = (v - mean) * rstd * w[mgjit.ds(c0, BLOCK)].astype(mgjit.float32) \
             + b[mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
         out[row, mgjit.ds(c0, BLOCK)] = y.astype(out.dtype)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
-    """Which kernel and constexprs serve rows of n columns: several short rows per program (about 4096 elements
-    per program), one row per program, or a chunked loop."""
-    block = _pow2(n)
-    if block > MAX_BLOCK:
-        return "long", {"BLOCK": 4096}
-    return "rows", {"ROWS": rows_per_program or max(1, min(512, 4096 // block)), "BLOCK": block}
 
 
 def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5,

@@ -3,25 +3,31 @@
 `eps` is a constexpr: it is folded into the kernel and is part of the cache key, so each value compiles once.
 The row length stays a runtime value (`x.shape[1]`), so one compiled kernel serves every width up to BLOCK:
 the padding beyond the row is loaded as 0 (loads outside the tensor read zeros) and contributes nothing.
-Rows that fit in registers go ROWS to a program (short rows would leave threads idle); longer rows take two
-passes over BLOCK-wide chunks (the sum of squares, then the scaled row).
+Rows that fit in registers are held as a few arrays whose widths add up to the row rounded up to 128 columns
+(examples/_rows.py), ROWS to a program (short rows would leave threads idle); longer rows take two passes over
+BLOCK-wide chunks (the sum of squares, then the scaled row).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
+from _rows import load_row, load_vector, mapping, row_sum, store_row
 
 import mgjit
 
-MAX_BLOCK = 8192  # the widest row kept whole in registers (64 f32 per thread)
-
 
 @mgjit.kernel
-def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    row0 = mgjit.program_id(0) * ROWS
-    v = x[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    ms = (v * v).sum(axis=1, keepdims=True) / x.shape[1]
-    y = v * mgjit.rsqrt(ms + eps) * w[mgjit.ds(0, BLOCK)].astype(mgjit.float32)
-    out[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)] = y.astype(out.dtype)
+def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
+    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
+    v = load_row(x, rows, PARTS, 0.0)
+    squares = ()
+    for p in mgjit.static_range(len(PARTS)):
+        squares = squares + (v[p] * v[p],)
+    scale = mgjit.rsqrt(row_sum(squares) / x.shape[1] + eps)
+    wv = load_vector(w, PARTS)
+    y = ()
+    for p in mgjit.static_range(len(PARTS)):
+        y = y + (v[p] * scale[:, None] * wv[p],)
+    store_row(out, rows, y, PARTS)
 
 
 @mgjit.kernel
@@ -36,14 +42,6 @@ def rmsnorm_long(x, w, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
     for c0 in range(0, n, BLOCK):
         v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
         out[row, mgjit.ds(c0, BLOCK)] = (v * scale * w[mgjit.ds(c0, BLOCK)].astype(mgjit.float32)).astype(out.dtype)
-
-
-def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
-    """Which kernel and constexprs serve rows of n columns."""
-    block = 1 << max(n - 1, 0).bit_length()
-    if block > MAX_BLOCK:
-        return "long", {"BLOCK": 4096}
-    return "rows", {"ROWS": rows_per_program or max(1, min(512, 4096 // block)), "BLOCK": block}
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,

@@ -1,29 +1,34 @@
 """Row softmax for rows of any length, with reductions across the warpgroup.
 
-Rows that fit in registers (up to 8192 columns) are loaded as one (ROWS, BLOCK) register array: BLOCK is the
-row rounded up to a power of two, ROWS rows per program keep short rows from leaving threads idle (about
-4096 elements per program). The padding is masked to -inf so it adds nothing. `v.max(axis=1)` and
-`e.sum(axis=1)` reduce across the 128 threads: within each thread, then across lanes with butterfly shuffles,
-then across the 4 warps through shared memory. Longer rows stream through registers in BLOCK-wide chunks with
-an online softmax (a running maximum and a sum rescaled when it grows), then a second pass writes. bf16/f16
-inputs are computed in float32 and rounded once at the store.
+Rows that fit in registers (up to 8192 columns) are held as a few register arrays whose widths add up to the
+row rounded up to 128 columns (examples/_rows.py: 4097 columns → 4096 + 128, so almost no work is wasted on
+padding), ROWS rows per program so that short rows do not leave threads idle. The padding is masked to -inf so
+it adds nothing. Reductions run across the 128 threads: within each thread, then across lanes with butterfly
+shuffles, then across the 4 warps through shared memory. Longer rows stream through registers in BLOCK-wide
+chunks with an online softmax (a running maximum and a sum rescaled when it grows), then a second pass writes.
+bf16/f16 inputs are computed in float32 and rounded once at the store.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
+from _rows import load_row, mapping, row_max, row_sum, store_row
 
 import mgjit
 
-MAX_BLOCK = 8192  # the widest row kept whole in registers (64 f32 per thread)
-
 
 @mgjit.kernel
-def softmax_kernel(x, out, ROWS: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    row0 = mgjit.program_id(0) * ROWS
-    v = x[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)].astype(mgjit.float32)   # ROWS rows into registers
-    v = mgjit.where(mgjit.arange(BLOCK) < x.shape[1], v, -float("inf"))    # mask the padding past the row's end
-    e = mgjit.exp(v - v.max(axis=1, keepdims=True))                        # reductions over 128 threads
-    out[mgjit.ds(row0, ROWS), mgjit.ds(0, BLOCK)] = (e / e.sum(axis=1, keepdims=True)).astype(out.dtype)
+def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
+    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
+    v = load_row(x, rows, PARTS, -float("inf"))       # ROWS rows into registers, padding at -inf
+    m = row_max(v)                                    # reductions over the 128 threads
+    e = ()
+    for p in mgjit.static_range(len(PARTS)):
+        e = e + (mgjit.exp(v[p] - m[:, None]),)
+    inv = 1.0 / row_sum(e)
+    y = ()
+    for p in mgjit.static_range(len(PARTS)):
+        y = y + (e[p] * inv[:, None],)
+    store_row(out, rows, y, PARTS)
 
 
 @mgjit.kernel
@@ -42,14 +47,6 @@ def softmax_long(x, out, BLOCK: mgjit.constexpr):
     for c0 in range(0, n, BLOCK):
         v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
         out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m) * scale).astype(out.dtype)
-
-
-def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
-    """Which kernel and constexprs serve rows of n columns."""
-    block = 1 << max(n - 1, 0).bit_length()
-    if block > MAX_BLOCK:
-        return "long", {"BLOCK": 4096}
-    return "rows", {"ROWS": rows_per_program or max(1, min(512, 4096 // block)), "BLOCK": block}
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
