@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any, Callable, Sequence
 
 from . import deps, dtypes, specialize, targets
@@ -158,8 +159,16 @@ class Kernel:
 
     # -- launch
     def __getitem__(self, grid) -> Callable[..., None]:
+        if os.environ.get("MGJIT_INTERPRET") == "1":
+            return self.interpret[grid]
         dispatch = self._dispatch or self._build_dispatcher()
         return functools.partial(dispatch, grid)
+
+    @property
+    def interpret(self):
+        """Run on the CPU instead: `kernel.interpret[grid](...)` (see mgjit/interpret)."""
+        from .interpret import interpreter
+        return interpreter(self)
 
     def _build_dispatcher(self) -> Callable[..., None]:
         from . import launch
