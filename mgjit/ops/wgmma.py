@@ -55,6 +55,9 @@ class Wgmma(Op):
         if m % 64:
             raise self.error(f"a warpgroup's wgmma accumulator has a multiple of 64 rows, got {m}", rule=Rule.WGMMA_SHAPE)
         need(a.dtype == b.dtype, f"wgmma operands differ in dtype: {a.dtype.name} and {b.dtype.name}")
+        need(a.dtype in _PTX_TYPE and acc.dtype == dtypes.float32,
+             f"mgjit's wgmma multiplies {', '.join(d.name for d in _PTX_TYPE)} operands into a float32 "
+             f"accumulator; got {a.dtype.name} operands into {acc.dtype.name}")
         a_major = md.Major.MN if (not a_in_registers and a.type.transposed) else md.Major.K
         b_major = md.Major.K if b.type.transposed else md.Major.MN
         k_step = 256 // a.dtype.bits
