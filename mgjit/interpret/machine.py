@@ -7,7 +7,6 @@ nothing wrote shows in the numbers as well as in the checker.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -213,7 +212,3 @@ class Cluster:
         self.ctas = ctas
         self.shape = shape
         self.sync = Rendezvous(sum(c.num_warpgroups for c in ctas), "barrier.cluster (every warpgroup of the cluster)")
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
