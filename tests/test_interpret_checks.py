@@ -367,11 +367,14 @@ def tmem_copy(x, y):
     y[0:128, 0:32] = u.load()
 
 
+SM100 = tmem_copy.interpret(target="sm_100a")
+
+
 def tmem_copy_program(x, y):
-    """tmem_copy's IR, as the interpreter runs it, for edits that stand for a broken compiler pass."""
+    """tmem_copy's IR, as SM100 runs it, for edits that stand for a broken compiler pass."""
     runtime, consts = tmem_copy._bind([x, y], {})
     specs = mgjit.specialize.of_arguments("tmem_copy", tmem_copy.runtime_names, runtime, {})
-    return tmem_copy.interpret.program(tmem_copy._specialization(specs, consts, "sm_100a", 1, (1, 1, 1)))
+    return SM100.program(tmem_copy._specialization(specs, consts, "sm_100a", 1, (1, 1, 1)))
 
 
 def test_a_tmem_store_before_the_allocation():
@@ -384,13 +387,13 @@ def test_a_tmem_store_before_the_allocation():
     body.insert(body.index(store) + 1, alloc)
     try:
         with pytest.raises(InterpretError) as excinfo:
-            tmem_copy.interpret(target="sm_100a")[(1,)](x, y)
+            SM100[(1,)](x, y)
     finally:
         body.remove(alloc)
         body.insert(0, alloc)
     expect(excinfo, tmem_copy, Check.TMEM_LIFETIME, "u.store(x[0:128, 0:32])")
     assert "before its allocation" in str(excinfo.value)
-    tmem_copy.interpret(target="sm_100a")[(1,)](x, y)  # restored, it runs
+    SM100[(1,)](x, y)  # restored, it runs
     assert torch.equal(y, x)
 
 
@@ -402,7 +405,7 @@ def test_a_tmem_access_outside_the_allocation():
     sliced.start = 48
     try:
         with pytest.raises(InterpretError) as excinfo:
-            tmem_copy.interpret(target="sm_100a")[(1,)](x, y)
+            SM100[(1,)](x, y)
     finally:
         sliced.start = 32
     expect(excinfo, tmem_copy, Check.OUT_OF_BOUNDS, "u.store(x[0:128, 0:32])")

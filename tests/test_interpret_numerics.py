@@ -104,3 +104,26 @@ def test_float64_floor_division():
     q = torch.empty_like(x)
     f64_floor.interpret[(1,)](x, y, q, BLOCK=128)
     assert q[0].item() == 333333335.0
+
+
+@mgjit.device
+def _offset(v):
+    return v + 1.0
+
+
+@mgjit.kernel
+def uses_helper(x, y):
+    y[0:128] = _offset(x[0:128])
+
+
+def test_a_redefined_helper_is_interpreted_anew(monkeypatch):
+    """The interpreter keeps a kernel's IR like the compiler keeps its cubin: until something it reads changes."""
+    x, y = torch.zeros(128), torch.empty(128)
+    uses_helper.interpret[(1,)](x, y)
+    assert torch.equal(y, torch.ones(128))
+    def offset_by_two(v):
+        return v + 2.0
+
+    monkeypatch.setitem(globals(), "_offset", mgjit.device(offset_by_two))
+    uses_helper.interpret[(1,)](x, y)
+    assert torch.equal(y, torch.full((128,), 2.0))

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import compiler, ir, jit, specialize, targets
+from .. import compiler, deps, ir, jit, specialize, targets
 from ..errors import LaunchError
 from ..ops.smem import smem_plan
 from ..ops.tmem import static_refs
@@ -20,7 +20,8 @@ from . import numerics
 from .machine import CTA, Cluster
 from .scheduler import POLICIES, Engine, run_cluster
 
-_IR: "weakref.WeakKeyDictionary[jit.Kernel, dict]" = weakref.WeakKeyDictionary()
+# Per kernel: what its IR depends on, and its IR per specialization.
+_IR: "weakref.WeakKeyDictionary[jit.Kernel, tuple[deps.Dependencies, dict]]" = weakref.WeakKeyDictionary()
 
 
 class Interpreter:
@@ -64,9 +65,13 @@ class Interpreter:
         write_back()
 
     def program(self, spec: Specialization) -> ir.Kernel:
-        """The kernel's IR for `spec` with layouts inferred: what the compiler lowers (kept per source key)."""
-        cache = _IR.setdefault(self.kernel, {})
-        key = (self.kernel.source_key(), spec)
+        """The kernel's IR for `spec` with layouts inferred: what the compiler lowers. Kept until a helper or
+        global the kernel reads is redefined (deps.py), as compiled kernels are."""
+        known = _IR.get(self.kernel)
+        if known is None or known[0].changed():
+            known = _IR[self.kernel] = (deps.of_kernel(self.kernel.source), {})
+        cache = known[1]
+        key = (spec, self.target)
         if key not in cache:
             program = compiler.trace(self.kernel.source, spec)
             if self.target is None:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from typing import Any, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 import torch
 
 from .. import ir
 from ..errors import Check, InterpretError, Loc
 from .checker import Clock
-from .machine import CTA, Barrier, Cluster
+from .machine import CTA, Barrier, Cluster, Rendezvous
+
+if TYPE_CHECKING:
+    from .launch import Run
 
 POLICIES = ("late", "eager", "random")
 
@@ -113,7 +116,7 @@ class Engine:
 class Warpgroup:
     """One warpgroup of one CTA running the kernel: its values, its clock and its generator over the IR."""
 
-    def __init__(self, run: Any, cluster: Cluster, cta: CTA, index: int):
+    def __init__(self, run: Run, cluster: Cluster, cta: CTA, index: int):
         self.run = run
         self.cluster = cluster
         self.cta = cta
@@ -184,7 +187,7 @@ class Warpgroup:
         return Wait(op.loc, lambda: self.engine.in_flight(queue) <= pending,
                     lambda: f"{what}({pending}) with {self.engine.in_flight(queue)} in flight", acquire)
 
-    def rendezvous(self, op: ir.Op, sync) -> Wait:
+    def rendezvous(self, op: ir.Op, sync: Rendezvous) -> Wait:
         generation = sync.arrive(self)
         return Wait(op.loc, lambda: sync.generation > generation,
                     lambda: f"{sync.what}: {len(sync.arrived)} of {sync.members} warpgroups have arrived")
@@ -196,7 +199,7 @@ class Warpgroup:
         return f"CTA {self.cta.program_id} warpgroup {self.index}"
 
 
-def run_cluster(run: Any, cluster: Cluster) -> None:
+def run_cluster(run: Run, cluster: Cluster) -> None:
     """Run every warpgroup of every CTA of `cluster` to the end, interleaved."""
     wgs = [Warpgroup(run, cluster, cta, i) for cta in cluster.ctas for i in range(cta.num_warpgroups)]
     gens = [wg.program() for wg in wgs]
@@ -240,7 +243,7 @@ def run_cluster(run: Any, cluster: Cluster) -> None:
         _check_barriers_at_exit(cta)
 
 
-def _exit(run: Any, wg: Warpgroup) -> None:
+def _exit(run: Run, wg: Warpgroup) -> None:
     """A warpgroup ran off the end: it no longer takes part in CTA or cluster barriers. When a CTA's last
     warpgroup exits its shared memory is gone: nothing in flight may still use it."""
     cta = wg.cta
@@ -275,13 +278,14 @@ def _deadlock(wgs: list[Warpgroup], waits: list[Wait | None]) -> InterpretError:
                       for wg, w in blocked)
     first = blocked[0][1]
     related = tuple(w.loc for _, w in blocked[1:] if w.loc)
-    for wg, w in blocked if first.barrier is not None else ():
-        bar = w.barrier
-        if bar.pending != bar.count or bar.tx:
-            got = bar.count - bar.pending
-            return InterpretError(f"deadlock: {bar.describe()} has {got} of its {bar.count} arrivals "
-                                  f"({bar.tx} TMA bytes outstanding) in phase {bar.completed} and nothing left "
-                                  f"to arrive: the arrivals do not match the barrier's count. Blocked:\n{lines}",
-                                  w.loc, Check.BARRIER_COUNT, tuple(a for a in bar.arrivals if a) + related)
+    partial = [(w, w.barrier) for _, w in blocked if w.barrier is not None
+               and (w.barrier.pending != w.barrier.count or w.barrier.tx)]
+    if first.barrier is not None and partial:
+        w, bar = partial[0]
+        got = bar.count - bar.pending
+        return InterpretError(f"deadlock: {bar.describe()} has {got} of its {bar.count} arrivals "
+                              f"({bar.tx} TMA bytes outstanding) in phase {bar.completed} and nothing left "
+                              f"to arrive: the arrivals do not match the barrier's count. Blocked:\n{lines}",
+                              w.loc, Check.BARRIER_COUNT, tuple(a for a in bar.arrivals if a) + related)
     return InterpretError(f"deadlock: every warpgroup is blocked and nothing is in flight:\n{lines}", first.loc,
                           Check.DEADLOCK, related)
