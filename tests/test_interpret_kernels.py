@@ -269,6 +269,33 @@ def test_pipeline_helper(kernel, m, n, k):
     assert rel_err(c, a.float() @ b.float()) < 5e-3
 
 
+@mgjit.kernel
+def pipe_release(a, b, c, STAGES: mgjit.constexpr, RELEASE: mgjit.constexpr):
+    acc = mgjit.zeros((128, 128), mgjit.float32)
+    for k, a_t, b_t in mgjit.pipeline(mgjit.cdiv(a.shape[1], 64), mgjit.tile(a, (0, 0), (128, 64), (0, 64)),
+                                      mgjit.tile(b, (0, 0), (64, 128), (64, 0)), stages=STAGES, release=RELEASE):
+        acc = mgjit.wgmma(acc, a_t, b_t)
+    c[0:128, 0:128] = acc.astype(c.dtype)
+
+
+@pytest.mark.parametrize("stages,release", [(2, 0), (2, 1), (3, 1), (4, 0)])
+def test_pipeline_helper_release(stages, release):
+    a, b = torch.randn(128, 448, dtype=BF16), torch.randn(448, 128, dtype=BF16)
+    c = poisoned(128, 128, dtype=BF16)
+    pipe_release.interpret[(1,)](a, b, c, STAGES=stages, RELEASE=release)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+
+
+@pytest.mark.xfail(strict=True, raises=mgjit.InterpretError,
+                   reason="frontend.py `_pipeline` refills slot (k + stages - 1) % stages, the slot of step k - 1, "
+                          "after wgmma_wait(release): with release >= 2 that wgmma may still be reading it")
+def test_pipeline_helper_keeping_two_wgmmas_in_flight():
+    a, b = torch.randn(128, 448, dtype=BF16), torch.randn(448, 128, dtype=BF16)
+    c = poisoned(128, 128, dtype=BF16)
+    pipe_release.interpret[(1,)](a, b, c, STAGES=4, RELEASE=2)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+
+
 @pytest.mark.parametrize("k,n", [(64, 128), (128, 64)])
 def test_wgmma_a_from_registers(k, n):
     a, b = torch.randn(200, k, dtype=BF16), torch.randn(k, n, dtype=BF16)
