@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from .scheduler import Warpgroup
 
 POISON = 0xFF
-# The register file of an SM: setmaxnreg moves registers between the warpgroups of a CTA within what the CTA
-# was launched with, at most 65536 / T per thread for T threads, in steps of 8, and 256 (setmaxnreg's range).
+# The register file of an SM. setmaxnreg moves registers between the warpgroups of a CTA within what the CTA
+# was launched with; a kernel that uses it runs with its whole cap at entry (FACTS.md: it needs one), which for
+# T threads is 65536 / T per thread in steps of 8, at most 256 (setmaxnreg's range). Modelled as that cap.
 REGISTER_FILE = 65536
 MAX_REGISTERS_PER_THREAD = 256
 
@@ -130,17 +131,25 @@ class Rendezvous:
         self.generation += 1
 
 
-@dataclasses.dataclass
 class Tmem:
-    """A CTA's tensor memory: 128 lanes x 512 columns of 32-bit cells, and its one allocation."""
+    """A CTA's tensor memory: 128 lanes x 512 columns of 32-bit cells once allocated, the allocation's state,
+    and the accesses to it that later ones must be ordered after."""
 
-    cells: torch.Tensor = dataclasses.field(
-        default_factory=lambda: torch.full((TMEM_LANES, TMEM_COLUMNS), -1, dtype=torch.int32))
-    columns: int = 0
-    state: str = "unallocated"  # "allocated", "deallocated"
-    offsets: dict[int, int] = dataclasses.field(default_factory=dict)  # id(TmemAlloc) -> first column
-    dealloc_loc: Loc | None = None
-    records: Records = dataclasses.field(default_factory=Records)
+    def __init__(self):
+        self.cells: torch.Tensor | None = None
+        self.columns = 0
+        self.state = "unallocated"  # "allocated", "deallocated"
+        self.dealloc_loc: Loc | None = None
+        self.records = Records()
+
+    def allocate(self, columns: int) -> None:
+        self.cells = torch.full((TMEM_LANES, TMEM_COLUMNS), -1, dtype=torch.int32)
+        self.columns = columns
+        self.state = "allocated"
+
+    def free(self, loc: Loc | None) -> None:
+        self.state = "deallocated"
+        self.dealloc_loc = loc
 
     def check(self, loc: Loc | None, what: str, lanes: torch.Tensor, columns: torch.Tensor,
               first: int, last: int) -> None:

@@ -408,10 +408,8 @@ def _interp_tmem_alloc(op: TmemAlloc, wg: Warpgroup) -> Generator[Wait, None, No
     kernel = wg.run.kernel
     if op is not next(o for o in kernel.body.ops if isinstance(o, TmemAlloc)):
         return
-    tmem = wg.cta.tmem
     if wg.index == 0:
-        _, tmem.columns = allocation_plan(kernel)
-        tmem.state = "allocated"
+        wg.cta.tmem.allocate(allocation_plan(kernel)[1])
     yield wg.rendezvous(op, wg.cluster.sync if kernel.cta_group == 2 else wg.cta.sync)
 
 
@@ -462,4 +460,4 @@ def _interp_tmem_dealloc(op: TmemDealloc, wg: Warpgroup) -> Generator[Wait, None
     if wg.index == 0:
         tmem = wg.cta.tmem
         check_freed(tmem.records, wg.clock, op.loc, "tensor memory (freed where the kernel ends)")
-        tmem.state, tmem.dealloc_loc = "deallocated", op.loc
+        tmem.free(op.loc)
