@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import deps, dtypes, specialize, targets
 from ._version import VERSION
@@ -20,6 +20,9 @@ from .errors import CompileError, LaunchError
 from .language import constexpr
 from .source import SourceFunction
 from .specialize import Specialization
+
+if TYPE_CHECKING:
+    from .interpret.launch import Interpreter
 
 __all__ = ["Kernel", "VERSION"]
 
@@ -165,7 +168,7 @@ class Kernel:
         return functools.partial(dispatch, grid)
 
     @property
-    def interpret(self):
+    def interpret(self) -> "Interpreter":
         """Run on the CPU instead: `kernel.interpret[grid](...)` (see mgjit/interpret)."""
         from .interpret import interpreter
         return interpreter(self)

@@ -413,9 +413,9 @@ def test_a_256_cubed_warp_specialized_matmul_interprets_in_seconds():
 # ---------------------------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
-def test_interpreter_agrees_with_the_gpu_bit_for_bit_on_cuda_tensors():
+def test_interpreter_agrees_with_the_gpu_on_cuda_tensors():
     """A differential check on the GPU machine: the same launch on the hardware and interpreted (CUDA tensors
-    are copied in and out), the accumulation order aside."""
+    are copied in and out): within one bf16 rounding, the accumulation orders differing."""
     a = torch.randn(300, 320, device="cuda", dtype=BF16)
     b = torch.randn(320, 304, device="cuda", dtype=BF16)
     cfg = {**hopper.DEFAULT_CONFIG, "BN": 128}

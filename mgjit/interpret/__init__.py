@@ -21,16 +21,19 @@ This module is the registry: each op family registers `@interpret.rule(OpClass)`
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..registry import RuleRegistry
+
+if TYPE_CHECKING:
+    from .launch import Interpreter
 
 InterpretRule = Callable[..., Any]
 RULES: RuleRegistry[InterpretRule] = RuleRegistry("interpreter")
 rule = RULES.rule
 
 
-def interpreter(kernel: Any) -> Any:
+def interpreter(kernel: Any) -> Interpreter:
     """`kernel.interpret`: an object that runs `kernel` on the CPU, `interpreter(kernel)[grid](*args)`."""
     from .launch import Interpreter
     return Interpreter(kernel)

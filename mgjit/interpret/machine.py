@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 POISON = 0xFF
 # The register file of an SM. setmaxnreg moves registers between the warpgroups of a CTA within what the CTA
-# was launched with; a kernel that uses it runs with its whole cap at entry (FACTS.md: it needs one), which for
+# was launched with; a kernel that uses it runs with its whole cap at entry (setmaxnreg needs one), which for
 # T threads is 65536 / T per thread in steps of 8, at most 256 (setmaxnreg's range). Modelled as that cap.
 REGISTER_FILE = 65536
 MAX_REGISTERS_PER_THREAD = 256
