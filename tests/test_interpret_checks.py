@@ -130,8 +130,22 @@ def test_more_arrivals_than_the_count_under_an_eager_schedule_skip_a_phase():
 def test_an_smem_index_past_the_stages():
     with pytest.raises(InterpretError) as excinfo:
         run_ring(SLOTS=4)
-    expect(excinfo, ring, Check.OUT_OF_BOUNDS, "full[slot].wait()")
+    expect(excinfo, ring, Check.OUT_OF_BOUNDS, "full[slot].wait()", ("full = mgjit.barrier(STAGES, arrivals=ARRIVALS)",))
     assert "index 3 is outside this barrier array of 3" in str(excinfo.value)
+
+
+@mgjit.kernel
+def store_slot(x, i):
+    t = mgjit.smem((2, 64, 64), x.dtype)
+    t[i][...] = x[0:64, 0:64]
+
+
+def test_an_smem_index_past_the_buffer():
+    store_slot.interpret[(1,)](torch.randn(64, 64), 1)
+    with pytest.raises(InterpretError) as excinfo:
+        store_slot.interpret[(1,)](torch.randn(64, 64), 2)
+    expect(excinfo, store_slot, Check.OUT_OF_BOUNDS, "t[i][...] = x[0:64, 0:64]", ("t = mgjit.smem((2, 64, 64), x.dtype)",))
+    assert "index 2 is outside this SMEM buffer of 2" in str(excinfo.value)
 
 
 # ---------------------------------------------------------------------------------------------- warp specialization

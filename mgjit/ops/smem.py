@@ -285,8 +285,11 @@ def _interp_ref_index(op: RefIndex, wg: Warpgroup) -> None:
     t = op.operands[0].type
     if not 0 <= index < t.shape[0]:
         what = "barrier array" if t.space == "barrier" else "SMEM buffer"
+        alloc = op.operands[0].owner
+        while isinstance(alloc, (RefIndex, RefTranspose)):
+            alloc = alloc.operands[0].owner
         raise InterpretError(f"index {index} is outside this {what} of {t.shape[0]} (shape {t.shape})", op.loc,
-                             Check.OUT_OF_BOUNDS)
+                             Check.OUT_OF_BOUNDS, (alloc.loc,) if isinstance(alloc, Op) and alloc.loc else ())
     if t.space == "barrier":
         wg.set(op.result, BarrierRef(src.alloc, index))
     else:
