@@ -130,7 +130,8 @@ def test_more_arrivals_than_the_count_under_an_eager_schedule_skip_a_phase():
 def test_an_smem_index_past_the_stages():
     with pytest.raises(InterpretError) as excinfo:
         run_ring(SLOTS=4)
-    expect(excinfo, ring, Check.OUT_OF_BOUNDS, "full[slot].wait()", ("full = mgjit.barrier(STAGES, arrivals=ARRIVALS)",))
+    expect(excinfo, ring, Check.OUT_OF_BOUNDS, "full[slot].wait()",
+           ("full = mgjit.barrier(STAGES, arrivals=ARRIVALS)",))
     assert "index 3 is outside this barrier array of 3" in str(excinfo.value)
 
 
@@ -144,7 +145,8 @@ def test_an_smem_index_past_the_buffer():
     store_slot.interpret[(1,)](torch.randn(64, 64), 1)
     with pytest.raises(InterpretError) as excinfo:
         store_slot.interpret[(1,)](torch.randn(64, 64), 2)
-    expect(excinfo, store_slot, Check.OUT_OF_BOUNDS, "t[i][...] = x[0:64, 0:64]", ("t = mgjit.smem((2, 64, 64), x.dtype)",))
+    expect(excinfo, store_slot, Check.OUT_OF_BOUNDS, "t[i][...] = x[0:64, 0:64]",
+           ("t = mgjit.smem((2, 64, 64), x.dtype)",))
     assert "index 2 is outside this SMEM buffer of 2" in str(excinfo.value)
 
 
@@ -340,7 +342,8 @@ def test_a_copy_into_a_slot_an_unfinished_tcgen05_mma_reads():
     c = torch.empty(128, 128)
     with pytest.raises(InterpretError) as excinfo:
         blackwell_ring.interpret[(1,)](a, b, c, STAGES=2, WAIT_EMPTY=False)
-    expect(excinfo, blackwell_ring, Check.IN_FLIGHT_WRITE, "mgjit.copy_async(a, (0, k * 64), a_s[slot], barrier=full[slot])",
+    expect(excinfo, blackwell_ring, Check.IN_FLIGHT_WRITE,
+           "mgjit.copy_async(a, (0, k * 64), a_s[slot], barrier=full[slot])",
            ("mgjit.tcgen05_mma(acc, a_s[slot], b_s[slot], accumulate=k > 0)",))
 
 

@@ -44,8 +44,8 @@ def convert(x, i32, u8, i8, b, BLOCK: mgjit.constexpr):
 
 def test_casts_saturate_truncate_and_wrap():
     x = torch.tensor([2.7, -2.7, 3e9, -3e9, float("nan"), 300.0, -1.0, 0.0] + [0.0] * 120)
-    i32, u8, i8 = torch.empty(128, dtype=torch.int32), torch.empty(128, dtype=torch.uint8), torch.empty(128, dtype=torch.int8)
-    b = torch.empty(128, dtype=torch.bool)
+    i32, u8 = torch.empty(128, dtype=torch.int32), torch.empty(128, dtype=torch.uint8)
+    i8, b = torch.empty(128, dtype=torch.int8), torch.empty(128, dtype=torch.bool)
     convert.interpret[(1,)](x, i32, u8, i8, b, BLOCK=128)
     assert i32[:8].tolist() == [2, -2, 2**31 - 1, -2**31, 0, 300, -1, 0]  # toward zero, saturated, NaN -> 0
     assert u8[:8].tolist() == [2, 0, 255, 0, 0, 255, 0, 0]
