@@ -10,7 +10,7 @@ from typing import Callable
 
 from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
                      int16, int32, int64, uint8)
-from .errors import CompileError, LaunchError, PtxasWarning
+from .errors import Check, CompileError, InterpretError, LaunchError, PtxasWarning
 from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel

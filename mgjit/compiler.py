@@ -101,24 +101,38 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     return compiled
 
 
-def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:
-    """Trace, check, infer, lower and assemble one specialization of a kernel."""
-    from . import frontend, infer, ir, lower, mlir, targets, toolchain  # the stages: see the module docstring
-    start = time.perf_counter()
-    params = spec.params()
-    kernel = frontend.trace(source, params, dict(spec.constexprs), spec.num_warpgroups, spec.cluster)
+def trace(source: SourceFunction, spec: Specialization):
+    """The IR of one specialization, as the frontend builds it (before layout inference)."""
+    from . import frontend
+    return frontend.trace(source, spec.params(), dict(spec.constexprs), spec.num_warpgroups, spec.cluster)
+
+
+def check_and_infer(kernel, spec: Specialization):
+    """The rules that need the traced kernel with its specialization and target, then layout inference: after
+    this the kernel is the program the lowering emits (and the interpreter runs). Returns the Target."""
+    from . import infer, targets
     _check_specialization(kernel, spec)
     target = targets.get(spec.target, kernel.loc)
     for op in kernel.walk():
         if op.requires is not None:
             targets.check_unit(target, op.requires, f"`{op.name}`", op.loc)
+    infer.infer_layouts(kernel)
+    return target
+
+
+def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:
+    """Trace, check, infer, lower and assemble one specialization of a kernel."""
+    from . import ir, lower, mlir, toolchain  # the stages: see the module docstring
+    start = time.perf_counter()
+    params = spec.params()
+    kernel = trace(source, spec)
+    target = check_and_infer(kernel, spec)
     by_value: dict[int, Any] = {}
     for v, a in zip(kernel.args, spec.args):
         if isinstance(a, TensorSpec):
             by_value[v.id] = a
         elif a.divisor is not None:
             by_value[v.id] = a.divisor
-    infer.infer_layouts(kernel)
     ir_text = ir.format_kernel(kernel)
     lowered = lower.lower(kernel, by_value, target, toolchain.libdevice_path)
     mlir_text = str(lowered.module)

@@ -73,6 +73,40 @@ class CompileError(Exception):
         return text
 
 
+class Check(str, enum.Enum):
+    """What the interpreter's checker found (`InterpretError.check`): tests match on the tag."""
+
+    TMA_INCOMPLETE = "tma-incomplete"        # SMEM read before its TMA copy completed on a barrier the reader waited on
+    SMEM_UNORDERED = "smem-unordered"        # SMEM read of ordinary stores not ordered (barrier, fence) before it
+    IN_FLIGHT_WRITE = "in-flight-write"      # a write to SMEM or TMEM that an in-flight async op may still access
+    ACCUMULATOR_READ = "accumulator-read"    # an MMA accumulator read before the wait that completes the MMA
+    DEADLOCK = "deadlock"                    # every warpgroup blocked and nothing in flight to unblock one
+    BARRIER_COUNT = "barrier-count"          # arrivals or transaction bytes that do not match a barrier's count
+    OUT_OF_BOUNDS = "out-of-bounds"          # an SMEM, barrier or TMEM index outside its allocation
+    TMEM_LIFETIME = "tmem-lifetime"          # a TMEM access before its allocation or after its deallocation
+    ASYNC_AT_EXIT = "async-at-exit"          # a CTA exits while an async copy or MMA still uses its memory
+    REGISTERS = "registers"                  # set_max_registers beyond what the register file can give
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class InterpretError(CompileError):
+    """The interpreter found a race, a deadlock or an out-of-bounds access in a kernel. `loc` is the line that
+    does it; `related` are the other lines involved (the copy a read raced with, the other waits of a deadlock)."""
+
+    def __init__(self, message: str, loc: Loc | None, check: Check, related: tuple[Loc, ...] = ()):
+        self.check = Check(check)
+        self.related = tuple(related)
+        super().__init__(message, loc)
+
+    def _format(self) -> str:
+        text = super()._format()
+        for loc in self.related:
+            text += f"\n  see {loc}" + (f": {loc.source_line().strip()}" if loc.source_line() else "")
+        return text
+
+
 class LaunchError(ValueError):
     """A launch's arguments do not fit the kernel (wrong count, device, dtype, grid)."""
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+import os
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import deps, dtypes, specialize, targets
 from ._version import VERSION
@@ -19,6 +20,9 @@ from .errors import CompileError, LaunchError
 from .language import constexpr
 from .source import SourceFunction
 from .specialize import Specialization
+
+if TYPE_CHECKING:
+    from .interpret.launch import Interpreter
 
 __all__ = ["Kernel", "VERSION"]
 
@@ -158,8 +162,16 @@ class Kernel:
 
     # -- launch
     def __getitem__(self, grid) -> Callable[..., None]:
+        if os.environ.get("MGJIT_INTERPRET") == "1":
+            return self.interpret[grid]
         dispatch = self._dispatch or self._build_dispatcher()
         return functools.partial(dispatch, grid)
+
+    @property
+    def interpret(self) -> "Interpreter":
+        """Run on the CPU instead: `kernel.interpret[grid](...)` (see mgjit/interpret)."""
+        from .interpret import interpreter
+        return interpreter(self)
 
     def _build_dispatcher(self) -> Callable[..., None]:
         from . import launch

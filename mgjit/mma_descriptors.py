@@ -21,6 +21,7 @@ import enum
 from . import dtypes
 from .dtypes import DType
 from .layouts import LayoutError
+from .tiles import swizzle as swizzle_bytes
 
 
 class DescriptorError(LayoutError):
@@ -134,6 +135,23 @@ class Tcgen05InstrDescriptor:
     def kind(self) -> Tcgen05Kind:
         return tcgen05_kind(self.a_dtype)
 
+    @classmethod
+    def decode(cls, value: int, kind: Tcgen05Kind) -> "Tcgen05InstrDescriptor":
+        """The descriptor `encode` made, read back field by field as the tensor cores read it (the kind comes
+        from the instruction, not the descriptor)."""
+        def dtype(codes: dict[DType, int], code: int, what: str) -> DType:
+            found = [d for d, c in codes.items() if c == code]
+            if not found:
+                raise DescriptorError(f"{what} code {code} means nothing for kind {kind.value}")
+            return found[0]
+
+        return cls(m=((value >> 24) & 0x1F) << 4, n=((value >> 17) & 0x3F) << 3,
+                   a_dtype=dtype(_AB_CODES[kind], (value >> 7) & 7, "A type"),
+                   b_dtype=dtype(_AB_CODES[kind], (value >> 10) & 7, "B type"),
+                   d_dtype=dtype(_D_CODES[kind], (value >> 4) & 3, "D type"),
+                   a_major=Major.MN if value >> 15 & 1 else Major.K, b_major=Major.MN if value >> 16 & 1 else Major.K,
+                   negate_a=bool(value >> 13 & 1), negate_b=bool(value >> 14 & 1), saturate=bool(value >> 3 & 1))
+
     def encode(self) -> int:
         kind = self.kind
         desc = 0
@@ -240,6 +258,40 @@ def tcgen05_smem_descriptor(d: SmemDescriptor) -> int:
     desc |= 0b001 << 46
     desc |= _TCGEN05_SWIZZLE_CODES[d.swizzle] << 61
     return desc
+
+
+def decode_smem_descriptor(value: int, tcgen05: bool) -> SmemDescriptor:
+    """A 64-bit shared-memory descriptor (the tcgen05 format, or wgmma's) read back into its fields."""
+    if tcgen05:
+        if (value >> 46) & 7 != 0b001:
+            raise DescriptorError(f"a tcgen05 shared memory descriptor has 0b001 in bits 46-48, got {value:#x}")
+        codes, code = _TCGEN05_SWIZZLE_CODES, (value >> 61) & 7
+    else:
+        codes, code = _WGMMA_SWIZZLE_CODES, (value >> 62) & 3
+    found = [s for s, c in codes.items() if c == code]
+    if not found:
+        raise DescriptorError(f"swizzle code {code} is invalid in {value:#x}")
+    field = lambda shift: ((value >> shift) & 0x3FFF) << 4  # noqa: E731
+    return SmemDescriptor(field(0), field(16), field(32), found[0], (value >> 49) & 7)
+
+
+def operand_address(d: SmemDescriptor, major: Major, mn, k, bits: int):
+    """The shared-memory byte address the tensor cores read element (mn, k) of an MMA operand from, for a
+    swizzled descriptor: the canonical layouts of PTX ISA 9.7.15.5.1.2.1 (wgmma) and 9.7.16.3 (tcgen05), which
+    agree. K-major: rows of `swizzle` bytes hold K, 8-row groups are SBO apart (an instruction's 32 bytes of K
+    stay within one row). MN-major: rows of `swizzle` bytes hold MN, swizzle-wide MN blocks are LBO apart, K
+    rows are `swizzle` bytes apart in groups of 8 that are SBO apart. The swizzle XOR then applies to the
+    address itself. `mn` and `k` may be ints or tensors of them."""
+    if d.swizzle not in (SmemSwizzle.B32, SmemSwizzle.B64, SmemSwizzle.B128) or d.base_offset:
+        raise DescriptorError(f"operand addressing is modelled for 32B/64B/128B swizzles with base offset 0, got "
+                              f"{d.swizzle.value}, base offset {d.base_offset}")
+    s = d.swizzle.bytes
+    if major is Major.K:
+        offset = (mn % 8) * s + (mn // 8) * d.stride_byte_offset + k * bits // 8
+    else:
+        mn_bytes = mn * bits // 8
+        offset = mn_bytes % s + (mn_bytes // s) * d.leading_byte_offset + (k % 8) * s + (k // 8) * d.stride_byte_offset
+    return swizzle_bytes(d.start_address + offset, s)
 
 
 def wgmma_smem_descriptor(d: SmemDescriptor) -> int:

@@ -58,6 +58,12 @@ def providing(unit: str) -> Target:
     return next(t for t in TARGETS.values() if unit in t.units)
 
 
+def covering(units: set[str]) -> Target:
+    """The first target that has every one of `units` (DEFAULT when none has them all, so that checking the
+    ops against it names what is missing)."""
+    return next((t for t in TARGETS.values() if units <= t.units), DEFAULT)
+
+
 def check_unit(target: Target, unit: str, what: str, loc: Loc | None) -> None:
     """A CompileError at `loc` unless `target` has the hardware `unit` that `what` needs."""
     if unit not in target.units:

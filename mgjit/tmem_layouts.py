@@ -120,6 +120,25 @@ class TMEMAccess:
     register_layout: TiledLayout
     instructions: tuple[TMEMInstruction, ...]
 
+    def cell(self, instruction: TMEMInstruction, register: int, lane):
+        """Where register `register` of `instruction` goes for thread `lane` of a warp (an int or a tensor of
+        them): (TMEM lane from the warp's first lane, TMEM column from the reference's first, the column step
+        between the register's elements). The b32 forms (PTX ISA, the tcgen05.ld/st matrix fragments): 32x32b
+        register r is lane l, column r; 16x128b is lane l // 4 + 8 (r % 2), column l % 4 + 4 (r // 2); 16x256b
+        is lane l // 4 + 8 ((r // 2) % 2), column r % 2 + 2 (l % 4) + 8 (r // 4). With .pack::16b a register
+        holds two 16-bit elements of adjacent columns (step 1, columns doubled); otherwise its elements share
+        the column (step 0)."""
+        r = register
+        if self.shape == "32x32b":
+            row, column = lane, r
+        elif self.shape == "16x128b":
+            row, column = lane // 4 + 8 * (r % 2), lane % 4 + 4 * (r // 2)
+        else:
+            row, column = lane // 4 + 8 * ((r // 2) % 2), r % 2 + 2 * (lane % 4) + 8 * (r // 4)
+        if self.pack_16b:
+            return instruction.lane_offset + row, instruction.column_offset + 2 * column, 1
+        return instruction.lane_offset + row, instruction.column_offset + column, 0
+
     def opcode(self, instruction: TMEMInstruction, store: bool = False) -> str:
         if store:
             mode = ".unpack::16b" if self.pack_16b else ""
@@ -338,6 +357,23 @@ class TMEMLayout:
                                   f"multiple of 8 and at most {max_n}")
         return tuple(MMAPiece(16 * g, j * n, g * width + j * n, n)
                      for g in range(groups) for j in range(width // n))
+
+
+def mma_data_path(m: int, n: int, cta_group: int, row, col):
+    """Where one tcgen05.mma (dense, no .ws) of shape M x N writes element (row, col) of a CTA's share of D,
+    relative to its D address: (lane, column). PTX ISA 9.7.16.10.5 ("Data Path Layout Organization"): Layout D
+    (1 CTA, M = 128) and Layout A (2 CTAs, M = 256, each CTA its 128 rows) put row r in lane r; Layout F (1 CTA,
+    M = 64) puts rows 16q..16q+15 in lanes 32q..32q+15; Layout B (2 CTAs, M = 128, each CTA its 64 rows) puts
+    the left half of the N columns in lanes 0-63 and the right half in lanes 64-127. Independent of TMEMLayout,
+    which must agree with it for an MMA's result to load back (the interpreter checks one against the other)."""
+    if cta_group == 1 and m == 64:
+        return 32 * (row // 16) + row % 16, col
+    if cta_group == 2 and m == 128:
+        half = n // 2
+        return row + 64 * (col // half), col % half
+    if (cta_group, m) in ((1, 128), (2, 256)):
+        return row, col
+    raise TMEMLayoutError(f"no dense tcgen05.mma data path for M = {m} over {cta_group} CTA(s)")
 
 
 def infer_tmem_layout(rows: int, cols: int, dtype_bits: int, collective: bool,

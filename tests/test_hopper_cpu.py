@@ -223,3 +223,25 @@ def test_smem_reads_into_registers_with_16_byte_accesses(dtype, swizzle):
     c = smem_roundtrip.compile(x, x, R=64, C=64, SW=swizzle, target="sm_90a")
     assert "ld.shared.v4.b32" in c.ptx and "st.shared.v4.b32" in c.ptx and c.spills == 0
     assert "smem_load" in c.ir
+
+
+@mgjit.kernel
+def wgmma_types(a, c, ACC: mgjit.constexpr):
+    a_s = mgjit.smem((64, 128), a.dtype, swizzle=128)
+    bars = mgjit.barrier(1)
+    mgjit.copy_async(a, (0, 0), a_s, barrier=bars[0])
+    bars[0].wait()
+    acc = mgjit.wgmma(mgjit.zeros((64, 64), ACC), a_s, a_s.T)
+    mgjit.wgmma_wait(0)
+    c[mgjit.ds(0, 64), mgjit.ds(0, 64)] = acc.astype(c.dtype)
+
+
+@pytest.mark.parametrize("dtype,acc", [(torch.float16, mgjit.float16), (torch.int8, mgjit.int32)])
+def test_wgmma_types_the_lowering_lacks_are_compile_errors(dtype, acc):
+    """The ISA has f16 accumulators and int8 operands, the lowering does not (it emits .f32 only and has no
+    integer wgmma): a CompileError at the wgmma, not an internal error from MLIR or a KeyError."""
+    x = torch.empty(256, 128, dtype=dtype)
+    with pytest.raises(mgjit.CompileError) as info:
+        wgmma_types.compile(x, torch.empty(256, 64), ACC=acc, target="sm_90a")
+    assert info.value.rule == "wgmma-shape" and info.value.loc.line == _line_of(wgmma_types.fn, "acc = mgjit.wgmma")
+    assert "into a float32 accumulator" in str(info.value)

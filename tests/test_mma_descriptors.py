@@ -5,7 +5,8 @@ from mgjit import dtypes
 from mgjit.layouts import LayoutError
 from mgjit.mma_descriptors import (
     DescriptorError, Major, SmemDescriptor, SmemSwizzle, Tcgen05InstrDescriptor, Tcgen05Kind, check_swizzle,
-    check_wgmma_shape, descriptor_address_field, tcgen05_kind, tcgen05_smem_descriptor, wgmma_smem_descriptor,
+    check_wgmma_shape, decode_smem_descriptor, descriptor_address_field, operand_address, tcgen05_kind,
+    tcgen05_smem_descriptor, wgmma_smem_descriptor,
 )
 
 f16, bf16, f32, i32 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.int32
@@ -219,3 +220,52 @@ def test_wgmma_valid_shapes(m, n, k, ab, d, a_major, b_major):
 def test_wgmma_invalid_shapes(m, n, k, ab, d, a_major, b_major, message):
     with pytest.raises(DescriptorError, match=message):
         check_wgmma_shape(m, n, k, ab, d, a_major, b_major)
+
+
+# --- decoding, and the tensor cores' addressing ----------------------------------------------------------------
+
+@pytest.mark.parametrize("desc", [
+    Tcgen05InstrDescriptor(128, 256, bf16, bf16, f32), Tcgen05InstrDescriptor(64, 8, f16, f16, f16, Major.MN,
+                                                                              Major.MN, negate_a=True),
+    Tcgen05InstrDescriptor(256, 128, e5m2, e4m3, f32, b_major=Major.MN), Tcgen05InstrDescriptor(128, 64, f32, f32, f32),
+    Tcgen05InstrDescriptor(128, 32, s8, u8, i32, saturate=True)])
+def test_instr_descriptor_decodes_to_itself(desc):
+    assert Tcgen05InstrDescriptor.decode(desc.encode(), desc.kind) == desc
+
+
+@pytest.mark.parametrize("swizzle", [SmemSwizzle.B32, SmemSwizzle.B64, SmemSwizzle.B128])
+def test_smem_descriptors_decode_to_themselves(swizzle):
+    d = SmemDescriptor(0x2A40, 0x4000, 1024, swizzle, base_offset=0)
+    assert decode_smem_descriptor(tcgen05_smem_descriptor(d), tcgen05=True) == d
+    assert decode_smem_descriptor(wgmma_smem_descriptor(d), tcgen05=False) == d
+    with pytest.raises(DescriptorError, match="0b001 in bits 46-48"):
+        decode_smem_descriptor(wgmma_smem_descriptor(d), tcgen05=True)
+
+
+@pytest.mark.parametrize("swizzle", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [bf16, f32, e4m3])
+@pytest.mark.parametrize("k_major", [True, False])
+def test_operand_addresses_read_what_the_tile_stores(swizzle, dtype, k_major):
+    """An MMA instruction's operand block, read through its descriptor, is exactly the tile's elements where
+    tiles.Tile stores them (what TMA boxes and SMEM stores write): for every K step and operand block."""
+    import torch
+
+    from mgjit.ir import RefType
+    from mgjit.ops.smem import descriptor_fields, tile_of
+    k_step = 256 // dtype.bits
+    block = swizzle * 8 // dtype.bits  # elements per swizzle row
+    # Two column blocks along the contiguous dimension: K for a K-major tile, MN for an MN-major one.
+    mn, k = (64, 2 * block) if k_major else (2 * block, 2 * k_step)
+    t = RefType("smem", dtype, 2, (mn, k) if k_major else (k, mn), swizzle)
+    tile = tile_of(t)
+    base = 3 * 1024
+    for mn0 in range(0, mn, 64 if k_major else block):
+        for k0 in range(0, k, k_step):
+            byte, fields = descriptor_fields(t, mn0, k0, k_major)
+            d = SmemDescriptor(base + byte, fields.leading_byte_offset, fields.stride_byte_offset, fields.swizzle)
+            rows = 64 if k_major else block
+            i = torch.arange(rows)[:, None]
+            j = torch.arange(k_step)[None, :]
+            got = operand_address(d, Major.K if k_major else Major.MN, i, j, dtype.bits)
+            stored = tile.offset(mn0 + i, k0 + j) if k_major else tile.offset(k0 + j, mn0 + i)
+            assert torch.equal(got, base + stored)

@@ -1,10 +1,10 @@
-"""Every op family registers every rule kind for each of its ops: an op without an inference or a lowering
-rule would only fail when a kernel first uses it."""
+"""Every op family registers every rule kind for each of its ops: an op without an inference, a lowering or an
+interpreter rule would only fail when a kernel first uses it."""
 import inspect
 
 import pytest
 
-from mgjit import infer, ir, lower, ops, targets
+from mgjit import infer, interpret, ir, lower, ops, targets
 
 
 def all_op_classes() -> list[type]:
@@ -30,6 +30,15 @@ def test_the_families_define_the_ops():
 def test_every_op_has_its_rules(cls):
     assert infer.RULES.get(cls) is not None, f"{cls.__name__} has no layout inference rule"
     assert lower.RULES.get(cls) is not None, f"{cls.__name__} has no lowering rule"
+    assert interpret.RULES.get(cls) is not None, f"{cls.__name__} has no interpreter rule"
+
+
+@pytest.mark.parametrize("cls", OP_CLASSES, ids=lambda c: c.__name__)
+def test_an_ops_rules_live_in_its_family_module(cls):
+    """The op's whole story in one module: its rules are registered where it is defined."""
+    for registry in (infer.RULES, lower.RULES, interpret.RULES):
+        fn = registry.get(cls)
+        assert fn.__module__ in (cls.__module__, "mgjit.infer"), (registry.what, fn.__module__)
 
 
 @pytest.mark.parametrize("cls", OP_CLASSES, ids=lambda c: c.__name__)

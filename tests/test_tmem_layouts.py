@@ -10,7 +10,7 @@ import pytest
 from mgjit.layouts import LANES_PER_WARP, TCGEN05, WGMMA, LayoutError
 from mgjit.tmem_layouts import (
     MMAPiece, TMEMLayout, TMEMLayoutError, TMEMLayoutKind, check_tcgen05_shape, infer_tmem_layout,
-    m64_collective_register_layout, native_register_layout, tmem_alloc_columns,
+    m64_collective_register_layout, mma_data_path, native_register_layout, tmem_alloc_columns,
 )
 
 DEFAULT, HALF, M64 = TMEMLayoutKind.DEFAULT, TMEMLayoutKind.HALF_LANE, TMEMLayoutKind.M64_COLLECTIVE
@@ -221,6 +221,36 @@ def test_access_moves_every_element_to_its_cell(case, max_registers):
                     assert (tid, reg, first + i) not in moved
                     moved.add((tid, reg, first + i))
     assert moved == set(owners(reg_layout, layout.shape))
+
+
+@pytest.mark.parametrize("case", list(cases()), ids=case_id)
+def test_access_cell_is_the_isa_fragment(case):
+    """TMEMAccess.cell (what the interpreter moves) against the hand-written fragments."""
+    layout, bits, native = case
+    access = layout.access(bits, native_register_layout(bits) if native else None)
+    for instr in access.instructions:
+        for j, t in itertools.product(range(len(instr.operands)), range(32)):
+            lane, column = hand_fragment(access.shape, t, j)
+            if access.pack_16b:
+                expected = (instr.lane_offset + lane, instr.column_offset + 2 * column, 1)
+            else:
+                expected = (instr.lane_offset + lane, instr.column_offset + column, 0)
+            assert access.cell(instr, j, t) == expected
+
+
+@pytest.mark.parametrize("kind,collective,m", [(DEFAULT, False, 128), (HALF, False, 64), (DEFAULT, True, 256),
+                                               (M64, True, 128)])
+@pytest.mark.parametrize("cols", [64, 256])
+def test_mma_data_path_writes_where_the_layout_says(kind, collective, m, cols):
+    """Every MMA piece's D, placed by the data path from its D address, lands on the reference's layout."""
+    layout = TMEMLayout(kind, cols)
+    for piece in layout.mma_pieces():
+        for row, j in itertools.product(range(layout.rows), range(piece.n)):
+            lane, column = mma_data_path(m, piece.n, 2 if collective else 1, row, j)
+            got = (lane + piece.lane_offset, column + piece.column_offset, 0)
+            assert got == HAND[kind](row, piece.col_start + j, cols, 1)
+    with pytest.raises(TMEMLayoutError, match="no dense tcgen05.mma data path for M = 64 over 2"):
+        mma_data_path(64, 64, 2, 0, 0)
 
 
 def test_access_instruction_counts_and_opcodes():

@@ -1,6 +1,6 @@
 """mgjit's ops, one module per op family. Each module holds its family's IR op classes with their verifiers,
-and registers the family's layout-inference rules (`@infer.rule`) and lowering rules (`@lower.rule`) by op
-class. Importing this package registers every rule.
+and registers the family's layout-inference rules (`@infer.rule`), lowering rules (`@lower.rule`) and
+interpreter rules (`@interpret.rule`) by op class. Importing this package registers every rule.
 
 | module | ops |
 | --- | --- |

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from ..errors import Loc, Rule
+from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, ScalarType, Value, check
 from ..layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, num_elems, splat_to
@@ -188,3 +191,33 @@ def _relayout(op: Relayout, ctx: lower.Context) -> None:
         elems.append(e.cmpi("ne", v, e.const(0, dtypes.int8)) if dtype == dtypes.bool_ else v)
     assert len(elems) == num_elems(target, shape)
     ctx.set(out, lower.Frag(target, shape, dtype, elems))
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# An array is one tensor of its logical shape: which thread holds an element does not change its value, so a
+# relayout moves nothing and a broadcast is a view.
+
+@interpret.rule(Splat)
+def _interp_splat(op: Splat, wg: Warpgroup) -> None:
+    wg.set(op.result, wg.get(op.operands[0], op).expand(op.result.type.shape))
+
+
+@interpret.rule(Iota)
+def _interp_iota(op: Iota, wg: Warpgroup) -> None:
+    wg.set(op.result, torch.arange(op.start, op.start + op.result.type.shape[0], dtype=torch.int32))
+
+
+@interpret.rule(Broadcast)
+def _interp_broadcast(op: Broadcast, wg: Warpgroup) -> None:
+    x = wg.get(op.operands[0], op)
+    shape = op.result.type.shape
+    order = sorted(range(len(op.dims)), key=lambda i: op.dims[i])
+    view = [1] * len(shape)
+    for i in order:
+        view[op.dims[i]] = x.shape[i]
+    wg.set(op.result, x.permute(order).reshape(view).expand(shape))
+
+
+@interpret.rule(Relayout)
+def _interp_relayout(op: Relayout, wg: Warpgroup) -> None:
+    wg.set(op.result, wg.get(op.operands[0], op))

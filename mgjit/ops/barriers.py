@@ -7,8 +7,13 @@ a warpgroup arrives once (its first thread), a TMA copy arrives once with its by
 """
 from __future__ import annotations
 
-from .. import dtypes, infer, lower
+from typing import Generator
+
+from .. import dtypes, infer, interpret, lower
 from ..errors import Loc
+from ..interpret.checker import fence, join
+from ..interpret.machine import BarrierRef
+from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import Op, RefType, Value, check, is_ref
 from .smem import SmemTile, shared_address
 
@@ -105,3 +110,36 @@ def _barrier_wait(op: BarrierWait, ctx: lower.Context) -> None:
 @lower.rule(FenceAsyncShared)
 def _fence(op: FenceAsyncShared, ctx: lower.Context) -> None:
     ctx.e.asm_void("fence.proxy.async.shared::cta;", "", [])
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+@interpret.rule(BarrierAlloc)
+def _interp_barrier_alloc(op: BarrierAlloc, wg: Warpgroup) -> Generator[Wait, None, None]:
+    """Thread 0 initialises the barriers, then every thread of the CTA meets at bar.sync 0."""
+    wg.cta.barrier_array(op)
+    wg.set(op.result, BarrierRef(op))
+    yield wg.rendezvous(op, wg.cta.sync)
+
+
+@interpret.rule(BarrierArrive)
+def _interp_barrier_arrive(op: BarrierArrive, wg: Warpgroup) -> None:
+    wg.get(op.operands[0], op).get(wg.cta).arrive(wg.clock, op.loc)
+
+
+@interpret.rule(BarrierWait)
+def _interp_barrier_wait(op: BarrierWait, wg: Warpgroup) -> Generator[Wait, None, None]:
+    bar = wg.get(op.operands[0], op).get(wg.cta)
+    parity = int(wg.scalar(op.operands[1], op))
+
+    def describe() -> str:
+        return (f"{bar.describe()} to complete its phase of parity {parity} (it has completed {bar.completed} "
+                f"phases; the current one has {bar.count - bar.pending} of {bar.count} arrivals, {bar.tx} TMA "
+                f"bytes outstanding)")
+
+    yield Wait(op.loc, lambda: bar.passed(parity), describe, lambda: join(wg.clock, bar.released), bar)
+
+
+@interpret.rule(FenceAsyncShared)
+def _interp_fence(op: FenceAsyncShared, wg: Warpgroup) -> None:
+    fence(wg.cta.smem_records, wg.agent)

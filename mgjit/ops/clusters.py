@@ -3,10 +3,13 @@ every CTA of the cluster, with release/acquire ordering).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generator
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from ..errors import Loc
+from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import Op, ScalarType
 
 
@@ -51,3 +54,15 @@ def _cluster_rank(op: ClusterRank, ctx: lower.Context) -> None:
 @lower.rule(ClusterSync)
 def _cluster_sync(op: ClusterSync, ctx: lower.Context) -> None:
     ctx.e.asm_void("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;", "", [])
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+@interpret.rule(ClusterRank)
+def _interp_cluster_rank(op: ClusterRank, wg: Warpgroup) -> None:
+    wg.set(op.result, torch.tensor(wg.cta.rank, dtype=torch.int32))
+
+
+@interpret.rule(ClusterSync)
+def _interp_cluster_sync(op: ClusterSync, wg: Warpgroup) -> Generator[Wait, None, None]:
+    yield wg.rendezvous(op, wg.cluster.sync)

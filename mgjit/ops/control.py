@@ -7,10 +7,14 @@ elements (a splat as its one value).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Generator, Sequence
 
-from .. import infer, ir, lower
+import torch
+
+from .. import infer, interpret, ir, lower
 from ..errors import Loc
+from ..interpret import numerics
+from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import Block, Op, ScalarType, Type, Value, check, is_int_scalar
 from ..lower.context import num_elems
 
@@ -169,4 +173,35 @@ def _if(op: If, ctx: lower.Context) -> None:
 @lower.rule(Yield)
 def _yield(op: Yield, ctx: lower.Context) -> None:
     # A Yield is lowered by the For or If whose region it ends (lower.lower_block); anywhere else the IR is broken.
+    raise op.error("internal error: a yield that does not end a loop or if region")
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# Values carried through a loop or out of an if pass as they are: an MMA result still in flight may be carried
+# (to the next MMA of its chain) without being read.
+
+@interpret.rule(For)
+def _interp_for(op: For, wg: Warpgroup) -> Generator[Wait, None, None]:
+    start, stop, step = (int(wg.scalar(v, op)) for v in op.operands[:3])
+    if step <= 0:
+        raise op.error(f"this loop's step is {step} at run time: a step must be positive (the loop would not end)")
+    iv_dtype = numerics.torch_dtype(op.operands[0].dtype)
+    carried = [wg.raw(v) for v in op.inits]
+    for i in range(start, stop, step):  # scf.for: a signed `iv < upper` test, a positive step
+        carried = yield from wg.region(op.body, [torch.tensor(i, dtype=iv_dtype), *carried])
+    for r, x in zip(op.results, carried):
+        wg.set(r, x)
+
+
+@interpret.rule(If)
+def _interp_if(op: If, wg: Warpgroup) -> Generator[Wait, None, None]:
+    taken = op.regions[0] if wg.scalar(op.operands[0], op) else op.regions[1]
+    for r, x in zip(op.results, (yield from wg.region(taken, []))):
+        wg.set(r, x)
+
+
+@interpret.rule(Yield)
+def _interp_yield(op: Yield, wg: Warpgroup) -> None:
+    # A Yield ends a region and is read by the For or If that runs it (Warpgroup.region); anywhere else the IR
+    # is broken.
     raise op.error("internal error: a yield that does not end a loop or if region")

@@ -8,14 +8,18 @@ links into exactly the kernels that call it. bf16/f16 math is done in f32 and ro
 """
 from __future__ import annotations
 
-import collections
 import math
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from ..dtypes import DType
 from ..errors import Loc
+from ..interpret import numerics
+from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, ScalarType, Value, check, same_shape
 from ..layouts import SplatLayout
+from .arrays import Broadcast
 from ..lower.context import num_elems, splat_to
 
 UNARY_KINDS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "not")
@@ -209,8 +213,8 @@ def _unary(op: Unary, ctx: lower.Context) -> None:
 def _binary(op: Binary, ctx: lower.Context) -> None:
     e, dtype, kind = ctx.e, op.operands[0].dtype, op.kind
     if dtype.is_float:
-        if kind == "div" and op.result.is_array:
-            _map(ctx, op, _divide(e, ctx.frag(op.operands[1]), dtype))
+        if kind == "div" and _divides_by_shared_values(op):
+            _map(ctx, op, _divide(e, dtype))
         elif kind in ("add", "sub", "mul", "div", "min", "max"):
             _map(ctx, op, lambda a, b: e.fbinary(kind, a, b))
         elif kind == "floordiv":
@@ -226,18 +230,12 @@ def _binary(op: Binary, ctx: lower.Context) -> None:
         _map(ctx, op, lambda a, b: e.ibinary(kind, a, b, dtype.is_signed))
 
 
-def _divide(e, divisor: lower.Frag, dtype: DType):
-    """Elementwise division that divides once per divisor value shared by several elements (a splat, the
-    broadcast of a row's reduction, as in x / x.sum(axis=1, keepdims=True)): one IEEE reciprocal, then
-    multiplies, within 1.5 ulp of division; a divide per element is a long instruction sequence. A divisor used
-    by one element only is divided by as written."""
-    uses = collections.Counter(id(v) for v in divisor.elems)
-    shared = divisor.is_splat or max(uses.values()) > 1
+def _divide(e, dtype: DType):
+    """Division by values each shared by many elements: one IEEE reciprocal per distinct value, then multiplies
+    (within 1.5 ulp of division; a divide per element is a long instruction sequence)."""
     inverses: dict[int, object] = {}
 
     def divide(a, b):
-        if not shared or uses[id(b)] == 1 and not divisor.is_splat:
-            return e.fbinary("div", a, b)
         inverse = inverses.get(id(b))
         if inverse is None:
             inverse = inverses[id(b)] = e.fbinary("div", e.const(1.0, dtype), b)
@@ -272,10 +270,147 @@ def _select(op: Select, ctx: lower.Context) -> None:
     _map(ctx, op, ctx.e.select)
 
 
-@lower.rule(Cast)
-def _cast(op: Cast, ctx: lower.Context) -> None:
-    src, dst = op.operands[0].dtype, op.result.dtype
-    for d in (src, dst):
+def _check_cast(op: Cast) -> None:
+    for d in (op.operands[0].dtype, op.result.dtype):
         if d.bits == 8 and d.is_float:
             raise op.error(f"casts to and from {d.name} in register arrays are not supported yet")
+
+
+@lower.rule(Cast)
+def _cast(op: Cast, ctx: lower.Context) -> None:
+    _check_cast(op)
+    src, dst = op.operands[0].dtype, op.result.dtype
     _map(ctx, op, lambda x: ctx.e.cast(x, src, dst))
+
+
+def _divides_by_shared_values(op: Binary) -> bool:
+    """An array divided by values each shared by many of its elements: a scalar, a splat, or a broadcast (the
+    row sums of x / x.sum(axis=1, keepdims=True)). The lowering takes one reciprocal per value and multiplies;
+    the interpreter rounds the same way."""
+    divisor = op.operands[1]
+    return op.result.is_array and (not divisor.is_array or isinstance(divisor.layout, SplatLayout)
+                                   or isinstance(divisor.owner, Broadcast))
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# The same arithmetic as the lowering, in the IR's dtypes: narrow floats computed in f32 and rounded once per
+# operation the lowering emits (so x / y by one value is a rounded reciprocal, then a rounded product); the
+# approximate ex2/lg2/rsqrt are computed exactly in f32 (the hardware's are within 2 ulp of that).
+
+_LOG2E, _LN2 = math.log2(math.e), math.log(2.0)
+_F32_UNARY = {
+    "exp": lambda w: torch.exp2(w * numerics.constant(_LOG2E, dtypes.float32)),
+    "exp2": torch.exp2, "log": lambda w: torch.log2(w) * numerics.constant(_LN2, dtypes.float32),
+    "log2": torch.log2, "rsqrt": torch.rsqrt, "sqrt": torch.sqrt, "tanh": torch.tanh, "erf": torch.erf,
+    "sin": torch.sin, "cos": torch.cos}
+_F64_UNARY = {**_F32_UNARY, "exp": torch.exp, "log": torch.log}
+_FLOAT_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "min": torch.minimum,
+                 "max": torch.maximum}
+
+
+def _float_unary_value(kind: str, x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    if kind == "neg":
+        return -x
+    if kind == "abs":
+        return x.abs()
+    table = _F64_UNARY if dtype == dtypes.float64 else _F32_UNARY
+    return table[kind](numerics.widen(x, dtype)).to(numerics.torch_dtype(dtype))
+
+
+def _float_op(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType) -> torch.Tensor:
+    return _FLOAT_BINARY[kind](numerics.widen(a, dtype), numerics.widen(b, dtype)).to(numerics.torch_dtype(dtype))
+
+
+def _floor_value(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    return x.to(torch.float32).floor().to(numerics.torch_dtype(dtype))  # cvt.rmi.f32.f32, as `_floor` lowers it
+
+
+def _wrap(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """An int64 result as the `dtype`-wide integer the hardware keeps (two's complement wrap-around)."""
+    if dtype.bits < 64:
+        x = x & ((1 << dtype.bits) - 1)
+        if dtype.is_signed:
+            x = torch.where(x >= 1 << (dtype.bits - 1), x - (1 << dtype.bits), x)
+    return x.to(numerics.torch_dtype(dtype))
+
+
+def _int_binary_value(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """arith's integer ops on `dtype` (signed ops for signed types), with PTX's answers where arith has none: a
+    shift by the width or more clamps to the width, a division by zero gives all ones and leaves the dividend
+    as the remainder."""
+    a, b = a.to(torch.int64), b.to(torch.int64)
+    bits = dtype.bits
+    if kind in ("floordiv", "mod"):
+        special = (b == 0) | (b == -1)
+        q = torch.div(a, torch.where(special, 1, b), rounding_mode="trunc")  # divsi/divui: toward zero
+        if kind == "floordiv":
+            return _wrap(torch.where(b == 0, -1, torch.where(b == -1, 0 - a, q)), dtype)
+        return _wrap(torch.where(b == 0, a, torch.where(b == -1, 0, a - q * b)), dtype)
+    if kind in ("shl", "shr"):
+        amount = torch.where((b < 0) | (b >= bits), bits, b)
+        if kind == "shl":
+            return _wrap(torch.where(amount >= bits, 0, a << amount.clamp(max=63)), dtype)
+        if dtype.is_signed:
+            return _wrap(a >> amount.clamp(max=bits - 1), dtype)
+        return _wrap(torch.where(amount >= bits, 0, a >> amount.clamp(max=63)), dtype)
+    table = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "and": torch.bitwise_and,
+             "or": torch.bitwise_or, "xor": torch.bitwise_xor, "min": torch.minimum, "max": torch.maximum}
+    return _wrap(table[kind](a, b), dtype)
+
+
+@interpret.rule(Unary)
+def _interp_unary(op: Unary, wg: Warpgroup) -> None:
+    x, dtype = wg.get(op.operands[0], op), op.operands[0].dtype
+    if dtype.is_float:
+        y = _float_unary_value(op.kind, x, dtype)
+    elif op.kind == "neg":
+        y = _int_binary_value("sub", torch.zeros_like(x), x, dtype)
+    elif op.kind == "abs":
+        y = _int_binary_value("sub", torch.zeros_like(x), x, dtype).where(x < 0, x) if dtype.is_signed else x
+    elif op.kind == "not":
+        y = torch.bitwise_not(x)
+    else:
+        raise op.error(f"{op.kind} is not defined for {dtype.name}")
+    wg.set(op.result, y)
+
+
+@interpret.rule(Binary)
+def _interp_binary(op: Binary, wg: Warpgroup) -> None:
+    a, b = (wg.get(v, op) for v in op.operands)
+    dtype, kind = op.operands[0].dtype, op.kind
+    if not dtype.is_float:
+        wg.set(op.result, _int_binary_value(kind, a, b, dtype))
+        return
+    if kind == "div" and _divides_by_shared_values(op):
+        y = _float_op("mul", a, _float_op("div", numerics.constant(1.0, dtype), b, dtype), dtype)
+    elif kind in _FLOAT_BINARY:
+        y = _float_op(kind, a, b, dtype)
+    elif kind == "floordiv":
+        y = _floor_value(_float_op("div", a, b, dtype), dtype)
+    elif kind == "mod":
+        y = _float_op("sub", a, _float_op("mul", _floor_value(_float_op("div", a, b, dtype), dtype), b, dtype), dtype)
+    elif kind == "pow":
+        y = _float_unary_value("exp2", _float_op("mul", b, _float_unary_value("log2", a, dtype), dtype), dtype)
+    else:
+        raise op.error(f"{kind} is not defined for {dtype.name}")
+    wg.set(op.result, y)
+
+
+_COMPARE = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}
+
+
+@interpret.rule(Compare)
+def _interp_compare(op: Compare, wg: Warpgroup) -> None:
+    wg.set(op.result, _COMPARE[op.kind](*(wg.get(v, op) for v in op.operands)))
+
+
+@interpret.rule(Select)
+def _interp_select(op: Select, wg: Warpgroup) -> None:
+    cond, a, b = (wg.get(v, op) for v in op.operands)
+    wg.set(op.result, torch.where(cond, a, b))
+
+
+@interpret.rule(Cast)
+def _interp_cast(op: Cast, wg: Warpgroup) -> None:
+    _check_cast(op)
+    wg.set(op.result, numerics.cast(wg.get(op.operands[0], op), op.operands[0].dtype, op.result.dtype))

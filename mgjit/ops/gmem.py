@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import dtypes, infer, ir, lower
+import torch
+
+from .. import dtypes, infer, interpret, ir, lower
 from ..dtypes import DType
 from ..errors import Loc, Rule
+from ..interpret import numerics
+from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
 from ..layouts import LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
@@ -352,3 +356,41 @@ def _store(op: Store, ctx: lower.Context) -> None:
     for i in range(0, len(addrs), w):
         addr, pred = addrs[i]
         _store_access(ctx, addr, e.andi(pred, primary), frag.elems[i:i + w], dtype)
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+def window_slices(shape: Sequence[int], starts: Sequence[int], sizes: Sequence[int]) -> tuple[tuple, tuple] | None:
+    """The part of a window of `sizes` at `starts` inside a tensor of `shape`: (its slices in the tensor, its
+    slices in the window), or None when none of it is inside. An index is inside when 0 <= i < size, which is
+    the lowering's unsigned `i < size` test."""
+    inner, outer = [], []
+    for n, start, size in zip(shape, starts, sizes):
+        lo, hi = max(start, 0), min(start + size, n)
+        if lo >= hi:
+            return None
+        inner.append(slice(lo, hi))
+        outer.append(slice(lo - start, hi - start))
+    return tuple(inner), tuple(outer)
+
+
+def _window(op: _GmemAccess, wg: Warpgroup) -> tuple[torch.Tensor, tuple | None]:
+    ref = wg.get(op.ref, op)
+    starts = [int(wg.scalar(s, op)) for s in op.starts]
+    return ref, window_slices(ref.shape, starts, op.sizes)
+
+
+@interpret.rule(Load)
+def _interp_load(op: Load, wg: Warpgroup) -> None:
+    ref, inside = _window(op, wg)
+    out = torch.zeros(op.sizes, dtype=numerics.torch_dtype(op.ref.dtype))
+    if inside is not None:
+        out[inside[1]] = ref[inside[0]]
+    wg.set(op.result, out.reshape(op.window_shape))
+
+
+@interpret.rule(Store)
+def _interp_store(op: Store, wg: Warpgroup) -> None:
+    ref, inside = _window(op, wg)
+    if inside is not None:
+        ref[inside[0]] = wg.get(op.value, op).reshape(op.sizes)[inside[1]]

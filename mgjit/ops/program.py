@@ -4,8 +4,11 @@ All are scalars, the same in every thread of the CTA.
 """
 from __future__ import annotations
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from ..errors import Loc
+from ..interpret import numerics
 from ..ir import Op, ScalarType, Value, check
 from ..dtypes import DType
 
@@ -84,3 +87,25 @@ def _num_programs(op: NumPrograms, ctx: lower.Context) -> None:
 @lower.rule(RefDim)
 def _ref_dim(op: RefDim, ctx: lower.Context) -> None:
     ctx.set(op.result, ctx.get(op.operands[0]).sizes[op.axis])
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+@interpret.rule(Constant)
+def _interp_constant(op: Constant, wg) -> None:
+    wg.set(op.result, numerics.constant(op.value, op.result.dtype))
+
+
+@interpret.rule(ProgramId)
+def _interp_program_id(op: ProgramId, wg) -> None:
+    wg.set(op.result, torch.tensor(wg.cta.program_id[op.axis], dtype=torch.int32))
+
+
+@interpret.rule(NumPrograms)
+def _interp_num_programs(op: NumPrograms, wg) -> None:
+    wg.set(op.result, torch.tensor(wg.run.grid[op.axis], dtype=torch.int32))
+
+
+@interpret.rule(RefDim)
+def _interp_ref_dim(op: RefDim, wg) -> None:
+    wg.set(op.result, torch.tensor(wg.get(op.operands[0], op).shape[op.axis], dtype=torch.int32))

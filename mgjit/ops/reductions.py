@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import math
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from ..errors import Loc, Rule
+from ..interpret import numerics
+from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, ScalarType, Value, check
 from ..layouts import SPLAT, LayoutError, SplatLayout, TiledLayout
 from ..lower.context import element_offsets
@@ -56,6 +60,12 @@ def _infer_reduce(op: Reduce, inf: infer.Inference) -> None:
 
 # ---------------------------------------------------------------------------------------------- lowering
 
+def _check_dtype(op: Reduce) -> None:
+    dtype = op.operands[0].dtype
+    if dtype.bits == 64 or dtype == dtypes.bool_:
+        raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
+
+
 def _combine(ctx: lower.Context, kind: str, dtype, a, b):
     e = ctx.e
     if kind == "sum":
@@ -71,8 +81,7 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     src = ctx.frag(op.operands[0])
     out = op.result
     dtype = src.dtype
-    if dtype.bits == 64 or dtype == dtypes.bool_:
-        raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
+    _check_dtype(op)
     acc_dtype = dtypes.float32 if dtype.is_float else dtype
     rank = len(src.shape)
     reduced_count = math.prod(src.shape[a] for a in op.axes)
@@ -145,3 +154,25 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
         return
     elems = [e.cast(groups[off], acc_dtype, dtype) for off in element_offsets(out.layout, out.type.shape)]
     ctx.set(out, lower.Frag(out.layout, out.type.shape, dtype, elems))
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+@interpret.rule(Reduce)
+def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
+    """In the accumulation dtype (f32 for narrow floats), rounded once; a splat's sum is one multiply, as the
+    lowering computes it. Integer sums wrap."""
+    _check_dtype(op)
+    src = op.operands[0]
+    x, dtype = wg.get(src, op), src.dtype
+    wide = numerics.widen(x, dtype)
+    if isinstance(src.layout, SplatLayout):
+        first = wide.reshape(-1)[0]
+        count = math.prod(src.type.shape[a] for a in op.axes)
+        y = first * count if op.kind == "sum" else first
+        y = y.expand(op.result.type.shape) if op.result.is_array else y
+    elif op.kind == "sum":
+        y = wide.sum(dim=op.axes, dtype=wide.dtype)
+    else:
+        y = (torch.amax if op.kind == "max" else torch.amin)(wide, dim=op.axes)
+    wg.set(op.result, y.to(numerics.torch_dtype(dtype)))

@@ -9,11 +9,18 @@ SBO = 8*S; MN-major: LBO = the distance between blocks).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
-from .. import infer, lower, tiles
+import torch
+
+from .. import infer, interpret, ir, lower, tiles
+from .. import mma_descriptors as md
 from ..dtypes import DType
-from ..errors import Loc, Rule
+from ..errors import Check, InterpretError, Loc, Rule
+from ..interpret.checker import Access, check_read, check_write
+from ..interpret.machine import CTA, BarrierRef
+from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, Value, check, is_int_scalar, is_ref
 from ..layouts import SplatLayout, blocked
 from ..lower.context import element_offsets, splat_to
@@ -124,6 +131,37 @@ def tile_of(t: RefType) -> tiles.Tile:
     return tiles.Tile(tuple(t.shape[::-1] if t.transposed else t.shape), t.dtype.storage_bits, t.swizzle)
 
 
+def tile_alignment(t: RefType) -> int:
+    """Where an SMEM buffer may start: a swizzled one on the swizzle pattern's repeat (the XOR reads address
+    bits), any other on 128 bytes."""
+    return tiles.SWIZZLE_ALIGN if t.swizzle else 128
+
+
+def stored_k_major(t: RefType, k_axis: int) -> bool:
+    """Whether an MMA operand viewed as `t`, whose K runs along logical axis `k_axis` (A is (M, K): 1; B is
+    (K, N): 0), is stored K-major: K is the last, contiguous, dimension of the tile it views."""
+    return (k_axis == 1) != t.transposed
+
+
+def descriptor_fields(t: RefType, mn_offset: int, k_offset: int, k_major: bool) -> tuple[int, SmemDescriptor]:
+    """The operand block at (mn_offset, k_offset) of an SMEM tile as an MMA descriptor addresses it: its byte
+    offset in the tile, and the descriptor's fields with start address 0.
+
+    K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
+    along MN. The stored shape is the tile's own (before any transposed view).
+    """
+    stored = tile_of(t)
+    s = stored.swizzle
+    if k_major:
+        byte = stored.offset(mn_offset, k_offset, swizzled=False)
+        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
+    else:
+        assert mn_offset % stored.block_cols == 0, "an MN-major operand block starts on a swizzle column"
+        byte = stored.offset(k_offset, mn_offset, swizzled=False)
+        lbo, sbo = stored.rows * s, 8 * s
+    return byte, SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s))
+
+
 def check_smem_budget(ctx: lower.Context, op: Op) -> None:
     limit = ctx.target.smem_bytes
     if ctx.smem_bytes > limit:
@@ -134,7 +172,7 @@ def check_smem_budget(ctx: lower.Context, op: Op) -> None:
 @lower.rule(SmemAlloc)
 def _smem_alloc(op: SmemAlloc, ctx: lower.Context) -> None:
     t = op.result.type
-    offset = ctx.alloc_shared(tile_of(t).nbytes, tiles.SWIZZLE_ALIGN if t.swizzle else 128)
+    offset = ctx.alloc_shared(tile_of(t).nbytes, tile_alignment(t))
     check_smem_budget(ctx, op)
     ctx.set(op.result, SmemTile(ctx.e.i32(offset), t))
 
@@ -156,22 +194,11 @@ def _ref_transpose(op: RefTranspose, ctx: lower.Context) -> None:
 def operand_descriptor(ctx: lower.Context, tile: SmemTile, mn_offset: int, k_offset: int, k_major: bool,
                        encode: Callable[[SmemDescriptor], int] = wgmma_smem_descriptor) -> Any:
     """The MMA descriptor (i64) of the operand block starting at (mn_offset, k_offset) of an SMEM tile, in
-    the wgmma format or, with encode=tcgen05_smem_descriptor, the tcgen05 one (they differ only there).
-
-    K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
-    along MN. `k_major` says which; the stored shape is the tile's own (before any transposed view).
-    """
+    the wgmma format or, with encode=tcgen05_smem_descriptor, the tcgen05 one (they differ only there): the
+    fields of `descriptor_fields` with the tile's shared address added."""
     e = ctx.e
-    stored = tile_of(tile.type)
-    s = stored.swizzle
-    if k_major:
-        byte = stored.offset(mn_offset, k_offset, swizzled=False)
-        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
-    else:
-        assert mn_offset % stored.block_cols == 0, "an MN-major operand block starts on a swizzle column"
-        byte = stored.offset(k_offset, mn_offset, swizzled=False)
-        lbo, sbo = stored.rows * s, 8 * s
-    const = encode(SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s)))
+    byte, fields = descriptor_fields(tile.type, mn_offset, k_offset, k_major)
+    const = encode(fields)
     addr = e.addi(shared_address(ctx, tile.offset), e.i32(byte))
     field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
     return e.m.arith.ori(field, e.i64(const))
@@ -253,3 +280,101 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
                       ",".join(["=r"] * n + ["r"]), [addr], [e.int_type(32)] * n)
         elems.extend(unpack_words(e, words, dtype, w))
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# An SMEM reference is an SmemTile whose offset is an int: the same in every CTA, so that a peer's tile is the
+# same offset in the peer's bytes.
+
+def smem_plan(kernel: ir.Kernel) -> tuple[dict[int, int], int]:
+    """Byte offsets of the kernel's SMEM buffers (by id(SmemAlloc)) in program order, aligned as the lowering
+    aligns them, and the bytes they need in all."""
+    offsets, size = {}, 0
+    for op in kernel.walk():
+        if isinstance(op, SmemAlloc):
+            align = tile_alignment(op.result.type)
+            size = -(-size // align) * align
+            offsets[id(op)] = size
+            size += tile_of(op.result.type).nbytes
+    return offsets, -(-size // 16) * 16
+
+
+@functools.lru_cache(maxsize=64)
+def tile_byte_offsets(tile: tiles.Tile) -> torch.Tensor:
+    """The byte offset of every element of a tile, shape (rows, cols): where an SMEM store puts it."""
+    rows = torch.arange(tile.rows, dtype=torch.int64)[:, None]
+    cols = torch.arange(tile.cols, dtype=torch.int64)[None, :]
+    return tile.offset(rows, cols)
+
+
+def tile_range(tile: SmemTile) -> tuple[int, int]:
+    return tile.offset, tile.offset + tile_of(tile.type).nbytes
+
+
+def mma_operand(cta: CTA, tile: SmemTile, mn_offset: int, rows: int, k_offset: int, k: int, k_major: bool,
+                tcgen05: bool) -> torch.Tensor:
+    """The (rows, k) block of an SMEM operand that one MMA instruction reads, read as the tensor cores read it:
+    through the descriptor the lowering encodes for it (decoded field by field), not through the tile's own
+    geometry, so that a wrong descriptor reads wrong numbers."""
+    byte, fields = descriptor_fields(tile.type, mn_offset, k_offset, k_major)
+    encode = md.tcgen05_smem_descriptor if tcgen05 else wgmma_smem_descriptor
+    desc = md.decode_smem_descriptor(encode(dataclasses.replace(fields, start_address=tile.offset + byte)), tcgen05)
+    mn = torch.arange(rows, dtype=torch.int64)[:, None]
+    kk = torch.arange(k, dtype=torch.int64)[None, :]
+    address = md.operand_address(desc, md.Major.K if k_major else md.Major.MN, mn, kk, tile.type.dtype.bits)
+    return cta.read_smem(address, tile.type.dtype)
+
+
+@interpret.rule(SmemAlloc)
+def _interp_smem_alloc(op: SmemAlloc, wg: Warpgroup) -> None:
+    wg.set(op.result, SmemTile(wg.run.smem_offsets[id(op)], op.result.type))
+
+
+@interpret.rule(RefIndex)
+def _interp_ref_index(op: RefIndex, wg: Warpgroup) -> None:
+    src = wg.get(op.operands[0], op)
+    index = int(wg.scalar(op.operands[1], op))
+    t = op.operands[0].type
+    if not 0 <= index < t.shape[0]:
+        what = "barrier array" if t.space == "barrier" else "SMEM buffer"
+        alloc = op.operands[0].owner
+        while isinstance(alloc, (RefIndex, RefTranspose)):
+            alloc = alloc.operands[0].owner
+        raise InterpretError(f"index {index} is outside this {what} of {t.shape[0]} (shape {t.shape})", op.loc,
+                             Check.OUT_OF_BOUNDS, (alloc.loc,) if isinstance(alloc, Op) and alloc.loc else ())
+    if t.space == "barrier":
+        wg.set(op.result, BarrierRef(src.alloc, index))
+    else:
+        wg.set(op.result, SmemTile(src.offset + index * tile_of(op.result.type).nbytes, op.result.type))
+
+
+@interpret.rule(RefTranspose)
+def _interp_ref_transpose(op: RefTranspose, wg: Warpgroup) -> None:
+    wg.set(op.result, SmemTile(wg.get(op.operands[0], op).offset, op.result.type))
+
+
+@interpret.rule(SmemStore)
+def _interp_smem_store(op: SmemStore, wg: Warpgroup) -> None:
+    """Each element goes where `Tile.offset` puts it (the lowering's addressing); the store is recorded as the
+    warpgroup's, unfenced until fence_async_shared (or a TMA store, which fences first)."""
+    tile = wg.get(op.operands[0], op)
+    value = wg.get(op.operands[1], op)
+    stored = tile_of(tile.type)
+    start, end = tile_range(tile)
+    cta = wg.cta
+    check_write(cta.smem_records, start, end, wg.clock, op.loc, "this SMEM store")
+    cta.write_smem(tile.offset + tile_byte_offsets(stored), value.reshape(stored.rows, stored.cols), tile.type.dtype)
+    cta.smem_records.add(Access(start, end, "store", wg.agent, wg.event(), op.loc, "SMEM store", fenced=False))
+
+
+@interpret.rule(SmemLoad)
+def _interp_smem_load(op: SmemLoad, wg: Warpgroup) -> None:
+    """Each element read from where `Tile.offset` puts it (a transposed view reads its stored tile and swaps the
+    indices); the bytes must not be written by a TMA copy not yet waited for, nor by another warpgroup's store
+    that nothing orders before this read."""
+    tile = wg.get(op.operands[0], op)
+    stored = tile_of(tile.type)
+    start, end = tile_range(tile)
+    check_read(wg.cta.smem_records, start, end, wg.clock, op.loc, "this SMEM read", async_proxy=False)
+    values = wg.cta.read_smem(tile.offset + tile_byte_offsets(stored), tile.type.dtype).reshape(stored.shape)
+    wg.set(op.result, values.transpose(-1, -2) if tile.type.transposed else values)

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from .. import mma_descriptors as md
 from ..errors import Loc, Rule
+from ..interpret import numerics
+from ..interpret.checker import Access, check_read, check_write
+from ..interpret.machine import CTA
+from ..interpret.scheduler import AsyncOp, Warpgroup
 from ..ir import Op, ScalarType, Value, check, is_ref
 from ..mma_descriptors import Major, Tcgen05InstrDescriptor, tcgen05_kind, tcgen05_smem_descriptor
-from ..tmem_layouts import TMEMLayoutError, check_tcgen05_shape
+from ..tmem_layouts import MMAPiece, TMEMLayoutError, check_tcgen05_shape, mma_data_path
 from .clusters import cluster_ctarank, pair_leader_rank
-from .smem import SmemTile, operand_descriptor, shared_address
+from .smem import SmemTile, mma_operand, operand_descriptor, shared_address, stored_k_major, tile_range
 from .tmem import LoweredTmem
 
 
@@ -105,13 +111,6 @@ class Tcgen05Mma(Op):
         except md.DescriptorError as e:
             raise self.error(str(e), rule=Rule.TCGEN05_SHAPE) from None
 
-    @property
-    def majors(self) -> tuple[md.Major, md.Major]:
-        """Which dimension of A and of B is contiguous in memory (A is (M, K), B is (K, N) as the op sees them;
-        a transposed SMEM view swaps it; a TMEM operand is never transposed)."""
-        a, b = self.operands[1], self.operands[2]
-        return (md.Major.MN if a.type.transposed else md.Major.K), (md.Major.K if b.type.transposed else md.Major.MN)
-
 
 class Tcgen05Commit(Op):
     """Arrive once on `barrier` when every tcgen05 MMA the issuing thread started before it has completed
@@ -145,16 +144,15 @@ def _infer_tcgen05_mma(op: Tcgen05Mma, inf: infer.Inference) -> None:
     acc, a, b, _ = op.operands
     pieces = acc.layout.mma_pieces()
     m, n, _ = op.mnk
-    a_major, b_major = op.majors
     try:
         kind = md.tcgen05_kind(a.dtype)
         if op.collective and len(pieces) != 1:
             raise md.DescriptorError(f"a 2-CTA MMA writes its accumulator with one instruction: N <= 256, got {n}")
         for piece in pieces:
             check_tcgen05_shape(m, piece.n, kind.instruction_k, kind, op.collective)
-            md.Tcgen05InstrDescriptor(m, piece.n, a.dtype, b.dtype, acc.dtype, a_major, b_major)
+            instr_descriptor(op, piece)
         per_row = b.type.swizzle * 8 // b.dtype.bits
-        if b_major is md.Major.MN and any(p.col_start % per_row for p in pieces):
+        if not _k_major(op)[1] and any(p.col_start % per_row for p in pieces):
             raise md.DescriptorError(f"this accumulator takes {len(pieces)} MMAs of N = {pieces[0].n}; with an "
                                      f"N-major B each must start on a {b.type.swizzle}B swizzle column "
                                      f"({per_row} elements)")
@@ -173,6 +171,26 @@ def _issuer(ctx: lower.Context, cta_group: int) -> Any:
     return pred
 
 
+def _k_major(op: Tcgen05Mma) -> tuple[bool, bool]:
+    """Whether A and B are stored K-major (A in TMEM is: its K runs along the columns)."""
+    a, b = op.operands[1].type, op.operands[2].type
+    return a.space == "tmem" or stored_k_major(a, 1), stored_k_major(b, 0)
+
+
+def instr_descriptor(op: Tcgen05Mma, piece: MMAPiece) -> Tcgen05InstrDescriptor:
+    """The instruction descriptor of one of the MMA's instructions (`TMEMLayout.mma_pieces`)."""
+    acc, a, b, _ = op.operands
+    a_k_major, b_k_major = _k_major(op)
+    return Tcgen05InstrDescriptor(op.mnk[0], piece.n, a.dtype, b.dtype, acc.dtype,
+                                  Major.K if a_k_major else Major.MN, Major.K if b_k_major else Major.MN)
+
+
+def _a_tmem_column(op: Tcgen05Mma, kk: int) -> int:
+    """For A in TMEM: the column K step `kk` starts at (A's K runs along TMEM columns, 32 bits each)."""
+    a = op.operands[1]
+    return kk * tcgen05_kind(a.dtype).instruction_k * a.dtype.bits // 32
+
+
 @lower.rule(Tcgen05Mma)
 def _tcgen05_mma(op: Tcgen05Mma, ctx: lower.Context) -> None:
     e = ctx.e
@@ -181,25 +199,23 @@ def _tcgen05_mma(op: Tcgen05Mma, ctx: lower.Context) -> None:
     a = ctx.get(a_v)
     b: SmemTile = ctx.get(b_v)
     cta_group = 2 if op.collective else 1
-    m, _, k = op.mnk
+    _, _, k = op.mnk
     kind = tcgen05_kind(a_v.dtype)
     k_step = kind.instruction_k
     a_in_tmem = isinstance(a, LoweredTmem)
-    a_major, b_major = op.majors
-    a_k_major, b_k_major = a_major is Major.K, b_major is Major.K
+    a_k_major, b_k_major = _k_major(op)
     issuer = _issuer(ctx, cta_group)
     accumulate = ctx.get(accumulate_v)
     true = e.const_bool(True)
     a_operand = "[$2]" if a_in_tmem else "$2"
     e.asm_void("tcgen05.fence::after_thread_sync;", "", [])
     for piece in acc.layout.mma_pieces():
-        idesc = Tcgen05InstrDescriptor(m, piece.n, a_v.dtype, b_v.dtype, acc_v.dtype,
-                                       a_major, b_major)
+        idesc = instr_descriptor(op, piece)
         text = (f"@$0 tcgen05.mma.cta_group::{cta_group}.kind::{kind.value} [$1], {a_operand}, $3, $4, $5;")
         d = e.addi(acc.addr, e.i32((piece.lane_offset << 16) + piece.column_offset))
         for kk in range(k // k_step):
-            if a_in_tmem:  # A's K runs along TMEM columns, 32 bits each
-                columns = kk * k_step * a_v.dtype.bits // 32
+            if a_in_tmem:
+                columns = _a_tmem_column(op, kk)
                 da = e.addi(a.addr, e.i32(columns)) if columns else a.addr
             else:
                 da = operand_descriptor(ctx, a, 0, kk * k_step, a_k_major, tcgen05_smem_descriptor)
@@ -223,3 +239,100 @@ def _tcgen05_commit(op: Tcgen05Commit, ctx: lower.Context) -> None:
     mask = e.trunc(e.m.arith.shli(e.i32(3), pair_leader_rank(ctx)), 16)
     e.asm_void("@$0 tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 "
                "[$1], $2;", "b,r,h", [issuer, bar, mask])
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# The MMA as the hardware runs it, from what the lowering encodes: each instruction of each piece reads its
+# operands through its SMEM descriptors (or A's TMEM columns), takes M, N and the operands' majors from its
+# instruction descriptor read back, and writes D where the PTX data path (`tmem_layouts.mma_data_path`) puts it.
+# A 2-CTA MMA, issued by the pair's leader, multiplies each CTA's rows of A by B's two halves side by side (the
+# leader's columns first) into each CTA's own TMEM.
+
+def _tmem_a(cta: CTA, a: LoweredTmem, column: int, k: int, dtype, loc) -> torch.Tensor:
+    """K elements of each of A's 128 rows from TMEM: row r in lane r, packed along the columns from `column`."""
+    per = 32 // dtype.bits
+    kk = torch.arange(k, dtype=torch.int64)
+    lanes = torch.arange(128, dtype=torch.int64)[:, None].expand(128, k)
+    columns = (column + kk // per).expand(128, k)
+    cta.tmem.check(loc, "this tcgen05_mma's A", lanes, columns, a.addr, a.addr + a.layout.columns)
+    words = cta.tmem.cells[lanes, columns].to(torch.int64) & 0xFFFFFFFF
+    return numerics.from_bits((words >> (kk % per * dtype.bits)) & ((1 << dtype.bits) - 1), dtype)
+
+
+@interpret.rule(Tcgen05Mma)
+def _interp_tcgen05_mma(op: Tcgen05Mma, wg: Warpgroup) -> None:
+    """Issued by one thread (the pair's leader CTA's, for 2 CTAs). Its SMEM operands must be ready now; they
+    count as read, and its accumulator columns as written, until a barrier of a commit issued after it tells
+    the reader the MMA is done."""
+    cta_group = 2 if op.collective else 1
+    cta, engine = wg.cta, wg.engine
+    if cta.rank % cta_group:
+        return
+    acc_v, a_v, b_v, accumulate_v = op.operands
+    acc, a, b = (wg.get(v, op) for v in (acc_v, a_v, b_v))
+    accumulate = bool(wg.scalar(accumulate_v, op))
+    pair = wg.cluster.ctas[cta.rank:cta.rank + cta_group]
+    kind = tcgen05_kind(a_v.dtype)
+    k_step, k = kind.instruction_k, a_v.type.shape[1]
+    a_in_tmem = isinstance(a, LoweredTmem)
+    queue = ("mma", cta.rank, wg.index)
+    ordinal = engine.next_in(queue)
+    acc_columns = (acc.addr, acc.addr + acc.layout.columns)
+    for c in pair:
+        for tile in ((b,) if a_in_tmem else (a, b)):
+            start, end = tile_range(tile)
+            check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_mma")
+            c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_mma"))
+        check_write(c.tmem.records, *acc_columns, wg.clock, op.loc, "this tcgen05_mma", space="TMEM", queue=queue)
+        c.tmem.records.add(Access(*acc_columns, "mma", queue, ordinal, op.loc, "tcgen05_mma"))
+        if a_in_tmem:
+            c.tmem.records.add(Access(a.addr, a.addr + a.layout.columns, "read", queue, ordinal, op.loc, "tcgen05_mma"))
+
+    def compute() -> None:
+        d_dtype = acc_v.dtype
+        for piece in acc.layout.mma_pieces():
+            idesc = Tcgen05InstrDescriptor.decode(instr_descriptor(op, piece).encode(), kind)
+            rows, n = idesc.m // cta_group, idesc.n
+            lane, column = mma_data_path(idesc.m, n, cta_group, torch.arange(rows)[:, None], torch.arange(n)[None, :])
+            lanes, columns = lane + piece.lane_offset, column + acc.addr + piece.column_offset
+            b_blocks = [torch.cat([mma_operand(c, b, piece.col_start, n // cta_group, kk * k_step, k_step,
+                                               idesc.b_major is Major.K, tcgen05=True) for c in pair])
+                        for kk in range(k // k_step)]
+            for c in pair:
+                c.tmem.check(op.loc, "this tcgen05_mma", lanes, columns, *acc_columns)
+                d = torch.zeros(rows, n)
+                if accumulate:
+                    words = c.tmem.cells[lanes, columns].to(torch.int64) & ((1 << d_dtype.bits) - 1)
+                    d = numerics.from_bits(words, d_dtype).to(torch.float32)
+                for kk, b_block in enumerate(b_blocks):
+                    if a_in_tmem:
+                        a_block = _tmem_a(c, a, a.addr + _a_tmem_column(op, kk), k_step, a_v.dtype, op.loc)
+                    else:
+                        a_block = mma_operand(c, a, 0, rows, kk * k_step, k_step, idesc.a_major is Major.K,
+                                              tcgen05=True)
+                    d = d + numerics.mma_input(a_block) @ numerics.mma_input(b_block).T
+                bits = numerics.to_bits(d.to(numerics.torch_dtype(d_dtype)), d_dtype).to(torch.int64)
+                c.tmem.cells[lanes, columns] = (bits & ((1 << d_dtype.bits) - 1)).to(torch.int32)
+
+    engine.issue(AsyncOp(queue, op.loc, "tcgen05_mma", compute, tuple(pair)))
+
+
+@interpret.rule(Tcgen05Commit)
+def _interp_tcgen05_commit(op: Tcgen05Commit, wg: Warpgroup) -> None:
+    """One arrival (on each CTA of the pair, for 2 CTAs) once the MMAs issued before it are done: it completes in
+    the MMAs' queue, after them, and its arrival tells the waiters so."""
+    cta_group = op.cta_group or wg.run.kernel.cta_group
+    cta, engine = wg.cta, wg.engine
+    if cta.rank % cta_group:
+        return
+    queue = ("mma", cta.rank, wg.index)
+    clock = dict(wg.clock)
+    clock[queue] = max(clock.get(queue, 0), engine.next_in(queue) - 1)
+    ref = wg.get(op.operands[0], op)
+    bars = [ref.get(c) for c in wg.cluster.ctas[cta.rank:cta.rank + cta_group]]
+
+    def arrive() -> None:
+        for bar in bars:
+            bar.arrive(clock, op.loc)
+
+    engine.issue(AsyncOp(queue, op.loc, "tcgen05_commit", arrive))

@@ -9,13 +9,22 @@ dropped.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import functools
+import itertools
+import math
+from typing import Any, Generator, Iterator, Sequence
 
-from .. import infer, lower
+import torch
+
+from .. import infer, interpret, lower, tiles
 from ..errors import Loc
+from ..interpret import numerics
+from ..interpret.checker import Access, check_read, check_write, fence
+from ..interpret.scheduler import AsyncOp, Wait, Warpgroup
 from ..ir import Op, Value, check, is_ref
 from .clusters import cluster_ctarank, pair_leader_rank
-from .smem import SmemTile, shared_address, tile_of
+from .gmem import window_slices
+from .smem import SmemTile, shared_address, tile_of, tile_range
 
 
 class TmaLoad(Op):
@@ -216,3 +225,122 @@ def _tma_store_wait(op: TmaStoreWait, ctx: lower.Context) -> None:
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     e.asm_void(f"@$0 cp.async.bulk.wait_group.read {op.pending};", "b", [elected])
     ctx.warpgroup_barrier()  # the whole warpgroup may now overwrite the tiles
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# A copy moves the boxes the lowering issues (one per column block of the tile, `Tile.boxes`), each as the TMA
+# engine does: the descriptor's box read from GMEM at the box's coordinates (zeros outside the tensor) and
+# written row-major from the box's SMEM address with the descriptor's swizzle applied to the address.
+
+_loads = itertools.count()
+
+
+@functools.lru_cache(maxsize=64)
+def _row_major(box: tuple[int, ...], itemsize: int) -> torch.Tensor:
+    return torch.arange(math.prod(box), dtype=torch.int64).reshape(box) * itemsize
+
+
+def box_addresses(box: tuple[int, ...], itemsize: int, swizzle: int, address: int) -> torch.Tensor:
+    """The SMEM byte address of every element of a TMA box written (or read) at `address`."""
+    addresses = address + _row_major(box, itemsize)
+    return tiles.swizzle(addresses, swizzle) if swizzle else addresses
+
+
+def _read_box(tensor: torch.Tensor, coords: list[int], box: tuple[int, ...]) -> torch.Tensor:
+    data = torch.zeros(box, dtype=tensor.dtype)
+    inside = window_slices(tensor.shape, coords, box)
+    if inside is not None:
+        data[inside[1]] = tensor[inside[0]]
+    return data
+
+
+def _copy_boxes(stored: tiles.Tile, coords: list[int], address: int) -> list[tuple[list[int], int]]:
+    """(GMEM coordinates, outermost first, and SMEM address) of each TMA box of a copy."""
+    return [([*coords[:-1], coords[-1] + col], address + byte) for col, byte in stored.boxes()]
+
+
+@interpret.rule(TmaLoad, TmaLoadCollective)
+def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
+    """Arm the barrier with the tile's bytes (arrive.expect_tx) and issue the copy. A multicast copy brings this
+    CTA's share of rows to every CTA of the cluster, counted on each one's barrier at the same slot; a collective
+    one counts on the barrier of the pair's leader. The bytes are recorded as written by an unfinished copy
+    until it lands: reading them before waiting on that barrier is a race."""
+    cta, cluster = wg.cta, wg.cluster
+    src = wg.get(op.src, op)
+    dst = wg.get(op.dst, op)
+    ref = wg.get(op.barrier, op)
+    coords = [int(wg.scalar(c, op)) for c in op.coords]
+    spec = wg.run.kernel.tma_descriptors[op.descriptor]
+    stored, dtype = tile_of(dst.type), dst.type.dtype
+    collective = isinstance(op, TmaLoadCollective)
+    bar_cta = cluster.ctas[cta.rank & ~1] if collective else cta
+    address = dst.offset
+    if op.multicast:
+        first_row = cta.rank * spec.box[0]
+        coords[0] += first_row
+        address += first_row * (stored.block_bytes // stored.shape[0])
+    targets = cluster.ctas if op.multicast else [cta]
+    boxes = _copy_boxes(stored, coords, address)
+    box_bytes = math.prod(spec.box) * stored.itemsize
+    landing = []
+    for t in targets:
+        bar = ref.get(bar_cta if collective else t)
+        accesses = []
+        for _, addr in boxes:
+            check_write(t.smem_records, addr, addr + box_bytes, wg.clock, op.loc, "this TMA copy")
+            access = Access(addr, addr + box_bytes, "tma", bar.key, None, op.loc, "TMA copy")
+            t.smem_records.add(access)
+            accesses.append(access)
+        landing.append((t, bar, accesses))
+    ref.get(bar_cta).arrive(wg.clock, op.loc, tx=stored.nbytes)
+    clock = dict(wg.clock)
+
+    def land() -> None:
+        for t, bar, accesses in landing:
+            for (box_coords, addr), access in zip(boxes, accesses):
+                data = _read_box(src, box_coords, spec.box)
+                t.write_smem(box_addresses(spec.box, stored.itemsize, spec.swizzle, addr), data, dtype)
+                access.count = bar.completed + 1
+            bar.complete_tx(box_bytes * len(boxes), clock, op.loc)
+
+    wg.engine.issue(AsyncOp(("tma_load", next(_loads)), op.loc, "TMA copy", land, tuple(targets)))
+
+
+_REDUCE = {"add": torch.add, "min": torch.minimum, "max": torch.maximum}
+
+
+@interpret.rule(TmaStore)
+def _interp_tma_store(op: TmaStore, wg: Warpgroup) -> None:
+    """Fence the warpgroup's SMEM stores (the lowering does, before it issues), check the tile is ready, and
+    issue the copy: at completion each box is read from SMEM and written (or reduced) into the tensor, with
+    what falls outside dropped. The tile counts as read by the store until a store_async_wait retires it."""
+    cta, engine = wg.cta, wg.engine
+    dst = wg.get(op.operands[0], op)
+    src = wg.get(op.operands[-1], op)
+    coords = [int(wg.scalar(c, op)) for c in op.coords]
+    spec = wg.run.kernel.tma_descriptors[op.descriptor]
+    stored, dtype = tile_of(src.type), src.type.dtype
+    fence(cta.smem_records, wg.agent)
+    start, end = tile_range(src)
+    check_read(cta.smem_records, start, end, wg.clock, op.loc, "this TMA store")
+    queue = ("tma_store", cta.rank, wg.index)
+    cta.smem_records.add(Access(start, end, "read", queue, engine.next_in(queue), op.loc, "TMA store"))
+
+    def store() -> None:
+        for box_coords, addr in _copy_boxes(stored, coords, src.offset):
+            data = cta.read_smem(box_addresses(spec.box, stored.itemsize, spec.swizzle, addr), dtype)
+            inside = window_slices(dst.shape, box_coords, spec.box)
+            if inside is None:
+                continue
+            part = data[inside[1]]
+            if op.reduce:
+                wide = _REDUCE[op.reduce](numerics.widen(dst[inside[0]], dtype), numerics.widen(part, dtype))
+                part = wide.to(dst.dtype)
+            dst[inside[0]] = part
+
+    engine.issue(AsyncOp(queue, op.loc, "TMA store", store, (cta,)))
+
+
+@interpret.rule(TmaStoreWait)
+def _interp_tma_store_wait(op: TmaStoreWait, wg: Warpgroup) -> Generator[Wait, None, None]:
+    yield wg.wait_async(op, ("tma_store", wg.cta.rank, wg.index), op.pending, "store_async_wait")

@@ -18,13 +18,19 @@ the wait.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+import functools
+from typing import Any, Generator, Sequence
 
-from .. import infer, lower
+import torch
+
+from .. import infer, interpret, ir, lower
 from ..dtypes import DType
 from ..errors import Loc, Rule
+from ..interpret import numerics
+from ..interpret.checker import Access, check_freed, check_result_read, check_write
+from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import ArrayType, Op, TmemRefType, Value, check, is_ref
-from ..layouts import LANES_PER_WARP, TiledLayout
+from ..layouts import LANES_PER_WARP, THREADS_PER_WARPGROUP, TiledLayout
 from ..tmem_layouts import TMEM_COLUMNS, TMEMLayout, TMEMLayoutError, infer_tmem_layout, tmem_alloc_columns
 from .smem import shared_address
 
@@ -216,18 +222,24 @@ def _warp0(ctx: lower.Context) -> Any:
     return ctx.e.cmpi("ult", ctx.tid, ctx.e.i32(LANES_PER_WARP))
 
 
-def _allocate(op: TmemAlloc, ctx: lower.Context) -> _TmemState:
-    allocs = [o for o in ctx.kernel.body.ops if isinstance(o, TmemAlloc)]
-    cta_group = ctx.kernel.cta_group
+def allocation_plan(kernel: ir.Kernel) -> tuple[dict[int, int], int]:
+    """The first column of each TMEM reference (by id(TmemAlloc)) in the kernel's one allocation, and the
+    columns tcgen05.alloc requests for it."""
     offsets, used = {}, 0
     # Largest first: powers of two then pack without gaps, each aligned to its own size.
+    allocs = [o for o in kernel.body.ops if isinstance(o, TmemAlloc)]
     for o in sorted(allocs, key=lambda o: -o.result.layout.columns):
         offsets[id(o)] = used
         used += o.result.layout.columns
         if used > TMEM_COLUMNS:
             raise o.error(f"the kernel's TMEM references need {used} columns by this one, more than the "
                           f"{TMEM_COLUMNS} a CTA has", rule=Rule.TMEM_ALLOC)
-    columns = tmem_alloc_columns(used)
+    return offsets, tmem_alloc_columns(used)
+
+
+def _allocate(op: TmemAlloc, ctx: lower.Context) -> _TmemState:
+    cta_group = ctx.kernel.cta_group
+    offsets, columns = allocation_plan(ctx.kernel)
     e = ctx.e
     slot = shared_address(ctx, e.i32(ctx.alloc_shared(4, 16)))
     warp0 = _warp0(ctx)
@@ -343,3 +355,108 @@ def _tmem_store(op: TmemStore, ctx: lower.Context) -> None:
     e.asm_void("tcgen05.fence::before_thread_sync;", "", [])
     ctx.warpgroup_barrier()
     e.asm_void("tcgen05.fence::after_thread_sync;", "", [])
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+# A TMEM reference is a LoweredTmem whose address is its first column (an int): the kernel's allocation plan
+# fixes it, so every warpgroup knows it from the start (`static_refs`) and a TMEM access that runs before the
+# allocation does is caught. Loads and stores follow `TMEMLayout.access` instruction by instruction: each
+# register of each thread moves the cells its tcgen05.ld/st shape gives it (`TMEMAccess.cell`), and holds the
+# elements its register layout says.
+
+def static_refs(kernel: ir.Kernel) -> dict[int, LoweredTmem]:
+    """The value of every TmemAlloc result (by value id), from the allocation plan."""
+    if not any(isinstance(op, TmemAlloc) for op in kernel.body.ops):
+        return {}
+    offsets, _ = allocation_plan(kernel)
+    return {op.result.id: LoweredTmem(offsets[id(op)], op.result.type, tmem_layout(op.result.type))
+            for op in kernel.body.ops if isinstance(op, TmemAlloc)}
+
+
+@functools.lru_cache(maxsize=64)
+def _cells(layout: TMEMLayout, registers: TiledLayout, bits: int) -> tuple[torch.Tensor, ...]:
+    """For every element a load or store of a reference moves: (TMEM lane, column from the reference's first,
+    bit position in the cell, flat index of the element in the array)."""
+    shape = layout.shape
+    access = layout.access(bits, registers)
+    tid = torch.arange(THREADS_PER_WARPGROUP)
+    warp, lane = tid // LANES_PER_WARP, tid % LANES_PER_WARP
+    lanes, columns, shifts, flat = [], [], [], []
+    for ins in access.instructions:
+        for r, (reg, pos) in enumerate(ins.operands):
+            row, column, step = access.cell(ins, r, lane)
+            for e in range(32 // bits):
+                index = registers.element_index(shape, tid, reg, pos + e)
+                flat.append(torch.as_tensor(index[0] * shape[1] + index[1]).expand(THREADS_PER_WARPGROUP))
+                lanes.append(LANES_PER_WARP * warp + row)
+                columns.append(column + step * e)
+                shifts.append(torch.full((THREADS_PER_WARPGROUP,), 0 if step else e * bits))
+    out = tuple(torch.cat(x).to(torch.int64) for x in (lanes, columns, shifts, flat))
+    assert torch.equal(out[3].sort().values, torch.arange(shape[0] * shape[1])), "the access plan misses elements"
+    return out
+
+
+def _columns(ref: LoweredTmem) -> tuple[int, int]:
+    return ref.addr, ref.addr + ref.layout.columns
+
+
+@interpret.rule(TmemAlloc)
+def _interp_tmem_alloc(op: TmemAlloc, wg: Warpgroup) -> Generator[Wait, None, None]:
+    """At the kernel's first TmemAlloc warp 0 allocates every reference's columns, then the CTA (the CTA pair,
+    for 2-CTA kernels) synchronises; later TmemAllocs only name their reference."""
+    kernel = wg.run.kernel
+    if op is not next(o for o in kernel.body.ops if isinstance(o, TmemAlloc)):
+        return
+    if wg.index == 0:
+        wg.cta.tmem.allocate(allocation_plan(kernel)[1])
+    yield wg.rendezvous(op, wg.cluster.sync if kernel.cta_group == 2 else wg.cta.sync)
+
+
+@interpret.rule(TmemSlice)
+def _interp_tmem_slice(op: TmemSlice, wg: Warpgroup) -> None:
+    src = wg.get(op.operands[0], op)
+    wg.set(op.result, LoweredTmem(src.addr + op.start // src.type.packing, op.result.type,
+                                  tmem_layout(op.result.type)))
+
+
+@interpret.rule(TmemLoad)
+def _interp_tmem_load(op: TmemLoad, wg: Warpgroup) -> None:
+    ref = wg.get(op.operands[0], op)
+    out, tmem = op.result, wg.cta.tmem
+    bits = out.dtype.bits
+    lanes, columns, shifts, flat = _cells(ref.layout, out.layout, bits)
+    first, last = _columns(ref)
+    check_result_read(tmem.records, first, last, wg.clock, op.loc, "this TMEM load")
+    tmem.check(op.loc, "this TMEM load", lanes, first + columns, first, last)
+    words = tmem.cells[lanes, first + columns].to(torch.int64) & 0xFFFFFFFF
+    elements = torch.empty(flat.numel(), dtype=torch.int64)
+    elements[flat] = (words >> shifts) & ((1 << bits) - 1)
+    wg.set(out, numerics.from_bits(elements, out.dtype).reshape(out.type.shape))
+    tmem.records.add(Access(first, last, "read", wg.agent, wg.event(), op.loc, "TMEM load"))
+
+
+@interpret.rule(TmemStore)
+def _interp_tmem_store(op: TmemStore, wg: Warpgroup) -> None:
+    ref = wg.get(op.operands[0], op)
+    value, tmem = op.operands[1], wg.cta.tmem
+    bits = value.dtype.bits
+    lanes, columns, shifts, flat = _cells(ref.layout, value.layout, bits)
+    first, last = _columns(ref)
+    check_write(tmem.records, first, last, wg.clock, op.loc, "this TMEM store", space="TMEM")
+    tmem.check(op.loc, "this TMEM store", lanes, first + columns, first, last)
+    elements = numerics.to_bits(wg.get(value, op).reshape(-1), value.dtype).to(torch.int64) & ((1 << bits) - 1)
+    cells = lanes * TMEM_COLUMNS + first + columns
+    words = torch.zeros(tmem.cells.numel(), dtype=torch.int64).index_add_(0, cells, elements[flat] << shifts)
+    touched = cells.unique()
+    tmem.cells.view(-1)[touched] = words[touched].to(torch.int32)
+
+
+@interpret.rule(TmemDealloc)
+def _interp_tmem_dealloc(op: TmemDealloc, wg: Warpgroup) -> Generator[Wait, None, None]:
+    """Every thread synchronises (the CTA pair's, in a 2-CTA kernel), then warp 0 frees the columns: no MMA may
+    still be writing them, as far as warp 0 can know."""
+    yield wg.rendezvous(op, wg.cluster.sync if wg.run.kernel.cta_group == 2 else wg.cta.sync)
+    if wg.index == 0:
+        tmem = wg.cta.tmem
+        check_freed(tmem.records, wg.clock, op.loc, "tensor memory (freed where the kernel ends)")
+        tmem.free(op.loc)

@@ -7,14 +7,19 @@ carries as new values, so no read of an accumulator can be scheduled before the 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Generator, Sequence
 
-from .. import dtypes, infer, lower
+import torch
+
+from .. import dtypes, infer, interpret, lower
 from .. import mma_descriptors as md
 from ..errors import Loc, Rule
+from ..interpret import numerics
+from ..interpret.checker import Access, check_read
+from ..interpret.scheduler import AsyncOp, Pending, Wait, Warpgroup
 from ..ir import Op, Value, check, is_ref
 from ..layouts import WGMMA
-from .smem import SmemTile, operand_descriptor
+from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_range
 
 
 class Wgmma(Op):
@@ -50,6 +55,9 @@ class Wgmma(Op):
         if m % 64:
             raise self.error(f"a warpgroup's wgmma accumulator has a multiple of 64 rows, got {m}", rule=Rule.WGMMA_SHAPE)
         need(a.dtype == b.dtype, f"wgmma operands differ in dtype: {a.dtype.name} and {b.dtype.name}")
+        need(a.dtype in _PTX_TYPE and acc.dtype == dtypes.float32,
+             f"mgjit's wgmma multiplies {', '.join(d.name for d in _PTX_TYPE)} operands into a float32 "
+             f"accumulator; got {a.dtype.name} operands into {acc.dtype.name}")
         a_major = md.Major.MN if (not a_in_registers and a.type.transposed) else md.Major.K
         b_major = md.Major.K if b.type.transposed else md.Major.MN
         k_step = 256 // a.dtype.bits
@@ -121,8 +129,8 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
     k = op.operands[1].type.shape[1]
     dtype = op.operands[1].dtype
     k_step = 256 // dtype.bits
-    a_k_major = a_regs or not a.type.transposed  # a is (M, K): stored K-major unless it is a transposed view
-    b_k_major = b.type.transposed  # b is (K, N): stored N-major unless it is a transposed view of (N, K)
+    a_k_major = a_regs or stored_k_major(a.type, 1)
+    b_k_major = stored_k_major(b.type, 0)
     ab = _PTX_TYPE[dtype]
     per_tile = n // 2  # accumulator registers per thread per m64 tile
     elems = list(acc.elems)
@@ -184,3 +192,57 @@ def _wgmma_wait(op: WgmmaWait, ctx: lower.Context) -> None:
     for v, r, (start, count) in zip(op.operands, op.results, where):
         f = ctx.frag(v)
         ctx.set(r, lower.Frag(f.layout, f.shape, f.dtype, out[start:start + count]))
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+@interpret.rule(Wgmma)
+def _interp_wgmma(op: Wgmma, wg: Warpgroup) -> None:
+    """Issue one wgmma group: its SMEM operands must be ready (TMA copies waited for, stores fenced) now; they
+    count as read until a wgmma_wait retires the group. The result is Pending until then; at completion each
+    m64nNk instruction adds A @ B to the accumulator in f32, operands read through their descriptors."""
+    acc_v, a_v, b_v = op.operands
+    cta, engine = wg.cta, wg.engine
+    acc = wg.raw(acc_v)
+    if not isinstance(acc, Pending):
+        acc = wg.get(acc_v, op)
+    a = wg.get(a_v, op)
+    b = wg.get(b_v, op)
+    (m, n), k = op.result.type.shape, a_v.type.shape[1]
+    k_step = 256 // a_v.dtype.bits
+    a_k_major = a_v.is_array or stored_k_major(a.type, 1)
+    b_k_major = stored_k_major(b.type, 0)
+    queue = ("wgmma", cta.rank, wg.index)
+    ordinal = engine.next_in(queue)
+    for tile in ((b,) if a_v.is_array else (a, b)):
+        start, end = tile_range(tile)
+        check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
+        cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
+    result = Pending(queue, ordinal, op.loc)
+
+    def compute() -> None:
+        d = (acc.value if isinstance(acc, Pending) else acc).to(torch.float32).clone()
+        for t in range(m // 64):
+            for kk in range(k // k_step):
+                if a_v.is_array:
+                    a_block = a[t * 64:(t + 1) * 64, kk * k_step:(kk + 1) * k_step]
+                else:
+                    a_block = mma_operand(cta, a, t * 64, 64, kk * k_step, k_step, a_k_major, tcgen05=False)
+                b_block = mma_operand(cta, b, 0, n, kk * k_step, k_step, b_k_major, tcgen05=False)
+                d[t * 64:(t + 1) * 64] += numerics.mma_input(a_block) @ numerics.mma_input(b_block).T
+        result.value = d.to(numerics.torch_dtype(op.result.dtype))
+
+    engine.issue(AsyncOp(queue, op.loc, "wgmma", compute, (cta,)))
+    wg.set(op.result, result)
+
+
+@interpret.rule(WgmmaWait)
+def _interp_wgmma_wait(op: WgmmaWait, wg: Warpgroup) -> Generator[Wait, None, None]:
+    """Block until at most `pending` groups are in flight; the arrays it carries come out computed where their
+    group has retired, and still pending otherwise."""
+    yield wg.wait_async(op, ("wgmma", wg.cta.rank, wg.index), op.pending, "wgmma_wait")
+    for x, r in zip(op.operands, op.results):
+        value = wg.raw(x)
+        if isinstance(value, Pending) and wg.clock.get(value.key, 0) >= value.seq:
+            value = value.value
+        wg.set(r, value)

@@ -1,0 +1,85 @@
+"""Values in the interpreter: mgjit dtypes as torch dtypes, casts with the lowering's semantics, and elements
+as the bits memory holds.
+
+A scalar is a 0-d tensor and a register array a tensor of its logical shape, both of the IR's dtype, so that
+integer arithmetic wraps and floats round exactly as in that dtype. Casts follow `lower.emit.Emitter.cast`
+(round to nearest even between floats, truncation toward zero between float and integer, sign or zero
+extension by the source's signedness between integers) with what the PTX conversions add: a float to integer
+conversion saturates and turns NaN into 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import dtypes
+from ..dtypes import DType
+
+_STORAGE = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    return getattr(torch, dtype.torch_name)
+
+
+def storage_dtype(dtype: DType) -> torch.dtype:
+    """The integer torch dtype of an element's bits in memory (a bool is a byte)."""
+    return _STORAGE[dtype.storage_bits]
+
+
+def compute_dtype(dtype: DType) -> torch.dtype:
+    """What arithmetic on `dtype` is done in: float32 for the narrow floats (rounded once after), else itself."""
+    return torch.float32 if dtype.is_float and dtype.bits < 32 else torch_dtype(dtype)
+
+
+def widen(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    return x.to(compute_dtype(dtype))
+
+
+def constant(value: int | float | bool, dtype: DType) -> torch.Tensor:
+    """A scalar of `dtype`; a float constant is rounded to the dtype as the lowering's constant is."""
+    if dtype.is_float:
+        return torch.tensor(float(value), dtype=torch.float64).to(torch_dtype(dtype))
+    return torch.tensor(value, dtype=torch_dtype(dtype))
+
+
+def to_bits(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """The elements as the integers of their storage width that memory holds."""
+    x = x.to(torch_dtype(dtype))
+    if dtype == dtypes.bool_:
+        return x.to(torch.uint8)
+    return x.view(storage_dtype(dtype))
+
+
+def from_bits(bits: torch.Tensor, dtype: DType) -> torch.Tensor:
+    if dtype == dtypes.bool_:
+        return bits != 0
+    return bits.to(storage_dtype(dtype)).view(torch_dtype(dtype))
+
+
+def cast(x: torch.Tensor, src: DType, dst: DType) -> torch.Tensor:
+    """`x` of dtype `src` converted to `dst` as the lowering converts it."""
+    if src == dst:
+        return x
+    if dst == dtypes.bool_:
+        return x != 0  # a float NaN is true, as `cmpf une` makes it
+    if src.is_float and not dst.is_float:
+        return _float_to_int(x, dst)
+    return x.to(torch_dtype(dst))
+
+
+def _float_to_int(x: torch.Tensor, dst: DType) -> torch.Tensor:
+    """cvt.rzi with saturation: toward zero, clamped to the destination's range, NaN to 0."""
+    lo, hi = (-(1 << (dst.bits - 1)), (1 << (dst.bits - 1)) - 1) if dst.is_signed else (0, (1 << dst.bits) - 1)
+    wide = torch.nan_to_num(x.to(torch.float64).trunc(), nan=0.0)
+    out = wide.clamp(lo, hi).to(torch.int64) if dst.bits < 64 else wide.to(torch.int64)
+    if dst.bits == 64:  # float64 cannot hold 2**63 - 1: saturate by comparison instead of clamping
+        out = torch.where(wide >= 2.0 ** 63, torch.tensor(hi), torch.where(wide < -2.0 ** 63, torch.tensor(lo), out))
+    return out.to(torch_dtype(dst))
+
+
+def mma_input(x: torch.Tensor) -> torch.Tensor:
+    """An MMA operand as the tensor cores take it, exactly in f32: float32 storage is read as tf32 (the low 13
+    mantissa bits ignored), narrower floats widen exactly."""
+    if x.dtype == torch.float32:
+        return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+    return x.to(torch.float32)

@@ -1,0 +1,291 @@
+"""Running the warpgroups of a cluster: each warpgroup is a Python generator over the kernel's IR that yields a
+`Wait` where it may block; the scheduler interleaves them cooperatively, completes asynchronous operations
+(TMA copies, wgmma groups, tcgen05 MMAs and commits) at points of its choosing between their issue and the
+waits that need them, and reports a deadlock when every warpgroup is blocked and nothing is in flight.
+
+Schedules (`policy`): "late" (the default) completes async work only when no warpgroup can run, so that a
+missing wait reads stale data and a premature write lands before the reader; "eager" completes each operation
+as it is issued; "random" interleaves warpgroups and completions at random from a seed. The checker does not
+depend on the schedule: its verdicts come from happens-before, not from what happened to run first.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
+
+import torch
+
+from .. import ir
+from ..errors import Check, InterpretError, Loc
+from .checker import Clock
+from .machine import CTA, Barrier, Cluster, Rendezvous
+
+if TYPE_CHECKING:
+    from .launch import Run
+
+POLICIES = ("late", "eager", "random")
+
+
+@dataclasses.dataclass
+class Wait:
+    """Where a warpgroup blocks: it goes on once `ready()`, first calling `acquire()` (which takes the clock the
+    wait synchronises with). `describe()` says what it waits for, in a deadlock report."""
+
+    loc: Loc | None
+    ready: Callable[[], bool]
+    describe: Callable[[], str]
+    acquire: Callable[[], None] | None = None
+    barrier: Barrier | None = None
+
+
+class Pending:
+    """A register array an async MMA (wgmma) is still computing. The warpgroup may hand it on (to the next MMA
+    of the chain, through a loop) but not read it until a wait has retired its group (`key` at `seq`)."""
+
+    def __init__(self, key: tuple, seq: int, loc: Loc | None):
+        self.key = key
+        self.seq = seq
+        self.loc = loc
+        self.value: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class AsyncOp:
+    """An operation issued to an async unit. Operations of one `queue` complete in issue order; `complete` does
+    the work and signals completion; `ctas` are those whose shared memory it reads or writes."""
+
+    queue: tuple
+    loc: Loc | None
+    what: str
+    complete: Callable[[], None]
+    ctas: tuple[CTA, ...] = ()
+    seq: int = 0  # issue order over all queues
+
+
+class Engine:
+    """The async operations in flight, and when they complete."""
+
+    def __init__(self, policy: str, rng: random.Random):
+        self.policy = policy
+        self.rng = rng
+        self.queues: dict[tuple, collections.deque[AsyncOp]] = {}
+        self.issued = 0
+        self.counts: collections.Counter[tuple] = collections.Counter()  # operations issued per queue
+        self.done: collections.Counter[tuple] = collections.Counter()  # operations completed per queue
+
+    def next_in(self, queue: tuple) -> int:
+        """The ordinal (from 1) the next operation issued to `queue` will have: what a clock's component for
+        that queue must reach for the operation to be known complete."""
+        return self.counts[queue] + 1
+
+    def issue(self, op: AsyncOp) -> None:
+        self.issued += 1
+        op.seq = self.issued
+        self.counts[op.queue] += 1
+        self.queues.setdefault(op.queue, collections.deque()).append(op)
+        if self.policy == "eager":
+            self.complete(op.queue)
+
+    def in_flight(self, queue: tuple) -> int:
+        return len(self.queues.get(queue, ()))
+
+    def all(self) -> Iterator[AsyncOp]:
+        return (op for q in self.queues.values() for op in q)
+
+    def busy(self) -> bool:
+        return any(self.queues.values())
+
+    def complete(self, queue: tuple) -> None:
+        q = self.queues[queue]
+        op = q[0]
+        op.complete()
+        q.popleft()
+        self.done[queue] += 1
+        if not q:
+            del self.queues[queue]
+
+    def complete_one(self) -> None:
+        """Complete the oldest operation at the head of a queue (a random one under the random schedule)."""
+        heads = [q[0] for q in self.queues.values()]
+        op = self.rng.choice(heads) if self.policy == "random" else min(heads, key=lambda o: o.seq)
+        self.complete(op.queue)
+
+
+class Warpgroup:
+    """One warpgroup of one CTA running the kernel: its values, its clock and its generator over the IR."""
+
+    def __init__(self, run: Run, cluster: Cluster, cta: CTA, index: int):
+        self.run = run
+        self.cluster = cluster
+        self.cta = cta
+        self.index = index
+        self.env: dict[int, Any] = dict(run.params)
+        self.agent = ("wg", cta.rank, index)
+        self.clock: Clock = {}
+        self.events = 0  # this warpgroup's SMEM stores and TMEM loads so far (its own clock component)
+
+    @property
+    def engine(self) -> Engine:
+        return self.run.engine
+
+    def event(self) -> int:
+        """Count one of this warpgroup's own accesses that others must be ordered after; returns its count."""
+        self.events += 1
+        self.clock[self.agent] = self.events
+        return self.events
+
+    # -- values
+    def get(self, v: ir.Value, op: ir.Op) -> Any:
+        """The value of `v` as `op` reads it: an MMA result still in flight is an error."""
+        x = self.env[v.id]
+        if isinstance(x, Pending):
+            if self.clock.get(x.key, 0) >= x.seq:
+                return x.value
+            raise InterpretError("this reads the accumulator of an asynchronous wgmma before a wgmma_wait has "
+                                 "retired it: the tensor cores may still be writing it", op.loc,
+                                 Check.ACCUMULATOR_READ, (x.loc,) if x.loc else ())
+        return x
+
+    def raw(self, v: ir.Value) -> Any:
+        """The value of `v` as it is, in flight or not (for ops that only pass it on)."""
+        return self.env[v.id]
+
+    def set(self, v: ir.Value, x: Any) -> None:
+        self.env[v.id] = x
+
+    def scalar(self, v: ir.Value, op: ir.Op) -> int | float | bool:
+        return self.get(v, op).item()
+
+    # -- running IR
+    def program(self) -> Generator[Wait, None, None]:
+        yield from self.ops(self.run.kernel.body.ops)
+
+    def ops(self, ops: list[ir.Op]) -> Generator[Wait, None, None]:
+        from . import RULES
+        for op in ops:
+            fn = RULES.get(type(op))
+            if fn is None:
+                raise op.error(f"internal error: no interpreter rule for `{op.name}`")
+            step = fn(op, self)
+            if step is not None:
+                yield from step
+
+    def region(self, block: ir.Block, args: list[Any]) -> Generator[Wait, None, list[Any]]:
+        """Run a region (a loop body or an if branch) on `args`; returns what its Yield yields."""
+        for a, x in zip(block.args, args):
+            self.env[a.id] = x
+        yield from self.ops(block.ops[:-1])
+        return [self.raw(v) for v in block.ops[-1].operands]
+
+    def wait_async(self, op: ir.Op, queue: tuple, pending: int, what: str) -> Wait:
+        """Block until at most `pending` operations of `queue` are in flight; then this warpgroup knows the
+        others are done (its clock's `queue` component advances to the count retired)."""
+        def acquire():
+            self.clock[queue] = max(self.clock.get(queue, 0), self.engine.done[queue])
+        return Wait(op.loc, lambda: self.engine.in_flight(queue) <= pending,
+                    lambda: f"{what}({pending}) with {self.engine.in_flight(queue)} in flight", acquire)
+
+    def rendezvous(self, op: ir.Op, sync: Rendezvous) -> Wait:
+        generation = sync.arrive(self)
+        return Wait(op.loc, lambda: sync.generation > generation,
+                    lambda: f"{sync.what}: {len(sync.arrived)} of {sync.members} warpgroups have arrived")
+
+    def error(self, op: ir.Op, check: Check, message: str, related: tuple = ()) -> InterpretError:
+        return InterpretError(message, op.loc, check, tuple(r for r in related if r))
+
+    def where(self) -> str:
+        return f"CTA {self.cta.program_id} warpgroup {self.index}"
+
+
+def run_cluster(run: Run, cluster: Cluster) -> None:
+    """Run every warpgroup of every CTA of `cluster` to the end, interleaved."""
+    wgs = [Warpgroup(run, cluster, cta, i) for cta in cluster.ctas for i in range(cta.num_warpgroups)]
+    gens = [wg.program() for wg in wgs]
+    waits: list[Wait | None] = [None] * len(wgs)
+    live = set(range(len(wgs)))
+    engine: Engine = run.engine
+    while live:
+        order = sorted(live)
+        if engine.policy == "random":
+            run.rng.shuffle(order)
+        progressed = False
+        for i in order:
+            wait = waits[i]
+            if wait is not None:
+                if not wait.ready():
+                    continue
+                if wait.acquire:
+                    wait.acquire()
+                waits[i] = None
+            progressed = True
+            try:
+                while True:
+                    wait = next(gens[i])
+                    if not wait.ready():
+                        waits[i] = wait
+                        break
+                    if wait.acquire:
+                        wait.acquire()
+            except StopIteration:
+                live.discard(i)
+                _exit(run, wgs[i])
+            if engine.policy == "random" and engine.busy() and run.rng.random() < 0.5:
+                engine.complete_one()
+        if not progressed:
+            if not engine.busy():
+                raise _deadlock(wgs, waits)
+            engine.complete_one()
+    while engine.busy():
+        engine.complete_one()
+    for cta in cluster.ctas:
+        _check_barriers_at_exit(cta)
+
+
+def _exit(run: Run, wg: Warpgroup) -> None:
+    """A warpgroup ran off the end: it no longer takes part in CTA or cluster barriers. When a CTA's last
+    warpgroup exits its shared memory is gone: nothing in flight may still use it."""
+    cta = wg.cta
+    cta.sync.leave()
+    wg.cluster.sync.leave()
+    cta.exited += 1
+    if cta.exited < cta.num_warpgroups:
+        return
+    for op in run.engine.all():
+        if cta in op.ctas:
+            raise InterpretError(f"CTA {cta.program_id} exits while the {op.what} still uses its shared memory: "
+                                 f"wait for it before the kernel ends", op.loc, Check.ASYNC_AT_EXIT)
+
+
+def _check_barriers_at_exit(cta: CTA) -> None:
+    for bars in cta.barriers.values():
+        for bar in bars:
+            if bar.pending != bar.count or bar.tx:
+                got = bar.count - bar.pending
+                raise InterpretError(f"the kernel ends with {bar.describe()} part-way through phase "
+                                     f"{bar.completed}: {got} of {bar.count} arrivals, {bar.tx} TMA bytes "
+                                     f"outstanding; each phase needs exactly {bar.count} arrivals", bar.loc,
+                                     Check.BARRIER_COUNT, tuple(a for a in bar.arrivals if a))
+
+
+def _deadlock(wgs: list[Warpgroup], waits: list[Wait | None]) -> InterpretError:
+    """Every warpgroup is blocked. The error is at a wait that is not on a barrier if there is one (a
+    rendezvous or a register request: the likelier cause), and names the others. When all wait on barriers
+    and one of those has a phase part-way through, its arrivals do not match its count."""
+    blocked = sorted(((wg, w) for wg, w in zip(wgs, waits) if w is not None), key=lambda b: b[1].barrier is not None)
+    lines = "\n".join(f"  {wg.where()} waits at line {w.loc.line if w.loc else '?'}: {w.describe()}"
+                      for wg, w in blocked)
+    first = blocked[0][1]
+    related = tuple(w.loc for _, w in blocked[1:] if w.loc)
+    partial = [(w, w.barrier) for _, w in blocked if w.barrier is not None
+               and (w.barrier.pending != w.barrier.count or w.barrier.tx)]
+    if first.barrier is not None and partial:
+        w, bar = partial[0]
+        got = bar.count - bar.pending
+        return InterpretError(f"deadlock: {bar.describe()} has {got} of its {bar.count} arrivals "
+                              f"({bar.tx} TMA bytes outstanding) in phase {bar.completed} and nothing left "
+                              f"to arrive: the arrivals do not match the barrier's count. Blocked:\n{lines}",
+                              w.loc, Check.BARRIER_COUNT, tuple(a for a in bar.arrivals if a) + related)
+    return InterpretError(f"deadlock: every warpgroup is blocked and nothing is in flight:\n{lines}", first.loc,
+                          Check.DEADLOCK, related)

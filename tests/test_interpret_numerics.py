@@ -1,0 +1,129 @@
+"""The interpreter's arithmetic is the lowering's: in the IR's dtypes, narrow floats computed in f32 and rounded
+once per operation, integers wrapping, PTX's answers where arith has none, GMEM windows masked at the edges."""
+import pytest
+import torch
+
+import mgjit
+
+BF16 = torch.bfloat16
+
+
+@mgjit.kernel
+def int_edges(a, b, q, r, shl, shr, BLOCK: mgjit.constexpr):
+    x = a[0:BLOCK]
+    y = b[0:BLOCK]
+    q[0:BLOCK] = x // y
+    r[0:BLOCK] = x % y
+    shl[0:BLOCK] = x << y
+    shr[0:BLOCK] = x >> y
+
+
+def test_integer_division_shifts_and_wrap_around():
+    """// and % truncate toward zero; x // 0 is all ones and x % 0 is x (PTX's div/rem); INT_MIN // -1 wraps;
+    a shift by the width or more (or by a negative amount, read unsigned) is clamped to the width."""
+    imin = -2**31
+    a = torch.tensor([7, -7, 7, -7, 5, imin, imin, 1, -1, 3, 12345, -8] + [0] * 116, dtype=torch.int32)
+    b = torch.tensor([2, 2, -2, -2, 0, -1, 1, 31, 31, 32, 40, -1] + [1] * 116, dtype=torch.int32)
+    outs = [torch.empty_like(a) for _ in range(4)]
+    int_edges.interpret[(1,)](a, b, *outs, BLOCK=128)
+    q, r, shl, shr = (o[:12].tolist() for o in outs)
+    assert q == [3, -3, -3, 3, -1, imin, imin, 0, 0, 0, 308, 8]
+    assert r == [1, -1, 1, -1, 5, 0, 0, 1, -1, 3, 25, 0]
+    assert shl == [28, -28, 0, 0, 5, 0, 0, imin, imin, 0, 0, 0]
+    assert shr == [1, -2, 0, -1, 5, -1, imin // 2, 0, -1, 0, 0, -1]
+
+
+@mgjit.kernel
+def convert(x, i32, u8, i8, b, BLOCK: mgjit.constexpr):
+    v = x[0:BLOCK]
+    i32[0:BLOCK] = v.astype(mgjit.int32)
+    u8[0:BLOCK] = v.astype(mgjit.uint8)
+    i8[0:BLOCK] = v.astype(mgjit.int32).astype(mgjit.int8)
+    b[0:BLOCK] = v.astype(mgjit.bool_)
+
+
+def test_casts_saturate_truncate_and_wrap():
+    x = torch.tensor([2.7, -2.7, 3e9, -3e9, float("nan"), 300.0, -1.0, 0.0] + [0.0] * 120)
+    i32, u8 = torch.empty(128, dtype=torch.int32), torch.empty(128, dtype=torch.uint8)
+    i8, b = torch.empty(128, dtype=torch.int8), torch.empty(128, dtype=torch.bool)
+    convert.interpret[(1,)](x, i32, u8, i8, b, BLOCK=128)
+    assert i32[:8].tolist() == [2, -2, 2**31 - 1, -2**31, 0, 300, -1, 0]  # toward zero, saturated, NaN -> 0
+    assert u8[:8].tolist() == [2, 0, 255, 0, 0, 255, 0, 0]
+    assert i8[:8].tolist() == [2, -2, -1, 0, 0, 44, -1, 0]  # int32 -> int8 keeps the low byte
+    assert b[:8].tolist() == [True, True, True, True, True, True, True, False]  # NaN != 0
+
+
+@mgjit.kernel
+def narrow(x, y, add, mul, by_scalar, by_array, S: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    a = x[0:BLOCK]
+    c = y[0:BLOCK]
+    add[0:BLOCK] = a + c
+    mul[0:BLOCK] = a * c
+    by_scalar[0:BLOCK] = a / S
+    by_array[0:BLOCK] = a / c
+
+
+def test_narrow_floats_round_once_and_division_by_one_value_is_a_reciprocal():
+    x, y = torch.randn(1024, dtype=BF16), torch.randn(1024, dtype=BF16)
+    outs = [torch.empty(1024, dtype=BF16) for _ in range(4)]
+    narrow.interpret[(1,)](x, y, *outs, S=3.0, BLOCK=1024)
+    add, mul, by_scalar, by_array = outs
+    assert torch.equal(add, (x.float() + y.float()).to(BF16))
+    assert torch.equal(mul, (x.float() * y.float()).to(BF16))
+    assert torch.equal(by_array, (x.float() / y.float()).to(BF16))
+    inverse = (1.0 / torch.tensor(3.0, dtype=BF16).float()).to(BF16)  # one rounded reciprocal, then products
+    assert torch.equal(by_scalar, (x.float() * inverse.float()).to(BF16))
+    assert not torch.equal(by_scalar, (x.float() / 3.0).to(BF16))  # which is not the same as dividing
+
+
+@mgjit.kernel
+def window(x, y, R: mgjit.constexpr, C: mgjit.constexpr):
+    r0 = mgjit.program_id(0) * R - 3
+    y[mgjit.ds(r0, R), mgjit.ds(-2, C)] = x[mgjit.ds(r0, R), mgjit.ds(-2, C)] + 1.0
+
+
+def test_gmem_windows_read_zeros_outside_and_drop_stores_there():
+    x = torch.randn(20, 10)
+    y = torch.full((20, 10), -5.0)
+    window.interpret[(3,)](x, y, R=8, C=16)
+    # Rows -3..20 and columns -2..13 are touched; inside the tensor that is everything but nothing more.
+    torch.testing.assert_close(y, x + 1.0, rtol=0, atol=0)
+
+
+@mgjit.kernel
+def f64_floor(x, y, q, BLOCK: mgjit.constexpr):
+    q[0:BLOCK] = x[0:BLOCK] // y[0:BLOCK]
+
+
+@pytest.mark.xfail(strict=True, reason="ops/elementwise.py `_floor` floors float64 through float32 (cvt.rmi.f32.f32 "
+                                       "on a truncf), so `//` and `%` of doubles past 2**24 are wrong; the "
+                                       "interpreter does what the lowering does")
+def test_float64_floor_division():
+    x = torch.tensor([1e9 + 7.0] + [1.0] * 127, dtype=torch.float64)
+    y = torch.tensor([3.0] + [1.0] * 127, dtype=torch.float64)
+    q = torch.empty_like(x)
+    f64_floor.interpret[(1,)](x, y, q, BLOCK=128)
+    assert q[0].item() == 333333335.0
+
+
+@mgjit.device
+def _offset(v):
+    return v + 1.0
+
+
+@mgjit.kernel
+def uses_helper(x, y):
+    y[0:128] = _offset(x[0:128])
+
+
+def test_a_redefined_helper_is_interpreted_anew(monkeypatch):
+    """The interpreter keeps a kernel's IR like the compiler keeps its cubin: until something it reads changes."""
+    x, y = torch.zeros(128), torch.empty(128)
+    uses_helper.interpret[(1,)](x, y)
+    assert torch.equal(y, torch.ones(128))
+    def offset_by_two(v):
+        return v + 2.0
+
+    monkeypatch.setitem(globals(), "_offset", mgjit.device(offset_by_two))
+    uses_helper.interpret[(1,)](x, y)
+    assert torch.equal(y, torch.full((128,), 2.0))
