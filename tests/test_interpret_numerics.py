@@ -95,15 +95,14 @@ def f64_floor(x, y, q, BLOCK: mgjit.constexpr):
     q[0:BLOCK] = x[0:BLOCK] // y[0:BLOCK]
 
 
-@pytest.mark.xfail(strict=True, reason="ops/elementwise.py `_floor` floors float64 through float32 (cvt.rmi.f32.f32 "
-                                       "on a truncf), so `//` and `%` of doubles past 2**24 are wrong; the "
-                                       "interpreter does what the lowering does")
 def test_float64_floor_division():
+    """`//` of doubles past 2**24 (it used to floor through float32)."""
     x = torch.tensor([1e9 + 7.0] + [1.0] * 127, dtype=torch.float64)
     y = torch.tensor([3.0] + [1.0] * 127, dtype=torch.float64)
     q = torch.empty_like(x)
     f64_floor.interpret[(1,)](x, y, q, BLOCK=128)
     assert q[0].item() == 333333335.0
+    assert "cvt.rmi.f64.f64" in f64_floor.compile(x, y, q, BLOCK=128, target="sm_90a").ptx  # what the GPU runs
 
 
 @mgjit.device

@@ -245,6 +245,9 @@ def _divide(e, dtype: DType):
 
 
 def _floor(e, x, dtype: DType):
+    """Round toward -inf: f64 in f64 (through f32 it would lose every bit past 2**24), narrow floats in f32."""
+    if dtype == dtypes.float64:
+        return e.asm("cvt.rmi.f64.f64 $0, $1;", "=d,d", [x], [x.type])[0]
     f32 = dtypes.float32
     wide = e.cast(x, dtype, f32) if dtype != f32 else x
     y = e.f32_asm("cvt.rmi.f32.f32", wide)
@@ -322,6 +325,8 @@ def _float_op(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType) -> torc
 
 
 def _floor_value(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    if dtype == dtypes.float64:
+        return x.floor()  # cvt.rmi.f64.f64
     return x.to(torch.float32).floor().to(numerics.torch_dtype(dtype))  # cvt.rmi.f32.f32, as `_floor` lowers it
 
 
