@@ -42,12 +42,20 @@ class Restart(Exception):
 
 
 def free_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
-    """The anchors a tiled value's layout comes from, if every one of them is a free anchor (else None)."""
+    """The ops a tiled value's layout comes from, if every one can produce any layout for free (else None):
+    free anchors, and broadcasts of values that come from free anchors or are splats (the broadcast is then
+    the op to place: its rule places its operand in turn)."""
     op = v.owner
     if depth > 32 or not isinstance(op, ir.Op):
         return None
     if op.free_anchor:
         return {op}
+    if op.free_with_operand:
+        src = op.operands[0]
+        if isinstance(src.layout, SplatLayout) or (isinstance(src.layout, TiledLayout)
+                                                    and free_origins(src, depth + 1) is not None):
+            return {op}
+        return None
     if op.elementwise:
         out: set[ir.Op] = set()
         for x in op.operands:
@@ -136,9 +144,10 @@ class Inference:
         tiled = [i for i in arrays if isinstance(op.operands[i].layout, TiledLayout)]
         if not tiled:
             return SPLAT
-        # Prefer the layout of data over that of an index computation (an iota adapts for free).
+        # Prefer the layout of data over that of an index computation (an iota, or a broadcast of one, adapts
+        # for free: a causal mask takes the layout of the scores, never the other way round).
         origins = {i: free_origins(op.operands[i]) for i in tiled}
-        data = [i for i in tiled if not (origins[i] and all(o.index_only for o in origins[i]))]
+        data = [i for i in tiled if not (origins[i] and all(_index_only(o) for o in origins[i]))]
         target = op.operands[(data or tiled)[0]].layout
         moves: dict[int, Layout] = {}
         for i in tiled:
@@ -152,6 +161,14 @@ class Inference:
         if moves:
             raise Restart(moves)
         return target
+
+
+def _index_only(op: ir.Op) -> bool:
+    """An op whose result only carries indices: an iota, or a broadcast of index computations."""
+    if op.free_with_operand:
+        origins = free_origins(op.operands[0]) if isinstance(op.operands[0].layout, TiledLayout) else None
+        return origins is not None and all(_index_only(o) for o in origins)
+    return op.index_only
 
 
 def infer_layouts(kernel: ir.Kernel) -> None:

@@ -105,7 +105,8 @@ class Op:
     - traits read by layout inference: `elementwise` (each result element comes from the operand elements
       at the same index), `free_anchor` (the result can be produced in any register layout at no cost, so a
       conflict moves the anchor instead of inserting a relayout), `index_only` (a free anchor that carries
-      indices, not data: data layouts win over it).
+      indices, not data: data layouts win over it), `free_with_operand` (the result can take any layout at no
+      cost when its operand can take the corresponding one: a broadcast of an iota).
     """
 
     name: ClassVar[str] = "?"
@@ -113,6 +114,7 @@ class Op:
     elementwise: ClassVar[bool] = False
     free_anchor: ClassVar[bool] = False
     index_only: ClassVar[bool] = False
+    free_with_operand: ClassVar[bool] = False
 
     def __init__(self, operands: Sequence[Value], result_types: Sequence[Type], loc: Loc | None,
                  regions: Sequence["Block"] = ()):

@@ -245,3 +245,65 @@ def test_wgmma_types_the_lowering_lacks_are_compile_errors(dtype, acc):
         wgmma_types.compile(x, torch.empty(256, 64), ACC=acc, target="sm_90a")
     assert info.value.rule == "wgmma-shape" and info.value.loc.line == _line_of(wgmma_types.fn, "acc = mgjit.wgmma")
     assert "into a float32 accumulator" in str(info.value)
+
+
+@mgjit.kernel
+def causal_scores(q, k, out, BN: mgjit.constexpr, D: mgjit.constexpr):
+    q_s = mgjit.smem((64, D), q.dtype, swizzle=128)
+    k_s = mgjit.smem((BN, D), k.dtype, swizzle=128)
+    bar = mgjit.barrier(1, arrivals=2)
+    mgjit.copy_async(q, (0, 0), q_s, barrier=bar[0])
+    mgjit.copy_async(k, (0, 0), k_s, barrier=bar[0])
+    bar[0].wait()
+    s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_s, k_s.T)
+    mgjit.wgmma_wait(0)
+    rows, cols = mgjit.arange(64), mgjit.arange(BN)
+    s = mgjit.where(rows[:, None] >= cols[None, :], s, -float("inf"))  # the causal mask of attention
+    out[mgjit.ds(0, 64), mgjit.ds(0, BN)] = s - s.max(axis=1, keepdims=True)
+
+
+def test_a_mask_takes_the_accumulators_layout_not_the_other_way_round():
+    """Masking a wgmma result moves the cheap operand (the iotas the mask is built from are computed in the
+    accumulator's layout), never the accumulator through shared memory."""
+    from mgjit import frontend, infer, ir, ops
+    from mgjit.layouts import SplatLayout, WGMMA
+    from mgjit.source import SourceFunction
+    params = [ir.Param("q", "tensor", mgjit.bfloat16, 2), ir.Param("k", "tensor", mgjit.bfloat16, 2),
+              ir.Param("out", "tensor", mgjit.float32, 2)]
+    k = frontend.trace(SourceFunction(causal_scores.fn), params, {"BN": 128, "D": 64}, 1)
+    infer.infer_layouts(k)
+    relayouts = [op for op in k.walk() if isinstance(op, ops.Relayout)]
+    assert all(isinstance(op.operands[0].layout, SplatLayout) for op in relayouts)  # only the zeros' splat
+    selects = [op for op in k.walk() if isinstance(op, ops.Select)]
+    assert [op.result.layout for op in selects] == [WGMMA]
+    x = torch.empty(256, 64, dtype=BF16)
+    c = causal_scores.compile(x, x, torch.empty(64, 128), BN=128, D=64, target="sm_90a")
+    assert c.smem_bytes < 64 * 128 * 4  # no f32 scores through shared memory
+
+
+@mgjit.kernel
+def scratch_heavy(x, out, R: mgjit.constexpr):
+    big = mgjit.smem((200, 128, 4), mgjit.float32)  # 409600 bytes: over budget by itself
+    v = x[mgjit.ds(0, 128), mgjit.ds(0, R)]
+    out[mgjit.ds(0, R)] = v.sum(axis=0)
+
+
+@mgjit.kernel
+def scratch_over(x, out, R: mgjit.constexpr):
+    tile = mgjit.smem((227, 256), mgjit.float32)  # 232448 bytes: the whole budget
+    v = x[mgjit.ds(0, R)]
+    out[mgjit.ds(0, R)] = v * v.sum()  # a reduction across warps needs a few bytes of scratch
+
+
+def test_scratch_shared_memory_counts_in_the_budget():
+    """The scratch of a cross-warp reduction counts like a buffer: going over names that line, at compile time
+    (it used to compile and fail at launch)."""
+    x = torch.empty(128, 8192)
+    with pytest.raises(mgjit.CompileError) as info:
+        scratch_over.compile(x.view(-1), torch.empty(8192), R=4096, target="sm_90a")
+    err = info.value
+    assert err.rule == "smem-budget" and err.loc.line == _line_of(scratch_over.fn, "v * v.sum()")
+    assert "scratch" in str(err) and "232448" in str(err)
+    with pytest.raises(mgjit.CompileError) as info:
+        scratch_heavy.compile(x, torch.empty(8192), R=128, target="sm_90a")
+    assert info.value.rule == "smem-budget" and info.value.loc.line == _line_of(scratch_heavy.fn, "big = mgjit.smem")

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Callable
 
 from .. import abi, ir, mlir, targets
+from ..errors import Rule
 from ..layouts import THREADS_PER_WARPGROUP
 from ..registry import RuleRegistry
 from .context import Context, Frag, LoweredRef
@@ -32,7 +33,20 @@ def lower_ops(ctx: Context, ops: list[ir.Op]) -> None:
         fn = RULES.get(type(op))
         if fn is None:
             raise op.error(f"internal error: no lowering rule for `{op.name}`")
+        before = ctx.smem_bytes
         fn(op, ctx)
+        if ctx.smem_bytes > ctx.target.smem_bytes and ctx.smem_bytes > before:
+            _over_budget(op, ctx)
+
+
+def _over_budget(op: ir.Op, ctx: Context) -> None:
+    """Every byte of shared memory a kernel takes counts: its buffers, and the scratch that cross-warp
+    reductions, relayouts and TMEM bookkeeping take; the op that goes over the limit is the one named."""
+    what = "this allocation" if op.name == "smem_alloc" else (
+        f"this {op.name} (its shared-memory scratch: a reduction across warps, a relayout or TMEM bookkeeping)")
+    raise op.error(f"shared memory: the kernel needs {ctx.smem_bytes} bytes by {what}, more than the "
+                   f"{ctx.target.smem_bytes} bytes a CTA can have (fewer stages or smaller tiles)",
+                   rule=Rule.SMEM_BUDGET)
 
 
 def lower_block(ctx: Context, block: ir.Block) -> list:

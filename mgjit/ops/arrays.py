@@ -50,6 +50,7 @@ class Broadcast(Op):
     """Broadcast `x` to `shape`; `dims[i]` is the result dimension that operand dimension i becomes."""
 
     name = "broadcast"
+    free_with_operand = True
 
     def __init__(self, x: Value, shape: tuple[int, ...], dims: tuple[int, ...], loc: Loc | None):
         super().__init__([x], [ArrayType(shape, x.dtype)], loc)
@@ -94,6 +95,11 @@ def _infer_broadcast(op: Broadcast, inf: infer.Inference) -> None:
         inf.set_layout(op.result, SPLAT, op)
         return
     axes = tuple(d for d in range(len(shape)) if d not in op.dims)
+    placed = inf.overrides.get(id(op))
+    if placed is not None:  # a user needs the result in this layout: the operand takes its reduction
+        inf.move_or_relayout(op, 0, placed.reduce(axes, len(shape)))
+        inf.set_layout(op.result, placed, op)
+        return
     candidates = list(reversed(inf.by_shape.get(shape, [])))
     try:
         candidates.append(blocked(shape, op.result.dtype))

@@ -17,7 +17,7 @@ import torch
 from .. import infer, interpret, ir, lower, tiles
 from .. import mma_descriptors as md
 from ..dtypes import DType
-from ..errors import Check, InterpretError, Loc, Rule
+from ..errors import Check, InterpretError, Loc
 from ..interpret.checker import Access, check_read, check_write
 from ..interpret.machine import CTA, BarrierRef
 from ..interpret.scheduler import Warpgroup
@@ -162,18 +162,10 @@ def descriptor_fields(t: RefType, mn_offset: int, k_offset: int, k_major: bool) 
     return byte, SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s))
 
 
-def check_smem_budget(ctx: lower.Context, op: Op) -> None:
-    limit = ctx.target.smem_bytes
-    if ctx.smem_bytes > limit:
-        raise op.error(f"shared memory: the kernel needs {ctx.smem_bytes} bytes by this allocation, more than the "
-                       f"{limit} bytes a CTA can have (fewer stages or smaller tiles)", rule=Rule.SMEM_BUDGET)
-
-
 @lower.rule(SmemAlloc)
 def _smem_alloc(op: SmemAlloc, ctx: lower.Context) -> None:
     t = op.result.type
     offset = ctx.alloc_shared(tile_of(t).nbytes, tile_alignment(t))
-    check_smem_budget(ctx, op)
     ctx.set(op.result, SmemTile(ctx.e.i32(offset), t))
 
 
