@@ -316,3 +316,36 @@ def test_argument_binding_errors():
         k_static_python.compile(x, x, MODE="scale", BLOCK=256, BLOK=3)
     with pytest.raises(mgjit.LaunchError, match="kernels take torch tensors, ints, floats and bools"):
         k_static_python.compile(x, "not a tensor", MODE="scale", BLOCK=256)
+
+
+# ------------------------------------------------------------------------------------------ indexing a shape
+
+@mgjit.kernel
+def k_shape_past_rank(x, out, n, BLOCK: mgjit.constexpr):
+    rows = x.shape[2]  # ERR
+    out[0] = rows.astype(out.dtype)
+
+
+@mgjit.kernel
+def k_array_shape_past_rank(x, out, n, BLOCK: mgjit.constexpr):
+    v = x[mgjit.ds(0, BLOCK)]
+    out[0] = v.shape[1] * 1.0  # ERR
+
+
+@mgjit.kernel
+def k_tuple_past_end(x, out, n, BLOCK: mgjit.constexpr):
+    sizes = (BLOCK, BLOCK)
+    out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(0, sizes[2])]  # ERR
+
+
+@pytest.mark.parametrize("kernel,phrase", [
+    (k_shape_past_rank, "`x` has 1 dimension, got index 2 of its shape"),
+    (k_array_shape_past_rank, "the runtime value has 1 dimension, got index 1 of its shape"),
+    (k_tuple_past_end, "index 2 is out of range for a tuple of 2 elements"),
+], ids=["tensor-argument", "array", "tuple"])
+def test_an_index_past_the_end_of_a_shape_or_tuple_is_a_compile_error(kernel, phrase):
+    """Not a bare IndexError from the frontend (issue 14): the user's line, and what the shape has."""
+    args, kwargs = compile_args(kernel)
+    with pytest.raises(mgjit.CompileError) as excinfo:
+        kernel.compile(*args, target="sm_90a", **kwargs)
+    assert_error_at(excinfo, kernel, phrase)

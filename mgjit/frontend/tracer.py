@@ -17,7 +17,7 @@ from ..source import DeviceFunction, SourceFunction
 from . import registry
 from .builtins import tcgen05  # importing builtins/ registers the builtins of every hardware unit
 from .control import ControlFlow, Return, assigned_names
-from .values import Builder, Expanded, Ref, Tensor, Traced
+from .values import Builder, Expanded, Ref, Shape, Tensor, Traced
 
 _ALLOWED_PY_BUILTINS = {"range", "len", "int", "float", "bool", "min", "max", "abs", "tuple", "list",
                         "isinstance", "enumerate", "zip", "True", "False", "None", "print"}
@@ -180,7 +180,10 @@ class Tracer(ControlFlow):
             if member is not None and not node.attr.startswith("__"):
                 return member.fn(self, obj) if member.is_attribute else BoundMember(member, obj)
             if node.attr in obj.attributes:
-                return getattr(obj, node.attr)
+                value = getattr(obj, node.attr)
+                if node.attr == "shape":
+                    return Shape(value, f"`{obj.name}`" if isinstance(obj, Ref) else "the " + obj.kind.split(" ", 1)[1])
+                return value
             raise self.error(f"{obj.kind} has no attribute `{node.attr}` (it has "
                              f"{', '.join(registry.member_names(obj))})")
         try:
@@ -203,8 +206,21 @@ class Tracer(ControlFlow):
         if isinstance(obj, (tuple, list, dict)):
             if isinstance(index, Tensor):
                 raise self.error("a static sequence cannot be indexed with a runtime value")
-            return obj[index]
+            try:
+                return obj[index]
+            except (IndexError, KeyError, TypeError) as e:
+                raise self.error(self._bad_index(obj, index, e)) from None
         raise self.error(f"cannot index a {type(obj).__name__}")
+
+    def _bad_index(self, obj: Any, index: Any, e: Exception) -> str:
+        if isinstance(obj, Shape) and isinstance(index, int):
+            n = len(obj)
+            return f"{obj.of} has {n} dimension{'s' if n != 1 else ''}, got index {index} of its shape"
+        if isinstance(e, KeyError):
+            return f"key {index!r} is not in the dict"
+        if isinstance(e, IndexError):
+            return f"index {index!r} is out of range for a {type(obj).__name__} of {len(obj)} elements"
+        return f"cannot index a {type(obj).__name__} with {type(index).__name__} {index!r}"
 
     def getitem(self, obj: Traced, index: Any) -> Any:
         return registry.find_member(obj, "__getitem__").fn(self, obj, index)

@@ -62,6 +62,18 @@ class Traced:
     attributes: tuple[str, ...] = ()
 
 
+class Shape(tuple):
+    """`x.shape` as a kernel reads it: a tuple that says whose shape it is (`of`), for the message of an index
+    past its end."""
+
+    of: str
+
+    def __new__(cls, dims: tuple, of: str):
+        shape = super().__new__(cls, dims)
+        shape.of = of
+        return shape
+
+
 class _Operators:
     """Python operators on runtime values (and expanded views), emitting IR through the tracer."""
 
