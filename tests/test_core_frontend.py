@@ -349,3 +349,43 @@ def test_an_index_past_the_end_of_a_shape_or_tuple_is_a_compile_error(kernel, ph
     with pytest.raises(mgjit.CompileError) as excinfo:
         kernel.compile(*args, target="sm_90a", **kwargs)
     assert_error_at(excinfo, kernel, phrase)
+
+
+# ------------------------------------------------------------------------------------------ range over a float
+
+@mgjit.kernel
+def k_range_float(x, out, n, BLOCK: mgjit.constexpr):
+    for i in range(1.5):  # ERR
+        out[i] = x[i]
+
+
+@mgjit.kernel
+def k_range_runtime_float(x, out, n, BLOCK: mgjit.constexpr):
+    for i in range(0, n, x[0]):  # ERR
+        out[i] = x[i]
+
+
+@mgjit.kernel
+def k_range_array(x, out, n, BLOCK: mgjit.constexpr):
+    for i in range(mgjit.arange(BLOCK)):  # ERR
+        out[i] = x[i]
+
+
+@mgjit.kernel
+def k_static_range_float(x, out, n, BLOCK: mgjit.constexpr):
+    for i in mgjit.static_range(BLOCK / 2):  # ERR
+        out[i] = x[i]
+
+
+@pytest.mark.parametrize("kernel,phrase", [
+    (k_range_float, "range bounds must be integers, got float 1.5"),
+    (k_range_runtime_float, "range bounds must be integer scalars, got a runtime float32"),
+    (k_range_array, "range bounds must be integer scalars, got an array of shape (1024,)"),
+    (k_static_range_float, "static_range bounds must be integers"),
+], ids=["float", "runtime-float", "array", "static-float"])
+def test_range_over_a_float_is_a_compile_error(kernel, phrase):
+    """Not a loop over silently truncated bounds (issue 14, item 10)."""
+    args, kwargs = compile_args(kernel)
+    with pytest.raises(mgjit.CompileError) as excinfo:
+        kernel.compile(*args, target="sm_90a", **kwargs)
+    assert_error_at(excinfo, kernel, phrase)

@@ -117,14 +117,17 @@ class ControlFlow(Semantics):
         """The int32 (lower, upper, step) of `range(*args)` in a runtime loop."""
         if not 1 <= len(args) <= 3:
             raise self.error("range takes 1 to 3 arguments")
+        for v in args:
+            if isinstance(v, (Tensor, Expanded)):
+                if v.shape or v.dtype.is_float:
+                    what = f"an array of shape {tuple(v.shape)}" if v.shape else f"a runtime {v.dtype.name}"
+                    raise self.error(f"range bounds must be integer scalars, got {what}")
+            elif not isinstance(v, int):
+                raise self.error(f"range bounds must be integers, got {type(v).__name__} {v!r}")
         lower, upper, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
         if not isinstance(step, Tensor) and step <= 0:
             raise self.error("range steps must be positive (count upwards); a runtime step must be positive too")
-        bounds = [self.cast(self.to_tensor(v, dtypes.int32), dtypes.int32) for v in (lower, upper, step)]
-        for b in bounds:
-            if not b.dtype.is_int or b.shape:
-                raise self.error(f"range bounds must be integer scalars, got {b.value.type}")
-        return bounds
+        return [self.cast(self.to_tensor(v, dtypes.int32), dtypes.int32) for v in (lower, upper, step)]
 
     def runtime_loop(self, node: ast.AST, target: str | None, bounds: list[Tensor], body: Callable[[Tensor], None],
                      assigned: set[str]) -> None:
@@ -213,6 +216,10 @@ def static_range(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> Non
         raise t.error("range takes no keyword arguments")
     if any(isinstance(a, (Tensor, Expanded)) for a in args):
         raise t.error("static_range bounds must be compile-time values")
-    for i in range(*args):
+    try:
+        values = range(*args)
+    except TypeError as e:
+        raise t.error(f"static_range bounds must be integers: {e}") from None
+    for i in values:
         t.assign(node.target, i)
         t.run_body(node.body)
