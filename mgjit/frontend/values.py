@@ -112,10 +112,8 @@ class _Operators:
     __hash__ = object.__hash__
 
 
-class Tensor(_Operators, Traced):
-    """A scalar or register array during tracing."""
-
-    attributes = ("dtype", "shape", "ndim")
+class _Wrapped(Traced):
+    """A traced value that wraps one IR value, made by (and calling back into) `tracer`."""
 
     def __init__(self, tracer: "Trace", value: ir.Value):
         self.tracer = tracer
@@ -124,6 +122,12 @@ class Tensor(_Operators, Traced):
     @property
     def dtype(self) -> DType:
         return self.value.dtype
+
+
+class Tensor(_Operators, _Wrapped):
+    """A scalar or register array during tracing."""
+
+    attributes = ("dtype", "shape", "ndim")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -157,21 +161,16 @@ class Expanded(_Operators, Traced):
         return len(self.shape)
 
 
-class Ref(Traced):
+class Ref(_Wrapped):
     """A GMEM reference (a tensor argument) during tracing."""
 
     kind = "a tensor argument"
     attributes = ("dtype", "shape", "ndim")
 
     def __init__(self, tracer: "Trace", value: ir.Value, name: str):
-        self.tracer = tracer
-        self.value = value
+        super().__init__(tracer, value)
         self.name = name
         self._dims: list[Tensor] | None = None
-
-    @property
-    def dtype(self) -> DType:
-        return self.value.dtype
 
     @property
     def ndim(self) -> int:
@@ -186,18 +185,10 @@ class Ref(Traced):
         return tuple(self._dims)
 
 
-class _StaticRef(Traced):
+class _StaticRef(_Wrapped):
     """During tracing, a reference with a static shape (shared or tensor memory)."""
 
     attributes = ("dtype", "shape")
-
-    def __init__(self, tracer: "Trace", value: ir.Value):
-        self.tracer = tracer
-        self.value = value
-
-    @property
-    def dtype(self) -> DType:
-        return self.value.dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
