@@ -61,7 +61,8 @@ static launch_fn cu_launch;
 static launch_ex_fn cu_launch_ex;
 static context_fn cu_context;
 static encode_fn cu_encode;
-static PyObject *stub_hook;  /* the stub driver's Python hook, when it is in use */
+static int stub_driver;      /* launches go to stub_hook, or nowhere when it is NULL (timing the rest) */
+static PyObject *stub_hook;
 
 /* ---- what mgjit.fastlaunch.configure() sets */
 static const DLPackExchangeAPI *dlpack;
@@ -364,7 +365,7 @@ static int plan_launch(Plan *p, const unsigned g[3], const ArgValue *values) {
         if (cu_context(&ctx) != 0 || ctx != p->context) return MGJIT_E_CONTEXT;
     }
     void *stream = NULL;
-    if (!stub_hook && dlpack->current_work_stream(DL_CUDA, p->device, &stream) != 0) return E_PYTHON;
+    if (!stub_driver && dlpack->current_work_stream(DL_CUDA, p->device, &stream) != 0) return E_PYTHON;
     _Alignas(64) unsigned char buffer[MAX_BUFFER];
     void *pointers[MAX_FIELDS];
     Py_ssize_t f = 0;
@@ -422,7 +423,9 @@ static int plan_launch(Plan *p, const unsigned g[3], const ArgValue *values) {
         memcpy(buffer + p->offsets[f++], m->map, 128);
     }
     for (Py_ssize_t i = 0; i < p->nfields; i++) pointers[i] = buffer + p->offsets[i];
-    if (stub_hook) return stub_launch(p->function, (unsigned *)g, p->threads, p->smem, stream, p->cluster, buffer, p->size);
+    if (stub_driver)
+        return stub_hook ? stub_launch(p->function, (unsigned *)g, p->threads, p->smem, stream, p->cluster, buffer, p->size)
+                         : 0;
     if (p->cluster[0] * p->cluster[1] * p->cluster[2] == 1)
         return cu_launch(p->function, g[0], g[1], g[2], p->threads, 1, 1, p->smem, stream, pointers, NULL);
     LaunchAttribute attr;
@@ -781,14 +784,17 @@ static PyObject *use_driver(PyObject *self, PyObject *unused) {
         return NULL;
     }
     cu_launch = launch; cu_launch_ex = launch_ex; cu_context = context; cu_encode = encode;
+    stub_driver = 0;
     Py_CLEAR(stub_hook);
     Py_RETURN_NONE;
 }
 
-/* use_stub_driver(hook): launches call hook(function, grid, threads, smem, stream, cluster, buffer) -> rc,
- * TMA descriptors record their encode's arguments, and the current context is always the plan's. */
+/* use_stub_driver(hook): launches call hook(function, grid, threads, smem, stream, cluster, buffer) -> rc (or
+ * do nothing, for hook None: what is left is the cost of everything but the driver), TMA descriptors record
+ * their encode's arguments, and the current context is always the plan's. */
 static PyObject *use_stub_driver(PyObject *self, PyObject *hook) {
-    Py_XSETREF(stub_hook, Py_NewRef(hook));
+    stub_driver = 1;
+    Py_XSETREF(stub_hook, hook == Py_None ? NULL : Py_NewRef(hook));
     cu_context = stub_context; cu_encode = stub_encode;
     Py_RETURN_NONE;
 }
