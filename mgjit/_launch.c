@@ -556,20 +556,42 @@ static PyObject *launch_error(Plan *p, int rc) {
     return PyObject_CallFunction(launch_failed, "Oi", p->name, rc);  /* raises, or returns None to go slow */
 }
 
-/* The fast path over bound arguments: slots[i] holds parameter i (borrowed). */
+/* The slow path of a call: as it was made (args), or, for a call the autotuner bound (args NULL), with every
+ * parameter positional and the launch options by name. */
+static PyObject *slow_path(Dispatcher *d, PyObject *grid, PyObject **slots, PyObject *nwg, PyObject *cluster,
+                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (args) return call_slow(d, grid, args, nargsf, kwnames);
+    PyObject *stack[MAX_ARGS + 2], *names[2];
+    Py_ssize_t nkw = 0;
+    memcpy(stack, slots, d->nparams * sizeof(PyObject *));
+    if (nwg) { stack[d->nparams + nkw] = nwg; names[nkw++] = s_num_warpgroups; }
+    if (cluster) { stack[d->nparams + nkw] = cluster; names[nkw++] = s_cluster; }
+    PyObject *kw = NULL;
+    if (nkw) {
+        kw = PyTuple_New(nkw);
+        if (!kw) return NULL;
+        for (Py_ssize_t i = 0; i < nkw; i++) PyTuple_SET_ITEM(kw, i, Py_NewRef(names[i]));
+    }
+    PyObject *r = call_slow(d, grid, stack, d->nparams, kw);
+    Py_XDECREF(kw);
+    return r;
+}
+
+/* The fast path over bound arguments: slots[i] holds parameter i (borrowed); args, nargsf and kwnames are the
+ * call as it was made (args NULL for a call the autotuner bound). */
 static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject **slots, PyObject *nwg, PyObject *cluster,
                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (interpret_requested()) return call_slow(d, grid, args, nargsf, kwnames);
+    if (interpret_requested()) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
     if (d->guard) {
         PyObject *r = PyObject_CallNoArgs(d->guard);
         if (!r) return NULL;
         int changed = PyObject_IsTrue(r);
         Py_DECREF(r);
-        if (changed) return changed < 0 ? NULL : call_slow(d, grid, args, nargsf, kwnames);
+        if (changed) return changed < 0 ? NULL : slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
     }
     unsigned g[3];
     int grid_kind = parse_grid(grid, g);
-    if (!grid_kind) return call_slow(d, grid, args, nargsf, kwnames);
+    if (!grid_kind) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
     uint64_t words[MAX_ARGS];
     ArgValue values[MAX_ARGS];
     PyObject *objects[MAX_ARGS + 2];
@@ -577,16 +599,16 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject **slots, PyObj
     for (Py_ssize_t i = 0; i < d->nparams; i++) {
         if (d->is_const[i]) { objects[o++] = slots[i]; continue; }
         uint64_t word = key_word(slots[i], &values[w]);
-        if (!word) return call_slow(d, grid, args, nargsf, kwnames);
+        if (!word) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
         words[w++] = word;
     }
     objects[o++] = nwg ? nwg : Py_None;
     objects[o++] = cluster ? cluster : Py_None;
     Py_hash_t hash = hash_key(words, w, objects, o);
-    if (hash == -1) { PyErr_Clear(); return call_slow(d, grid, args, nargsf, kwnames); }  /* unhashable */
+    if (hash == -1) { PyErr_Clear(); return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames); }  /* unhashable */
     int error;
     Entry *e = table_find(&d->plans, hash, words, objects, &error);
-    if (error) { PyErr_Clear(); return call_slow(d, grid, args, nargsf, kwnames); }
+    if (error) { PyErr_Clear(); return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames); }
     PyObject *plan;
     if (e) {
         plan = e->value;
@@ -612,19 +634,19 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject **slots, PyObj
         Py_DECREF(plan);  /* the table holds it */
         if (rc < 0) return NULL;
     }
-    if (plan == Py_None) return call_slow(d, grid, args, nargsf, kwnames);  /* no C plan for this kernel */
+    if (plan == Py_None) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);  /* no C plan for this kernel */
     if (grid_kind == 1) Py_RETURN_NONE;  /* an empty grid: nothing to launch, as in Triton */
     Plan *p = (Plan *)plan;
     if ((g[0] % p->cluster[0]) || (g[1] % p->cluster[1]) || (g[2] % p->cluster[2]))
-        return call_slow(d, grid, args, nargsf, kwnames);
+        return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
     int rc = plan_launch(p, g, values);
     if (rc == 0) Py_RETURN_NONE;
     if (rc == E_PYTHON) return NULL;
-    if (rc == MGJIT_E_CONTEXT) return call_slow(d, grid, args, nargsf, kwnames);
+    if (rc == MGJIT_E_CONTEXT) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
     PyObject *r = launch_error(p, rc);
     if (!r) return NULL;
     Py_DECREF(r);
-    return call_slow(d, grid, args, nargsf, kwnames);
+    return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
 }
 
 /* Bind a call's arguments to the parameters by position and name, defaults filled in: 0 when the call is
@@ -665,22 +687,22 @@ static int bind(Dispatcher *d, PyObject *const *args, size_t nargsf, PyObject *k
     return 1;
 }
 
-/* ---- Launch: `dispatcher[grid]`, called with the kernel's arguments */
+/* ---- Launch: `dispatcher[grid]` (or `tuned[grid]`), called with the kernel's arguments */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    Dispatcher *dispatcher;
+    PyObject *owner;  /* the Dispatcher or Tuned */
     PyObject *grid;
 } Launch;
 
 static void launch_dealloc(Launch *l) {
-    Py_XDECREF(l->dispatcher); Py_XDECREF(l->grid);
+    Py_XDECREF(l->owner); Py_XDECREF(l->grid);
     PyObject_Free(l);
 }
 
 static PyObject *launch_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Launch *l = (Launch *)self;
-    Dispatcher *d = l->dispatcher;
+    Dispatcher *d = (Dispatcher *)l->owner;
     PyObject *slots[MAX_ARGS], *nwg, *cluster;
     if (!bind(d, args, nargsf, kwnames, slots, &nwg, &cluster)) return call_slow(d, l->grid, args, nargsf, kwnames);
     return dispatch(d, l->grid, slots, nwg, cluster, args, nargsf, kwnames);
@@ -697,14 +719,16 @@ static PyTypeObject LaunchType = {
     .tp_doc = "A kernel launch on one grid: call it with the kernel's arguments.",
 };
 
-static PyObject *dispatcher_getitem(PyObject *self, PyObject *grid) {
+static PyObject *new_launch(PyObject *owner, PyObject *grid, vectorcallfunc call) {
     Launch *l = PyObject_New(Launch, &LaunchType);
     if (!l) return NULL;
-    l->vectorcall = launch_call;
-    l->dispatcher = (Dispatcher *)Py_NewRef(self);
+    l->vectorcall = call;
+    l->owner = Py_NewRef(owner);
     l->grid = Py_NewRef(grid);
     return (PyObject *)l;
 }
+
+static PyObject *dispatcher_getitem(PyObject *self, PyObject *grid) { return new_launch(self, grid, launch_call); }
 
 static PyObject *dispatcher_set_guard(Dispatcher *d, PyObject *guard) {
     Py_XSETREF(d->guard, guard == Py_None ? NULL : Py_NewRef(guard));
@@ -739,6 +763,199 @@ static PyTypeObject DispatcherType = {
     .tp_new = dispatcher_new,
     .tp_doc = "A kernel's launch fast path: `dispatcher[grid](*args, **kwargs)`.",
 };
+
+/* ---- Tuned: an autotuned kernel's launch: the config chosen for the call's tuning key, then the kernel's
+ * dispatch. Its memo key is finer than autotune.Autotuned._memo_key (each call argument's kind and dtype, each
+ * key argument's shape or value by type and equality), and its value is what Python chose for that key. */
+#define MAX_KEY_RANK 8
+typedef struct {
+    PyObject_HEAD
+    Dispatcher *kernel;
+    Py_ssize_t ncall, nkey, nconfig;
+    PyObject *call_names;  /* tuple: the arguments a launch passes, in order */
+    int *to_param;         /* call argument -> kernel parameter */
+    int *key_of;           /* call argument -> its index among the key arguments, or -1 */
+    int *config_param;     /* config value -> kernel parameter */
+    PyObject *miss;        /* miss(grid, *args, **kwargs) -> (config values, nwg, cluster, options dict); launches */
+    Table memo;
+} Tuned;
+
+static int tuned_traverse(Tuned *t, visitproc visit, void *arg) {
+    Py_VISIT(t->kernel); Py_VISIT(t->miss);
+    for (Py_ssize_t i = 0; i < t->memo.capacity; i++)
+        if (t->memo.entries[i].value) { Py_VISIT(t->memo.entries[i].objects); Py_VISIT(t->memo.entries[i].value); }
+    return 0;
+}
+
+static int tuned_clear_refs(Tuned *t) {
+    Py_CLEAR(t->kernel); Py_CLEAR(t->miss);
+    table_clear(&t->memo);
+    return 0;
+}
+
+static void tuned_dealloc(Tuned *t) {
+    PyObject_GC_UnTrack(t);
+    tuned_clear_refs(t);
+    Py_XDECREF(t->call_names);
+    PyMem_Free(t->to_param); PyMem_Free(t->key_of); PyMem_Free(t->config_param);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t param_index(Dispatcher *d, PyObject *name) {
+    for (Py_ssize_t i = 0; i < d->nparams; i++)
+        if (!PyUnicode_Compare(PyTuple_GET_ITEM(d->names, i), name)) return i;
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%R is not a parameter of the kernel", name);
+    return -1;
+}
+
+/* Tuned(kernel dispatcher, call names, key names, config names, miss) */
+static PyObject *tuned_new(PyTypeObject *type, PyObject *args, PyObject *kwargs);
+
+static PyObject *tuned_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static PyObject *tuned_getitem(PyObject *self, PyObject *grid) { return new_launch(self, grid, tuned_call); }
+
+static PyMappingMethods tuned_mapping = {.mp_subscript = tuned_getitem};
+
+static PyTypeObject TunedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mgjit_launch.Tuned",
+    .tp_basicsize = sizeof(Tuned),
+    .tp_dealloc = (destructor)tuned_dealloc,
+    .tp_traverse = (traverseproc)tuned_traverse,
+    .tp_clear = (inquiry)tuned_clear_refs,
+    .tp_as_mapping = &tuned_mapping,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = tuned_new,
+    .tp_doc = "An autotuned kernel's launch fast path: `tuned[grid](*args, **kwargs)`.",
+};
+
+static PyObject *tuned_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *kernel, *call, *keys, *configs, *miss;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O", &DispatcherType, &kernel, &PyTuple_Type, &call, &PyTuple_Type, &keys,
+                          &PyTuple_Type, &configs, &miss))
+        return NULL;
+    Dispatcher *d = (Dispatcher *)kernel;
+    Tuned *t = (Tuned *)type->tp_alloc(type, 0);
+    if (!t) return NULL;
+    t->kernel = (Dispatcher *)Py_NewRef(kernel);
+    t->call_names = Py_NewRef(call);
+    t->miss = Py_NewRef(miss);
+    t->ncall = PyTuple_GET_SIZE(call); t->nkey = PyTuple_GET_SIZE(keys); t->nconfig = PyTuple_GET_SIZE(configs);
+    t->to_param = PyMem_Calloc(t->ncall + 1, sizeof(int));
+    t->key_of = PyMem_Calloc(t->ncall + 1, sizeof(int));
+    t->config_param = PyMem_Calloc(t->nconfig + 1, sizeof(int));
+    if (!t->to_param || !t->key_of || !t->config_param) { Py_DECREF(t); return PyErr_NoMemory(); }
+    if (t->ncall + t->nconfig != d->nparams) {
+        Py_DECREF(t);
+        PyErr_SetString(PyExc_ValueError, "the call's and the config's names must be the kernel's parameters");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < t->ncall; i++) {
+        Py_ssize_t p = param_index(d, PyTuple_GET_ITEM(call, i));
+        if (p < 0) { Py_DECREF(t); return NULL; }
+        t->to_param[i] = (int)p;
+        t->key_of[i] = -1;
+        for (Py_ssize_t k = 0; k < t->nkey; k++)
+            if (!PyUnicode_Compare(PyTuple_GET_ITEM(keys, k), PyTuple_GET_ITEM(call, i))) t->key_of[i] = (int)k;
+    }
+    for (Py_ssize_t j = 0; j < t->nconfig; j++) {
+        Py_ssize_t p = param_index(d, PyTuple_GET_ITEM(configs, j));
+        if (p < 0) { Py_DECREF(t); return NULL; }
+        t->config_param[j] = (int)p;
+    }
+    t->memo.nwords = t->ncall + t->nkey * MAX_KEY_RANK;
+    t->memo.nobjects = t->nkey;
+    return (PyObject *)t;
+}
+
+/* The grid of a call: a callable grid's answer for the named arguments and the config's options. */
+static PyObject *resolve_grid(Tuned *t, PyObject *grid, PyObject **given, PyObject *options) {
+    if (!PyCallable_Check(grid)) return Py_NewRef(grid);
+    PyObject *named = PyDict_New();
+    if (!named) return NULL;
+    for (Py_ssize_t i = 0; i < t->ncall; i++)
+        if (given[i] && PyDict_SetItem(named, PyTuple_GET_ITEM(t->call_names, i), given[i]) < 0) {
+            Py_DECREF(named); return NULL;
+        }
+    if (PyDict_Update(named, options) < 0) { Py_DECREF(named); return NULL; }
+    PyObject *r = PyObject_CallOneArg(grid, named);
+    Py_DECREF(named);
+    return r;
+}
+
+static PyObject *tuned_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Launch *l = (Launch *)self;
+    Tuned *t = (Tuned *)l->owner;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *given[MAX_ARGS];
+    int plain = n <= t->ncall;
+    for (Py_ssize_t i = 0; i < t->ncall; i++) given[i] = i < n ? args[i] : NULL;
+    for (Py_ssize_t k = 0; plain && k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t i = 0;
+        for (; i < t->ncall && PyTuple_GET_ITEM(t->call_names, i) != name; i++) {}
+        if (i == t->ncall)
+            for (i = 0; i < t->ncall && PyUnicode_Compare(PyTuple_GET_ITEM(t->call_names, i), name); i++) {}
+        if (i == t->ncall || given[i]) plain = 0; else given[i] = args[n + k];
+    }
+    for (Py_ssize_t i = 0; plain && i < t->ncall; i++) plain = given[i] != NULL;
+    PyErr_Clear();
+    uint64_t words[MAX_ARGS + MAX_ARGS * MAX_KEY_RANK];
+    PyObject *objects[MAX_ARGS];
+    memset(words, 0, t->memo.nwords * sizeof(uint64_t));
+    for (Py_ssize_t i = 0; plain && i < t->ncall; i++) {
+        ArgValue value;
+        uint64_t word = key_word(given[i], &value);
+        int k = t->key_of[i];
+        if (!word) { plain = 0; break; }
+        words[i] = word & 15;
+        if (value.tag == TAG_TENSOR) {
+            words[i] = word & 0xFFFFFF;  /* tag, dtype, rank */
+            if (k >= 0) {
+                if (value.t.ndim > MAX_KEY_RANK) { plain = 0; break; }
+                memcpy(&words[t->ncall + k * MAX_KEY_RANK], value.t.shape, value.t.ndim * sizeof(uint64_t));
+                objects[k] = Py_None;
+            }
+        } else if (k >= 0) {
+            objects[k] = given[i];
+        }
+    }
+    Py_hash_t hash = plain ? hash_key(words, t->memo.nwords, objects, t->nkey) : 0;
+    Entry *e = NULL;
+    if (plain && hash != -1) {
+        int error;
+        e = table_find(&t->memo, hash, words, objects, &error);
+        if (error) plain = 0;
+    }
+    PyErr_Clear();
+    if (!e) {  /* Python tunes (or finds the stored choice) and launches; a plain call remembers the choice */
+        PyObject *stack[MAX_ARGS + 8], **full = n + nkw + 1 <= MAX_ARGS + 8 ? stack : NULL;
+        if (!full) return PyErr_Format(PyExc_TypeError, "too many arguments");
+        full[0] = l->grid;
+        memcpy(full + 1, args, (n + nkw) * sizeof(PyObject *));
+        PyObject *chosen = PyObject_Vectorcall(t->miss, full, n + 1, kwnames);
+        if (!chosen) return NULL;
+        if (plain && hash != -1 && chosen != Py_None && table_insert(&t->memo, hash, words, objects, chosen) < 0) {
+            Py_DECREF(chosen); return NULL;
+        }
+        Py_DECREF(chosen);
+        Py_RETURN_NONE;
+    }
+    PyObject *values, *nwg, *cluster, *options;
+    if (!PyArg_ParseTuple(e->value, "O!OOO!", &PyTuple_Type, &values, &nwg, &cluster, &PyDict_Type, &options))
+        return NULL;
+    Dispatcher *d = t->kernel;
+    PyObject *slots[MAX_ARGS];
+    for (Py_ssize_t i = 0; i < t->ncall; i++) slots[t->to_param[i]] = given[i];
+    for (Py_ssize_t j = 0; j < t->nconfig; j++) slots[t->config_param[j]] = PyTuple_GET_ITEM(values, j);
+    PyObject *grid = resolve_grid(t, l->grid, given, options);
+    if (!grid) return NULL;
+    PyObject *r = dispatch(d, grid, slots, nwg == Py_None ? NULL : nwg, cluster == Py_None ? NULL : cluster, NULL, 0,
+                           NULL);
+    Py_DECREF(grid);
+    return r;
+}
 
 /* ---- module functions */
 
@@ -854,13 +1071,16 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mgjit_launch", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_mgjit_launch(void) {
-    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&DispatcherType) < 0 || PyType_Ready(&LaunchType) < 0) return NULL;
+    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&DispatcherType) < 0 || PyType_Ready(&LaunchType) < 0 ||
+        PyType_Ready(&TunedType) < 0)
+        return NULL;
     s_num_warpgroups = PyUnicode_InternFromString("num_warpgroups");
     s_cluster = PyUnicode_InternFromString("cluster");
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     if (PyModule_AddObject(m, "Plan", Py_NewRef((PyObject *)&PlanType)) < 0 ||
         PyModule_AddObject(m, "Dispatcher", Py_NewRef((PyObject *)&DispatcherType)) < 0 ||
+        PyModule_AddObject(m, "Tuned", Py_NewRef((PyObject *)&TunedType)) < 0 ||
         PyModule_AddIntConstant(m, "MAX_BUFFER", MAX_BUFFER) < 0) {
         Py_DECREF(m);
         return NULL;

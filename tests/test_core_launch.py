@@ -278,3 +278,43 @@ def test_the_fallback_warns_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fastlaunch.load() is None
+
+
+class _Timer:
+    """A fake timer: BLOCK=512 with two warpgroups is fastest."""
+    device = "stub-gpu"
+
+    def __call__(self, run) -> float:
+        run()
+        return 1.0 if run.config.kwargs["BLOCK"] == 512 and run.config.num_warpgroups == 2 else 2.0
+
+
+def test_an_autotuned_kernel_launches_in_c_after_its_first_call(gpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    configs = [mgjit.Config(BLOCK=b, num_warpgroups=w) for b in (256, 512) for w in (1, 2)]
+    tuned = mgjit.autotune(configs=configs, key=["n"], timer=_Timer(), jobs=1)(mgjit.kernel(add))
+    misses = []
+    original = tuned._c_miss
+    monkeypatch.setattr(tuned, "_c_miss", lambda *a, **k: misses.append(1) or original(*a, **k))
+    x = torch.randn(4096)
+    grids = []
+
+    def grid(meta):
+        grids.append(meta)
+        return (meta["n"] // meta["BLOCK"],)
+
+    tuned[grid](x, x, x, 4096)
+    sweep = len(gpu.launches)
+    tuned[grid](x, x, x, 4096)
+    tuned[grid](x=x, y=torch.randn(4096), out=x, n=4096)
+    assert len(misses) == 1 and len(gpu.launches) == sweep + 2
+    last = gpu.launches[-1]
+    assert last.path == "c" and last.grid == (8, 1, 1) and last.threads == 256
+    assert grids[-1] == {"x": x, "y": grids[-1]["y"], "out": x, "n": 4096, "BLOCK": 512, "num_warpgroups": 2}
+    tuned[grid](x, x, x, 2048)  # a new tuning key: Python sweeps again
+    tuned[grid](x.half(), x.half(), x.half(), 4096)  # a new dtype too
+    assert len(misses) == 3
+    gpu.capturing = True
+    tuned[grid](x, x, x, 4096)
+    with pytest.raises(mgjit.LaunchError, match="cannot tune while a CUDA graph"):
+        tuned[grid](x, x, x, 1024)
