@@ -639,13 +639,13 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject **slots, PyObj
     Plan *p = (Plan *)plan;
     if ((g[0] % p->cluster[0]) || (g[1] % p->cluster[1]) || (g[2] % p->cluster[2]))
         return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
+    Py_INCREF(p);  /* the table's reference could go while Python runs (a stub hook, an error callback) */
     int rc = plan_launch(p, g, values);
-    if (rc == 0) Py_RETURN_NONE;
-    if (rc == E_PYTHON) return NULL;
-    if (rc == MGJIT_E_CONTEXT) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
-    PyObject *r = launch_error(p, rc);
-    if (!r) return NULL;
-    Py_DECREF(r);
+    PyObject *r = rc == 0 ? Py_NewRef(Py_None) : rc == E_PYTHON ? NULL
+                : rc == MGJIT_E_CONTEXT ? Py_NewRef(Py_False) : launch_error(p, rc);
+    Py_DECREF(p);
+    if (r == Py_None || !r) return r;
+    Py_DECREF(r);  /* another context current (or an error callback that did not raise): Python launches it */
     return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
 }
 
@@ -942,18 +942,20 @@ static PyObject *tuned_call(PyObject *self, PyObject *const *args, size_t nargsf
         Py_DECREF(chosen);
         Py_RETURN_NONE;
     }
-    PyObject *values, *nwg, *cluster, *options;
-    if (!PyArg_ParseTuple(e->value, "O!OOO!", &PyTuple_Type, &values, &nwg, &cluster, &PyDict_Type, &options))
+    PyObject *chosen = Py_NewRef(e->value), *values, *nwg, *cluster, *options;  /* held: the grid runs Python */
+    if (!PyArg_ParseTuple(chosen, "O!OOO!", &PyTuple_Type, &values, &nwg, &cluster, &PyDict_Type, &options)) {
+        Py_DECREF(chosen);
         return NULL;
+    }
     Dispatcher *d = t->kernel;
     PyObject *slots[MAX_ARGS];
     for (Py_ssize_t i = 0; i < t->ncall; i++) slots[t->to_param[i]] = given[i];
     for (Py_ssize_t j = 0; j < t->nconfig; j++) slots[t->config_param[j]] = PyTuple_GET_ITEM(values, j);
-    PyObject *grid = resolve_grid(t, l->grid, given, options);
-    if (!grid) return NULL;
-    PyObject *r = dispatch(d, grid, slots, nwg == Py_None ? NULL : nwg, cluster == Py_None ? NULL : cluster, NULL, 0,
-                           NULL);
-    Py_DECREF(grid);
+    PyObject *grid = resolve_grid(t, l->grid, given, options), *r = NULL;
+    if (grid)
+        r = dispatch(d, grid, slots, nwg == Py_None ? NULL : nwg, cluster == Py_None ? NULL : cluster, NULL, 0, NULL);
+    Py_XDECREF(grid);
+    Py_DECREF(chosen);
     return r;
 }
 
