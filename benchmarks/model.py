@@ -26,7 +26,8 @@ LAYERS = 4
 SIZES = ((64, 1024), (8192, 4096))  # (tokens, width)
 
 
-def _example(name):
+def example(name):
+    """An examples/ module, loaded under a name of its own."""
     spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(EXAMPLES, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -79,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
-    ops = {"matmul": _example("matmul_hopper"), "rmsnorm": _example("rmsnorm")}
+    ops = {"matmul": example("matmul_hopper"), "rmsnorm": example("rmsnorm")}
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     print(f"device: {results['device']}, torch {results['torch']}; {LAYERS} layers of linear+GELU, RMSNorm, "
           "residual; median ms per forward")
