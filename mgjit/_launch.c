@@ -1033,6 +1033,16 @@ static PyObject *describe(PyObject *self, PyObject *tensor) {
                          t.device.device_id, (unsigned long long)((uintptr_t)t.data + t.byte_offset), shape, strides);
 }
 
+/* current_stream(device) -> the CUDA stream torch's exchange API says launches on `device` go to now */
+static PyObject *current_stream(PyObject *self, PyObject *device) {
+    long d = PyLong_AsLong(device);
+    if (d == -1 && PyErr_Occurred()) return NULL;
+    if (!dlpack) { PyErr_SetString(PyExc_RuntimeError, "configure() first"); return NULL; }
+    void *stream = NULL;
+    if (dlpack->current_work_stream(DL_CUDA, (int32_t)d, &stream) != 0) return NULL;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)stream);
+}
+
 /* decode(key) -> [part, ...]: each word as mgjit.specialize.argument_key() spells its part, a tensor's dtype as
  * its index in the configured dtypes: (dtype index, rank, align, unit stride, size divisor, device). */
 static PyObject *decode(PyObject *self, PyObject *key) {
@@ -1067,6 +1077,7 @@ static PyMethodDef methods[] = {
     {"use_driver", use_driver, METH_NOARGS, "Launch through libcuda."},
     {"use_stub_driver", use_stub_driver, METH_O, "Report launches to a Python hook instead (tests)."},
     {"describe", describe, METH_O, "A tensor as DLPack describes it."},
+    {"current_stream", current_stream, METH_O, "The current CUDA stream of a device, as DLPack gives it."},
     {"decode", decode, METH_O, "A dispatch key's parts."},
     {NULL, NULL, 0, NULL}};
 

@@ -8,7 +8,7 @@ filling a DLTensor from a torch tensor that way costs ~0.09 us, against ~0.7 us 
 
 Where it cannot be had (no C compiler or Python headers, a torch without the exchange API, no libcuda),
 launches take the Python path (launch.py's generated dispatcher and cuda-python), which costs several
-microseconds more; a warning says so once, when the machine has a GPU.
+microseconds more; a warning says so once. Without a GPU nothing is built: there is nothing to launch.
 """
 from __future__ import annotations
 
@@ -59,17 +59,39 @@ def load() -> ModuleType | None:
     if os.environ.get("MGJIT_NO_C_LAUNCHER"):
         _failed = "disabled by MGJIT_NO_C_LAUNCHER"
         return None
+    import torch
+    if not torch.cuda.is_available():  # nothing to launch on: the Python path explains that, or interprets
+        _failed = "no CUDA GPU"
+        return None
     try:
         m = module()
         m.use_driver()
+        _check_on_the_gpu(m)
         _module = m
     except Exception as e:  # no compiler, no headers, no exchange API, no libcuda: fall back, remember why
         _failed = f"{type(e).__name__}: {e}"
-        import torch
-        if torch.cuda.is_available():
-            warnings.warn(f"mgjit: the C launch path is unavailable ({_failed}); kernels launch through the "
-                          "slower Python path", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"mgjit: the C launch path is unavailable ({_failed}); kernels launch through the slower "
+                      "Python path", RuntimeWarning, stacklevel=3)
     return _module
+
+
+def _check_on_the_gpu(m: ModuleType) -> None:
+    """What the C launcher takes from torch's exchange API for CUDA tensors, checked against torch's own answers
+    once per process: the stream launches go to, and a tensor view's address, sizes, strides and device."""
+    import torch
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    t = torch.empty(4, 6, device=f"cuda:{device}")[1:, 2:].t()
+    described = m.describe(t)
+    expected = (2, device, t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+    if described[1:] != expected:
+        raise RuntimeError(f"torch's DLPack exchange API describes a CUDA tensor as {described[1:]}, not {expected}")
+    side = torch.cuda.Stream(device)
+    for stream in (torch.cuda.current_stream(device), side):
+        with torch.cuda.stream(stream):
+            if m.current_stream(device) != stream.cuda_stream:
+                raise RuntimeError("torch's DLPack exchange API names another stream than torch.cuda.current_stream")
 
 
 def failure() -> str | None:
