@@ -243,13 +243,19 @@ static int stub_encode(void *map, int dtype, uint32_t rank, void *address, const
 static int stub_context(void **ctx) { *ctx = NULL; return 0; }
 
 /* ---- Plan: one compiled kernel's launch on one device */
+#define TMA_CACHE 8 /* descriptors kept per plan and operand: layers of one shape alternate their weights */
+typedef struct {
+    int valid;
+    uint64_t address, dims[MAX_TMA_RANK], strides[MAX_TMA_RANK];
+    unsigned char map[128];
+} Encoded;
+
 typedef struct {
     int param, dtype, swizzle, interleave, l2, oob;
     uint32_t rank, box[MAX_TMA_RANK], ones[MAX_TMA_RANK];
     uint64_t itemsize;
-    int valid;  /* the last encode's inputs, and its descriptor */
-    uint64_t address, dims[MAX_TMA_RANK], strides[MAX_TMA_RANK];
-    _Alignas(64) unsigned char map[128];
+    int next;  /* the cache slot the next new descriptor goes to */
+    Encoded cache[TMA_CACHE];
 } Tensormap;
 
 typedef struct {
@@ -407,20 +413,29 @@ static int plan_launch(Plan *p, const unsigned g[3], const ArgValue *values) {
     for (Py_ssize_t i = 0; i < p->ntensormaps; i++) {
         Tensormap *m = &p->tensormaps[i];
         const DLTensor *t = &values[m->param].t;
-        uint64_t address = (uint64_t)(uintptr_t)t->data + t->byte_offset, dims[MAX_TMA_RANK], strides[MAX_TMA_RANK];
+        uint64_t address = (uint64_t)(uintptr_t)t->data + t->byte_offset, dims[MAX_TMA_RANK] = {0},
+                 strides[MAX_TMA_RANK] = {0};
         for (uint32_t d = 0; d < m->rank; d++) dims[d] = (uint64_t)t->shape[m->rank - 1 - d];
         for (uint32_t d = 0; d + 1 < m->rank; d++) strides[d] = (uint64_t)stride_at(t, m->rank - 2 - d) * m->itemsize;
-        if (!m->valid || m->address != address || memcmp(m->dims, dims, m->rank * 8) ||
-            memcmp(m->strides, strides, (m->rank - 1) * 8)) {
-            m->valid = 0;
-            int rc = cu_encode(m->map, m->dtype, m->rank, (void *)(uintptr_t)address, dims, strides, m->box, m->ones,
+        Encoded *e = NULL;
+        for (int k = 0; k < TMA_CACHE && !e; k++) {
+            Encoded *c = &m->cache[k];
+            if (c->valid && c->address == address && !memcmp(c->dims, dims, m->rank * 8) &&
+                !memcmp(c->strides, strides, (m->rank - 1) * 8))
+                e = c;
+        }
+        if (!e) {
+            _Alignas(64) unsigned char map[128];  /* the driver writes a 64-byte aligned CUtensorMap */
+            int rc = cu_encode(map, m->dtype, m->rank, (void *)(uintptr_t)address, dims, strides, m->box, m->ones,
                                m->interleave, m->swizzle, m->l2, m->oob);
             if (rc) return rc;
-            m->address = address;
-            memcpy(m->dims, dims, sizeof dims); memcpy(m->strides, strides, sizeof strides);
-            m->valid = 1;
+            e = &m->cache[m->next];
+            m->next = (m->next + 1) % TMA_CACHE;
+            e->address = address;
+            memcpy(e->dims, dims, sizeof dims); memcpy(e->strides, strides, sizeof strides); memcpy(e->map, map, 128);
+            e->valid = 1;
         }
-        memcpy(buffer + p->offsets[f++], m->map, 128);
+        memcpy(buffer + p->offsets[f++], e->map, 128);
     }
     for (Py_ssize_t i = 0; i < p->nfields; i++) pointers[i] = buffer + p->offsets[i];
     if (stub_driver)

@@ -231,6 +231,12 @@ def test_tma_descriptors_and_clusters_in_c(gpu):
         assert words[1] == t.data_ptr()
         assert words[2:4] == (t.shape[1], t.shape[0]) and words[7] == t.stride(0) * 2
         assert words[12] == box[1] | box[0] << 32 and words[15] == 0x0101
+    # Alternating operands of one shape (the layers of a model) each get their own descriptors, from 8 cached.
+    operands = [(torch.randn(6 * 64, 64).bfloat16(), torch.empty(12 * 64, 64).bfloat16()) for _ in range(10)]
+    for xi, oi in operands + operands[:3]:
+        k[(12,)](xi, oi, R=64, C=64, cluster=(2, 1, 1))
+        blobs = [v for v in gpu.launches[-1].values if isinstance(v, bytes)]
+        assert [struct.unpack("<16Q", b)[1] for b in blobs] == [xi.data_ptr(), oi.data_ptr()]
     with pytest.raises(mgjit.LaunchError, match="whole number of clusters"):
         k[(3,)](x, out, R=64, C=64, cluster=(2, 1, 1))
 
