@@ -466,10 +466,11 @@ class Tracer:
         if axis is None:
             axes = tuple(range(rank))
         else:
-            axes = tuple(a % rank for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+            axes = tuple(axis if isinstance(axis, (tuple, list)) else (axis,))
             if not all(isinstance(a, int) for a in axes):
                 raise self.error(f"reduction axes must be static integers, got {axis!r}")
-        out = self._emit(ops.Reduce(kind, x.value, tuple(sorted(set(axes))), self.builder.loc))
+        op = ops.Reduce(kind, x.value, axes, self.builder.loc)  # checks the axes and counts negative ones
+        out, axes = self._emit(op), op.axes
         if keepdims:
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
             dims = tuple(i for i in range(rank) if i not in axes)
