@@ -87,11 +87,8 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     key = hash_parts(source_key, *parts)
     store = default_store() if persistent and content_only else None
     if store is not None:
-        entry = store.get(key, expect={"mgjit_version": VERSION, "target": spec.target, "name": source.name})
-        if entry is not None:
-            compiled = CompiledKernel(source.name, key, spec.target, dict(entry.meta),
-                                      {n: entry.read(n) for n in ARTIFACTS})
-            compiled.from_cache = True
+        compiled = load_cached(store, key, source.name, spec.target)
+        if compiled is not None:
             _warn(compiled, source)
             return compiled
     compiled = compile_specialization(source, spec, key)
@@ -99,6 +96,49 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     if store is not None:
         store.put(key, compiled.files, compiled.meta)
     return compiled
+
+
+def load_cached(store, key: str, name: str, target: str) -> CompiledKernel | None:
+    """The kernel stored under `key` in `store` (a cache.Store), or None. An entry that lacks a file or a
+    field this mgjit reads (one from another build) is a miss with one warning, never a crash."""
+    from .cache import Wanted
+    wanted = Wanted({"mgjit_version": VERSION, "target": target, "name": name}, ARTIFACTS, check_meta)
+    entry = store.get(key, wanted=wanted)
+    if entry is None:
+        return None
+    compiled = CompiledKernel(name, key, target, dict(entry.meta), {n: entry.read(n) for n in ARTIFACTS})
+    compiled.from_cache = True
+    return compiled
+
+
+def _count(value: Any, what: str, low: int = 0) -> int:
+    if type(value) is not int or value < low:
+        raise ValueError(f"{what} is {str(value)[:20]!r}, not an int >= {low}")
+    return value
+
+
+def check_meta(meta: dict) -> None:
+    """ValueError (or KeyError, TypeError) unless `meta` holds every field, of the right type, that a
+    CompiledKernel, its launcher and the autotuner read."""
+    for field in ("registers", "spills", "smem_bytes", "threads", "num_warpgroups"):
+        _count(meta[field], field)
+    params = meta["params"]
+    for p in params:
+        if not (isinstance(p["name"], str) and isinstance(p["mlir"], str) and p["kind"] in ("tensor", "scalar")):
+            raise ValueError(f"bad parameter {str(p)[:40]}")
+        abi.param_fields(p["kind"], dtypes.BY_NAME[p["dtype"]], _count(p["rank"], "rank"))
+    if len(meta["cluster"]) != 3:
+        raise ValueError("cluster is not three sizes")
+    for n in meta["cluster"]:
+        _count(n, "cluster size", 1)
+    for d in meta.get("tma", []):
+        if _count(d["param"], "tma param") >= len(params) or params[d["param"]]["kind"] != "tensor":
+            raise ValueError("a TMA descriptor names no tensor parameter")
+        _count(d["swizzle"], "swizzle")
+        for n in d["box"]:
+            _count(n, "box size", 1)
+    if not all(isinstance(w, str) for w in meta.get("warnings", [])):
+        raise ValueError("warnings are not text")
 
 
 def trace(source: SourceFunction, spec: Specialization):
