@@ -79,7 +79,7 @@ class Store:
 
     Safe to share between threads and processes. The size limit is enforced after a put from a per-process
     running total (seeded by one scan), so puts by other processes are noticed at this process's next scan.
-    `root` is the directory in use: the one asked for, or a private one when that one is refused.
+    `root` is the directory in use: the one `requested`, or a private one when that one is refused.
     """
 
     def __init__(
@@ -88,7 +88,7 @@ class Store:
         max_bytes: int = DEFAULT_MAX_BYTES,
         redis_url: str | None = None,
     ) -> None:
-        self._path = Path(os.path.abspath(os.path.expanduser(root)))
+        self.requested = self._path = Path(os.path.abspath(os.path.expanduser(root)))
         self._resolved = False
         self.max_bytes = max_bytes
         self.redis = None

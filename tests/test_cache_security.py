@@ -298,3 +298,16 @@ def test_an_entry_of_another_build_is_a_miss_not_a_crash(tmp_path, monkeypatch, 
         again = compile_fresh()
     assert len(rec) == 1 and not again.from_cache and again.cubin == first.cubin
     assert compile_fresh().from_cache  # healed: the recompiled entry replaced the damaged one
+
+
+def test_the_command_line_does_not_clear_a_refused_directory(tmp_path, capsys):
+    import io
+    from mgjit.cache.cli import main
+    work = victim_files(tmp_path)
+    before = snapshot(work)
+    Store(tmp_path / "xdg" / "mgjit").put(K, GOOD, META)  # the fallback holds an entry: it is not cleared either
+    out = io.StringIO()
+    with pytest.warns(CacheWarning, match="not using"):
+        assert main(["--dir", str(work), "clear"], out=out) == 1
+    assert f"not clearing or pruning {work}" in out.getvalue()
+    assert snapshot(work) == before and Store(tmp_path / "xdg" / "mgjit").get(K) is not None
