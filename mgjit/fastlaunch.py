@@ -29,6 +29,8 @@ from typing import Any
 from . import abi, dtypes
 
 _SOURCE = Path(__file__).with_name("_launch.c")
+# A C compiler that hangs must not hang the first launch: the Python launcher is used instead.
+_BUILD_TIMEOUT_S = 120
 _module: ModuleType | None = None
 _configured: ModuleType | None = None
 _failed: str | None = None
@@ -136,8 +138,13 @@ def _build_and_import() -> ModuleType:
         include = sysconfig.get_paths()["include"]
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             out = Path(tmp) / target.name
-            proc = subprocess.run([cc, "-O2", "-std=c11", "-shared", "-fPIC", f"-I{include}", *defines,
-                                   str(_SOURCE), "-o", str(out), "-ldl"], capture_output=True, text=True)
+            try:
+                proc = subprocess.run([cc, "-O2", "-std=c11", "-shared", "-fPIC", f"-I{include}", *defines,
+                                       str(_SOURCE), "-o", str(out), "-ldl"], capture_output=True, text=True,
+                                      timeout=_BUILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"building the C launcher with {cc} did not finish within {_BUILD_TIMEOUT_S} s") \
+                    from None
             if proc.returncode != 0:
                 raise RuntimeError(f"building the C launcher failed: {proc.stderr.strip()[:500]}")
             os.replace(out, target)
