@@ -247,7 +247,7 @@ def test_launch_errors():
     add_kernel[(0,)](x, x, out, BLOCK=1024)  # an empty grid launches nothing, as in Triton
     torch.cuda.synchronize()
     assert out.isnan().all()
-    with pytest.raises(mgjit.LaunchError, match="1 to 3 dimensions"):
+    with pytest.raises(mgjit.LaunchError, match="1 to 3 ints"):
         add_kernel[(1, 1, 1, 1)](x, x, x, BLOCK=1024)
 
 
