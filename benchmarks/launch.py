@@ -125,6 +125,31 @@ def gpu(results: dict) -> list:
     return rows
 
 
+def driver_floor_us(results: dict) -> None:
+    """What the host's driver alone costs: a parameterless kernel launched by cuLaunchKernel in a C loop (the
+    floor under any launcher), beside mgjit's whole path for the same kernel."""
+    from mgjit import fastlaunch
+    path = os.path.join(tempfile.gettempdir(), "mgjit_launch_bench_empty.py")
+    with open(path, "w") as f:
+        f.write("import mgjit\n\n\n@mgjit.kernel\ndef empty():\n    pass\n")
+    spec = importlib.util.spec_from_file_location("mgjit_launch_bench_empty", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    empty = module.empty
+    empty[(1,)]()
+    device = torch.cuda.current_device()
+    function = int(empty.compile(target=f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}a")
+                   .launcher().function(device))
+    stream = torch.cuda.current_stream().cuda_stream
+    c = fastlaunch.load()
+    floor = []
+    for _ in range(ROUNDS):
+        floor.append(c.driver_floor(function, 128, stream, BATCH) / 1e3)
+        torch.cuda.synchronize()
+    results["driver_floor_us"] = statistics.median(floor)
+    results["mgjit_no_args_us"] = host_us({"empty": lambda: empty[(1,)]()}, torch.cuda.synchronize)["empty"]
+
+
 def python_path_us() -> float:
     """The Python path (no C launcher) for 3 tensors, in a child process with MGJIT_NO_C_LAUNCHER=1."""
     import subprocess
@@ -196,6 +221,7 @@ def main() -> None:
         results["device"] = torch.cuda.get_device_name()
         rows = gpu(results)
         results["python_path_3t_us"] = python_path_us()
+        driver_floor_us(results)
         print(f"device: {results['device']}, torch {results['torch']}, python {results['python']}; "
               f"median host us per launch, {ROUNDS} rounds of {BATCH}")
         print(f"{'kernel':<44} {'mgjit':>8} {'bound':>8} {'triton':>8} {'mgjit/triton':>13}")
@@ -204,6 +230,8 @@ def main() -> None:
             print(f"{name:<44} {' '.join(cells)} {f'{ratio:13.2f}' if ratio else ''}")
         print(f"torch.add(x, y, out=out): {results['torch_add_out_us']:.2f} us; mgjit Python path (no C launcher), "
               f"3 tensors: {results['python_path_3t_us']:.2f} us")
+        print(f"driver floor (cuLaunchKernel of a parameterless kernel in a C loop): {results['driver_floor_us']:.2f} us; "
+              f"mgjit launching that kernel: {results['mgjit_no_args_us']:.2f} us")
         three, eight = results["launch_us_3t_0s"]["mgjit"], results["launch_us_8t_4s"]["mgjit"]
         print(f"targets: 3 tensors {three:.2f} <= 3 us {'OK' if three <= 3 else 'MISSED'}; 8 tensors + 4 scalars "
               f"{eight:.2f} <= 5 us {'OK' if eight <= 5 else 'MISSED'}; per extra tensor "

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if !defined(MGJIT_FIELD_PTR) || !defined(MGJIT_FIELD_I32) || !defined(MGJIT_FIELD_I64) || \
     !defined(MGJIT_FIELD_F32) || !defined(MGJIT_FIELD_F64) || !defined(MGJIT_FIELD_I1) || \
@@ -1058,6 +1059,25 @@ static PyObject *current_stream(PyObject *self, PyObject *device) {
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)stream);
 }
 
+/* driver_floor(function, threads, stream, n) -> nanoseconds per cuLaunchKernel of a kernel without parameters,
+ * n launches in a C loop: what the driver alone costs on this host, the floor under any launcher's time. */
+static PyObject *driver_floor(PyObject *self, PyObject *args) {
+    unsigned long long function, stream;
+    unsigned threads;
+    long n;
+    if (!PyArg_ParseTuple(args, "KIKl", &function, &threads, &stream, &n)) return NULL;
+    if (stub_driver || n < 1) { PyErr_SetString(PyExc_RuntimeError, "needs use_driver() and n >= 1"); return NULL; }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < n; i++) {
+        int rc = cu_launch((void *)(uintptr_t)function, 1, 1, 1, threads, 1, 1, 0, (void *)(uintptr_t)stream, NULL,
+                           NULL);
+        if (rc) return PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed with CUDA error %d", rc);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return PyFloat_FromDouble(((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / n);
+}
+
 /* decode(key) -> [part, ...]: each word as mgjit.specialize.argument_key() spells its part, a tensor's dtype as
  * its index in the configured dtypes: (dtype index, rank, align, unit stride, size divisor, device). */
 static PyObject *decode(PyObject *self, PyObject *key) {
@@ -1094,6 +1114,7 @@ static PyMethodDef methods[] = {
     {"describe", describe, METH_O, "A tensor as DLPack describes it."},
     {"current_stream", current_stream, METH_O, "The current CUDA stream of a device, as DLPack gives it."},
     {"decode", decode, METH_O, "A dispatch key's parts."},
+    {"driver_floor", driver_floor, METH_VARARGS, "Nanoseconds per bare cuLaunchKernel of a parameterless kernel."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mgjit_launch", NULL, -1, methods};
