@@ -20,6 +20,9 @@ from .errors import CompileError, PtxasWarning, Rule
 from .source import SourceFunction
 from .specialize import Specialization, TensorSpec
 
+# How the lowering sees a hidden buffer: an int32 vector with an aligned base, as the launcher allocates it.
+HIDDEN_BUFFER = TensorSpec(dtypes.int32, 1, 16, True, 1)
+
 
 class _Artifact:
     """A CompiledKernel attribute read from one of its files (decoded as text unless binary)."""
@@ -104,7 +107,8 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
 def trace(source: SourceFunction, spec: Specialization):
     """The IR of one specialization, as the frontend builds it (before layout inference)."""
     from . import frontend
-    return frontend.trace(source, spec.params(), dict(spec.constexprs), spec.num_warpgroups, spec.cluster)
+    return frontend.trace(source, spec.params(), dict(spec.constexprs), spec.num_warpgroups, spec.cluster,
+                          profile=spec.profile)
 
 
 def check_and_infer(kernel, spec: Specialization):
@@ -124,11 +128,12 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     """Trace, check, infer, lower and assemble one specialization of a kernel."""
     from . import ir, lower, mlir, toolchain  # the stages: see the module docstring
     start = time.perf_counter()
-    params = spec.params()
     kernel = trace(source, spec)
     target = check_and_infer(kernel, spec)
     by_value: dict[int, Any] = {}
-    for v, a in zip(kernel.args, spec.args):
+    # The hidden buffers (mgjit.print, profiling) follow the call's arguments: int32 vectors the launcher makes.
+    hidden = (HIDDEN_BUFFER,) * (len(kernel.args) - len(spec.args))
+    for v, a in zip(kernel.args, spec.args + hidden):
         if isinstance(a, TensorSpec):
             by_value[v.id] = a
         elif a.divisor is not None:
@@ -144,11 +149,13 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     meta = {"name": kernel.name, "target": target.name, "mgjit_version": VERSION,
             "specialization": spec.describe(),
             "params": [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
-                       for p in params],
+                       for p in kernel.params],
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
             "threads": lowered.threads, "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster),
             "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle} for d in kernel.tma_descriptors],
             "warnings": report.warnings, "compile_seconds": round(time.perf_counter() - start, 4)}
+    if kernel.hidden_buffers:
+        meta["hidden_buffers"] = kernel.hidden_buffers
     files = {"kernel.cubin": cubin, "kernel.ptx": ptx.encode(), "kernel.ir": ir_text.encode(),
              "kernel.mlir": mlir_text.encode(), "ptxas.txt": report.text.encode()}
     return CompiledKernel(kernel.name, key, target.name, meta, files)
