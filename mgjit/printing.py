@@ -66,8 +66,8 @@ def parse_format(fmt: str, count: int) -> list[tuple[str, str | None]]:
     fields = [(text, spec) for text, name, spec, conversion in parts if name is not None]
     for text, name, spec, conversion in parts:
         if name is not None and (name != "" or conversion is not None or "{" in (spec or "")):
-            raise ValueError(f"mgjit.print fields are {{}} or {{:spec}} (values in order), got {{{name}...}} in "
-                             f"{fmt!r}")
+            field = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"mgjit.print fields are {{}} or {{:spec}} (values in order), got {field} in {fmt!r}")
     if len(fields) != count:
         raise ValueError(f"the format {fmt!r} has {len(fields)} field{'s' if len(fields) != 1 else ''} for "
                          f"{count} value{'s' if count != 1 else ''}")
@@ -108,13 +108,11 @@ def _value(words: Sequence[int], dtype: DType) -> Any:
 
 
 def _text(x: Any, dtype: DType, spec: str) -> str:
-    """One element as text: the spec if one was given, else the shortest text that reads back as the value
-    in its type's precision (float32's for the narrow floats)."""
-    if spec:
-        return format(x, spec)
+    """One element as text, formatted by `spec` (Python's format mini-language). A float narrower than 64 bits
+    is first the shortest decimal that reads back as it in float32 (0.1, not 0.10000000149011612)."""
     if dtype.is_float and dtype.bits < 64:
-        return str(np.float32(x))
-    return repr(x) if isinstance(x, float) else str(x)
+        x = float(str(np.float32(x)))
+    return format(x, spec)
 
 
 def _nested(flat: list[str], shape: Sequence[int]) -> str:
