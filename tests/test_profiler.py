@@ -178,3 +178,14 @@ def test_importing_mgjit_does_not_import_matplotlib():
     code = "import sys, mgjit; mgjit.Profile(); print('matplotlib' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_the_hopper_matmul_example_carries_nested_spans_per_warpgroup():
+    from test_interpret_kernels import hopper
+    from span_checks import check_matmul_spans
+    a, b = torch.randn(256, 128, dtype=torch.bfloat16), torch.randn(128, 384, dtype=torch.bfloat16)
+    c = torch.full((256, 384), float("nan"), dtype=torch.bfloat16)
+    prof = mgjit.Profile()
+    hopper.matmul_kernel.interpret[(2,)](a, b, c, c, c, **{**hopper.DEFAULT_CONFIG, "BN": 128}, profile=prof)
+    torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=1e-1)
+    check_matmul_spans(prof, grid=2, tiles=6)
