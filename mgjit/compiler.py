@@ -74,6 +74,13 @@ class CompiledKernel:
                                       tuple(self.meta.get("cluster", (1, 1, 1))))
         return self._launcher
 
+    @property
+    def layouts(self):
+        """The layouts inference chose (register arrays, SMEM buffers, TMEM references), drawable: shown inline
+        in a notebook, `.save("layouts.png")` elsewhere (see mgjit/draw.py)."""
+        from .draw import KernelLayouts
+        return KernelLayouts(self.name, self.meta.get("layouts"))
+
     def __repr__(self) -> str:
         return (f"CompiledKernel({self.name}, {self.target}, registers={self.registers}, spills={self.spills}, "
                 f"smem={self.smem_bytes}B, threads={self.threads})")
@@ -126,7 +133,7 @@ def check_and_infer(kernel, spec: Specialization):
 
 def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:
     """Trace, check, infer, lower and assemble one specialization of a kernel."""
-    from . import ir, lower, mlir, toolchain  # the stages: see the module docstring
+    from . import draw, ir, lower, mlir, toolchain  # the stages: see the module docstring
     start = time.perf_counter()
     kernel = trace(source, spec)
     target = check_and_infer(kernel, spec)
@@ -153,7 +160,8 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
             "threads": lowered.threads, "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster),
             "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle} for d in kernel.tma_descriptors],
-            "warnings": report.warnings, "compile_seconds": round(time.perf_counter() - start, 4)}
+            "warnings": report.warnings, "layouts": draw.kernel_layouts(kernel),
+            "compile_seconds": round(time.perf_counter() - start, 4)}
     if kernel.hidden_buffers:
         meta["hidden_buffers"] = kernel.hidden_buffers
     files = {"kernel.cubin": cubin, "kernel.ptx": ptx.encode(), "kernel.ir": ir_text.encode(),
