@@ -8,8 +8,8 @@ warpgroup lie in program order. A record is
     a scalar as its word(s); an array printed once per CTA or warpgroup as all its elements, row-major;
     an array printed per thread as the count of elements the thread holds, then (flat index, word(s)) each.
 
-Values travel widened to 32 bits (64-bit types as two words, low first): narrow floats as float32, narrow ints
-and bools as int32, which loses nothing. After the launch the host reads the buffer back (this waits for the
+Values travel widened to 32 bits (64-bit types as two words, low first): 16-bit floats as float32, narrow ints
+and bools as int32, 8-bit floats as their bits, which loses nothing. After the launch the host reads the buffer back (this waits for the
 kernel), sorts the records by CTA, then thread, then position (so that the text does not depend on the order
 CTAs ran in) and formats them here. The interpreter writes the same words into a CPU buffer and goes through
 the same decoding and formatting, so it prints the same text by construction.
@@ -45,11 +45,16 @@ def buffer_words() -> int:
 
 
 def word_dtype(dtype: DType) -> DType:
-    """The type a printed value travels as: 64-bit types as themselves, other floats as float32, other
-    integers and bools as int32 (sign- or zero-extended by their signedness)."""
+    """The type a printed value travels as: 64-bit types as themselves, 16-bit floats as float32, integers
+    and bools as int32 (sign- or zero-extended by their signedness), 8-bit floats as their bits in an int32
+    (registers cannot convert them; the host can)."""
     if dtype.bits == 64:
         return dtype
-    return dtypes.float32 if dtype.is_float else dtypes.int32
+    return dtypes.float32 if dtype.is_float and dtype.bits > 8 else dtypes.int32
+
+
+def travels_as_bits(dtype: DType) -> bool:
+    return dtype.is_float and dtype.bits == 8
 
 
 def value_words(dtype: DType) -> int:
@@ -100,6 +105,8 @@ def _value(words: Sequence[int], dtype: DType) -> Any:
         raw = np.array([bits & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
         return float(raw.view(np.float64)[0]) if dtype.is_float else int(raw.view(np.int64)[0])
     word = np.array([words[0]], dtype=np.int32)
+    if travels_as_bits(dtype):
+        return torch.tensor([int(word[0]) & 0xFF], dtype=torch.uint8).view(getattr(torch, dtype.torch_name)).item()
     if dtype.is_float:
         return float(word.view(np.float32)[0])
     if dtype == dtypes.bool_:

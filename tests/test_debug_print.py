@@ -62,7 +62,7 @@ def test_where_cta_prints_from_warpgroup_0_and_warpgroup_from_each(capsys):
 
 
 @mgjit.kernel
-def every_dtype(f64, i64, BLOCK: mgjit.constexpr):
+def every_dtype(f64, i64, f8, BLOCK: mgjit.constexpr):
     h = mgjit.full((4,), 1.5, mgjit.float16)
     b = mgjit.full((2, 2), -2.25, mgjit.bfloat16)
     i8 = mgjit.full((4,), -3, mgjit.int8)
@@ -71,15 +71,18 @@ def every_dtype(f64, i64, BLOCK: mgjit.constexpr):
     mgjit.print("{} {} {} {} {}", h, b, i8, u8, flags)
     x, n = f64[0], i64[0]
     mgjit.print("{:>6}|{:.1f}|{:x}|{}|{}", 0.1, x, n, x * 2, n * 2)
+    mgjit.print("{} {:.3f}", f8[mgjit.ds(0, BLOCK)], f8[1])
 
 
 def test_values_keep_their_dtype_through_the_words_they_travel_as(capsys):
     every_dtype.interpret[(1,)](torch.tensor([2.0 ** 40 + 0.5], dtype=torch.float64),
-                                torch.tensor([-(2 ** 40) - 1]), BLOCK=4)
+                                torch.tensor([-(2 ** 40) - 1]),
+                                torch.tensor([0.5, -448.0, 0.0234375, 3.0]).to(torch.float8_e4m3fn), BLOCK=4)
     assert capsys.readouterr().out.splitlines() == [
         "[cta (0, 0, 0)] [1.5, 1.5, 1.5, 1.5] [[-2.25, -2.25], [-2.25, -2.25]] [-3, -3, -3, -3] "
         "[250, 250, 250, 250] [True, True, False, False]",
-        "[cta (0, 0, 0)]    0.1|1099511627776.5|-10000000001|2199023255553.0|-2199023255554"]
+        "[cta (0, 0, 0)]    0.1|1099511627776.5|-10000000001|2199023255553.0|-2199023255554",
+        "[cta (0, 0, 0)] [0.5, -448.0, 0.0234375, 3.0] -448.000"]
 
 
 def test_the_words_of_a_record_decode_to_the_values(capsys):
@@ -114,6 +117,9 @@ def test_a_printing_kernel_lowers_to_one_reservation_per_print_and_takes_its_buf
     assert c.ptx.count("atom.global.add.u32") == 2
     plain = per_thread.compile(torch.empty(256), BLOCK=256, target="sm_100a")
     assert "atom.global.add.u32" in plain.ptx and plain.spills == 0
+    typed = every_dtype.compile(torch.empty(1, dtype=torch.float64), torch.empty(1, dtype=torch.int64),
+                                torch.empty(4, dtype=torch.float8_e4m3fn), BLOCK=4, target="sm_90a")
+    assert typed.ptx.count("atom.global.add.u32") == 3 and typed.spills == 0
 
 
 @mgjit.kernel

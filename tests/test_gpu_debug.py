@@ -27,7 +27,8 @@ def test_the_gpu_prints_what_the_interpreter_prints(case, capsys):
         "per_thread": (per_thread, (1,), lambda: (torch.randn(256, device="cuda"),), dict(BLOCK=256)),
         "two_warpgroups": (two_warpgroups, (2,), lambda: (torch.zeros(1, device="cuda"),), {}),
         "every_dtype": (every_dtype, (1,), lambda: (torch.randn(1, dtype=torch.float64, device="cuda"),
-                                                     torch.randint(-2**40, 2**40, (1,), device="cuda")),
+                                                     torch.randint(-2**40, 2**40, (1,), device="cuda"),
+                                                     torch.randn(4, device="cuda").to(torch.float8_e4m3fn)),
                         dict(BLOCK=4)),
     }
     kernel, grid, make, consts = kernels[case]

@@ -119,6 +119,8 @@ def _cta_linear(e) -> Any:
 
 def _words(e, x, dtype: DType) -> list:
     """A value as the 32-bit words it travels as (printing.word_dtype), low word first."""
+    if printing.travels_as_bits(dtype):
+        return [e.zext(e.bitcast(x, e.int_type(dtype.bits)), 32)]
     wide = printing.word_dtype(dtype)
     y = e.cast(x, dtype, wide)
     if wide.is_float:
@@ -265,6 +267,8 @@ def _cta_index(wg: Warpgroup) -> int:
 
 def _as_words(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     """Values (any shape) as the int32 words they travel as, row-major, low word first."""
+    if printing.travels_as_bits(dtype):
+        return numerics.to_bits(x, dtype).reshape(-1).to(torch.int32) & 0xFF
     wide = printing.word_dtype(dtype)
     y = numerics.cast(x, dtype, wide) if wide != dtype else x
     return y.reshape(-1).contiguous().view(torch.int32) if wide.bits == 64 else \
