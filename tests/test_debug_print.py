@@ -1,7 +1,5 @@
 """mgjit.print: the text the interpreter prints (hand-derived), the record format it shares with the GPU, the
 PTX a printing kernel lowers to, and its errors. tests/test_gpu_debug.py checks that the GPU prints the same."""
-import inspect
-
 import pytest
 import torch
 
@@ -155,8 +153,7 @@ def python_print(x):
     (python_print, "to print from the GPU use mgjit.print"),
 ], ids=["count", "field", "where", "value", "python-print"])
 def test_print_errors_name_the_line(kernel, phrase):
-    lines, first = inspect.getsourcelines(kernel.fn)
-    line = first + next(i for i, text in enumerate(lines) if text.rstrip().endswith("# ERR"))
+    from test_core_frontend import err_line
     with pytest.raises(mgjit.CompileError) as info:
         kernel.compile(torch.zeros(4), target="sm_90a")
-    assert phrase in str(info.value) and info.value.loc.line == line and info.value.loc.file == __file__
+    assert phrase in str(info.value) and info.value.loc.line == err_line(kernel) and info.value.loc.file == __file__

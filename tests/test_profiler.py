@@ -189,3 +189,39 @@ def test_the_hopper_matmul_example_carries_nested_spans_per_warpgroup():
     hopper.matmul_kernel.interpret[(2,)](a, b, c, c, c, **{**hopper.DEFAULT_CONFIG, "BN": 128}, profile=prof)
     torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=1e-1)
     check_matmul_spans(prof, grid=2, tiles=6)
+
+
+@mgjit.kernel
+def span_without_name(x):
+    with mgjit.trace(3):  # ERR
+        pass
+
+
+@mgjit.kernel
+def span_as(x):
+    with mgjit.trace("a") as t:  # ERR
+        pass
+
+
+@mgjit.kernel
+def span_called(x):
+    mgjit.trace("a")  # ERR
+
+
+@mgjit.kernel
+def other_with(x):
+    with open("f"):  # ERR
+        pass
+
+
+@pytest.mark.parametrize("kernel,phrase", [
+    (span_without_name, "mgjit.trace takes a span name, a string"),
+    (span_as, "`with` statements in kernels only open profiler spans"),
+    (span_called, "mgjit.trace opens a `with` block"),
+    (other_with, "`with` statements in kernels only open profiler spans"),
+], ids=["name", "as", "call", "other"])
+def test_span_errors_name_the_line(kernel, phrase):
+    from test_core_frontend import err_line
+    with pytest.raises(mgjit.CompileError) as info:
+        kernel.compile(torch.zeros(4), target="sm_90a", profile=True)
+    assert phrase in str(info.value) and info.value.loc.line == err_line(kernel) and info.value.loc.file == __file__
