@@ -101,6 +101,23 @@ class Profile:
         self._launch = _Launch(kernel, buffer, tuple(grid), num_warpgroups, list(names), logical)
         self._spans = None
 
+    @classmethod
+    def from_chrome_trace(cls, path: str) -> "Profile":
+        """The spans of a trace `save` wrote, to draw or summarize elsewhere (on a machine with matplotlib)."""
+        with open(path) as f:
+            trace = json.load(f)
+        logical = trace["otherData"]["clock"] == "logical"
+        scale = 1 if logical else 1000
+        spans = [Span(e["name"], tuple(e["args"]["cta"]), e["args"]["warpgroup"], e["pid"], round(e["ts"] * scale),
+                      round((e["ts"] + e["dur"]) * scale), e["args"]["depth"])
+                 for e in trace["traceEvents"] if e["ph"] == "X"]
+        prof = cls()
+        nwg = max((s.warpgroup for s in spans), default=0) + 1
+        prof._launch = _Launch(trace["otherData"]["kernel"], None, (0, 0, 0), nwg, sorted({s.name for s in spans}),
+                               logical)
+        prof._spans = spans
+        return prof
+
     # -- reading
     @property
     def kernel(self) -> str | None:

@@ -77,6 +77,9 @@ def test_a_profiled_hopper_matmul_records_sane_spans(capsys):
     if out:
         os.makedirs(out, exist_ok=True)
         prof.save(os.path.join(out, "matmul_trace.json"))
-        prof.save(os.path.join(out, "matmul_trace.png"))
+        try:  # without matplotlib, Profile.from_chrome_trace(json) draws it elsewhere
+            prof.save(os.path.join(out, "matmul_trace.png"))
+        except ImportError:
+            pass
         with open(os.path.join(out, "matmul_trace_summary.txt"), "w") as f:
             f.write(prof.summary() + "\n")

@@ -154,6 +154,8 @@ def test_the_chrome_trace_has_a_complete_event_per_span_and_names_its_lanes(tmp_
     assert trace["otherData"] == {"kernel": "two_roles", "clock": "logical"}
     first = min(complete, key=lambda e: (e["ts"], -e["dur"]))
     assert first["name"] == "kernel" and first["args"] == {"cta": [0, 0, 0], "warpgroup": 0, "depth": 0}
+    again = mgjit.Profile.from_chrome_trace(str(path))  # to draw elsewhere, on a machine with matplotlib
+    assert sorted(again.spans, key=str) == sorted(prof.spans, key=str) and again.unit == "ticks"
 
 
 def test_the_timeline_is_a_png_that_shows_in_a_notebook(tmp_path):
