@@ -22,6 +22,8 @@ from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, c
                        tile, warpgroup_id, wgmma,
                        wgmma_wait, where, zeros)
 from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)
+from .language import print, trace  # debugging and profiling
+from .profiler import Profile
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

@@ -142,23 +142,24 @@ class Kernel:
         return runtime, consts
 
     def _specialization(self, args: tuple, consts: dict, target: str, num_warpgroups: int,
-                        cluster: tuple[int, int, int]) -> Specialization:
+                        cluster: tuple[int, int, int], profile: bool = False) -> Specialization:
         try:
             constexprs = tuple(sorted(consts.items()))
             hash(constexprs)
         except TypeError:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
-        return Specialization(tuple(self.runtime_names), args, constexprs, target, num_warpgroups, cluster)
+        return Specialization(tuple(self.runtime_names), args, constexprs, target, num_warpgroups, cluster, profile)
 
     # -- compile
     def compile(self, *args, target: str | None = None, num_warpgroups: int | None = None,
-                cluster: tuple[int, int, int] | None = None, **kwargs):
+                cluster: tuple[int, int, int] | None = None, profile: bool = False, **kwargs):
         """Compile for the given arguments (tensors may live on any device: only their dtype, rank, strides and
-        alignment matter) and return the CompiledKernel; a machine without a GPU can compile for any target."""
+        alignment matter) and return the CompiledKernel; a machine without a GPU can compile for any target.
+        profile=True compiles the variant that records mgjit.trace spans (what a profiled launch runs)."""
         runtime, consts = self._bind(args, kwargs)
         arg_specs = specialize.of_arguments(self.name, self.runtime_names, runtime, self.fixed_dtypes)
         spec = self._specialization(arg_specs, consts, target or targets.DEFAULT.name,
-                                    _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster))
+                                    _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster), profile)
         return self._get_compiled(spec)
 
     def _get_compiled(self, spec: Specialization):
@@ -210,6 +211,9 @@ class Kernel:
         """The Python path of a call: the interpreter under MGJIT_INTERPRET=1, else the generated dispatcher."""
         if os.environ.get("MGJIT_INTERPRET") == "1":
             return self.interpret[grid](*args, **kwargs)
+        if "profile" in kwargs and "profile" not in self.arg_names:  # the launch option profile=: hidden.py
+            from . import hidden
+            return hidden.launch_profiled(self, grid, args, kwargs)
         self._dispatch(grid, *args, **kwargs)
 
     def _build_dispatcher(self) -> Callable[..., None]:
@@ -261,7 +265,7 @@ class Kernel:
         return plan
 
     def _make_plan(self, arg_specs: tuple, consts: dict, num_warpgroups: int, cluster: tuple[int, int, int],
-                   runtime: tuple):
+                   runtime: tuple, profile: bool = False):
         import torch
         from . import launch
         device = launch.launch_device(self.name, self.runtime_names, runtime)
@@ -270,7 +274,7 @@ class Kernel:
         if target is None:
             raise LaunchError(f"mgjit targets {', '.join(f'{t.architecture} ({t.name})' for t in targets.TARGETS.values())}; "
                               f"this GPU is sm_{major}{minor}")
-        spec = self._specialization(arg_specs, consts, target.name, num_warpgroups, cluster)
+        spec = self._specialization(arg_specs, consts, target.name, num_warpgroups, cluster, profile)
         try:
             compiled = self._get_compiled(spec)
         except CompileError as e:
@@ -280,6 +284,9 @@ class Kernel:
                               + f"\n{e}") from None
         if compiled.target != target.name:  # never launch code built for another architecture
             raise LaunchError(launch.wrong_gpu(self.name, compiled.target, device))
+        if compiled.meta.get("hidden_buffers"):  # mgjit.print or profiling: the Python path (hidden.py)
+            from . import hidden
+            return hidden.HiddenPlan(self.name, compiled, device)
         return launch.Plan(self.name, compiled, device, self._c_module)
 
     def __call__(self, *args, **kwargs):

@@ -13,9 +13,10 @@ from typing import Any
 
 from .. import dtypes, ir, language as lang
 from ..dtypes import DType
+from ..errors import CompileError
 from ..source import DeviceFunction, SourceFunction
 from . import registry
-from .builtins import tcgen05  # importing builtins/ registers the builtins of every hardware unit
+from .builtins import debug, tcgen05  # importing builtins/ registers the builtins of every hardware unit
 from .control import ControlFlow, Return, assigned_names
 from .values import Builder, Expanded, Ref, Shape, Tensor, Traced
 
@@ -136,6 +137,29 @@ class Tracer(ControlFlow):
         args = [self.expr(a) for a in node.iter.args]
         kwargs = {k.arg: self.expr(k.value) for k in node.iter.keywords}
         trace_loop(self, node, args, kwargs)
+
+    def stmt_With(self, node: ast.With) -> None:
+        self.with_items(node, node.items)
+
+    def with_items(self, node: ast.With, items: list[ast.withitem]) -> None:
+        """`with a(...), b(...):` is `with a(...): with b(...):`; each item is a call of a context marker."""
+        if not items:
+            self.run_body(node.body)
+            return
+        item = items[0]
+        call = item.context_expr
+        try:
+            fn = self.expr(call.func) if isinstance(call, ast.Call) else None
+        except CompileError:
+            fn = None
+        trace_context = registry.find_context(fn)
+        if trace_context is None or item.optional_vars is not None:
+            raise self.error("`with` statements in kernels only open profiler spans: `with mgjit.trace(\"name\"):` "
+                             "(without `as`)", item.context_expr)
+        args = [self.expr(a) for a in call.args]
+        kwargs = {k.arg: self.expr(k.value) for k in call.keywords}
+        self.at(call)
+        trace_context(self, args, kwargs, lambda: self.with_items(node, items[1:]))
 
     # -- expressions
     def expr(self, node: ast.expr) -> Any:
@@ -320,7 +344,8 @@ class Tracer(ControlFlow):
         if hasattr(fn, "__mgjit_kernel__"):
             raise self.error(f"{fn.__name__} is an @mgjit.kernel; helpers called from kernels are @mgjit.device")
         if fn is builtins.print:
-            raise self.error("print is not supported inside kernels")
+            raise self.error("Python's print is not supported inside kernels; to print from the GPU use "
+                             "mgjit.print(\"x = {}\", x)")
         if fn in (builtins.min, builtins.max) and any(isinstance(a, (Tensor, Expanded)) for a in args):
             if len(args) != 2 or kwargs:
                 raise self.error(f"{fn.__name__} on runtime values takes exactly two arguments")
@@ -351,6 +376,8 @@ class Tracer(ControlFlow):
         if entry is None:
             if registry.find_loop(fn) is not None:
                 raise self.error(f"{fn.name} can only be iterated by a for loop")
+            if registry.find_context(fn) is not None:
+                raise self.error(f"mgjit.{fn.name} opens a `with` block: `with mgjit.{fn.name}(...):`")
             raise self.error(f"mgjit.{fn.name} is not supported here")
         if entry.positional is not None:
             lo, hi = entry.positional
@@ -381,15 +408,18 @@ class Tracer(ControlFlow):
 
 
 def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, Any],
-          num_warpgroups: int, cluster: tuple[int, int, int] = (1, 1, 1)) -> ir.Kernel:
-    """Build the IR of one specialization of a kernel."""
+          num_warpgroups: int, cluster: tuple[int, int, int] = (1, 1, 1), profile: bool = False) -> ir.Kernel:
+    """Build the IR of one specialization of a kernel (with profile=True, one that records mgjit.trace spans)."""
     body = ir.Block()
     builder = Builder(body)
+    params = list(params)
     args: list[ir.Value] = []
     scope: dict[str, Any] = dict(constexprs)
     tracer = Tracer(source, builder, scope)
     tracer.num_warpgroups = num_warpgroups
     tracer.cluster = cluster
+    tracer.profile = profile
+    debug.start(tracer, source.loc(source.node))
     for i, p in enumerate(params):
         tracer.param_index[p.name] = i
         if p.kind == "tensor":
@@ -406,7 +436,8 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
     cta_group = tcgen05.finish(body, builder, source.loc(source.node))
+    hidden_buffers = debug.finish(tracer, params, args)
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
-                       tracer.tma_descriptors, cta_group)
+                       tracer.tma_descriptors, cta_group, hidden_buffers)
     ir.verify(kernel)
     return kernel
