@@ -16,8 +16,8 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
 | clusters | ClusterRank, ClusterSync |
-| tmem | TmemAlloc, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
-| tcgen05 | Tcgen05Mma, Tcgen05Commit |
+| tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
+| tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
 from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
@@ -28,15 +28,15 @@ from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
 from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
-from .tcgen05 import Tcgen05Commit, Tcgen05Mma
+from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
 from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
-from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
+from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
-           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
-           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank", "ClusterSync",
+           "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms", "ProgramId",
+           "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters", "SmemAlloc",
+           "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad",
+           "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad",
+           "TmemSlice", "TmemStore", "Unary", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
