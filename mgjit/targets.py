@@ -33,7 +33,7 @@ UNITS = {"tma": "the TMA engine exists", "mbarrier": "mbarriers exist", "cluster
 
 HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx80", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
                 units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
-BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx86", smem_bytes=232448, tmem_columns=512,
+BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx87", smem_bytes=232448, tmem_columns=512,
                    max_cluster_ctas=16, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05"}))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}

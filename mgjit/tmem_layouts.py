@@ -426,6 +426,23 @@ def chunk_byte(row, scale):
     return 16 * (row % LANES_PER_WARP) + 4 * (row // LANES_PER_WARP) + scale
 
 
+def blocked_scales(scales: "torch.Tensor") -> "torch.Tensor":
+    """A (rows, cols) matrix of block scales (a torch tensor; rows a multiple of 128, cols of 4) laid out as
+    tcgen05_copy reads it: shape (rows // 128, cols // 4 * 32, 16), 128 x 4 chunks of 512 bytes in `chunk_byte`
+    order, a row tile's chunks in K order. A kernel's TMA box of (T, G * 32, 16) at (t, 32 * g, 0) brings the
+    scales of row tiles t.. t + T - 1 and scale groups g .. g + G - 1 (scales 4g ..), ready for tcgen05_copy."""
+    import torch
+
+    rows, cols = scales.shape
+    ScaleLayout(rows, cols)  # checks the shape
+    r = torch.arange(rows, device=scales.device)[:, None]
+    s = torch.arange(cols, device=scales.device)[None, :]
+    offset = ((r // CHUNK_ROWS) * (cols // 4) + s // 4) * CHUNK_BYTES + chunk_byte(r % CHUNK_ROWS, s % 4)
+    out = torch.empty(rows * cols, dtype=torch.uint8, device=scales.device)
+    out[offset.reshape(-1)] = scales.reshape(-1).view(torch.uint8)  # torch cannot index_put 8-bit float types
+    return out.view(scales.dtype).view(rows // CHUNK_ROWS, cols // 4 * LANES_PER_WARP, 16)
+
+
 def mma_data_path(m: int, n: int, cta_group: int, row, col):
     """Where one tcgen05.mma (dense, no .ws) of shape M x N writes element (row, col) of a CTA's share of D,
     relative to its D address: (lane, column). PTX ISA 9.7.16.10.5 ("Data Path Layout Organization"): Layout D

@@ -195,19 +195,24 @@ def _infer_tmem_ref(op: Op, inf: infer.Inference) -> None:
     """A TMEM reference's layout (of one stage) follows from its type (128 rows: default; 64 rows: half-lane, or
     m64 collective in a 2-CTA kernel; packing from the dtype; scales); it is chosen here, recorded on the
     reference (where the IR printer shows it, and lowering and the MMA's checks read it), and an allocation
-    must fit tcgen05.alloc."""
+    must fit tcgen05.alloc: a power of two of at least 32 columns (of any size for scales, which the kernel's
+    one allocation packs beside the others)."""
     t = op.result.type
     layout = op.result.layout = _tmem_layout_of(op, t)
     if isinstance(op, TmemAlloc):
         columns = stages(t) * layout.columns
         try:
-            tmem_alloc_columns(columns, exact=True)
+            if not t.scales:
+                tmem_alloc_columns(columns, exact=True)
+            elif columns & (columns - 1):  # scales are small: any power of two packs without gaps
+                raise TMEMLayoutError(f"{columns} columns")
         except TMEMLayoutError:
-            what = "block scales" if t.scales else f"in the {layout.kind.value} layout with packing {t.packing}"
+            what = "of block scales" if t.scales else f"in the {layout.kind.value} layout with packing {t.packing}"
+            least = "" if t.scales else ", at least 32"
             raise op.error(
                 f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a "
                 f"{'x'.join(map(str, t.shape))} {t.dtype.name} reference {what} occupies {columns} columns; give it "
-                "a power-of-two number of columns, at least 32", rule=Rule.TMEM_ALLOC) from None
+                f"a power-of-two number of columns{least}", rule=Rule.TMEM_ALLOC) from None
 
 
 @infer.rule(TmemLoad)
