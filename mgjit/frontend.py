@@ -288,6 +288,11 @@ class TmemRef(_StaticRef):
 
     def __getitem__(self, index) -> "TmemRef":
         t = self.tracer
+        if len(self.shape) == 3:  # a staged reference: ref[stage]
+            if isinstance(index, (tuple, slice)):
+                raise t.error("a staged TMEM reference (stages, rows, cols) is indexed by one stage: ref[stage]")
+            i = t.cast(t.to_tensor(index), dtypes.int32)
+            return TmemRef(t, t.builder.add(ops.TmemIndex(self.value, i.value, t.builder.loc)).result)
         usage = "a TMEM reference is sliced by columns with static bounds: ref[:, a:b] or ref[:, mgjit.ds(a, SIZE)]"
         if not (isinstance(index, tuple) and len(index) == 2 and isinstance(index[0], slice)
                 and index[0] == slice(None)):
@@ -1353,8 +1358,8 @@ class Tracer:
 
     # -- Blackwell builtins
     def builtin_tmem(self, args: list, kwargs: dict) -> TmemRef:
-        usage = "tmem(shape, dtype=mgjit.float32, collective=False, packing=None)"
-        if len(args) > 2 or set(kwargs) - {"shape", "dtype", "collective", "packing"}:
+        usage = "tmem(shape, dtype=mgjit.float32, collective=False, packing=None, scales=False)"
+        if len(args) > 2 or set(kwargs) - {"shape", "dtype", "collective", "packing", "scales"}:
             raise self.error(f"bad call: {usage}")
         shape = args[0] if args else kwargs.get("shape")
         dtype = args[1] if len(args) > 1 else kwargs.get("dtype", dtypes.float32)
@@ -1371,13 +1376,17 @@ class Tracer:
             packing = 32 // dtype.bits if dtype.bits in (8, 16, 32) else 1
         if not isinstance(packing, int) or isinstance(packing, bool):
             raise self.error(f"mgjit.tmem's packing= must be a static int, got {packing!r}")
-        op = self.builder.add(ops.TmemAlloc(shape, dtype, packing, collective, self.builder.loc))
+        scales = kwargs.get("scales", False)
+        if not isinstance(scales, bool):
+            raise self.error(f"mgjit.tmem's scales= must be a static bool, got {scales!r}")
+        op = self.builder.add(ops.TmemAlloc(shape, dtype, packing, collective, self.builder.loc, scales=scales))
         return TmemRef(self, op.result)
 
     def builtin_tcgen05_mma(self, args: list, kwargs: dict) -> None:
-        if len(args) != 3 or set(kwargs) - {"accumulate"}:
-            raise self.error("tcgen05_mma(acc, a, b, accumulate=True) takes a TMEM accumulator, an SMEM tile or TMEM "
-                             "reference, and an SMEM tile")
+        if len(args) != 3 or set(kwargs) - {"accumulate", "a_scale", "b_scale"}:
+            raise self.error("tcgen05_mma(acc, a, b, accumulate=True, a_scale=None, b_scale=None) takes a TMEM "
+                             "accumulator, an SMEM tile or TMEM reference, an SMEM tile, and for a block-scaled "
+                             "MMA two TMEM scale references")
         acc, a, b = args
         if not isinstance(acc, TmemRef):
             raise self.error("the tcgen05_mma accumulator must be a TMEM reference "
@@ -1390,7 +1399,18 @@ class Tracer:
         if isinstance(accumulate, Expanded) or (isinstance(accumulate, Tensor) and accumulate.shape):
             raise self.error("accumulate= must be a scalar: a bool or a runtime condition such as k > 0")
         flag = self.cast(self.to_tensor(accumulate), dtypes.bool_)
-        self.builder.add(ops.Tcgen05Mma(acc.value, a.value, b.value, flag.value, self.builder.loc))
+        scales = [kwargs.get("a_scale"), kwargs.get("b_scale")]
+        if scales != [None, None] and not all(isinstance(v, TmemRef) for v in scales):
+            raise self.error("a block-scaled tcgen05_mma takes both a_scale= and b_scale=, TMEM references of scales "
+                             "(mgjit.tmem(..., scales=True))")
+        scale_values = [v.value for v in scales] if scales[0] is not None else [None, None]
+        self.builder.add(ops.Tcgen05Mma(acc.value, a.value, b.value, flag.value, self.builder.loc, *scale_values))
+
+    def builtin_tcgen05_copy(self, args: list, kwargs: dict) -> None:
+        if len(args) != 2 or kwargs or not isinstance(args[0], TmemRef) or not isinstance(args[1], SmemRef):
+            raise self.error("tcgen05_copy(scales_tmem, scales_smem) copies an SMEM tile of block scales into a TMEM "
+                             "scale reference")
+        self.builder.add(ops.Tcgen05Copy(args[0].value, args[1].value, self.builder.loc))
 
     def builtin_tcgen05_commit(self, args: list, kwargs: dict) -> None:
         bar = args[0] if len(args) == 1 and not kwargs else kwargs.get("barrier") if not args else None
@@ -1444,7 +1464,7 @@ class _SlotMethod:
 _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
                     lang.set_max_registers, lang.store_async, lang.store_async_wait, lang.tile, lang.cluster_rank,
                     lang.cluster_sync)
-_BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit)
+_BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit, lang.tcgen05_copy)
 
 
 def _finish_tmem(body: ir.Block, builder: Builder, loc: Loc) -> int:

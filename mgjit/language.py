@@ -92,16 +92,22 @@ set_max_registers = _builtin("set_max_registers", "set_max_registers(n, increase
                                                   "warpgroup (warp specialization).")
 
 # Blackwell machinery (sm_100a)
-tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None): a (rows, cols) tensor-memory reference "
-                        "for the whole kernel (rows 128, or 64; a power of two of 32..512 TMEM columns); "
-                        "collective=True for 2-CTA MMAs. ref.load() / ref.store(x) move it to and from registers; "
-                        "ref[:, a:b] takes columns of a 128-row reference.")
-tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True): acc (TMEM) = a @ b (+ acc), a an SMEM "
-                                      "tile or TMEM reference, b an SMEM tile; issued by thread 0 of the calling "
-                                      "warpgroup (call it from one warpgroup), asynchronous (tcgen05_commit "
-                                      "signals completion). For collective acc, each CTA passes acc (M/2, N), "
-                                      "a (M/2, K), b (K, N/2), and only the pair's leader (even cluster rank) "
-                                      "issues it.")
+tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None, scales=False): a (rows, cols) tensor-memory "
+                        "reference for the whole kernel (rows 128, or 64; a power of two of 32..512 TMEM columns), "
+                        "or (stages, rows, cols) of them, ref[i] being stage i; collective=True for 2-CTA MMAs; "
+                        "scales=True for the (rows, K // block) block scales of a block-scaled MMA. ref.load() / "
+                        "ref.store(x) move it to and from registers; ref[:, a:b] takes columns of a 128-row one.")
+tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True, a_scale=None, b_scale=None): acc (TMEM) = "
+                                      "a @ b (+ acc), a an SMEM tile or TMEM reference, b an SMEM tile; issued by "
+                                      "thread 0 of the calling warpgroup (call it from one warpgroup), asynchronous "
+                                      "(tcgen05_commit signals completion). For collective acc, each CTA passes acc "
+                                      "(M/2, N), a (M/2, K), b (K, N/2), and only the pair's leader (even cluster "
+                                      "rank) issues it. With a_scale and b_scale (TMEM scale references (M, K // "
+                                      "block) and (N, K // block)) it is block-scaled: mxfp8, mxfp4 or nvfp4.")
+tcgen05_copy = _builtin("tcgen05_copy", "tcgen05_copy(scales_tmem, scales_smem): copy block scales from an SMEM tile "
+                                        "(128 x 4 chunks of 512 bytes, as mgjit.blocked_scales lays them out) into a "
+                                        "TMEM scale reference (tcgen05.cp), issued like tcgen05_mma and ordered with "
+                                        "the MMAs issued after it.")
 tcgen05_commit = _builtin("tcgen05_commit", "tcgen05_commit(bars[i]): one arrival on the barrier once the MMAs this "
                                             "warpgroup issued are complete (on both CTAs of a 2-CTA pair).")
 
