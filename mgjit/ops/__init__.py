@@ -11,16 +11,19 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | control | For, If, Yield |
 | gmem | Load, Store |
 | smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
-| barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
+| barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
+| warps | WarpSplit |
 | clusters | ClusterRank, ClusterSync |
+| clc | ClcTryCancel, ClcQuery (cluster launch control) |
 | tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
-from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
+from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
+from .clc import ClcQuery, ClcTryCancel
 from .clusters import ClusterRank, ClusterSync
 from .control import For, If, Yield
 from .elementwise import Binary, Cast, Compare, Select, Unary
@@ -32,11 +35,13 @@ from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
 from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
 from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import SetMaxRegisters, WarpgroupId
+from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank", "ClusterSync",
-           "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms", "ProgramId",
-           "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters", "SmemAlloc",
-           "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad",
-           "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad",
-           "TmemSlice", "TmemStore", "Unary", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast", "Cast",
+           "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For",
+           "If", "Iota", "Load", "NumPrograms", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose",
+           "Relayout", "Select", "SetMaxRegisters", "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store",
+           "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective", "TmaStore", "TmaStoreWait",
+           "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit",
+           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

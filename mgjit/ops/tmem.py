@@ -387,6 +387,8 @@ def _tmem_load(op: TmemLoad, ctx: lower.Context) -> None:
     n = len(words)
     words = e.asm("tcgen05.wait::ld.sync.aligned;", ",".join(["=r"] * n + [str(i) for i in range(n)]), words,
                   [ctx.e.int_type(32)] * n, side_effects=True)
+    # Order the loads before what a later barrier arrival lets another thread issue (an MMA into these columns).
+    e.asm_void("tcgen05.fence::before_thread_sync;", "", [])
     elems: list[Any] = [None] * (len(where) * layout.vector_length)
     for word, slot in zip(words, slots, strict=True):
         elems[slot:slot + per_word] = _words_to_elems(ctx, word, dtype)
