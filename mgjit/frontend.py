@@ -41,6 +41,10 @@ class Builder:
 
     def add(self, op: ir.Op) -> ir.Op:
         op.loc = op.loc or self.loc
+        if self.block.ops and isinstance(self.block.ops[-1], ops.WarpSplit):
+            raise op.error("the `if mgjit.warp_id() == w:` blocks (warp roles) end their block: the warps run them "
+                           "side by side, so nothing may follow them there; move this before the first of them",
+                           rule="warp-role")
         op.verify()
         self.block.ops.append(op)
         return op
@@ -239,6 +243,29 @@ class SmemRef(_StaticRef):
             raise t.error("SMEM buffers are indexed by one stage index at a time (buf[slot])")
         i = t.cast(t.to_tensor(index), dtypes.int32)
         return SmemRef(t, t.builder.add(ops.RefIndex(self.value, i.value, t.builder.loc)).result)
+
+
+class WarpIndex:
+    """`mgjit.warp_id()`: the warp's index in its warpgroup, which only an `if mgjit.warp_id() == w:` compares (a
+    runtime value that differs between the warps of a warpgroup would break the warpgroup's uniform scalars)."""
+
+    def __init__(self, tracer: "Tracer"):
+        self.tracer = tracer
+
+    def __eq__(self, other):  # type: ignore[override]
+        if isinstance(other, int) and not isinstance(other, bool) and 0 <= other < 4:
+            return WarpCondition(other)
+        raise self.tracer.error(f"mgjit.warp_id() is compared with a static warp number 0..3, got {other!r}")
+
+    def __getattr__(self, name):
+        raise self.tracer.error("mgjit.warp_id() is used only as `if mgjit.warp_id() == w:` (a warp's role)")
+
+    __hash__ = object.__hash__
+
+
+@dataclasses.dataclass(frozen=True)
+class WarpCondition:
+    warp: int
 
 
 class Barriers:
@@ -644,6 +671,10 @@ class Tracer:
 
     def stmt_If(self, node: ast.If) -> None:
         cond = self.expr(node.test)
+        if isinstance(cond, WarpCondition):
+            return self._warp_role(cond.warp, node)
+        if isinstance(cond, WarpIndex):
+            raise self.error("`if mgjit.warp_id() == w:` names the warp of a role; compare it with a warp number")
         if not isinstance(cond, (Tensor, Expanded)):
             self.run_body(node.body if cond else node.orelse)
             return
@@ -696,6 +727,29 @@ class Tracer:
         self.builder.add(op)
         for (name, _, _), r in zip(results, op.results):
             self.scope[name] = Tensor(self, r)
+
+    def _warp_role(self, warp: int, node: ast.If) -> None:
+        """`if mgjit.warp_id() == w:`: the body is warp w's role, a region of the WarpSplit that ends this block
+        (consecutive roles share one). What the body assigns stays inside it (its barrier phases included)."""
+        if node.orelse:
+            raise self.error("a warp's role has no `else`: the other warps skip it and go on", node.orelse[0])
+        split = self.builder.block.ops[-1] if self.builder.block.ops else None
+        if not isinstance(split, ops.WarpSplit):
+            split = self.builder.add(ops.WarpSplit(self.src.loc(node)))
+        region = split.regions[warp]
+        if region.ops:
+            region.ops.pop()  # its Yield: a second role of the same warp runs after the first
+        saved_block, saved_scope = self.builder.block, self.scope
+        self.scope = dict(saved_scope)
+        self.builder.block = region
+        try:
+            self.run_body(node.body)
+        except _Return as r:
+            raise self.error("return inside a warp's role is not supported", r.node)
+        finally:
+            self.builder.block, self.scope = saved_block, saved_scope
+        region.ops.append(ops.Yield([], self.src.loc(node)))
+        split.verify()
 
     def _join_branch_values(self, name, a, b, then_block, else_block) -> tuple[Tensor, Tensor]:
         saved = self.builder.block
@@ -1027,6 +1081,9 @@ class Tracer:
         if fn is lang.warpgroup_id:
             want(0, 0)
             return self._emit(ops.WarpgroupId(b.loc))
+        if fn is lang.warp_id:
+            want(0, 0)
+            return WarpIndex(self)
         if fn in lang.UNARY_BUILTINS:
             want(1, 1)
             if not isinstance(args[0], (Tensor, Expanded)):
@@ -1109,9 +1166,13 @@ class Tracer:
         return Barriers(self, op.result, count)
 
     def barrier_method(self, slot: BarrierSlot, method: str, args: list, kwargs: dict) -> None:
-        if args or kwargs:
-            raise self.error(f"barrier.{method}() takes no arguments")
+        if args or (kwargs and (method != "arrive" or set(kwargs) != {"cta"})):
+            raise self.error(f"barrier.{method}() takes no arguments" + (" but cta=" if method == "arrive" else ""))
         ref, index = slot._ref(self)
+        if method == "arrive" and kwargs:  # on the barrier of the cluster's CTA of rank `cta`
+            rank = self.cast(self.to_tensor(kwargs["cta"]), dtypes.int32)
+            self.builder.add(ops.BarrierArriveCluster(ref, rank.value, self.builder.loc))
+            return None
         if method == "arrive":
             self.builder.add(ops.BarrierArrive(ref, self.builder.loc))
             return None
@@ -1412,6 +1473,24 @@ class Tracer:
                              "scale reference")
         self.builder.add(ops.Tcgen05Copy(args[0].value, args[1].value, self.builder.loc))
 
+    def builtin_clc_try_cancel(self, args: list, kwargs: dict) -> None:
+        usage = "clc_try_cancel(response, barrier=bars[i], multicast=False)"
+        response = args[0] if args else kwargs.get("response")
+        bar = args[1] if len(args) > 1 else kwargs.get("barrier")
+        multicast = kwargs.get("multicast", False)
+        if (len(args) > 2 or set(kwargs) - {"response", "barrier", "multicast"} or not isinstance(response, SmemRef)
+                or not isinstance(bar, BarrierSlot) or not isinstance(multicast, bool)):
+            raise self.error(f"bad call: {usage} takes a 16-byte SMEM buffer, one barrier slot and a static bool")
+        ref, _ = bar._ref(self)
+        self.builder.add(ops.ClcTryCancel(response.value, ref, multicast, self.builder.loc))
+
+    def builtin_clc_query(self, args: list, kwargs: dict) -> tuple:
+        if len(args) != 1 or kwargs or not isinstance(args[0], SmemRef):
+            raise self.error("clc_query(response) reads a try_cancel's response (a 16-byte SMEM buffer)")
+        op = self.builder.add(ops.ClcQuery(args[0].value, self.builder.loc))
+        canceled, *first = (Tensor(self, r) for r in op.results)
+        return canceled, tuple(first)
+
     def builtin_tcgen05_commit(self, args: list, kwargs: dict) -> None:
         bar = args[0] if len(args) == 1 and not kwargs else kwargs.get("barrier") if not args else None
         if not isinstance(bar, BarrierSlot) or set(kwargs) - {"barrier"}:
@@ -1464,7 +1543,8 @@ class _SlotMethod:
 _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
                     lang.set_max_registers, lang.store_async, lang.store_async_wait, lang.tile, lang.cluster_rank,
                     lang.cluster_sync)
-_BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit, lang.tcgen05_copy)
+_BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit, lang.tcgen05_copy, lang.clc_try_cancel,
+                       lang.clc_query)
 
 
 def _finish_tmem(body: ir.Block, builder: Builder, loc: Loc) -> int:
