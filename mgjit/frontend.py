@@ -257,9 +257,11 @@ class WarpIndex:
             return WarpCondition(other)
         raise self.tracer.error(f"mgjit.warp_id() is compared with a static warp number 0..3, got {other!r}")
 
-    def __getattr__(self, name):
+    def _misuse(self, *_):
         raise self.tracer.error("mgjit.warp_id() is used only as `if mgjit.warp_id() == w:` (a warp's role)")
 
+    __getattr__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _misuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __mod__ = _misuse
     __hash__ = object.__hash__
 
 
