@@ -1510,7 +1510,9 @@ class Tracer:
         except TypeError as e:
             raise self.error(f"bad call of {fn.__name__}: {e}") from None
         bound.apply_defaults()
-        tracer = Tracer(src, self.builder, dict(bound.arguments), self.depth + 1, parent=self)
+        # The helper is inlined: it waits on the caller's barriers in the caller's phases and hands them back.
+        hidden = {n: self.scope[n] for n in _hidden(self.scope)}
+        tracer = Tracer(src, self.builder, {**hidden, **bound.arguments}, self.depth + 1, parent=self)
         saved_loc = self.builder.loc
         try:
             tracer.run_body(src.node.body)
@@ -1519,6 +1521,7 @@ class Tracer:
             result = r.value
         finally:
             self.builder.loc = saved_loc
+        self.scope.update({n: tracer.scope[n] for n in _hidden(tracer.scope)})
         return result
 
 
