@@ -40,6 +40,16 @@ def release(bar, COLLECTIVE):
         bar.arrive()
 
 
+@mgjit.device
+def claimed_tile(i, responses, clc_full, clc_empty, COLLECTIVE):
+    """(tile, valid): the tile of the i-th cluster launch control response, read by one role, which then
+    releases the response."""
+    clc_full[i % 2].wait()
+    canceled, (first, _, _) = mgjit.clc_query(responses[i % 2])
+    release(clc_empty[i % 2], COLLECTIVE)
+    return first // (2 if COLLECTIVE else 1), canceled
+
+
 @mgjit.kernel(num_warpgroups=3)
 def matmul_ws_kernel(a, b, c, sfa, sfb, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
                      STAGES: mgjit.constexpr, COLLECTIVE: mgjit.constexpr, CLC: mgjit.constexpr,
@@ -104,10 +114,7 @@ def matmul_ws_kernel(a, b, c, sfa, sfb, BM: mgjit.constexpr, BN: mgjit.constexpr
                                              collective=COLLECTIVE)
                         it += 1
                     if CLC:
-                        clc_full[i % 2].wait()
-                        canceled, (first, _, _) = mgjit.clc_query(responses[i % 2])
-                        release(clc_empty[i % 2], COLLECTIVE)
-                        tile, valid = first // CTAS, canceled
+                        tile, valid = claimed_tile(i, responses, clc_full, clc_empty, COLLECTIVE)
                     else:
                         tile = tile + pairs
         if mgjit.warp_id() == 1:  # MMA
@@ -131,10 +138,7 @@ def matmul_ws_kernel(a, b, c, sfa, sfb, BM: mgjit.constexpr, BN: mgjit.constexpr
                             it += 1
                         mgjit.tcgen05_commit(acc_full[i % 2])
                         if CLC:
-                            clc_full[i % 2].wait()
-                            canceled, (first, _, _) = mgjit.clc_query(responses[i % 2])
-                            release(clc_empty[i % 2], COLLECTIVE)
-                            tile, valid = first // CTAS, canceled
+                            tile, valid = claimed_tile(i, responses, clc_full, clc_empty, COLLECTIVE)
         if CLC:
             if mgjit.warp_id() == 2:  # the scheduler: asks for the next tile while this one is worked on
                 for i in range(rounds):
@@ -166,10 +170,7 @@ def matmul_ws_kernel(a, b, c, sfa, sfb, BM: mgjit.constexpr, BN: mgjit.constexpr
                             c_s[e][buf][...] = part
                             mgjit.store_async(c, (m0, n0 + col), c_s[e][buf])
                         if CLC:
-                            clc_full[i % 2].wait()
-                            canceled, (first, _, _) = mgjit.clc_query(responses[i % 2])
-                            release(clc_empty[i % 2], COLLECTIVE)
-                            tile, valid = first // CTAS, canceled
+                            tile, valid = claimed_tile(i, responses, clc_full, clc_empty, COLLECTIVE)
                         else:
                             tile = tile + pairs
                 mgjit.store_async_wait(0)
@@ -203,11 +204,12 @@ def _sms(device: torch.device) -> int:
 
 def matmul(a: torch.Tensor, b_t: torch.Tensor, a_scales: torch.Tensor | None = None,
            b_scales: torch.Tensor | None = None, out: torch.Tensor | None = None, variant: str | None = None,
-           clc: bool = False, sms: int | None = None) -> torch.Tensor:
+           clc: bool = False, sms: int | None = None, blocked: bool = False) -> torch.Tensor:
     """bf16 c = a @ b_t.T, with a (M, K) and b_t (N, K) of one format: bf16, mxfp8 (float8_e4m3fn with
     float8_e8m0fnu scales (M, K // 32) and (N, K // 32)) or nvfp4 (float4_e2m1fn_x2, K // 2 bytes a row, with
     float8_e4m3fn scales (M, K // 16), (N, K // 16)). M and N multiples of 128 for the scaled formats.
-    variant: a CONFIGS key (default: the format's 1-CTA one); clc: schedule tiles with cluster launch control."""
+    variant: a CONFIGS key (default: the format's 1-CTA one); clc: schedule tiles with cluster launch control;
+    blocked: the scales are given already laid out by mgjit.blocked_scales (as a model keeps them)."""
     fmt = next((f for f, (dt, _) in FORMATS.items() if dt == a.dtype), None)
     if fmt is None or b_t.dtype != a.dtype or a.shape[1] != b_t.shape[1]:
         raise TypeError(f"matmul takes a (M, K) and b_t (N, K) of one of {sorted(FORMATS)}: got {a.dtype} "
@@ -221,8 +223,10 @@ def matmul(a: torch.Tensor, b_t: torch.Tensor, a_scales: torch.Tensor | None = N
         raise ValueError(f"{fmt} takes {'no' if FORMATS[fmt][1] is None else 'both'} scale matrices")
     m, n = a.shape[0], b_t.shape[0]
     c = torch.empty(m, n, dtype=torch.bfloat16, device=a.device) if out is None else out
-    sfa, sfb = ((mgjit.blocked_scales(a_scales), mgjit.blocked_scales(b_scales)) if a_scales is not None
-                else (a, a))  # unused without scales
+    if a_scales is None:
+        sfa = sfb = a  # unused without scales
+    else:
+        sfa, sfb = (a_scales, b_scales) if blocked else (mgjit.blocked_scales(a_scales), mgjit.blocked_scales(b_scales))
     grid, cluster = launch_shape(m, n, cfg, clc, sms or _sms(a.device))
     matmul_ws_kernel[grid](a, b_t, c, sfa, sfb, **cfg, CLC=clc, cluster=cluster)
     return c
@@ -315,15 +319,8 @@ def reference(a, b_t, a_scales, b_scales):
 
 
 if __name__ == "__main__":
-    from _harness import main
-    argv = sys.argv[1:]
-    blackwell = torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
-    if not blackwell and not any(arg.startswith("--target") for arg in argv):
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            print(f"matmul_blackwell_ws needs a Blackwell GPU (sm_100a); this GPU is sm_{major}{minor} "
-                  f"({torch.cuda.get_device_name()}): compiling for sm_100a only")
-        argv += ["--target", "sm_100a"]
+    from _harness import compile_only_elsewhere, main
+    argv, _ = compile_only_elsewhere("sm_100a", "matmul_blackwell_ws", sys.argv[1:])
     main(name="matmul_blackwell_ws", setup=setup, compile=compile,
          run=lambda a, b_t, sa, sb, out: matmul(a, b_t, sa, sb, out=out), reference=reference, rtol=2e-2,
          atol=5e-2, bytes_moved=None, argv=argv)

@@ -6,7 +6,6 @@ The interpreter reads the scales where the lowering tells the tensor cores to: e
 addresses and the scale factor IDs decoded from its descriptor, in the TMEM scale layout `tcgen05_copy` writes
 (tmem_layouts.ScaleLayout), so a wrong address, ID or chunk order gives wrong numbers here.
 """
-import inspect
 import re
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 import mgjit
 from mgjit.interpret import numerics
 from mgjit.mma_descriptors import Major, Tcgen05ScaledInstrDescriptor
+from test_blackwell import line_of
 
 E4M3, E5M2, E8M0, E2M1 = torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2
 
@@ -163,11 +163,6 @@ def test_block_scaled_mma_ir(compiled):
 
 
 # ---------------------------------------------------------------------------------------------- errors
-
-def line_of(kernel, text: str) -> int:
-    lines, first = inspect.getsourcelines(kernel.fn)
-    return first + next(i for i, line in enumerate(lines) if text in line)
-
 
 @mgjit.kernel
 def bad_scaled(a, b, sfa, sfb, c, SA_ROWS: mgjit.constexpr, S: mgjit.constexpr, B_T: mgjit.constexpr,

@@ -5,35 +5,18 @@ warp roles and CLC on small kernels whose results say what ran where; the mistak
 Two GPU tests: on a Hopper, launching the Blackwell kernels stops with a LaunchError naming sm_100a; on a
 Blackwell, the matmul against torch.
 """
-import importlib.util
-import inspect
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import mgjit
+from test_blackwell import EXAMPLES, line_of, load_example
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("matmul_blackwell_ws_example", EXAMPLES / "matmul_blackwell_ws.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ws = _load_example()
-
-
-def line_of(kernel, text: str) -> int:
-    lines, first = inspect.getsourcelines(kernel.fn)
-    return first + next(i for i, line in enumerate(lines) if text in line)
+ws = load_example("matmul_blackwell_ws")
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -175,6 +158,28 @@ def test_warp_roles_run_side_by_side():
     c = ping_pong.compile(x, y, N=16, target="sm_90a")  # warp roles are not Blackwell's alone
     assert c.spills == 0
     assert "warp_split {warps=[0, 1]}" in c.ir
+
+
+@mgjit.device
+def wait_on(bar):
+    bar.wait()
+
+
+@mgjit.kernel
+def helper_waits(x, N: mgjit.constexpr):
+    bars = mgjit.barrier(1)
+    for i in range(N):
+        bars[0].arrive()
+        wait_on(bars[0])  # in the caller's phase of the barrier, handing the next one back
+        x[i] = x[i] + 1.0
+
+
+def test_barrier_waits_inside_device_helpers_track_the_callers_phase():
+    """A helper waits on phase i % 2 at step i: had it lost the phase, the second wait would never end."""
+    x = torch.zeros(3)
+    helper_waits.interpret[(1,)](x, N=3)
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    assert helper_waits.compile(x, N=3, target="sm_90a").spills == 0
 
 
 @mgjit.kernel
