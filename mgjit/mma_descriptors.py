@@ -149,6 +149,14 @@ def block_scaling(dtype: DType, scale_dtype: DType) -> BlockScaling:
                           "with float8_e8m0fnu (mxfp4) or float8_e4m3fn (nvfp4)")
 
 
+def _decoded_dtype(codes: dict[DType, int], code: int, what: str, kind: Tcgen05Kind) -> DType:
+    """The dtype an instruction descriptor's type field names."""
+    found = [d for d, c in codes.items() if c == code]
+    if not found:
+        raise DescriptorError(f"{what} code {code} means nothing for kind {kind.value}")
+    return found[0]
+
+
 def _field(name: str, value: int, bits: int) -> int:
     if not 0 <= value < 1 << bits:
         raise DescriptorError(f"{name} = {value} does not fit its {bits}-bit field (expected 0..{(1 << bits) - 1})")
@@ -205,16 +213,10 @@ class Tcgen05InstrDescriptor:
     def decode(cls, value: int, kind: Tcgen05Kind) -> "Tcgen05InstrDescriptor":
         """The descriptor `encode` made, read back field by field as the tensor cores read it (the kind comes
         from the instruction, not the descriptor)."""
-        def dtype(codes: dict[DType, int], code: int, what: str) -> DType:
-            found = [d for d, c in codes.items() if c == code]
-            if not found:
-                raise DescriptorError(f"{what} code {code} means nothing for kind {kind.value}")
-            return found[0]
-
         return cls(m=((value >> 24) & 0x1F) << 4, n=((value >> 17) & 0x3F) << 3,
-                   a_dtype=dtype(_AB_CODES[kind], (value >> 7) & 7, "A type"),
-                   b_dtype=dtype(_AB_CODES[kind], (value >> 10) & 7, "B type"),
-                   d_dtype=dtype(_D_CODES[kind], (value >> 4) & 3, "D type"),
+                   a_dtype=_decoded_dtype(_AB_CODES[kind], (value >> 7) & 7, "A type", kind),
+                   b_dtype=_decoded_dtype(_AB_CODES[kind], (value >> 10) & 7, "B type", kind),
+                   d_dtype=_decoded_dtype(_D_CODES[kind], (value >> 4) & 3, "D type", kind),
                    a_major=Major.MN if value >> 15 & 1 else Major.K, b_major=Major.MN if value >> 16 & 1 else Major.K,
                    negate_a=bool(value >> 13 & 1), negate_b=bool(value >> 14 & 1), saturate=bool(value >> 3 & 1))
 
@@ -292,16 +294,10 @@ class Tcgen05ScaledInstrDescriptor:
     @classmethod
     def decode(cls, value: int, kind: Tcgen05Kind) -> "Tcgen05ScaledInstrDescriptor":
         """The descriptor `encode` made, read back as the tensor cores read it (the kind is the instruction's)."""
-        def pick(codes: dict[DType, int], code: int, what: str) -> DType:
-            found = [d for d, c in codes.items() if c == code]
-            if not found:
-                raise DescriptorError(f"{what} code {code} means nothing for kind {kind.value}")
-            return found[0]
-
         return cls(m=((value >> 24) & 0x1F) << 4, n=((value >> 17) & 0x3F) << 3,
-                   a_dtype=pick(_SCALED_AB_CODES[kind], (value >> 7) & 7, "A type"),
-                   b_dtype=pick(_SCALED_AB_CODES[kind], (value >> 10) & 7, "B type"),
-                   scale_dtype=pick(_SCALE_CODES, (value >> 23) & 1, "scale type"),
+                   a_dtype=_decoded_dtype(_SCALED_AB_CODES[kind], (value >> 7) & 7, "A type", kind),
+                   b_dtype=_decoded_dtype(_SCALED_AB_CODES[kind], (value >> 10) & 7, "B type", kind),
+                   scale_dtype=_decoded_dtype(_SCALE_CODES, (value >> 23) & 1, "scale type", kind),
                    a_major=Major.MN if value >> 15 & 1 else Major.K, b_major=Major.MN if value >> 16 & 1 else Major.K,
                    a_scale_id=(value >> 29) & 3, b_scale_id=(value >> 4) & 3)
 

@@ -106,6 +106,8 @@ class _Role:
         self.agent.env = wg.env  # SSA values have unique ids: the roles and the warpgroup share one table
         self.agent.agent = ("warp", wg.cta.rank, wg.index, warp)
         self.agent.clock = dict(wg.clock)
+        # A split run again (in a loop) continues the role's count of its accesses, which the clock has seen.
+        self.agent.events = self.agent.clock.get(self.agent.agent, 0)
         self.steps = self.agent.region(region, [])
         self.wait: Wait | None = None
 
