@@ -182,6 +182,37 @@ def test_barrier_waits_inside_device_helpers_track_the_callers_phase():
     assert helper_waits.compile(x, N=3, target="sm_90a").spills == 0
 
 
+@mgjit.kernel(num_warpgroups=2)
+def role_race(a, c, WAIT: mgjit.constexpr):
+    """Warp 0 loads a tile, warp 1 multiplies it: only after waiting on the copy's barrier when WAIT."""
+    a_s = mgjit.smem((128, 64), a.dtype, swizzle=128)
+    full = mgjit.barrier(1)
+    done = mgjit.barrier(1)
+    acc = mgjit.tmem((128, 128), mgjit.float32)
+    if mgjit.warpgroup_id() == 0:
+        if mgjit.warp_id() == 0:
+            mgjit.copy_async(a, (0, 0), a_s, barrier=full[0])
+        if mgjit.warp_id() == 1:
+            if WAIT:
+                full[0].wait()
+            mgjit.tcgen05_mma(acc, a_s, a_s.T, accumulate=False)
+            mgjit.tcgen05_commit(done[0])
+    else:
+        done[0].wait()
+        c[0:128, 0:128] = acc.load()
+
+
+def test_the_checker_sees_across_warp_roles():
+    a = torch.randn(128, 64, dtype=torch.bfloat16)
+    c = torch.full((128, 128), float("nan"))
+    role_race.interpret[(1,)](a, c, WAIT=True)
+    assert rel_err(c, a.double() @ a.double().T) < 1e-6
+    with pytest.raises(mgjit.InterpretError, match=r"this tcgen05_mma reads SMEM .* TMA copy") as excinfo:
+        role_race.interpret[(1,)](a, c, WAIT=False)
+    assert excinfo.value.check == "tma-incomplete"
+    assert excinfo.value.loc.line == line_of(role_race, "mgjit.tcgen05_mma(acc, a_s, a_s.T, accumulate=False)")
+
+
 @mgjit.kernel
 def bad_roles(x, CASE: mgjit.constexpr):
     bars = mgjit.barrier(1)
