@@ -141,6 +141,17 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     return c
 
 
+def _matmul_outputs(a, b, scale=None, bias=None, activation=None, b_kmajor=False):
+    import torch
+    return (a.shape[0], b.shape[0] if b_kmajor else b.shape[1]), a.dtype if a.element_size() == 2 else torch.bfloat16
+
+
+# matmul (default config and output dtype) as a torch custom op: torch.compile keeps it as one node.
+matmul_op = mgjit.torch_op("mgjit_examples::matmul", outputs=_matmul_outputs, params={
+    "a": "Tensor", "b": "Tensor", "scale": "Optional[Tensor]", "bias": "Optional[Tensor]",
+    "activation": "Optional[str]", "b_kmajor": bool})(matmul)
+
+
 if __name__ == "__main__":
     import torch
     if torch.cuda.is_available():

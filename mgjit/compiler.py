@@ -87,11 +87,8 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     key = hash_parts(source_key, *parts)
     store = default_store() if persistent and content_only else None
     if store is not None:
-        entry = store.get(key, expect={"mgjit_version": VERSION, "target": spec.target, "name": source.name})
-        if entry is not None:
-            compiled = CompiledKernel(source.name, key, spec.target, dict(entry.meta),
-                                      {n: entry.read(n) for n in ARTIFACTS})
-            compiled.from_cache = True
+        compiled = load_cached(store, key, spec_meta(source.name, spec))
+        if compiled is not None:
             _warn(compiled, source)
             return compiled
     compiled = compile_specialization(source, spec, key)
@@ -99,6 +96,58 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     if store is not None:
         store.put(key, compiled.files, compiled.meta)
     return compiled
+
+
+def spec_meta(name: str, spec: Specialization) -> dict[str, Any]:
+    """The part of a kernel's metadata that its specialization decides: a cache entry must agree with it."""
+    return {"name": name, "target": spec.target, "mgjit_version": VERSION, "specialization": spec.describe(),
+            "params": [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
+                       for p in spec.params()],
+            "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster)}
+
+
+def load_cached(store, key: str, expected: dict[str, Any]) -> CompiledKernel | None:
+    """The kernel stored under `key` in `store` (a cache.Store), or None. Its meta must hold `expected`
+    (spec_meta) and every file and field this mgjit reads: an entry of another build is a miss with one
+    warning, never a crash."""
+    from .cache import Wanted
+    entry = store.get(key, wanted=Wanted(expected, ARTIFACTS, check_meta))
+    if entry is None:
+        return None
+    compiled = CompiledKernel(expected["name"], key, expected["target"], dict(entry.meta),
+                              {n: entry.read(n) for n in ARTIFACTS})
+    compiled.from_cache = True
+    return compiled
+
+
+def _count(value: Any, what: str, low: int = 0) -> int:
+    if type(value) is not int or value < low:
+        raise ValueError(f"{what} is {str(value)[:20]!r}, not an int >= {low}")
+    return value
+
+
+def check_meta(meta: dict) -> None:
+    """ValueError (or KeyError, TypeError) unless `meta` holds every field, of the right type, that a
+    CompiledKernel, its launcher and the autotuner read."""
+    for field in ("registers", "spills", "smem_bytes", "threads", "num_warpgroups"):
+        _count(meta[field], field)
+    params = meta["params"]
+    for p in params:
+        if not (isinstance(p["name"], str) and isinstance(p["mlir"], str) and p["kind"] in ("tensor", "scalar")):
+            raise ValueError(f"bad parameter {str(p)[:40]}")
+        abi.param_fields(p["kind"], dtypes.BY_NAME[p["dtype"]], _count(p["rank"], "rank"))
+    if len(meta["cluster"]) != 3:
+        raise ValueError("cluster is not three sizes")
+    for n in meta["cluster"]:
+        _count(n, "cluster size", 1)
+    for d in meta["tma"]:
+        if _count(d["param"], "tma param") >= len(params) or params[d["param"]]["kind"] != "tensor":
+            raise ValueError("a TMA descriptor names no tensor parameter")
+        _count(d["swizzle"], "swizzle")
+        for n in d["box"]:
+            _count(n, "box size", 1)
+    if not all(isinstance(w, str) for w in meta["warnings"]):
+        raise ValueError("warnings are not text")
 
 
 def trace(source: SourceFunction, spec: Specialization):
@@ -124,7 +173,6 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     """Trace, check, infer, lower and assemble one specialization of a kernel."""
     from . import ir, lower, mlir, toolchain  # the stages: see the module docstring
     start = time.perf_counter()
-    params = spec.params()
     kernel = trace(source, spec)
     target = check_and_infer(kernel, spec)
     by_value: dict[int, Any] = {}
@@ -141,12 +189,9 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     except Exception as e:  # an MLIR diagnostic: our bug, but say which kernel and keep the details
         raise CompileError(f"internal error while lowering kernel {kernel.name} to PTX: {e}", kernel.loc) from None
     cubin, report = toolchain.assemble(ptx, target.name, kernel.name)
-    meta = {"name": kernel.name, "target": target.name, "mgjit_version": VERSION,
-            "specialization": spec.describe(),
-            "params": [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
-                       for p in params],
+    meta = {**spec_meta(kernel.name, spec), "target": target.name,
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
-            "threads": lowered.threads, "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster),
+            "threads": lowered.threads,
             "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle} for d in kernel.tma_descriptors],
             "warnings": report.warnings, "compile_seconds": round(time.perf_counter() - start, 4)}
     files = {"kernel.cubin": cubin, "kernel.ptx": ptx.encode(), "kernel.ir": ir_text.encode(),
