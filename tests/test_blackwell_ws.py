@@ -160,6 +160,26 @@ def test_warp_roles_run_side_by_side():
     assert "warp_split {warps=[0, 1]}" in c.ir
 
 
+@mgjit.kernel
+def roles_end_a_tmem_kernel(x, y):
+    acc = mgjit.tmem((128, 128), mgjit.float32)  # noqa: F841 (allocated: the kernel ends by freeing it)
+    if mgjit.warp_id() == 0:
+        y[0] = x[0] + 1.0
+    if mgjit.warp_id() == 2:
+        y[1] = x[1] * 2.0
+
+
+def test_warp_roles_may_end_a_kernel_that_frees_tensor_memory():
+    """The kernel's TMEM deallocation follows the roles (every warp meets there), not an error at the def line."""
+    x = torch.randn(2)
+    y = torch.full((2,), float("nan"))
+    roles_end_a_tmem_kernel.interpret[(1,)](x, y)
+    assert torch.equal(y, torch.stack([x[0] + 1, x[1] * 2]))
+    c = roles_end_a_tmem_kernel.compile(x, y, target="sm_100a")
+    assert c.spills == 0
+    assert c.ir.index("warp_split {warps=[0, 2]}") < c.ir.index("tmem_dealloc")
+
+
 @mgjit.device
 def wait_on(bar):
     bar.wait()

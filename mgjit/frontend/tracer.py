@@ -412,7 +412,7 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
         pass
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
-    cta_group = tcgen05.finish(body, builder, source.loc(source.node))
+    cta_group = tcgen05.finish(body, source.loc(source.node))
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
                        tracer.tma_descriptors, cta_group)
     ir.verify(kernel)

@@ -11,7 +11,7 @@ from ...dtypes import DType
 from ...errors import Loc, Rule
 from ..registry import builtin, method
 from ..semantics import Semantics
-from ..values import BarrierSlot, Builder, Expanded, SmemRef, Tensor, TmemRef
+from ..values import BarrierSlot, Expanded, SmemRef, Tensor, TmemRef
 from .barriers import slot_ref
 
 
@@ -132,9 +132,11 @@ def tcgen05_commit(t: Semantics, args: list, kwargs: dict) -> None:
     t.builder.add(ops.Tcgen05Commit(ref, t.builder.loc))
 
 
-def finish(body: ir.Block, builder: Builder, loc: Loc) -> int:
+def finish(body: ir.Block, loc: Loc) -> int:
     """Tensor memory's kernel-wide rules, and its deallocation (TmemDealloc) where the kernel ends; returns the
-    kernel's CTA group (2 when its tensor memory serves 2-CTA MMAs)."""
+    kernel's CTA group (2 when its tensor memory serves 2-CTA MMAs). The deallocation may follow warp roles that
+    end the kernel (which the Builder refuses for the user's ops): every warp meets the others there, as the
+    deallocation synchronises the CTA before warp 0 frees the columns."""
     allocs = [op for op in body.walk() if isinstance(op, ops.TmemAlloc)]
     if not allocs:
         return 1
@@ -155,5 +157,7 @@ def finish(body: ir.Block, builder: Builder, loc: Loc) -> int:
                 raise op.error("in a 2-CTA (collective) kernel allocate barriers before tensor memory: the TMEM "
                                "allocation synchronises the CTA pair, which makes the initialised barriers visible "
                                "to the peer CTA", rule=Rule.CTA_GROUP)
-    builder.add(ops.TmemDealloc([op.result for op in allocs], loc))
+    dealloc = ops.TmemDealloc([op.result for op in allocs], loc)
+    dealloc.verify()
+    body.ops.append(dealloc)
     return 2 if first.result.type.collective else 1
