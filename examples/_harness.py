@@ -39,6 +39,18 @@ def _gpu_target() -> str | None:
     return GPU_TARGETS.get(torch.cuda.get_device_capability())
 
 
+def compile_only_elsewhere(target: str, name: str, argv: list[str]) -> tuple[list[str], bool]:
+    """For an example whose kernels run on `target` GPUs alone: (argv, whether it now only compiles). Unless this
+    machine has such a GPU or argv names a --target, it compiles for `target`, saying so next to another GPU."""
+    if _gpu_target() == target or any(arg.startswith("--target") for arg in argv):
+        return argv, False
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        print(f"{name} needs a {target} GPU; this GPU is sm_{major}{minor} ({torch.cuda.get_device_name()}): "
+              f"compiling for {target} only")
+    return [*argv, "--target", target], True
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill an output with values no correct kernel writes, so that an element it skips fails the check."""
     return t.fill_(float("nan")) if t.dtype.is_floating_point else t.fill_(-12345)

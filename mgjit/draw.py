@@ -20,7 +20,7 @@ import numpy as np
 
 from . import dtypes, tiles
 from .layouts import THREADS_PER_WARPGROUP, Dim, Replicated, TiledLayout, Tiling
-from .tmem_layouts import TMEMLayout, TMEMLayoutKind
+from .tmem_layouts import ScaleLayout, TMEMLayout, TMEMLayoutKind
 
 BANKS = 32
 BANK_BYTES = 4
@@ -122,6 +122,10 @@ def kernel_layouts(kernel) -> dict:
         elif isinstance(op, ops.TmemAlloc):
             t = op.result.type
             tl = ops.tmem_layout(t)
+            if isinstance(tl, ScaleLayout):  # block scales (tcgen05.cp's chunks): listed, not drawn
+                tmem.append({"shape": list(t.shape), "dtype": t.dtype.name, "kind": "scales", "cols": tl.columns,
+                             "line": line})
+                continue
             tmem.append({"shape": list(t.shape), "dtype": t.dtype.name, "kind": tl.kind.value, "cols": tl.cols,
                          "packing": tl.packing, "line": line})
         for v in op.results:
@@ -232,6 +236,8 @@ class KernelLayouts:
                         lambda ax, e=entry, d=dtype: draw_smem_banks(e["shape"][-2:] if len(e["shape"]) > 1
                                                                      else e["shape"], d, e["swizzle"], ax)))
         for entry in self.data["tmem"]:
+            if entry["kind"] == "scales":
+                continue
             layout = TMEMLayout(TMEMLayoutKind(entry["kind"]), entry["cols"], entry["packing"])
             out.append((f"mgjit.tmem at line {entry['line']}", lambda ax, layout=layout: draw_tmem_layout(layout, ax)))
         return out

@@ -39,6 +39,7 @@ class Rule(str, enum.Enum):
     TMEM_LAYOUT = "tmem-layout"        # what a TMEM reference can be
     TMEM_ALLOC = "tmem-alloc"          # how TMEM is allocated
     CTA_GROUP = "cta-group"            # 1-CTA against 2-CTA tcgen05 work
+    WARP_ROLE = "warp-role"            # what one warp's role (`if mgjit.warp_id() == w:`) may hold
     CLUSTER = "cluster"                # cluster shapes and what needs one
     TARGET = "target"                  # an unknown target
     TARGET_ARCH = "target-arch"        # an op the target's architecture lacks
@@ -86,6 +87,7 @@ class Check(str, enum.Enum):
     TMEM_LIFETIME = "tmem-lifetime"          # a TMEM access before its allocation or after its deallocation
     ASYNC_AT_EXIT = "async-at-exit"          # a CTA exits while an async copy or MMA still uses its memory
     REGISTERS = "registers"                  # set_max_registers beyond what the register file can give
+    CLC_AFTER_FAILURE = "clc-after-failure"  # a try_cancel after the CTA read a failed response
 
     __str__ = str.__str__
     __format__ = str.__format__

@@ -59,15 +59,18 @@ class RefType:
 
 @dataclasses.dataclass(frozen=True)
 class TmemRefType(RefType):
-    """A (rows, cols) array in tensor memory: `packing` elements share a 32-bit column; `collective` marks a
-    kernel whose tcgen05 instructions are 2-CTA (cta_group::2; PTX allows one CTA group per kernel). The TMEM
-    layout follows from the type (`tmem_layout`): 128 rows default; 64 rows half-lane, or m64 collective."""
+    """A (rows, cols) array in tensor memory, or (stages, rows, cols) of them: `packing` elements share a 32-bit
+    column; `collective` marks a kernel whose tcgen05 instructions are 2-CTA (cta_group::2; PTX allows one CTA
+    group per kernel); `scales` marks block scales for a block-scaled MMA. The TMEM layout follows from the type
+    (`tmem_layout`): 128 rows default; 64 rows half-lane, or m64 collective; scales their own."""
 
     packing: int = 1
     collective: bool = False
+    scales: bool = False
 
     def __str__(self) -> str:
         extra = (f", packing {self.packing}" if self.packing != 1 else "") + (", collective" if self.collective else "")
+        extra += ", scales" if self.scales else ""
         return f"ref<tmem, {self.dtype.name}[{','.join(map(str, self.shape or ()))}]{extra}>"
 
 
@@ -228,6 +231,10 @@ def verify(kernel: Kernel) -> None:
                 if v.id not in visible:
                     raise op.error(f"internal error: operand %{v.id} of {op.name} is not defined before its use")
             op.verify()
+            for r in op.results:
+                if not isinstance(r.type, RefType) and r.dtype.storage_only:
+                    raise op.error(f"{r.dtype.name} is a block-scaling storage type: TMA, SMEM and the tensor cores "
+                                   "move it, registers do not compute with it")
             for region in op.regions:
                 check_block(region, visible)
             visible |= {r.id for r in op.results}

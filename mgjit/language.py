@@ -41,6 +41,10 @@ def _builtin(name: str, doc: str) -> Builtin:
 program_id = _builtin("program_id", "program_id(axis): the index of this CTA along grid axis 0, 1 or 2.")
 num_programs = _builtin("num_programs", "num_programs(axis): the grid size along axis 0, 1 or 2.")
 warpgroup_id = _builtin("warpgroup_id", "warpgroup_id(): the index of this warpgroup in the CTA.")
+warp_id = _builtin("warp_id", "warp_id(): the warp's index in its warpgroup, for warp roles: `if mgjit.warp_id() == "
+                              "w:` runs its block on warp w alone (scalar work and what one thread issues: TMA "
+                              "copies, barriers, tcgen05 MMAs) while the other warps go on; such blocks end their "
+                              "block.")
 arange = _builtin("arange", "arange(stop) or arange(start, stop): a 1D int32 array; bounds are static.")
 zeros = _builtin("zeros", "zeros(shape, dtype=float32): an array of zeros.")
 full = _builtin("full", "full(shape, value, dtype=None): an array of one value.")
@@ -92,16 +96,31 @@ set_max_registers = _builtin("set_max_registers", "set_max_registers(n, increase
                                                   "warpgroup (warp specialization).")
 
 # Blackwell machinery (sm_100a)
-tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None): a (rows, cols) tensor-memory reference "
-                        "for the whole kernel (rows 128, or 64; a power of two of 32..512 TMEM columns); "
-                        "collective=True for 2-CTA MMAs. ref.load() / ref.store(x) move it to and from registers; "
-                        "ref[:, a:b] takes columns of a 128-row reference.")
-tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True): acc (TMEM) = a @ b (+ acc), a an SMEM "
-                                      "tile or TMEM reference, b an SMEM tile; issued by thread 0 of the calling "
-                                      "warpgroup (call it from one warpgroup), asynchronous (tcgen05_commit "
-                                      "signals completion). For collective acc, each CTA passes acc (M/2, N), "
-                                      "a (M/2, K), b (K, N/2), and only the pair's leader (even cluster rank) "
-                                      "issues it.")
+tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None, scales=False): a (rows, cols) "
+                        "tensor-memory reference for the whole kernel (rows 128, or 64; a power of two of 32..512 "
+                        "TMEM columns), or (stages, rows, cols) of them, ref[i] being stage i; collective=True for "
+                        "2-CTA MMAs; scales=True for the (rows, K // block) block scales of a block-scaled MMA. "
+                        "ref.load() / ref.store(x) move it to and from registers; ref[:, a:b] takes columns of a "
+                        "128-row one.")
+tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True, a_scale=None, b_scale=None): acc "
+                                      "(TMEM) = a @ b (+ acc), a an SMEM tile or TMEM reference, b an SMEM tile; "
+                                      "issued by thread 0 of the calling warpgroup (call it from one warpgroup), "
+                                      "asynchronous (tcgen05_commit signals completion). For collective acc, each CTA"
+                                      " passes acc (M/2, N), a (M/2, K), b (K, N/2), and only the pair's leader (even"
+                                      " cluster rank) issues it. With a_scale and b_scale (TMEM scale references (M, "
+                                      "K // block) and (N, K // block)) it is block-scaled: mxfp8, mxfp4 or nvfp4.")
+clc_try_cancel = _builtin("clc_try_cancel", "clc_try_cancel(response, barrier=bars[i], multicast=False): cluster "
+                                            "launch control: ask for a cluster of this grid that has not launched, "
+                                            "cancelling it; the 16-byte SMEM `response` completes on the barrier (one"
+                                            " arrival, armed with its bytes). multicast=True: every CTA of the "
+                                            "cluster arms its barrier and gets the response; rank 0 asks.")
+clc_query = _builtin("clc_query", "canceled, (x, y, z) = clc_query(response): whether the try_cancel cancelled a "
+                                  "cluster, and the program id of its first CTA (-1 when it did not). After a "
+                                  "failure, do not ask again.")
+tcgen05_copy = _builtin("tcgen05_copy", "tcgen05_copy(scales_tmem, scales_smem): copy block scales from an SMEM tile "
+                                        "(128 x 4 chunks of 512 bytes, as mgjit.blocked_scales lays them out) into a "
+                                        "TMEM scale reference (tcgen05.cp), issued like tcgen05_mma and ordered with "
+                                        "the MMAs issued after it.")
 tcgen05_commit = _builtin("tcgen05_commit", "tcgen05_commit(bars[i]): one arrival on the barrier once the MMAs this "
                                             "warpgroup issued are complete (on both CTAs of a 2-CTA pair).")
 

@@ -1,5 +1,6 @@
 """Structured control flow: `if` and `for` on runtime values become `If` and `For` ops whose results carry the
-variables the body reassigns (and the hidden barrier phases); compile-time ones are unrolled. The machinery
+variables the body reassigns (and the hidden barrier phases); compile-time ones are unrolled; the
+`if mgjit.warp_id() == w:` blocks of a block become the regions of one WarpSplit (warp roles). The machinery
 takes the body as a callable, so that the statements (tracer.py) and mgjit.pipeline (builtins/pipeline.py)
 trace loops and branches the same way.
 """
@@ -93,6 +94,29 @@ class ControlFlow(Semantics):
         self.builder.add(op)
         for (name, _, _), r in zip(results, op.results):
             self.scope[name] = Tensor(self, r)
+
+    def warp_role(self, warp: int, node: ast.If) -> None:
+        """`if mgjit.warp_id() == w:`: the body is warp w's role, a region of the WarpSplit that ends this block
+        (consecutive roles share one). What the body assigns stays inside it (its barrier phases included)."""
+        if node.orelse:
+            raise self.error("a warp's role has no `else`: the other warps skip it and go on", node.orelse[0])
+        split = self.builder.block.ops[-1] if self.builder.block.ops else None
+        if not isinstance(split, ops.WarpSplit):
+            split = self.builder.add(ops.WarpSplit(self.src.loc(node)))
+        region = split.regions[warp]
+        if region.ops:
+            region.ops.pop()  # its Yield: a second role of the same warp runs after the first
+        saved_block, saved_scope = self.builder.block, self.scope
+        self.scope = dict(saved_scope)
+        self.builder.block = region
+        try:
+            self.run_body(node.body)
+        except Return as r:
+            raise self.error("return inside a warp's role is not supported", r.node)
+        finally:
+            self.builder.block, self.scope = saved_block, saved_scope
+        region.ops.append(ops.Yield([], self.src.loc(node)))
+        split.verify()
 
     def _join_branch_values(self, name, a, b, then_block, else_block) -> tuple[Tensor, Tensor]:
         saved = self.builder.block

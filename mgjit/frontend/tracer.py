@@ -17,8 +17,8 @@ from ..errors import CompileError
 from ..source import DeviceFunction, SourceFunction
 from . import registry
 from .builtins import debug, tcgen05  # importing builtins/ registers the builtins of every hardware unit
-from .control import ControlFlow, Return, assigned_names
-from .values import Builder, Expanded, Ref, Shape, Tensor, Traced
+from .control import ControlFlow, Return, assigned_names, hidden
+from .values import Builder, Expanded, Ref, Shape, Tensor, Traced, WarpCondition, WarpIndex
 
 _ALLOWED_PY_BUILTINS = {"range", "len", "int", "float", "bool", "min", "max", "abs", "tuple", "list",
                         "isinstance", "enumerate", "zip", "True", "False", "None", "print"}
@@ -119,6 +119,10 @@ class Tracer(ControlFlow):
 
     def stmt_If(self, node: ast.If) -> None:
         cond = self.expr(node.test)
+        if isinstance(cond, WarpCondition):
+            return self.warp_role(cond.warp, node)
+        if isinstance(cond, WarpIndex):
+            raise self.error("`if mgjit.warp_id() == w:` names the warp of a role; compare it with a warp number")
         if not isinstance(cond, (Tensor, Expanded)):
             self.run_body(node.body if cond else node.orelse)
             return
@@ -395,7 +399,9 @@ class Tracer(ControlFlow):
         except TypeError as e:
             raise self.error(f"bad call of {fn.__name__}: {e}") from None
         bound.apply_defaults()
-        tracer = Tracer(src, self.builder, dict(bound.arguments), self.depth + 1, parent=self)
+        # The helper is inlined: it waits on the caller's barriers in the caller's phases and hands them back.
+        phases = {n: self.scope[n] for n in hidden(self.scope)}
+        tracer = Tracer(src, self.builder, {**phases, **bound.arguments}, self.depth + 1, parent=self)
         saved_loc = self.builder.loc
         try:
             tracer.run_body(src.node.body)
@@ -404,6 +410,7 @@ class Tracer(ControlFlow):
             result = r.value
         finally:
             self.builder.loc = saved_loc
+        self.scope.update({n: tracer.scope[n] for n in hidden(tracer.scope)})
         return result
 
 
@@ -435,7 +442,7 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
         pass
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
-    cta_group = tcgen05.finish(body, builder, source.loc(source.node))
+    cta_group = tcgen05.finish(body, source.loc(source.node))
     hidden_buffers = debug.finish(tracer, params, args)
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
                        tracer.tma_descriptors, cta_group, hidden_buffers)

@@ -13,6 +13,7 @@ import torch
 
 from .. import compiler, deps, hidden, ir, jit, specialize, targets
 from ..errors import LaunchError
+from ..ops.clc import ClusterLaunches
 from ..ops.smem import smem_plan
 from ..ops.tmem import static_refs
 from ..profiler import Profile
@@ -27,19 +28,25 @@ _IR: "weakref.WeakKeyDictionary[jit.Kernel, tuple[deps.Dependencies, dict]]" = w
 
 class Interpreter:
     """Runs a kernel on the CPU: `interpreter[grid](*args, num_warpgroups=None, cluster=None, **kwargs)`, with
-    the arguments a launch takes. `interpreter(policy=..., seed=..., target=...)` makes one with another
-    schedule (scheduler.POLICIES) or target (default: the first whose hardware the kernel's ops all need)."""
+    the arguments a launch takes. `interpreter(policy=..., seed=..., target=..., resident=...)` makes one with
+    another schedule (scheduler.POLICIES), target (default: the first whose hardware the kernel's ops all need)
+    or number of clusters running from the start, which cluster launch control cannot cancel (ops/clc.py)."""
 
-    def __init__(self, kernel: jit.Kernel, policy: str = "late", seed: int = 0, target: str | None = None):
+    def __init__(self, kernel: jit.Kernel, policy: str = "late", seed: int = 0, target: str | None = None,
+                 resident: int = 1):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if not isinstance(resident, int) or resident < 1:
+            raise ValueError(f"resident must be a positive number of clusters, got {resident!r}")
         self.kernel = kernel
         self.policy = policy
         self.seed = seed
         self.target = target
+        self.resident = resident
 
-    def __call__(self, policy: str = "late", seed: int = 0, target: str | None = None) -> "Interpreter":
-        return Interpreter(self.kernel, policy, seed, target)
+    def __call__(self, policy: str = "late", seed: int = 0, target: str | None = None,
+                 resident: int = 1) -> "Interpreter":
+        return Interpreter(self.kernel, policy, seed, target, resident)
 
     def __getitem__(self, grid) -> Callable[..., None]:
         return functools.partial(self.launch, grid)
@@ -66,7 +73,7 @@ class Interpreter:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            Run(program, grid, spec.cluster, params, self.policy, self.seed).execute()
+            Run(program, grid, spec.cluster, params, self.policy, self.seed, self.resident).execute()
         finally:
             torch.set_num_threads(threads)
         write_back()
@@ -129,7 +136,7 @@ class Run:
     """One launch being interpreted."""
 
     def __init__(self, kernel: ir.Kernel, grid: tuple[int, int, int], cluster: tuple[int, int, int],
-                 params: dict[int, Any], policy: str, seed: int):
+                 params: dict[int, Any], policy: str, seed: int, resident: int = 1):
         self.kernel = kernel
         self.grid = grid
         self.cluster = cluster
@@ -139,15 +146,12 @@ class Run:
         self.smem_offsets, self.smem_bytes = smem_plan(kernel)
         self.engine: Engine | None = None
         self.ticks = 0  # the logical clock that profiled spans record (mgjit/profiler.py)
+        self.launches = ClusterLaunches(grid, cluster, resident)
 
     def execute(self) -> None:
         cx, cy, cz = self.cluster
-        gx, gy, gz = self.grid
-        for z in range(0, gz, cz):
-            for y in range(0, gy, cy):
-                for x in range(0, gx, cx):
-                    ctas = [CTA((x + i, y + j, z + k), i + cx * (j + cy * k), self.kernel.num_warpgroups,
-                                self.smem_bytes)
-                            for k in range(cz) for j in range(cy) for i in range(cx)]
-                    self.engine = Engine(self.policy, self.rng)
-                    run_cluster(self, Cluster(ctas, self.cluster))
+        for x, y, z in self.launches:
+            ctas = [CTA((x + i, y + j, z + k), i + cx * (j + cy * k), self.kernel.num_warpgroups, self.smem_bytes)
+                    for k in range(cz) for j in range(cy) for i in range(cx)]
+            self.engine = Engine(self.policy, self.rng)
+            run_cluster(self, Cluster(ctas, self.cluster))

@@ -11,17 +11,20 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | control | For, If, Yield |
 | gmem | Load, Store |
 | smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
-| barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
+| barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
+| warps | WarpSplit |
 | clusters | ClusterRank, ClusterSync |
-| tmem | TmemAlloc, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
-| tcgen05 | Tcgen05Mma, Tcgen05Commit |
+| clc | ClcTryCancel, ClcQuery (cluster launch control) |
+| tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
+| tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
 | debug | Print, ProfileStart, ProfileEvent |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
-from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
+from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
+from .clc import ClcQuery, ClcTryCancel
 from .clusters import ClusterRank, ClusterSync
 from .control import For, If, Yield
 from .debug import Print, ProfileEvent, ProfileStart
@@ -30,15 +33,18 @@ from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
 from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
-from .tcgen05 import Tcgen05Commit, Tcgen05Mma
+from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
 from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
-from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
+from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import SetMaxRegisters, WarpgroupId
+from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
-           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
-           "Print", "ProfileEvent", "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
-           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast", "Cast",
+           "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterSync", "Compare", "Constant", "FenceAsyncShared",
+           "For", "If", "Iota", "Load", "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId",
+           "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters", "SmemAlloc",
+           "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad",
+           "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad",
+           "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield",
+           "tmem_layout"]

@@ -190,8 +190,13 @@ def operand_descriptor(ctx: lower.Context, tile: SmemTile, mn_offset: int, k_off
     fields of `descriptor_fields` with the tile's shared address added."""
     e = ctx.e
     byte, fields = descriptor_fields(tile.type, mn_offset, k_offset, k_major)
-    const = encode(fields)
-    addr = e.addi(shared_address(ctx, tile.offset), e.i32(byte))
+    return descriptor_at(ctx, e.addi(shared_address(ctx, tile.offset), e.i32(byte)), encode(fields))
+
+
+def descriptor_at(ctx: lower.Context, addr: Any, const: int) -> Any:
+    """A 64-bit shared-memory descriptor (i64): the fields `const` encodes, with start address 0, and the start
+    address field of `addr`, an i32 shared-window address."""
+    e = ctx.e
     field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
     return e.m.arith.ori(field, e.i64(const))
 

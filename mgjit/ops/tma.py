@@ -247,7 +247,8 @@ def box_addresses(box: tuple[int, ...], itemsize: int, swizzle: int, address: in
 
 
 def _read_box(tensor: torch.Tensor, coords: list[int], box: tuple[int, ...]) -> torch.Tensor:
-    data = torch.zeros(box, dtype=tensor.dtype)
+    # Zero bytes, viewed as the element type (torch cannot fill some 8-bit float types, e.g. float4_e2m1fn_x2).
+    data = torch.zeros(math.prod(box) * tensor.element_size(), dtype=torch.uint8).view(tensor.dtype).reshape(box)
     inside = window_slices(tensor.shape, coords, box)
     if inside is not None:
         data[inside[1]] = tensor[inside[0]]

@@ -1,16 +1,22 @@
-"""Warpgroups: `mgjit.warpgroup_id()` and `mgjit.set_max_registers(n, increase=...)` (setmaxnreg, for warp
-specialization)."""
+"""Warpgroups and their warps: `mgjit.warpgroup_id()`, `mgjit.set_max_registers(n, increase=...)` (setmaxnreg,
+for warp specialization), and `mgjit.warp_id()`, which only `if mgjit.warp_id() == w:` (a warp's role, traced
+by control.py) compares."""
 from __future__ import annotations
 
 from ... import language as lang, ops
 from ..registry import builtin
 from ..semantics import Semantics
-from ..values import Tensor
+from ..values import Tensor, WarpIndex
 
 
 @builtin(lang.warpgroup_id, positional=(0, 0))
 def warpgroup_id(t: Semantics, args: list, kwargs: dict) -> Tensor:
     return t.emit(ops.WarpgroupId(t.builder.loc))
+
+
+@builtin(lang.warp_id, positional=(0, 0))
+def warp_id(t: Semantics, args: list, kwargs: dict) -> WarpIndex:
+    return WarpIndex(t)
 
 
 @builtin(lang.set_max_registers, unit="setmaxnreg")
