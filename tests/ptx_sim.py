@@ -34,6 +34,8 @@ class Memory:
     def __init__(self, size: int, base: int = 1 << 32, fill: int = 0xA5):
         self.base = base
         self.bytes = np.full(size, fill, dtype=np.uint8)
+        self.allocations: list[tuple[int, int]] = []  # offsets [lo, hi) a load may touch; none: anywhere
+        self.writes = np.zeros(size, dtype=np.int32)  # how many stores wrote each byte
 
     def offsets(self, addrs: np.ndarray, nbytes: int) -> np.ndarray:
         addrs = addrs.astype(np.uint64)
@@ -146,7 +148,7 @@ class CTA:
             return np.frombuffer(struct.pack("<Q", int(op[2:], 16)), dtype=np.float64)[0]
         if op.startswith("__mgjit_smem"):
             return np.uint64(int(op[len("__mgjit_smem"):].lstrip("+") or 0))
-        n = int(op, 0)
+        n = int(op.rstrip("U"), 0)
         if dtype is not None:
             return np.array(n).astype(np.int64).astype(dtype) if n < 0 else np.array(n, dtype=np.uint64).astype(dtype)
         return n
@@ -292,6 +294,12 @@ class CTA:
             return out
         if space == "global":
             off = self.mem.offsets(addr[idx], nbytes)
+            if self.mem.allocations:
+                touches = np.zeros(len(off), dtype=bool)
+                for lo, hi in self.mem.allocations:
+                    touches |= (off < hi) & (off + nbytes > lo)
+                if not touches.all():
+                    raise SimError(f"a load of {nbytes} bytes that touches no allocation, at offset {off[~touches][0]}")
             out[idx] = self.mem.bytes[off[:, None] + np.arange(nbytes)]
         else:
             off = _shared_offsets(addr[idx], nbytes, len(self.smem))
@@ -308,6 +316,8 @@ class CTA:
             _shared_offsets(addr[idx], nbytes, len(self.smem))
         for lane, o in zip(idx, off):  # in lane order: the last writer of a byte wins, as the hardware picks one
             target[o:o + nbytes] = data[lane]
+            if space == "global":
+                self.mem.writes[o:o + nbytes] += 1
 
     def shfl(self, parts, ops, run, mask):
         mode = parts[2]
@@ -441,6 +451,23 @@ class CTA:
         else:
             out = np.where(n >= np.uint64(32), a, (both << np.minimum(n, np.uint64(31))) >> np.uint64(32))
         self.write(ops[0], _wrap(out, 32), run)
+
+    def op_prmt(self, parts, ops, run):
+        if len(parts) != 2:
+            raise SimError(f"prmt mode {parts[1]}")
+        a, b, c = (np.broadcast_to(_as_uint(self.value(o), 32), (THREADS,)) for o in ops[1:4])
+        both = [(int(y) << 32) | int(x) for x, y in zip(a, b)]
+        out = []
+        for v, sel in zip(both, c):
+            d = 0
+            for i in range(4):
+                nib = (int(sel) >> (4 * i)) & 15
+                byte = (v >> (8 * (nib & 7))) & 255
+                if nib & 8:
+                    byte = 255 if byte & 128 else 0
+                d |= byte << (8 * i)
+            out.append(d)
+        self.write(ops[0], np.array(out, dtype=np.uint64), run)
 
     def op_bfe(self, parts, ops, run):
         t = parts[-1]
@@ -698,6 +725,7 @@ class Device:
             raise SimError("place contiguous tensors whose storage is 64-byte aligned")
         self.bases.append((base, self.free))
         self.mem.place(base, self.free)
+        self.mem.allocations.append((self.free, self.free + base.numel() * base.element_size()))
         self.free += -(-base.numel() * base.element_size() // 256) * 256 + 256  # a guard gap between tensors
 
     def address(self, t) -> int:
