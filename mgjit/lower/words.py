@@ -119,9 +119,14 @@ def merge_below(e, low: Sequence[Any], high: Sequence[Any], count, granule: int)
 
 
 def slot(e, words: Sequence[Any], pos, nbytes: int) -> list:
-    """The `nbytes` bytes at runtime byte offset `pos` of the words (pos a multiple of nbytes): nbytes // 4
-    words, or for 1 or 2 bytes one i16 that holds them in its low bits."""
+    """The `nbytes` bytes at byte offset `pos` of the words (an int, or a runtime i32; a multiple of nbytes):
+    nbytes // 4 words, or for 1 or 2 bytes one i16 that holds them in its low bits."""
     n = len(words)
+    if isinstance(pos, int):
+        if nbytes >= 4:
+            return list(words[pos // 4:(pos + nbytes) // 4])
+        word = words[pos // 4]
+        return [e.trunc(e.m.arith.shrui(word, e.i32(pos % 4 * 8)) if pos % 4 else word, 16)]
     if nbytes >= 4:
         per = nbytes // 4
         index = e.m.arith.shrui(pos, e.i32(nbytes.bit_length() - 1))

@@ -173,8 +173,10 @@ class _Element:
     col: Any  # i32 index along the last dimension
 
 
-def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...]) -> list[_Element]:
-    """Where each held element lives and whether it is inside the tensor.
+def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...],
+                       step: int = 1) -> list[_Element | None]:
+    """Where each held element lives and whether it is inside the tensor (only every `step`-th one: None for
+    the others, whose addresses and bounds a store works out where it needs them, not kept in registers).
 
     Each thread's base address is computed once; an element's address is that base plus its offset in bytes,
     a constant along a contiguous last dimension (which ptxas folds into the access) and one product per
@@ -201,8 +203,11 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
     index: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i32 index
     inside: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i1
     rows_inside: dict[tuple[int, ...], Any] = {}  # offsets along every dim but the last -> i1
-    out = []
-    for off in offsets:
+    out: list[_Element | None] = []
+    for i, off in enumerate(offsets):
+        if i % step:
+            out.append(None)
+            continue
         by_dim = {d: off[arr_dims.index(d)] for d in arr_dims}
         addr, constant = base, 0
         for d in range(rank):
@@ -243,11 +248,6 @@ def _not(e, p) -> Any:
 def _any_inside(e, rows, lo, hi, n) -> Any:
     """i1: some column of lo..hi (i32, lo <= hi, either may be negative) of a row is inside the tensor."""
     return _all(e, [rows, e.cmpi("sge", hi, e.i32(0)), e.cmpi("slt", lo, n)])
-
-
-def _all_inside(e, rows, lo, hi, n) -> Any:
-    """i1: every column of lo..hi of a row is inside the tensor."""
-    return _all(e, [rows, e.cmpi("sge", lo, e.i32(0)), e.cmpi("slt", hi, n)])
 
 
 def _access_suffix(total_bits: int) -> tuple[str, int]:
@@ -424,15 +424,18 @@ def _store_shifted(ctx: lower.Context, ref: LoweredRef, layout: TiledLayout, sha
         rotation = e.andi(e.subi(e.i32(nbytes), skew), e.i32(nbytes - 1))
         # Each access's bytes as they sit in memory: its head at [skew, nbytes) of its first chunk, its tail at
         # [0, skew) of the next.
-        rotated = []
+        packed, rotated = [], []
         for i in run:
-            words = pack_words(e, elems[i:i + w], dtype)
-            rotated.append(funnel(e, words, words, rotation, align))
-        whole, full, chunks = [], [], []
+            packed.append(pack_words(e, elems[i:i + w], dtype))
+            rotated.append(funnel(e, packed[-1], packed[-1], rotation, align))
+        whole, full, chunks, spans = [], [], [], []
         for j, i in enumerate(run):
             el = els[i]
-            whole.append(_all_inside(e, el.rows, el.col, e.addi(el.col, e.i32(w - 1)), n))
-            before = _all_inside(e, el.rows, e.subi(el.col, lead), e.subi(el.col, e.i32(1)), n)
+            spans.append(_span(e, el, n))
+            lo, hi = spans[j]
+            whole.append(_all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w))]))
+            # the elements before it in its first chunk, -lead .. -1, are inside
+            before = _all(e, [el.rows, e.cmpi("sle", e.addi(lo, lead), e.i32(0)), e.cmpi("sge", hi, e.i32(0))])
             if j:
                 prev, linked = rotated[j - 1], before
             elif prev_linked is not None:
@@ -456,13 +459,31 @@ def _store_shifted(ctx: lower.Context, ref: LoweredRef, layout: TiledLayout, sha
             tail = _all(e, [whole[j], primary, _not(e, aligned), _not(e, next_full)])
             edges.append((head, tail, e.andi(_not(e, whole[j]), primary)))
 
-        def pieces(run=run, skew=skew, rotated=rotated, chunks=chunks, edges=edges):
+        def pieces(run=run, skew=skew, packed=packed, rotated=rotated, chunks=chunks, edges=edges, spans=spans):
             for j, i in enumerate(run):
                 head, tail, loose = edges[j]
                 _store_pieces(e, chunks[j], rotated[j], skew, head, tail, nbytes, align)
-                for k in range(w):
-                    _store_access(ctx, els[i + k].addr, e.andi(loose, els[i + k].inside), [elems[i + k]], dtype)
+                _store_elementwise(e, els[i], spans[j], loose, packed[j], w, isz)
         _only_if(e, functools.reduce(e.ori, [p for edge in edges for p in edge]), pieces)
+
+
+def _span(e, first: _Element, n) -> tuple[Any, Any]:
+    """(lo, hi): element k of the access that starts at `first` is inside its row when lo <= k < hi.
+
+    Stores test their bounds this way, not as `col + k < n`: the compiler would match those indices with the
+    ones a kernel computed for its own masks and keep all of them in registers until the store."""
+    return e.subi(e.i32(0), first.col), e.subi(n, first.col)
+
+
+def _store_elementwise(e, first: _Element, span: tuple[Any, Any], pred, words: list, w: int, itemsize: int) -> None:
+    """Store the elements of an access (packed in words) that are inside the tensor, one by one, where pred
+    holds. Their addresses are computed here, inside the branch that needs them."""
+    lo, hi = span
+    pred = _all(e, [pred, first.rows])
+    for k in range(w):
+        inside = e.andi(e.cmpi("sle", lo, e.i32(k)), e.cmpi("sgt", hi, e.i32(k)))
+        _store_bytes(e, e.addi(first.addr, e.i64(k * itemsize)), e.andi(pred, inside),
+                     slot(e, words, k * itemsize, itemsize), itemsize)
 
 
 def _store_pieces(e, chunk, rotated: list, skew, head, tail, nbytes: int, align: int) -> None:
@@ -530,7 +551,7 @@ def _store(op: Store, ctx: lower.Context) -> None:
             raise op.error(str(err), rule=Rule.LAYOUT) from None
     layout = frag.layout
     w, align = _vector_width(ctx, op, ref, layout, shape)
-    els = _element_addresses(ctx, op, ref, layout, shape)
+    els = _element_addresses(ctx, op, ref, layout, shape, step=w)
     primary = ctx.is_primary(layout)
     assert len(els) == num_elems(layout, shape)
     if w > 1 and align < w * dtype.itemsize:
@@ -541,16 +562,20 @@ def _store(op: Store, ctx: lower.Context) -> None:
             _store_access(ctx, els[i].addr, e.andi(els[i].inside, primary), frag.elems[i:i + w], dtype)
         return
     # A row may end inside an access: whole accesses go as one store, the others element by element.
-    loose = []
+    loose, packed, spans = [], [], []
+    n, isz = ref.sizes[-1], dtype.itemsize
     for i in range(0, len(els), w):
-        whole = e.andi(els[i + w - 1].inside, primary)  # starts are multiples of w: the last one decides
-        _store_access(ctx, els[i].addr, whole, frag.elems[i:i + w], dtype)
-        loose.append(e.andi(e.andi(_not(e, whole), els[i].inside), primary))
+        el = els[i]
+        spans.append(_span(e, el, n))
+        lo, hi = spans[-1]
+        whole = _all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w)), primary])
+        packed.append(pack_words(e, frag.elems[i:i + w], dtype))
+        _store_bytes(e, el.addr, whole, packed[-1], w * isz)
+        loose.append(_all(e, [_not(e, whole), e.cmpi("slt", lo, e.i32(w)), e.cmpi("sgt", hi, e.i32(0)), primary]))
 
     def elementwise():
         for a, i in enumerate(range(0, len(els), w)):
-            for k in range(w):
-                _store_access(ctx, els[i + k].addr, e.andi(loose[a], els[i + k].inside), [frag.elems[i + k]], dtype)
+            _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
     _only_if(e, functools.reduce(e.ori, loose), elementwise)
 
 
