@@ -15,13 +15,13 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
-| clusters | ClusterRank, ClusterSync |
+| clusters | ClusterRank, ClusterSync, ClusterReduce |
 | tmem | TmemAlloc, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Commit |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
 from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
-from .clusters import ClusterRank, ClusterSync
+from .clusters import ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
 from .elementwise import Binary, Cast, Compare, Select, Unary
 from .gmem import Load, Store
@@ -35,7 +35,7 @@ from .warpgroups import SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
-           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
+           "ClusterReduce", "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
            "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
            "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
            "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
