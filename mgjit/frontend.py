@@ -1341,6 +1341,18 @@ class Tracer:
     def builtin_cluster_sync(self, args: list, kwargs: dict) -> None:
         self.builder.add(ops.ClusterSync(self.builder.loc))
 
+    def builtin_cluster_reduce(self, args: list, kwargs: dict) -> Tensor:
+        x = args[0] if args else kwargs.get("x")
+        kind = args[1] if len(args) > 1 else kwargs.get("kind")
+        if kind not in lang.REDUCE_BUILTINS.values():
+            raise self.error(f"cluster_reduce(x, kind): kind is one of {sorted(lang.REDUCE_BUILTINS.values())}, "
+                             f"got {kind!r}")
+        x = self.to_tensor(x)
+        if x.dtype not in (dtypes.float32, dtypes.int32):
+            raise self.error(f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
+        ctas = self.cluster[0] * self.cluster[1] * self.cluster[2]
+        return self._emit(ops.ClusterReduce(kind, x.value, ctas, self.builder.loc))
+
     def builtin_fence_async_shared(self, args: list, kwargs: dict) -> None:
         self.builder.add(ops.FenceAsyncShared(self.builder.loc))
 
@@ -1443,7 +1455,7 @@ class _SlotMethod:
 
 _HOPPER_BUILTINS = (lang.smem, lang.barrier, lang.copy_async, lang.wgmma, lang.wgmma_wait, lang.fence_async_shared,
                     lang.set_max_registers, lang.store_async, lang.store_async_wait, lang.tile, lang.cluster_rank,
-                    lang.cluster_sync)
+                    lang.cluster_sync, lang.cluster_reduce)
 _BLACKWELL_BUILTINS = (lang.tmem, lang.tcgen05_mma, lang.tcgen05_commit)
 
 
