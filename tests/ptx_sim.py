@@ -115,9 +115,11 @@ def _operands(text: str) -> list:
 
 class CTA:
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
-                 nctaid: tuple[int, int, int], smem_bytes: int):
+                 nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0):
         self.prog, self.params, self.mem = prog, params, mem
         self.ctaid, self.nctaid = ctaid, nctaid
+        self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
+        self.rank = rank
         self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(THREADS, dtype=np.uint32)
@@ -138,7 +140,7 @@ class CTA:
                        "%ctaid.x": np.uint32(self.ctaid[0]), "%ctaid.y": np.uint32(self.ctaid[1]),
                        "%ctaid.z": np.uint32(self.ctaid[2]), "%nctaid.x": np.uint32(self.nctaid[0]),
                        "%nctaid.y": np.uint32(self.nctaid[1]), "%nctaid.z": np.uint32(self.nctaid[2]),
-                       "%tid.y": np.uint32(0), "%tid.z": np.uint32(0), "%cluster_ctarank": np.uint32(0)}
+                       "%tid.y": np.uint32(0), "%tid.z": np.uint32(0), "%cluster_ctarank": np.uint32(self.rank)}
             if op in special:
                 return special[op]
             return self.reg(op)
@@ -183,7 +185,8 @@ class CTA:
         r[mask] = v[mask]
 
     # -- running
-    def run(self, max_steps: int = 10_000_000) -> None:
+    def run(self, max_steps: int = 10_000_000):
+        """A generator: it yields at each barrier.cluster.wait, where the cluster's CTAs meet."""
         pc = np.zeros(THREADS, dtype=np.int64)
         active = np.ones(THREADS, dtype=bool)
         steps = 0
@@ -201,6 +204,9 @@ class CTA:
                 g = self.reg(guard[1])
                 run &= ~g if guard[0] else g
             nxt = self.step(opcode, operands, run, mask, active)
+            if nxt == "cluster":
+                yield
+                nxt = None
             if nxt == "exit":
                 active &= ~run
                 pc[mask & ~run] = at + 1
@@ -217,10 +223,10 @@ class CTA:
             return self.prog.labels[ops[0]]
         if name in ("ret", "exit"):
             return "exit"
-        if name == "bar":
+        if name in ("bar", "barrier"):
             if not (mask == active).all():
-                raise SimError("bar.sync reached by only some threads")
-            return None
+                raise SimError(f"{opcode} reached by only some threads")
+            return "cluster" if opcode.startswith("barrier.cluster.wait") else None
         if name == "shfl":
             self.shfl(parts, ops, run, mask)
             return None
@@ -301,6 +307,11 @@ class CTA:
                 if not touches.all():
                     raise SimError(f"a load of {nbytes} bytes that touches no allocation, at offset {off[~touches][0]}")
             out[idx] = self.mem.bytes[off[:, None] + np.arange(nbytes)]
+        elif space == "shared::cluster":
+            for lane, a in zip(idx, addr[idx].astype(np.int64)):
+                peer = self.cluster[int(a) >> 24].smem
+                o = int(_shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
+                out[lane] = peer[o:o + nbytes]
         else:
             off = _shared_offsets(addr[idx], nbytes, len(self.smem))
             out[idx] = self.smem[off[:, None] + np.arange(nbytes)]
@@ -311,6 +322,12 @@ class CTA:
         if not len(idx):
             return
         nbytes = data.shape[1]
+        if space == "shared::cluster":
+            for lane, a in zip(idx, addr[idx].astype(np.int64)):
+                peer = self.cluster[int(a) >> 24].smem
+                o = int(_shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
+                peer[o:o + nbytes] = data[lane]
+            return
         target = self.mem.bytes if space == "global" else self.smem
         off = self.mem.offsets(addr[idx], nbytes) if space == "global" else \
             _shared_offsets(addr[idx], nbytes, len(self.smem))
@@ -451,6 +468,11 @@ class CTA:
         else:
             out = np.where(n >= np.uint64(32), a, (both << np.minimum(n, np.uint64(31))) >> np.uint64(32))
         self.write(ops[0], _wrap(out, 32), run)
+
+    def op_mapa(self, parts, ops, run):
+        addr = _as_uint(self.value(ops[1]), 32)
+        rank = _as_uint(self.value(ops[2]), 32)
+        self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
 
     def op_prmt(self, parts, ops, run):
         if len(parts) != 2:
@@ -697,17 +719,35 @@ def _from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:
     return _wrap(np.clip(r, lo, hi).astype(np.int64), bits)
 
 
-def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int) -> None:
-    """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints)."""
+def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1) -> None:
+    """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
+    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turn from one cluster barrier to the
+    next."""
     prog = Program(ptx)
     if len(args) != len(prog.params):
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
     params = dict(zip(prog.params, args))
     grid = tuple(grid) + (1,) * (3 - len(grid))
+    if grid[0] % cluster:
+        raise SimError(f"a grid of {grid[0]} is not a whole number of clusters of {cluster}")
     for z in range(grid[2]):
         for y in range(grid[1]):
-            for x in range(grid[0]):
-                CTA(prog, params, mem, (x, y, z), grid, smem_bytes).run()
+            for x0 in range(0, grid[0], cluster):
+                ctas: list[CTA] = []
+                for r in range(cluster):
+                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r))
+                running = [c.run() for c in ctas]
+                while running:
+                    waiting = []
+                    for gen in running:
+                        try:
+                            next(gen)
+                            waiting.append(gen)
+                        except StopIteration:
+                            pass
+                    if waiting and len(waiting) != len(running):
+                        raise SimError("a CTA exited while the others of its cluster wait at a barrier")
+                    running = waiting
 
 
 class Device:
@@ -743,7 +783,7 @@ class Device:
                 return torch.from_numpy(raw).view(base.dtype).reshape(base.shape)
         raise SimError("a tensor that was not placed")
 
-    def run(self, compiled, grid: tuple[int, ...], *args) -> None:
+    def run(self, compiled, grid: tuple[int, ...], *args, cluster: int = 1) -> None:
         """Launch a CompiledKernel on runtime arguments (placed tensors or their views, and scalars)."""
         import torch
         values: list = []
@@ -752,4 +792,4 @@ class Device:
                 values += [self.address(a), *a.shape, *a.stride()]
             else:
                 values.append(a)
-        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes)
+        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster)
