@@ -71,6 +71,7 @@ def candidates(n: int) -> list[mgjit.Config]:
 
 
 def grid(rows: int, config: mgjit.Config) -> tuple[int]:
+    """The grid of a row kernel's launch over `rows` rows."""
     return (-(-rows // config.kwargs["ROWS"]) * config.kwargs["CTAS"],)
 
 
@@ -94,18 +95,25 @@ def _tuned(kernel, configs: tuple[mgjit.Config, ...], key: str):
     return mgjit.autotune(configs=list(configs), key=[key])(kernel)
 
 
-def launch(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> None:
-    """Launch a row kernel on the rows of args[0] (its first parameter): the fastest of `configs` for this shape
-    and dtypes (timed on the first call, remembered on disk), or the first one without a GPU or when another
-    argument is args[0] itself (timing would run the kernel on its own output)."""
+def tuned_launch(kernel, configs: list[mgjit.Config], grid_of, args: tuple, **constexprs) -> None:
+    """Launch `kernel` with the fastest of `configs` for the shape of args[0] and the arguments' dtypes (timed on
+    the first call, remembered on disk), or with the first config without a GPU or when two arguments are one
+    tensor (timing would run the kernel on its own output). grid_of(rows of args[0], constexprs and options)
+    gives the grid."""
     x = args[0]
-    in_place = any(hasattr(a, "data_ptr") and a.data_ptr() == x.data_ptr() for a in args[1:])
+    pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
+    in_place = len(set(pointers)) < len(pointers)
     if len(configs) == 1 or in_place or not tuning_enabled(x):
-        kernel[grid(x.shape[0], configs[0])](*args, **constexprs, **configs[0].launch_kwargs())
+        options = configs[0].launch_kwargs()
+        kernel[grid_of(x.shape[0], options)](*args, **constexprs, **options)
         return
     key = kernel.arg_names[0]
-    tuned = _tuned(kernel, tuple(configs), key)
-    tuned[lambda named: (-(-named[key].shape[0] // named["ROWS"]) * named["CTAS"],)](*args, **constexprs)
+    _tuned(kernel, tuple(configs), key)[lambda named: grid_of(named[key].shape[0], named)](*args, **constexprs)
+
+
+def launch(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> None:
+    """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
+    tuned_launch(kernel, configs, lambda rows, c: (-(-rows // c["ROWS"]) * c["CTAS"],), args, **constexprs)
 
 
 # ---- device helpers
