@@ -1,0 +1,94 @@
+"""Every mapping the row examples may pick (examples/_rows.py candidates: rows per program, two warpgroups,
+segments over a cluster), each forced, on the CPU: interpreted against torch on fresh random inputs with the
+outputs poisoned, and a few run from their sm_90a PTX on tests/ptx_sim.py (rows that start anywhere in a
+16-byte chunk, clusters, several warpgroups). The autotuner picks among these on a GPU, so each must be right."""
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import layernorm as ln  # noqa: E402
+import ptx_sim  # noqa: E402
+import rmsnorm as rms  # noqa: E402
+import softmax as sm  # noqa: E402
+
+BF16 = torch.bfloat16
+TOL = {torch.float32: 2e-6, BF16: 5e-3, torch.float16: 1e-3}
+
+
+def rel_err(out, ref) -> float:
+    assert not out.isnan().any(), "some of the poisoned output was never written"
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def kernels(x, dtype):
+    """(kernel, args, constexprs, outputs to check against references) of each row example for x. Sums over
+    long rows round more in f32: their tolerances grow with the row."""
+    n = x.shape[1]
+    scale = max(1.0, n / 8192)
+    w, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
+    target = torch.randint(0, n, (x.shape[0],))
+    target[::3] = -100
+    xd = x.double()
+    out = [torch.full_like(x, float("nan")) for _ in range(3)]
+    loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
+    return [
+        (sm.softmax_kernel, (x, out[0]), {}, [(out[0], torch.softmax(xd, 1), TOL[dtype] * scale)]),
+        (rms.rmsnorm_kernel, (x, w, out[1]), {"eps": 1e-6},
+         [(out[1], torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6), TOL[dtype] * scale)]),
+        (ln.layernorm_rows, (x, w, b, out[2]), {"eps": 1e-5},
+         [(out[2], torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), TOL[dtype] * scale)]),
+        (ce.cross_entropy_rows, (x, target, loss, lse, -100), {},
+         [(loss, torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100), 1e-5 * scale),
+          (lse, torch.logsumexp(xd, 1), 1e-6 * scale)]),
+    ]
+
+
+@pytest.mark.parametrize("n", [3, 77, 4097, 9000, 20000])
+def test_every_candidate_interpreted(n):
+    x = torch.randn(5, n) * 3
+    for config in _rows.candidates(n):
+        for kernel, args, constexprs, checks in kernels(x, torch.float32):
+            kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
+            for got, ref, tol in checks:
+                assert rel_err(got, ref) < tol, f"{kernel.name} {config}"
+
+
+def test_candidates_cover_every_length():
+    for n in [1, 2, 127, 128, 129, 4096, 4097, 8192, 8193, 32000, 100000, 131072, 262144]:
+        configs = _rows.candidates(n)
+        assert configs, n
+        for c in configs:
+            k = c.kwargs
+            segments = k["CTAS"] * k["WGS"]
+            assert sum(k["PARTS"]) * segments >= n and k["ROWS"] >= 1
+            assert k["CTAS"] <= 8 and k["WGS"] <= 4 and (c.num_warpgroups or 1) == k["WGS"]
+            assert (c.cluster or (1, 1, 1))[0] == k["CTAS"]
+    assert _rows.mapping(262145) is None  # longer rows stream
+
+
+# From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a chunk) as one and as two
+# warpgroups, 9000-wide f16 rows over a cluster of 2, 20000-wide bf16 rows over 3 CTAs of 2 warpgroups.
+SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (20000, BF16, 3)]
+
+
+@pytest.mark.parametrize("n,dtype,which", SIMULATED)
+def test_ptx_of_candidates_simulated(n, dtype, which):
+    config = _rows.candidates(n)[which]
+    x = (torch.randn(3, n) * 3).to(dtype)
+    for kernel, args, constexprs, checks in kernels(x, dtype)[::3]:  # softmax and cross-entropy
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        dev = ptx_sim.Device()
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                dev.place(a)
+        dev.run(compiled, _rows.grid(x.shape[0], config), *args, cluster=config.kwargs["CTAS"])
+        for got, ref, tol in checks:
+            assert rel_err(dev.fetch(got), ref) < max(tol, TOL[dtype]), f"{kernel.name} {config}"
