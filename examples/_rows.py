@@ -95,15 +95,28 @@ def _tuned(kernel, configs: tuple[mgjit.Config, ...], key: str):
     return mgjit.autotune(configs=list(configs), key=[key])(kernel)
 
 
+def _untuned(configs: list[mgjit.Config], args: tuple) -> bool:
+    """Launch the first config as it is: one candidate, no GPU, or two arguments are one tensor (timing would run
+    the kernel on its own output)."""
+    pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
+    return len(configs) == 1 or len(set(pointers)) < len(pointers) or not tuning_enabled(args[0])
+
+
+def picked(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
+    """The config `tuned_launch` launches for these arguments (tuned by an earlier launch)."""
+    if _untuned(configs, args):
+        return configs[0]
+    named = {**dict(zip(kernel.arg_names, args)), **constexprs}
+    return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(named)
+
+
 def tuned_launch(kernel, configs: list[mgjit.Config], grid_of, args: tuple, **constexprs) -> None:
     """Launch `kernel` with the fastest of `configs` for the shape of args[0] and the arguments' dtypes (timed on
     the first call, remembered on disk), or with the first config without a GPU or when two arguments are one
     tensor (timing would run the kernel on its own output). grid_of(rows of args[0], constexprs and options)
     gives the grid."""
     x = args[0]
-    pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
-    in_place = len(set(pointers)) < len(pointers)
-    if len(configs) == 1 or in_place or not tuning_enabled(x):
+    if _untuned(configs, args):
         options = configs[0].launch_kwargs()
         kernel[grid_of(x.shape[0], options)](*args, **constexprs, **options)
         return
