@@ -76,6 +76,24 @@ def test_ptx_runs_on_the_simulator():
     check(x, *(dev.fetch(t) for t in outs))
 
 
+def test_one_cta_uses_no_cluster_instruction():
+    """Compiled without a cluster, the warpgroups of one CTA combine through its own shared memory."""
+    x = torch.randn(4, 2 * BLOCK)
+    outs = inputs()[1]
+    outs = [o[:, :2].contiguous() for o in outs]
+    compiled = segment_stats.compile(x, *outs, BLOCK=BLOCK, CTAS=1, WGS=2, target="sm_90a", num_warpgroups=2)
+    ptx = compiled.ptx
+    assert "barrier.cluster" not in ptx and "mapa" not in ptx and "shared::cluster" not in ptx
+    assert "bar.sync 0" in ptx
+    dev = ptx_sim.Device()
+    for t in (x, *outs):
+        dev.place(t)
+    dev.run(compiled, (2,), x, *outs)
+    sums = dev.fetch(outs[0])
+    assert torch.allclose(sums, x.sum(1, keepdim=True).expand(-1, 2), rtol=1e-5, atol=1e-4)
+    assert torch.equal(dev.fetch(outs[3]), x.amin(1, keepdim=True).expand(-1, 2))
+
+
 @mgjit.kernel
 def bad_kind(x, out):
     out[0] = mgjit.cluster_reduce(x[mgjit.ds(0, 128)].sum(), "mean")

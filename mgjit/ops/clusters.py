@@ -104,7 +104,8 @@ def _cluster_reduce(op: ClusterReduce, ctx: lower.Context) -> None:
     same offset in every CTA's shared memory; each element's first holder writes it into its slot in every CTA
     (mapa + st.shared::cluster), the cluster synchronises, and every thread combines the slots of the elements
     it holds in slot order. A second barrier keeps the slots from being written again (a loop) or their CTA
-    from exiting while another CTA still reads them."""
+    from exiting while another CTA still reads them. Compiled for one CTA, the same goes through the CTA's own
+    shared memory and bar.sync, with no cluster instruction."""
     e = ctx.e
     x, out = op.operands[0], op.result
     dtype = x.dtype
@@ -122,17 +123,21 @@ def _cluster_reduce(op: ClusterReduce, ctx: lower.Context) -> None:
         writer = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     slots = op.ctas * ctx.kernel.num_warpgroups
     scratch = ctx.alloc_shared(slots * count * 4, 16)
-    rank = cluster_ctarank(ctx)
+    rank = cluster_ctarank(ctx) if op.ctas > 1 else e.i32(0)
     mine = e.addi(e.muli(rank, e.i32(ctx.kernel.num_warpgroups)), ctx.wg_id)
     i32 = e.int_type(32)
+    barrier = cluster_barrier if op.ctas > 1 else (lambda ctx: ctx.e.asm_void("bar.sync 0;", "", []))
     for place, v in zip(places, values):
-        local = shared_address(ctx, e.addi(e.i32(scratch), e.muli(e.addi(e.muli(mine, e.i32(count)), place),
-                                                                  e.i32(4))))
+        offset = e.addi(e.i32(scratch), e.muli(e.addi(e.muli(mine, e.i32(count)), place), e.i32(4)))
         bits = e.bitcast(v, i32) if dtype.is_float else v
+        local = shared_address(ctx, offset)
+        if op.ctas == 1:
+            e.asm_void("@$0 st.shared.b32 [$1], $2;", "b,r,r", [writer, local, bits])
+            continue
         for peer in range(op.ctas):
             remote = e.asm("mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [local, e.i32(peer)], [i32])[0]
             e.asm_void("@$0 st.shared::cluster.b32 [$1], $2;", "b,r,r", [writer, remote, bits])
-    cluster_barrier(ctx)
+    barrier(ctx)
     t = e.type(dtype)
     combined = []
     for place in places:
@@ -141,7 +146,7 @@ def _cluster_reduce(op: ClusterReduce, ctx: lower.Context) -> None:
             v = e.smem_load(t, e.addi(e.i32(scratch), e.muli(e.addi(e.i32(s * count), place), e.i32(4))))
             acc = v if acc is None else combine(ctx, op.kind, dtype, acc, v)
         combined.append(acc)
-    cluster_barrier(ctx)
+    barrier(ctx)
     if not x.is_array:
         ctx.set(out, combined[0])
     else:
