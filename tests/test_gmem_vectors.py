@@ -27,6 +27,12 @@ def copy_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
 
 
 @mgjit.kernel
+def cast_window(x, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    w = (mgjit.ds(mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(mgjit.program_id(1) * COLS, COLS))
+    out[w] = x[w].astype(out.dtype)
+
+
+@mgjit.kernel
 def copy_flat(x, out, s0, BLOCK: mgjit.constexpr):
     w = mgjit.ds(s0 + mgjit.program_id(0) * BLOCK, BLOCK)
     out[w] = x[w]
@@ -149,6 +155,21 @@ def test_copy_from_aligned_to_misaligned_rows():
     assert torch.equal(got, want)
     got, _ = run_copy(copy_window, (4, 1), b_base, b, a, a, 0, 0, ROWS=1, COLS=1024)
     assert torch.equal(got, b)
+
+
+@pytest.mark.parametrize("src,dst", [(BF16, torch.float32), (torch.float32, BF16)])
+def test_cast_between_widths(src, dst):
+    """bf16 rows into f32 ones: the f32 arrays keep the bf16 loads' 8 elements per thread, so each register
+    goes as two 16-byte stores that follow each other; the other way round, the bf16 stores are 8 bytes wide
+    (4 elements, as the f32 loads hold them)."""
+    x_base = random_like(torch.empty(6, 1100, dtype=src))
+    out_base = random_like(torch.empty(6, 1100, dtype=dst))
+    x, out = x_base[:, 1:1034], out_base[:, 3:1036]
+    got, compiled = run_copy(cast_window, (3, 3), x_base, x, out_base, out, ROWS=2, COLS=512)
+    want = out_base.clone()
+    want[:, 3:1036] = x.to(dst)
+    assert torch.equal(got, want)
+    assert re.search(r"st\.global\.v[24]\.b32", compiled.ptx)
 
 
 @pytest.mark.parametrize("dtype,offset", [(torch.float32, 3), (BF16, 5)])
