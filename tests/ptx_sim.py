@@ -1,14 +1,16 @@
 """A small SIMT simulator of the PTX mgjit emits for memory-bound kernels, so that the GMEM lowering's byte
-shuffling (funnel shifts, lane shuffles, predicated pieces, branches) is checked on the CPU, instruction by
-instruction, as a GPU would run it.
+shuffling (funnel shifts, lane shuffles, predicated pieces, branches) and DSMEM exchanges are checked on the
+CPU, instruction by instruction, as a GPU would run them.
 
-It runs one warpgroup per CTA (128 threads) in lockstep: all threads at the lowest program counter execute the
-next instruction together, so forward branches reconverge where they join. Registers are numpy arrays over the
-threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd b64, %f f32, %fd f64). Global memory
-is one byte arena: an access outside it, or one not aligned to its size, raises (the hardware faults on both).
-`shfl.sync` must find every lane of its warp at the instruction, `bar.sync` every thread. It covers the
-instructions mgjit's elementwise, reduction and GMEM code uses, and raises on any other; ex2/lg2/rsqrt/rcp
-.approx are computed exactly in f32 (like the interpreter).
+It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next
+instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns
+between cluster barriers. Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p
+pred, %rs b16, %r b32, %rd b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global
+memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
+tensor raises, as the hardware faults. `shfl.sync` must find every lane of its warp at the instruction,
+`bar.sync` its count of threads, a cluster barrier every thread. Memory, shuffles and control flow are here;
+arithmetic is in tests/ptx_arith.py. It covers the instructions mgjit's elementwise, reduction and GMEM code
+uses and raises on any other; ex2/lg2/rsqrt/rcp .approx are exact in f32 (as in the interpreter).
 """
 from __future__ import annotations
 
@@ -17,15 +19,10 @@ import struct
 from typing import Any
 
 import numpy as np
+from ptx_arith import INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype
 
-THREADS = 128
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$")
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64}
-_INT = {8: (np.uint8, np.int8), 16: (np.uint16, np.int16), 32: (np.uint32, np.int32), 64: (np.uint64, np.int64)}
-
-
-class SimError(Exception):
-    pass
 
 
 class Memory:
@@ -113,16 +110,18 @@ def _operands(text: str) -> list:
     return out
 
 
-class CTA:
+class CTA(Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
-                 nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0):
+                 nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
+                 threads: int = 128):
         self.prog, self.params, self.mem = prog, params, mem
+        self.threads = threads
         self.ctaid, self.nctaid = ctaid, nctaid
         self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
         self.rank = rank
         self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
         self.regs: dict[str, np.ndarray] = {}
-        self.tid = np.arange(THREADS, dtype=np.uint32)
+        self.tid = np.arange(threads, dtype=np.uint32)
 
     # -- operands
     def reg(self, name: str) -> np.ndarray:
@@ -130,13 +129,13 @@ class CTA:
             m = _REG.match(name)
             if not m:
                 raise SimError(f"unknown register {name}")
-            self.regs[name] = np.zeros(THREADS, dtype=_REG_DTYPE[m.group(1)])
+            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1)])
         return self.regs[name]
 
     def value(self, op: str, dtype=None):
         op = op.strip()
         if op.startswith("%"):
-            special = {"%tid.x": self.tid, "%ntid.x": np.uint32(THREADS), "%laneid": self.tid % 32,
+            special = {"%tid.x": self.tid, "%ntid.x": np.uint32(self.threads), "%laneid": self.tid % 32,
                        "%ctaid.x": np.uint32(self.ctaid[0]), "%ctaid.y": np.uint32(self.ctaid[1]),
                        "%ctaid.z": np.uint32(self.ctaid[2]), "%nctaid.x": np.uint32(self.nctaid[0]),
                        "%nctaid.y": np.uint32(self.nctaid[1]), "%nctaid.z": np.uint32(self.nctaid[2]),
@@ -157,10 +156,10 @@ class CTA:
 
     def fvalue(self, op: str, t: str) -> np.ndarray:
         """An operand of a floating-point instruction of type t: integer registers hold its bits."""
-        dt = _float_dtype(t)
+        dt = float_dtype(t)
         x = np.asarray(self.value(op))
         if x.dtype.kind in "ui":
-            x = _as_uint(x, np.dtype(dt).itemsize * 8).astype(_INT[np.dtype(dt).itemsize * 8][0]).view(dt)
+            x = as_uint(x, np.dtype(dt).itemsize * 8).astype(INT[np.dtype(dt).itemsize * 8][0]).view(dt)
         return x.astype(dt)
 
     def address(self, op: str) -> np.ndarray:
@@ -172,23 +171,23 @@ class CTA:
         if base.startswith("%"):
             return self.reg(base).astype(np.uint64) + np.uint64(off & (2**64 - 1))
         if base == "__mgjit_smem":
-            return np.full(THREADS, off, dtype=np.uint64)
+            return np.full(self.threads, off, dtype=np.uint64)
         return base, off
 
     def write(self, name: str, value, mask: np.ndarray) -> None:
         if name == "_":  # the sink register
             return
         r = self.reg(name)
-        v = np.broadcast_to(np.asarray(value), (THREADS,))
+        v = np.broadcast_to(np.asarray(value), (self.threads,))
         if v.dtype != r.dtype:
-            v = _convert_bits(v, r.dtype)
+            v = convert_bits(v, r.dtype)
         r[mask] = v[mask]
 
     # -- running
     def run(self, max_steps: int = 10_000_000):
         """A generator: it yields at each barrier.cluster.wait, where the cluster's CTAs meet."""
-        pc = np.zeros(THREADS, dtype=np.int64)
-        active = np.ones(THREADS, dtype=bool)
+        pc = np.zeros(self.threads, dtype=np.int64)
+        active = np.ones(self.threads, dtype=bool)
         steps = 0
         while active.any():
             steps += 1
@@ -223,7 +222,14 @@ class CTA:
             return self.prog.labels[ops[0]]
         if name in ("ret", "exit"):
             return "exit"
-        if name in ("bar", "barrier"):
+        if name == "bar":  # bar.sync id[, count]: count threads (default: all) meet at barrier id
+            ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
+            count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
+            for i in np.unique(ids[mask]):
+                if int((mask & (ids == i)).sum()) != count:
+                    raise SimError(f"{opcode} {i}: {int((mask & (ids == i)).sum())} threads arrived, not {count}")
+            return None
+        if name == "barrier":
             if not (mask == active).all():
                 raise SimError(f"{opcode} reached by only some threads")
             return "cluster" if opcode.startswith("barrier.cluster.wait") else None
@@ -249,12 +255,12 @@ class CTA:
         if ops[1].startswith("{"):  # pack
             ins = [self.value(o.strip()) for o in ops[1][1:-1].split(",")]
             bits = (64 if t == "b64" else 32) // len(ins)
-            acc = np.zeros(THREADS, dtype=np.uint64)
+            acc = np.zeros(self.threads, dtype=np.uint64)
             for i, x in enumerate(ins):
-                acc |= (np.broadcast_to(_as_uint(x, bits), (THREADS,)).astype(np.uint64)) << np.uint64(i * bits)
+                acc |= (np.broadcast_to(as_uint(x, bits), (self.threads,)).astype(np.uint64)) << np.uint64(i * bits)
             self.write(ops[0], acc, run)
             return
-        src = self.value(ops[1], _bits_dtype(t))
+        src = self.value(ops[1], bits_dtype(t))
         self.write(ops[0], src, run)
 
     def op_ld(self, parts, ops, run):
@@ -262,7 +268,7 @@ class CTA:
         if space == "param":
             v = self.params[ops[1][1:-1]]
             t = parts[-1]
-            self.write(ops[0], np.array(v, dtype=_float_dtype(t)) if t.startswith("f") else
+            self.write(ops[0], np.array(v, dtype=float_dtype(t)) if t.startswith("f") else
                        np.uint64(int(v) & (2**64 - 1)), run)
             return
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
@@ -274,7 +280,7 @@ class CTA:
         words = self._read(space, addr, nbytes, run)
         for i, o in enumerate(outs):
             part = words[:, i * bits // 8:(i + 1) * bits // 8]
-            val = np.zeros(THREADS, dtype=np.uint64)
+            val = np.zeros(self.threads, dtype=np.uint64)
             for b in range(bits // 8):
                 val |= part[:, b].astype(np.uint64) << np.uint64(8 * b)
             self.write(o, val, run)
@@ -286,15 +292,15 @@ class CTA:
         bits = 8 if t in ("u8", "s8", "b8") else int(t[1:])
         ins = [o.strip() for o in ops[1].strip("{}").split(",")]
         addr = self.address(ops[0])
-        data = np.zeros((THREADS, bits // 8 * vec), dtype=np.uint8)
+        data = np.zeros((self.threads, bits // 8 * vec), dtype=np.uint8)
         for i, o in enumerate(ins):
-            val = np.broadcast_to(_as_uint(self.value(o), max(bits, 8)), (THREADS,)).astype(np.uint64)
+            val = np.broadcast_to(as_uint(self.value(o), max(bits, 8)), (self.threads,)).astype(np.uint64)
             for b in range(bits // 8):
                 data[:, i * bits // 8 + b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
         self._write(space, addr, data, run)
 
     def _read(self, space, addr, nbytes, run) -> np.ndarray:
-        out = np.zeros((THREADS, nbytes), dtype=np.uint8)
+        out = np.zeros((self.threads, nbytes), dtype=np.uint8)
         idx = np.nonzero(run)[0]
         if not len(idx):
             return out
@@ -338,7 +344,7 @@ class CTA:
 
     def shfl(self, parts, ops, run, mask):
         mode = parts[2]
-        for w in range(THREADS // 32):
+        for w in range(self.threads // 32):
             lanes = mask[w * 32:(w + 1) * 32]
             if lanes.any() and not lanes.all():
                 raise SimError("shfl.sync in divergent code")
@@ -362,264 +368,12 @@ class CTA:
             j = ((np.uint32(b) & ~np.uint32(segmask)) | min_lane).astype(np.int64)
             ok = j <= max_lane
         src = np.where(ok, (self.tid - lane).astype(np.int64) + j, self.tid.astype(np.int64))
-        self.write(ops[0], np.broadcast_to(a, (THREADS,))[src], run)
-
-    def _int_binary(self, parts, ops, run, fn):
-        t = parts[-1]
-        if t == "pred":
-            self.write(ops[0], fn(self.value(ops[1]), self.value(ops[2])), run)
-            return
-        bits = int(t[1:])
-        signed = t[0] == "s"
-        a, b = _as_int(self.value(ops[1]), bits, signed), _as_int(self.value(ops[2]), bits, signed)
-        with np.errstate(over="ignore"):
-            self.write(ops[0], _wrap(fn(a, b), bits), run)
-
-    def op_add(self, parts, ops, run):
-        if parts[-1].startswith("f"):
-            return self._float(parts, ops, run, lambda a, b: a + b)
-        self._int_binary(parts, ops, run, lambda a, b: a + b)
-
-    def op_sub(self, parts, ops, run):
-        if parts[-1].startswith("f"):
-            return self._float(parts, ops, run, lambda a, b: a - b)
-        self._int_binary(parts, ops, run, lambda a, b: a - b)
-
-    def op_mul(self, parts, ops, run):
-        t = parts[-1]
-        if t.startswith("f"):
-            return self._float(parts, ops, run, lambda a, b: a * b)
-        bits = int(t[1:])
-        signed = t[0] == "s"
-        if "hi" in parts:
-            a, b = (np.broadcast_to(_as_int(self.value(o), bits, signed), (THREADS,)) for o in ops[1:3])
-            self.write(ops[0], np.array([((int(x) * int(y)) >> bits) & ((1 << bits) - 1) for x, y in zip(a, b)],
-                                        dtype=np.uint64), run)
-            return
-        a, b = _as_int(self.value(ops[1]), bits, signed), _as_int(self.value(ops[2]), bits, signed)
-        with np.errstate(over="ignore"):
-            self.write(ops[0], _wrap(a * b, 2 * bits if "wide" in parts else bits), run)
-
-    def op_mad(self, parts, ops, run):
-        t = parts[-1]
-        if t.startswith("f"):
-            return self.op_fma(parts, ops, run)
-        bits = int(t[1:])
-        signed = t[0] == "s"
-        a, b = _as_int(self.value(ops[1]), bits, signed), _as_int(self.value(ops[2]), bits, signed)
-        wide = "wide" in parts
-        c = _as_int(self.value(ops[3]), 2 * bits if wide else bits, signed)
-        with np.errstate(over="ignore"):
-            if a.dtype != c.dtype:
-                a, b, c = (np.asarray(v).astype(np.int64).view(np.uint64) if np.asarray(v).dtype.kind == "i"
-                           else v for v in (a, b, c))
-            self.write(ops[0], _wrap(a * b + c, 2 * bits if wide else bits), run)
-
-    def op_and(self, parts, ops, run):
-        self._int_binary(parts, ops, run, lambda a, b: a & b)
-
-    def op_or(self, parts, ops, run):
-        self._int_binary(parts, ops, run, lambda a, b: a | b)
-
-    def op_xor(self, parts, ops, run):
-        self._int_binary(parts, ops, run, lambda a, b: a ^ b)
-
-    def op_not(self, parts, ops, run):
-        t = parts[-1]
-        if t == "pred":
-            self.write(ops[0], ~np.asarray(self.value(ops[1]), dtype=bool), run)
-            return
-        bits = int(t[1:])
-        self.write(ops[0], _wrap(~_as_int(self.value(ops[1]), bits, False), bits), run)
-
-    def op_neg(self, parts, ops, run):
-        t = parts[-1]
-        if t.startswith("f"):
-            self.write(ops[0], -self.fvalue(ops[1], t), run)
-            return
-        bits = int(t[1:])
-        self.write(ops[0], _wrap(-_as_int(self.value(ops[1]), bits, True), bits), run)
-
-    def op_shl(self, parts, ops, run):
-        bits = int(parts[-1][1:])
-        a, n = _as_uint(self.value(ops[1]), bits), _as_uint(self.value(ops[2]), 32)
-        out = np.where(n >= np.uint64(bits), np.uint64(0), a << np.minimum(n, np.uint64(bits - 1)))
-        self.write(ops[0], _wrap(out, bits), run)
-
-    def op_shr(self, parts, ops, run):
-        t = parts[-1]
-        bits, signed = int(t[1:]), t[0] == "s"
-        n = _as_uint(self.value(ops[2]), 32)
-        if signed:
-            a = _as_int(self.value(ops[1]), bits, True)
-            out = a >> np.minimum(n, np.uint64(bits - 1)).astype(np.int64)
-        else:
-            a = _as_uint(self.value(ops[1]), bits)
-            out = np.where(n >= np.uint64(bits), np.uint64(0), a >> np.minimum(n, np.uint64(bits - 1)))
-        self.write(ops[0], _wrap(out, bits), run)
-
-    def op_shf(self, parts, ops, run):
-        a, b = _as_uint(self.value(ops[1]), 32), _as_uint(self.value(ops[2]), 32)
-        c = _as_uint(self.value(ops[3]), 32)
-        n = np.minimum(c, np.uint64(32)) if parts[2] == "clamp" else c & np.uint64(31)
-        both = (b << np.uint64(32)) | a
-        if parts[1] == "r":
-            out = np.where(n >= np.uint64(32), b, both >> np.minimum(n, np.uint64(31)))
-        else:
-            out = np.where(n >= np.uint64(32), a, (both << np.minimum(n, np.uint64(31))) >> np.uint64(32))
-        self.write(ops[0], _wrap(out, 32), run)
+        self.write(ops[0], np.broadcast_to(a, (self.threads,))[src], run)
 
     def op_mapa(self, parts, ops, run):
-        addr = _as_uint(self.value(ops[1]), 32)
-        rank = _as_uint(self.value(ops[2]), 32)
+        addr = as_uint(self.value(ops[1]), 32)
+        rank = as_uint(self.value(ops[2]), 32)
         self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
-
-    def op_prmt(self, parts, ops, run):
-        if len(parts) != 2:
-            raise SimError(f"prmt mode {parts[1]}")
-        a, b, c = (np.broadcast_to(_as_uint(self.value(o), 32), (THREADS,)) for o in ops[1:4])
-        both = [(int(y) << 32) | int(x) for x, y in zip(a, b)]
-        out = []
-        for v, sel in zip(both, c):
-            d = 0
-            for i in range(4):
-                nib = (int(sel) >> (4 * i)) & 15
-                byte = (v >> (8 * (nib & 7))) & 255
-                if nib & 8:
-                    byte = 255 if byte & 128 else 0
-                d |= byte << (8 * i)
-            out.append(d)
-        self.write(ops[0], np.array(out, dtype=np.uint64), run)
-
-    def op_bfe(self, parts, ops, run):
-        t = parts[-1]
-        bits, signed = int(t[1:]), t[0] == "s"
-        a = [int(v) for v in np.broadcast_to(_as_uint(self.value(ops[1]), bits), (THREADS,))]
-        pos = [int(v) & 255 for v in np.broadcast_to(_as_uint(self.value(ops[2]), 32), (THREADS,))]
-        ln = [int(v) & 255 for v in np.broadcast_to(_as_uint(self.value(ops[3]), 32), (THREADS,))]
-        out = []
-        for x, p, n in zip(a, pos, ln):
-            field = 0 if p >= bits else (x >> p) & ((1 << min(n, bits)) - 1)
-            if signed and n and (field >> (n - 1)) & 1:
-                field -= 1 << n
-            out.append(field & ((1 << bits) - 1))
-        self.write(ops[0], np.array(out, dtype=np.uint64), run)
-
-    def op_min(self, parts, ops, run):
-        if parts[-1].startswith("f"):
-            return self._float(parts, ops, run, _fmin)
-        self._int_binary(parts, ops, run, np.minimum)
-
-    def op_max(self, parts, ops, run):
-        if parts[-1].startswith("f"):
-            return self._float(parts, ops, run, _fmax)
-        self._int_binary(parts, ops, run, np.maximum)
-
-    def op_setp(self, parts, ops, run):
-        cmp, t = parts[1], parts[-1]
-        outs = ops[0].split("|")
-        if t.startswith("f"):
-            a, b = (self.fvalue(o, t) for o in ops[1:3])
-            unordered = np.isnan(a) | np.isnan(b)
-            base = cmp[:-1] if cmp.endswith("u") and cmp not in ("nu",) else cmp
-            table = {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b,
-                     "num": ~unordered, "nan": unordered}
-            r = table[base] if base in table else None
-            if r is None:
-                raise SimError(f"setp.{cmp}")
-            r = r | unordered if cmp.endswith("u") and cmp not in ("num",) else (r & ~unordered if base == "ne" else r)
-        else:
-            bits = int(t[1:]) if t != "pred" else 1
-            signed = t[0] == "s"
-            a, b = (_as_int(self.value(o), bits, signed) for o in ops[1:3])
-            ua, ub = (_as_int(self.value(o), bits, False) for o in ops[1:3])
-            table = {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b,
-                     "lo": ua < ub, "ls": ua <= ub, "hi": ua > ub, "hs": ua >= ub}
-            r = table[cmp]
-        self.write(outs[0].strip(), r, run)
-        if len(outs) > 1:
-            self.write(outs[1].strip(), ~np.asarray(r), run)
-
-    def op_selp(self, parts, ops, run):
-        c = np.asarray(self.value(ops[3]), dtype=bool)
-        t = parts[-1]
-        if t.startswith("f"):
-            a, b = (np.broadcast_to(self.fvalue(o, t), (THREADS,)) for o in ops[1:3])
-        else:
-            dt = _bits_dtype(t)
-            a, b = (np.broadcast_to(np.asarray(self.value(o, dt)), (THREADS,)) for o in ops[1:3])
-        self.write(ops[0], np.where(c, a, b), run)
-
-    def op_cvt(self, parts, ops, run):
-        if parts[-2] in ("f16x2", "bf16x2"):  # cvt.rn.f16x2.f32 d, a, b: a to the upper half, b to the lower
-            narrow = parts[-2][:-2]
-            hi, lo = (_from_float(self.fvalue(o, "f32"), narrow, parts).astype(np.uint32) for o in ops[1:3])
-            self.write(ops[0], (hi << np.uint32(16)) | lo, run)
-            return
-        types = [p for p in parts[1:] if re.fullmatch(r"(u|s|b|f|bf)\d+", p)]
-        dst, src = types[0], types[1]
-        x = self.value(ops[1])
-        if src.startswith("f") or src.startswith("bf"):
-            if src == "bf16":
-                xf = (np.asarray(x).astype(np.uint32) << np.uint32(16)).view(np.float32)
-            elif src == "f16":
-                xf = np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32)
-            else:
-                xf = self.fvalue(ops[1], src)
-            self.write(ops[0], _from_float(xf, dst, parts), run)
-            return
-        bits = int(src[1:])
-        xi = _as_int(x, bits, src[0] == "s")
-        if dst.startswith("f") or dst.startswith("bf"):
-            self.write(ops[0], _from_float(xi.astype(np.float64), dst, parts), run)
-            return
-        self.write(ops[0], _wrap(xi, int(dst[1:])), run)
-
-    def _float(self, parts, ops, run, fn):
-        dt = _float_dtype(parts[-1])
-        a, b = (self.fvalue(o, parts[-1]) for o in ops[1:3])
-        with np.errstate(all="ignore"):
-            self.write(ops[0], fn(a, b).astype(dt), run)
-
-    def op_div(self, parts, ops, run):
-        if not parts[-1].startswith("f"):
-            raise SimError("integer division")
-        self._float(parts, ops, run, lambda a, b: a / b)
-
-    def op_fma(self, parts, ops, run):
-        dt = _float_dtype(parts[-1])
-        a, b, c = (self.fvalue(o, parts[-1]).astype(np.float64) for o in ops[1:4])
-        self.write(ops[0], (a * b + c).astype(dt), run)
-
-    def _unary(self, ops, run, fn):
-        x = self.fvalue(ops[1], "f32")
-        with np.errstate(all="ignore"):
-            self.write(ops[0], fn(x.astype(np.float64)).astype(np.float32), run)
-
-    def op_ex2(self, parts, ops, run):
-        self._unary(ops, run, np.exp2)
-
-    def op_lg2(self, parts, ops, run):
-        self._unary(ops, run, np.log2)
-
-    def op_rcp(self, parts, ops, run):
-        self._unary(ops, run, lambda x: 1.0 / x)
-
-    def op_rsqrt(self, parts, ops, run):
-        self._unary(ops, run, lambda x: 1.0 / np.sqrt(x))
-
-    def op_sqrt(self, parts, ops, run):
-        self._unary(ops, run, np.sqrt)
-
-    def op_abs(self, parts, ops, run):
-        if parts[-1].startswith("f"):
-            self.write(ops[0], np.abs(self.fvalue(ops[1], parts[-1])), run)
-        else:
-            bits = int(parts[-1][1:])
-            self.write(ops[0], _wrap(np.abs(_as_int(self.value(ops[1]), bits, True)), bits), run)
-
-    def op_cvta(self, parts, ops, run):
-        self.write(ops[0], self.value(ops[1]), run)
 
 
 def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
@@ -631,95 +385,8 @@ def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
     return off
 
 
-def _fmin(a, b):
-    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.minimum(a, b))
-
-
-def _fmax(a, b):
-    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.maximum(a, b))
-
-
-def _float_dtype(t: str):
-    return {"f32": np.float32, "f64": np.float64, "f16": np.float16}[t]
-
-
-def _bits_dtype(t: str):
-    if t == "pred":
-        return np.bool_
-    if t.startswith("f"):
-        return _float_dtype(t)
-    return _INT[int(t[1:])][0]
-
-
-def _as_uint(x, bits: int) -> np.ndarray:
-    """The low `bits` bits of an operand (floats by their bits, bools as 0/1), as uint64."""
-    x = np.asarray(x)
-    if x.dtype == np.float32:
-        x = x.view(np.uint32)
-    elif x.dtype == np.float64:
-        x = x.view(np.uint64)
-    elif x.dtype == np.float16:
-        x = x.view(np.uint16)
-    elif x.dtype == np.bool_:
-        x = x.astype(np.uint8)
-    elif x.dtype.kind == "i":
-        x = x.astype(np.int64).view(np.uint64) if x.ndim else np.array(int(x) & (2**64 - 1), dtype=np.uint64)
-    x = x.astype(np.uint64)
-    return x if bits == 64 else x & np.uint64((1 << bits) - 1)
-
-
-def _as_int(x, bits: int, signed: bool) -> np.ndarray:
-    """An integer operand: uint64 (wrapping arithmetic) when unsigned, sign-extended int64 when signed."""
-    u = _as_uint(x, bits)
-    if not signed:
-        return u
-    if bits == 64:
-        return u.view(np.int64) if u.ndim else np.array(u).view(np.int64)
-    v = u.astype(np.int64)
-    return np.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
-
-
-def _wrap(x, bits: int) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype == np.bool_:
-        return x
-    u = x.astype(np.int64).view(np.uint64) if x.dtype.kind == "i" else x.astype(np.uint64)
-    return (u if bits == 64 else u & np.uint64((1 << bits) - 1)).astype(_INT[bits][0])
-
-
-def _convert_bits(v: np.ndarray, dtype) -> np.ndarray:
-    """A value moved into a register of another type: bits are kept (mov, loads), bools become 0/1."""
-    if dtype == np.bool_:
-        return v.astype(bool)
-    if v.dtype == np.bool_:
-        return v.astype(dtype)
-    if np.dtype(dtype).kind == "f":
-        bits = np.dtype(dtype).itemsize * 8
-        return _as_uint(v, bits).astype(_INT[bits][0]).view(dtype)
-    bits = np.dtype(dtype).itemsize * 8
-    return _as_uint(v, bits).astype(dtype)
-
-
-def _from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:
-    if dst == "f32":
-        return x.astype(np.float32)
-    if dst == "f64":
-        return x.astype(np.float64)
-    if dst == "f16":
-        return x.astype(np.float32).astype(np.float16).view(np.uint16)
-    if dst == "bf16":
-        import torch
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16).view(
-            torch.int16).numpy().view(np.uint16)
-    bits = int(dst[1:])
-    with np.errstate(all="ignore"):
-        r = np.trunc(x) if "rzi" in parts or not any(p in parts for p in ("rni", "rmi", "rpi")) else np.rint(x)
-    r = np.nan_to_num(r)
-    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dst[0] == "s" else (0, (1 << bits) - 1)
-    return _wrap(np.clip(r, lo, hi).astype(np.int64), bits)
-
-
-def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1) -> None:
+def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
+           threads: int = 128) -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
     Clusters are `cluster` consecutive CTAs along x; their CTAs run in turn from one cluster barrier to the
     next."""
@@ -735,7 +402,7 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
             for x0 in range(0, grid[0], cluster):
                 ctas: list[CTA] = []
                 for r in range(cluster):
-                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r))
+                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads))
                 running = [c.run() for c in ctas]
                 while running:
                     waiting = []
@@ -792,4 +459,4 @@ class Device:
                 values += [self.address(a), *a.shape, *a.stride()]
             else:
                 values.append(a)
-        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster)
+        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads)
