@@ -50,44 +50,48 @@ def matmul_kernel(a, b, c, scale, bias, BM: mgjit.constexpr, BN: mgjit.constexpr
         mgjit.set_max_registers(40, increase=False)
         for tile in range(first, tiles_m * tiles_n, step):
             m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
-            for k in range(k_tiles):
-                slot = it % STAGES
-                if it >= STAGES:
-                    empty[slot].wait()
-                mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
-                mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
-                mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
-                it += 1
+            with mgjit.trace("load tile"):  # spans: recorded when a launch profiles (profile=mgjit.Profile())
+                for k in range(k_tiles):
+                    slot = it % STAGES
+                    if it >= STAGES:
+                        empty[slot].wait()
+                    mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
+                    mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
+                    mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
+                    it += 1
     else:
         mgjit.set_max_registers(232, increase=True)
         for tile in range(first, tiles_m * tiles_n, step):
-            m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
-            acc = mgjit.zeros((BM // 2, BN), mgjit.float32)
-            for k in range(k_tiles):
-                slot = it % STAGES
-                full[slot].wait()
-                acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot].T if B_KMAJOR else b_s[slot])
-                mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
-                if k > 0:
-                    empty[(it - 1) % STAGES].arrive()
-                it += 1
-            mgjit.wgmma_wait(0)
-            empty[(it - 1) % STAGES].arrive()
-            if SCALED:
-                acc = acc * scale[0]
-            if BIAS:
-                acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
-            if ACTIVATION == "relu":
-                acc = mgjit.maximum(acc, 0.0)
-            elif ACTIVATION == "gelu":
-                acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
-            row0 = m0 + (wg - 1) * (BM // 2)
-            if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
-                mgjit.store_async_wait(0)
-                c_s[wg - 1][...] = acc.astype(c.dtype)
-                mgjit.store_async(c, (row0, n0), c_s[wg - 1])
-            else:
-                c[mgjit.ds(row0, BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+            with mgjit.trace("tile"):
+                m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+                acc = mgjit.zeros((BM // 2, BN), mgjit.float32)
+                with mgjit.trace("mma"):
+                    for k in range(k_tiles):
+                        slot = it % STAGES
+                        full[slot].wait()
+                        acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot].T if B_KMAJOR else b_s[slot])
+                        mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
+                        if k > 0:
+                            empty[(it - 1) % STAGES].arrive()
+                        it += 1
+                    mgjit.wgmma_wait(0)
+                empty[(it - 1) % STAGES].arrive()
+                with mgjit.trace("epilogue"):
+                    if SCALED:
+                        acc = acc * scale[0]
+                    if BIAS:
+                        acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
+                    if ACTIVATION == "relu":
+                        acc = mgjit.maximum(acc, 0.0)
+                    elif ACTIVATION == "gelu":
+                        acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
+                    row0 = m0 + (wg - 1) * (BM // 2)
+                    if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
+                        mgjit.store_async_wait(0)
+                        c_s[wg - 1][...] = acc.astype(c.dtype)
+                        mgjit.store_async(c, (row0, n0), c_s[wg - 1])
+                    else:
+                        c[mgjit.ds(row0, BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
         mgjit.store_async_wait(0)
 
 
@@ -115,10 +119,10 @@ def _tma_ready(t, copy: bool = True):
 
 
 def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activation: str | None = None,
-           out_dtype=None, b_kmajor: bool = False):
+           out_dtype=None, b_kmajor: bool = False, profile=None):
     """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation: bf16/f16; fp8 e4m3/e5m2 and f32
     (as tf32) with b given (N, K) and b_kmajor=True. `scale` is a 1-element f32 tensor, `bias` an (N,)
-    tensor, `activation` None, "relu" or "gelu"."""
+    tensor, `activation` None, "relu" or "gelu"; `profile` an mgjit.Profile that records the kernel's spans."""
     import torch
     k_b = b.shape[1] if b_kmajor else b.shape[0]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -137,8 +141,20 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     c = _tma_ready(torch.empty(m, n, dtype=out_dtype, device=a.device), copy=False)
     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
     matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](
-        _tma_ready(a), _tma_ready(b), c, scale if scale is not None else c, bias if bias is not None else c, **cfg)
+        _tma_ready(a), _tma_ready(b), c, scale if scale is not None else c, bias if bias is not None else c, **cfg,
+        **({} if profile is None else {"profile": profile}))  # a profiled launch takes the Python path
     return c
+
+
+def _matmul_outputs(a, b, scale=None, bias=None, activation=None, b_kmajor=False):
+    import torch
+    return (a.shape[0], b.shape[0] if b_kmajor else b.shape[1]), a.dtype if a.element_size() == 2 else torch.bfloat16
+
+
+# matmul (default config and output dtype) as a torch custom op: torch.compile keeps it as one node.
+matmul_op = mgjit.torch_op("mgjit_examples::matmul", outputs=_matmul_outputs, params={
+    "a": "Tensor", "b": "Tensor", "scale": "Optional[Tensor]", "bias": "Optional[Tensor]",
+    "activation": "Optional[str]", "b_kmajor": bool})(matmul)
 
 
 if __name__ == "__main__":

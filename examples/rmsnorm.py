@@ -61,6 +61,11 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     return out
 
 
+# rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
+rmsnorm_op = mgjit.torch_op("mgjit_examples::rmsnorm", outputs=lambda x, w, eps=1e-6, rows_per_program=None:
+                            (x.shape, x.dtype), params=["x", "w", "eps", "rows_per_program"])(rmsnorm)
+
+
 # ---- what the harness needs: inputs, the specialization rmsnorm() launches, a reference
 
 def setup(device):

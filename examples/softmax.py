@@ -66,6 +66,11 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     return out
 
 
+# softmax as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
+softmax_op = mgjit.torch_op("mgjit_examples::softmax", outputs=lambda x, rows_per_program=None: (x.shape, x.dtype),
+                            params=["x", "rows_per_program"])(softmax)
+
+
 # ---- what the harness needs: inputs, the specialization softmax() launches, a reference
 
 def setup(device):

@@ -15,6 +15,7 @@ from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel
 from .jit import Kernel
+from .torch_op import torch_op
 from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, constexpr, copy_async, cos, ds, erf, exp, exp2,
                        fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,
                        rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
@@ -22,6 +23,8 @@ from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, c
                        wgmma_wait, where, zeros)
 from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)
 from .language import cluster_reduce
+from .language import print, trace  # debugging and profiling
+from .profiler import Profile
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

@@ -174,7 +174,7 @@ class TmaDescriptor:
 
 @dataclasses.dataclass
 class Kernel:
-    """A whole kernel in IR: its runtime parameters (one Value each) and its body. `cta_group` is 2 when the
+    """A whole kernel in IR: its parameters (one Value each) and its body. `cta_group` is 2 when the
     kernel's tensor memory serves 2-CTA (collective) MMAs: PTX allows one CTA group per kernel, so the
     frontend decides it once, for the whole kernel."""
 
@@ -186,6 +186,10 @@ class Kernel:
     loc: Loc
     tma_descriptors: list["TmaDescriptor"] = dataclasses.field(default_factory=list)
     cta_group: int = 1
+    # The buffers the compiler appended as hidden parameters, by name ("print": mgjit.print's records,
+    # "profile": mgjit.trace's spans): each {"param": its index in `params`, ...the tables the host decodes it
+    # with}, JSON data that a compiled kernel's metadata carries to the launcher (see mgjit/hidden.py).
+    hidden_buffers: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def walk(self) -> Iterator[Op]:
         return self.body.walk()

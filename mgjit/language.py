@@ -109,6 +109,14 @@ tcgen05_mma = _builtin("tcgen05_mma", "tcgen05_mma(acc, a, b, accumulate=True): 
 tcgen05_commit = _builtin("tcgen05_commit", "tcgen05_commit(bars[i]): one arrival on the barrier once the MMAs this "
                                             "warpgroup issued are complete (on both CTAs of a 2-CTA pair).")
 
+# Debugging and profiling
+print = _builtin("print", "print(fmt, *values, where=\"cta\"): print scalars and arrays with a format string of "
+                          "{} fields ({:.3f} and every Python format spec work), once per CTA (warpgroup 0), once per "
+                          "warpgroup (where=\"warpgroup\") or from every thread, each with the elements it holds "
+                          "(where=\"thread\"). The text shows when the launch completes.")
+trace = _builtin("trace", "with trace(name): a span of this warpgroup, recorded when a launch profiles "
+                          "(kernel[grid](..., profile=mgjit.Profile())); nothing at all otherwise.")
+
 UNARY_BUILTINS = {exp: "exp", exp2: "exp2", log: "log", log2: "log2", sqrt: "sqrt", rsqrt: "rsqrt",
                   tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs"}
 REDUCE_BUILTINS = {sum: "sum", max: "max", min: "min"}

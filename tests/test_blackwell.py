@@ -45,7 +45,7 @@ def line_of(kernel, text: str) -> int:
 
 
 def trace(kernel, params, consts) -> ir.Kernel:
-    k = frontend.trace(frontend.SourceFunction(kernel.fn), params, consts, kernel.num_warpgroups)
+    k = frontend.trace(mgjit.source.SourceFunction(kernel.fn), params, consts, kernel.num_warpgroups)
     infer.infer_layouts(k)
     return k
 

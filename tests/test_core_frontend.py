@@ -206,7 +206,7 @@ CASES = [
     (k_recursive, forever, "recursion is not supported"),
     (k_returns_value, k_returns_value, "a kernel cannot return a value"),
     (k_try, k_try, "`Try` statements are not supported"),
-    (k_with, k_with, "`With` statements are not supported"),
+    (k_with, k_with, "`with` statements in kernels only open profiler spans"),
     (k_lambda, k_lambda, "`Lambda` expressions are not supported"),
     (k_nonlocal_global, k_nonlocal_global, "`Global` statements are not supported"),
 ]
@@ -316,3 +316,66 @@ def test_argument_binding_errors():
         k_static_python.compile(x, x, MODE="scale", BLOCK=256, BLOK=3)
     with pytest.raises(mgjit.LaunchError, match="kernels take torch tensors, ints, floats and bools"):
         k_static_python.compile(x, "not a tensor", MODE="scale", BLOCK=256)
+
+
+# ------------------------------------------------------------------------------------------ indexing a shape
+
+@mgjit.kernel
+def k_shape_past_rank(x, out, n, BLOCK: mgjit.constexpr):
+    rows = x.shape[2]  # ERR
+    out[0] = rows.astype(out.dtype)
+
+
+@mgjit.kernel
+def k_array_shape_past_rank(x, out, n, BLOCK: mgjit.constexpr):
+    v = x[mgjit.ds(0, BLOCK)]
+    out[0] = v.shape[1] * 1.0  # ERR
+
+
+@mgjit.kernel
+def k_tuple_past_end(x, out, n, BLOCK: mgjit.constexpr):
+    sizes = (BLOCK, BLOCK)
+    out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(0, sizes[2])]  # ERR
+
+
+# ------------------------------------------------------------------------------------------ range over a float
+
+@mgjit.kernel
+def k_range_float(x, out, n, BLOCK: mgjit.constexpr):
+    for i in range(1.5):  # ERR
+        out[i] = x[i]
+
+
+@mgjit.kernel
+def k_range_runtime_float(x, out, n, BLOCK: mgjit.constexpr):
+    for i in range(0, n, x[0]):  # ERR
+        out[i] = x[i]
+
+
+@mgjit.kernel
+def k_range_array(x, out, n, BLOCK: mgjit.constexpr):
+    for i in range(mgjit.arange(BLOCK)):  # ERR
+        out[i] = x[i]
+
+
+@mgjit.kernel
+def k_static_range_float(x, out, n, BLOCK: mgjit.constexpr):
+    for i in mgjit.static_range(BLOCK / 2):  # ERR
+        out[i] = x[i]
+
+
+# (kernel, phrase): issue 14's bare IndexError (item 9) and silently truncated range bounds (item 10)
+INDEX_AND_RANGE_CASES = [
+    (k_shape_past_rank, "`x` has 1 dimension, got index 2 of its shape"),
+    (k_array_shape_past_rank, "the runtime value has 1 dimension, got index 1 of its shape"),
+    (k_tuple_past_end, "index 2 is out of range for a tuple of 2 elements"),
+    (k_range_float, "range bounds must be integers, got float 1.5"),
+    (k_range_runtime_float, "range bounds must be integer scalars, got a runtime float32"),
+    (k_range_array, "range bounds must be integer scalars, got an array of shape (1024,)"),
+    (k_static_range_float, "static_range bounds must be integers"),
+]
+
+
+@pytest.mark.parametrize("kernel,phrase", INDEX_AND_RANGE_CASES, ids=[c[0].name for c in INDEX_AND_RANGE_CASES])
+def test_an_index_past_a_shape_or_a_float_range_bound_is_a_compile_error(kernel, phrase):
+    test_construct_outside_language(kernel, kernel, phrase)

@@ -24,7 +24,7 @@ def line_of(kernel, text: str) -> int:
 
 
 def trace(kernel, params, consts, num_warpgroups=1, layouts=True) -> ir.Kernel:
-    k = frontend.trace(frontend.SourceFunction(kernel.fn), params, consts, num_warpgroups)
+    k = frontend.trace(mgjit.source.SourceFunction(kernel.fn), params, consts, num_warpgroups)
     if layouts:
         infer.infer_layouts(k)
     return k

@@ -323,8 +323,8 @@ def test_pipeline_helper_release(stages, release):
 
 
 @pytest.mark.xfail(strict=True, raises=mgjit.InterpretError,
-                   reason="frontend.py `_pipeline` refills slot (k + stages - 1) % stages, the slot of step k - 1, "
-                          "after wgmma_wait(release): with release >= 2 that wgmma may still be reading it")
+                   reason="mgjit.pipeline (builtins/pipeline.py) refills the slot of step k - 1 with step "
+                          "k + stages - 1 after wgmma_wait(release): with release >= 2 that wgmma may still read it")
 def test_pipeline_helper_keeping_two_wgmmas_in_flight():
     a, b = torch.randn(128, 448, dtype=BF16), torch.randn(448, 128, dtype=BF16)
     c = poisoned(128, 128, dtype=BF16)

@@ -2,7 +2,8 @@
 
 A restructure of the compiler must not change what it emits. This script records, for every fresh compile
 that happens while the CPU test suite runs (and for every example's kernel), the SHA-256 of the PTX for the
-target asked for and for the other target too, and compares two such records:
+target asked for and for the other target too (and of the IR, with its layouts and source lines, that the PTX
+was lowered from), and compares two such records:
 
     python tools/ptx_hashes.py record before.json        # on the old tree
     python tools/ptx_hashes.py record after.json         # on the new tree
@@ -88,7 +89,7 @@ class Recorder:
                     outcome = None
                 except Exception as e:  # recorded, and raised again for the target the caller asked for
                     out, outcome = None, e
-                recorder.note(_kernel_name(args), target, outcome)
+                recorder.note(_kernel_name(args), target, outcome, _ir_text(out))
                 if target == asked:
                     result, error = out, outcome
             if error is not None:
@@ -97,10 +98,12 @@ class Recorder:
 
         setattr(owner, name, compile_both)
 
-    def note(self, kernel: str, target: str, error: Exception | None) -> None:
+    def note(self, kernel: str, target: str, error: Exception | None, ir_text: str | None) -> None:
         base = f"{self.context}::{kernel}::{target}"
         n = self.counts[base]
         self.counts[base] += 1
+        if ir_text is not None:
+            self.records[f"{base}#{n}::ir"] = hashlib.sha256(ir_text.encode()).hexdigest()
         if self.last_ptx is not None:
             value = hashlib.sha256(self.last_ptx.encode()).hexdigest()
             if error is not None:
@@ -110,6 +113,12 @@ class Recorder:
             first = re.sub(r" at 0x[0-9a-f]+", "", first)  # object addresses differ between runs
             value = f"error {type(error).__name__}: {first}"
         self.records[f"{base}#{n}"] = value
+
+
+def _ir_text(compiled) -> str | None:
+    """The IR (with layouts and source lines) a compile produced, where its result keeps it."""
+    files = getattr(compiled, "files", None)
+    return files["kernel.ir"].decode() if files and "kernel.ir" in files else None
 
 
 def _kernel_name(args) -> str:

@@ -11,10 +11,11 @@ from typing import Any, Callable
 
 import torch
 
-from .. import compiler, deps, ir, jit, specialize, targets
+from .. import compiler, deps, hidden, ir, jit, specialize, targets
 from ..errors import LaunchError
 from ..ops.smem import smem_plan
 from ..ops.tmem import static_refs
+from ..profiler import Profile
 from ..specialize import Specialization
 from . import numerics
 from .machine import CTA, Cluster
@@ -43,17 +44,23 @@ class Interpreter:
     def __getitem__(self, grid) -> Callable[..., None]:
         return functools.partial(self.launch, grid)
 
-    def launch(self, grid, *args, num_warpgroups: int | None = None, cluster=None, **kwargs) -> None:
+    def launch(self, grid, *args, num_warpgroups: int | None = None, cluster=None, profile: Profile | None = None,
+               **kwargs) -> None:
         kernel = self.kernel
         runtime, consts = kernel._bind(args, kwargs)
         specs = specialize.of_arguments(kernel.name, kernel.runtime_names, runtime, kernel.fixed_dtypes)
         spec = kernel._specialization(specs, consts, self.target or targets.DEFAULT.name,
-                                      jit._warpgroups(num_warpgroups, kernel.num_warpgroups), jit._cluster(cluster))
+                                      jit._warpgroups(num_warpgroups, kernel.num_warpgroups), jit._cluster(cluster),
+                                      profile is not None)
         program = self.program(spec)
         grid = _grid(kernel.name, grid, spec.cluster)
         host, write_back = _to_host(kernel.name, runtime)
         params = {v.id: (x if isinstance(s, specialize.TensorSpec) else numerics.constant(x, s.dtype))
                   for v, x, s in zip(program.args, host, spec.args)}
+        # mgjit.print's and the profiler's buffers, on the CPU, decoded as a GPU launch decodes them.
+        buffers = hidden.allocate(program.hidden_buffers, grid, spec.num_warpgroups, "cpu", profile)
+        for (_, buf), info in zip(buffers, sorted(program.hidden_buffers.values(), key=lambda i: i["param"])):
+            params[program.args[info["param"]].id] = buf
         # Every tensor here is small: waking torch's intra-op threads costs more than they save (milliseconds per
         # op on a busy machine), so the interpreter runs on one.
         threads = torch.get_num_threads()
@@ -63,6 +70,7 @@ class Interpreter:
         finally:
             torch.set_num_threads(threads)
         write_back()
+        hidden.finish(kernel.name, program.hidden_buffers, buffers, grid, spec.num_warpgroups, profile, logical=True)
 
     def program(self, spec: Specialization) -> ir.Kernel:
         """The kernel's IR for `spec` with layouts inferred: what the compiler lowers. Kept until a helper or
@@ -130,6 +138,7 @@ class Run:
         self.rng = random.Random(seed)
         self.smem_offsets, self.smem_bytes = smem_plan(kernel)
         self.engine: Engine | None = None
+        self.ticks = 0  # the logical clock that profiled spans record (mgjit/profiler.py)
 
     def execute(self) -> None:
         cx, cy, cz = self.cluster

@@ -18,11 +18,13 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | clusters | ClusterRank, ClusterSync, ClusterReduce |
 | tmem | TmemAlloc, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Commit |
+| debug | Print, ProfileStart, ProfileEvent |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
 from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
 from .clusters import ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
+from .debug import Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
@@ -36,8 +38,8 @@ from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
            "ClusterReduce", "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load",
-           "NumPrograms",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
+           "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex",
+           "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
            "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
            "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
            "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

@@ -28,6 +28,11 @@ class Reduce(Op):
     name = "reduce"
 
     def __init__(self, kind: str, x: Value, axes: tuple[int, ...], loc: Loc | None):
+        """`axes` as the user wrote them: negative ones count from the end (-1 is the last axis); one that
+        names no axis of `x` is left as it is, for `verify` to refuse."""
+        rank = len(x.type.shape)
+        self.requested = tuple(axes)
+        axes = tuple(sorted({a + rank if -rank <= a < 0 else a for a in axes}))
         shape = tuple(d for i, d in enumerate(x.type.shape) if i not in axes)
         rtype = ArrayType(shape, x.dtype) if shape else ScalarType(x.dtype)
         super().__init__([x], [rtype], loc)
@@ -40,7 +45,9 @@ class Reduce(Op):
     def verify(self):
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
         rank = len(self.operands[0].type.shape)
-        check(all(0 <= a < rank for a in self.axes), self, f"reduction axes {self.axes} out of range for rank {rank}")
+        bad = [a for a in self.requested if not -rank <= a < rank]
+        check(not bad, self, f"{self.kind} over axis {bad[0] if bad else 0}: a rank-{rank} array has axes "
+                             f"{-rank}..{rank - 1}")
 
 
 @infer.rule(Reduce)

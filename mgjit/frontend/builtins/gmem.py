@@ -1,0 +1,73 @@
+"""GMEM windows: `x[i, ds(j, N)]` loads a window of a tensor argument into registers, `x[...] = v` stores one
+(Load, Store in ops/gmem.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ... import dtypes, ir, language as lang, ops
+from ...errors import CompileError
+from ..registry import method
+from ..semantics import Semantics
+from ..values import Expanded, Ref, Tensor
+
+
+def window(t: Semantics, ref: Ref, index: Any) -> tuple[list[ir.Value], tuple[int, ...], tuple[bool, ...]]:
+    """The int32 starts, the sizes and the squeezed axes of the window `ref[index]`."""
+    index = index if isinstance(index, tuple) else (index,)
+    if len(index) != ref.ndim:
+        raise t.error(f"{ref.name} has rank {ref.ndim} but is indexed with {len(index)} indices")
+    starts, sizes, squeeze = [], [], []
+    for axis, item in enumerate(index):
+        if isinstance(item, lang.ds):
+            start, size = item.start, item.size
+            if isinstance(size, Tensor) or not isinstance(size, int) or size <= 0:
+                raise t.error(f"ds size must be a positive static int (a constexpr), got {size!r}")
+            sizes.append(size)
+            squeeze.append(False)
+        elif isinstance(item, slice):
+            if item.step not in (None, 1):
+                raise t.error("strided slices of references are not supported")
+            if item.stop is None or isinstance(item.stop, Tensor) or isinstance(item.start, Tensor):
+                raise t.error(f"slice of axis {axis} of {ref.name} needs static bounds; "
+                              "use mgjit.ds(start, SIZE) with a constexpr SIZE")
+            start = item.start or 0
+            sizes.append(item.stop - start)
+            squeeze.append(False)
+            if sizes[-1] <= 0:
+                raise t.error(f"empty slice {item.start}:{item.stop} of axis {axis}")
+        elif isinstance(item, (int, Tensor)) and not isinstance(item, bool):
+            start = item
+            sizes.append(1)
+            squeeze.append(True)
+        else:
+            raise t.error(f"cannot index a reference with {type(item).__name__} {item!r}")
+        s = t.to_tensor(start)
+        if not s.dtype.is_int or s.shape:
+            raise t.error(f"index of axis {axis} must be an integer scalar, got {s.value.type}")
+        if s.dtype != dtypes.int32:
+            s = t.cast(s, dtypes.int32)
+        starts.append(s.value)
+    return starts, tuple(sizes), tuple(squeeze)
+
+
+@method(Ref, "__getitem__")
+def load(t: Semantics, ref: Ref, index: Any) -> Tensor:
+    starts, sizes, squeeze = window(t, ref, index)
+    return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc))
+
+
+@method(Ref, "__setitem__")
+def store(t: Semantics, ref: Ref, index: Any, value: Any) -> None:
+    starts, sizes, squeeze = window(t, ref, index)
+    shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
+    if not isinstance(value, (Tensor, Expanded)):
+        value = t.to_tensor(value, ref.dtype)
+    if value.dtype != ref.dtype:
+        raise t.error(f"storing {value.dtype.name} into {ref.name}, a {ref.dtype.name} reference; "
+                      f"convert with .astype({ref.name}.dtype)")
+    if tuple(value.shape) != shape:
+        try:
+            value = t.broadcast_to(value, shape)
+        except CompileError:
+            raise t.error(f"storing an array of shape {tuple(value.shape)} into a window of shape {shape}")
+    t.builder.add(ops.Store(ref.value, starts, sizes, squeeze, value.value, t.builder.loc))

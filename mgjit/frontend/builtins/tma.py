@@ -1,0 +1,95 @@
+"""The TMA engine: `copy_async` (GMEM tile → SMEM, completing on a barrier; multicast over a cluster, or
+counted on the 2-CTA pair's leader), `store_async` (SMEM → GMEM, optionally reducing) and `store_async_wait`.
+Each tensor copied gets one host-built TMA descriptor per box shape, which the launch passes to the kernel."""
+from __future__ import annotations
+
+from ... import dtypes, ir, language as lang, ops
+from ...errors import Rule
+from ..registry import builtin
+from ..semantics import Semantics
+from ..values import BarrierSlot, Ref, SmemRef
+from .barriers import slot_ref
+
+
+def tma_descriptor(t: Semantics, tensor: Ref, tile: SmemRef, rows_split: int = 1) -> int:
+    """Register (once) the host-built TMA descriptor for copies between `tensor` and tiles like `tile`
+    (or 1/rows_split of their rows, for multicast); its index among the kernel's descriptors."""
+    shape = (tile.shape[0] // rows_split, *tile.shape[1:])
+    if len(shape) != tensor.ndim:
+        raise t.error(f"the SMEM tile {shape} must have the rank of {tensor.name} ({tensor.ndim})")
+    swizzle = tile.value.type.swizzle or 0
+    inner = shape[-1] if not swizzle else swizzle * 8 // tile.dtype.bits
+    box = (*shape[:-1], inner)
+    if any(b > 256 for b in box):
+        raise t.error(f"a TMA box has at most 256 elements per dimension, got {box}", rule=Rule.TMA_BOX)
+    if (box[-1] * tile.dtype.bits // 8) % 16:
+        raise t.error(f"the innermost TMA box dimension must be a multiple of 16 bytes, got {box[-1]} x "
+                      f"{tile.dtype.name}", rule=Rule.TMA_BOX)
+    desc = ir.TmaDescriptor(t.param_index[tensor.name], box, swizzle)
+    if desc not in t.tma_descriptors:
+        t.tma_descriptors.append(desc)
+    return t.tma_descriptors.index(desc)
+
+
+@builtin(lang.copy_async, unit="tma")
+def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
+    if len(args) != 3 or set(kwargs) - {"collective", "multicast"} != {"barrier"}:
+        raise t.error("copy_async(src, coords, dst, barrier=bars[i]) takes a tensor, a tuple of element "
+                      "coordinates, an SMEM tile and a barrier slot")
+    collective = kwargs.get("collective", False)
+    multicast = kwargs.get("multicast", False)
+    if not isinstance(collective, bool) or not isinstance(multicast, bool):
+        raise t.error("copy_async's collective= and multicast= must be static bools")
+    ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
+    if multicast and ctas < 2:
+        raise t.error("copy_async(multicast=True) delivers a tile to every CTA of a cluster: launch and "
+                      "compile with cluster=(n, 1, 1), n >= 2", rule=Rule.CLUSTER)
+    if multicast and collective:
+        raise t.error("copy_async takes collective= or multicast=, not both")
+    src, coords, dst = args
+    bar = kwargs["barrier"]
+    if not isinstance(src, Ref):
+        raise t.error("copy_async copies from a tensor argument of the kernel")
+    if not isinstance(dst, SmemRef):
+        raise t.error("copy_async copies into an SMEM tile (mgjit.smem(...)[slot])")
+    if not isinstance(bar, BarrierSlot):
+        raise t.error("copy_async completes on one barrier slot: barrier=bars[i]")
+    coords = coords if isinstance(coords, (tuple, list)) else (coords,)
+    if len(coords) != src.ndim:
+        raise t.error(f"{src.name} has rank {src.ndim}; copy_async needs {src.ndim} coordinates")
+    split = ctas if multicast else 1
+    if multicast and (dst.shape[0] % split or (dst.value.type.swizzle and (dst.shape[0] // split) % 8)):
+        raise t.error(f"a multicast tile's rows are split over the cluster's {split} CTAs: {dst.shape[0]} rows "
+                      f"must divide into parts that are multiples of 8 rows", rule=Rule.CLUSTER)
+    descriptor = tma_descriptor(t, src, dst, rows_split=split)
+    starts = [t.cast(t.to_tensor(c), dtypes.int32).value for c in coords]
+    ref, _ = slot_ref(t, bar)
+    if collective:  # the arrival and bytes count on the barrier of the 2-CTA pair's leader CTA
+        t.builder.add(ops.TmaLoadCollective(src.value, starts, dst.value, ref, descriptor, t.builder.loc))
+    else:
+        t.builder.add(ops.TmaLoad(src.value, starts, dst.value, ref, descriptor, t.builder.loc,
+                                  multicast=split if multicast else 0))
+
+
+@builtin(lang.store_async, unit="tma")
+def store_async(t: Semantics, args: list, kwargs: dict) -> None:
+    if len(args) != 3 or set(kwargs) - {"reduce"}:
+        raise t.error("store_async(dst, coords, src, reduce=None) takes a tensor, a tuple of element "
+                      "coordinates and an SMEM tile")
+    dst, coords, src = args
+    if not isinstance(dst, Ref) or not isinstance(src, SmemRef):
+        raise t.error("store_async copies an SMEM tile into a tensor argument of the kernel")
+    coords = coords if isinstance(coords, (tuple, list)) else (coords,)
+    if len(coords) != dst.ndim:
+        raise t.error(f"{dst.name} has rank {dst.ndim}; store_async needs {dst.ndim} coordinates")
+    descriptor = tma_descriptor(t, dst, src)
+    starts = [t.cast(t.to_tensor(c), dtypes.int32).value for c in coords]
+    t.builder.add(ops.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"), t.builder.loc))
+
+
+@builtin(lang.store_async_wait, unit="tma")
+def store_async_wait(t: Semantics, args: list, kwargs: dict) -> None:
+    pending = args[0] if args else kwargs.get("pending", 0)
+    if not isinstance(pending, int) or not 0 <= pending <= 7:
+        raise t.error(f"store_async_wait takes a static count 0..7, got {pending!r}")
+    t.builder.add(ops.TmaStoreWait(pending, t.builder.loc))
