@@ -2,10 +2,13 @@
 segments over a cluster), each forced, on the CPU: interpreted against torch on fresh random inputs with the
 outputs poisoned, and a few run from their sm_90a PTX on tests/ptx_sim.py (rows that start anywhere in a
 16-byte chunk, clusters, several warpgroups). The autotuner picks among these on a GPU, so each must be right."""
+import functools
 import sys
 from pathlib import Path
 
 import pytest
+
+import mgjit
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,3 +109,53 @@ def test_examples_read_rows_16_bytes_at_a_time():
         c = ce.compile(logits, target, loss, "sm_90a")
         assert "ld.global.v4.b32" in c.ptx and "ld.global.b16" not in c.ptx, n
         assert c.smem_bytes <= 256, n  # the reductions' scratch only (a relayout took 1216 and 4144 bytes)
+
+
+class PreferTimer:
+    """A fake timer under which `best` is the fastest config."""
+    device = "stub-gpu"
+
+    def __init__(self, best):
+        self.best = best
+
+    def __call__(self, run) -> float:
+        run()
+        return 1.0 if run.config == self.best else 2.0
+
+
+@pytest.mark.parametrize("n", [1000, 20000], ids=["rows", "cluster"])
+def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(monkeypatch, tmp_path, n):
+    """_rows.tuned_launch on a stub GPU (tests/launch_stub.py): the first call of a shape sweeps the candidates
+    (a fake timer prefers the second), later calls launch the chosen mapping in one C call, with the grid its
+    grid callable computes from the config's ROWS and CTAS, its cluster and its warpgroups; a constexpr passed
+    by name (rmsnorm's eps) takes the same path."""
+    from launch_stub import StubGPU
+    try:
+        gpu = StubGPU(monkeypatch)
+    except RuntimeError as e:  # no C compiler or no DLPack exchange API: nothing to test here
+        pytest.skip(f"the C launcher is unavailable: {e}")
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    configs = _rows.mapping(n)
+    best = configs[1]
+    misses = []
+
+    def tuned(kernel, candidates, key):
+        t = mgjit.autotune(configs=list(candidates), key=[key], timer=PreferTimer(best), jobs=1)(kernel)
+        original = t._c_miss
+        monkeypatch.setattr(t, "_c_miss", lambda *a, **k: misses.append(kernel.name) or original(*a, **k))
+        return t
+
+    monkeypatch.setattr(_rows, "_tuned", functools.lru_cache(maxsize=None)(tuned))
+    monkeypatch.setattr(_rows, "tuning_enabled", lambda x: True)
+    x, w = torch.randn(64, n), torch.randn(n)
+    for example, kernel, args, constexprs in ((sm.softmax, sm.softmax_kernel, (x,), {}),
+                                              (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6})):
+        example(*args)
+        first = len(gpu.launches)
+        example(*args)
+        example(*args)
+        assert misses.count(kernel.name) == 1 and len(gpu.launches) == first + 2
+        last = gpu.launches[-1]
+        assert last.path == "c" and last.grid == (64 // best.kwargs["ROWS"] * best.kwargs["CTAS"], 1, 1)
+        assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
+        assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), **constexprs) == best
