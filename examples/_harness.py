@@ -69,8 +69,10 @@ def describe(c: mgjit.CompiledKernel) -> str:
     ptxas = next((line.split(":", 1)[1].strip() for line in c.ptxas_report.splitlines() if "Used" in line), "?")
     how = "cache hit" if c.from_cache else f"compiled in {c.meta.get('compile_seconds', 0):.2f} s"
     ir_lines = c.ir.splitlines()
-    shown = "\n".join("    " + line for line in ir_lines[:IR_LINES])
-    more = f"\n    ... ({len(ir_lines) - IR_LINES} more lines: CompiledKernel.ir)" if len(ir_lines) > IR_LINES else ""
+    # At least up to the first register array, whose layout is what the IR shows best.
+    count = max(IR_LINES, next((i + 1 for i, line in enumerate(ir_lines) if "TiledLayout(" in line), 0))
+    shown = "\n".join("    " + line for line in ir_lines[:count])
+    more = f"\n    ... ({len(ir_lines) - count} more lines: CompiledKernel.ir)" if len(ir_lines) > count else ""
     return (f"kernel     {c.name}\n"
             f"target     {c.target}\n"
             f"launch     {c.meta.get('specialization', '')}\n"

@@ -88,6 +88,10 @@ tile = _builtin("tile", "tile(tensor, origin, block, step, swizzle=None): a bloc
                         "at step k it is the block at origin + k * step (element coordinates).")
 cluster_rank = _builtin("cluster_rank", "cluster_rank(): the rank of this CTA in its cluster.")
 cluster_sync = _builtin("cluster_sync", "cluster_sync(): a barrier for every thread of every CTA in the cluster.")
+cluster_reduce = _builtin("cluster_reduce", "cluster_reduce(x, kind): x (a float32 or int32 scalar or array) combined "
+                                            "elementwise by kind ('sum', 'max' or 'min') over every warpgroup of "
+                                            "every CTA in the cluster; each gets the same result. Every warpgroup "
+                                            "of the cluster must call it: it synchronises the cluster.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "

@@ -44,6 +44,7 @@ def hopper_units(a, c):
     mgjit.set_max_registers(232)
     rank = mgjit.cluster_rank()
     mgjit.cluster_sync()
+    rank = mgjit.cluster_reduce(rank, "max")
     c_s = mgjit.smem((64, 64), mgjit.bfloat16, swizzle=128)
     c_s[...] = acc.astype(mgjit.bfloat16)
     mgjit.fence_async_shared()

@@ -16,7 +16,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
 | warps | WarpSplit |
-| clusters | ClusterRank, ClusterSync |
+| clusters | ClusterRank, ClusterSync, ClusterReduce |
 | clc | ClcTryCancel, ClcQuery (cluster launch control) |
 | tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
@@ -25,7 +25,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 from .arrays import Broadcast, Iota, Relayout, Splat
 from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
 from .clc import ClcQuery, ClcTryCancel
-from .clusters import ClusterRank, ClusterSync
+from .clusters import ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
 from .debug import Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Select, Unary
@@ -41,10 +41,10 @@ from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast", "Cast",
-           "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterSync", "Compare", "Constant", "FenceAsyncShared",
-           "For", "If", "Iota", "Load", "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId",
-           "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters", "SmemAlloc",
-           "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad",
-           "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad",
-           "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield",
-           "tmem_layout"]
+           "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterReduce", "ClusterSync", "Compare", "Constant",
+           "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms", "Print", "ProfileEvent", "ProfileStart",
+           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
+           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma",
+           "TmaLoad", "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex",
+           "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait",
+           "Yield", "tmem_layout"]

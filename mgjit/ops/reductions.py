@@ -73,7 +73,7 @@ def _check_dtype(op: Reduce) -> None:
         raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
 
 
-def _combine(ctx: lower.Context, kind: str, dtype, a, b):
+def combine(ctx: lower.Context, kind: str, dtype, a, b):
     e = ctx.e
     if kind == "sum":
         return e.fbinary("add", a, b) if dtype.is_float else e.addi(a, b)
@@ -96,7 +96,7 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     if src.is_splat:
         x = e.cast(src.elems[0], dtype, acc_dtype)
         if op.kind == "sum":
-            x = _combine(ctx, "mul", acc_dtype, x, e.const(reduced_count, acc_dtype)) if acc_dtype.is_float \
+            x = combine(ctx, "mul", acc_dtype, x, e.const(reduced_count, acc_dtype)) if acc_dtype.is_float \
                 else e.muli(x, e.const(reduced_count, acc_dtype))
         x = e.cast(x, acc_dtype, dtype)
         ctx.set(out, x if not out.is_array else lower.Frag(out.layout, out.type.shape, dtype, [x]))
@@ -109,12 +109,12 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     for off, x in zip(element_offsets(layout, src.shape), src.elems):
         key = tuple(off[d] for d in keep)
         x = e.cast(x, dtype, acc_dtype)
-        groups[key] = x if key not in groups else _combine(ctx, op.kind, acc_dtype, groups[key], x)
+        groups[key] = x if key not in groups else combine(ctx, op.kind, acc_dtype, groups[key], x)
     # 2. across lanes.
     for stride, size in layout.reduced_lane_dims(op.axes, rank):
         s = stride
         while s < stride * size:
-            groups = {k: _combine(ctx, op.kind, acc_dtype, v, e.shfl_bfly(v, s)) for k, v in groups.items()}
+            groups = {k: combine(ctx, op.kind, acc_dtype, v, e.shfl_bfly(v, s)) for k, v in groups.items()}
             s *= 2
     # 3. across warps, through SMEM: slot [warp coordinate along reduced dims][result element].
     warp_dims = layout.reduced_warp_dims(op.axes, rank)
@@ -151,7 +151,7 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
             for w in range(n_warps):
                 slot = e.addi(e.i32(w * out_size), slots[key])
                 v = e.smem_load(t, e.addi(base, e.muli(slot, e.i32(elem_bytes))))
-                acc = v if acc is None else _combine(ctx, op.kind, acc_dtype, acc, v)
+                acc = v if acc is None else combine(ctx, op.kind, acc_dtype, acc, v)
             new[key] = acc
         groups = new
     # 4. lay the groups out in the result's register order.

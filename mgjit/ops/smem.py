@@ -26,7 +26,7 @@ from ..layouts import SplatLayout, blocked
 from ..lower.context import element_offsets, splat_to
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
-from .gmem import from_bits, pack_words, unpack_words
+from ..lower.words import from_bits, pack_words, unpack_words
 
 class SmemAlloc(Op):
     """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
