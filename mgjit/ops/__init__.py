@@ -14,7 +14,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
 | wgmma | Wgmma, WgmmaWait |
-| warpgroups | WarpgroupId, SetMaxRegisters |
+| warpgroups | WarpgroupId, SetMaxRegisters, CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync |
 | clusters | ClusterRank, ClusterSync |
 | tmem | TmemAlloc, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Commit |
@@ -31,11 +31,11 @@ from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
 from .tcgen05 import Tcgen05Commit, Tcgen05Mma
 from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
 from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
-from .warpgroups import SetMaxRegisters, WarpgroupId
+from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync, SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
-           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
+           "ClusterSync", "Compare", "Constant", "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms",
            "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
            "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
            "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",

@@ -5,7 +5,9 @@ loop and branch machinery (the user's body is traced in place, once).
 Without warp specialization: a prologue fills stages - 1 slots; step k waits for its slot, runs the body,
 waits for all but `release` wgmma groups and refills the slot of step k + stages - 1. With it, warpgroup 0
 produces (waiting for a slot to be released, then copying) and the others consume (releasing the slot of
-step k - release after each wait).
+step k - release after each wait); the producer then skips the rest of the block the loop is in (the code
+after it runs in the consumers only: an epilogue stores what the consumers computed, and the producer, which
+computed nothing, stores nothing).
 """
 from __future__ import annotations
 
@@ -175,4 +177,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
         consumer()
 
     here()
-    t.branch(t.apply_compare("eq", warpgroup_id(t, [], {}), 0), producer, consumers, consumed | {k_name}, node)
+    wg = warpgroup_id(t, [], {})
+    t.branch(t.apply_compare("eq", wg, 0), producer, consumers, consumed | {k_name}, node)
+    here()
+    t.guard_rest(t.apply_compare("ne", wg, 0))
