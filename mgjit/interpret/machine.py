@@ -101,15 +101,16 @@ class BarrierRef:
 
 class NamedBarrier:
     """One named barrier between warpgroups (bar.sync / bar.arrive with an id and a thread count): a phase
-    completes once `count` warpgroups have arrived, whether they wait there (sync) or not (arrive); those that
-    wait go on with the clocks every arrival of the phase released. A warpgroup arrives at most once per phase."""
+    completes once `count` warpgroups' worth of threads have arrived, whether they wait there (sync) or not
+    (arrive), and whoever they are (the hardware counts threads: a warpgroup may arrive, then sync, to complete
+    a phase of two); those that wait go on with the clocks every arrival of the phase released."""
 
     def __init__(self, count: int, loc: Loc | None, slot: int):
         self.count = count
         self.loc = loc
         self.slot = slot
         self.phase = 0
-        self.arrived: list[tuple[int, Loc | None]] = []  # (warpgroup index, line) of this phase's arrivals
+        self.arrived: list[int] = []  # the warpgroup of each arrival of this phase
         self.clock: Clock = {}
         self.released: dict[int, Clock] = {}  # phase -> what its arrivals released
 
@@ -117,15 +118,10 @@ class NamedBarrier:
         where = f" allocated at line {self.loc.line}" if self.loc else ""
         return f"named barrier slot {self.slot}{where} (warpgroups={self.count})"
 
-    def arrive(self, index: int, clock: Clock, loc: Loc | None) -> int:
+    def arrive(self, index: int, clock: Clock) -> int:
         """Warpgroup `index` arrives with its clock; returns the phase it arrived in."""
-        if any(i == index for i, _ in self.arrived):
-            raise InterpretError(f"warpgroup {index} arrives twice on {self.describe()} in phase {self.phase}: each "
-                                 f"warpgroup arrives once per phase (the hardware counts threads, so the phase "
-                                 f"would complete without another warpgroup)", loc, Check.BARRIER_COUNT,
-                                 tuple(at for i, at in self.arrived if i == index and at))
         phase = self.phase
-        self.arrived.append((index, loc))
+        self.arrived.append(index)
         join(self.clock, clock)
         if len(self.arrived) == self.count:
             self.released[phase] = self.clock

@@ -215,17 +215,17 @@ def _interp_barrier(op: _NamedBarrierOp, wg: Warpgroup) -> NamedBarrier:
 
 @interpret.rule(NamedBarrierArrive)
 def _interp_named_barrier_arrive(op: NamedBarrierArrive, wg: Warpgroup) -> None:
-    _interp_barrier(op, wg).arrive(wg.index, wg.clock, op.loc)
+    _interp_barrier(op, wg).arrive(wg.index, wg.clock)
 
 
 @interpret.rule(NamedBarrierSync)
 def _interp_named_barrier_sync(op: NamedBarrierSync, wg: Warpgroup) -> Generator[Wait, None, None]:
     bar = _interp_barrier(op, wg)
-    phase = bar.arrive(wg.index, wg.clock, op.loc)
+    phase = bar.arrive(wg.index, wg.clock)
 
     def describe() -> str:
         return (f"{bar.describe()} to complete phase {phase}: {len(bar.arrived)} of {bar.count} warpgroups have "
-                f"arrived (warpgroups {sorted(i for i, _ in bar.arrived)})")
+                f"arrived (warpgroups {sorted(bar.arrived)})")
 
     yield Wait(op.loc, lambda: bar.phase > phase, describe, lambda: join(wg.clock, bar.released[phase]))
 
