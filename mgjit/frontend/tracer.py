@@ -16,7 +16,7 @@ from ..dtypes import DType
 from ..source import DeviceFunction, SourceFunction
 from . import registry
 from .builtins import tcgen05  # importing builtins/ registers the builtins of every hardware unit
-from .control import ControlFlow, Return, assigned_names
+from .control import ControlFlow, Return, assigned_names, hidden
 from .values import Builder, Expanded, Ref, Shape, Tensor, Traced
 
 _ALLOWED_PY_BUILTINS = {"range", "len", "int", "float", "bool", "min", "max", "abs", "tuple", "list",
@@ -368,7 +368,10 @@ class Tracer(ControlFlow):
         except TypeError as e:
             raise self.error(f"bad call of {fn.__name__}: {e}") from None
         bound.apply_defaults()
-        tracer = Tracer(src, self.builder, dict(bound.arguments), self.depth + 1, parent=self)
+        # The variables the trace keeps for the user (barrier phases) flow into the helper and back out, so that
+        # a helper can wait on the caller's barriers.
+        scope = {**dict(bound.arguments), **{n: self.scope[n] for n in hidden(self.scope)}}
+        tracer = Tracer(src, self.builder, scope, self.depth + 1, parent=self)
         saved_loc = self.builder.loc
         try:
             tracer.run_body(src.node.body)
@@ -377,6 +380,7 @@ class Tracer(ControlFlow):
             result = r.value
         finally:
             self.builder.loc = saved_loc
+        self.scope.update({n: tracer.scope[n] for n in hidden(tracer.scope)})
         return result
 
 
