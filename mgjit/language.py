@@ -88,8 +88,9 @@ cluster_rank = _builtin("cluster_rank", "cluster_rank(): the rank of this CTA in
 cluster_sync = _builtin("cluster_sync", "cluster_sync(): a barrier for every thread of every CTA in the cluster.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
-fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "
-                                                    "reads of them.")
+fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order the warpgroup's SMEM stores "
+                                                    "before TMA/MMA reads of them (each thread fences, then the "
+                                                    "warpgroup's threads meet).")
 cta_sync = _builtin("cta_sync", "cta_sync(): a barrier for every warpgroup of the CTA (bar.sync 0): SMEM written "
                                 "before it by any warpgroup can be read after it by any other.")
 named_barrier = _builtin("named_barrier", "named_barrier(count=1, warpgroups=2): `count` barriers between warpgroups "
