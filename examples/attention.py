@@ -219,8 +219,10 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
     and dV fit in registers; it then computes S and dP whole, as its partner does). Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
     are computed transposed, so that Pᵀ and dSᵀ are the register A operands of dV += Pᵀ dO and dK += dSᵀ Q;
     dQ = dS K goes through SMEM (dSᵀ stored, read transposed) and is added into dq_acc by a TMA reduce-add.
-    Grid (cdiv(Sk, BN), B * Hk), num_warpgroups = 1 + CONSUMERS."""
+    The producer streams each query block's Q, dO, logsumexp and delta (lse and delta: fp32 (B, H, Sq) with
+    16-byte aligned rows). Grid (cdiv(Sk, BN), B * Hk), num_warpgroups = 1 + CONSUMERS."""
     DC = D // SPLIT
+    KCH = DC // 64  # dQ is computed 64 columns at a time (it would not fit in registers beside dK and dV)
     BN = 64 * CONSUMERS // SPLIT
     PARTS = CONSUMERS // SPLIT
     Sq, Sk, H, Hk = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
@@ -232,18 +234,21 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
     if n0 + BN > Sk:
         m_plain = m_blocks  # a ragged KV block: every query block masks its keys past the end
     elif CAUSAL:
-        m_plain = mgjit.minimum(mgjit.cdiv(n0 + BN - 1, BM), m_blocks)  # from here no query sees a later key
+        m_plain = mgjit.cdiv(n0 + BN - 1, BM)  # the query blocks before this one see keys after theirs
     else:
         m_plain = 0
 
     k_s = mgjit.smem((PARTS, SPLIT, 1, 1, 64, DC), k.dtype, swizzle=128)
+    kc_s = mgjit.smem((PARTS, SPLIT, KCH, 1, 1, 64, 64), k.dtype, swizzle=128)  # K again, as dQ's 64-column chunks
     v_s = mgjit.smem((PARTS, SPLIT, 1, 1, 64, DC), v.dtype, swizzle=128)
     q_s = mgjit.smem((STAGES, SPLIT, 1, 1, BM, DC), q.dtype, swizzle=128)
     do_s = mgjit.smem((STAGES, SPLIT, 1, 1, BM, DC), do.dtype, swizzle=128)
+    lse_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)  # the query block's logsumexp and delta
+    delta_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)
     ds_s = mgjit.smem((CONSUMERS, 64, BM), q.dtype, swizzle=128)  # each consumer's dSᵀ, read transposed for dQ
-    dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, DC), mgjit.float32, swizzle=128)  # its dQ part, for the reduce-add
-    kv_full = mgjit.barrier(1, arrivals=2 * PARTS * SPLIT)
-    full = mgjit.barrier(STAGES, arrivals=2 * SPLIT)
+    dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, 64), mgjit.float32)  # its dQ part, for the reduce-add
+    kv_full = mgjit.barrier(1, arrivals=(2 + KCH) * PARTS * SPLIT)
+    full = mgjit.barrier(STAGES, arrivals=2 * SPLIT + 2)
     empty = mgjit.barrier(STAGES, arrivals=CONSUMERS)
     if SPLIT > 1:
         spent = mgjit.named_barrier(1, warpgroups=CONSUMERS)  # every consumer is done reading K and V
@@ -255,6 +260,8 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
             for d in mgjit.static_range(SPLIT):
                 mgjit.copy_async(k, (b, hk, n0 + 64 * r, d * DC), k_s[r][d], barrier=kv_full[0])
                 mgjit.copy_async(v, (b, hk, n0 + 64 * r, d * DC), v_s[r][d], barrier=kv_full[0])
+                for j in mgjit.static_range(KCH):
+                    mgjit.copy_async(k, (b, hk, n0 + 64 * r, d * DC + 64 * j), kc_s[r][d][j], barrier=kv_full[0])
         it = 0
         for g in range(G):
             for m in range(m_first, m_blocks):
@@ -264,53 +271,54 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
                 for d in mgjit.static_range(SPLIT):
                     mgjit.copy_async(q, (b, hk * G + g, m * BM, d * DC), q_s[slot][d], barrier=full[slot])
                     mgjit.copy_async(do, (b, hk * G + g, m * BM, d * DC), do_s[slot][d], barrier=full[slot])
+                mgjit.copy_async(lse, (b, hk * G + g, m * BM), lse_s[slot], barrier=full[slot])
+                mgjit.copy_async(delta, (b, hk * G + g, m * BM), delta_s[slot], barrier=full[slot])
                 it += 1
     else:
         mgjit.set_max_registers(REGISTERS, increase=True)
         c = wg - 1
         part, chunk = c // SPLIT, c % SPLIT
         kv = n0 + 64 * part + mgjit.arange(64)
-        k_t = k_s[part][chunk][0][0]
         dk_acc = mgjit.zeros((64, DC), mgjit.float32)
         dv_acc = mgjit.zeros((64, DC), mgjit.float32)
         kv_full[0].wait()
         it = 0
         for g in range(G):
             h = hk * G + g
-            for masked in mgjit.static_range(2):
-                for m in range(m_first if masked else m_plain, m_plain if masked else m_blocks):
-                    slot = it % STAGES
-                    m0 = m * BM
-                    full[slot].wait()
-                    st = mgjit.zeros((64, BM), mgjit.float32)
-                    dpt = mgjit.zeros((64, BM), mgjit.float32)
-                    for d in mgjit.static_range(SPLIT):
-                        st = mgjit.wgmma(st, k_s[part][d][0][0], q_s[slot][d][0][0].T)
-                    for d in mgjit.static_range(SPLIT):
-                        dpt = mgjit.wgmma(dpt, v_s[part][d][0][0], do_s[slot][d][0][0].T)
-                    lse_log2 = lse[b, h, mgjit.ds(m0, BM)] * LOG2E
-                    delta_m = delta[b, h, mgjit.ds(m0, BM)]
-                    mgjit.wgmma_wait(1)  # Sᵀ is done; dPᵀ runs on
-                    if masked:
-                        st = mask_scores_t(st, kv, m0, Sk, CAUSAL, BM)
-                    pt = mgjit.exp2(st * scale_log2 - lse_log2[None, :])
-                    dv_acc = mgjit.wgmma(dv_acc, pt.astype(do.dtype), do_s[slot][chunk][0][0])
-                    mgjit.wgmma_wait(1)  # dPᵀ is done; dV runs on
-                    dst = (pt * (dpt - delta_m[None, :])).astype(q.dtype)
-                    dk_acc = mgjit.wgmma(dk_acc, dst, q_s[slot][chunk][0][0])
-                    ds_s[c][...] = dst
-                    mgjit.fence_async_shared()
-                    dq = mgjit.wgmma(mgjit.zeros((BM, DC), mgjit.float32), ds_s[c].T, k_t)
+            for m in range(m_first, m_blocks):
+                slot = it % STAGES
+                m0 = m * BM
+                full[slot].wait()
+                st = mgjit.zeros((64, BM), mgjit.float32)
+                dpt = mgjit.zeros((64, BM), mgjit.float32)
+                for d in mgjit.static_range(SPLIT):
+                    st = mgjit.wgmma(st, k_s[part][d][0][0], q_s[slot][d][0][0].T)
+                for d in mgjit.static_range(SPLIT):
+                    dpt = mgjit.wgmma(dpt, v_s[part][d][0][0], do_s[slot][d][0][0].T)
+                mgjit.wgmma_wait(1)  # Sᵀ is done; dPᵀ runs on
+                if m < m_plain:
+                    st = mask_scores_t(st, kv, m0, Sk, CAUSAL, BM)
+                pt = mgjit.exp2(st * scale_log2 - (lse_s[slot][0][0][...] * LOG2E)[None, :]).astype(do.dtype)
+                dv_acc = mgjit.wgmma(dv_acc, pt, do_s[slot][chunk][0][0])
+                mgjit.wgmma_wait(1)  # dPᵀ is done; dV runs on
+                # dSᵀ from the rounded Pᵀ that dV used: the fp32 one would stay live beside dK, dV and dPᵀ (spills)
+                dst = (pt.astype(mgjit.float32) * (dpt - delta_s[slot][0][0][...][None, :])).astype(q.dtype)
+                dk_acc = mgjit.wgmma(dk_acc, dst, q_s[slot][chunk][0][0])
+                ds_s[c][...] = dst
+                mgjit.fence_async_shared()
+                for j in mgjit.static_range(KCH):
+                    dq = mgjit.wgmma(mgjit.zeros((BM, 64), mgjit.float32), ds_s[c].T, kc_s[part][chunk][j][0][0])
                     mgjit.wgmma_wait(0)
-                    empty[slot].arrive()
+                    if j == 0:
+                        empty[slot].arrive()  # every GEMM that reads the slot is done
                     mgjit.store_async_wait(0)  # the previous dQ part has left dq_s
                     dq_s[c][0][0][...] = dq
-                    mgjit.store_async(dq_acc, (b, h, m0, chunk * DC), dq_s[c], reduce="add")
-                    it += 1
+                    mgjit.store_async(dq_acc, (b, h, m0, chunk * DC + 64 * j), dq_s[c], reduce="add")
+                it += 1
         row0 = n0 + 64 * part
         if SPLIT > 1:
             spent[0].sync()  # the partner consumer read this consumer's K and V chunks too
-        k_t[...] = (dk_acc * scale).astype(dk.dtype)  # K and V are spent: their tiles take dK and dV
+        k_s[part][chunk][0][0][...] = (dk_acc * scale).astype(dk.dtype)  # K and V are spent: their tiles take dK, dV
         mgjit.store_async(dk, (b, hk, row0, chunk * DC), k_s[part][chunk])
         v_s[part][chunk][0][0][...] = dv_acc.astype(dv.dtype)
         mgjit.store_async(dv, (b, hk, row0, chunk * DC), v_s[part][chunk])
@@ -344,10 +352,18 @@ def _padded_head_dim(d: int) -> int:
 
 
 def _tma_ready(t):
-    """A tensor TMA can read: unit last stride, 16-byte aligned base and strides (a copy otherwise)."""
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-          and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
+    """`t`, or a copy of it, that TMA can read: unit last stride, 16-byte aligned base and strides (a copy's rows
+    are padded to a multiple of 16 bytes)."""
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]):
+        return t
+    return _padded_rows(t.shape, t.dtype, t.device).copy_(t)
+
+
+def _padded_rows(shape, dtype, device):
+    """An empty tensor of `shape` whose rows start 16-byte aligned (a view of a buffer with padded rows)."""
+    import torch
+    per = 16 // torch.empty(0, dtype=dtype).element_size()
+    return torch.empty(*shape[:-1], -(-shape[-1] // per) * per, dtype=dtype, device=device)[..., :shape[-1]]
 
 
 def _prepare(q, k, v, scale):
@@ -384,7 +400,7 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
     b, h, sq, dp = qp.shape
     cfg = {**forward_config(dp, causal), **(config or {})}
     o = torch.empty(b, h, sq, dp, dtype=q.dtype, device=q.device)
-    lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+    lse = _padded_rows((b, h, sq), torch.float32, q.device)  # the backward reads it with TMA
     if sq:
         consumers = cfg["CONSUMERS"]
         grid = (-(-sq // (64 * consumers)), b * h)
@@ -403,10 +419,10 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     hk, sk = kp.shape[1], kp.shape[2]
     if dp != d:
         o, do = (torch.nn.functional.pad(x, (0, dp - d)) for x in (o, do))
-    o, do = _tma_ready(o), _tma_ready(do)
+    o, do, lse = _tma_ready(o), _tma_ready(do), _tma_ready(lse)
     cfg = {**backward_config(dp, causal), **(config or {})}
     consumers = cfg["CONSUMERS"]
-    delta = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+    delta = _padded_rows((b, h, sq), torch.float32, q.device)
     dq_acc = torch.empty(b, h, sq, dp, dtype=torch.float32, device=q.device)
     dq = torch.empty(b, h, sq, dp, dtype=q.dtype, device=q.device)
     dk = torch.empty(b, hk, sk, dp, dtype=q.dtype, device=q.device)

@@ -139,20 +139,36 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
     # A zeros accumulator is not materialised: the first MMA of each tile ignores it (scale-d = 0).
     zero_init = _is_zeros(op.operands[0])
     elems = [e.m.llvm.mlir_undef(f32)] * len(acc.elems) if zero_init else list(acc.elems)
-    e.asm_void("wgmma.fence.sync.aligned;", "", [])
+    steps = k // k_step
+    words: list = []
+    if a_regs:
+        # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair) in the WGMMA
+        # layout's register order, packed into 4 b32 registers a0..a3; all of them before the fence.
+        per_block = k // 8 * 2 * 2  # elements per m64 tile of A, per thread
+        for t in range(m // 64):
+            for kk in range(steps):
+                chunk = a.elems[t * per_block + kk * 8:t * per_block + kk * 8 + 8]
+                words += [e.pack_i32([e.bitcast(x, e.int_type(16)) for x in chunk[i:i + 2]]) for i in range(0, 8, 2)]
+    # Every register the wgmmas read (the A fragment, the accumulator) must be written before wgmma.fence, or
+    # ptxas serializes them: they pass through the fence as tied operands, so that no write of them can be
+    # scheduled after it.
+    fenced = [*words, *([] if zero_init else elems)]
+    if fenced:
+        cons = ["r"] * len(words) + ["f"] * (len(fenced) - len(words))
+        fenced = e.asm("wgmma.fence.sync.aligned;", ",".join([f"={c}" for c in cons] + [str(i) for i in range(len(cons))]),
+                       fenced, [x.type for x in fenced], side_effects=True)
+        words, elems = fenced[:len(words)], (elems if zero_init else fenced[len(words):])
+    else:
+        e.asm_void("wgmma.fence.sync.aligned;", "", [])
     one = e.i32(1)
     for t in range(m // 64):
         regs = elems[t * per_tile:(t + 1) * per_tile]
-        for kk in range(k // k_step):
+        for kk in range(steps):
             scale_d = e.i32(0) if zero_init and kk == 0 else one
             db = operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
             outs = ", ".join(f"${i}" for i in range(per_tile))
             if a_regs:
-                # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair)
-                # in the WGMMA layout's register order, packed into 4 b32 registers a0..a3.
-                per_block = k // 8 * 2 * 2  # elements per m64 tile of A, per thread
-                chunk = a.elems[t * per_block + kk * 8:t * per_block + kk * 8 + 8]
-                a_ops = [e.pack_i32([e.bitcast(x, e.int_type(16)) for x in chunk[i:i + 2]]) for i in range(0, 8, 2)]
+                a_ops = words[(t * steps + kk) * 4:(t * steps + kk) * 4 + 4]
                 a_text = "{" + ", ".join(f"${per_tile + i}" for i in range(4)) + "}"
                 a_cons = ["r"] * 4
             else:
