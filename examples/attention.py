@@ -339,9 +339,13 @@ def forward_config(head_dim: int, causal: bool) -> dict:
 
 
 def backward_config(head_dim: int, causal: bool) -> dict:
-    """The default backward configuration: D = 256 splits D between the two consumers (and fits one stage)."""
+    """The default backward configuration. D = 64: the consumers own 64-row halves of a 128-row KV block. D >= 128:
+    they own halves of D for one 64-row block (computing S and dP twice, so that dK, dV and dQ fit in registers:
+    the halves of 128 rows spill at D = 128); D = 256 fits one stage of Q and dO in SMEM."""
     if head_dim > 128:
         return dict(BM=64, STAGES=1, CONSUMERS=2, SPLIT=2)
+    if head_dim > 64:
+        return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=2)
     return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=1)
 
 
