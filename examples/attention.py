@@ -487,3 +487,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(f"{query.shape[1]} query heads and {key.shape[1]} key/value heads need enable_gqa=True")
     return attention(query, key, value, is_causal, scale)[0]
+
+
+if __name__ == "__main__":
+    import torch
+    if torch.cuda.is_available():
+        q, k, v, do = (torch.randn(2, 16, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        for causal in (False, True):
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+            o, lse = attention_forward(q, k, v, causal)
+            err = ((o.float() - ref).norm() / ref.norm()).item()
+            print(f"attention (2, 16, 4096, 128) bf16 causal={causal}: relative error {err:.2e}")
+            if err > 1e-2:
+                raise SystemExit(1)
+        raise SystemExit(0)
+    x = torch.empty(2, 16, 4096, 128, dtype=torch.bfloat16)
+    rows = torch.empty(2, 16, 4096)
+    fwd = {**forward_config(128, True), "REGISTERS": registers_per_consumer(2)}
+    print(attention_fwd.compile(x, x, x, x, rows, 0.1, D=128, CAUSAL=True, num_warpgroups=3, target="sm_90a", **fwd))
+    bwd = {**backward_config(128, True), "REGISTERS": registers_per_consumer(2)}
+    print(attention_bwd.compile(x, x, x, x, rows, rows, torch.empty(2, 16, 4096, 128), x, x, 0.1, 0.1, D=128,
+                                CAUSAL=True, num_warpgroups=3, target="sm_90a", **bwd))
