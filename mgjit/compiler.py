@@ -16,7 +16,7 @@ from typing import Any
 
 from . import abi, dtypes
 from ._version import VERSION
-from .errors import CompileError, PtxasWarning, Rule
+from .errors import CompileError, CompileWarning, PtxasWarning, Rule
 from .source import SourceFunction
 from .specialize import Specialization, TensorSpec
 
@@ -183,6 +183,7 @@ def check_and_infer(kernel, spec: Specialization):
     this the kernel is the program the lowering emits (and the interpreter runs). Returns the Target."""
     from . import infer, targets
     _check_specialization(kernel, spec)
+    _warn_replicated_stores(kernel)
     target = targets.get(spec.target, kernel.loc)
     for op in kernel.walk():
         if op.requires is not None:
@@ -233,6 +234,18 @@ def _warn(compiled: CompiledKernel, source: SourceFunction) -> None:
     for text in compiled.meta.get("warnings", []):
         warnings.warn_explicit(f"{compiled.name} ({compiled.target}): ptxas: {text}", PtxasWarning, loc.file,
                                loc.line)
+
+
+def _warn_replicated_stores(kernel) -> None:
+    """Which warpgroups run a GMEM store (ops/warpgroups.py): warn where several write one window."""
+    from .ops.warpgroups import replicated_stores
+    for op, runners in replicated_stores(kernel):
+        loc = op.loc or kernel.loc
+        warnings.warn_explicit(
+            f"{kernel.name}: warpgroups {runners} all run this GMEM store, at a window that does not depend on the "
+            f"warpgroup: each writes it again (a race if their values differ). Every warpgroup runs what is not "
+            f"under a branch on mgjit.warpgroup_id(): put the store under one (`if wg == 1:`), or index its window "
+            f"by the warpgroup", CompileWarning, loc.file, loc.line)
 
 
 def _check_specialization(kernel, spec: Specialization) -> None:

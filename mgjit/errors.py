@@ -116,3 +116,8 @@ class LaunchError(ValueError):
 class PtxasWarning(UserWarning):
     """ptxas warned about a kernel (serialized wgmma, ignored setmaxnreg, ...) or spilled registers: usually a
     large slowdown, so it is shown, naming the kernel."""
+
+
+class CompileWarning(UserWarning):
+    """A kernel compiles, but a line of it probably does not do what was meant (a GMEM store that several
+    warpgroups repeat, ...): the message names the line."""

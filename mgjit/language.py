@@ -83,7 +83,9 @@ store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None
 store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
                                                 "warpgroup still read their SMEM tiles.")
 pipeline = _builtin("pipeline", "for k, *tiles in pipeline(steps, tile(...), ..., stages=2, release=1, "
-                                "warp_specialize=False, registers=None): a TMA→SMEM ring feeding the loop body.")
+                                "warp_specialize=False, registers=None): a TMA→SMEM ring feeding the loop body. "
+                                "With warp_specialize=True, warpgroup 0 produces and skips the rest of the block "
+                                "the loop is in: the code after it runs in the consumer warpgroups only.")
 tile = _builtin("tile", "tile(tensor, origin, block, step, swizzle=None): a block of `tensor` for mgjit.pipeline: "
                         "at step k it is the block at origin + k * step (element coordinates).")
 cluster_rank = _builtin("cluster_rank", "cluster_rank(): the rank of this CTA in its cluster.")
@@ -94,8 +96,15 @@ cluster_reduce = _builtin("cluster_reduce", "cluster_reduce(x, kind): x (a float
                                             "of the cluster must call it: it synchronises the cluster.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
-fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order SMEM stores before TMA/MMA "
-                                                    "reads of them.")
+fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order the warpgroup's SMEM stores "
+                                                    "before TMA/MMA reads of them (each thread fences, then the "
+                                                    "warpgroup's threads meet).")
+cta_sync = _builtin("cta_sync", "cta_sync(): a barrier for every warpgroup of the CTA (bar.sync 0): SMEM written "
+                                "before it by any warpgroup can be read after it by any other.")
+named_barrier = _builtin("named_barrier", "named_barrier(count=1, warpgroups=2): `count` barriers between warpgroups "
+                                          "(hardware named barriers), each completing a phase once `warpgroups` "
+                                          "warpgroups have arrived: nb[i].sync() arrives and waits, nb[i].arrive() "
+                                          "arrives without waiting (a warpgroup arrives once per phase).")
 set_max_registers = _builtin("set_max_registers", "set_max_registers(n, increase=True): setmaxnreg for the "
                                                   "warpgroup (warp specialization).")
 

@@ -42,6 +42,28 @@ def hidden(scope: dict[str, Any]) -> set[str]:
 class ControlFlow(Semantics):
     """Runtime branches and loops, for any body."""
 
+    _rest_guard: Tensor | None = None
+
+    def run_body(self, stmts: Sequence[ast.stmt]) -> None:
+        """Trace statements in order; after one that asked for it (`guard_rest`), the rest of the block runs
+        under a runtime `if` (a trailing `return` stays outside it, so that a helper still returns)."""
+        for i, stmt in enumerate(stmts):
+            self.stmt(stmt)
+            guard, self._rest_guard = self._rest_guard, None
+            if guard is not None:
+                rest = list(stmts[i + 1:])
+                tail = rest[-1:] if rest and isinstance(rest[-1], ast.Return) else []
+                body = rest[:len(rest) - len(tail)]
+                if body:
+                    self.branch(guard, lambda: self.run_body(body), lambda: None, assigned_names(body), body[0])
+                for last in tail:
+                    self.stmt(last)
+                return
+
+    def guard_rest(self, cond: Tensor) -> None:
+        """Trace the statements after the current one, to the end of their block, under `if cond:`."""
+        self._rest_guard = cond
+
     def branch(self, cond: Tensor | Expanded, then: Callable[[], None], orelse: Callable[[], None],
                assigned: Iterable[str], node: ast.AST) -> None:
         """Trace `if cond: then() else: orelse()` on a runtime condition, at `node`; afterwards the variables of

@@ -262,3 +262,24 @@ class BarrierSlot(Traced):
     def __init__(self, barriers: Barriers, index: Any):
         self.barriers = barriers
         self.index = index
+
+
+class NamedBarriers(Traced):
+    """An array of named barriers between warpgroups (`mgjit.named_barrier(count, warpgroups)`)."""
+
+    kind = "a named-barrier array"
+
+    def __init__(self, value: ir.Value, count: int, warpgroups: int):
+        self.value = value
+        self.count = count
+        self.warpgroups = warpgroups
+
+
+class NamedBarrierSlot(Traced):
+    """`nbars[i]`: one named barrier of an array."""
+
+    kind = "a named barrier"
+
+    def __init__(self, barriers: NamedBarriers, index: Any):
+        self.barriers = barriers
+        self.index = index

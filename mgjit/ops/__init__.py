@@ -14,7 +14,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
 | wgmma | Wgmma, WgmmaWait |
-| warpgroups | WarpgroupId, SetMaxRegisters |
+| warpgroups | WarpgroupId, SetMaxRegisters, CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync |
 | warps | WarpSplit |
 | clusters | ClusterRank, ClusterSync, ClusterReduce |
 | clc | ClcTryCancel, ClcQuery (cluster launch control) |
@@ -36,15 +36,16 @@ from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
 from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
 from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
 from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
-from .warpgroups import SetMaxRegisters, WarpgroupId
+from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync, SetMaxRegisters, WarpgroupId
 from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast", "Cast",
            "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterReduce", "ClusterSync", "Compare", "Constant",
-           "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms", "Print", "ProfileEvent", "ProfileStart",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma",
-           "TmaLoad", "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex",
-           "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait",
-           "Yield", "tmem_layout"]
+           "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc", "NamedBarrierArrive",
+           "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId", "Reduce",
+           "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters", "SmemAlloc", "SmemLoad",
+           "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad",
+           "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad",
+           "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield",
+           "tmem_layout"]

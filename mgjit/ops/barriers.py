@@ -81,7 +81,10 @@ class BarrierWait(Op):
 
 
 class FenceAsyncShared(Op):
-    """Order this thread's ordinary SMEM writes before later reads by the TMA engine or tensor cores."""
+    """Order this warpgroup's ordinary SMEM writes before later reads by the TMA engine or tensor cores: each
+    thread fences its writes, then the warpgroup's threads meet, so that an MMA or copy the warpgroup issues
+    next reads what every one of its threads wrote (a warp's part of a wgmma may read rows another warp
+    stored)."""
 
     name = "fence_async_shared"
 
@@ -137,6 +140,7 @@ def _barrier_wait(op: BarrierWait, ctx: lower.Context) -> None:
 @lower.rule(FenceAsyncShared)
 def _fence(op: FenceAsyncShared, ctx: lower.Context) -> None:
     ctx.e.asm_void("fence.proxy.async.shared::cta;", "", [])
+    ctx.warpgroup_barrier()
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

@@ -104,12 +104,16 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
 
     layout: TiledLayout = src.layout
     keep = [d for d in range(rank) if d not in op.axes]
-    # 1. within the thread: group held elements by their offset along the kept axes.
-    groups: dict[tuple, object] = {}
+    # 1. within the thread: group held elements by their offset along the kept axes, and combine each group as
+    # a balanced tree (a chain would make every combine wait for the one before it).
+    held: dict[tuple, list] = {}
     for off, x in zip(element_offsets(layout, src.shape), src.elems):
-        key = tuple(off[d] for d in keep)
-        x = e.cast(x, dtype, acc_dtype)
-        groups[key] = x if key not in groups else combine(ctx, op.kind, acc_dtype, groups[key], x)
+        held.setdefault(tuple(off[d] for d in keep), []).append(e.cast(x, dtype, acc_dtype))
+    groups: dict[tuple, object] = {}
+    for key, xs in held.items():
+        while len(xs) > 1:
+            xs = [combine(ctx, op.kind, acc_dtype, a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
+        groups[key] = xs[0]
     # 2. across lanes.
     for stride, size in layout.reduced_lane_dims(op.axes, rank):
         s = stride
