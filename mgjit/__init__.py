@@ -10,14 +10,15 @@ from typing import Callable
 
 from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
                      int16, int32, int64, uint8)
-from .errors import Check, CompileError, InterpretError, LaunchError, PtxasWarning
+from .errors import BankConflictWarning, Check, CompileError, InterpretError, LaunchError, PtxasWarning
 from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel
 from .jit import Kernel
 from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, constexpr, copy_async, cos, ds, erf, exp, exp2,
-                       fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,
-                       rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
+                       fence_async_shared, full, gather_async, log, log2, max, maximum, min, minimum, num_programs, pipeline,
+                       prefetch_async, program_id,
+                       rsqrt, scoped_smem, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
                        tile, warpgroup_id, wgmma,
                        wgmma_wait, where, zeros)
 from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)

@@ -9,6 +9,9 @@ them (`builtins/` by hardware unit, `control.py` for `range`).
   `value[index] = item`. `@attribute(ValueClass, "name")`: `fn(t, value)` traces reading `value.name`.
 - `@loop(marker)`: `fn(t, node, args, kwargs)` traces `for ... in marker(*args, **kwargs):` (the statement
   `node`); such a marker can only be iterated.
+- `@context(marker)`: `fn(t, args, kwargs)` traces entering `with marker(*args, **kwargs) as x:` and returns
+  (the value bound to x, a function of no arguments that traces leaving the block); such a marker can only
+  open a `with` block.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Member:
 _BUILTINS: dict[lang.Builtin, Builtin] = {}
 _MEMBERS: dict[tuple[type, str], Member] = {}
 _LOOPS: dict[Any, Callable] = {}
+_CONTEXTS: dict[Any, Callable] = {}
 
 
 def builtin(*markers: lang.Builtin, unit: str | None = None,
@@ -73,6 +77,16 @@ def loop(*markers: Any) -> Callable[[Callable], Callable]:
     return register
 
 
+def context(*markers: Any) -> Callable[[Callable], Callable]:
+    """Decorator: `fn` traces `with` blocks opened by each of `markers`."""
+    def register(fn: Callable) -> Callable:
+        for marker in markers:
+            _claim(_CONTEXTS, marker, getattr(marker, "__name__", repr(marker)))
+            _CONTEXTS[marker] = fn
+        return fn
+    return register
+
+
 def find_builtin(marker: lang.Builtin) -> Builtin | None:
     return _BUILTINS.get(marker)
 
@@ -97,6 +111,13 @@ def find_loop(marker: Any) -> Callable | None:
     try:
         return _LOOPS.get(marker)
     except TypeError:  # an unhashable object: not a loop marker
+        return None
+
+
+def find_context(marker: Any) -> Callable | None:
+    try:
+        return _CONTEXTS.get(marker)
+    except TypeError:  # an unhashable object: not a context marker
         return None
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import dtypes, ir, language as lang
 from ..dtypes import DType
+from ..errors import CompileError
 from ..source import DeviceFunction, SourceFunction
 from . import registry
 from .builtins import tcgen05  # importing builtins/ registers the builtins of every hardware unit
@@ -136,6 +137,30 @@ class Tracer(ControlFlow):
         args = [self.expr(a) for a in node.iter.args]
         kwargs = {k.arg: self.expr(k.value) for k in node.iter.keywords}
         trace_loop(self, node, args, kwargs)
+
+    def stmt_With(self, node: ast.With) -> None:
+        leaving = []
+        for item in node.items:
+            call = item.context_expr
+            try:
+                enter = registry.find_context(self.expr(call.func)) if isinstance(call, ast.Call) else None
+            except CompileError:
+                enter = None
+            if enter is None:
+                raise self.error("`with` statements in a kernel open mgjit scopes only: with mgjit.scoped_smem(...) "
+                                 "as buf:", call)
+            args = [self.expr(a) for a in call.args]
+            kwargs = {k.arg: self.expr(k.value) for k in call.keywords}
+            value, leave = enter(self, args, kwargs)
+            leaving.append(leave)
+            if item.optional_vars is not None:
+                self.assign(item.optional_vars, value)
+        try:
+            self.run_body(node.body)
+        finally:  # the block is left on a return too (an error abandons the trace anyway)
+            for leave in reversed(leaving):
+                self.at(node)
+                leave()
 
     # -- expressions
     def expr(self, node: ast.expr) -> Any:
@@ -351,6 +376,8 @@ class Tracer(ControlFlow):
         if entry is None:
             if registry.find_loop(fn) is not None:
                 raise self.error(f"{fn.name} can only be iterated by a for loop")
+            if registry.find_context(fn) is not None:
+                raise self.error(f"mgjit.{fn.name} opens a `with` block: with mgjit.{fn.name}(...) as x:")
             raise self.error(f"mgjit.{fn.name} is not supported here")
         if entry.positional is not None:
             lo, hi = entry.positional

@@ -13,7 +13,7 @@ import torch
 
 from .. import compiler, deps, ir, jit, specialize, targets
 from ..errors import LaunchError
-from ..ops.smem import smem_plan
+from ..ops.smem_scopes import smem_plan
 from ..ops.tmem import static_refs
 from ..specialize import Specialization
 from . import numerics

@@ -10,9 +10,11 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | reductions | Reduce |
 | control | For, If, Yield |
 | gmem | Load, Store |
-| smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
+| smem | SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore, SmemLoad |
+| smem_scopes | ScopedSmemAlloc, SmemFree |
 | barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
-| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
+| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch |
+| tma_gather | TmaGather |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
 | clusters | ClusterRank, ClusterSync |
@@ -27,16 +29,18 @@ from .elementwise import Binary, Cast, Compare, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
-from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
+from .smem import RefIndex, RefSlice, RefTranspose, SmemAlloc, SmemLoad, SmemStore
+from .smem_scopes import ScopedSmemAlloc, SmemFree
 from .tcgen05 import Tcgen05Commit, Tcgen05Mma
-from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
+from .tma import TmaLoad, TmaLoadCollective, TmaPrefetch, TmaStore, TmaStoreWait
+from .tma_gather import TmaGather
 from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
            "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
-           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
+           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
+           "ScopedSmemAlloc", "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaGather", "TmaLoad", "TmaLoadCollective",
+           "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
            "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

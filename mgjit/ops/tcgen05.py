@@ -25,7 +25,7 @@ from ..ir import Op, ScalarType, Value, check, is_ref
 from ..mma_descriptors import Major, Tcgen05InstrDescriptor, tcgen05_kind, tcgen05_smem_descriptor
 from ..tmem_layouts import MMAPiece, TMEMLayoutError, check_tcgen05_shape, mma_data_path
 from .clusters import cluster_ctarank, pair_leader_rank
-from .smem import SmemTile, mma_operand, operand_descriptor, shared_address, stored_k_major, tile_range
+from .smem import SmemTile, mma_operand, operand_descriptor, shared_address, stored_k_major, tile_ranges
 from .tmem import LoweredTmem
 
 
@@ -280,9 +280,9 @@ def _interp_tcgen05_mma(op: Tcgen05Mma, wg: Warpgroup) -> None:
     acc_columns = (acc.addr, acc.addr + acc.layout.columns)
     for c in pair:
         for tile in ((b,) if a_in_tmem else (a, b)):
-            start, end = tile_range(tile)
-            check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_mma")
-            c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_mma"))
+            for start, end in tile_ranges(tile):
+                check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_mma")
+                c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_mma"))
         check_write(c.tmem.records, *acc_columns, wg.clock, op.loc, "this tcgen05_mma", space="TMEM", queue=queue)
         c.tmem.records.add(Access(*acc_columns, "mma", queue, ordinal, op.loc, "tcgen05_mma"))
         if a_in_tmem:

@@ -19,7 +19,7 @@ from ..interpret.checker import Access, check_read
 from ..interpret.scheduler import AsyncOp, Pending, Wait, Warpgroup
 from ..ir import Op, Value, check, is_ref
 from ..layouts import WGMMA
-from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_range
+from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_ranges
 
 
 class Wgmma(Op):
@@ -215,9 +215,9 @@ def _interp_wgmma(op: Wgmma, wg: Warpgroup) -> None:
     queue = ("wgmma", cta.rank, wg.index)
     ordinal = engine.next_in(queue)
     for tile in ((b,) if a_v.is_array else (a, b)):
-        start, end = tile_range(tile)
-        check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
-        cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
+        for start, end in tile_ranges(tile):
+            check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
+            cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
     result = Pending(queue, ordinal, op.loc)
 
     def compute() -> None:
