@@ -127,7 +127,7 @@ def test_a_conflicting_read_is_a_warning_at_its_line_and_a_note_in_the_ir():
 @mgjit.kernel
 def bad_view(x, WHICH: mgjit.constexpr):
     t = mgjit.smem((2, 128, 128), x.dtype, swizzle=128)
-    u = mgjit.smem((64, 96), x.dtype)
+    u = mgjit.smem((64, 128), x.dtype)
     bars = mgjit.barrier(1)
     if WHICH == 0:
         v = t[0][:, 0:32]
@@ -145,6 +145,10 @@ def bad_view(x, WHICH: mgjit.constexpr):
         mgjit.copy_async(x, (0, 0), u[:, 8:40], barrier=bars[0])
     if WHICH == 7:
         v = mgjit.smem((2, 2, 64, 64), x.dtype)[:, 0:1]
+    if WHICH == 8:
+        mgjit.copy_async(x, (0, 0), mgjit.smem((3, 5, 24), x.dtype)[1], barrier=bars[0])
+    if WHICH == 9:
+        mgjit.gather_async(x, mgjit.arange(64), 0, mgjit.smem((64, 32), x.dtype, swizzle=64), barrier=bars[0])
 
 
 @pytest.mark.parametrize("which,text,phrase", [
@@ -157,6 +161,8 @@ def bad_view(x, WHICH: mgjit.constexpr):
     (5, "0:x.shape[0]", "static bounds (tile[a:b]) or a static size from a runtime start"),
     (6, "u[:, 8:40]", "keeps their pitch"),
     (7, "[:, 0:1]", "only the first of a buffer's stage dimensions can be sliced"),
+    (8, "(3, 5, 24)", "this tile's boxes start at multiples of only 16 bytes"),
+    (9, "gather_async", "this tile's rows are 64 bytes apart: use a 128B swizzle"),
 ])
 def test_views_the_storage_does_not_allow_are_errors_at_their_line(which, text, phrase):
     x = torch.empty(64, 64, dtype=BF16)
@@ -251,7 +257,7 @@ def test_prefetch_then_copy():
     assert {"box": [64, 64], "param": 0, "swizzle": 0} in c.meta["tma"]  # the prefetch by shape: unswizzled
 
 
-@pytest.mark.parametrize("swizzle,dim", [(128, 256), (None, 64), (64, 32)])
+@pytest.mark.parametrize("swizzle,dim", [(128, 256), (None, 64), (128, 64)])
 def test_gather_rows_is_index_select(swizzle, dim):
     table = torch.randn(1000, dim, dtype=BF16)
     ids = torch.randint(0, 1000, (300,), dtype=torch.int32)
@@ -279,3 +285,61 @@ def test_gathered_tokens_times_weight():
     out = poisoned(256, 64)
     gv.gathered_matmul.interpret[(4,)](x, ids, w, out, R=64, K=128, N=64)
     torch.testing.assert_close(out, x[ids.long()].float() @ w.float(), rtol=1e-5, atol=1e-4)
+
+
+@mgjit.kernel
+def tcgen05_on_views(a, b, c, K: mgjit.constexpr):
+    """Blackwell: c (128 x 128) = a @ b with A's K steps and B's column blocks taken as views of whole tiles."""
+    a_s = mgjit.smem((128, K), a.dtype, swizzle=128)
+    b_s = mgjit.smem((K, 128), b.dtype, swizzle=128)
+    bars = mgjit.barrier(1, arrivals=2)
+    done = mgjit.barrier(1)
+    mgjit.copy_async(a, (0, 0), a_s, barrier=bars[0])
+    mgjit.copy_async(b, (0, 0), b_s, barrier=bars[0])
+    bars[0].wait()
+    acc = mgjit.tmem((128, 128), mgjit.float32)
+    for k in range(K // 64):
+        mgjit.tcgen05_mma(acc[:, 0:64], a_s[:, mgjit.ds(k * 64, 64)], b_s[mgjit.ds(k * 64, 64), 0:64], accumulate=k > 0)
+        mgjit.tcgen05_mma(acc[:, 64:128], a_s[:, mgjit.ds(k * 64, 64)], b_s[mgjit.ds(k * 64, 64), 64:128],
+                          accumulate=k > 0)
+    mgjit.tcgen05_commit(done[0])
+    done[0].wait()
+    c[0:128, 0:128] = acc.load()
+
+
+def test_views_feed_tcgen05():
+    a, b = torch.randn(128, 192, dtype=BF16), torch.randn(192, 128, dtype=BF16)
+    c = poisoned(128, 128)
+    tcgen05_on_views.interpret[(1,)](a, b, c, K=192)
+    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-5, atol=1e-4)
+    compiled = tcgen05_on_views.compile(a, b, c, K=192, target="sm_100a")
+    assert compiled.spills == 0 and "tcgen05.mma.cta_group::1.kind::f16" in compiled.ptx
+
+
+@mgjit.kernel
+def stores_into_views(x, out):
+    """Rows, column blocks and stages of tiles written from registers and read back whole."""
+    t = mgjit.smem((64, 128), x.dtype, swizzle=128)
+    u = mgjit.smem((64, 128), x.dtype)
+    s = mgjit.smem((3, 16, 128), x.dtype, swizzle=128)
+    for h in mgjit.static_range(2):
+        t[:, h * 64:(h + 1) * 64][...] = x[mgjit.ds(0, 64), mgjit.ds(64 - h * 64, 64)]  # the halves swapped
+    u[...] = mgjit.zeros((64, 128), x.dtype)
+    u[8:40, 32:64][...] = x[mgjit.ds(0, 32), mgjit.ds(0, 32)]
+    s[1:3][...] = mgjit.zeros((2, 16, 128), x.dtype) + 1.0
+    s[0, 8:16][...] = x[mgjit.ds(0, 8), mgjit.ds(0, 128)]
+    out[mgjit.ds(0, 64), mgjit.ds(0, 128)] = t[...]
+    out[mgjit.ds(64, 64), mgjit.ds(0, 128)] = u[...]
+    out[mgjit.ds(128, 8), mgjit.ds(0, 128)] = s[0, 8:16][...] + s[2][0:8][...]
+
+
+def test_stores_into_views_land_where_reads_find_them():
+    x = torch.randn(64, 128, dtype=BF16)
+    out = poisoned(136, 128, dtype=BF16)
+    stores_into_views.interpret[(1,)](x, out)
+    want = torch.zeros(136, 128, dtype=BF16)
+    want[:64] = torch.cat([x[:, 64:], x[:, :64]], dim=1)
+    want[64 + 8:64 + 40, 32:64] = x[:32, :32]
+    want[128:136] = x[:8] + 1.0
+    assert torch.equal(out, want)
+    assert stores_into_views.compile(x, out, target="sm_90a").spills == 0

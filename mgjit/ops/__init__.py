@@ -40,7 +40,8 @@ from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
            "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "ScopedSmemAlloc", "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaGather", "TmaLoad", "TmaLoadCollective",
-           "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
+           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
+           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
+           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout",
+           "RefSlice", "ScopedSmemAlloc", "SmemFree", "TmaGather", "TmaPrefetch"]

@@ -202,6 +202,24 @@ def tile_alignment(t: RefType) -> int:
     return tiles.SWIZZLE_ALIGN if t.swizzle else 128
 
 
+def base_alignment(ref: Value) -> int:
+    """What the SMEM offset of a reference's first element is known to be a multiple of: its buffer's alignment,
+    reduced by the offsets of the stages and views taken on the way (a runtime index or start by its stride)."""
+    op = ref.owner
+    if isinstance(op, SmemAlloc):
+        return tile_alignment(op.result.type)
+    if isinstance(op, RefTranspose):
+        return base_alignment(op.operands[0])
+    parent = op.operands[0]
+    stored = tile_of(parent.type)
+    if isinstance(op, RefIndex):
+        step = stored.dim_stride(0)
+    else:
+        dim = stored_dim(parent.type, op.dim)
+        step = stored.dim_stride(dim) * (op.start if op.start is not None else stored.granule(dim))
+    return math.gcd(base_alignment(parent), step)
+
+
 def stored_k_major(t: RefType, k_axis: int) -> bool:
     """Whether an MMA operand viewed as `t`, whose K runs along logical axis `k_axis` (A is (M, K): 1; B is
     (K, N): 0), is stored K-major: K is the last, contiguous, dimension of the tile it views."""

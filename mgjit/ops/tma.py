@@ -27,7 +27,7 @@ from ..interpret.scheduler import AsyncOp, Wait, Warpgroup
 from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
 from .clusters import cluster_ctarank, pair_leader_rank
 from .gmem import window_slices
-from .smem import SmemTile, shared_address, tile_of, tile_ranges
+from .smem import SmemTile, base_alignment, shared_address, tile_of, tile_ranges
 
 
 class TmaLoad(Op):
@@ -74,7 +74,7 @@ class TmaLoad(Op):
                f"that rank, got {len(self.coords)} and rank {self.dst.type.rank}")
         check(self.src.dtype == self.dst.dtype, self,
                f"TMA cannot convert: {self.src.dtype.name} tensor into a {self.dst.dtype.name} tile")
-        check_dense(self, self.dst.type)
+        check_boxes(self, self.dst)
         if self.multicast and not tile_of(self.dst.type).folds:
             raise self.error("a multicast copy splits the rows of one box over the cluster: copy a tile of one "
                              "stage (or whose stages fold into one box: one column block per row)", rule=Rule.CLUSTER)
@@ -119,16 +119,29 @@ class TmaStore(Op):
                f"a rank-{dst.type.rank} tensor needs {dst.type.rank} coordinates and an SMEM tile of that rank")
         check(dst.dtype == src.dtype, self, f"TMA cannot convert: {src.dtype.name} tile into {dst.dtype.name}")
         check(self.reduce in (None, "add", "min", "max"), self, f"TMA reductions are add, min, max; got {self.reduce}")
-        check_dense(self, src.type)
+        check_boxes(self, src)
 
 
-def check_dense(op: Op, t: RefType) -> None:
-    """A TMA box moves rows stored one right after the other: not a view of some columns of an unswizzled tile,
-    whose rows keep the pitch of the tile they were cut from."""
-    if not tile_of(t).dense:
+# The TMA engine reads and writes SMEM at 128-byte aligned addresses.
+TMA_SMEM_ALIGN = 128
+
+
+def check_boxes(op: Op, tile: Value) -> None:
+    """The SMEM side of a TMA copy: whole rows of each box stored one right after the other (not a view of some
+    columns of an unswizzled tile, whose rows keep the pitch of the tile they were cut from), each box starting
+    on 128 bytes."""
+    t = tile.type
+    stored = tile_of(t)
+    if not stored.dense:
         raise op.error(f"TMA moves whole rows of a box, stored one after the other; this view of {t.shape[-1]} of "
                        f"the {t.storage[1]} columns of an unswizzled tile keeps their pitch: copy through a tile of "
                        f"its own, or a swizzled one (whose column blocks are boxes)", rule=Rule.SMEM_SLICE)
+    align = math.gcd(base_alignment(tile), *(byte for _, byte in stored.boxes()))
+    if align % TMA_SMEM_ALIGN:
+        raise op.error(f"the TMA engine writes SMEM at {TMA_SMEM_ALIGN}-byte aligned addresses, but this tile's "
+                       f"boxes start at multiples of only {align} bytes (its stages, views and rows are placed by "
+                       f"the tile's shape): give the stages or rows a multiple of {TMA_SMEM_ALIGN} bytes",
+                       rule=Rule.TMA_BOX)
 
 
 class TmaStoreWait(Op):

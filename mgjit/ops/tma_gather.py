@@ -21,7 +21,7 @@ from ..layouts import TiledLayout, blocked
 from ..lower.context import element_offsets
 from ..lower.emit import Index
 from .smem import SmemTile, shared_address, tile_of
-from .tma import check_dense, issue_load
+from .tma import TMA_SMEM_ALIGN, check_boxes, issue_load
 
 ROWS_PER_GATHER4 = 4
 
@@ -79,7 +79,12 @@ class TmaGather(Op):
         if n % ROWS_PER_GATHER4:
             raise self.error(f"a row gather fills rows four at a time (Blackwell's gather4): the tile needs a "
                              f"multiple of 4 rows, got {n}", rule=Rule.TMA_BOX)
-        check_dense(self, dst.type)
+        stored = tile_of(dst.type)
+        if stored.row_bytes % TMA_SMEM_ALIGN:
+            raise self.error(f"a row gather writes rows at {TMA_SMEM_ALIGN}-byte aligned addresses (Hopper copies one "
+                             f"row at a time), and this tile's rows are {stored.row_bytes} bytes apart: use a 128B "
+                             f"swizzle, or unswizzled rows of a multiple of {TMA_SMEM_ALIGN} bytes", rule=Rule.TMA_BOX)
+        check_boxes(self, dst)
 
 
 @infer.rule(TmaGather)
