@@ -10,9 +10,10 @@ those of the branches before it.
 
 Reusing bytes is safe once every warpgroup is done with the earlier buffer: nothing asynchronous still reads or
 writes it (a TMA store, an MMA: the race checks see those), and no warpgroup still uses it when another enters
-a later scope over the same bytes. The compiler inserts no barrier (the roles of a warp-specialized kernel leave
-their scopes at different times); the interpreter checks it (Check.SMEM_SCOPE): a warpgroup entering a scope
-must know, through barriers, that every other warpgroup has left each scope whose bytes overlap.
+a later scope over the same bytes. Leaving a block synchronises the threads of the warpgroup that leaves it;
+the compiler inserts no barrier between warpgroups (the roles of a warp-specialized kernel leave their scopes at
+different times), and the interpreter checks it (Check.SMEM_SCOPE): a warpgroup entering a scope must know,
+through barriers, that every other warpgroup has left each scope whose bytes overlap.
 """
 from __future__ import annotations
 
@@ -118,7 +119,9 @@ def _scoped_smem_alloc(op: ScopedSmemAlloc, ctx: lower.Context) -> None:
 
 @lower.rule(SmemFree)
 def _smem_free(op: SmemFree, ctx: lower.Context) -> None:
-    """Nothing to emit: the plan placed later scopes over these bytes."""
+    """The warpgroup's threads meet: none still reads the buffer when one of them starts writing a later
+    scope's bytes (a TMA copy issued by one thread, say). Other warpgroups are the kernel's to order."""
+    ctx.warpgroup_barrier()
 
 
 # ---------------------------------------------------------------------------------------------- interpreter
