@@ -84,7 +84,7 @@ class Check(str, enum.Enum):
     DEADLOCK = "deadlock"                    # every warpgroup blocked and nothing in flight to unblock one
     BARRIER_COUNT = "barrier-count"          # arrivals or transaction bytes that do not match a barrier's count
     OUT_OF_BOUNDS = "out-of-bounds"          # an SMEM, barrier or TMEM index outside its allocation
-    SMEM_SLICE = "smem-slice"                # a runtime SMEM slice start off its tile's granule (an 8-row atom, a column block)
+    SMEM_SLICE = "smem-slice"                # a runtime SMEM slice start off its tile's grid (8-row atoms, column blocks)
     SMEM_SCOPE = "smem-scope"                # a scoped SMEM buffer's bytes used by two scopes that nothing orders
     TMEM_LIFETIME = "tmem-lifetime"          # a TMEM access before its allocation or after its deallocation
     ASYNC_AT_EXIT = "async-at-exit"          # a CTA exits while an async copy or MMA still uses its memory

@@ -265,6 +265,7 @@ def test_gather_rows_is_index_select(swizzle, dim):
     out = poisoned(300, dim, dtype=BF16)
     gv.gather_rows.interpret[(5,)](table, ids, out, R=64, D=dim, SW=swizzle)
     assert torch.equal(out, gv.embedding_reference(table, ids))
+    assert gv.gather_rows.compile(table, ids, out, R=64, D=dim, SW=swizzle, target="sm_90a").spills == 0
 
 
 def test_gather_instructions_per_target():
@@ -285,6 +286,8 @@ def test_gathered_tokens_times_weight():
     out = poisoned(256, 64)
     gv.gathered_matmul.interpret[(4,)](x, ids, w, out, R=64, K=128, N=64)
     torch.testing.assert_close(out, x[ids.long()].float() @ w.float(), rtol=1e-5, atol=1e-4)
+    c = gv.gathered_matmul.compile(x, ids, w, out, R=64, K=128, N=64, target="sm_90a")
+    assert c.spills == 0 and "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in c.ptx
 
 
 @mgjit.kernel

@@ -125,7 +125,8 @@ def _slice_rule(stored: tiles.Tile, dim: int, dtype: DType) -> str:
         return (f"slicing a {stored.swizzle}B-swizzled tile along its minor dimension needs multiples of {granule} "
                 f"{dtype.name} (one column block)")
     if dim == len(stored.shape) - 1:
-        return f"slicing an unswizzled tile along its minor dimension needs multiples of {granule} {dtype.name} (16 bytes)"
+        return (f"slicing an unswizzled tile along its minor dimension needs multiples of {granule} {dtype.name} "
+                f"(16 bytes)")
     return (f"slicing a {stored.swizzle}B-swizzled tile along its rows needs multiples of {granule} rows "
             f"(the swizzle atom)")
 
@@ -519,7 +520,8 @@ def _interp_ref_slice(op: RefSlice, wg: Warpgroup) -> None:
     stored, dim = tile_of(t), stored_dim(t, op.dim)
     start = op.start if op.start is not None else int(wg.scalar(op.operands[1], op))
     if start % stored.granule(dim):
-        raise _out_of_bounds(op, f"{_slice_rule(stored, dim, t.dtype)}: this runtime start is {start}", Check.SMEM_SLICE)
+        raise _out_of_bounds(op, f"{_slice_rule(stored, dim, t.dtype)}: this runtime start is {start}",
+                             Check.SMEM_SLICE)
     if not 0 <= start <= stored.shape[dim] - op.size:
         raise _out_of_bounds(op, f"the slice {start}:{start + op.size} is outside dimension {op.dim} of the SMEM tile "
                                  f"(shape {t.shape})")
