@@ -10,7 +10,8 @@ from typing import Callable
 
 from .dtypes import (DType, bfloat16, bool_, float4_e2m1fn_x2, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float16,
                      float32, float64, int8, int16, int32, int64, uint8)
-from .errors import Check, CompileError, CompileWarning, InterpretError, LaunchError, PtxasWarning
+from .errors import (BankConflictWarning, Check, CompileError, CompileWarning, InterpretError, LaunchError,
+                     PtxasWarning)
 from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel
@@ -27,6 +28,7 @@ from .tmem_layouts import blocked_scales
 from .language import cluster_reduce
 from .language import print, trace  # debugging and profiling
 from .profiler import Profile
+from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

@@ -40,8 +40,9 @@ class ArrayType:
 @dataclasses.dataclass(frozen=True)
 class RefType:
     """A reference to memory. GMEM references have runtime sizes and strides (passed at launch); SMEM
-    references have a static shape, an optional swizzle (bytes) and may be a transposed view; a barrier
-    reference is an array of mbarriers (rank 1) or one of them (rank 0)."""
+    references have a static shape, an optional swizzle (bytes), may be a transposed view, and may be a view
+    cut from a larger tile whose plane (rows, cols) is `storage` (tiles.Tile); a barrier reference is an array
+    of mbarriers (rank 1) or one of them (rank 0)."""
 
     space: str  # "gmem", "smem" or "barrier"
     dtype: DType
@@ -49,11 +50,13 @@ class RefType:
     shape: tuple[int, ...] | None = None
     swizzle: int | None = None
     transposed: bool = False
+    storage: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         if self.space == "gmem":
             return f"ref<gmem, {self.dtype.name}, rank {self.rank}>"
-        extra = (f", swizzle {self.swizzle}" if self.swizzle else "") + (", transposed" if self.transposed else "")
+        extra = ((f", swizzle {self.swizzle}" if self.swizzle else "") + (", transposed" if self.transposed else "")
+                 + (f", in {self.storage[0]}x{self.storage[1]}" if self.storage else ""))
         return f"ref<{self.space}, {self.dtype.name}[{','.join(map(str, self.shape or ()))}]{extra}>"
 
 

@@ -69,7 +69,14 @@ min = _builtin("min", "min(x, axis=None): a reduction.")
 cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 
 # Hopper machinery
-smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel.")
+smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel. buf[slot] "
+                        "is a stage; buf[a:b], buf[s, :, mgjit.ds(i, 64)] are views of the same bytes (a "
+                        "swizzled tile is sliced in 8-row atoms and whole column blocks, an unswizzled one in "
+                        "16-byte runs of columns); buf[...] reads it into registers, buf[...] = x writes it.")
+scoped_smem = _builtin("scoped_smem", "with scoped_smem(shape, dtype, swizzle=None) as buf: a shared-memory "
+                                      "buffer for the `with` block only; later blocks reuse its bytes, so the "
+                                      "kernel needs the most that is open at once. Every warpgroup must be done "
+                                      "with it (a barrier) before another writes a later block's buffer.")
 barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers, each completing a phase "
                               "after `arrivals` arrivals (every copy_async on it and every arrive() of a "
                               "warpgroup counts one) and their bytes; bars[i].wait() tracks the phase for you.")
@@ -82,6 +89,15 @@ store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None
                                       "to the tile of tensor `dst` at `coords` (reduce='add' adds it there).")
 store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
                                                 "warpgroup still read their SMEM tiles.")
+prefetch_async = _builtin("prefetch_async", "prefetch_async(src, coords, tile): bring the tile of tensor `src` at "
+                                            "`coords` that copy_async(src, coords, tile, ...) would copy into L2 "
+                                            "(`tile` may be a static block shape); a hint, nothing to wait for.")
+gather_async = _builtin("gather_async", "gather_async(src, rows, col, dst, barrier=bars[i]): TMA copy of rows "
+                                        "rows[i] of the 2D tensor `src`, columns col.. (as many as `dst` has), "
+                                        "into row i of SMEM tile `dst`; one arrival on the barrier with the "
+                                        "tile's bytes. rows is an int32 array of dst.shape[0] (a multiple of 4) "
+                                        "indices; rows outside `src` read as zeros. Blackwell copies four rows "
+                                        "per instruction (gather4), Hopper one.")
 pipeline = _builtin("pipeline", "for k, *tiles in pipeline(steps, tile(...), ..., stages=2, release=1, "
                                 "warp_specialize=False, registers=None): a TMA→SMEM ring feeding the loop body. "
                                 "With warp_specialize=True, warpgroup 0 produces and skips the rest of the block "

@@ -206,7 +206,7 @@ CASES = [
     (k_recursive, forever, "recursion is not supported"),
     (k_returns_value, k_returns_value, "a kernel cannot return a value"),
     (k_try, k_try, "`Try` statements are not supported"),
-    (k_with, k_with, "`with` statements in kernels only open profiler spans"),
+    (k_with, k_with, "`with` statements in a kernel open mgjit scopes only"),
     (k_lambda, k_lambda, "`Lambda` expressions are not supported"),
     (k_nonlocal_global, k_nonlocal_global, "`Global` statements are not supported"),
 ]

@@ -18,8 +18,9 @@ def language_markers() -> list[lang.Builtin]:
 def test_every_marker_of_the_language_is_registered_once():
     builtins = registry.builtins()
     for marker in language_markers():
-        kinds = (marker in builtins, registry.find_loop(marker) is not None, registry.find_context(marker) is not None)
-        assert sum(kinds) == 1, f"mgjit.{marker.name}: registered as (a builtin, a loop, a context) {kinds}"
+        kinds = {"builtin": marker in builtins, "loop": registry.find_loop(marker) is not None,
+                 "context": registry.find_context(marker) is not None}
+        assert sum(kinds.values()) == 1, f"mgjit.{marker.name}: registered as {kinds}"
 
 
 def test_a_builtin_lives_in_the_module_of_its_unit():

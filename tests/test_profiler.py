@@ -218,9 +218,9 @@ def other_with(x):
 
 @pytest.mark.parametrize("kernel,phrase", [
     (span_without_name, "mgjit.trace takes a span name, a string"),
-    (span_as, "`with` statements in kernels only open profiler spans"),
+    (span_as, "binds nothing: leave out `as t`"),
     (span_called, "mgjit.trace opens a `with` block"),
-    (other_with, "`with` statements in kernels only open profiler spans"),
+    (other_with, "`with` statements in a kernel open mgjit scopes only"),
 ], ids=["name", "as", "call", "other"])
 def test_span_errors_name_the_line(kernel, phrase):
     from test_core_frontend import err_line

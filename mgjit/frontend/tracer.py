@@ -143,27 +143,31 @@ class Tracer(ControlFlow):
         trace_loop(self, node, args, kwargs)
 
     def stmt_With(self, node: ast.With) -> None:
-        self.with_items(node, node.items)
-
-    def with_items(self, node: ast.With, items: list[ast.withitem]) -> None:
-        """`with a(...), b(...):` is `with a(...): with b(...):`; each item is a call of a context marker."""
-        if not items:
-            self.run_body(node.body)
-            return
-        item = items[0]
-        call = item.context_expr
+        leaving = []
+        for item in node.items:
+            call = item.context_expr
+            try:
+                enter = registry.find_context(self.expr(call.func)) if isinstance(call, ast.Call) else None
+            except CompileError:
+                enter = None
+            if enter is None:
+                raise self.error("`with` statements in a kernel open mgjit scopes only: `with mgjit.trace(\"name\"):` "
+                                 "or `with mgjit.scoped_smem(...) as buf:`", call)
+            args = [self.expr(a) for a in call.args]
+            kwargs = {k.arg: self.expr(k.value) for k in call.keywords}
+            value, leave = enter(self, args, kwargs)
+            leaving.append(leave)
+            if item.optional_vars is not None:
+                if value is None:
+                    raise self.error(f"`with {ast.unparse(call)}` binds nothing: leave out `as "
+                                     f"{ast.unparse(item.optional_vars)}`", item.optional_vars)
+                self.assign(item.optional_vars, value)
         try:
-            fn = self.expr(call.func) if isinstance(call, ast.Call) else None
-        except CompileError:
-            fn = None
-        trace_context = registry.find_context(fn)
-        if trace_context is None or item.optional_vars is not None:
-            raise self.error("`with` statements in kernels only open profiler spans: `with mgjit.trace(\"name\"):` "
-                             "(without `as`)", item.context_expr)
-        args = [self.expr(a) for a in call.args]
-        kwargs = {k.arg: self.expr(k.value) for k in call.keywords}
-        self.at(call)
-        trace_context(self, args, kwargs, lambda: self.with_items(node, items[1:]))
+            self.run_body(node.body)
+        finally:  # the block is left on a return too (an error abandons the trace anyway)
+            for leave in reversed(leaving):
+                self.at(node)
+                leave()
 
     # -- expressions
     def expr(self, node: ast.expr) -> Any:

@@ -200,10 +200,37 @@ class _StaticRef(_Wrapped):
         return tuple(self.value.type.shape)
 
 
+class SmemScope:
+    """The `with mgjit.scoped_smem(...)` block that allocated a buffer: where it began and, once left, ended."""
+
+    def __init__(self, begin: Loc | None):
+        self.begin = begin
+        self.end: Loc | None = None
+
+
 class SmemRef(_StaticRef):
-    """A shared-memory buffer or a view of one during tracing."""
+    """A shared-memory buffer or a view of one during tracing. A buffer of a `with mgjit.scoped_smem(...)` block
+    (and every view of it) carries that block's `scope`: once the block is left its bytes belong to later
+    scopes, and using it is an error."""
 
     kind = "an SMEM buffer"
+
+    def __init__(self, tracer: "Trace", value: ir.Value, scope: SmemScope | None = None):
+        self.scope = scope
+        super().__init__(tracer, value)
+
+    @property
+    def value(self) -> ir.Value:
+        if self.scope is not None and self.scope.end is not None:
+            begin, end = self.scope.begin, self.scope.end
+            raise CompileError(f"this uses the SMEM buffer of the `with mgjit.scoped_smem(...)` at line "
+                               f"{begin.line if begin else '?'} after that block ended (line {end.line}): its bytes "
+                               f"now belong to the scopes that follow", self.tracer.builder.loc)
+        return self._value
+
+    @value.setter
+    def value(self, value: ir.Value) -> None:
+        self._value = value
 
 
 class TmemRef(_StaticRef):

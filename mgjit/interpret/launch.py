@@ -14,7 +14,7 @@ import torch
 from .. import compiler, deps, hidden, ir, jit, specialize, targets
 from ..errors import LaunchError
 from ..ops.clc import ClusterLaunches
-from ..ops.smem import smem_plan
+from ..ops.smem_scopes import smem_plan
 from ..ops.tmem import static_refs
 from ..profiler import Profile
 from ..specialize import Specialization

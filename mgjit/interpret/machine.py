@@ -222,6 +222,7 @@ class CTA:
         self.rank = rank
         self.smem = torch.full((smem_bytes,), POISON, dtype=torch.uint8)
         self.smem_records = Records()
+        self.scopes: dict[Any, dict[int, tuple]] = {}  # scoped SMEM buffers' users (ops/smem_scopes.py)
         self.barriers: dict[int, list[Barrier]] = {}  # id(BarrierAlloc) -> its barriers
         self.named_barriers: dict[int, list[NamedBarrier]] = {}  # id(NamedBarrierAlloc) -> its barriers
         self.tmem = Tmem()

@@ -10,9 +10,11 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | reductions | Reduce |
 | control | For, If, Yield |
 | gmem | Load, Store |
-| smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
+| smem | SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore, SmemLoad |
+| smem_scopes | ScopedSmemAlloc, SmemFree |
 | barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
-| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
+| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch |
+| tma_gather | TmaGather |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters, CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync |
 | warps | WarpSplit |
@@ -32,9 +34,11 @@ from .elementwise import Binary, Cast, Compare, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
-from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
+from .smem import RefIndex, RefSlice, RefTranspose, SmemAlloc, SmemLoad, SmemStore
+from .smem_scopes import ScopedSmemAlloc, SmemFree
 from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
-from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
+from .tma import TmaLoad, TmaLoadCollective, TmaPrefetch, TmaStore, TmaStoreWait
+from .tma_gather import TmaGather
 from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync, SetMaxRegisters, WarpgroupId
 from .warps import WarpSplit
@@ -44,8 +48,8 @@ __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait
            "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterReduce", "ClusterSync", "Compare", "Constant",
            "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc", "NamedBarrierArrive",
            "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId", "Reduce",
-           "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters", "SmemAlloc", "SmemLoad",
-           "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaLoad",
-           "TmaLoadCollective", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad",
-           "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield",
-           "tmem_layout"]
+           "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "ScopedSmemAlloc", "Select",
+           "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit",
+           "Tcgen05Copy", "Tcgen05Mma", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore",
+           "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
+           "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

@@ -29,7 +29,7 @@ from ..interpret.checker import Access, check_read, check_write
 from ..interpret.scheduler import AsyncOp, Warpgroup
 from ..ir import Op, ScalarType, Value, check, is_ref
 from .clusters import cluster_ctarank
-from .smem import shared_address, tile_of, tile_range
+from .smem import shared_address, tile_of, tile_ranges
 
 RESPONSE_BYTES = 16
 
@@ -159,7 +159,7 @@ def _interp_clc_try_cancel(op: ClcTryCancel, wg: Warpgroup) -> None:
         raise InterpretError("this try_cancel comes after the CTA read a failed response: asking again after a "
                              "failure is undefined behaviour (stop asking once clc_query says none was cancelled)",
                              op.loc, Check.CLC_AFTER_FAILURE)
-    start, end = tile_range(response)
+    (start, end), = tile_ranges(response)  # a response is 16 contiguous bytes
     landing = []
     for t in (cluster.ctas if op.multicast else [cta]):
         check_write(t.smem_records, start, end, wg.clock, op.loc, "this try_cancel's response")
@@ -183,7 +183,7 @@ def _interp_clc_try_cancel(op: ClcTryCancel, wg: Warpgroup) -> None:
 @interpret.rule(ClcQuery)
 def _interp_clc_query(op: ClcQuery, wg: Warpgroup) -> None:
     response = wg.get(op.operands[0], op)
-    start, end = tile_range(response)
+    (start, end), = tile_ranges(response)  # a response is 16 contiguous bytes
     check_read(wg.cta.smem_records, start, end, wg.clock, op.loc, "this clc_query", async_proxy=False)
     words = wg.cta.smem[start:end].clone().view(torch.int32).tolist()
     canceled = words[0] == 1

@@ -40,7 +40,7 @@ from ..layouts import LANES_PER_WARP, WARPS_PER_WARPGROUP
 from ..tmem_layouts import CHUNK_BYTES, MMAPiece, ScaleLayout, TMEMLayoutError, check_tcgen05_shape, mma_data_path
 from .clusters import cluster_ctarank, pair_leader_rank
 from .smem import (SmemTile, descriptor_at, mma_operand, operand_descriptor, shared_address, stored_k_major,
-                   tile_range)
+                   tile_ranges)
 from .tmem import LoweredTmem
 
 
@@ -455,9 +455,9 @@ def _interp_tcgen05_mma(op: Tcgen05Mma, wg: Warpgroup) -> None:
     acc_columns = (acc.addr, acc.addr + acc.layout.columns)
     for c in pair:
         for tile in ((b,) if a_in_tmem else (a, b)):
-            start, end = tile_range(tile)
-            check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_mma")
-            c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_mma"))
+            for start, end in tile_ranges(tile):
+                check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_mma")
+                c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_mma"))
         check_write(c.tmem.records, *acc_columns, wg.clock, op.loc, "this tcgen05_mma", space="TMEM", queue=queue)
         c.tmem.records.add(Access(*acc_columns, "mma", queue, ordinal, op.loc, "tcgen05_mma"))
         for ref in ([a] if a_in_tmem else []) + scales:
@@ -510,10 +510,10 @@ def _interp_tcgen05_copy(op: Tcgen05Copy, wg: Warpgroup) -> None:
     queue = ("mma", cta.rank, wg.index)
     ordinal = engine.next_in(queue)
     columns = (dst.addr, dst.addr + dst.layout.columns)
-    start, end = tile_range(src)
     for c in pair:
-        check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_copy")
-        c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_copy"))
+        for start, end in tile_ranges(src):
+            check_read(c.smem_records, start, end, wg.clock, op.loc, "this tcgen05_copy")
+            c.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "tcgen05_copy"))
         check_write(c.tmem.records, *columns, wg.clock, op.loc, "this tcgen05_copy", space="TMEM", queue=queue)
         c.tmem.records.add(Access(*columns, "mma", queue, ordinal, op.loc, "tcgen05_copy"))
     rows = torch.arange(LANES_PER_WARP, dtype=torch.int64)[:, None]

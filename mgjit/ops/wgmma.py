@@ -21,7 +21,7 @@ from ..ir import Op, Value, check, is_ref
 from ..layouts import WGMMA
 from .arrays import Relayout, Splat
 from .program import Constant
-from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_range
+from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_ranges
 
 
 class Wgmma(Op):
@@ -247,9 +247,9 @@ def _interp_wgmma(op: Wgmma, wg: Warpgroup) -> None:
     queue = ("wgmma", cta.rank, wg.index)
     ordinal = engine.next_in(queue)
     for tile in ((b,) if a_v.is_array else (a, b)):
-        start, end = tile_range(tile)
-        check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
-        cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
+        for start, end in tile_ranges(tile):
+            check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
+            cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
     result = Pending(queue, ordinal, op.loc)
 
     def compute() -> None:

@@ -76,15 +76,15 @@ def print_(t: Semantics, args: list, kwargs: dict) -> None:
 
 
 @context(lang.trace)
-def trace(t: Semantics, args: list, kwargs: dict, body: Callable[[], Any]) -> None:
-    """`with mgjit.trace("name"):` a span of this warpgroup, recorded when the launch profiles."""
+def trace(t: Semantics, args: list, kwargs: dict) -> tuple[None, Callable[[], None]]:
+    """`with mgjit.trace("name"):` a span of this warpgroup, recorded when the launch profiles. The tracer
+    leaves the span where the block ends, on a `return` in it (in an inlined helper) too."""
     name = args[0] if len(args) == 1 and not kwargs else kwargs.get("name") if not args and set(kwargs) == {"name"} \
         else None
     if not isinstance(name, str):
         raise t.error("mgjit.trace takes a span name, a string: `with mgjit.trace(\"load\"):`")
     if not t.profile:
-        body()
-        return
+        return None, lambda: None
     buf = t.hidden_buffers["profile"]
     names = buf.table["spans"]
     if name not in names:
@@ -92,7 +92,4 @@ def trace(t: Semantics, args: list, kwargs: dict, body: Callable[[], Any]) -> No
     span = names.index(name)
     loc = t.builder.loc
     t.builder.add(ops.ProfileEvent(buf.region, span, name, False, loc))
-    try:
-        body()
-    finally:  # a `return` in the block (in an inlined helper) ends the span too
-        t.builder.add(ops.ProfileEvent(buf.region, span, name, True, loc))
+    return None, lambda: t.builder.add(ops.ProfileEvent(buf.region, span, name, True, loc))
