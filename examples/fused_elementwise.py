@@ -15,7 +15,9 @@ from _rows import tuned_launch
 import mgjit
 
 BLOCK = 4096
-BLOCKS = [mgjit.Config(BLOCK=b) for b in (BLOCK, 8192, 2048)]
+# 8192 is left out: where the size is not a multiple of 8, the ragged end's store keeps the whole block's data
+# in registers until it knows whether to store element by element (255 registers and a spill).
+BLOCKS = [mgjit.Config(BLOCK=b) for b in (BLOCK, 2048, 1024)]
 WINDOWS = [mgjit.Config(ROWS=r, COLS=c) for r, c in ((8, 512), (4, 1024), (16, 256))]
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

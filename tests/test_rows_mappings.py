@@ -122,6 +122,16 @@ def test_examples_read_rows_16_bytes_at_a_time():
         assert c.smem_bytes <= 256, n  # the reductions' scratch only (a relayout took 1216 and 4144 bytes)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
+def test_fused_candidates_do_not_spill(dtype):
+    """Every block size the fused elementwise example may pick, on a flat size that is not a multiple of the
+    16-byte access (the ragged end's store is the costliest in registers)."""
+    import fused_elementwise as fe
+    x = torch.empty(4097 * 33, dtype=dtype)
+    for config in fe.BLOCKS:
+        assert fe.fused_flat.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").spills == 0, config
+
+
 class PreferTimer:
     """A fake timer under which `best` is the fastest config."""
     device = "stub-gpu"
