@@ -2,8 +2,8 @@
 
 Contiguous tensors are processed as one flat range, whatever their last dimension (an odd row length does not
 matter to a flat range: every 16-byte access stays aligned, only the range's end is ragged); other layouts go
-through a 2D kernel over (rows, columns) windows, whose rows may start anywhere in a 16-byte chunk (the loads
-and stores shift them into place). The block size and window shape are autotuned per shape.
+through a 2D kernel over (rows, columns) windows, whose rows may start anywhere in a 32-bit word (the loads and
+stores move aligned words and shift the bytes into place). The block size and window shape are autotuned per shape.
 
     python examples/fused_elementwise.py   # compile for sm_90a without a GPU; check against torch and time with one
 """
