@@ -195,3 +195,14 @@ def test_on_the_gpu():
     segment_stats[(2 * CTAS,)](x, *outs, BLOCK=BLOCK, CTAS=CTAS, WGS=WGS, num_warpgroups=WGS, cluster=(CTAS, 1, 1))
     torch.cuda.synchronize()
     check(x.cpu(), *(o.cpu() for o in outs))
+
+
+@pytest.mark.gpu
+def test_gather_on_the_gpu():
+    x = torch.randn(4, CTAS * WGS * BLOCK)
+    out = torch.full((4, CTAS * WGS), float("nan"), device="cuda")
+    gathered_stats[(2 * CTAS,)](x.cuda(), out, BLOCK=BLOCK, CTAS=CTAS, WGS=WGS, num_warpgroups=WGS,
+                                cluster=(CTAS, 1, 1))
+    torch.cuda.synchronize()
+    got = out.cpu()
+    assert torch.allclose(got, gathered_reference(x), rtol=1e-5, atol=1e-4) and (got == got[:, :1]).all()

@@ -86,9 +86,10 @@ def test_candidates_cover_every_length():
     assert _rows.mapping(262145, stream=8192) == [_rows.streaming(8192)]
 
 
-# From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a chunk) as one and as two
-# warpgroups, 9000-wide f16 rows over a cluster of 2, 20000-wide bf16 rows over 3 CTAs of 2 warpgroups.
-SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (20000, BF16, 3)]
+# From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a word) as one and as two
+# warpgroups, 9000-wide f16 rows over a cluster of 2 and streamed, 20000-wide bf16 rows over 3 CTAs of 2
+# warpgroups.
+SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (9000, torch.float16, -1), (20000, BF16, 3)]
 
 
 @pytest.mark.parametrize("n,dtype,which", SIMULATED)
