@@ -244,48 +244,46 @@ def _interp_cluster_rank(op: ClusterRank, wg: Warpgroup) -> None:
     wg.set(op.result, torch.tensor(wg.cta.rank, dtype=torch.int32))
 
 
-# What the warpgroups of a cluster wrote for each ClusterReduce execution: (id(op), barrier generation) ->
-# {(CTA rank, warpgroup index): value}.
+# What the warpgroups of a cluster wrote for each exchange (ClusterReduce or ClusterGather execution):
+# (id(op), barrier generation) -> {(CTA rank, warpgroup index): its operands' values}.
 _EXCHANGES: "weakref.WeakKeyDictionary[Cluster, dict]" = weakref.WeakKeyDictionary()
 
 
-@interpret.rule(ClusterReduce)
-def _interp_cluster_reduce(op: ClusterReduce, wg: Warpgroup) -> Generator[Wait, None, None]:
-    """Combined in slot order (CTA rank, then warpgroup), one operation at a time, as the lowering does."""
-    sync = wg.cluster.sync
-    exchanges = _EXCHANGES.setdefault(wg.cluster, {})
-    key = (id(op), sync.generation)
-    box = exchanges.setdefault(key, {})
-    box[(wg.cta.rank, wg.index)] = torch.as_tensor(wg.get(op.operands[0], op)).clone()
-    yield wg.rendezvous(op, sync)
-    values = [box[k] for k in sorted(k for k in box if k != "read")]
-    acc = values[0]
-    for v in values[1:]:
-        if op.kind == "sum":
-            acc = acc + v
-        else:
-            acc = (torch.maximum if op.kind == "max" else torch.minimum)(acc, v)
-    box["read"] = box.get("read", 0) + 1
-    if box["read"] == len(values):  # the last reader of this execution's values
-        del exchanges[key]
-    wg.set(op.result, acc.to(numerics.torch_dtype(op.result.dtype)))
-
-
-@interpret.rule(ClusterGather)
-def _interp_cluster_gather(op: ClusterGather, wg: Warpgroup) -> Generator[Wait, None, None]:
+def _interp_exchange(op: Op, wg: Warpgroup) -> Generator[Wait, None, list[list[torch.Tensor]]]:
+    """Every warpgroup's values of op's operands, in slot order (CTA rank, then warpgroup), once every
+    warpgroup of the cluster has given its own."""
     sync = wg.cluster.sync
     exchanges = _EXCHANGES.setdefault(wg.cluster, {})
     key = (id(op), sync.generation)
     box = exchanges.setdefault(key, {})
     box[(wg.cta.rank, wg.index)] = [torch.as_tensor(wg.get(x, op)).clone() for x in op.operands]
     yield wg.rendezvous(op, sync)
-    slots = sorted(k for k in box if k != "read")
-    for i, x in enumerate(op.operands):
-        for s, k in enumerate(slots):
-            wg.set(op.results[i * op.slots + s], box[k][i])
+    slots = [box[k] for k in sorted(k for k in box if k != "read")]
     box["read"] = box.get("read", 0) + 1
-    if box["read"] == len(slots):
+    if box["read"] == len(slots):  # the last reader of this execution's values
         del exchanges[key]
+    return slots
+
+
+@interpret.rule(ClusterReduce)
+def _interp_cluster_reduce(op: ClusterReduce, wg: Warpgroup) -> Generator[Wait, None, None]:
+    """Combined in slot order, one operation at a time, as the lowering does."""
+    values = [slot[0] for slot in (yield from _interp_exchange(op, wg))]
+    acc = values[0]
+    for v in values[1:]:
+        if op.kind == "sum":
+            acc = acc + v
+        else:
+            acc = (torch.maximum if op.kind == "max" else torch.minimum)(acc, v)
+    wg.set(op.result, acc.to(numerics.torch_dtype(op.result.dtype)))
+
+
+@interpret.rule(ClusterGather)
+def _interp_cluster_gather(op: ClusterGather, wg: Warpgroup) -> Generator[Wait, None, None]:
+    slots = yield from _interp_exchange(op, wg)
+    for i in range(len(op.operands)):
+        for s, values in enumerate(slots):
+            wg.set(op.results[i * op.slots + s], values[i])
 
 
 @interpret.rule(ClusterSync)
