@@ -11,6 +11,7 @@ Cases that move less than TINY bytes are marked `tiny`: launch latency, not band
     python benchmarks/rows.py                    # the whole sweep; a table, rows.json, rows.md and rows.png in --out
     python benchmarks/rows.py --quick            # a few lengths per kernel
     python benchmarks/rows.py --kernels softmax --dtypes bfloat16 --lengths 4097 100000
+    python benchmarks/rows.py --quick --candidates   # also every mapping the autotuner timed
 """
 from __future__ import annotations
 
@@ -83,9 +84,11 @@ def relerr(out, ref) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def picked_mapping(kernel, n: int, args: tuple, **constexprs):
-    """A function giving the mapping mgjit's wrapper launched for these arguments (call it after a launch)."""
-    return lambda: repr(_rows.picked(kernel, _rows.mapping(n), args, **constexprs)) if _rows.mapping(n) else "stream"
+def picked_mapping(kernel, configs: list, args: tuple, **constexprs):
+    """A function giving the mapping mgjit's wrapper launched for these arguments and the autotuner's time of
+    every candidate (call it after a launch)."""
+    return lambda: (repr(_rows.picked(kernel, configs, args, **constexprs)),
+                    _rows.timings(kernel, configs, args, **constexprs))
 
 
 def case(kernel: str, n: int, dtype: torch.dtype):
@@ -99,7 +102,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
         runs = {"mgjit": lambda: sm_example.softmax(x, out), "torch": lambda: torch.softmax(x, 1),
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
-        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel, n, (x, out))
+        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel, _rows.mapping(n), (x, out))
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
         x = torch.randn(m, n, device="cuda", dtype=dtype)
@@ -111,13 +114,13 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
-            picked = picked_mapping(rms_example.rmsnorm_kernel, n, (x, w, out), eps=1e-6)
+            picked = picked_mapping(rms_example.rmsnorm_kernel, _rows.mapping(n), (x, w, out), eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
-            picked = picked_mapping(ln_example.layernorm_rows, n, (x, w, b, out), eps=1e-5)
+            picked = picked_mapping(ln_example.layernorm_rows, _rows.mapping(n), (x, w, b, out), eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)
@@ -128,7 +131,8 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "torch": lambda: torch.nn.functional.cross_entropy(logits, target, reduction="none"),
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
-        picked = picked_mapping(ce_example.cross_entropy_rows, n, (logits, target, loss, torch.empty_like(loss), -100))
+        picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n),
+                                (logits, target, loss, torch.empty_like(loss), -100))
         return runs, loss, ref, logits.numel() * isz + m * 12, picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)
@@ -138,8 +142,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "triton": lambda: tr.fused(x, y, z, out)}
         ref = lambda: fe_example.reference(x, y, z)  # noqa: E731
         flat = tuple(t.view(-1) for t in (x, y, z, out))
-        return runs, out, ref, 4 * x.numel() * isz, lambda: repr(_rows.picked(fe_example.fused_flat, fe_example.BLOCKS,
-                                                                             flat))
+        return runs, out, ref, 4 * x.numel() * isz, picked_mapping(fe_example.fused_flat, fe_example.BLOCKS, flat)
     raise ValueError(kernel)
 
 
@@ -150,10 +153,13 @@ def measure(kernel: str, n: int, dtype_name: str) -> dict:
     runs["mgjit"]()
     torch.cuda.synchronize()
     err = relerr(out, ref())
+    mapping, timings = picked()
     row = {"kernel": kernel, "dtype": dtype_name, "n": n, "bytes": nbytes, "mgjit_relerr": err,
-           "tiny": nbytes < TINY, "mgjit_mapping": picked()}
+           "tiny": nbytes < TINY, "mgjit_mapping": mapping}
     copy = copy_ms(nbytes)
     row["copy_ms"] = copy
+    # every candidate mapping as the autotuner timed it, as a fraction of copy bandwidth
+    row["candidates"] = [(c.short(), None if ms is None else copy / ms) for c, ms in timings]
     for name in ("mgjit", "torch", "triton"):  # interleaved: the three in one sitting, same inputs
         try:
             ms = bench(runs[name])
@@ -217,6 +223,7 @@ def main() -> int:
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES))
     p.add_argument("--lengths", nargs="*", type=int)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--candidates", action="store_true", help="print every mapping the autotuner timed")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     lengths = args.lengths or (QUICK if args.quick else LENGTHS)
@@ -229,6 +236,8 @@ def main() -> int:
                 row = measure(kernel, n, dtype)
                 rows.append(row)
                 print(line(row), flush=True)
+                for config, frac in row["candidates"] if args.candidates else ():
+                    print(f"{'':34} {'pruned' if frac is None else f'{frac:6.2f}'}  {config}", flush=True)
     out = Path(args.out)
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
     (out / "rows.md").write_text(markdown(rows))

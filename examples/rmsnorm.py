@@ -5,8 +5,9 @@ The row length stays a runtime value (`x.shape[1]`): the padding beyond the row 
 the tensor read zeros) and contributes nothing. Every row is read once and held in registers (examples/_rows.py):
 short rows ROWS to a program, each as a few arrays whose widths add up to the row rounded up to 128 columns;
 rows too long for one warpgroup split over the warpgroups of a cluster, which add up their sums of squares
-through distributed shared memory. Rows longer than 262144 columns take two passes over BLOCK-wide chunks (the
-sum of squares, then the scaled row). The mapping is autotuned per shape.
+through distributed shared memory (one cluster barrier). Rows can also take two passes over BLOCK-wide chunks
+(the sum of squares, then the scaled row): the only way for rows longer than 262144 columns, and a candidate for
+any row over 8192. The mapping is autotuned per shape.
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -18,22 +19,26 @@ import mgjit
 
 @mgjit.kernel
 def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr):
-    rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-    v = load_row(x, rows, c0, columns(c0, PARTS), PARTS, 0.0)
-    squares = ()
-    for p in mgjit.static_range(len(PARTS)):
-        squares = squares + (v[p] * v[p],)
-    scale = mgjit.rsqrt(row_sum(squares, CTAS * WGS) / x.shape[1] + eps)
-    wv = load_vector(w, c0, PARTS)
-    y = ()
-    for p in mgjit.static_range(len(PARTS)):
-        y = y + (v[p] * scale[:, None] * wv[p],)
-    store_row(out, rows, c0, y, PARTS)
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    if BLOCK:
+        rmsnorm_stream(x, w, out, eps, BLOCK)
+    else:
+        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
+        v = load_row(x, rows, c0, columns(c0, PARTS), PARTS, 0.0)
+        squares = ()
+        for p in mgjit.static_range(len(PARTS)):
+            squares = squares + (v[p] * v[p],)
+        scale = mgjit.rsqrt(row_sum(squares, CTAS * WGS) / x.shape[1] + eps)
+        wv = load_vector(w, c0, PARTS)
+        y = ()
+        for p in mgjit.static_range(len(PARTS)):
+            y = y + (v[p] * scale[:, None] * wv[p],)
+        store_row(out, rows, c0, y, PARTS)
 
 
-@mgjit.kernel
-def rmsnorm_long(x, w, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
+@mgjit.device
+def rmsnorm_stream(x, w, out, eps, BLOCK):
+    """One row per program, in BLOCK-wide chunks: the sum of squares, then a second pass that writes."""
     row = mgjit.program_id(0)
     n = x.shape[1]
     squares = 0.0
@@ -53,11 +58,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    configs = mapping(x.shape[1], rows_per_program)
-    if configs is None:
-        rmsnorm_long[(x.shape[0],)](x, w, out, eps=eps, BLOCK=4096)
-    else:
-        launch(rmsnorm_kernel, configs, (x, w, out), eps=eps)
+    launch(rmsnorm_kernel, mapping(x.shape[1], rows_per_program), (x, w, out), eps=eps)
     return out
 
 
@@ -75,10 +76,7 @@ def setup(device):
 
 
 def compile(x, w, out, target):
-    configs = mapping(x.shape[1])
-    if configs is None:
-        return rmsnorm_long.compile(x, w, out, eps=1e-6, BLOCK=4096, target=target)
-    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **configs[0].launch_kwargs(), target=target)
+    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x, w):

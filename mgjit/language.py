@@ -110,6 +110,11 @@ cluster_reduce = _builtin("cluster_reduce", "cluster_reduce(x, kind): x (a float
                                             "elementwise by kind ('sum', 'max' or 'min') over every warpgroup of "
                                             "every CTA in the cluster; each gets the same result. Every warpgroup "
                                             "of the cluster must call it: it synchronises the cluster.")
+cluster_gather = _builtin("cluster_gather", "cluster_gather(x, ...): x (a float32 or int32 scalar or array) as every "
+                                            "warpgroup of every CTA in the cluster holds it: a tuple, slot = CTA "
+                                            "rank x warpgroups + warpgroup index. Several values go in one exchange "
+                                            "(one cluster barrier) and give a tuple each. Every warpgroup of the "
+                                            "cluster must call it: it synchronises the cluster.")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order the warpgroup's SMEM stores "

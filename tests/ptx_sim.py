@@ -1,5 +1,5 @@
 """A small SIMT simulator of the PTX mgjit emits for memory-bound kernels, so that the GMEM lowering's byte
-shuffling (funnel shifts, lane shuffles, predicated pieces, branches) and DSMEM exchanges are checked on the
+shuffling (byte permutes, predicated pieces, branches) and DSMEM exchanges are checked on the
 CPU, instruction by instruction, as a GPU would run them.
 
 It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next

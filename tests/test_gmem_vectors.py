@@ -3,8 +3,9 @@ instruction by instruction in tests/ptx_sim.py (which also faults on misaligned 
 allocation and shuffles or barriers in divergent code), and the whole memory afterwards must be exactly the
 copy asked for: the window's elements inside the tensor copied, not one other byte changed.
 
-Which accesses the compiler picks is checked on the PTX: 16-byte vectors in the body of rows of any length and
-alignment (4097 bf16), plain vectors when the launch proves alignment."""
+Which accesses the compiler picks is checked on the PTX: plain vectors when the launch proves alignment,
+aligned accesses of the alignment it proves (4 bytes and up), and aligned 32-bit words shifted by prmt below
+that (rows of 4097 bf16), with no bounds test where the whole window is inside the tensor."""
 import re
 import sys
 from pathlib import Path
@@ -159,9 +160,8 @@ def test_copy_from_aligned_to_misaligned_rows():
 
 @pytest.mark.parametrize("src,dst", [(BF16, torch.float32), (torch.float32, BF16)])
 def test_cast_between_widths(src, dst):
-    """bf16 rows into f32 ones: the f32 arrays keep the bf16 loads' 8 elements per thread, so each register
-    goes as two 16-byte stores that follow each other; the other way round, the bf16 stores are 8 bytes wide
-    (4 elements, as the f32 loads hold them)."""
+    """bf16 rows into f32 ones and back, both misaligned: the f32 rows start 4 bytes into a chunk (4-byte
+    accesses), the bf16 ones 2 bytes into a word (whole words shifted by prmt, and 2-byte ends)."""
     x_base = random_like(torch.empty(6, 1100, dtype=src))
     out_base = random_like(torch.empty(6, 1100, dtype=dst))
     x, out = x_base[:, 1:1034], out_base[:, 3:1036]
@@ -169,7 +169,8 @@ def test_cast_between_widths(src, dst):
     want = out_base.clone()
     want[:, 3:1036] = x.to(dst)
     assert torch.equal(got, want)
-    assert re.search(r"st\.global\.v[24]\.b32", compiled.ptx)
+    assert "st.global.b32" in compiled.ptx and not re.search(r"st\.global\.v[24]", compiled.ptx)
+    assert "prmt.b32" in compiled.ptx
 
 
 @pytest.mark.parametrize("dtype,offset", [(torch.float32, 3), (BF16, 5)])
@@ -185,27 +186,52 @@ def test_copy_flat_at_an_offset(dtype, offset):
         assert torch.equal(got, want), f"start {s0}"
 
 
+ACCESSES = ("ld.global.v4.b32", "st.global.v4.b32", "ld.global.b32", "st.global.b32", "ld.global.b16",
+            "st.global.b16", "prmt.b32")
+
+
 def body_accesses(ptx: str) -> dict[str, int]:
-    return {k: len(re.findall(re.escape(k) + r"\b", ptx)) for k in
-            ("ld.global.v4.b32", "st.global.v4.b32", "ld.global.b16", "st.global.b16")}
+    return {k: len(re.findall(re.escape(k) + r"\b", ptx)) for k in ACCESSES}
 
 
-def test_ragged_bf16_rows_get_16_byte_accesses():
-    """x[row, ds(0, 4096)] on rows of 4097 bf16: one 16-byte load per 8 elements (and one for the chunk after
-    each lane run), one 16-byte store per 8 elements; 2-byte accesses only in the branch for the ends of lane
-    runs and rows."""
+def unchecked_blocks(ptx: str) -> list[str]:
+    """The PTX of each window's unchecked path: from the branch on the window being inside the tensor to the
+    branch past the checked path."""
+    return re.findall(r"@%p\d+ bra\s+\S+;(.*?)bra\.uni", ptx, re.S)
+
+
+def test_ragged_bf16_rows_get_word_accesses():
+    """x[row, ds(0, 4096)] on rows of 4097 bf16 (every row starts 2 bytes further into a word). Where the window
+    is inside the tensor (one test for the CTA): per 8 elements, 5 aligned word loads (the fifth only when the
+    access starts inside a word) shifted into place by 4 prmt, and 3 or 4 word stores shifted by 3 prmt plus a
+    2-byte head and tail; no bounds test, no shuffle, no element-by-element access. (16-byte chunks shifted
+    between lanes took 3 to 6 times the instructions: a runtime shift goes through a tree of selects.)"""
     x = torch.empty(100, 4097, dtype=BF16)
     c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
-    n = body_accesses(c.ptx)
-    assert n["ld.global.v4.b32"] == 4 + 4 and n["st.global.v4.b32"] == 4
-    assert n["ld.global.b16"] == 0
-    assert "ld.global.v4" in c.ptx[:c.ptx.index("bra")]  # before the first branch: in the body
+    load, store = unchecked_blocks(c.ptx)
+    accesses = 4  # of 16 bytes per thread
+    assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 5 * accesses,
+                                   "prmt.b32": 4 * accesses}
+    assert len(re.findall(r"@%p\d+ ld", load)) == accesses and "setp.lt" not in load
+    assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": 4 * accesses,
+                                    "st.global.b16": 2 * accesses, "prmt.b32": 3 * accesses}
+    assert "shfl" not in c.ptx
     assert "x: bfloat16[rank 2, align 2, unit-stride, last%1]" in c.meta["specialization"]
+
+
+def test_misaligned_f32_rows_get_4_byte_accesses():
+    """Rows of 4097 f32 start 4 bytes further into a chunk each: 4-byte accesses, with no shifting, and no
+    bounds test where the window is inside the tensor."""
+    x = torch.empty(100, 4097)
+    c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
+    load, store = unchecked_blocks(c.ptx)
+    assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 32}
+    assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": 32}
+    assert "prmt" not in c.ptx and "shfl" not in c.ptx and "setp.lt" not in load
 
 
 def test_aligned_rows_keep_plain_vectors():
     x = torch.empty(100, 4096, dtype=BF16)
     c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
-    assert body_accesses(c.ptx) == {"ld.global.v4.b32": 4, "st.global.v4.b32": 4, "ld.global.b16": 0,
-                                    "st.global.b16": 0}
+    assert body_accesses(c.ptx) == {**dict.fromkeys(ACCESSES, 0), "ld.global.v4.b32": 4, "st.global.v4.b32": 4}
     assert "shfl" not in c.ptx and "bra" not in c.ptx

@@ -1,5 +1,5 @@
 """Every mapping the row examples may pick (examples/_rows.py candidates: rows per program, two warpgroups,
-segments over a cluster), each forced, on the CPU: interpreted against torch on fresh random inputs with the
+segments over a cluster, rows streamed in chunks), each forced, on the CPU: interpreted against torch on fresh random inputs with the
 outputs poisoned, and a few run from their sm_90a PTX on tests/ptx_sim.py (rows that start anywhere in a
 16-byte chunk, clusters, several warpgroups). The autotuner picks among these on a GPU, so each must be right."""
 import functools
@@ -54,10 +54,15 @@ def kernels(x, dtype):
     ]
 
 
+# A cluster of 2 CTAs of 2 warpgroups holding 8192 columns each: its last segment lies wholly past a row of
+# 20000 (its maximum is -inf, its count 0), which must add nothing to the row's statistics.
+PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
+
+
 @pytest.mark.parametrize("n", [3, 77, 4097, 9000, 20000])
 def test_every_candidate_interpreted(n):
     x = torch.randn(5, n) * 3
-    for config in _rows.candidates(n):
+    for config in _rows.candidates(n) + ([PAST_THE_END] if n == 20000 else []):
         for kernel, args, constexprs, checks in kernels(x, torch.float32):
             kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
             for got, ref, tol in checks:
@@ -65,21 +70,26 @@ def test_every_candidate_interpreted(n):
 
 
 def test_candidates_cover_every_length():
+    """Held mappings cover the row; every row longer than one warpgroup holds can also stream (the mapping used
+    before rows were split over clusters: the autotuner can always fall back to it); longer rows only stream."""
     for n in [1, 2, 127, 128, 129, 4096, 4097, 8192, 8193, 32000, 100000, 131072, 262144]:
         configs = _rows.candidates(n)
         assert configs, n
+        assert (_rows.streaming() in configs) == (n > _rows.SEGMENT), n
         for c in configs:
             k = c.kwargs
             segments = k["CTAS"] * k["WGS"]
-            assert sum(k["PARTS"]) * segments >= n and k["ROWS"] >= 1
+            assert k["BLOCK"] > 0 or sum(k["PARTS"]) * segments >= n and k["ROWS"] >= 1
             assert k["CTAS"] <= 8 and k["WGS"] <= 4 and (c.num_warpgroups or 1) == k["WGS"]
             assert (c.cluster or (1, 1, 1))[0] == k["CTAS"]
-    assert _rows.mapping(262145) is None  # longer rows stream
+    assert _rows.mapping(262145) == [_rows.streaming()]
+    assert _rows.mapping(262145, stream=8192) == [_rows.streaming(8192)]
 
 
-# From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a chunk) as one and as two
-# warpgroups, 9000-wide f16 rows over a cluster of 2, 20000-wide bf16 rows over 3 CTAs of 2 warpgroups.
-SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (20000, BF16, 3)]
+# From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a word) as one and as two
+# warpgroups, 9000-wide f16 rows over a cluster of 2 and streamed, 20000-wide bf16 rows over 3 CTAs of 2
+# warpgroups.
+SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (9000, torch.float16, -1), (20000, BF16, 3)]
 
 
 @pytest.mark.parametrize("n,dtype,which", SIMULATED)
@@ -97,18 +107,32 @@ def test_ptx_of_candidates_simulated(n, dtype, which):
             assert rel_err(dev.fetch(got), ref) < max(tol, TOL[dtype]), f"{kernel.name} {config}"
 
 
-def test_examples_read_rows_16_bytes_at_a_time():
+def test_examples_read_rows_in_whole_words():
     """The PTX of the examples' heuristic picks: 4097-wide bf16 rows (every one starting at another offset in a
-    16-byte chunk) loaded and stored 16 bytes at a time, never an element at a time; cross-entropy's bf16
-    logits loaded 16 bytes at a time, with no relayout through shared memory (what made it slow)."""
+    32-bit word) loaded and stored as aligned words shifted by prmt, never an element at a time, with no bounds
+    test where a window is inside the tensor (tests/test_gmem_vectors.py counts them); cross-entropy's aligned
+    bf16 logits loaded 16 bytes at a time, with no relayout through shared memory (what made it slow), and
+    where a program holds one row, the target's logit as one 2-byte load."""
     x = torch.empty(64, 4097, dtype=BF16)
     c = sm.compile(x, x, "sm_90a")
-    assert "ld.global.v4.b32" in c.ptx and "st.global.v4.b32" in c.ptx and "ld.global.b16" not in c.ptx
+    assert "prmt.b32" in c.ptx and "ld.global.b32" in c.ptx and "st.global.b32" in c.ptx
+    assert "ld.global.b16" not in c.ptx and "ld.global.v4" not in c.ptx and "shfl.sync.down" not in c.ptx
     for n in (1000, 4096, 4097):
         logits, target, loss = torch.empty(64, n, dtype=BF16), torch.empty(64, dtype=torch.long), torch.empty(64)
         c = ce.compile(logits, target, loss, "sm_90a")
-        assert "ld.global.v4.b32" in c.ptx and "ld.global.b16" not in c.ptx, n
+        one_row = ce.mapping(n)[0].kwargs["ROWS"] == 1
+        assert ("ld.global.v4.b32" in c.ptx) == (n % 8 == 0) and c.ptx.count("ld.global.b16") == one_row, n
         assert c.smem_bytes <= 256, n  # the reductions' scratch only (a relayout took 1216 and 4144 bytes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
+def test_fused_candidates_do_not_spill(dtype):
+    """Every block size the fused elementwise example may pick, on a flat size that is not a multiple of the
+    16-byte access (the ragged end's store is the costliest in registers)."""
+    import fused_elementwise as fe
+    x = torch.empty(4097 * 33, dtype=dtype)
+    for config in fe.BLOCKS:
+        assert fe.fused_flat.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").spills == 0, config
 
 
 class PreferTimer:

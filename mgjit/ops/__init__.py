@@ -18,7 +18,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters, CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync |
 | warps | WarpSplit |
-| clusters | ClusterRank, ClusterSync, ClusterReduce |
+| clusters | ClusterRank, ClusterSync, ClusterReduce, ClusterGather |
 | clc | ClcTryCancel, ClcQuery (cluster launch control) |
 | tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
@@ -27,7 +27,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 from .arrays import Broadcast, Iota, Relayout, Splat
 from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
 from .clc import ClcQuery, ClcTryCancel
-from .clusters import ClusterRank, ClusterReduce, ClusterSync
+from .clusters import ClusterGather, ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
 from .debug import Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Select, Unary
@@ -45,7 +45,7 @@ from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast", "Cast",
-           "ClcQuery", "ClcTryCancel", "ClusterRank", "ClusterReduce", "ClusterSync", "Compare", "Constant",
+           "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync", "Compare", "Constant",
            "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc", "NamedBarrierArrive",
            "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId", "Reduce",
            "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "ScopedSmemAlloc", "Select",

@@ -5,8 +5,10 @@ contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
 - when the launch's specialization proves every such access aligned (base and row strides, the window's
   start), as plain vector accesses; a row whose length is not a multiple of the access ends inside one, which
   is loaded whole with the part past the end masked, and stored element by element;
-- otherwise (a row of 4097 bf16 starts at a different offset in every 16-byte chunk) as aligned chunks with
-  the bytes shifted into place at run time, at any row length, dtype and row stride (see below).
+- otherwise, as aligned accesses of the alignment the specialization does prove where it is 4 bytes or more
+  (the 4 f32 of a misaligned row one by one), and below that (a row of 4097 bf16 starts at a different offset
+  in every 32-bit word) as aligned 32-bit words with the bytes shifted into place at run time, at any row
+  length, dtype and row stride (see below).
 Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
 elements outside read as zero. A load never touches an aligned chunk of 16 bytes or less that holds no element
 inside the tensor. A load is a free anchor for layout inference: it can deliver any layout its users need.
@@ -25,9 +27,9 @@ from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
-from ..layouts import LANES_PER_WARP, LayoutError, SplatLayout, TiledLayout, blocked
+from ..layouts import LayoutError, Replicated, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
-from ..lower.words import from_bits, funnel, merge_below, pack_words, slot, to_bits, unpack_words
+from ..lower.words import from_bits, pack_words, slot, to_bits, unpack_words
 from .control import For
 from .elementwise import Binary, Cast
 from .program import Constant
@@ -143,26 +145,30 @@ def _divisor(ctx: lower.Context, v: ir.Value, depth: int) -> int:
 
 
 def _vector_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout,
-                  shape: tuple[int, ...]) -> tuple[int, int]:
-    """(w, align): how many consecutive elements of a register's vector go as one access (1: one element per
-    access), and the power of two of bytes that every such access's address is known to be a multiple of."""
+                  shape: tuple[int, ...]) -> tuple[int, int, bool]:
+    """(w, align, narrowed): how many consecutive elements of a register's vector go as one access (1: one
+    element per access), the power of two of bytes that every such access's address is known to be a multiple
+    of, and whether the alignment made the accesses narrower than the layout allows."""
     rank = len(op.sizes)
     itemsize = ref.dtype.itemsize
     if not ref.spec.unit_stride or op.squeeze[rank - 1] or not shape or layout.vector_dim is None:
-        return 1, itemsize
+        return 1, itemsize, False
     entries = layout.tiling.dim_strides(len(shape))
     vdim, vstride = entries[len(entries) + layout.vector_dim]
     if vdim != len(shape) - 1 or vstride != 1:
-        return 1, itemsize
+        return 1, itemsize, False
     w = min(layout.vector_length, max(16 // itemsize, 1))
     # Every other tiled dim along the last axis must step in whole accesses.
     for (d, s), size in zip(entries, layout.tiled_shape(shape)):
         if d == len(shape) - 1 and size > 1 and s % w and s != 1:
-            return 1, itemsize
+            return 1, itemsize, False
     align = min(16, ref.spec.align, int_divisor(ctx, op.starts[rank - 1]) * itemsize)
-    if align < w * itemsize < 4:  # too narrow to shift within 32-bit words: narrower aligned accesses
+    narrowed = align < w * itemsize and (align >= 4 or w * itemsize < 4)
+    if narrowed:
+        # Aligned accesses of `align` bytes (4 f32 of a misaligned row one by one): they cost no shifting. Below
+        # 4 bytes, accesses too narrow to shift within 32-bit words too.
         w = max(align // itemsize, 1)
-    return w, max(align, itemsize)
+    return w, max(align, itemsize), narrowed
 
 
 @dataclasses.dataclass
@@ -245,11 +251,6 @@ def _not(e, p) -> Any:
     return e.m.arith.xori(p, e.const_bool(True))
 
 
-def _any_inside(e, rows, lo, hi, n) -> Any:
-    """i1: some column of lo..hi (i32, lo <= hi, either may be negative) of a row is inside the tensor."""
-    return _all(e, [rows, e.cmpi("sge", hi, e.i32(0)), e.cmpi("slt", lo, n)])
-
-
 def _access_suffix(total_bits: int) -> tuple[str, int]:
     """The ld/st type suffix and the number of 32-bit registers for one access of `total_bits` (>= 32)."""
     n = total_bits // 32
@@ -257,34 +258,45 @@ def _access_suffix(total_bits: int) -> tuple[str, int]:
 
 
 def _load_words(e, addr, pred, n: int) -> list:
-    """n 32-bit words from addr (aligned to 4n bytes), zeros where pred is false."""
+    """n 32-bit words from addr (aligned to 4n bytes), zeros where pred is false (None: always loaded)."""
     suffix, _ = _access_suffix(32 * n)
     outs = ", ".join(f"${i}" for i in range(n))
     dst = f"{{{outs}}}" if n > 1 else outs
+    if pred is None:
+        return e.asm(f"ld.global{suffix} {dst}, [${n}];", ",".join(["=r"] * n + ["l"]), [addr],
+                     [e.int_type(32)] * n, side_effects=True)
     zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
     text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
     return e.asm(text, ",".join(["=r"] * n + ["b", "l"]), [pred, addr], [e.int_type(32)] * n, side_effects=True)
 
 
 def _store_bytes(e, addr, pred, data: Sequence[Any], nbytes: int) -> None:
-    """Store `nbytes` (1, 2, 4, 8 or 16) at addr (aligned to them) where pred holds: data is nbytes // 4
-    words, or one i16 holding 1 or 2 bytes."""
+    """Store `nbytes` (1, 2, 4, 8 or 16) at addr (aligned to them) where pred holds (None: always): data is
+    nbytes // 4 words, or one i16 holding 1 or 2 bytes."""
+    guard, operands, constraints = ("", [], []) if pred is None else ("@$0 ", [pred], ["b"])
+    k = len(operands)
     if nbytes < 4:
-        e.asm_void(f"@$0 st.global.{'b16' if nbytes == 2 else 'u8'} [$1], $2;", "b,l,h", [pred, addr, data[0]])
+        e.asm_void(f"{guard}st.global.{'b16' if nbytes == 2 else 'u8'} [${k}], ${k + 1};",
+                   ",".join(constraints + ["l", "h"]), [*operands, addr, data[0]])
         return
     suffix, n = _access_suffix(8 * nbytes)
-    srcs = ", ".join(f"${i + 2}" for i in range(n))
+    srcs = ", ".join(f"${i + k + 1}" for i in range(n))
     src = f"{{{srcs}}}" if n > 1 else srcs
-    e.asm_void(f"@$0 st.global{suffix} [$1], {src};", ",".join(["b", "l"] + ["r"] * n), [pred, addr, *data])
+    e.asm_void(f"{guard}st.global{suffix} [${k}], {src};", ",".join(constraints + ["l"] + ["r"] * n),
+               [*operands, addr, *data])
 
 
 def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> list:
+    """`count` elements from addr, zeros where pred is false (None: always loaded)."""
     e = ctx.e
     total = count * dtype.storage_bits
     if total < 32:  # one or two narrow elements: a 16-bit register, no conversions around the access
         suffix = ".b16" if total == 16 else ".u8"
-        half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr], [e.int_type(16)],
-                     side_effects=True)[0]
+        if pred is None:
+            half = e.asm(f"ld.global{suffix} $0, [$1];", "=h,l", [addr], [e.int_type(16)], side_effects=True)[0]
+        else:
+            half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr],
+                         [e.int_type(16)], side_effects=True)[0]
         return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
     return unpack_words(e, _load_words(e, addr, pred, total // 32), dtype, count)
 
@@ -331,140 +343,132 @@ def _only_if(e, cond, emit: Callable[[], None]) -> None:
         e.pop()
 
 
-# -- accesses whose alignment is known only at run time
-# A row of 4097 bf16 starts 2 bytes further into a 16-byte chunk than the row before it. Its accesses still
-# move whole aligned chunks: a load reads the chunks its elements straddle (the next one from the next lane,
-# which read it anyway) and funnel-shifts its elements out of them; a store rotates its elements to where
-# they sit in the chunks, takes the bytes of the chunk's start from the previous lane and stores whole chunks.
-# What no whole chunk covers (the first and last chunk of a lane run, a row's ends) goes as naturally aligned
-# pieces of 1 to 8 bytes, and elements partly outside the tensor one by one, behind a branch.
+# -- accesses below 4-byte alignment
+# A row of 4097 bf16 starts 2 bytes further into a 32-bit word than the row before it. Where an access's
+# alignment is known only at run time and is below 4 bytes (16- and 8-bit elements), it moves aligned 32-bit
+# words: a load reads the words its bytes straddle (one more than it holds, when it starts inside a word) and
+# shifts them into place with one byte permute (prmt) per word; a store writes the words wholly inside its
+# bytes and a head and a tail of 1 to 3 bytes. Elements partly outside the tensor are stored one by one,
+# behind a branch. Where bounds go per word or element (these accesses, narrowed or ragged ones), a window
+# wholly inside the tensor (one test, the same for every thread) skips them all. (Aligned 16-byte chunks
+# shifted between lanes cost 3 to 6 times the instructions: the shift is a runtime value, so every word goes
+# through a tree of selects. The words take more L1 wavefronts, which a memory-bound kernel can spare: 4 to 5
+# per 16 bytes, as 4-byte elements take.)
 
-def _lane_links(layout: TiledLayout, shape: tuple[int, ...]) -> int:
-    """A 32-bit mask with bit l set when lane l - 1 holds the register vector that ends right before lane l's
-    (the same indices but the last, which is one vector length less). Lane offsets add to register and warp
-    offsets, so one mask holds for every register and warp."""
-    vl = layout.vector_length
-    first = tuple(0 for _ in layout.registers_shape(shape))
-    index = [layout.element_index(shape, lane, first, 0) for lane in range(LANES_PER_WARP)]
-    mask = 0
-    for lane in range(1, LANES_PER_WARP):
-        a, b = index[lane - 1], index[lane]
-        if a[:-1] == b[:-1] and a[-1] + vl == b[-1]:
-            mask |= 1 << lane
-    return mask
+def _prmt(e, lo, hi, selector) -> Any:
+    """The 4 bytes of {hi:lo} (lo the low word) that `selector` names (prmt's default mode)."""
+    i32 = e.int_type(32)
+    return e.asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, selector], [i32])[0]
 
 
-def _lane_bit(ctx: lower.Context, mask: int) -> Any:
-    """i1: bit `lane` of a constant mask."""
+def _bytes_from(e, skew) -> Any:
+    """The prmt selector of bytes skew .. skew + 3 (skew a runtime i32 in 0..3)."""
+    return e.addi(e.i32(0x3210), e.muli(skew, e.i32(0x1111)))
+
+
+def _window_inside(ctx: lower.Context, op: Op, ref: LoweredRef) -> Any:
+    """i1, the same in every thread: the window lies wholly inside the tensor."""
     e = ctx.e
-    return e.cmpi("ne", e.andi(e.m.arith.shrui(e.i32(mask), ctx.lane), e.i32(1)), e.i32(0))
+    conds = []
+    for start, size, n in zip(op.starts, op.sizes, ref.sizes):
+        s = ctx.get(start)
+        conds += [e.cmpi("sge", s, e.i32(0)), e.cmpi("sle", e.addi(s, e.i32(size)), n)]
+    return _all(e, conds)
 
 
-def _runs(layout: TiledLayout, count: int, w: int) -> list[list[int]]:
-    """The first element of each access, grouped by register (the accesses of a register follow each other
-    in memory)."""
-    vl = layout.vector_length
-    return [list(range(r, r + vl, w)) for r in range(0, count, vl)]
-
-
-def _skew(e, el: _Element, nbytes: int, itemsize: int) -> tuple[Any, Any]:
-    """(bytes, elements) by which an access starts past an nbytes boundary."""
-    skew = e.andi(e.trunc(el.addr, 32), e.i32(nbytes - 1))
-    return skew, e.m.arith.shrui(skew, e.i32(itemsize.bit_length() - 1))
-
-
-def _chunk(e, addr, nbytes: int) -> Any:
-    return e.andi(addr, e.i64(-nbytes))
-
-
-def _load_shifted(ctx: lower.Context, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...], w: int,
-                  align: int, els: list[_Element]) -> list:
+def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, types: list, emit: Callable[[bool], list]):
+    """What `emit(checked)` yields, emitted twice under one branch that every thread takes alike: unchecked where
+    the whole window lies inside the tensor (no bounds test per access or element), checked elsewhere."""
     e = ctx.e
-    dtype, isz = ref.dtype, ref.dtype.itemsize
-    nbytes, n = w * isz, ref.sizes[-1]
-    links = _lane_links(layout, shape) >> 1  # bit l: lane l + 1 holds the vector after lane l's
-    next_linked = _lane_bit(ctx, links) if links else None
+    if_op = e.m.scf.IfOp(_window_inside(ctx, op, ref), types, has_else=True)
+    for block, checked in ((if_op.then_block, False), (if_op.else_block, True)):
+        e.push(e.ir.InsertionPoint(block))
+        try:
+            e.m.scf.yield_(emit(checked))
+        finally:
+            e.pop()
+    return list(if_op.results)
+
+
+def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], checked: bool) -> list:
+    """Each access as the nw + 1 words from the one its first byte is in, shifted by prmt. Unchecked (the window
+    is inside the tensor), only the last word is predicated: on the access starting inside a word (else it is
+    the next access's). Checked, a word is loaded when it holds an element inside the tensor (of this row, or
+    just before the access), and elements outside read as zero."""
+    e = ctx.e
+    dtype, isz, n = ref.dtype, ref.dtype.itemsize, ref.sizes[-1]
+    nw, per_word = w * isz // 4, 4 // isz
     zero = e.const(0, dtype)
     out = []
-    for run in _runs(layout, len(els), w):
-        skew, lead = _skew(e, els[run[0]], nbytes, isz)
-        chunks = []
-        for i in run:  # the chunk each access starts in: columns col - lead .. col - lead + w - 1
-            lo = e.subi(els[i].col, lead)
-            pred = _any_inside(e, els[i].rows, lo, e.addi(lo, e.i32(w - 1)), n)
-            chunks.append(_load_words(e, _chunk(e, els[i].addr, nbytes), pred, nbytes // 4))
-        last = els[run[-1]]
-        lo = e.addi(e.subi(last.col, lead), e.i32(w))  # the chunk after: the last access's tail
-        need = e.andi(e.cmpi("ne", skew, e.i32(0)), _any_inside(e, last.rows, lo, e.addi(last.col, e.i32(w - 1)), n))
-        after = e.addi(_chunk(e, last.addr, nbytes), e.i64(nbytes))
-        if next_linked is None:
-            chunks.append(_load_words(e, after, need, nbytes // 4))
+    for i in range(0, len(els), w):
+        el = els[i]
+        skew = e.andi(e.trunc(el.addr, 32), e.i32(3))
+        base = e.andi(el.addr, e.i64(-4))
+        if checked:
+            lo, hi = _span(e, el, n)
+            lead = e.m.arith.shrui(skew, e.i32(isz.bit_length() - 1))  # elements of the first word before el
+            lo, hi = e.addi(lo, lead), e.addi(hi, lead)
+            preds = [_all(e, [el.rows, e.cmpi("slt", e.i32(m * per_word), hi),
+                              e.cmpi("sge", e.i32(m * per_word + per_word - 1), lo)]) for m in range(nw + 1)]
         else:
-            from_next = [e.shfl(x, "down", 1) for x in chunks[0]]
-            own = _load_words(e, after, e.andi(need, _not(e, next_linked)), nbytes // 4)
-            chunks.append([e.select(next_linked, a, b) for a, b in zip(from_next, own)])
-        for j, i in enumerate(run):
-            vals = unpack_words(e, funnel(e, chunks[j], chunks[j + 1], skew, align), dtype, w)
-            out.extend(e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals))
+            preds = [None] * nw + [e.cmpi("ne", skew, e.i32(0))]
+        words = [_load_words(e, e.addi(base, e.i64(4 * m)), preds[m], 1)[0] for m in range(nw + 1)]
+        selector = _bytes_from(e, skew)
+        vals = unpack_words(e, [_prmt(e, words[j], words[j + 1], selector) for j in range(nw)], dtype, w)
+        if checked:
+            vals = [e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
+        out.extend(vals)
     return out
 
 
-def _store_shifted(ctx: lower.Context, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...], w: int,
-                   align: int, els: list[_Element], elems: list, primary) -> None:
-    e = ctx.e
-    dtype, isz = ref.dtype, ref.dtype.itemsize
-    nbytes, n = w * isz, ref.sizes[-1]
-    links = _lane_links(layout, shape)
-    prev_linked = _lane_bit(ctx, links) if links else None
-    next_linked = _lane_bit(ctx, links >> 1) if links >> 1 else None
-    no = e.const_bool(False)
-    for run in _runs(layout, len(els), w):
-        skew, lead = _skew(e, els[run[0]], nbytes, isz)
-        aligned = e.cmpi("eq", skew, e.i32(0))
-        rotation = e.andi(e.subi(e.i32(nbytes), skew), e.i32(nbytes - 1))
-        # Each access's bytes as they sit in memory: its head at [skew, nbytes) of its first chunk, its tail at
-        # [0, skew) of the next.
-        packed, rotated = [], []
-        for i in run:
-            packed.append(pack_words(e, elems[i:i + w], dtype))
-            rotated.append(funnel(e, packed[-1], packed[-1], rotation, align))
-        whole, full, chunks, spans = [], [], [], []
-        for j, i in enumerate(run):
-            el = els[i]
-            spans.append(_span(e, el, n))
-            lo, hi = spans[j]
-            whole.append(_all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w))]))
-            # the elements before it in its first chunk, -lead .. -1, are inside
-            before = _all(e, [el.rows, e.cmpi("sle", e.addi(lo, lead), e.i32(0)), e.cmpi("sge", hi, e.i32(0))])
-            if j:
-                prev, linked = rotated[j - 1], before
-            elif prev_linked is not None:
-                prev, linked = [e.shfl(x, "up", 1) for x in rotated[-1]], e.andi(prev_linked, before)
-            else:
-                prev, linked = None, no
-            data = rotated[j] if prev is None else merge_below(e, prev, rotated[j], skew, align)
-            full.append(_all(e, [whole[j], primary, e.ori(aligned, linked)]))
-            chunks.append(_chunk(e, el.addr, nbytes))
-            _store_bytes(e, chunks[j], full[j], data, nbytes)
-        edges = []  # (head, tail, loose) of each access: what the whole chunks did not store
-        for j, i in enumerate(run):
-            if j + 1 < len(run):
-                next_full = full[j + 1]
-            elif next_linked is not None:
-                flag = e.shfl(e.zext(full[0], 32), "down", 1)
-                next_full = e.andi(next_linked, e.cmpi("ne", flag, e.i32(0)))
-            else:
-                next_full = no
-            head = _all(e, [whole[j], primary, _not(e, full[j])])
-            tail = _all(e, [whole[j], primary, _not(e, aligned), _not(e, next_full)])
-            edges.append((head, tail, e.andi(_not(e, whole[j]), primary)))
+def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int) -> None:
+    """One access (its bytes packed in `words`) that may start anywhere in a 32-bit word, where pred holds: the
+    words wholly inside its bytes (the bytes shifted into them by prmt), then a head and a tail."""
+    nbytes = 4 * len(words)
+    tail = e.andi(e.trunc(el.addr, 32), e.i32(3))  # bytes past the last 4-byte boundary
+    head = e.andi(e.subi(e.i32(4), tail), e.i32(3))  # bytes before the first one
+    body = e.andi(e.addi(el.addr, e.i64(3)), e.i64(-4))  # the first 4-byte boundary
+    selector = _bytes_from(e, head)
+    for j in range(len(words) - 1):  # bytes head + 4j .. head + 4j + 3
+        _store_bytes(e, e.addi(body, e.i64(4 * j)), pred, [_prmt(e, words[j], words[j + 1], selector)], 4)
+    _store_bytes(e, e.addi(body, e.i64(nbytes - 4)), _all(e, [pred, e.cmpi("eq", tail, e.i32(0))]), [words[-1]], 4)
+    first, last = words[0], words[-1]
+    if isz == 1:  # a head of 1 or 3 bytes starts with a byte, a tail of 1 or 3 ends with one
+        _store_bytes(e, el.addr, _all(e, [pred, _bit_set(e, head, 1)]), [e.trunc(first, 16)], 1)
+        _store_bytes(e, e.addi(el.addr, e.i64(nbytes - 1)), _all(e, [pred, _bit_set(e, tail, 1)]),
+                     [e.trunc(e.m.arith.shrui(last, e.i32(24)), 16)], 1)
+        odd = e.andi(head, e.i32(1))
+        pair = e.trunc(e.m.arith.shrui(first, e.muli(odd, e.i32(8))), 16)
+        end_pair = e.trunc(e.m.arith.shrui(last, e.muli(e.subi(e.i32(4), tail), e.i32(8))), 16)
+    else:
+        odd = e.i32(0)
+        pair, end_pair = e.trunc(first, 16), e.trunc(e.m.arith.shrui(last, e.i32(16)), 16)
+    _store_bytes(e, e.addi(el.addr, e.ext_i64(odd)) if isz == 1 else el.addr, _all(e, [pred, _bit_set(e, head, 2)]),
+                 [pair], 2)
+    end = e.andi(el.addr, e.i64(-4))  # + nbytes: the last 4-byte boundary
+    _store_bytes(e, e.addi(end, e.i64(nbytes)), _all(e, [pred, _bit_set(e, tail, 2)]), [end_pair], 2)
 
-        def pieces(run=run, skew=skew, packed=packed, rotated=rotated, chunks=chunks, edges=edges, spans=spans):
-            for j, i in enumerate(run):
-                head, tail, loose = edges[j]
-                _store_pieces(e, chunks[j], rotated[j], skew, head, tail, nbytes, align)
-                _store_elementwise(e, els[i], spans[j], loose, packed[j], w, isz)
-        _only_if(e, functools.reduce(e.ori, [p for edge in edges for p in edge]), pieces)
+
+def _store_whole_or_elementwise(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], elems: list,
+                                primary, store_whole: Callable[[_Element, list, Any], None]) -> None:
+    """Accesses wholly inside the tensor through `store_whole(first element, packed words, predicate)`; those
+    partly inside element by element, behind one branch."""
+    e = ctx.e
+    dtype, n, isz = ref.dtype, ref.sizes[-1], ref.dtype.itemsize
+    loose, packed, spans = [], [], []
+    for i in range(0, len(els), w):
+        el = els[i]
+        spans.append(_span(e, el, n))
+        lo, hi = spans[-1]
+        whole = _all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w)), primary])
+        packed.append(pack_words(e, elems[i:i + w], dtype))
+        store_whole(el, packed[-1], whole)
+        loose.append(_all(e, [_not(e, whole), e.cmpi("slt", lo, e.i32(w)), e.cmpi("sgt", hi, e.i32(0)), primary]))
+
+    def elementwise():
+        for a, i in enumerate(range(0, len(els), w)):
+            _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
+    _only_if(e, functools.reduce(e.ori, loose), elementwise)
 
 
 def _span(e, first: _Element, n) -> tuple[Any, Any]:
@@ -486,22 +490,6 @@ def _store_elementwise(e, first: _Element, span: tuple[Any, Any], pred, words: l
                      slot(e, words, k * itemsize, itemsize), itemsize)
 
 
-def _store_pieces(e, chunk, rotated: list, skew, head, tail, nbytes: int, align: int) -> None:
-    """Store an access's head (bytes [skew, nbytes) of its chunk) where `head` holds and its tail (bytes
-    [0, skew) of the next chunk) where `tail` holds, as naturally aligned pieces: the binary digits of their
-    lengths, the head's smallest first, the tail's largest first."""
-    head_bytes = e.subi(e.i32(nbytes), skew)
-    p = align
-    while p < nbytes:
-        pos = e.addi(skew, e.andi(head_bytes, e.i32(p - 1)))
-        _store_bytes(e, e.addi(chunk, e.ext_i64(pos)), e.andi(head, _bit_set(e, head_bytes, p)),
-                     slot(e, rotated, pos, p), p)
-        pos = e.andi(skew, e.i32(-2 * p))
-        _store_bytes(e, e.addi(chunk, e.ext_i64(e.addi(pos, e.i32(nbytes)))), e.andi(tail, _bit_set(e, skew, p)),
-                     slot(e, rotated, pos, p), p)
-        p *= 2
-
-
 def _bit_set(e, x, bit: int) -> Any:
     return e.cmpi("ne", e.andi(x, e.i32(bit)), e.i32(0))
 
@@ -517,18 +505,26 @@ def _load(op: Load, ctx: lower.Context) -> None:
         ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1)[0])
         return
     layout, shape = out.layout, out.type.shape
-    w, align = _vector_width(ctx, op, ref, layout, shape)
+    w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
     els = _element_addresses(ctx, op, ref, layout, shape)
-    if w > 1 and align < w * dtype.itemsize:
-        elems = _load_shifted(ctx, ref, layout, shape, w, align, els)
-    else:
+    unaligned = w > 1 and align < w * dtype.itemsize
+    ragged = ref.spec.size_div < w  # a row may end inside an access: the rest reads as zero
+    zero = e.const(0, dtype)
+
+    def plain(checked: bool) -> list:
         elems = []
-        zero = e.const(0, dtype)
         for i in range(0, len(els), w):
-            vals = _load_access(ctx, els[i].addr, els[i].inside, dtype, w)
-            if ref.spec.size_div < w:  # a row that ends inside this access: the rest reads as zero
+            vals = _load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w)
+            if checked and ragged:
                 vals = [v if not k else e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
             elems.extend(vals)
+        return elems
+
+    emit = (lambda checked: _word_loads(ctx, ref, w, els, checked)) if unaligned else plain
+    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+        elems = _inside_or_checked(ctx, op, ref, [e.type(dtype)] * len(els), emit)
+    else:
+        elems = emit(True)
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 
@@ -550,33 +546,37 @@ def _store(op: Store, ctx: lower.Context) -> None:
         except LayoutError as err:
             raise op.error(str(err), rule=Rule.LAYOUT) from None
     layout = frag.layout
-    w, align = _vector_width(ctx, op, ref, layout, shape)
+    w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
     els = _element_addresses(ctx, op, ref, layout, shape, step=w)
     primary = ctx.is_primary(layout)
     assert len(els) == num_elems(layout, shape)
-    if w > 1 and align < w * dtype.itemsize:
-        _store_shifted(ctx, ref, layout, shape, w, align, els, frag.elems, primary)
-        return
-    if ref.spec.size_div >= w:  # every access is wholly inside a row or wholly outside
-        for i in range(0, len(els), w):
-            _store_access(ctx, els[i].addr, e.andi(els[i].inside, primary), frag.elems[i:i + w], dtype)
-        return
-    # A row may end inside an access: whole accesses go as one store, the others element by element.
-    loose, packed, spans = [], [], []
-    n, isz = ref.sizes[-1], dtype.itemsize
-    for i in range(0, len(els), w):
-        el = els[i]
-        spans.append(_span(e, el, n))
-        lo, hi = spans[-1]
-        whole = _all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w)), primary])
-        packed.append(pack_words(e, frag.elems[i:i + w], dtype))
-        _store_bytes(e, el.addr, whole, packed[-1], w * isz)
-        loose.append(_all(e, [_not(e, whole), e.cmpi("slt", lo, e.i32(w)), e.cmpi("sgt", hi, e.i32(0)), primary]))
+    isz = dtype.itemsize
+    unaligned = w > 1 and align < w * isz
+    ragged = ref.spec.size_div < w  # a row may end inside an access
 
-    def elementwise():
-        for a, i in enumerate(range(0, len(els), w)):
-            _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
-    _only_if(e, functools.reduce(e.ori, loose), elementwise)
+    def whole(el: _Element, words: list, pred) -> None:
+        if unaligned:
+            _store_unaligned_access(e, el, words, pred, isz)
+        else:
+            _store_bytes(e, el.addr, pred, words, w * isz)
+
+    def emit(checked: bool) -> list:
+        if not checked:  # the window is inside the tensor: every access is whole
+            replicas = any(isinstance(d, Replicated) for d in (*layout.warp_dims, *layout.lane_dims))
+            only = primary if replicas else None
+            for i in range(0, len(els), w):
+                whole(els[i], pack_words(e, frag.elems[i:i + w], dtype), only)
+        elif unaligned or ragged:  # whole accesses as one, the others element by element
+            _store_whole_or_elementwise(ctx, ref, w, els, frag.elems, primary, whole)
+        else:  # every access is wholly inside a row or wholly outside
+            for i in range(0, len(els), w):
+                _store_access(ctx, els[i].addr, e.andi(els[i].inside, primary), frag.elems[i:i + w], dtype)
+        return []
+
+    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+        _inside_or_checked(ctx, op, ref, [], emit)
+    else:
+        emit(True)
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

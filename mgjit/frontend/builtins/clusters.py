@@ -1,4 +1,5 @@
-"""Clusters: `mgjit.cluster_rank()`, `mgjit.cluster_sync()` and `mgjit.cluster_reduce(x, kind)`."""
+"""Clusters: `mgjit.cluster_rank()`, `mgjit.cluster_sync()`, `mgjit.cluster_reduce(x, kind)` and
+`mgjit.cluster_gather(x, ...)`."""
 from __future__ import annotations
 
 from ... import dtypes, language as lang, ops
@@ -28,3 +29,19 @@ def cluster_reduce(t: Semantics, args: list, kwargs: dict) -> Tensor:
         raise t.error(f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
     ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
     return t.emit(ops.ClusterReduce(kind, x.value, ctas, t.builder.loc))
+
+
+@builtin(lang.cluster_gather, unit="cluster")
+def cluster_gather(t: Semantics, args: list, kwargs: dict) -> tuple:
+    if kwargs or not args:
+        raise t.error("cluster_gather(x, ...) takes one or more values, positionally")
+    values = [t.to_tensor(x) for x in args]
+    for x in values:
+        if x.dtype not in (dtypes.float32, dtypes.int32):
+            raise t.error(f"cluster_gather exchanges float32 or int32 values, got {x.dtype.name}; use .astype()")
+    ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
+    op = ops.ClusterGather([x.value for x in values], ctas, t.num_warpgroups, t.builder.loc)
+    t.builder.add(op)
+    slots = op.slots
+    gathered = tuple(tuple(Tensor(t, r) for r in op.results[i * slots:(i + 1) * slots]) for i in range(len(values)))
+    return gathered[0] if len(values) == 1 else gathered
