@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 
 import mgjit
 
@@ -94,11 +95,13 @@ def grid(rows: int, config: mgjit.Config) -> tuple[int]:
     return (-(-rows // config.kwargs["ROWS"]) * config.kwargs["CTAS"],)
 
 
-def mapping(n: int, rows_per_program: int | None = None, stream: int = STREAM) -> list[mgjit.Config]:
-    """The candidate mappings for rows of n columns (ROWS forced to rows_per_program for short rows)."""
+@functools.lru_cache(maxsize=None)
+def mapping(n: int, rows_per_program: int | None = None, stream: int = STREAM) -> tuple[mgjit.Config, ...]:
+    """The candidate mappings for rows of n columns (ROWS forced to rows_per_program for short rows). Made once
+    per row length: building them costs hundreds of microseconds, more than a launch, and every call asks."""
     if rows_per_program is not None and n <= SEGMENT:
-        return [hold(rows_per_program, parts(n))]
-    return candidates(n, stream)
+        return (hold(rows_per_program, parts(n)),)
+    return tuple(candidates(n, stream))
 
 
 def tuning_enabled(x) -> bool:
@@ -111,14 +114,14 @@ def _tuned(kernel, configs: tuple[mgjit.Config, ...], key: str):
     return mgjit.autotune(configs=list(configs), key=[key])(kernel)
 
 
-def _untuned(configs: list[mgjit.Config], args: tuple) -> bool:
+def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     """Launch the first config as it is: one candidate, no GPU, or two arguments are one tensor (timing would run
     the kernel on its own output)."""
     pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
     return len(configs) == 1 or len(set(pointers)) < len(pointers) or not tuning_enabled(args[0])
 
 
-def picked(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
+def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
     """The config `tuned_launch` launches for these arguments (tuned by an earlier launch)."""
     if _untuned(configs, args):
         return configs[0]
@@ -126,7 +129,7 @@ def picked(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> mg
     return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(named)
 
 
-def timings(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> list[tuple[mgjit.Config, float | None]]:
+def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> list[tuple[mgjit.Config, float | None]]:
     """Each config's time in ms (None: pruned) in the sweep `tuned_launch` ran (or read from the store) for these
     arguments in this process; empty when it launched without tuning."""
     if _untuned(configs, args):
@@ -139,7 +142,7 @@ def timings(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> l
     return [(row.config, row.ms) for row in report.rows]
 
 
-def tuned_launch(kernel, configs: list[mgjit.Config], grid_of, args: tuple, **constexprs) -> None:
+def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, **constexprs) -> None:
     """Launch `kernel` with the fastest of `configs` for the shape of args[0] and the arguments' dtypes (timed on
     the first call, remembered on disk), or with the first config without a GPU or when two arguments are one
     tensor (timing would run the kernel on its own output). grid_of(rows of args[0], constexprs and options)
@@ -153,7 +156,7 @@ def tuned_launch(kernel, configs: list[mgjit.Config], grid_of, args: tuple, **co
     _tuned(kernel, tuple(configs), key)[lambda named: grid_of(named[key].shape[0], named)](*args, **constexprs)
 
 
-def launch(kernel, configs: list[mgjit.Config], args: tuple, **constexprs) -> None:
+def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> None:
     """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
     tuned_launch(kernel, configs, lambda rows, c: (-(-rows // c["ROWS"]) * c["CTAS"],), args, **constexprs)
 

@@ -82,8 +82,8 @@ def test_candidates_cover_every_length():
             assert k["BLOCK"] > 0 or sum(k["PARTS"]) * segments >= n and k["ROWS"] >= 1
             assert k["CTAS"] <= 8 and k["WGS"] <= 4 and (c.num_warpgroups or 1) == k["WGS"]
             assert (c.cluster or (1, 1, 1))[0] == k["CTAS"]
-    assert _rows.mapping(262145) == [_rows.streaming()]
-    assert _rows.mapping(262145, stream=8192) == [_rows.streaming(8192)]
+    assert _rows.mapping(262145) == (_rows.streaming(),)
+    assert _rows.mapping(262145, stream=8192) == (_rows.streaming(8192),)
 
 
 # From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a word) as one and as two
