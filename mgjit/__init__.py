@@ -21,6 +21,8 @@ from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, c
                        tile, warpgroup_id, wgmma,
                        wgmma_wait, where, zeros)
 from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)
+from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, semaphore_signal,  # GMEM
+                       semaphore_wait)
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

@@ -64,6 +64,23 @@ max = _builtin("max", "max(x, axis=None): a reduction.")
 min = _builtin("min", "min(x, axis=None): a reduction.")
 cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 
+# Atomics and semaphores on GMEM (ordering: sem = "relaxed" | "acquire" | "release" | "acq_rel"; scope = "cta" |
+# "cluster" | "gpu" | "sys")
+_ATOMIC_DOC = ("(x, index, value, sem='relaxed', scope='gpu') -> the old values: atomically {what} the window "
+               "x[index] (integers, or mgjit.ds windows; a scalar index: once per warpgroup, by its first thread)")
+atomic_add = _builtin("atomic_add", "atomic_add" + _ATOMIC_DOC.format(what="add value to"))
+atomic_min = _builtin("atomic_min", "atomic_min" + _ATOMIC_DOC.format(what="take the minimum of value and"))
+atomic_max = _builtin("atomic_max", "atomic_max" + _ATOMIC_DOC.format(what="take the maximum of value and"))
+atomic_xchg = _builtin("atomic_xchg", "atomic_xchg" + _ATOMIC_DOC.format(what="write value to"))
+atomic_cas = _builtin("atomic_cas", "atomic_cas(x, index, compare, value, sem='relaxed', scope='gpu') -> the old "
+                                    "values: atomically write value where x[index] equals compare")
+semaphore_signal = _builtin("semaphore_signal", "semaphore_signal(x, index, inc=1, scope='gpu'): add inc to the "
+                                                "int32 cell x[index] with release ordering, once per warpgroup "
+                                                "(every write the warpgroup made before happens before it)")
+semaphore_wait = _builtin("semaphore_wait", "semaphore_wait(x, index, value, scope='gpu'): wait until the int32 "
+                                            "cell x[index] holds at least value, with acquire ordering (every "
+                                            "access the warpgroup makes after happens after)")
+
 # Hopper machinery
 smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel.")
 barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers, each completing a phase "

@@ -10,6 +10,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | reductions | Reduce |
 | control | For, If, Yield |
 | gmem | Load, Store |
+| atomics | Atomic, SemaphoreWait |
 | smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
 | barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
@@ -20,6 +21,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | tcgen05 | Tcgen05Mma, Tcgen05Commit |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
+from .atomics import Atomic, SemaphoreWait
 from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
 from .clusters import ClusterRank, ClusterSync
 from .control import For, If, Yield
@@ -34,9 +36,10 @@ from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_l
 from .warpgroups import SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
+__all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
            "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
+           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SemaphoreWait",
+           "SetMaxRegisters",
            "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
            "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
            "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
