@@ -15,6 +15,8 @@ import dataclasses
 import os
 from typing import Any, Callable
 
+import mgjit
+
 # One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
 BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
 SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_bytes)
@@ -68,43 +70,40 @@ def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue_bytes: int) -> in
 
 def config(problem: Problem, bm: int, bn: int, swap: bool = False, stream_k: int = 0, **extra) -> dict:
     """A full config for `problem` with a bm x bn tile (of C^T when `swap`): BK from the element width, the
-    TMA-store epilogue where the output allows it, and as many stages as shared memory holds."""
+    TMA-store epilogue where the output allows it (a stream-K 256-wide tile stores from registers: its fix-up
+    path and the TMA tile do not fit the consumers' registers together), and as many stages as fit."""
     bk = BK_FOR_BITS[problem.bits]
     out_bytes = problem.out_dtype.itemsize
-    tma_store = not swap and out_bytes == 2
+    tma_store = not swap and out_bytes == 2 and not (stream_k and bn > 192)
     stages = _stages(bm, bn, bk, problem.bits // 8, bm * bn * out_bytes if tma_store else 0)
     return {"SWAP_AB": swap, "BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "GROUP_M": 8, "STREAM_K": stream_k,
             "TMA_STORE": tma_store, **extra}
 
 
-def _waves(tiles: int, sms: int) -> float:
-    return tiles / sms
-
-
 def candidates(problem: Problem, sms: int) -> list[dict]:
-    """The configs worth timing for this shape, the heuristics' favourite first."""
+    """The configs worth timing for this shape, the heuristics' favourite first (what runs untimed)."""
     m, n = problem.m, problem.n
-    cdiv = lambda x, y: -(-x // y)  # noqa: E731
-    out: list[dict] = []
-    if m <= 64 and _swap_allowed(problem):
+    k_tiles = -(-problem.k // BK_FOR_BITS[problem.bits])
+
+    def tiles(bm: int, bn: int) -> int:
+        return -(-m // bm) * -(-n // bn)
+
+    if m <= 64 and _swap_allowed(problem):  # decode: the weights stream through the 64-row side
         side = _swapped_n(problem)
-        out += [config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
-        if m > 16:
-            out.append(config(problem, 64, 128, stream_k=1))
-        return out
-    big = cdiv(m, 128) * cdiv(n, 256)
-    mid = cdiv(m, 128) * cdiv(n, 128)
-    if big % sms == 0 or _waves(big, sms) >= 8:
-        out.append(config(problem, 128, 256))
-        if _waves(big, sms) < 16:
-            out.append(config(problem, 128, 128))
-        return out
-    if m <= 128:  # one row of tiles: narrower tiles give the SMs more of them
-        out += [config(problem, 128, 128, stream_k=1), config(problem, 64, 256, stream_k=1),
-                config(problem, 128, 64)]
-    out += [config(problem, 128, 256, stream_k=2 if big >= sms else 1), config(problem, 128, 256),
-            config(problem, 128, 128, stream_k=2 if mid >= sms else 1), config(problem, 128, 192)]
-    return _unique(out)[:5]
+        out = [config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
+        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else [])
+    big = tiles(128, 256)
+    if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
+        return [config(problem, 128, 256)] + ([config(problem, 128, 128)] if big < 16 * sms else [])
+    if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
+        return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
+                config(problem, 128, 128, stream_k=2), config(problem, 128, 192)]
+    if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over every SM
+        return [config(problem, 128, 256, stream_k=1), config(problem, 128, 128, stream_k=1),
+                config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 256, stream_k=1)]
+    # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
+    return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
+            config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]
 
 
 def _unique(configs: list[dict]) -> list[dict]:
@@ -176,10 +175,16 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
     for option in options:
         name = Config(**option).key()
         if name not in known:
-            known[name] = Result(ms=timer(Run(Config(**option), lambda: None, lambda o=option: launch(o, c))))
-        times[name] = known[name].ms
+            try:
+                known[name] = Result(ms=timer(Run(Config(**option), lambda: None, lambda o=option: launch(o, c))))
+            except mgjit.CompileError as error:  # a candidate the compiler refuses is skipped, with its reason
+                known[name] = Result(pruned=f"{error.rule or 'compile'}: {error.message}"[:300])
+        times[name] = known[name].ms if known[name].ms is not None else float("inf")
     store.save(KERNEL_NAME, source_key, device, key, known)
-    return min(options, key=lambda o: times[Config(**o).key()])
+    best = min(options, key=lambda o: times[Config(**o).key()])
+    if times[Config(**best).key()] == float("inf"):
+        raise RuntimeError(f"no candidate schedule compiles for {problem.key()}: {[known[Config(**o).key()] for o in options]}")
+    return best
 
 
 def chosen(a, b) -> dict | None:
@@ -196,7 +201,7 @@ def launch_plan(problem: Problem, cfg: dict, c, sms: int, tma_ready: Callable) -
     """(kernel operands a, b, c), the kernel's constexprs, the grid and the number of output tiles for one
     launch. Swapped: the kernel's A is B^T (the b operand, as stored), its B is A^T (the a operand) and its C is
     c transposed (a view, stored element by element)."""
-    kernel_cfg = {k: v for k, v in cfg.items() if k != "SWAP_AB"}
+    kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
     scaled, biased, activation = problem.epilogue
     kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation)
     a_op, b_op = tma_ready(problem.a_op), tma_ready(problem.b_op)
@@ -209,7 +214,8 @@ def launch_plan(problem: Problem, cfg: dict, c, sms: int, tma_ready: Callable) -
         kernel_cfg.update(A_MNMAJOR=problem.a_mn, B_KMAJOR=problem.b_k)
         rows, cols = problem.m, problem.n
     tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
-    grid = (sms if cfg["STREAM_K"] else min(tiles, sms),)
+    # Stream-K takes every SM (or `SPLIT` CTAs per tile: split-K); data-parallel one CTA per tile, up to one per SM.
+    grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
     kernel_cfg["num_warpgroups"] = cfg["BM"] // 64 + 1
     return args, kernel_cfg, grid, tiles
 

@@ -259,10 +259,11 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if a.dtype != b.dtype:
         raise TypeError(f"matmul takes two tensors of one dtype, got {a.dtype} and {b.dtype}")
     bits = a.element_size() * 8
-    if bits != 16 and not b_kmajor:
-        raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True")
     out_dtype = out_dtype or (a.dtype if bits == 16 else torch.bfloat16)
     problem = schedules.Problem.of(a, b, b_kmajor, out_dtype, scale is not None, bias is not None, activation)
+    if bits != 16 and not problem.b_k:
+        raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
+                         f"transposed view of one)")
     cfg = schedules.choose(problem, config, _sm_count(a.device.index),
                            lambda candidate, c: _launch(problem, candidate, c, scale, bias))
     c = _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
