@@ -22,6 +22,7 @@ BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
 SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_bytes)
 SMEM_RESERVE = 2048   # mbarriers, scratch, alignment
 MAX_STAGES = 12
+MAX_CUTS = 8  # contributors per stream-K tile: the one that finishes it reads all of their partials
 TUNE = os.environ.get("MGJIT_MATMUL_TUNE", "1") != "0"  # 0: take the first candidate, time nothing
 
 
@@ -98,22 +99,18 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192)]
-    if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over every SM
-        return [config(problem, 128, 256, stream_k=1), config(problem, 128, 128, stream_k=1),
-                config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 256, stream_k=1)]
+    if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over the SMs
+        # The CTA that finishes a cut tile reads every contributor's partial: at most MAX_CUTS per tile (split-K
+        # on fewer SMs where the tiles are too few). The largest tile on the most SMs comes first.
+        out = []
+        for bm, bn in ((128, 256), (128, 128), (128, 64)):
+            cover = tiles(bm, bn) * MAX_CUTS >= sms
+            out.append(config(problem, bm, bn, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})))
+        out.sort(key=lambda c: -min(sms, tiles(c["BM"], c["BN"]) * c.get("SPLIT", sms)))
+        return out + [config(problem, 128, 128), config(problem, 128, 64)]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
             config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]
-
-
-def _unique(configs: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for c in configs:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
 
 
 def _swap_allowed(problem: Problem) -> bool:
@@ -188,11 +185,23 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
 
 
 def chosen(a, b) -> dict | None:
-    """The config chosen for these operands (plain bf16/f16 a @ b), if any yet."""
-    for (key, _), cfg in _CHOSEN.items():
-        if key[:3] == (a.shape[0], b.shape[1], a.shape[1]):
-            return cfg
-    return None
+    """The config chosen for `a @ b` (16-bit operands, plain epilogue), if one was yet."""
+    key = Problem.of(a, b, False, a.dtype, False, False, None).key()
+    return next((cfg for (k, _), cfg in _CHOSEN.items() if k == key), None)
+
+
+def describe(cfg: dict | None) -> str:
+    """A config in a few words: `stream-K(2) 128x256 4 stages`, `swap-AB 128x8 stream-K(1) 12 stages`."""
+    if cfg is None:
+        return "-"
+    parts = ["swap-AB"] if cfg.get("SWAP_AB") else []
+    if cfg.get("STREAM_K"):
+        parts.append(f"stream-K({cfg['STREAM_K']})" + ("" if cfg.get("DETERMINISTIC", True) else " atomic")
+                     + (f" split {cfg['SPLIT']}" if cfg.get("SPLIT") else ""))
+    else:
+        parts.append("data-parallel")
+    parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages", "TMA store" if cfg.get("TMA_STORE") else "st.global"]
+    return " ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- launching
