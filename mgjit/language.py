@@ -93,6 +93,11 @@ copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i
                                     "CTA, where the 2-CTA MMA waits.")
 store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None): TMA copy of SMEM tile `src` "
                                       "to the tile of tensor `dst` at `coords` (reduce='add' adds it there).")
+tma_bounded = _builtin("tma_bounded", "tma_bounded(x, shape, descriptors, slot): tensor x as store_async sees it, "
+                                      "its dimensions cut to `shape` (runtime sizes; None keeps one), so that a "
+                                      "store drops what lies past them. The descriptor is built on the device in "
+                                      "descriptors[128 * slot:][:128] (a 1-D uint8 tensor, 128-byte aligned) at each "
+                                      "store: give each warpgroup that stores at once its own slot.")
 store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
                                                 "warpgroup still read their SMEM tiles.")
 pipeline = _builtin("pipeline", "for k, *tiles in pipeline(steps, tile(...), ..., stages=2, release=1, "

@@ -13,7 +13,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | atomics | Atomic, SemaphoreWait |
 | smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
 | barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
-| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
+| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaDescriptorCut |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters |
 | clusters | ClusterRank, ClusterSync |
@@ -31,7 +31,7 @@ from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
 from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
 from .tcgen05 import Tcgen05Commit, Tcgen05Mma
-from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
+from .tma import TmaDescriptorCut, TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
 from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
@@ -39,7 +39,7 @@ from .wgmma import Wgmma, WgmmaWait
 __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
            "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
            "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SemaphoreWait",
-           "SetMaxRegisters",
-           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
-           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+           "SetMaxRegisters", "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit",
+           "Tcgen05Mma", "TmaDescriptorCut", "TmaLoad", "TmaLoadCollective", "TmaStore", "TmaStoreWait",
+           "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpgroupId", "Wgmma",
+           "WgmmaWait", "Yield", "tmem_layout"]

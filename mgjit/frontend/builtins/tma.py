@@ -1,13 +1,16 @@
 """The TMA engine: `copy_async` (GMEM tile → SMEM, completing on a barrier; multicast over a cluster, or
 counted on the 2-CTA pair's leader), `store_async` (SMEM → GMEM, optionally reducing) and `store_async_wait`.
-Each tensor copied gets one host-built TMA descriptor per box shape, which the launch passes to the kernel."""
+Each tensor copied gets one host-built TMA descriptor per box shape, which the launch passes to the kernel;
+`tma_bounded` makes stores go through a copy of it built on the device, with smaller dimensions."""
 from __future__ import annotations
+
+from typing import Any
 
 from ... import dtypes, ir, language as lang, ops
 from ...errors import Rule
 from ..registry import builtin
 from ..semantics import Semantics
-from ..values import BarrierSlot, Ref, SmemRef
+from ..values import BarrierSlot, Ref, SmemRef, Traced
 from .barriers import slot_ref
 
 
@@ -71,12 +74,42 @@ def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
                                   multicast=split if multicast else 0))
 
 
+class BoundedRef(Traced):
+    """`tma_bounded(x, shape, descriptors, slot)`: tensor x as TMA stores see it, its dimensions cut to `shape`."""
+
+    kind = "a TMA-bounded tensor"
+
+    def __init__(self, ref: Ref, shape: list[Any], descriptors: Ref, slot: Any):
+        self.ref, self.shape, self.descriptors, self.slot = ref, shape, descriptors, slot
+
+
+@builtin(lang.tma_bounded, unit="tma", positional=(2, 4))
+def tma_bounded(t: Semantics, args: list, kwargs: dict) -> BoundedRef:
+    named = dict(zip(("x", "shape", "descriptors", "slot"), args), **kwargs)
+    if set(named) != {"x", "shape", "descriptors", "slot"}:
+        raise t.error("tma_bounded(x, shape, descriptors, slot) takes a tensor, its sizes (None keeps one), a uint8 "
+                      "tensor of 128-byte descriptor slots and a slot index")
+    x, shape, descriptors = named["x"], named["shape"], named["descriptors"]
+    shape = list(shape) if isinstance(shape, (tuple, list)) else [shape]
+    if not isinstance(x, Ref) or not isinstance(descriptors, Ref):
+        raise t.error("tma_bounded bounds a tensor argument, with descriptors built in another tensor argument")
+    if len(shape) != x.ndim:
+        raise t.error(f"{x.name} has rank {x.ndim}: tma_bounded takes {x.ndim} sizes (None keeps one)")
+    if descriptors.dtype != dtypes.uint8 or descriptors.ndim != 1:
+        raise t.error(f"tma_bounded builds descriptors in a 1-D uint8 tensor of 128-byte slots; {descriptors.name} "
+                      f"is a rank-{descriptors.ndim} {descriptors.dtype.name} tensor", rule=Rule.TMA_ALIGNMENT)
+    sizes = [None if d is None else t.cast(t.to_tensor(d), dtypes.int32) for d in shape]
+    return BoundedRef(x, sizes, descriptors, t.cast(t.to_tensor(named["slot"]), dtypes.int32))
+
+
 @builtin(lang.store_async, unit="tma")
 def store_async(t: Semantics, args: list, kwargs: dict) -> None:
     if len(args) != 3 or set(kwargs) - {"reduce"}:
         raise t.error("store_async(dst, coords, src, reduce=None) takes a tensor, a tuple of element "
                       "coordinates and an SMEM tile")
     dst, coords, src = args
+    bounded = dst if isinstance(dst, BoundedRef) else None
+    dst = bounded.ref if bounded else dst
     if not isinstance(dst, Ref) or not isinstance(src, SmemRef):
         raise t.error("store_async copies an SMEM tile into a tensor argument of the kernel")
     coords = coords if isinstance(coords, (tuple, list)) else (coords,)
@@ -84,7 +117,13 @@ def store_async(t: Semantics, args: list, kwargs: dict) -> None:
         raise t.error(f"{dst.name} has rank {dst.ndim}; store_async needs {dst.ndim} coordinates")
     descriptor = tma_descriptor(t, dst, src)
     starts = [t.cast(t.to_tensor(c), dtypes.int32).value for c in coords]
-    t.builder.add(ops.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"), t.builder.loc))
+    cut = None
+    if bounded:
+        cut = t.builder.add(ops.TmaDescriptorCut(dst.value, bounded.descriptors.value, bounded.slot.value,
+                                                 [d.value if d is not None else None for d in bounded.shape],
+                                                 descriptor, t.builder.loc)).result
+    t.builder.add(ops.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"), t.builder.loc,
+                               cut=cut))
 
 
 @builtin(lang.store_async_wait, unit="tma")
