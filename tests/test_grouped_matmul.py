@@ -90,8 +90,8 @@ def test_a_bounded_store_stops_at_its_rows():
 def test_a_descriptor_slot_past_the_tensor_is_an_error():
     x, y = torch.randn(128, 64, dtype=BF16), torch.zeros(128, 64, dtype=BF16)
     with pytest.raises(mgjit.InterpretError) as info:
-        bounded_store.interpret[(2,)](x, y, torch.tensor([64, 64], dtype=torch.int32), torch.zeros(256, dtype=torch.uint8),
-                                      BM=64, BN=64, SLOT=1)
+        bounded_store.interpret[(2,)](x, y, torch.tensor([64, 64], dtype=torch.int32),
+                                      torch.zeros(256, dtype=torch.uint8), BM=64, BN=64, SLOT=1)
     assert info.value.check == "out-of-bounds" and "descriptor slot 2 of a 256-byte tensor" in str(info.value)
 
 
