@@ -81,8 +81,10 @@ def triton_matmul(points=TRITON_POINTS):
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BK)):
             kk = k * BK + rk
-            x = tl.load(a + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-            y = tl.load(b + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+            x = tl.load(a + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K),
+                        other=0.0)
+            y = tl.load(b + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < K) & (rn[None, :] < N),
+                        other=0.0)
             acc = tl.dot(x, y, acc)
         tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(c.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -208,7 +210,8 @@ def print_row(row: dict, flush: bool = False) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| class | M×N×K | dtype | layout | mgjit TFLOP/s | cuBLAS | Triton | mgjit/cuBLAS | mgjit/Triton | schedule |")
+    print("| class | M×N×K | dtype | layout | mgjit TFLOP/s | cuBLAS | Triton | mgjit/cuBLAS | mgjit/Triton "
+          "| schedule |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         tf = r["tflops"]

@@ -180,7 +180,8 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
     store.save(KERNEL_NAME, source_key, device, key, known)
     best = min(options, key=lambda o: times[Config(**o).key()])
     if times[Config(**best).key()] == float("inf"):
-        raise RuntimeError(f"no candidate schedule compiles for {problem.key()}: {[known[Config(**o).key()] for o in options]}")
+        reasons = [known[Config(**o).key()].pruned for o in options]
+        raise RuntimeError(f"no candidate schedule compiles for {problem.key()}: {reasons}")
     return best
 
 
@@ -200,7 +201,8 @@ def describe(cfg: dict | None) -> str:
                      + (f" split {cfg['SPLIT']}" if cfg.get("SPLIT") else ""))
     else:
         parts.append("data-parallel")
-    parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages", "TMA store" if cfg.get("TMA_STORE") else "st.global"]
+    parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages",
+              "TMA store" if cfg.get("TMA_STORE") else "st.global"]
     return " ".join(parts)
 
 

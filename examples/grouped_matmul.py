@@ -122,9 +122,11 @@ def grouped_matmul_kernel(x, w, c, scale_x, scale_w, tile_group, tile_row, tile_
                 acc = acc * scale_x[mgjit.ds(row0, 64)][:, None] * scale_w[group, mgjit.ds(n0, BN)]
             mgjit.store_async_wait(0)
             c_s[half][...] = acc.astype(c.dtype)
-            # The group's rows end at `end`: the store drops the rest (they belong to the next group).
-            bounded = mgjit.tma_bounded(c, (end, None), descriptors, pid * CONSUMERS + half)
-            mgjit.store_async(bounded, (row0, n0), c_s[half])
+            if row0 + 64 <= end:
+                mgjit.store_async(c, (row0, n0), c_s[half])
+            else:  # the group ends inside these rows: the store drops the rest (the next group's)
+                bounded = mgjit.tma_bounded(c, (end, None), descriptors, pid * CONSUMERS + half)
+                mgjit.store_async(bounded, (row0, n0), c_s[half])
         mgjit.store_async_wait(0)
 
 
