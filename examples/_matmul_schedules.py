@@ -142,9 +142,10 @@ _CHOSEN: dict[tuple, dict] = {}
 KERNEL_NAME = "examples.matmul_hopper.matmul"
 
 
-def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dict, Any], None]) -> dict:
+def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dict, Any], None], kernel: Any) -> dict:
     """The config to run: the caller's, else the remembered choice for this shape, else the heuristics'
-    candidates, each timed (`launch(config, c)` runs one) and the fastest remembered in memory and on disk."""
+    candidates, each timed (`launch(config, c)` runs one of `kernel`'s) and the fastest remembered in memory and
+    on disk (under the kernel's source key: an edited kernel is timed again)."""
     if given is not None:
         return normalize(problem, given)
     key = (problem.key(), sms)
@@ -152,19 +153,18 @@ def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dic
     if chosen is None:
         options = candidates(problem, sms)
         timed = TUNE and len(options) > 1 and problem.a_op.device.type == "cuda"
-        chosen = _CHOSEN[key] = _fastest(problem, options, launch) if timed else options[0]
+        chosen = _CHOSEN[key] = _fastest(problem, options, launch, kernel) if timed else options[0]
     return chosen
 
 
-def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any], None]) -> dict:
+def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any], None], kernel: Any) -> dict:
     import torch
     from mgjit.autotune import Config, CudaEventTimer, Result, ResultStore, Run
     from mgjit.autotune.store import default_root
-    from matmul_hopper import matmul_kernel
 
     timer = CudaEventTimer(warmup_ms=5.0, rep_ms=25.0)
     store = ResultStore(default_root())
-    source_key, device = matmul_kernel.source_key(), torch.cuda.get_device_name()
+    source_key, device = kernel.source_key(), torch.cuda.get_device_name()
     key = [list(map(str, problem.key()))]
     known = store.load(KERNEL_NAME, source_key, device, key)
     c = torch.empty(problem.m, problem.n, dtype=problem.out_dtype, device=problem.a_op.device)

@@ -265,7 +265,7 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
                          f"transposed view of one)")
     cfg = schedules.choose(problem, config, _sm_count(a.device.index),
-                           lambda candidate, c: _launch(problem, candidate, c, scale, bias))
+                           lambda candidate, c: _launch(problem, candidate, c, scale, bias), matmul_kernel)
     c = _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
     _launch(problem, cfg, c, scale, bias)
     return c

@@ -83,7 +83,7 @@ class BoundedRef(Traced):
         self.ref, self.shape, self.descriptors, self.slot = ref, shape, descriptors, slot
 
 
-@builtin(lang.tma_bounded, unit="tma", positional=(2, 4))
+@builtin(lang.tma_bounded, positional=(2, 4))  # its op comes with the store (unit "tma")
 def tma_bounded(t: Semantics, args: list, kwargs: dict) -> BoundedRef:
     named = dict(zip(("x", "shape", "descriptors", "slot"), args), **kwargs)
     if set(named) != {"x", "shape", "descriptors", "slot"}:
