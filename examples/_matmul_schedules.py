@@ -208,27 +208,41 @@ def describe(cfg: dict | None) -> str:
 
 # ---------------------------------------------------------------------------------------------- launching
 
-def launch_plan(problem: Problem, cfg: dict, c, sms: int, tma_ready: Callable) -> tuple[tuple, dict, tuple, int]:
-    """(kernel operands a, b, c), the kernel's constexprs, the grid and the number of output tiles for one
-    launch. Swapped: the kernel's A is B^T (the b operand, as stored), its B is A^T (the a operand) and its C is
-    c transposed (a view, stored element by element)."""
-    kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
-    scaled, biased, activation = problem.epilogue
-    kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation)
-    a_op, b_op = tma_ready(problem.a_op), tma_ready(problem.b_op)
-    if cfg["SWAP_AB"]:
-        args = (b_op, a_op, c.t())
-        kernel_cfg.update(A_MNMAJOR=not problem.b_k, B_KMAJOR=not problem.a_mn, BIAS_ROWS=True, TMA_STORE=False)
-        rows, cols = problem.n, problem.m
-    else:
-        args = (a_op, b_op, c)
-        kernel_cfg.update(A_MNMAJOR=problem.a_mn, B_KMAJOR=problem.b_k)
-        rows, cols = problem.m, problem.n
-    tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
-    # Stream-K takes every SM (or `SPLIT` CTAs per tile: split-K); data-parallel one CTA per tile, up to one per SM.
-    grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
-    kernel_cfg["num_warpgroups"] = cfg["BM"] // 64 + 1
-    return args, kernel_cfg, grid, tiles
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How `config` runs for a problem: operands swapped or not, the kernel's constexprs and launch options,
+    the grid, and the number of output tiles (of C, or of C^T when swapped)."""
+
+    swap: bool
+    kernel_cfg: dict
+    grid: tuple
+    tiles: int
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
+    """The Plan of `cfg` for `problem` (made once per shape and config). Swapped, the kernel's A is B^T (the b
+    operand as stored), its B is A^T (the a operand) and its C is c transposed (a view, stored element by
+    element)."""
+    key = (problem.key(), tuple(sorted(cfg.items())), sms)
+    plan = _PLANS.get(key)
+    if plan is None:
+        kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
+        scaled, biased, activation = problem.epilogue
+        kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation, num_warpgroups=cfg["BM"] // 64 + 1)
+        if cfg["SWAP_AB"]:
+            kernel_cfg.update(A_MNMAJOR=not problem.b_k, B_KMAJOR=not problem.a_mn, BIAS_ROWS=True, TMA_STORE=False)
+            rows, cols = problem.n, problem.m
+        else:
+            kernel_cfg.update(A_MNMAJOR=problem.a_mn, B_KMAJOR=problem.b_k)
+            rows, cols = problem.m, problem.n
+        tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
+        # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM.
+        grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
+        plan = _PLANS[key] = Plan(cfg["SWAP_AB"], kernel_cfg, grid, tiles)
+    return plan
 
 
 _WORKSPACES: dict[tuple, tuple] = {}

@@ -273,10 +273,11 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
 
 def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias) -> None:
     """One launch of matmul_kernel for `problem` with `cfg`, writing c."""
-    args, kernel_cfg, grid, tiles = schedules.launch_plan(problem, cfg, c, _sm_count(c.device.index), _tma_ready)
-    a, b, c_arg = args
-    matmul_kernel[grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
-                        *schedules.workspace(kernel_cfg, tiles, grid, c), **kernel_cfg)
+    plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
+    a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
+    a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
+    matmul_kernel[plan.grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
+                             *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg)
 
 
 if __name__ == "__main__":

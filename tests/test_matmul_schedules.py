@@ -91,9 +91,9 @@ def test_stream_k_under_a_random_schedule(interpreted):
                               dict(BM=128, BN=128, STREAM_K=1))
     problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
     c = torch.full((200, 136), float("nan"), dtype=BF16)
-    args, kernel_cfg, grid, tiles = schedules.launch_plan(problem, cfg, c, 3, mh._tma_ready)
-    mh.matmul_kernel.interpret(policy="random", seed=5)[grid](*args, c, c, *schedules.workspace(
-        kernel_cfg, tiles, grid, c), **kernel_cfg)
+    plan = schedules.launch_plan(problem, cfg, 3)
+    mh.matmul_kernel.interpret(policy="random", seed=5)[plan.grid](a, b, c, c, c, *schedules.workspace(
+        plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg)
     assert rel_err(c, a.float() @ b.float()) < 5e-3
 
 
