@@ -127,6 +127,8 @@ SPILL_CONFIGS = {
     "stream-k-128": dict(BM=128, BN=128, STREAM_K=2, STAGES=6),
     "stream-k-atomic": dict(BM=128, BN=192, STREAM_K=1, STAGES=4, DETERMINISTIC=False),
     "m64-stream-k": dict(BM=64, BN=256, STREAM_K=1, STAGES=4),
+    "stream-k-128x64": dict(BM=128, BN=64, STREAM_K=1, STAGES=8),
+    "m64-dp-deep": dict(BM=64, BN=64, STAGES=12),
     "swap-decode": dict(BM=128, BN=16, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False,
                         BIAS=True, BIAS_ROWS=True, SCALED=True, ACTIVATION="gelu"),
     "swap-decode-m64": dict(BM=64, BN=8, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
