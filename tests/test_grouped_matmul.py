@@ -117,3 +117,13 @@ def test_ptxas_reports_no_spills(dtype, config):
     table = gm.group_tiles.compile(torch.empty(128, dtype=torch.int32), i32, i32, i32, i32, BM=128, GROUPS=128,
                                    target="sm_90a")
     assert table.spills == 0, table.ptxas_report
+
+
+def test_the_example_runs_as_a_script_without_a_gpu():
+    """Without a GPU, examples/grouped_matmul.py compiles its kernel for sm_90a and prints it."""
+    import re
+    import subprocess
+    run = subprocess.run([sys.executable, os.path.join(os.path.dirname(gm.__file__), "grouped_matmul.py")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"CompiledKernel\(grouped_matmul_kernel, sm_90a, registers=\d+, spills=0, ", run.stdout), run.stdout
