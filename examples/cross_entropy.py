@@ -1,14 +1,20 @@
 """Cross-entropy forward: loss[r] = logsumexp(logits[r, :]) - logits[r, target[r]], for any vocabulary size.
 
-Large vocabularies: one program per row streams the row in BLOCK-wide chunks with an online logsumexp (a
-running maximum, the sum rescaled when it grows), so the logits are read exactly once. Up to 8192: ROWS rows
-per program held as in examples/_rows.py, the target's logit picked by a masked sum (no gather). Rows whose target
-is `ignore_index` get a loss of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
+The logits are read exactly once. Rows of up to 262144 are held in registers as in examples/_rows.py: short
+rows ROWS to a program; longer ones split over the warpgroups of a cluster, which combine their maxima and
+sums through distributed shared memory; the mapping is autotuned per shape. The target's logit is picked by a
+masked sum (no gather). Longer rows: one program per row streams the row in BLOCK-wide chunks with an online
+logsumexp (a running maximum, the sum rescaled when it grows). Rows whose target is `ignore_index` get a loss
+of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
+
+The target is compared, as int32, with the same column indices that mask the row's end: a second index array
+(or an int64 one) would bring a layout of its own, which the logits' loads would follow (8-byte accesses of
+bf16) at the cost of a relayout through shared memory.
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import load_row, mapping as rows_mapping, row_max, row_sum
+from _rows import columns, launch, load_row, mapping as rows_mapping, row_max, row_sum, segment
 
 import mgjit
 
@@ -33,22 +39,21 @@ def cross_entropy_kernel(logits, target, loss, lse, ignore_index, BLOCK: mgjit.c
 
 
 @mgjit.kernel
-def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
-    row0 = mgjit.program_id(0) * ROWS
-    rows = mgjit.ds(row0, ROWS)
-    v = load_row(logits, rows, PARTS, -float("inf"))
-    m = row_max(v)
-    t = target[rows]
+def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
+                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr):
+    rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
+    cols = columns(c0, PARTS)
+    v = load_row(logits, rows, c0, cols, PARTS, -float("inf"))
+    m = row_max(v, CTAS * WGS)
+    t = target[rows].astype(mgjit.int32)
     e = ()
     hits = ()
-    c0 = 0
     for p in mgjit.static_range(len(PARTS)):
         e = e + (mgjit.exp(v[p] - m[:, None]),)
-        hits = hits + (mgjit.where(c0 + mgjit.arange(PARTS[p])[None, :] == t[:, None], v[p], 0.0),)
-        c0 += PARTS[p]
-    row_lse = m + mgjit.log(row_sum(e))
+        hits = hits + (mgjit.where(cols[p][None, :] == t[:, None], v[p], 0.0),)
+    row_lse = m + mgjit.log(row_sum(e, CTAS * WGS))
     lse[rows] = row_lse
-    loss[rows] = mgjit.where(t == ignore_index, 0.0, row_lse - row_sum(hits))
+    loss[rows] = mgjit.where(t == ignore_index, 0.0, row_lse - row_sum(hits, CTAS * WGS))
 
 
 def block_for(n: int) -> int:
@@ -56,10 +61,9 @@ def block_for(n: int) -> int:
     return min(8192, 1 << max(n - 1, 0).bit_length())
 
 
-def mapping(n: int) -> tuple[str, dict]:
-    """Rows that fit in registers go several to a program (examples/_rows.py); longer ones stream."""
-    kind, cfg = rows_mapping(n)
-    return ("rows", cfg) if kind == "rows" else ("stream", {"BLOCK": block_for(n)})
+def mapping(n: int):
+    """The candidate mappings of rows that are held in registers (examples/_rows.py), or None: stream."""
+    return rows_mapping(n)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -70,11 +74,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device) if out is None else out
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
-        kind, cfg = mapping(logits.shape[1])
-        if kind == "rows":
-            cross_entropy_rows[(-(-rows // cfg["ROWS"]),)](logits, target, loss, lse, ignore_index, **cfg)
+        configs = mapping(logits.shape[1])
+        if configs is None:
+            cross_entropy_kernel[(rows,)](logits, target, loss, lse, ignore_index, BLOCK=block_for(logits.shape[1]))
         else:
-            cross_entropy_kernel[(rows,)](logits, target, loss, lse, ignore_index, **cfg)
+            launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index))
     return loss, lse
 
 
@@ -89,9 +93,11 @@ def setup(device):
 
 
 def compile(logits, labels, out, target):
-    kind, cfg = mapping(logits.shape[1])
-    kernel = cross_entropy_rows if kind == "rows" else cross_entropy_kernel
-    return kernel.compile(logits, labels, out, out, -100, **cfg, target=target)
+    configs = mapping(logits.shape[1])
+    if configs is None:
+        return cross_entropy_kernel.compile(logits, labels, out, out, -100, BLOCK=block_for(logits.shape[1]),
+                                            target=target)
+    return cross_entropy_rows.compile(logits, labels, out, out, -100, **configs[0].launch_kwargs(), target=target)
 
 
 def run(logits, labels, out):

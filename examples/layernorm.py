@@ -1,42 +1,44 @@
 """LayerNorm over the last dimension: y = (x - mean) / sqrt(var + eps) * w + b, for any row length.
 
-Two mappings of rows to programs, chosen by the wrapper from the row length:
-- rows that fit in registers: ROWS rows per program (short rows go many to a program), each held as a few
-  (ROWS, width) arrays whose widths add up to the row rounded up to 128 columns (examples/_rows.py);
-- long rows: a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk (Chan's parallel
-  update of Welford's sums, exact in f32), then a second pass that normalizes.
+Every row is read once and held in registers (examples/_rows.py), the mapping autotuned per shape:
+- short rows: ROWS rows per program, each held as a few (ROWS, width) arrays whose widths add up to the row
+  rounded up to 128 columns;
+- rows too long for one warpgroup: segments over the warpgroups of a cluster, which add up their sums (for
+  the mean, then for the variance of the centred values) through distributed shared memory;
+- rows longer than 262144 columns: a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk
+  (Chan's parallel update of Welford's sums, exact in f32), then a second pass that normalizes.
 Statistics are computed in f32 and the output rounded once; the padding past a row's end reads as zero and is
 masked out of the variance.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import load_row, load_vector, mapping, row_sum, store_row
+from _rows import columns, launch, load_row, load_vector, mapping, row_sum, segment, store_row
 
 import mgjit
 
 
 @mgjit.kernel
-def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
-    """ROWS rows, held as arrays of the widths PARTS, per program."""
-    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
+def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr):
+    """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program."""
+    rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
     n = x.shape[1]
-    v = load_row(x, rows, PARTS, 0.0)
-    mean = row_sum(v) / n
+    cols = columns(c0, PARTS)
+    v = load_row(x, rows, c0, cols, PARTS, 0.0)
+    mean = row_sum(v, CTAS * WGS) / n
     d = ()
     squares = ()
-    c0 = 0
     for p in mgjit.static_range(len(PARTS)):
-        dp = mgjit.where(c0 + mgjit.arange(PARTS[p]) < n, v[p] - mean[:, None], 0.0)
+        dp = mgjit.where(cols[p] < n, v[p] - mean[:, None], 0.0)
         d = d + (dp,)
         squares = squares + (dp * dp,)
-        c0 += PARTS[p]
-    rstd = mgjit.rsqrt(row_sum(squares) / n + eps)
-    wv, bv = load_vector(w, PARTS), load_vector(b, PARTS)
+    rstd = mgjit.rsqrt(row_sum(squares, CTAS * WGS) / n + eps)
+    wv, bv = load_vector(w, c0, PARTS), load_vector(b, c0, PARTS)
     y = ()
     for p in mgjit.static_range(len(PARTS)):
         y = y + (d[p] * rstd[:, None] * wv[p] + bv[p],)
-    store_row(out, rows, y, PARTS)
+    store_row(out, rows, c0, y, PARTS)
 
 
 @mgjit.kernel
@@ -74,11 +76,11 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    kind, cfg = mapping(x.shape[1], rows_per_program)
-    if kind == "long":
-        layernorm_long[(x.shape[0],)](x, w, b, out, eps=eps, **cfg)
+    configs = mapping(x.shape[1], rows_per_program)
+    if configs is None:
+        layernorm_long[(x.shape[0],)](x, w, b, out, eps=eps, BLOCK=4096)
     else:
-        layernorm_rows[(-(-x.shape[0] // cfg["ROWS"]),)](x, w, b, out, eps=eps, **cfg)
+        launch(layernorm_rows, configs, (x, w, b, out), eps=eps)
     return out
 
 
@@ -92,9 +94,10 @@ def setup(device):
 
 
 def compile(x, w, b, out, target):
-    kind, cfg = mapping(x.shape[1])
-    kernel = layernorm_long if kind == "long" else layernorm_rows
-    return kernel.compile(x, w, b, out, eps=1e-5, **cfg, target=target)
+    configs = mapping(x.shape[1])
+    if configs is None:
+        return layernorm_long.compile(x, w, b, out, eps=1e-5, BLOCK=4096, target=target)
+    return layernorm_rows.compile(x, w, b, out, eps=1e-5, **configs[0].launch_kwargs(), target=target)
 
 
 def reference(x, w, b):

@@ -6,6 +6,9 @@ shared-memory slots with the TMA engine, running ahead into the next item while 
 current one. The other warpgroups are consumers, one per 64 rows of the tile (BM = 64 or 128): each multiplies
 its rows of the A tile by the B tile on the tensor cores (wgmma), hands each slot back, and stores its rows of C.
 Ragged edges need no code: TMA reads zeros past the tensor's end and the final store is masked.
+Profiler spans (mgjit.trace) mark the producer's loads of each work item ("load tile") and each consumer's
+work items ("tile"), their wgmma loop ("mma") and their epilogue or fix-up ("epilogue"); a launch records them
+with profile=mgjit.Profile() (`matmul(..., profile=)`) and costs nothing without.
 
 Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few candidates once per shape):
 - data-parallel (STREAM_K=0): CTA p computes whole tiles p, p + P, p + 2P, ... (P CTAs, at most one per SM);
@@ -180,45 +183,51 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
         for w in range(items):
             tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
             m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
-            for k in range(k0, k1):
-                slot = it % STAGES
-                if it >= STAGES:
-                    empty[slot].wait()
-                for h in mgjit.static_range(CONSUMERS):
-                    mgjit.copy_async(a, (k * BK, m0 + h * 64) if A_MNMAJOR else (m0 + h * 64, k * BK), a_s[slot][h],
-                                     barrier=full[slot])
-                mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
-                it += 1
+            with mgjit.trace("load tile"):  # spans: recorded when a launch profiles (profile=mgjit.Profile())
+                for k in range(k0, k1):
+                    slot = it % STAGES
+                    if it >= STAGES:
+                        empty[slot].wait()
+                    for h in mgjit.static_range(CONSUMERS):
+                        mgjit.copy_async(a, (k * BK, m0 + h * 64) if A_MNMAJOR else (m0 + h * 64, k * BK),
+                                         a_s[slot][h], barrier=full[slot])
+                    mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
+                    it += 1
     else:
         if CONSUMERS == 2:
             mgjit.set_max_registers(232, increase=True)
         half = wg - 1
         for w in range(items):
-            tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
-            m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
-            acc = mgjit.zeros((64, BN), mgjit.float32)
-            for k in range(k0, k1):
-                slot = it % STAGES
-                full[slot].wait()
-                acc = mgjit.wgmma(acc, a_s[slot][half].T if A_MNMAJOR else a_s[slot][half],
-                                  b_s[slot].T if B_KMAJOR else b_s[slot])
-                mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
-                if k > k0:
-                    empty[(it - 1) % STAGES].arrive()
-                it += 1
-            mgjit.wgmma_wait(0)
-            empty[(it - 1) % STAGES].arrive()
-            row0 = m0 + half * 64
-            if STREAM_K:
-                if (k0 > 0) | (k1 < k_tiles):  # a cut tile: the last contributor to finish stores it
-                    if publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS, DETERMINISTIC):
-                        finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters, BN,
-                                        CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION)
-                else:
-                    epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
-                             TMA_STORE)
-            else:
-                epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION, TMA_STORE)
+            with mgjit.trace("tile"):  # one work item: a whole tile, or a stream-K range of one
+                tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
+                m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+                acc = mgjit.zeros((64, BN), mgjit.float32)
+                with mgjit.trace("mma"):
+                    for k in range(k0, k1):
+                        slot = it % STAGES
+                        full[slot].wait()
+                        acc = mgjit.wgmma(acc, a_s[slot][half].T if A_MNMAJOR else a_s[slot][half],
+                                          b_s[slot].T if B_KMAJOR else b_s[slot])
+                        mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
+                        if k > k0:
+                            empty[(it - 1) % STAGES].arrive()
+                        it += 1
+                    mgjit.wgmma_wait(0)
+                empty[(it - 1) % STAGES].arrive()
+                row0 = m0 + half * 64
+                with mgjit.trace("epilogue"):  # or a cut tile's fix-up
+                    if STREAM_K:
+                        if (k0 > 0) | (k1 < k_tiles):  # a cut tile: the last contributor to finish stores it
+                            if publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS,
+                                               DETERMINISTIC):
+                                finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters,
+                                                BN, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION)
+                        else:
+                            epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS,
+                                     ACTIVATION, TMA_STORE)
+                    else:
+                        epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
+                                 TMA_STORE)
         mgjit.store_async_wait(0)
 
 
@@ -245,12 +254,13 @@ def _tma_ready(t, copy: bool = True):
 
 
 def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activation: str | None = None,
-           out_dtype=None, b_kmajor: bool = False):
+           out_dtype=None, b_kmajor: bool = False, profile=None):
     """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation: bf16/f16 (either operand may be a
     transposed or strided view); fp8 e4m3/e5m2 and f32 (as tf32) with b given (N, K) and b_kmajor=True.
     `scale` is a 1-element f32 tensor, `bias` an (N,) tensor, `activation` None, "relu" or "gelu". `config`
     fixes the schedule and tile (keys of matmul_kernel's constexprs, plus SWAP_AB); without one, heuristics
-    propose a few per shape and the fastest is timed once and remembered (examples/_matmul_schedules.py)."""
+    propose a few per shape and the fastest is timed once and remembered (examples/_matmul_schedules.py).
+    `profile`, an mgjit.Profile, records the spans of the launch that computes c (not of the timed ones)."""
     import torch
     k_b = b.shape[1] if b_kmajor else b.shape[0]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -267,17 +277,29 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     cfg = schedules.choose(problem, config, _sm_count(a.device.index),
                            lambda candidate, c: _launch(problem, candidate, c, scale, bias), matmul_kernel)
     c = _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
-    _launch(problem, cfg, c, scale, bias)
+    _launch(problem, cfg, c, scale, bias, profile)
     return c
 
 
-def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias) -> None:
-    """One launch of matmul_kernel for `problem` with `cfg`, writing c."""
+def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> None:
+    """One launch of matmul_kernel for `problem` with `cfg`, writing c (recording its spans in `profile`)."""
     plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
     a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
     a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
     matmul_kernel[plan.grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
-                             *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg)
+                             *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg,
+                             **({} if profile is None else {"profile": profile}))  # profiled: the Python path
+
+
+def _matmul_outputs(a, b, scale=None, bias=None, activation=None, b_kmajor=False):
+    import torch
+    return (a.shape[0], b.shape[0] if b_kmajor else b.shape[1]), a.dtype if a.element_size() == 2 else torch.bfloat16
+
+
+# matmul (its chosen schedule, default output dtype) as a torch custom op: torch.compile keeps it as one node.
+matmul_op = mgjit.torch_op("mgjit_examples::matmul", outputs=_matmul_outputs, params={
+    "a": "Tensor", "b": "Tensor", "scale": "Optional[Tensor]", "bias": "Optional[Tensor]",
+    "activation": "Optional[str]", "b_kmajor": bool})(matmul)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,19 @@ class Target:
 
 # The hardware units ops are checked against, with what an error says of each. "wgmma" is Hopper's warpgroup
 # MMA (sm_90a only: Blackwell has tcgen05 instead); "tcgen05" covers tensor memory, its MMA and 2-CTA work;
-# TMA, mbarriers, clusters and setmaxnreg exist on both.
+# "clc" is Blackwell's cluster launch control, "tma_gather4" its TMA copy of four rows picked by index
+# (tile::gather4), which a row gather uses where the target has it; TMA, mbarriers, clusters and setmaxnreg exist
+# on both.
 UNITS = {"tma": "the TMA engine exists", "mbarrier": "mbarriers exist", "cluster": "clusters exist",
          "setmaxnreg": "setmaxnreg exists", "wgmma": "the warpgroup MMA (wgmma) exists",
-         "tcgen05": "tensor memory and tcgen05 exist"}
+         "tcgen05": "tensor memory and tcgen05 exist", "clc": "cluster launch control exists",
+         "tma_gather4": "TMA gather4 exists"}
 
 HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx83", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
                 units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
-BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx86", smem_bytes=232448, tmem_columns=512,
-                   max_cluster_ctas=16, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05"}))
+BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx87", smem_bytes=232448, tmem_columns=512,
+                   max_cluster_ctas=16,
+                   units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05", "clc", "tma_gather4"}))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}
 DEFAULT = HOPPER

@@ -18,8 +18,9 @@ def language_markers() -> list[lang.Builtin]:
 def test_every_marker_of_the_language_is_registered_once():
     builtins = registry.builtins()
     for marker in language_markers():
-        as_builtin, as_loop = marker in builtins, registry.find_loop(marker) is not None
-        assert as_builtin != as_loop, f"mgjit.{marker.name}: registered as a builtin {as_builtin}, a loop {as_loop}"
+        kinds = {"builtin": marker in builtins, "loop": registry.find_loop(marker) is not None,
+                 "context": registry.find_context(marker) is not None}
+        assert sum(kinds.values()) == 1, f"mgjit.{marker.name}: registered as {kinds}"
 
 
 def test_a_builtin_lives_in_the_module_of_its_unit():
@@ -44,6 +45,7 @@ def hopper_units(a, c):
     mgjit.set_max_registers(232)
     rank = mgjit.cluster_rank()
     mgjit.cluster_sync()
+    rank = mgjit.cluster_reduce(rank, "max")
     c_s = mgjit.smem((64, 64), mgjit.bfloat16, swizzle=128)
     c_s[...] = acc.astype(mgjit.bfloat16)
     mgjit.fence_async_shared()
@@ -62,6 +64,22 @@ def blackwell_units(a, c):
     mgjit.tcgen05_commit(bars[0])
     bars[0].wait()
     c[0:128, 0:128] = acc.load().astype(c.dtype)
+
+
+@mgjit.kernel
+def blackwell_ws_units(a, c):
+    bars = mgjit.barrier(2)
+    response = mgjit.smem((2,), mgjit.int64)
+    scales_s = mgjit.smem((1, 32, 16), mgjit.float8_e8m0fnu)
+    scales = mgjit.tmem((128, 4), mgjit.float8_e8m0fnu, scales=True)
+    if mgjit.warp_id() == 0:
+        mgjit.clc_try_cancel(response, barrier=bars[0])
+        bars[0].wait()
+        canceled, _ = mgjit.clc_query(response)
+    if mgjit.warp_id() == 1:
+        mgjit.tcgen05_copy(scales, scales_s)
+        mgjit.tcgen05_commit(bars[1])
+        bars[1].wait()
 
 
 def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
@@ -95,14 +113,15 @@ def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
     return calls
 
 
-@pytest.mark.parametrize("kernel", [hopper_units, blackwell_units], ids=["hopper", "blackwell"])
-def test_a_builtins_unit_is_the_unit_its_ops_require(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel,named_units", [
+    (hopper_units, {"mbarrier", "tma", "wgmma", "setmaxnreg", "cluster"}),
+    (blackwell_units, {"mbarrier", "tma", "tcgen05"}),
+    (blackwell_ws_units, {"mbarrier", "tcgen05", "clc", None})], ids=["hopper", "blackwell", "blackwell-ws"])
+def test_a_builtins_unit_is_the_unit_its_ops_require(kernel, named_units, monkeypatch):
     calls = ops_per_builtin(kernel, monkeypatch)
     for entry, units in calls:
         assert units - {None} == ({entry.unit} if entry.unit else set()), (entry.marker.name, units)
-    named = {entry.unit for entry, _ in calls}
-    assert named >= ({"mbarrier", "tma", "wgmma", "setmaxnreg", "cluster"} if kernel is hopper_units
-                     else {"mbarrier", "tma", "tcgen05"})
+    assert {entry.unit for entry, _ in calls} >= named_units
 
 
 @mgjit.kernel

@@ -139,7 +139,9 @@ SPILL_CONFIGS = {
 def test_ptxas_reports_no_spills(name):
     config = {**mh.DEFAULT_CONFIG, **SPILL_CONFIGS[name]}
     x, out = torch.empty(4096, 4096, dtype=BF16), torch.empty(4096, 4096, dtype=BF16)
-    c = mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), torch.empty(1, 1),
+    # The stream-K workspace as schedules.workspace makes it: f32 rows of a multiple of 8 columns (16-byte aligned).
+    ws = torch.empty(64, config["BN"])
+    c = mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
                                  torch.empty(1, dtype=torch.int32), **config, num_warpgroups=config["BM"] // 64 + 1,
                                  target="sm_90a")
     assert c.spills == 0, c.ptxas_report

@@ -251,10 +251,12 @@ class ClusterRun:
 
 
 def run_grid(run: Run, clusters: Iterator[Cluster]) -> None:
-    """Run the grid's clusters one at a time, each to its end, its warpgroups interleaved. When every warpgroup
-    of the clusters running is blocked, nothing is in flight and one of them waits on a semaphore (which only
-    another CTA can signal), the next cluster starts beside them, as the GPU runs CTAs side by side; a kernel
-    whose CTAs wait on each other thus runs as long as the whole grid could be resident at once."""
+    """Run the grid's clusters one at a time, each to its end, its warpgroups interleaved. `clusters` yields them
+    in launch order, each launched as it is taken (Run.clusters: one that cluster launch control cancelled before
+    then never comes). When every warpgroup of the clusters running is blocked, nothing is in flight and one of
+    them waits on a semaphore (which only another CTA can signal), the next cluster starts beside them, as the
+    GPU runs CTAs side by side; a kernel whose CTAs wait on each other thus runs as long as the whole grid could
+    be resident at once."""
     running: list[ClusterRun] = []
     for cluster in clusters:
         running.append(ClusterRun(run, cluster))

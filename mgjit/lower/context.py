@@ -54,6 +54,7 @@ class Context:
         self.tma_descriptors: list[Any] = []  # i64 generic addresses of the descriptor parameters
         self.smem_bytes = 0
         self.tmem: Any = None  # the kernel's tensor-memory allocation, made at its first TmemAlloc
+        self.smem_arena: Any = None  # scoped SMEM's (arena offset, plan), made at the first (ops/smem_scopes.py)
         e = emitter
         self.tid = e.tid_x()
         self.wg_tid = e.remui(self.tid, e.i32(THREADS_PER_WARPGROUP))

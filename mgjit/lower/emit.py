@@ -193,9 +193,15 @@ class Emitter:
         return x
 
     # -- warp shuffles
+    def shfl(self, x, kind: str, offset: int):
+        """x from lane `offset` below this one ("up"), above it ("down") or lane ^ offset ("bfly"), across the
+        whole warp; a lane with no such lane keeps its own x."""
+        attr = self.ir.Attribute.parse(f"#nvvm<shfl_kind {kind}>")
+        clamp = 0 if kind == "up" else 0x1F  # "up" counts from lane 0, the others up to lane 31
+        return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(clamp), attr, results=[x.type])
+
     def shfl_bfly(self, x, offset: int):
-        kind = self.ir.Attribute.parse("#nvvm<shfl_kind bfly>")
-        return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(0x1F), kind, results=[x.type])
+        return self.shfl(x, "bfly", offset)
 
 
 class Index:

@@ -33,7 +33,8 @@ from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import ScalarType, Value, check
 from ..layouts import Replicated, SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, splat_to
-from .gmem import _access_width, _element_addresses, _GmemAccess, _window, from_bits
+from ..lower.words import from_bits
+from .gmem import _element_addresses, _GmemAccess, _vector_width, _window
 from .smem import shared_address
 
 SEMANTICS = ("relaxed", "acquire", "release", "acq_rel")
@@ -189,11 +190,14 @@ def _atomic_access(ctx: lower.Context, op: Atomic, pred, addr, values: list, com
     return [from_bits(e, w, dtype) for w in words]
 
 
-def _vector_width(ctx: lower.Context, op: Atomic, ref: lower.LoweredRef, layout: TiledLayout, shape) -> int:
-    """Elements per instruction: 2 or 4 contiguous f32 adds where alignment allows (PTX's vector atom), else 1."""
+def _atomic_width(ctx: lower.Context, op: Atomic, ref: lower.LoweredRef, layout: TiledLayout, shape) -> int:
+    """Elements per instruction: 2 or 4 contiguous f32 adds (PTX's vector atom) where the launch proves each
+    vector aligned and the row length a multiple of it (a vector is wholly inside the tensor or wholly outside,
+    as its first element says), else 1."""
     if op.kind != "add" or op.ref.dtype != dtypes.float32:
         return 1
-    w = min(_access_width(ctx, op, ref, layout, shape), 4)
+    w, align = _vector_width(ctx, op, ref, layout, shape)
+    w = min(w, 4, align // op.ref.dtype.itemsize, ref.spec.size_div)
     return w if w in (2, 4) else 1
 
 
@@ -209,13 +213,13 @@ def _atomic(op: Atomic, ctx: lower.Context) -> None:
     layout = op.result.layout
     values = splat_to(ctx, frag, layout).elems
     compares = splat_to(ctx, ctx.frag(op.compare), layout).elems if op.kind == "cas" else None
-    w = _vector_width(ctx, op, ref, layout, shape)
-    addrs = _element_addresses(ctx, op, ref, layout, shape)
+    w = _atomic_width(ctx, op, ref, layout, shape)
+    elements = _element_addresses(ctx, op, ref, layout, shape, step=w)
     primary = ctx.is_primary(layout)
     olds = []
-    for i in range(0, len(addrs), w):
-        addr, pred = addrs[i]
-        olds.extend(_atomic_access(ctx, op, e.andi(pred, primary), addr, values[i:i + w],
+    for i in range(0, len(elements), w):
+        first = elements[i]
+        olds.extend(_atomic_access(ctx, op, e.andi(first.inside, primary), first.addr, values[i:i + w],
                                    compares[i:i + w] if compares is not None else None))
     if _replicated(layout):
         olds = _share_with_replicas(ctx, layout, shape, op.ref.dtype, olds, primary)
@@ -260,13 +264,13 @@ def _scalar_atomic(op: Atomic, ctx: lower.Context, ref: lower.LoweredRef) -> Non
     """The first thread performs it; the old value reaches every thread through shared memory."""
     e = ctx.e
     dtype = op.ref.dtype
-    ((addr, pred),) = _element_addresses(ctx, op, ref, None, ())
+    (cell,) = _element_addresses(ctx, op, ref, None, ())
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     scratch = ctx.alloc_smem(8, 8)
     # Before: an earlier use of the scratch is fully read, and (release) every thread's earlier writes are done.
     ctx.warpgroup_barrier()
     compares = [ctx.get(op.compare)] if op.kind == "cas" else None
-    (old,) = _atomic_access(ctx, op, e.andi(pred, elected), addr, [ctx.get(op.value)], compares)
+    (old,) = _atomic_access(ctx, op, e.andi(cell.inside, elected), cell.addr, [ctx.get(op.value)], compares)
     _predicated_smem_store(ctx, elected, scratch, old, dtype)
     ctx.warpgroup_barrier()  # after: (acquire) every thread's later accesses follow the atomic
     ctx.set(op.result, e.smem_load(e.type(dtype), scratch))
@@ -276,7 +280,7 @@ def _scalar_atomic(op: Atomic, ctx: lower.Context, ref: lower.LoweredRef) -> Non
 def _semaphore_wait(op: SemaphoreWait, ctx: lower.Context) -> None:
     e = ctx.e
     ref: lower.LoweredRef = ctx.get(op.ref)
-    ((addr, inside),) = _element_addresses(ctx, op, ref, None, ())
+    (cell,) = _element_addresses(ctx, op, ref, None, ())
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     value = ctx.get(op.operands[-1])
     e.asm_void(
@@ -289,7 +293,7 @@ def _semaphore_wait(op: SemaphoreWait, ctx: lower.Context) -> None:
         " nanosleep.u32 pause; min.u32 pause, pause, 1024; shl.b32 pause, pause, 1;"
         f" mov.u64 now, %globaltimer; sub.u64 now, now, start; setp.gt.u64 late, now, {WAIT_TIMEOUT_NS};"
         " @late trap; bra SEMPOLL;"
-        " SEMDONE: }", "b,b,l,r", [elected, inside, addr, value])
+        " SEMDONE: }", "b,b,l,r", [elected, cell.inside, cell.addr, value])
     ctx.warpgroup_barrier()  # every thread's later accesses follow the acquire
 
 

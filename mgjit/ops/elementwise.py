@@ -44,6 +44,9 @@ class Unary(Op):
         check(self.kind in UNARY_KINDS, self, f"unknown unary op {self.kind}")
         if self.kind in FLOAT_ONLY_UNARY:
             check(x.dtype.is_float, self, f"{self.kind} needs a floating-point operand, got {x.dtype.name}")
+        check(not (self.kind == "neg" and x.dtype == dtypes.bool_), self,
+              "negating a bool array is not defined (as in torch): use ~x for logical not, or cast it to a "
+              "number type first")
 
 
 class Binary(Op):

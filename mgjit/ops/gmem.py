@@ -1,15 +1,21 @@
 """GMEM windows: Load and Store of a window of static sizes at runtime starts in a tensor argument.
 
 Each thread moves the elements its layout gives it. Consecutive elements of a register's vector that are
-contiguous in memory go as one access of up to 16 bytes when the launch's specialization proves it legal:
-unit last stride, base and row strides aligned, the window's start and the last dimension's size divisible
-by the access width (so that one bounds check covers the whole access). Every access is predicated on the
-window being inside the tensor: ragged edges need no code from the user, and elements outside read as zero.
-A load is a free anchor for layout inference: it can deliver any layout its users need.
+contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
+- when the launch's specialization proves every such access aligned (base and row strides, the window's
+  start), as plain vector accesses; a row whose length is not a multiple of the access ends inside one, which
+  is loaded whole with the part past the end masked, and stored element by element;
+- otherwise (a row of 4097 bf16 starts at a different offset in every 16-byte chunk) as aligned chunks with
+  the bytes shifted into place at run time, at any row length, dtype and row stride (see below).
+Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
+elements outside read as zero. A load never touches an aligned chunk of 16 bytes or less that holds no element
+inside the tensor. A load is a free anchor for layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -19,8 +25,9 @@ from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
-from ..layouts import LayoutError, SplatLayout, TiledLayout, blocked
+from ..layouts import LANES_PER_WARP, LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
+from ..lower.words import from_bits, funnel, merge_below, pack_words, slot, to_bits, unpack_words
 from .control import For
 from .elementwise import Binary, Cast
 from .program import Constant
@@ -135,26 +142,41 @@ def _divisor(ctx: lower.Context, v: ir.Value, depth: int) -> int:
     return 1
 
 
-def _access_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...]) -> int:
+def _vector_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout,
+                  shape: tuple[int, ...]) -> tuple[int, int]:
+    """(w, align): how many consecutive elements of a register's vector go as one access (1: one element per
+    access), and the power of two of bytes that every such access's address is known to be a multiple of."""
     rank = len(op.sizes)
+    itemsize = ref.dtype.itemsize
     if not ref.spec.unit_stride or op.squeeze[rank - 1] or not shape or layout.vector_dim is None:
-        return 1
+        return 1, itemsize
     entries = layout.tiling.dim_strides(len(shape))
     vdim, vstride = entries[len(entries) + layout.vector_dim]
     if vdim != len(shape) - 1 or vstride != 1:
-        return 1
-    itemsize = ref.dtype.itemsize
-    w = min(layout.vector_length, max(16 // itemsize, 1), max(ref.spec.align // itemsize, 1),
-            int_divisor(ctx, op.starts[rank - 1]), ref.spec.size_div)
+        return 1, itemsize
+    w = min(layout.vector_length, max(16 // itemsize, 1))
     # Every other tiled dim along the last axis must step in whole accesses.
     for (d, s), size in zip(entries, layout.tiled_shape(shape)):
         if d == len(shape) - 1 and size > 1 and s % w and s != 1:
-            return 1
-    return max(w, 1)
+            return 1, itemsize
+    align = min(16, ref.spec.align, int_divisor(ctx, op.starts[rank - 1]) * itemsize)
+    if align < w * itemsize < 4:  # too narrow to shift within 32-bit words: narrower aligned accesses
+        w = max(align // itemsize, 1)
+    return w, max(align, itemsize)
 
 
-def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...]):
-    """Per held element: (i64 byte address, i1 in-bounds predicate).
+@dataclasses.dataclass
+class _Element:
+    addr: Any  # i64 byte address
+    inside: Any  # i1: the element is inside the tensor
+    rows: Any  # i1: every index but the last is inside the tensor; None when there is none
+    col: Any  # i32 index along the last dimension
+
+
+def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...],
+                       step: int = 1) -> list[_Element | None]:
+    """Where each held element lives and whether it is inside the tensor (only every `step`-th one: None for
+    the others, whose addresses and bounds a store works out where it needs them, not kept in registers).
 
     Each thread's base address is computed once; an element's address is that base plus its offset in bytes,
     a constant along a contiguous last dimension (which ptxas folds into the access) and one product per
@@ -178,17 +200,21 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
         base = e.addi(base, e.muli(idx64, e.i64(isz)) if stride_bytes[d] is None else e.muli(idx64, stride_bytes[d]))
     offsets = element_offsets(layout, shape) if shape else [()]
     steps: dict[tuple[int, int], Any] = {}  # (dim, offset) -> its i64 byte offset along a strided dim
+    index: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i32 index
     inside: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i1
-    out = []
-    for off in offsets:
+    rows_inside: dict[tuple[int, ...], Any] = {}  # offsets along every dim but the last -> i1
+    out: list[_Element | None] = []
+    for i, off in enumerate(offsets):
+        if i % step:
+            out.append(None)
+            continue
         by_dim = {d: off[arr_dims.index(d)] for d in arr_dims}
-        addr, pred, constant = base, None, 0
+        addr, constant = base, 0
         for d in range(rank):
             k = by_dim.get(d, 0)
             if (d, k) not in inside:
-                idx = e.addi(base_idx[d], e.i32(k)) if k else base_idx[d]
-                inside[(d, k)] = e.cmpi("ult", idx, ref.sizes[d])
-            pred = inside[(d, k)] if pred is None else e.andi(pred, inside[(d, k)])
+                index[(d, k)] = e.addi(base_idx[d], e.i32(k)) if k else base_idx[d]
+                inside[(d, k)] = e.cmpi("ult", index[(d, k)], ref.sizes[d])
             if not k:
                 continue
             if stride_bytes[d] is None:
@@ -197,64 +223,59 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
                 if (d, k) not in steps:
                     steps[(d, k)] = e.muli(stride_bytes[d], e.i64(k))
                 addr = e.addi(addr, steps[(d, k)])
-        out.append((e.addi(addr, e.i64(constant)) if constant else addr, pred))
+        ks = tuple(by_dim.get(d, 0) for d in range(rank))
+        if ks[:-1] not in rows_inside:
+            rows_inside[ks[:-1]] = _all(e, [inside[(d, k)] for d, k in enumerate(ks[:-1])])
+        rows, last = rows_inside[ks[:-1]], (rank - 1, ks[-1])
+        out.append(_Element(e.addi(addr, e.i64(constant)) if constant else addr,
+                            inside[last] if rows is None else e.andi(rows, inside[last]), rows, index[last]))
     return out
 
 
-def _to_bits(e, x, dtype: DType):
-    """An element as an integer of its storage width."""
-    bits = dtype.storage_bits
-    if dtype == dtypes.bool_:
-        return e.zext(x, 8)
-    if dtype.is_float:
-        return e.bitcast(x, e.int_type(bits))
-    return x
+def _all(e, preds: Sequence[Any]) -> Any:
+    """The conjunction of i1 values (None stands for true)."""
+    out = None
+    for p in preds:
+        if p is not None:
+            out = p if out is None else e.andi(out, p)
+    return out
 
 
-def from_bits(e, x, dtype: DType):
-    if dtype == dtypes.bool_:
-        return e.cmpi("ne", x, e.const(0, dtypes.int8))
-    if dtype.is_float:
-        return e.bitcast(x, e.type(dtype))
-    return x
+def _not(e, p) -> Any:
+    return e.m.arith.xori(p, e.const_bool(True))
 
 
-def pack_words(e, elems, dtype: DType) -> list:
-    """Elements (one access) → 32-bit words (or one narrower integer for accesses under 32 bits)."""
-    bits = dtype.storage_bits
-    ints = [_to_bits(e, x, dtype) for x in elems]
-    if bits == 64:
-        words = []
-        for x in ints:
-            words.append(e.trunc(x, 32))
-            words.append(e.trunc(e.m.arith.shrui(x, e.i64(32)), 32))
-        return words
-    per_word = 32 // bits
-    if per_word == 1:
-        return ints
-    # Narrow elements go through a vector<per_word x iN> bitcast: one register move, not shifts and ors.
-    return [e.pack_i32(ints[i:i + per_word]) for i in range(0, len(ints), per_word)]
-
-
-def unpack_words(e, words, dtype: DType, count: int) -> list:
-    bits = dtype.storage_bits
-    if bits == 64:
-        out = []
-        for lo, hi in zip(words[0::2], words[1::2]):
-            x = e.ori(e.zext(lo, 64), e.m.arith.shli(e.zext(hi, 64), e.i64(32)))
-            out.append(from_bits(e, x, dtype))
-        return out
-    per_word = 32 // bits
-    if per_word == 1:
-        return [from_bits(e, w, dtype) for w in words][:count]
-    out = [x for w in words for x in e.unpack_i32(w, bits)]
-    return [from_bits(e, x, dtype) for x in out[:count]]
+def _any_inside(e, rows, lo, hi, n) -> Any:
+    """i1: some column of lo..hi (i32, lo <= hi, either may be negative) of a row is inside the tensor."""
+    return _all(e, [rows, e.cmpi("sge", hi, e.i32(0)), e.cmpi("slt", lo, n)])
 
 
 def _access_suffix(total_bits: int) -> tuple[str, int]:
     """The ld/st type suffix and the number of 32-bit registers for one access of `total_bits` (>= 32)."""
     n = total_bits // 32
     return (f".v{n}.b32" if n > 1 else ".b32"), n
+
+
+def _load_words(e, addr, pred, n: int) -> list:
+    """n 32-bit words from addr (aligned to 4n bytes), zeros where pred is false."""
+    suffix, _ = _access_suffix(32 * n)
+    outs = ", ".join(f"${i}" for i in range(n))
+    dst = f"{{{outs}}}" if n > 1 else outs
+    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
+    text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
+    return e.asm(text, ",".join(["=r"] * n + ["b", "l"]), [pred, addr], [e.int_type(32)] * n, side_effects=True)
+
+
+def _store_bytes(e, addr, pred, data: Sequence[Any], nbytes: int) -> None:
+    """Store `nbytes` (1, 2, 4, 8 or 16) at addr (aligned to them) where pred holds: data is nbytes // 4
+    words, or one i16 holding 1 or 2 bytes."""
+    if nbytes < 4:
+        e.asm_void(f"@$0 st.global.{'b16' if nbytes == 2 else 'u8'} [$1], $2;", "b,l,h", [pred, addr, data[0]])
+        return
+    suffix, n = _access_suffix(8 * nbytes)
+    srcs = ", ".join(f"${i + 2}" for i in range(n))
+    src = f"{{{srcs}}}" if n > 1 else srcs
+    e.asm_void(f"@$0 st.global{suffix} [$1], {src};", ",".join(["b", "l"] + ["r"] * n), [pred, addr, *data])
 
 
 def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> list:
@@ -265,14 +286,7 @@ def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> li
         half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr], [e.int_type(16)],
                      side_effects=True)[0]
         return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
-    suffix, n = _access_suffix(total)
-    outs = ", ".join(f"${i}" for i in range(n))
-    dst = f"{{{outs}}}" if n > 1 else outs
-    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
-    text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
-    constraints = ",".join(["=r"] * n + ["b", "l"])
-    words = e.asm(text, constraints, [pred, addr], [e.int_type(32)] * n, side_effects=True)
-    return unpack_words(e, words, dtype, count)
+    return unpack_words(e, _load_words(e, addr, pred, total // 32), dtype, count)
 
 
 def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
@@ -295,20 +309,201 @@ def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
     e = ctx.e
     total = len(elems) * dtype.storage_bits
     if total < 32:  # one or two narrow elements, through a 16-bit register
-        ints = [_to_bits(e, x, dtype) for x in elems]
+        ints = [to_bits(e, x, dtype) for x in elems]
         half = ints[0] if total == 16 and len(ints) == 1 else None
         if half is None:
             half = e.zext(ints[0], 16) if ints[0].type != e.int_type(16) else ints[0]
             for j, x in enumerate(ints[1:], 1):
                 half = e.ori(half, e.m.arith.shli(e.zext(x, 16), e.const(j * dtype.storage_bits, dtypes.int16)))
-        suffix = ".b16" if total == 16 else ".u8"
-        e.asm_void(f"@$0 st.global{suffix} [$1], $2;", "b,l,h", [pred, addr, half])
+        _store_bytes(e, addr, pred, [half], total // 8)
         return
-    suffix, n = _access_suffix(total)
-    words = pack_words(e, elems, dtype)
-    srcs = ", ".join(f"${i + 2}" for i in range(n))
-    src = f"{{{srcs}}}" if n > 1 else srcs
-    e.asm_void(f"@$0 st.global{suffix} [$1], {src};", ",".join(["b", "l"] + ["r"] * n), [pred, addr, *words])
+    _store_bytes(e, addr, pred, pack_words(e, elems, dtype), total // 8)
+
+
+def _only_if(e, cond, emit: Callable[[], None]) -> None:
+    """Emit what `emit` emits inside `if cond` (a branch: threads for which it is false skip it)."""
+    if_op = e.m.scf.IfOp(cond, [], has_else=False)
+    e.push(e.ir.InsertionPoint(if_op.then_block))
+    try:
+        emit()
+        e.m.scf.yield_([])
+    finally:
+        e.pop()
+
+
+# -- accesses whose alignment is known only at run time
+# A row of 4097 bf16 starts 2 bytes further into a 16-byte chunk than the row before it. Its accesses still
+# move whole aligned chunks: a load reads the chunks its elements straddle (the next one from the next lane,
+# which read it anyway) and funnel-shifts its elements out of them; a store rotates its elements to where
+# they sit in the chunks, takes the bytes of the chunk's start from the previous lane and stores whole chunks.
+# What no whole chunk covers (the first and last chunk of a lane run, a row's ends) goes as naturally aligned
+# pieces of 1 to 8 bytes, and elements partly outside the tensor one by one, behind a branch.
+
+def _lane_links(layout: TiledLayout, shape: tuple[int, ...]) -> int:
+    """A 32-bit mask with bit l set when lane l - 1 holds the register vector that ends right before lane l's
+    (the same indices but the last, which is one vector length less). Lane offsets add to register and warp
+    offsets, so one mask holds for every register and warp."""
+    vl = layout.vector_length
+    first = tuple(0 for _ in layout.registers_shape(shape))
+    index = [layout.element_index(shape, lane, first, 0) for lane in range(LANES_PER_WARP)]
+    mask = 0
+    for lane in range(1, LANES_PER_WARP):
+        a, b = index[lane - 1], index[lane]
+        if a[:-1] == b[:-1] and a[-1] + vl == b[-1]:
+            mask |= 1 << lane
+    return mask
+
+
+def _lane_bit(ctx: lower.Context, mask: int) -> Any:
+    """i1: bit `lane` of a constant mask."""
+    e = ctx.e
+    return e.cmpi("ne", e.andi(e.m.arith.shrui(e.i32(mask), ctx.lane), e.i32(1)), e.i32(0))
+
+
+def _runs(layout: TiledLayout, count: int, w: int) -> list[list[int]]:
+    """The first element of each access, grouped by register (the accesses of a register follow each other
+    in memory)."""
+    vl = layout.vector_length
+    return [list(range(r, r + vl, w)) for r in range(0, count, vl)]
+
+
+def _skew(e, el: _Element, nbytes: int, itemsize: int) -> tuple[Any, Any]:
+    """(bytes, elements) by which an access starts past an nbytes boundary."""
+    skew = e.andi(e.trunc(el.addr, 32), e.i32(nbytes - 1))
+    return skew, e.m.arith.shrui(skew, e.i32(itemsize.bit_length() - 1))
+
+
+def _chunk(e, addr, nbytes: int) -> Any:
+    return e.andi(addr, e.i64(-nbytes))
+
+
+def _load_shifted(ctx: lower.Context, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...], w: int,
+                  align: int, els: list[_Element]) -> list:
+    e = ctx.e
+    dtype, isz = ref.dtype, ref.dtype.itemsize
+    nbytes, n = w * isz, ref.sizes[-1]
+    links = _lane_links(layout, shape) >> 1  # bit l: lane l + 1 holds the vector after lane l's
+    next_linked = _lane_bit(ctx, links) if links else None
+    zero = e.const(0, dtype)
+    out = []
+    for run in _runs(layout, len(els), w):
+        skew, lead = _skew(e, els[run[0]], nbytes, isz)
+        chunks = []
+        for i in run:  # the chunk each access starts in: columns col - lead .. col - lead + w - 1
+            lo = e.subi(els[i].col, lead)
+            pred = _any_inside(e, els[i].rows, lo, e.addi(lo, e.i32(w - 1)), n)
+            chunks.append(_load_words(e, _chunk(e, els[i].addr, nbytes), pred, nbytes // 4))
+        last = els[run[-1]]
+        lo = e.addi(e.subi(last.col, lead), e.i32(w))  # the chunk after: the last access's tail
+        need = e.andi(e.cmpi("ne", skew, e.i32(0)), _any_inside(e, last.rows, lo, e.addi(last.col, e.i32(w - 1)), n))
+        after = e.addi(_chunk(e, last.addr, nbytes), e.i64(nbytes))
+        if next_linked is None:
+            chunks.append(_load_words(e, after, need, nbytes // 4))
+        else:
+            from_next = [e.shfl(x, "down", 1) for x in chunks[0]]
+            own = _load_words(e, after, e.andi(need, _not(e, next_linked)), nbytes // 4)
+            chunks.append([e.select(next_linked, a, b) for a, b in zip(from_next, own)])
+        for j, i in enumerate(run):
+            vals = unpack_words(e, funnel(e, chunks[j], chunks[j + 1], skew, align), dtype, w)
+            out.extend(e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals))
+    return out
+
+
+def _store_shifted(ctx: lower.Context, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...], w: int,
+                   align: int, els: list[_Element], elems: list, primary) -> None:
+    e = ctx.e
+    dtype, isz = ref.dtype, ref.dtype.itemsize
+    nbytes, n = w * isz, ref.sizes[-1]
+    links = _lane_links(layout, shape)
+    prev_linked = _lane_bit(ctx, links) if links else None
+    next_linked = _lane_bit(ctx, links >> 1) if links >> 1 else None
+    no = e.const_bool(False)
+    for run in _runs(layout, len(els), w):
+        skew, lead = _skew(e, els[run[0]], nbytes, isz)
+        aligned = e.cmpi("eq", skew, e.i32(0))
+        rotation = e.andi(e.subi(e.i32(nbytes), skew), e.i32(nbytes - 1))
+        # Each access's bytes as they sit in memory: its head at [skew, nbytes) of its first chunk, its tail at
+        # [0, skew) of the next.
+        packed, rotated = [], []
+        for i in run:
+            packed.append(pack_words(e, elems[i:i + w], dtype))
+            rotated.append(funnel(e, packed[-1], packed[-1], rotation, align))
+        whole, full, chunks, spans = [], [], [], []
+        for j, i in enumerate(run):
+            el = els[i]
+            spans.append(_span(e, el, n))
+            lo, hi = spans[j]
+            whole.append(_all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w))]))
+            # the elements before it in its first chunk, -lead .. -1, are inside
+            before = _all(e, [el.rows, e.cmpi("sle", e.addi(lo, lead), e.i32(0)), e.cmpi("sge", hi, e.i32(0))])
+            if j:
+                prev, linked = rotated[j - 1], before
+            elif prev_linked is not None:
+                prev, linked = [e.shfl(x, "up", 1) for x in rotated[-1]], e.andi(prev_linked, before)
+            else:
+                prev, linked = None, no
+            data = rotated[j] if prev is None else merge_below(e, prev, rotated[j], skew, align)
+            full.append(_all(e, [whole[j], primary, e.ori(aligned, linked)]))
+            chunks.append(_chunk(e, el.addr, nbytes))
+            _store_bytes(e, chunks[j], full[j], data, nbytes)
+        edges = []  # (head, tail, loose) of each access: what the whole chunks did not store
+        for j, i in enumerate(run):
+            if j + 1 < len(run):
+                next_full = full[j + 1]
+            elif next_linked is not None:
+                flag = e.shfl(e.zext(full[0], 32), "down", 1)
+                next_full = e.andi(next_linked, e.cmpi("ne", flag, e.i32(0)))
+            else:
+                next_full = no
+            head = _all(e, [whole[j], primary, _not(e, full[j])])
+            tail = _all(e, [whole[j], primary, _not(e, aligned), _not(e, next_full)])
+            edges.append((head, tail, e.andi(_not(e, whole[j]), primary)))
+
+        def pieces(run=run, skew=skew, packed=packed, rotated=rotated, chunks=chunks, edges=edges, spans=spans):
+            for j, i in enumerate(run):
+                head, tail, loose = edges[j]
+                _store_pieces(e, chunks[j], rotated[j], skew, head, tail, nbytes, align)
+                _store_elementwise(e, els[i], spans[j], loose, packed[j], w, isz)
+        _only_if(e, functools.reduce(e.ori, [p for edge in edges for p in edge]), pieces)
+
+
+def _span(e, first: _Element, n) -> tuple[Any, Any]:
+    """(lo, hi): element k of the access that starts at `first` is inside its row when lo <= k < hi.
+
+    Stores test their bounds this way, not as `col + k < n`: the compiler would match those indices with the
+    ones a kernel computed for its own masks and keep all of them in registers until the store."""
+    return e.subi(e.i32(0), first.col), e.subi(n, first.col)
+
+
+def _store_elementwise(e, first: _Element, span: tuple[Any, Any], pred, words: list, w: int, itemsize: int) -> None:
+    """Store the elements of an access (packed in words) that are inside the tensor, one by one, where pred
+    holds. Their addresses are computed here, inside the branch that needs them."""
+    lo, hi = span
+    pred = _all(e, [pred, first.rows])
+    for k in range(w):
+        inside = e.andi(e.cmpi("sle", lo, e.i32(k)), e.cmpi("sgt", hi, e.i32(k)))
+        _store_bytes(e, e.addi(first.addr, e.i64(k * itemsize)), e.andi(pred, inside),
+                     slot(e, words, k * itemsize, itemsize), itemsize)
+
+
+def _store_pieces(e, chunk, rotated: list, skew, head, tail, nbytes: int, align: int) -> None:
+    """Store an access's head (bytes [skew, nbytes) of its chunk) where `head` holds and its tail (bytes
+    [0, skew) of the next chunk) where `tail` holds, as naturally aligned pieces: the binary digits of their
+    lengths, the head's smallest first, the tail's largest first."""
+    head_bytes = e.subi(e.i32(nbytes), skew)
+    p = align
+    while p < nbytes:
+        pos = e.addi(skew, e.andi(head_bytes, e.i32(p - 1)))
+        _store_bytes(e, e.addi(chunk, e.ext_i64(pos)), e.andi(head, _bit_set(e, head_bytes, p)),
+                     slot(e, rotated, pos, p), p)
+        pos = e.andi(skew, e.i32(-2 * p))
+        _store_bytes(e, e.addi(chunk, e.ext_i64(e.addi(pos, e.i32(nbytes)))), e.andi(tail, _bit_set(e, skew, p)),
+                     slot(e, rotated, pos, p), p)
+        p *= 2
+
+
+def _bit_set(e, x, bit: int) -> Any:
+    return e.cmpi("ne", e.andi(x, e.i32(bit)), e.i32(0))
 
 
 @lower.rule(Load)
@@ -316,17 +511,24 @@ def _load(op: Load, ctx: lower.Context) -> None:
     ref: LoweredRef = ctx.get(op.ref)
     out = op.result
     dtype = ref.dtype
+    e = ctx.e
     if not out.is_array:
-        ((addr, pred),) = _element_addresses(ctx, op, ref, None, ())
-        ctx.set(out, _load_access(ctx, addr, pred, dtype, 1)[0])
+        (el,) = _element_addresses(ctx, op, ref, None, ())
+        ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1)[0])
         return
     layout, shape = out.layout, out.type.shape
-    w = _access_width(ctx, op, ref, layout, shape)
-    addrs = _element_addresses(ctx, op, ref, layout, shape)
-    elems = []
-    for i in range(0, len(addrs), w):
-        addr, pred = addrs[i]
-        elems.extend(_load_access(ctx, addr, pred, dtype, w))
+    w, align = _vector_width(ctx, op, ref, layout, shape)
+    els = _element_addresses(ctx, op, ref, layout, shape)
+    if w > 1 and align < w * dtype.itemsize:
+        elems = _load_shifted(ctx, ref, layout, shape, w, align, els)
+    else:
+        elems = []
+        zero = e.const(0, dtype)
+        for i in range(0, len(els), w):
+            vals = _load_access(ctx, els[i].addr, els[i].inside, dtype, w)
+            if ref.spec.size_div < w:  # a row that ends inside this access: the rest reads as zero
+                vals = [v if not k else e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
+            elems.extend(vals)
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 
@@ -337,9 +539,8 @@ def _store(op: Store, ctx: lower.Context) -> None:
     dtype = ref.dtype
     e = ctx.e
     if not value.is_array:
-        ((addr, pred),) = _element_addresses(ctx, op, ref, None, ())
-        pred = e.andi(pred, e.cmpi("eq", ctx.wg_tid, e.i32(0)))
-        _store_access(ctx, addr, pred, [ctx.get(value)], dtype)
+        (el,) = _element_addresses(ctx, op, ref, None, ())
+        _store_access(ctx, el.addr, e.andi(el.inside, e.cmpi("eq", ctx.wg_tid, e.i32(0))), [ctx.get(value)], dtype)
         return
     frag = ctx.frag(value)
     shape = frag.shape
@@ -349,13 +550,33 @@ def _store(op: Store, ctx: lower.Context) -> None:
         except LayoutError as err:
             raise op.error(str(err), rule=Rule.LAYOUT) from None
     layout = frag.layout
-    w = _access_width(ctx, op, ref, layout, shape)
-    addrs = _element_addresses(ctx, op, ref, layout, shape)
+    w, align = _vector_width(ctx, op, ref, layout, shape)
+    els = _element_addresses(ctx, op, ref, layout, shape, step=w)
     primary = ctx.is_primary(layout)
-    assert len(addrs) == num_elems(layout, shape)
-    for i in range(0, len(addrs), w):
-        addr, pred = addrs[i]
-        _store_access(ctx, addr, e.andi(pred, primary), frag.elems[i:i + w], dtype)
+    assert len(els) == num_elems(layout, shape)
+    if w > 1 and align < w * dtype.itemsize:
+        _store_shifted(ctx, ref, layout, shape, w, align, els, frag.elems, primary)
+        return
+    if ref.spec.size_div >= w:  # every access is wholly inside a row or wholly outside
+        for i in range(0, len(els), w):
+            _store_access(ctx, els[i].addr, e.andi(els[i].inside, primary), frag.elems[i:i + w], dtype)
+        return
+    # A row may end inside an access: whole accesses go as one store, the others element by element.
+    loose, packed, spans = [], [], []
+    n, isz = ref.sizes[-1], dtype.itemsize
+    for i in range(0, len(els), w):
+        el = els[i]
+        spans.append(_span(e, el, n))
+        lo, hi = spans[-1]
+        whole = _all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w)), primary])
+        packed.append(pack_words(e, frag.elems[i:i + w], dtype))
+        _store_bytes(e, el.addr, whole, packed[-1], w * isz)
+        loose.append(_all(e, [_not(e, whole), e.cmpi("slt", lo, e.i32(w)), e.cmpi("sgt", hi, e.i32(0)), primary]))
+
+    def elementwise():
+        for a, i in enumerate(range(0, len(els), w)):
+            _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
+    _only_if(e, functools.reduce(e.ori, loose), elementwise)
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

@@ -1,13 +1,16 @@
 """TMA copies between GMEM and SMEM: TmaLoad (completes on an mbarrier; multicast to a cluster),
 TmaLoadCollective (a load by one CTA of a 2-CTA pair whose arrival counts in the pair's leader), TmaStore
-(optionally a reduction into GMEM), TmaStoreWait, and TmaDescriptorCut (a copy of a tensor's descriptor, built
-on the device in GMEM, whose dimensions stop short of the tensor's: a store through it drops what lies past
-them, as a grouped GEMM's stores must stop at their group's last row).
+(optionally a reduction into GMEM), TmaStoreWait, TmaPrefetch (a tile into L2), TmaGather (rows picked by an
+index array into an SMEM tile: embedding lookups, MoE token gathers) and TmaDescriptorCut (a copy of a tensor's
+descriptor, built on the device in GMEM, whose dimensions stop short of the tensor's: a store through it drops
+what lies past them, as a grouped GEMM's stores must stop at their group's last row).
 
-A copy moves a whole SMEM tile as one TMA box per swizzle-wide column block of the tile (`tiles.Tile.boxes`);
-the descriptor (box and swizzle) is built by the launcher from the tensor argument and passed as a 128-byte
-grid-constant parameter. Out-of-bounds elements of a load read as zero; out-of-bounds elements of a store are
-dropped.
+A copy moves a whole SMEM tile (or a view of one) as one TMA box per swizzle-wide column block of each of its
+stages (`tiles.Tile.boxes`); the descriptor (box and swizzle) is built by the launcher from the tensor argument
+and passed as a 128-byte grid-constant parameter. Out-of-bounds elements of a load read as zero; out-of-bounds
+elements of a store are dropped. A gather copies one box of one row per row and column block: four rows per
+instruction on Blackwell (tile::gather4), one on Hopper; the swizzle follows from each row's SMEM address, as
+for any TMA write.
 """
 from __future__ import annotations
 
@@ -20,15 +23,15 @@ from typing import Any, Generator, Iterator, Sequence
 import torch
 
 from .. import dtypes, infer, interpret, lower, tiles
-from ..errors import Check, InterpretError, Loc
+from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret import numerics
 from ..interpret.checker import Access, check_read, check_write, fence
 from ..interpret.scheduler import AsyncOp, Wait, Warpgroup
-from ..ir import Op, ScalarType, Value, check, is_int_scalar, is_ref
+from ..ir import Op, RefType, ScalarType, Value, check, is_int_scalar, is_ref
 from ..lower.context import LoweredRef
 from .clusters import cluster_ctarank, pair_leader_rank
 from .gmem import window_slices
-from .smem import SmemTile, shared_address, tile_of, tile_range
+from .smem import SmemTile, base_alignment, shared_address, tile_of, tile_ranges
 
 
 class TmaLoad(Op):
@@ -75,6 +78,10 @@ class TmaLoad(Op):
                f"that rank, got {len(self.coords)} and rank {self.dst.type.rank}")
         check(self.src.dtype == self.dst.dtype, self,
                f"TMA cannot convert: {self.src.dtype.name} tensor into a {self.dst.dtype.name} tile")
+        check_boxes(self, self.dst)
+        if self.multicast and not tile_of(self.dst.type).folds:
+            raise self.error("a multicast copy splits the rows of one box over the cluster: copy a tile of one "
+                             "stage (or whose stages fold into one box: one column block per row)", rule=Rule.CLUSTER)
 
 
 class TmaLoadCollective(TmaLoad):
@@ -126,6 +133,29 @@ class TmaStore(Op):
                f"a rank-{dst.type.rank} tensor needs {dst.type.rank} coordinates and an SMEM tile of that rank")
         check(dst.dtype == src.dtype, self, f"TMA cannot convert: {src.dtype.name} tile into {dst.dtype.name}")
         check(self.reduce in (None, "add", "min", "max"), self, f"TMA reductions are add, min, max; got {self.reduce}")
+        check_boxes(self, src)
+
+
+# The TMA engine reads and writes SMEM at 128-byte aligned addresses.
+TMA_SMEM_ALIGN = 128
+
+
+def check_boxes(op: Op, tile: Value) -> None:
+    """The SMEM side of a TMA copy: whole rows of each box stored one right after the other (not a view of some
+    columns of an unswizzled tile, whose rows keep the pitch of the tile they were cut from), each box starting
+    on 128 bytes."""
+    t = tile.type
+    stored = tile_of(t)
+    if not stored.dense:
+        raise op.error(f"TMA moves whole rows of a box, stored one after the other; this view of {t.shape[-1]} of "
+                       f"the {t.storage[1]} columns of an unswizzled tile keeps their pitch: copy through a tile of "
+                       f"its own, or a swizzled one (whose column blocks are boxes)", rule=Rule.SMEM_SLICE)
+    align = math.gcd(base_alignment(tile), *(byte for _, byte in stored.boxes()))
+    if align % TMA_SMEM_ALIGN:
+        raise op.error(f"the TMA engine writes SMEM at {TMA_SMEM_ALIGN}-byte aligned addresses, but this tile's "
+                       f"boxes start at multiples of only {align} bytes (its stages, views and rows are placed by "
+                       f"the tile's shape): give the stages or rows a multiple of {TMA_SMEM_ALIGN} bytes",
+                       rule=Rule.TMA_BOX)
 
 
 class TmaDescriptorCut(Op):
@@ -172,7 +202,29 @@ class TmaStoreWait(Op):
         return {"pending": self.pending}
 
 
-infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaDescriptorCut)(infer.no_arrays)
+class TmaPrefetch(Op):
+    """Prefetch into L2 the tile of a GMEM tensor at `coords` that a copy into an SMEM tile typed `tile` would
+    read (the same descriptor and boxes): no SMEM is written and nothing completes, it is a hint."""
+
+    name = "tma_prefetch"
+    requires = "tma"
+
+    def __init__(self, src: Value, coords: Sequence[Value], tile: RefType, descriptor: int, loc: Loc | None):
+        super().__init__([src, *coords], [], loc)
+        self.tile = tile
+        self.descriptor = descriptor
+
+    def attrs(self):
+        return {"descriptor": self.descriptor, "box": tile_of(self.tile).tma_box()}
+
+    def verify(self):
+        src, coords = self.operands[0], self.operands[1:]
+        check(is_ref(src, "gmem") and len(coords) == src.type.rank == self.tile.rank, self,
+               f"a rank-{src.type.rank} tensor's tile needs {src.type.rank} coordinates, got {len(coords)}")
+        check(all(is_int_scalar(c) for c in coords), self, "TMA coordinates are integers")
+
+
+infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch, TmaDescriptorCut)(infer.no_arrays)
 DESCRIPTOR_BYTES = 128  # a CUtensorMap; a copy in GMEM must sit at a multiple of 128 bytes
 
 
@@ -182,9 +234,9 @@ def _boxes(ctx: lower.Context, tile: SmemTile, coords: list, addr) -> Iterator[t
     """Per TMA box of a tile: its coordinates, innermost first as the instruction takes them, and the SMEM
     address it fills or drains (computed as each is needed, so each copy's arithmetic sits beside it)."""
     e = ctx.e
-    for col, byte in tile_of(tile.type).boxes():
-        inner = e.addi(coords[-1], e.i32(col)) if col else coords[-1]
-        yield [inner] + coords[-2::-1], e.addi(addr, e.i32(byte))
+    for offsets, byte in tile_of(tile.type).boxes():
+        at = [e.addi(c, e.i32(o)) if o else c for c, o in zip(coords, offsets)]
+        yield at[::-1], e.addi(addr, e.i32(byte))
 
 
 @lower.rule(TmaLoad)
@@ -209,7 +261,7 @@ def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
         part_rows = spec.box[0]
         first_row = e.muli(rank_id, e.i32(part_rows))
         coords = [e.addi(coords[0], first_row)] + coords[1:]
-        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(stored.block_bytes // stored.shape[0])))
+        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(stored.dim0_bytes())))
         suffix = ".multicast::cluster"
         mask = [e.trunc(e.i32((1 << n) - 1), 16)]
         extra = [f"${4 + rank}"]
@@ -294,6 +346,19 @@ def _tma_descriptor_cut(op: TmaDescriptorCut, ctx: lower.Context) -> None:
     ctx.set(op.result, slot)
 
 
+@lower.rule(TmaPrefetch)
+def _tma_prefetch(op: TmaPrefetch, ctx: lower.Context) -> None:
+    e = ctx.e
+    desc = ctx.tma_descriptors[op.descriptor]
+    rank = op.tile.rank
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    coords = [ctx.get(c) for c in op.operands[1:]]
+    slots = ", ".join(f"${i + 2}" for i in range(rank))
+    for ordered, _ in _boxes(ctx, SmemTile(e.i32(0), op.tile), coords, e.i32(0)):
+        e.asm_void(f"@$0 cp.async.bulk.prefetch.tensor.{rank}d.L2.global.tile [$1, {{{slots}}}];",
+                   ",".join(["b", "l"] + ["r"] * rank), [elected, desc, *ordered])
+
+
 @lower.rule(TmaStoreWait)
 def _tma_store_wait(op: TmaStoreWait, ctx: lower.Context) -> None:
     e = ctx.e
@@ -322,7 +387,8 @@ def box_addresses(box: tuple[int, ...], itemsize: int, swizzle: int, address: in
 
 
 def _read_box(tensor: torch.Tensor, coords: list[int], box: tuple[int, ...]) -> torch.Tensor:
-    data = torch.zeros(box, dtype=tensor.dtype)
+    # Zero bytes, viewed as the element type (torch cannot fill some 8-bit float types, e.g. float4_e2m1fn_x2).
+    data = torch.zeros(math.prod(box) * tensor.element_size(), dtype=torch.uint8).view(tensor.dtype).reshape(box)
     inside = window_slices(tensor.shape, coords, box)
     if inside is not None:
         data[inside[1]] = tensor[inside[0]]
@@ -331,35 +397,42 @@ def _read_box(tensor: torch.Tensor, coords: list[int], box: tuple[int, ...]) -> 
 
 def _copy_boxes(stored: tiles.Tile, coords: list[int], address: int) -> list[tuple[list[int], int]]:
     """(GMEM coordinates, outermost first, and SMEM address) of each TMA box of a copy."""
-    return [([*coords[:-1], coords[-1] + col], address + byte) for col, byte in stored.boxes()]
+    return [([c + o for c, o in zip(coords, offsets)], address + byte) for offsets, byte in stored.boxes()]
 
 
 @interpret.rule(TmaLoad, TmaLoadCollective)
 def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
     """Arm the barrier with the tile's bytes (arrive.expect_tx) and issue the copy. A multicast copy brings this
     CTA's share of rows to every CTA of the cluster, counted on each one's barrier at the same slot; a collective
-    one counts on the barrier of the pair's leader. The bytes are recorded as written by an unfinished copy
-    until it lands: reading them before waiting on that barrier is a race."""
+    one counts on the barrier of the pair's leader."""
     cta, cluster = wg.cta, wg.cluster
-    src = wg.get(op.src, op)
     dst = wg.get(op.dst, op)
     ref = wg.get(op.barrier, op)
     coords = [int(wg.scalar(c, op)) for c in op.coords]
     spec = wg.run.kernel.tma_descriptors[op.descriptor]
-    stored, dtype = tile_of(dst.type), dst.type.dtype
+    stored = tile_of(dst.type)
     collective = isinstance(op, TmaLoadCollective)
     bar_cta = cluster.ctas[cta.rank & ~1] if collective else cta
     address = dst.offset
     if op.multicast:
         first_row = cta.rank * spec.box[0]
         coords[0] += first_row
-        address += first_row * (stored.block_bytes // stored.shape[0])
-    targets = cluster.ctas if op.multicast else [cta]
-    boxes = _copy_boxes(stored, coords, address)
+        address += first_row * stored.dim0_bytes()
+    targets = [(t, ref.get(bar_cta if collective else t)) for t in (cluster.ctas if op.multicast else [cta])]
+    issue_load(op, wg, wg.get(op.src, op), spec, dst.type, _copy_boxes(stored, coords, address), targets,
+               ref.get(bar_cta))
+
+
+def issue_load(op: Op, wg: Warpgroup, src: torch.Tensor, spec, dst: RefType, boxes: list[tuple[list[int], int]],
+               targets: list, armed) -> None:
+    """Arm barrier `armed` with the bytes of a tile typed `dst` (one arrival) and issue the TMA copies of
+    `boxes` (GMEM coordinates, SMEM address) of descriptor `spec` into each (CTA, barrier) of `targets`, whose
+    barrier counts the bytes landing there. The bytes are recorded as written by an unfinished copy until it
+    lands: reading them before waiting on that barrier is a race."""
+    stored, dtype = tile_of(dst), dst.dtype
     box_bytes = math.prod(spec.box) * stored.itemsize
     landing = []
-    for t in targets:
-        bar = ref.get(bar_cta if collective else t)
+    for t, bar in targets:
         accesses = []
         for _, addr in boxes:
             check_write(t.smem_records, addr, addr + box_bytes, wg.clock, op.loc, "this TMA copy")
@@ -367,7 +440,7 @@ def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
             t.smem_records.add(access)
             accesses.append(access)
         landing.append((t, bar, accesses))
-    ref.get(bar_cta).arrive(wg.clock, op.loc, tx=stored.nbytes)
+    armed.arrive(wg.clock, op.loc, tx=stored.nbytes)
     clock = dict(wg.clock)
 
     def land() -> None:
@@ -378,7 +451,7 @@ def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
                 access.count = bar.completed + 1
             bar.complete_tx(box_bytes * len(boxes), clock, op.loc)
 
-    wg.engine.issue(AsyncOp(("tma_load", next(_loads)), op.loc, "TMA copy", land, tuple(targets)))
+    wg.engine.issue(AsyncOp(("tma_load", next(_loads)), op.loc, "TMA copy", land, tuple(t for t, _ in targets)))
 
 
 _REDUCE = {"add": torch.add, "min": torch.minimum, "max": torch.maximum}
@@ -398,10 +471,10 @@ def _interp_tma_store(op: TmaStore, wg: Warpgroup) -> None:
     spec = wg.run.kernel.tma_descriptors[op.descriptor]
     stored, dtype = tile_of(src.type), src.type.dtype
     fence(cta.smem_records, wg.agent)
-    start, end = tile_range(src)
-    check_read(cta.smem_records, start, end, wg.clock, op.loc, "this TMA store")
     queue = ("tma_store", cta.rank, wg.index)
-    cta.smem_records.add(Access(start, end, "read", queue, engine.next_in(queue), op.loc, "TMA store"))
+    for start, end in tile_ranges(src):
+        check_read(cta.smem_records, start, end, wg.clock, op.loc, "this TMA store")
+        cta.smem_records.add(Access(start, end, "read", queue, engine.next_in(queue), op.loc, "TMA store"))
 
     def store() -> None:
         for box_coords, addr in _copy_boxes(stored, coords, src.offset):
@@ -436,6 +509,13 @@ def _interp_tma_descriptor_cut(op: TmaDescriptorCut, wg: Warpgroup) -> None:
     sizes = iter(int(wg.scalar(v, op)) for v in op.operands[3:])
     wg.set(op.result, CutDescriptor(tuple(max(0, min(next(sizes), n)) if cut else n
                                           for cut, n in zip(op.cut_dims, tensor.shape))))
+
+
+@interpret.rule(TmaPrefetch)
+def _interp_tma_prefetch(op: TmaPrefetch, wg: Warpgroup) -> None:
+    """L2 is not modelled: a prefetch reads its coordinates and changes nothing."""
+    for c in op.operands[1:]:
+        wg.scalar(c, op)
 
 
 @interpret.rule(TmaStoreWait)

@@ -1,7 +1,7 @@
-"""Clusters: `mgjit.cluster_rank()` and `mgjit.cluster_sync()`."""
+"""Clusters: `mgjit.cluster_rank()`, `mgjit.cluster_sync()` and `mgjit.cluster_reduce(x, kind)`."""
 from __future__ import annotations
 
-from ... import language as lang, ops
+from ... import dtypes, language as lang, ops
 from ..registry import builtin
 from ..semantics import Semantics
 from ..values import Tensor
@@ -15,3 +15,16 @@ def cluster_rank(t: Semantics, args: list, kwargs: dict) -> Tensor:
 @builtin(lang.cluster_sync, unit="cluster")
 def cluster_sync(t: Semantics, args: list, kwargs: dict) -> None:
     t.builder.add(ops.ClusterSync(t.builder.loc))
+
+
+@builtin(lang.cluster_reduce, unit="cluster", positional=(0, 2))
+def cluster_reduce(t: Semantics, args: list, kwargs: dict) -> Tensor:
+    x = args[0] if args else kwargs.get("x")
+    kind = args[1] if len(args) > 1 else kwargs.get("kind")
+    if kind not in lang.REDUCE_BUILTINS.values():
+        raise t.error(f"cluster_reduce(x, kind): kind is one of {sorted(lang.REDUCE_BUILTINS.values())}, got {kind!r}")
+    x = t.to_tensor(x)
+    if x.dtype not in (dtypes.float32, dtypes.int32):
+        raise t.error(f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
+    ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
+    return t.emit(ops.ClusterReduce(kind, x.value, ctas, t.builder.loc))

@@ -2,10 +2,13 @@
 registers)`: a TMA → SMEM ring of `stages` slots feeding the loop body, traced straight through the tracer's
 loop and branch machinery (the user's body is traced in place, once).
 
-Without warp specialization: a prologue fills stages - 1 slots; step k waits for its slot, runs the body,
-waits for all but `release` wgmma groups and refills the slot of step k + stages - 1. With it, warpgroup 0
+Without warp specialization: a prologue fills stages - release slots; step k waits for its slot, runs the body,
+waits for all but `release` wgmma groups and refills the slot of step k - release (whose MMAs are now done) with
+step k - release + stages. With it, warpgroup 0
 produces (waiting for a slot to be released, then copying) and the others consume (releasing the slot of
-step k - release after each wait).
+step k - release after each wait); the producer then skips the rest of the block the loop is in (the code
+after it runs in the consumers only: an epilogue stores what the consumers computed, and the producer, which
+computed nothing, stores nothing).
 """
 from __future__ import annotations
 
@@ -134,7 +137,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
             when(t.apply_compare("ge", k, release), lambda: arrive(
                 t, BarrierSlot(empty, t.apply_binop("mod", t.apply_binop("sub", k, release), stages)), [], {}))
             return
-        following = t.apply_binop("add", k, stages - 1)  # into the slot that step k - 1 used
+        following = t.apply_binop("add", k, stages - release)  # into the slot that step k - release used
         here()
         when(t.apply_compare("lt", following, steps),
              lambda: copies(following, lambda: t.apply_binop("mod", following, stages)))
@@ -154,7 +157,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
         wgmma_wait(t, [0], {})
 
     if not ws:
-        for s in range(stages - 1):  # the prologue fills the first stages - 1 slots
+        for s in range(stages - release):  # the prologue fills the first stages - release slots
             here()
             when(t.apply_compare("lt", s, steps), lambda: copies(s, lambda: s))
         consumer()
@@ -175,4 +178,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
         consumer()
 
     here()
-    t.branch(t.apply_compare("eq", warpgroup_id(t, [], {}), 0), producer, consumers, consumed | {k_name}, node)
+    wg = warpgroup_id(t, [], {})
+    t.branch(t.apply_compare("eq", wg, 0), producer, consumers, consumed | {k_name}, node)
+    here()
+    t.guard_rest(t.apply_compare("ne", wg, 0))
