@@ -1,12 +1,15 @@
 """The Hopper matmul's schedules on the CPU (examples/matmul_hopper.py, examples/_matmul_schedules.py): every
 schedule interpreted against torch on small awkward shapes through the wrapper (stream-K cut tiles with both
 fix-ups, split-K, swap-AB for M = 1, 3, 16, M = 64 tiles, transposed and strided operands, f16, the
-epilogue), the heuristics' picks per shape class, and ptxas with no spills for every kind of config."""
+epilogue), the spans a profiled stream-K launch records, the heuristics' picks per shape class, and ptxas with
+no spills for every kind of config."""
 import os
 import sys
 
 import pytest
 import torch
+
+import mgjit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import _matmul_schedules as schedules  # noqa: E402
@@ -146,3 +149,17 @@ def test_ptxas_reports_no_spills(name):
                                  target="sm_90a")
     assert c.spills == 0, c.ptxas_report
     assert c.smem_bytes <= 232448
+
+
+def test_stream_k_work_items_carry_the_spans_of_a_tile(interpreted):
+    """matmul(..., profile=) records the spans of a stream-K launch: each CTA's data-parallel tile and its range
+    of the cut tile are one work item each, loaded in one "load tile" span and computed in one "tile" span
+    (its "mma", then its "epilogue": the fix-up for the cut tile)."""
+    from span_checks import check_matmul_spans
+    a, b = operands(200, 136, 320)
+    prof = mgjit.Profile()
+    c = mh.matmul(a, b, dict(BM=128, BN=128, STREAM_K=1), profile=prof)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+    # 2 x 2 tiles on 3 CTAs: tiles 0-2 data-parallel, one per CTA; tile 3's 5 k-iterations cut 1 + 2 + 2
+    # over the 3 CTAs: two work items per CTA.
+    check_matmul_spans(prof, grid=3, tiles=4, items=[2, 2, 2])
