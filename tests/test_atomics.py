@@ -59,6 +59,37 @@ def test_a_wait_nobody_signals_is_a_deadlock_naming_the_semaphore():
     assert "semaphore at [1] to reach 1 (it holds 0)" in str(info.value)
 
 
+@mgjit.kernel
+def clc_after_a_semaphore(owner, flags):
+    """CTA 0 waits until CTA 1 has run; then every CTA takes tiles by cancelling clusters not yet launched."""
+    response = mgjit.smem((2,), mgjit.int64)
+    bar = mgjit.barrier(1)
+    pid = mgjit.program_id(0)
+    if pid == 0:
+        mgjit.semaphore_wait(flags, 0, 1)
+    if pid == 1:
+        mgjit.semaphore_signal(flags, 0)
+    tile = pid
+    valid = tile >= 0
+    for _ in range(mgjit.num_programs(0)):
+        if valid:
+            owner[tile] = pid + 10 * (owner[tile] + 1)  # owner[tile] was -1: pid, if the tile is owned once
+            mgjit.clc_try_cancel(response, barrier=bar[0])
+            bar[0].wait()
+            canceled, (first, _, _) = mgjit.clc_query(response)
+            tile, valid = first, canceled
+
+
+@pytest.mark.parametrize("policy", ["late", "random"])
+def test_a_semaphore_launches_the_next_cluster_which_cluster_launch_control_then_cannot_cancel(policy):
+    """With one cluster resident, CTA 0's wait launches CTA 1 beside it: CTA 1 runs its own tile (no try_cancel
+    takes it from it), and the tiles of the clusters cancelled before they launched are taken by CTAs 0 and 1
+    (each exactly once: a cancelled cluster never runs)."""
+    owner = torch.full((6,), -1, dtype=torch.int32)
+    clc_after_a_semaphore.interpret(policy=policy, seed=1)[(6,)](owner, torch.zeros(1, dtype=torch.int32))
+    assert owner[:2].tolist() == [0, 1] and set(owner[2:].tolist()) <= {0, 1}, owner.tolist()
+
+
 def test_a_wait_outside_the_tensor_is_an_error():
     with pytest.raises(mgjit.InterpretError) as info:
         waits_forever.interpret[(3,)](torch.zeros(2, dtype=torch.int32))
