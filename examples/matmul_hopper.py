@@ -13,12 +13,13 @@ with profile=mgjit.Profile() (`matmul(..., profile=)`) and costs nothing without
 Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few candidates once per shape):
 - data-parallel (STREAM_K=0): CTA p computes whole tiles p, p + P, p + 2P, ... (P CTAs, at most one per SM);
 - stream-K (STREAM_K=w >= 1): the tiles of the last partial wave and of w - 1 full waves before it are cut into
-  their BK-wide k-iterations, and each CTA takes an equal, contiguous range of those iterations. A tile cut
-  between CTAs is fixed up by the last of them to finish: each contributor publishes its partial sum in a f32
-  workspace and counts itself in the tile's lock (`atomic_add(..., sem="acq_rel")`); the one that sees the
-  count complete adds the partials and stores the tile. DETERMINISTIC=True (the default) gives each
-  contributor its own slot and adds them in k order (bitwise repeatable); False adds them into one slot with
-  f32 atomics. No CTA ever waits for another. Split-K is stream-K with P = tiles x splits CTAs.
+  their BK-wide k-iterations, and each CTA takes an equal, contiguous range of those iterations (with fewer
+  iterations than CTAs, the first CTAs take one each). A tile cut between CTAs is fixed up by the last of them
+  to finish: each contributor publishes its partial sum in a f32 workspace and counts itself in the tile's lock
+  (`atomic_add(..., sem="acq_rel")`); the one that sees the count complete adds the partials and stores the
+  tile. DETERMINISTIC=True (the default) gives each contributor its own slot and adds them in k order (bitwise
+  repeatable); False adds them into one slot with f32 atomics. No CTA ever waits for another. Split-K is
+  stream-K with P = tiles x splits CTAs.
 - swap-AB (in the wrapper): C^T = B^T A^T, so that a small M becomes the N of the wgmma (8..256 in steps of 8)
   and the large N fills the 64-row side: decode shapes (M <= 64) stream the weights through every SM.
 
@@ -59,11 +60,20 @@ def schedule(tiles, k_tiles, STREAM_K):
         kept = mgjit.maximum(tiles // ctas - (STREAM_K - 1), 0) * ctas
         dp_tiles = mgjit.where(tiles % ctas == 0, tiles, kept)
         iters = (tiles - dp_tiles) * k_tiles
-        begin, end = pid * iters // ctas, (pid + 1) * iters // ctas
+        workers = stream_k_ctas(iters)  # CTAs p < workers: each takes at least one iteration
+        begin = mgjit.minimum(pid * iters // workers, iters)
+        end = mgjit.minimum((pid + 1) * iters // workers, iters)
         sk_first = begin // k_tiles
         sk_count = mgjit.where(end > begin, (end + k_tiles - 1) // k_tiles - sk_first, 0)
     n_dp = (dp_tiles - pid + ctas - 1) // ctas
     return dp_tiles, n_dp, iters, begin, end, sk_first, n_dp + sk_count
+
+
+@mgjit.device
+def stream_k_ctas(iters):
+    """How many CTAs share the stream-K iterations: every CTA, or one per iteration when there are fewer (a CTA
+    with an empty range in the middle of a cut tile's contributors would never be counted in its lock)."""
+    return mgjit.minimum(mgjit.num_programs(0), mgjit.maximum(iters, 1))
 
 
 @mgjit.device
@@ -97,10 +107,11 @@ def publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS
 
 @mgjit.device
 def contributors(sk_tile, k_tiles, iters):
-    """The first and last CTA whose iteration ranges cut stream-K tile `sk_tile` (CTA p holds iterations
-    [p * iters // P, (p + 1) * iters // P), so iteration i is CTA ((i + 1) * P - 1) // iters's)."""
-    ctas = mgjit.num_programs(0)
-    return ((sk_tile * k_tiles + 1) * ctas - 1) // iters, ((sk_tile + 1) * k_tiles * ctas - 1) // iters
+    """The first and last CTA whose iteration ranges cut stream-K tile `sk_tile` (CTA p < W holds iterations
+    [p * iters // W, (p + 1) * iters // W), W = stream_k_ctas(iters) <= iters, so no range is empty and
+    iteration i is CTA ((i + 1) * W - 1) // iters's); every CTA from the first to the last contributes."""
+    workers = stream_k_ctas(iters)
+    return ((sk_tile * k_tiles + 1) * workers - 1) // iters, ((sk_tile + 1) * k_tiles * workers - 1) // iters
 
 
 @mgjit.device

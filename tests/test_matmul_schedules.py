@@ -19,8 +19,9 @@ BF16, F16 = torch.bfloat16, torch.float16
 
 
 @pytest.fixture
-def interpreted(monkeypatch):
-    """The wrapper's launches run in the interpreter on a GPU of `sms` SMs (3 unless a test sets another)."""
+def interpreted(monkeypatch, poison_empty):
+    """The wrapper's launches run in the interpreter on a GPU of `sms` SMs (3 unless a test sets another), into
+    outputs poisoned with NaN."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     sms = {"count": 3}
     monkeypatch.setattr(mh, "_sm_count", lambda device: sms["count"])
@@ -49,6 +50,11 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "stream-k-atomic": (200, 136, 320, dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False), 3, {}),
     "split-k": (130, 128, 512, dict(BM=128, BN=128, STREAM_K=1, SPLIT=3), 8, {}),
     "stream-k-m64": (77, 136, 448, dict(BM=64, BN=64, STREAM_K=1), 5, {}),
+    # fewer k-iterations than CTAs (77 x 3000 x 333 and 512^3 on 132 SMs): a CTA with an empty range between a
+    # cut tile's contributors was expected in its lock, which never filled: the tile was never stored
+    "stream-k-fewer-iterations-than-ctas": (77, 136, 200, dict(BM=128, BN=128, STREAM_K=1), 12, {}),
+    "split-k-more-splits-than-iterations": (130, 128, 192, dict(BM=128, BN=128, STREAM_K=1, SPLIT=8), 16, {}),
+    "swap-fewer-iterations-than-ctas": (16, 256, 256, dict(SWAP_AB=True, BM=64, BN=16, STREAM_K=1), 24, {}),
     "swap-m1": (1, 200, 320, dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), 3, {}),
     "swap-m3-bm64": (3, 136, 512, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 4, {}),
     "swap-m16-dp": (16, 200, 128, dict(SWAP_AB=True, BM=128, BN=16), 3, {}),
@@ -75,6 +81,19 @@ def test_f16_and_the_epilogue_on_swapped_and_stream_k_tiles(interpreted):
     for config in (dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), dict(BM=64, BN=64, STREAM_K=1)):
         c = mh.matmul(a, b, config, scale=scale, bias=bias, activation="gelu")
         assert c.dtype == F16 and rel_err(c, ref) < 5e-3
+
+
+def test_fp8_decode_candidates_on_more_ctas_than_iterations(interpreted):
+    """fp8 with a small M (the GPU's 64 x 512 x 1024): every candidate is stream-K over fewer k-iterations than
+    SMs; each must store every element."""
+    interpreted["count"] = 12
+    a = (torch.randn(16, 512) * 2).to(torch.float8_e4m3fn)
+    w = (torch.randn(256, 512) * 2).to(torch.float8_e4m3fn)
+    scale = torch.tensor([0.125])
+    ref = (a.float() @ w.float().t()) * 0.125
+    problem = schedules.Problem.of(a, w, True, BF16, True, False, None)
+    for config in schedules.candidates(problem, 12):
+        assert rel_err(mh.matmul(a, w, config, scale=scale, b_kmajor=True), ref) < 5e-3, schedules.describe(config)
 
 
 def test_stream_k_is_bitwise_repeatable_and_leaves_its_workspace_clean(interpreted):
