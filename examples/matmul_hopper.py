@@ -118,9 +118,10 @@ def contributors(sk_tile, k_tiles, iters):
 def finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters, BN, CONSUMERS,
                     DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION):
     """Store the 64 rows of a cut tile from the published partials (added in k order with DETERMINISTIC), 64
-    columns at a time so that a partial and the sum fit in registers beside each other; reset the lock and the
-    slot for the next launch."""
-    CHUNK = 64 if BN % 64 == 0 else BN
+    columns at a time so that a partial and the sum fit in registers beside each other (fewer where BN is not
+    a multiple of 64: register arrays have power-of-two sides, and a swapped tile's BN is M rounded up to 8);
+    reset the lock and the slot for the next launch."""
+    CHUNK = min(64, BN & -BN)
     first, last = contributors(sk_tile, k_tiles, iters)
     for j in mgjit.static_range(BN // CHUNK):
         cols = mgjit.ds(j * CHUNK, CHUNK)

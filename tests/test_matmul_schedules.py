@@ -54,6 +54,8 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     # cut tile's contributors was expected in its lock, which never filled: the tile was never stored
     "stream-k-fewer-iterations-than-ctas": (77, 136, 200, dict(BM=128, BN=128, STREAM_K=1), 12, {}),
     "split-k-more-splits-than-iterations": (130, 128, 192, dict(BM=128, BN=128, STREAM_K=1, SPLIT=8), 16, {}),
+    # M = 77 swapped: BN = 80, whose cut tiles are fixed up 16 columns at a time (register arrays are 2^n wide)
+    "swap-m77-bn80": (77, 136, 200, dict(SWAP_AB=True, BM=64, BN=80, STREAM_K=1), 5, {}),
     "swap-fewer-iterations-than-ctas": (16, 256, 256, dict(SWAP_AB=True, BM=64, BN=16, STREAM_K=1), 24, {}),
     "swap-m1": (1, 200, 320, dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), 3, {}),
     "swap-m3-bm64": (3, 136, 512, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 4, {}),
@@ -153,6 +155,7 @@ SPILL_CONFIGS = {
     "m64-dp-deep": dict(BM=64, BN=64, STAGES=12),
     "swap-decode": dict(BM=128, BN=16, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False,
                         BIAS=True, BIAS_ROWS=True, SCALED=True, ACTIVATION="gelu"),
+    "swap-m77": dict(BM=128, BN=80, STAGES=8, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
     "swap-decode-m64": dict(BM=64, BN=8, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
 }
 
