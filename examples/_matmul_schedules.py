@@ -140,34 +140,38 @@ def normalize(problem: Problem, given: dict) -> dict:
 
 _CHOSEN: dict[tuple, dict] = {}
 KERNEL_NAME = "examples.matmul_hopper.matmul"
+# What times a candidate: an autotune timer (Run -> ms, with a `device` name). None: CUDA events, on a GPU.
+TIMER: Callable[[Any], float] | None = None
 
 
-def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dict, Any], None], kernel: Any) -> dict:
+def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dict, Any], None], kernel: Any,
+           output: Callable[[], Any]) -> dict:
     """The config to run: the caller's, else the remembered choice for this shape, else the heuristics'
-    candidates, each timed (`launch(config, c)` runs one of `kernel`'s) and the fastest remembered in memory and
-    on disk (under the kernel's source key: an edited kernel is timed again)."""
+    candidates, each timed (`launch(config, c)` runs one of `kernel`'s into c, an output made by `output()` as
+    the caller makes its own: with rows padded for TMA stores) and the fastest remembered in memory and on disk
+    (under the kernel's source key: an edited kernel is timed again)."""
     if given is not None:
         return normalize(problem, given)
     key = (problem.key(), sms)
     chosen = _CHOSEN.get(key)
     if chosen is None:
         options = candidates(problem, sms)
-        timed = TUNE and len(options) > 1 and problem.a_op.device.type == "cuda"
-        chosen = _CHOSEN[key] = _fastest(problem, options, launch, kernel) if timed else options[0]
+        timed = TUNE and len(options) > 1 and (TIMER is not None or problem.a_op.device.type == "cuda")
+        chosen = _CHOSEN[key] = _fastest(problem, options, launch, kernel, output) if timed else options[0]
     return chosen
 
 
-def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any], None], kernel: Any) -> dict:
-    import torch
+def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any], None], kernel: Any,
+             output: Callable[[], Any]) -> dict:
     from mgjit.autotune import Config, CudaEventTimer, Result, ResultStore, Run
     from mgjit.autotune.store import default_root
 
-    timer = CudaEventTimer(warmup_ms=5.0, rep_ms=25.0)
+    timer = TIMER or CudaEventTimer(warmup_ms=5.0, rep_ms=25.0)
     store = ResultStore(default_root())
-    source_key, device = kernel.source_key(), torch.cuda.get_device_name()
+    source_key, device = kernel.source_key(), timer.device
     key = [list(map(str, problem.key()))]
     known = store.load(KERNEL_NAME, source_key, device, key)
-    c = torch.empty(problem.m, problem.n, dtype=problem.out_dtype, device=problem.a_op.device)
+    c = output()
     times = {}
     for option in options:
         name = Config(**option).key()

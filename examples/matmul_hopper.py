@@ -286,9 +286,13 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if bits != 16 and not problem.b_k:
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
                          f"transposed view of one)")
+
+    def output():  # rows padded to 16 bytes, as TMA stores need
+        return _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
+
     cfg = schedules.choose(problem, config, _sm_count(a.device.index),
-                           lambda candidate, c: _launch(problem, candidate, c, scale, bias), matmul_kernel)
-    c = _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
+                           lambda candidate, c: _launch(problem, candidate, c, scale, bias), matmul_kernel, output)
+    c = output()
     _launch(problem, cfg, c, scale, bias, profile)
     return c
 

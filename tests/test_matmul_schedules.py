@@ -121,6 +121,37 @@ def test_stream_k_under_a_random_schedule(interpreted):
     assert rel_err(c, a.float() @ b.float()) < 5e-3
 
 
+class InterpretedTimer:
+    """Stands in for the CUDA event timer: runs each candidate once (interpreted) and rates the last one run
+    fastest."""
+
+    device = "interpreter"
+
+    def __init__(self):
+        self.configs = []
+
+    def __call__(self, run) -> float:
+        run()
+        self.configs.append(run.config)
+        return 100.0 - len(self.configs)
+
+
+def test_candidates_are_timed_into_an_output_padded_for_tma(interpreted, monkeypatch, tmp_path):
+    """Rows of 135 bf16 are not a multiple of 16 bytes: the wrapper pads its output's rows for the TMA store,
+    and times its candidates into one made the same way (on the GPU, 4097 x 4095 found every candidate refused:
+    they were timed into an unpadded output, whose rows TMA cannot store)."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))  # no remembered timings
+    timer = InterpretedTimer()
+    monkeypatch.setattr(schedules, "TIMER", timer)
+    monkeypatch.setattr(schedules, "_CHOSEN", {})
+    a, b = operands(130, 135, 64)
+    options = schedules.candidates(schedules.Problem.of(a, b, False, BF16, False, False, None), 3)
+    assert len(options) > 1 and any(o["TMA_STORE"] for o in options)
+    c = mh.matmul(a, b)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+    assert len(timer.configs) == len(options) and schedules.chosen(a, b) == options[-1]
+
+
 def first_choice(m, n, k, dtype=BF16, sms=132):
     a, b = torch.empty(m, k, dtype=dtype), torch.empty(k, n, dtype=dtype)
     return schedules.candidates(schedules.Problem.of(a, b, False, dtype, False, False, None), sms)
