@@ -4,6 +4,7 @@ fix-ups, split-K, swap-AB for M = 1, 3, 16, M = 64 tiles, transposed and strided
 epilogue), the spans a profiled stream-K launch records, the heuristics' picks per shape class, and ptxas with
 no spills for every kind of config."""
 import os
+import re
 import sys
 
 import pytest
@@ -191,17 +192,31 @@ SPILL_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", SPILL_CONFIGS)
-def test_ptxas_reports_no_spills(name):
+def compile_config(name):
     config = {**mh.DEFAULT_CONFIG, **SPILL_CONFIGS[name]}
     x, out = torch.empty(4096, 4096, dtype=BF16), torch.empty(4096, 4096, dtype=BF16)
     # The stream-K workspace as schedules.workspace makes it: f32 rows of a multiple of 8 columns (16-byte aligned).
     ws = torch.empty(64, config["BN"])
-    c = mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
-                                 torch.empty(1, dtype=torch.int32), **config, num_warpgroups=config["BM"] // 64 + 1,
-                                 target="sm_90a")
+    return mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
+                                    torch.empty(1, dtype=torch.int32), **config,
+                                    num_warpgroups=config["BM"] // 64 + 1, target="sm_90a")
+
+
+@pytest.mark.parametrize("name", SPILL_CONFIGS)
+def test_ptxas_reports_no_spills(name):
+    c = compile_config(name)
     assert c.spills == 0, c.ptxas_report
     assert c.smem_bytes <= 232448
+
+
+def test_the_atomic_fix_up_adds_every_accumulator_element():
+    """Each consumer thread adds its 64 x 192 / 128 accumulator elements into the workspace, two per vector
+    atomic, each pair from its own registers (the GPU's atomic fix-up once added the first element everywhere:
+    every source pair was one register twice)."""
+    sources = re.findall(r"atom\.relaxed\.gpu\.global\.v2\.f32\.add \{[^}]*\}, \[[^]]*\], \{([^}]*)\};",
+                         compile_config("stream-k-atomic").ptx)
+    registers = [r.strip() for pair in sources for r in pair.split(",")]
+    assert len(sources) == 64 * 192 // 128 // 2 and len(set(registers)) == len(registers)
 
 
 def test_stream_k_work_items_carry_the_spans_of_a_tile(interpreted):
