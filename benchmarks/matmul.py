@@ -138,7 +138,7 @@ def run_shape(name, m, n, k, dtype_name, layout, tmm, rounds: int) -> dict:
     flops = 2 * m * n * k
     return {"name": name, "shape": f"{m}x{n}x{k}", "dtype": dtype_name, "layout": layout or "rows", "ms": ms,
             "tflops": {who: flops / t / 1e9 for who, t in ms.items()}, "rel_err": errors,
-            "schedule": schedules.describe(schedules.chosen(a, b))}
+            "schedule": schedules.describe(schedules.chosen(a, b)), "candidates": schedules.timings(a, b)}
 
 
 def fp8_row(rounds: int) -> dict:
@@ -207,6 +207,8 @@ def print_row(row: dict, flush: bool = False) -> None:
     line += f"  mgjit/cuBLAS {tf['mgjit'] / tf['cublas']:.3f}"
     line += f"  mgjit/triton {tf['mgjit'] / tf['triton']:.3f}" if "triton" in tf else ""
     print(line + f"  [{row['schedule']}]", flush=flush)
+    for words, time in row["candidates"].items():  # what the wrapper timed to choose (first call per shape)
+        print(f"{'':>14}candidate {words}: {time}", flush=flush)
 
 
 def print_table(rows: list[dict]) -> None:

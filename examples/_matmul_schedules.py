@@ -139,6 +139,7 @@ def normalize(problem: Problem, given: dict) -> dict:
 # ---------------------------------------------------------------------------------------------- choosing
 
 _CHOSEN: dict[tuple, dict] = {}
+_TIMED: dict[tuple, dict[str, str]] = {}  # problem key -> each timed candidate in words -> its time or refusal
 KERNEL_NAME = "examples.matmul_hopper.matmul"
 # What times a candidate: an autotune timer (Run -> ms, with a `device` name). None: CUDA events, on a GPU.
 TIMER: Callable[[Any], float] | None = None
@@ -182,6 +183,7 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
                 known[name] = Result(pruned=f"{error.rule or 'compile'}: {error.message}"[:300])
         times[name] = known[name].ms if known[name].ms is not None else float("inf")
     store.save(KERNEL_NAME, source_key, device, key, known)
+    _TIMED[problem.key()] = {describe(o): _in_words(known[Config(**o).key()]) for o in options}
     best = min(options, key=lambda o: times[Config(**o).key()])
     if times[Config(**best).key()] == float("inf"):
         reasons = [known[Config(**o).key()].pruned for o in options]
@@ -189,10 +191,20 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
     return best
 
 
+def _in_words(result: Any) -> str:
+    return f"{result.ms:.4f} ms" if result.ms is not None else f"refused ({result.pruned})"
+
+
 def chosen(a, b) -> dict | None:
     """The config chosen for `a @ b` (16-bit operands, plain epilogue), if one was yet."""
     key = Problem.of(a, b, False, a.dtype, False, False, None).key()
     return next((cfg for (k, _), cfg in _CHOSEN.items() if k == key), None)
+
+
+def timings(a, b) -> dict[str, str]:
+    """The candidates timed for `a @ b` (16-bit operands, plain epilogue): each in words, with its time or why
+    the compiler refused it; empty where none were timed."""
+    return _TIMED.get(Problem.of(a, b, False, a.dtype, False, False, None).key(), {})
 
 
 def describe(cfg: dict | None) -> str:

@@ -145,12 +145,16 @@ def test_candidates_are_timed_into_an_output_padded_for_tma(interpreted, monkeyp
     timer = InterpretedTimer()
     monkeypatch.setattr(schedules, "TIMER", timer)
     monkeypatch.setattr(schedules, "_CHOSEN", {})
+    monkeypatch.setattr(schedules, "_TIMED", {})
     a, b = operands(130, 135, 64)
     options = schedules.candidates(schedules.Problem.of(a, b, False, BF16, False, False, None), 3)
     assert len(options) > 1 and any(o["TMA_STORE"] for o in options)
     c = mh.matmul(a, b)
     assert rel_err(c, a.float() @ b.float()) < 5e-3
     assert len(timer.configs) == len(options) and schedules.chosen(a, b) == options[-1]
+    times = schedules.timings(a, b)  # what benchmarks/matmul.py prints under each shape
+    assert list(times) == [schedules.describe(o) for o in options]
+    assert list(times.values()) == [f"{100.0 - i:.4f} ms" for i in range(1, len(options) + 1)]
 
 
 def first_choice(m, n, k, dtype=BF16, sms=132):
