@@ -21,7 +21,7 @@ from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, c
                        exp, exp2, fence_async_shared, full, log, log2, max, maximum, min, minimum, named_barrier,
                        num_programs, pipeline, program_id,
                        rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
-                       tile, warp_id, warpgroup_id, wgmma,
+                       tile, tma_bounded, warp_id, warpgroup_id, wgmma,
                        wgmma_wait, where, zeros)
 from .language import clc_query, clc_try_cancel, tcgen05_commit, tcgen05_copy, tcgen05_mma, tmem  # Blackwell (sm_100a)
 from .tmem_layouts import blocked_scales
@@ -29,6 +29,8 @@ from .language import cluster_gather, cluster_reduce
 from .language import print, trace  # debugging and profiling
 from .profiler import Profile
 from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
+from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, semaphore_signal,  # GMEM
+                       semaphore_wait)
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

@@ -45,6 +45,7 @@ class Rule(str, enum.Enum):
     TARGET = "target"                  # an unknown target
     TARGET_ARCH = "target-arch"        # an op the target's architecture lacks
     PTXAS = "ptxas"                    # ptxas rejected the PTX
+    ATOMIC = "atomic"                  # what an atomic or semaphore accepts: types, ordering, scope
 
     # A str mixin alone formats as "Rule.LAYOUT" on Python >= 3.11; a rule reads as its tag everywhere.
     __str__ = str.__str__

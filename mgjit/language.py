@@ -68,6 +68,23 @@ max = _builtin("max", "max(x, axis=None): a reduction.")
 min = _builtin("min", "min(x, axis=None): a reduction.")
 cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 
+# Atomics and semaphores on GMEM (ordering: sem = "relaxed" | "acquire" | "release" | "acq_rel"; scope = "cta" |
+# "cluster" | "gpu" | "sys")
+_ATOMIC_DOC = ("(x, index, value, sem='relaxed', scope='gpu') -> the old values: atomically {what} the window "
+               "x[index] (integers, or mgjit.ds windows; a scalar index: once per warpgroup, by its first thread)")
+atomic_add = _builtin("atomic_add", "atomic_add" + _ATOMIC_DOC.format(what="add value to"))
+atomic_min = _builtin("atomic_min", "atomic_min" + _ATOMIC_DOC.format(what="take the minimum of value and"))
+atomic_max = _builtin("atomic_max", "atomic_max" + _ATOMIC_DOC.format(what="take the maximum of value and"))
+atomic_xchg = _builtin("atomic_xchg", "atomic_xchg" + _ATOMIC_DOC.format(what="write value to"))
+atomic_cas = _builtin("atomic_cas", "atomic_cas(x, index, compare, value, sem='relaxed', scope='gpu') -> the old "
+                                    "values: atomically write value where x[index] equals compare")
+semaphore_signal = _builtin("semaphore_signal", "semaphore_signal(x, index, inc=1, scope='gpu'): add inc to the "
+                                                "int32 cell x[index] with release ordering, once per warpgroup "
+                                                "(every write the warpgroup made before happens before it)")
+semaphore_wait = _builtin("semaphore_wait", "semaphore_wait(x, index, value, scope='gpu'): wait until the int32 "
+                                            "cell x[index] holds at least value, with acquire ordering (every "
+                                            "access the warpgroup makes after happens after)")
+
 # Hopper machinery
 smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel. buf[slot] "
                         "is a stage; buf[a:b], buf[s, :, mgjit.ds(i, 64)] are views of the same bytes (a "
@@ -87,6 +104,11 @@ copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i
                                     "CTA, where the 2-CTA MMA waits.")
 store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None): TMA copy of SMEM tile `src` "
                                       "to the tile of tensor `dst` at `coords` (reduce='add' adds it there).")
+tma_bounded = _builtin("tma_bounded", "tma_bounded(x, shape, descriptors, slot): tensor x as store_async sees it, "
+                                      "its dimensions cut to `shape` (runtime sizes; None keeps one), so that a "
+                                      "store drops what lies past them. The descriptor is built on the device in "
+                                      "descriptors[128 * slot:][:128] (a 1-D uint8 tensor, 128-byte aligned) at each "
+                                      "store: give each warpgroup that stores at once its own slot.")
 store_async_wait = _builtin("store_async_wait", "store_async_wait(n=0): wait until at most n TMA stores of this "
                                                 "warpgroup still read their SMEM tiles.")
 prefetch_async = _builtin("prefetch_async", "prefetch_async(src, coords, tile): bring the tile of tensor `src` at "

@@ -231,8 +231,22 @@ class Arithmetic:
 
     def op_div(self, parts, ops, run):
         if not parts[-1].startswith("f"):
-            raise SimError("integer division")
+            return self._int_division(parts, ops, run, remainder=False)
         self._float(parts, ops, run, lambda a, b: a / b)
+
+    def op_rem(self, parts, ops, run):
+        self._int_division(parts, ops, run, remainder=True)
+
+    def _int_division(self, parts, ops, run, remainder: bool):
+        """Truncating integer division; by zero, as the hardware does it: all ones (the remainder: the dividend)."""
+        t = parts[-1]
+        bits, signed = int(t[1:]), t[0] == "s"
+        a, b = (np.broadcast_to(as_int(self.value(o), bits, signed), (self.threads,)) for o in ops[1:3])
+        out = []
+        for x, y in zip(a.tolist(), b.tolist()):
+            q = -1 if y == 0 else abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+            out.append((x - q * y if y and remainder else x if remainder else q) & ((1 << bits) - 1))
+        self.write(ops[0], wrap(np.array(out, dtype=np.uint64), bits), run)
 
     def op_fma(self, parts, ops, run):
         dt = float_dtype(parts[-1])

@@ -9,8 +9,10 @@ pred, %rs b16, %r b32, %rd b64, %f f32, %fd f64); a float instruction reads an i
 memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
 tensor raises, as the hardware faults. `shfl.sync` must find every lane of its warp at the instruction,
 `bar.sync` its count of threads, a cluster barrier every thread. Memory, shuffles and control flow are here;
-arithmetic is in tests/ptx_arith.py. It covers the instructions mgjit's elementwise, reduction and GMEM code
-uses and raises on any other; ex2/lg2/rsqrt/rcp .approx are exact in f32 (as in the interpreter).
+arithmetic is in tests/ptx_arith.py. It covers the instructions mgjit's elementwise, reduction, GMEM and
+atomic code uses and raises on any other; ex2/lg2/rsqrt/rcp .approx are exact in f32 (as in the interpreter).
+Atomics run thread by thread; memory-ordering qualifiers (ld.acquire, atom.acq_rel) are accepted and ignored:
+CTAs run one after another, so a semaphore wait for a later CTA (a spin loop) is out of its reach.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import struct
 from typing import Any
 
 import numpy as np
-from ptx_arith import INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype
+from ptx_arith import INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype, from_float
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$")
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64}
@@ -264,8 +266,9 @@ class CTA(Arithmetic):
         self.write(ops[0], src, run)
 
     def op_ld(self, parts, ops, run):
+        parts = _unordered(parts)
         space = parts[1]
-        if space == "param":
+        if space in ("param", "param::entry"):  # from PTX ISA 8.3, LLVM loads kernel parameters as ld.param::entry
             v = self.params[ops[1][1:-1]]
             t = parts[-1]
             self.write(ops[0], np.array(v, dtype=float_dtype(t)) if t.startswith("f") else
@@ -286,6 +289,7 @@ class CTA(Arithmetic):
             self.write(o, val, run)
 
     def op_st(self, parts, ops, run):
+        parts = _unordered(parts)
         space = parts[1]
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
         t = parts[-1]
@@ -370,10 +374,76 @@ class CTA(Arithmetic):
         src = np.where(ok, (self.tid - lane).astype(np.int64) + j, self.tid.astype(np.int64))
         self.write(ops[0], np.broadcast_to(a, (self.threads,))[src], run)
 
+    def op_atom(self, parts, ops, run):
+        """atom[.sem][.scope].global.op.type d, [a], b[, c] and the vector f32 add atom.global.vN.f32.add: thread
+        by thread in thread order, element by element, each read-modify-write indivisible; d gets the old
+        values. (The threads of one instruction are unordered on a GPU: a test must accept any order.)"""
+        parts = _unordered(parts)
+        if parts[1] != "global":
+            raise SimError(f"{'.'.join(parts)}: only global atomics")
+        vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
+        kind, t = (parts[-1], parts[-2]) if vec > 1 else (parts[2], parts[-1])
+        bits = int(t.lstrip("bfus"))
+        nbytes = bits // 8
+        outs = [o.strip() for o in ops[0].strip("{}").split(",")]
+        values = [np.broadcast_to(as_uint(self.value(o.strip()), bits), (self.threads,))
+                  for o in ops[-1].strip("{}").split(",")]
+        compare = np.broadcast_to(as_uint(self.value(ops[2]), bits), (self.threads,)) if kind == "cas" else None
+        addr = self.address(ops[1])
+        olds = np.zeros((vec, self.threads), dtype=np.uint64)
+        for lane in np.nonzero(run)[0]:
+            (off,) = self.mem.offsets(addr[lane:lane + 1], nbytes * vec)
+            for j in range(vec):
+                at = int(off) + j * nbytes
+                old = int.from_bytes(self.mem.bytes[at:at + nbytes].tobytes(), "little")
+                cmp = None if compare is None else int(compare[lane])
+                new = _atomic_result(kind, t, old, int(values[j][lane]), cmp)
+                self.mem.bytes[at:at + nbytes] = np.frombuffer(new.to_bytes(nbytes, "little"), dtype=np.uint8)
+                self.mem.writes[at:at + nbytes] += 1
+                olds[j, lane] = old
+        for j, o in enumerate(outs):
+            self.write(o, olds[j], run)
+
     def op_mapa(self, parts, ops, run):
         addr = as_uint(self.value(ops[1]), 32)
         rank = as_uint(self.value(ops[2]), 32)
         self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
+
+
+_ORDERING = {"weak", "relaxed", "acquire", "release", "acq_rel", "volatile", "cta", "cluster", "gpu", "sys"}
+
+
+def _unordered(parts: list[str]) -> list[str]:
+    """An instruction's name without its memory ordering and scope: one thread at a time, the simulator's
+    accesses are all sequentially consistent."""
+    return [p for p in parts if p not in _ORDERING]
+
+
+def _atomic_result(kind: str, t: str, old: int, value: int, compare: int | None) -> int:
+    """The bits an atomic of `kind` on type t (u32, s64, f32, noftz f16/bf16, b16...) leaves in memory; floats add
+    exactly and round once."""
+    bits = int(t.lstrip("bfus"))
+    mask = (1 << bits) - 1
+    if kind == "exch":
+        return value
+    if kind == "cas":
+        return value if old == compare else old
+    if t[0] in "us" and kind == "add":
+        return (old + value) & mask
+    if t[0] in "us" and kind in ("min", "max"):
+        a, b = (x - (1 << bits) if t[0] == "s" and x >> (bits - 1) else x for x in (old, value))
+        return (min(a, b) if kind == "min" else max(a, b)) & mask
+    if t[0] != "f" and t != "bf16" or kind != "add":
+        raise SimError(f"the simulator does not know atom.{kind}.{t}")
+    total = np.array([_to_float(old, t) + _to_float(value, t)])
+    return int(as_uint(from_float(total, t, ()) if t in ("f16", "bf16") else total.astype(float_dtype(t)), bits)[0])
+
+
+def _to_float(bits: int, t: str) -> float:
+    if t == "bf16":
+        return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+    width = {"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[t]
+    return float(np.array([bits], dtype=width).view(float_dtype(t))[0])
 
 
 def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:

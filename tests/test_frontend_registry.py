@@ -82,6 +82,26 @@ def blackwell_ws_units(a, c):
         bars[1].wait()
 
 
+@mgjit.kernel
+def gmem_units(a, c, descriptors, sems):
+    c_s = mgjit.smem((64, 64), mgjit.bfloat16, swizzle=128)
+    c_s[...] = a[0:64, 0:64]
+    mgjit.fence_async_shared()
+    mgjit.store_async(mgjit.tma_bounded(c, (100, None), descriptors, 0), (0, 0), c_s)
+    mgjit.store_async_wait(0)
+    old = mgjit.atomic_add(sems, 0, 1, sem="acq_rel")
+    mgjit.atomic_max(sems, 1, old)
+    mgjit.atomic_cas(sems, 2, old, 2)
+    mgjit.semaphore_signal(sems, 3)
+    mgjit.semaphore_wait(sems, 3, 1)
+
+
+# The kernels' parameters, by name.
+PARAMS = {"a": ir.Param("a", "tensor", BF16, 2), "c": ir.Param("c", "tensor", BF16, 2),
+          "descriptors": ir.Param("descriptors", "tensor", dtypes.uint8, 1),
+          "sems": ir.Param("sems", "tensor", dtypes.int32, 1)}
+
+
 def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
     """Trace `kernel`, noting for each builtin call the units its ops require."""
     calls: list[tuple[registry.Builtin, set]] = []
@@ -108,7 +128,7 @@ def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
     monkeypatch.setattr(registry, "find_builtin", lambda marker: recording(find(marker)))
     monkeypatch.setattr(values.Builder, "add", noting(values.Builder.add))
     monkeypatch.setattr(values.Builder, "add_at_top", noting(values.Builder.add_at_top))
-    params = [ir.Param("a", "tensor", BF16, 2), ir.Param("c", "tensor", BF16, 2)]
+    params = [PARAMS[name] for name in inspect.signature(kernel.fn).parameters]
     frontend.trace(mgjit.source.SourceFunction(kernel.fn), params, {}, kernel.num_warpgroups)
     return calls
 
@@ -116,7 +136,8 @@ def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
 @pytest.mark.parametrize("kernel,named_units", [
     (hopper_units, {"mbarrier", "tma", "wgmma", "setmaxnreg", "cluster"}),
     (blackwell_units, {"mbarrier", "tma", "tcgen05"}),
-    (blackwell_ws_units, {"mbarrier", "tcgen05", "clc", None})], ids=["hopper", "blackwell", "blackwell-ws"])
+    (blackwell_ws_units, {"mbarrier", "tcgen05", "clc", None}),
+    (gmem_units, {"tma", None})], ids=["hopper", "blackwell", "blackwell-ws", "gmem"])
 def test_a_builtins_unit_is_the_unit_its_ops_require(kernel, named_units, monkeypatch):
     calls = ops_per_builtin(kernel, monkeypatch)
     for entry, units in calls:

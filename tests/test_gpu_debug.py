@@ -62,7 +62,8 @@ def test_a_profiled_hopper_matmul_records_sane_spans(capsys):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     prof = mgjit.Profile(capacity=256)
-    c = hopper.matmul(a, b, profile=prof)
+    config = hopper.DEFAULT_CONFIG  # data-parallel: one span of each kind per tile (other schedules cut tiles)
+    c = hopper.matmul(a, b, config, profile=prof)
     torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=0.5)
     tiles = (m // hopper.DEFAULT_CONFIG["BM"]) * (n // hopper.DEFAULT_CONFIG["BN"])
     grid = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
@@ -71,7 +72,7 @@ def test_a_profiled_hopper_matmul_records_sane_spans(capsys):
     mma = [s.duration for s in prof.spans if s.name == "mma"]
     assert 0 < sum(mma) / len(mma) < 1e6, "an mma span of a 128x256x1024 tile takes microseconds"
     assert len({s.sm for s in prof.spans}) == grid, "each CTA of the persistent grid has an SM of its own"
-    plain = hopper.matmul(a, b)  # an unprofiled launch afterwards runs the kernel without spans
+    plain = hopper.matmul(a, b, config)  # an unprofiled launch afterwards runs the kernel without spans
     torch.testing.assert_close(plain, c)
     out = os.environ.get("OUT")
     if out:

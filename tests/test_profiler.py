@@ -188,7 +188,8 @@ def test_the_hopper_matmul_example_carries_nested_spans_per_warpgroup():
     a, b = torch.randn(256, 128, dtype=torch.bfloat16), torch.randn(128, 384, dtype=torch.bfloat16)
     c = torch.full((256, 384), float("nan"), dtype=torch.bfloat16)
     prof = mgjit.Profile()
-    hopper.matmul_kernel.interpret[(2,)](a, b, c, c, c, **{**hopper.DEFAULT_CONFIG, "BN": 128}, profile=prof)
+    hopper.matmul_kernel.interpret[(2,)](a, b, c, c, c, c, c, **{**hopper.DEFAULT_CONFIG, "BN": 128},
+                                         profile=prof)
     torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=1e-1)
     check_matmul_spans(prof, grid=2, tiles=6)
 

@@ -1,13 +1,13 @@
 """`kernel.interpret[grid](...)`: bind a call as a launch would, build the IR the compiler would lower (trace,
 specialization checks, target check, layout inference: `compiler.trace` and `compiler.check_and_infer`), move
-CUDA tensors to the CPU and back, and run the grid one cluster at a time."""
+CUDA tensors to the CPU and back, and run the grid one cluster at a time (scheduler.run_grid)."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import random
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -20,7 +20,7 @@ from ..profiler import Profile
 from ..specialize import Specialization
 from . import numerics
 from .machine import CTA, Cluster
-from .scheduler import POLICIES, Engine, run_cluster
+from .scheduler import POLICIES, run_grid
 
 # Per kernel: what its IR depends on, and its IR per specialization.
 _IR: "weakref.WeakKeyDictionary[jit.Kernel, tuple[deps.Dependencies, dict]]" = weakref.WeakKeyDictionary()
@@ -144,14 +144,17 @@ class Run:
         self.policy = policy
         self.rng = random.Random(seed)
         self.smem_offsets, self.smem_bytes = smem_plan(kernel)
-        self.engine: Engine | None = None
         self.ticks = 0  # the logical clock that profiled spans record (mgjit/profiler.py)
         self.launches = ClusterLaunches(grid, cluster, resident)
 
     def execute(self) -> None:
+        run_grid(self, self.clusters())
+
+    def clusters(self) -> Iterator[Cluster]:
+        """The grid's clusters in launch order, each made (and launched) when the scheduler starts it; a cluster
+        that cluster launch control cancelled before then never runs (ops/clc.py)."""
         cx, cy, cz = self.cluster
         for x, y, z in self.launches:
-            ctas = [CTA((x + i, y + j, z + k), i + cx * (j + cy * k), self.kernel.num_warpgroups, self.smem_bytes)
-                    for k in range(cz) for j in range(cy) for i in range(cx)]
-            self.engine = Engine(self.policy, self.rng)
-            run_cluster(self, Cluster(ctas, self.cluster))
+            yield Cluster([CTA((x + i, y + j, z + k), i + cx * (j + cy * k), self.kernel.num_warpgroups,
+                               self.smem_bytes) for k in range(cz) for j in range(cy) for i in range(cx)],
+                          self.cluster)

@@ -10,10 +10,11 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | reductions | Reduce |
 | control | For, If, Yield |
 | gmem | Load, Store |
+| atomics | Atomic, SemaphoreWait |
 | smem | SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore, SmemLoad |
 | smem_scopes | ScopedSmemAlloc, SmemFree |
 | barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
-| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch |
+| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch, TmaDescriptorCut |
 | tma_gather | TmaGather |
 | wgmma | Wgmma, WgmmaWait |
 | warpgroups | WarpgroupId, SetMaxRegisters, CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync |
@@ -25,6 +26,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | debug | Print, ProfileStart, ProfileEvent |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
+from .atomics import Atomic, SemaphoreWait
 from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
 from .clc import ClcQuery, ClcTryCancel
 from .clusters import ClusterGather, ClusterRank, ClusterReduce, ClusterSync
@@ -37,19 +39,20 @@ from .reductions import Reduce
 from .smem import RefIndex, RefSlice, RefTranspose, SmemAlloc, SmemLoad, SmemStore
 from .smem_scopes import ScopedSmemAlloc, SmemFree
 from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
-from .tma import TmaLoad, TmaLoadCollective, TmaPrefetch, TmaStore, TmaStoreWait
+from .tma import TmaDescriptorCut, TmaLoad, TmaLoadCollective, TmaPrefetch, TmaStore, TmaStoreWait
 from .tma_gather import TmaGather
 from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
 from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync, SetMaxRegisters, WarpgroupId
 from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast", "Cast",
-           "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync", "Compare", "Constant",
-           "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc", "NamedBarrierArrive",
-           "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent", "ProfileStart", "ProgramId", "Reduce",
-           "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "ScopedSmemAlloc", "Select",
-           "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit",
-           "Tcgen05Copy", "Tcgen05Mma", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore",
-           "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+__all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
+           "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
+           "Compare", "Constant", "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc",
+           "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent", "ProfileStart",
+           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "ScopedSmemAlloc",
+           "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat",
+           "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut", "TmaGather", "TmaLoad",
+           "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex",
+           "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait",
+           "Yield", "tmem_layout"]

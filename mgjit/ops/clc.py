@@ -9,10 +9,11 @@ completes. With multicast=True the response goes to every CTA of the cluster: ea
 and the cluster's rank-0 CTA issues the request. After a CTA has seen a failed response it must not ask again
 (undefined behaviour in PTX; the interpreter reports it).
 
-The interpreter's model (`ClusterLaunches`): the grid's clusters launch in order (x fastest); the first
-`resident` clusters (an option of `kernel.interpret`, default 1) are running from the start, every other one
-launches when the interpreter reaches it. A try_cancel, when it completes, cancels the first cluster in launch
-order that has not launched and was not cancelled before, and that cluster never runs. With the default, the
+The interpreter's model (`ClusterLaunches`): the grid's clusters launch in order (x fastest); the first `resident`
+clusters (an option of `kernel.interpret`, default 1) are running from the start, every other one launches when the
+interpreter starts it (when those before it are done, or beside them when every running warpgroup is blocked and one
+waits on a semaphore: interpret/scheduler.run_grid). A try_cancel, when it completes, cancels the first cluster in
+launch order that has not launched and was not cancelled before, and that cluster never runs. With the default, the
 first cluster takes over every tile of the grid that it asks for; `resident` equal to the number of clusters makes
 every request fail.
 """

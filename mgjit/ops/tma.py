@@ -1,7 +1,9 @@
 """TMA copies between GMEM and SMEM: TmaLoad (completes on an mbarrier; multicast to a cluster),
 TmaLoadCollective (a load by one CTA of a 2-CTA pair whose arrival counts in the pair's leader), TmaStore
-(optionally a reduction into GMEM), TmaStoreWait, TmaPrefetch (a tile into L2) and TmaGather (rows picked by an
-index array into an SMEM tile: embedding lookups, MoE token gathers).
+(optionally a reduction into GMEM), TmaStoreWait, TmaPrefetch (a tile into L2), TmaGather (rows picked by an
+index array into an SMEM tile: embedding lookups, MoE token gathers) and TmaDescriptorCut (a copy of a tensor's
+descriptor, built on the device in GMEM, whose dimensions stop short of the tensor's: a store through it drops
+what lies past them, as a grouped GEMM's stores must stop at their group's last row).
 
 A copy moves a whole SMEM tile (or a view of one) as one TMA box per swizzle-wide column block of each of its
 stages (`tiles.Tile.boxes`); the descriptor (box and swizzle) is built by the launcher from the tensor argument
@@ -12,6 +14,7 @@ for any TMA write.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -19,12 +22,13 @@ from typing import Any, Generator, Iterator, Sequence
 
 import torch
 
-from .. import infer, interpret, lower, tiles
-from ..errors import Loc, Rule
+from .. import dtypes, infer, interpret, lower, tiles
+from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret import numerics
 from ..interpret.checker import Access, check_read, check_write, fence
 from ..interpret.scheduler import AsyncOp, Wait, Warpgroup
-from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
+from ..ir import Op, RefType, ScalarType, Value, check, is_int_scalar, is_ref
+from ..lower.context import LoweredRef
 from .clusters import cluster_ctarank, pair_leader_rank
 from .gmem import window_slices
 from .smem import SmemTile, base_alignment, shared_address, tile_of, tile_ranges
@@ -93,26 +97,36 @@ class TmaLoadCollective(TmaLoad):
 
 class TmaStore(Op):
     """Copy an SMEM tile to the tile of a GMEM tensor at `coords` with the TMA engine (or add it there, with
-    reduce="add"); asynchronous: complete with TmaStoreWait before the tile is written again."""
+    reduce="add"); asynchronous: complete with TmaStoreWait before the tile is written again. With `cut` (a
+    TmaDescriptorCut's result) the copy goes through that device-built descriptor instead of the launch's."""
 
     name = "tma_store"
     requires = "tma"
 
     def __init__(self, dst: Value, coords: Sequence[Value], src: Value, descriptor: int, reduce: str | None,
-                 loc: Loc | None):
-        super().__init__([dst, *coords, src], [], loc)
+                 loc: Loc | None, cut: Value | None = None):
+        super().__init__([dst, *coords, src, *([cut] if cut is not None else [])], [], loc)
         self.descriptor = descriptor
         self.reduce = reduce
+        self.rank = len(coords)
 
     @property
     def coords(self) -> list[Value]:
-        return self.operands[1:-1]
+        return self.operands[1:1 + self.rank]
+
+    @property
+    def src(self) -> Value:
+        return self.operands[1 + self.rank]
+
+    @property
+    def cut(self) -> Value | None:
+        return self.operands[2 + self.rank] if len(self.operands) > 2 + self.rank else None
 
     def attrs(self):
-        return {"descriptor": self.descriptor, "reduce": self.reduce}
+        return {"descriptor": self.descriptor, "reduce": self.reduce, **({"cut": True} if self.cut else {})}
 
     def verify(self):
-        dst, src = self.operands[0], self.operands[-1]
+        dst, src = self.operands[0], self.src
         check(is_ref(dst, "gmem") and is_ref(src, "smem") and not src.type.transposed, self,
                "a TMA store goes from an SMEM tile to a GMEM tensor")
         check(len(self.coords) == dst.type.rank == src.type.rank, self,
@@ -142,6 +156,36 @@ def check_boxes(op: Op, tile: Value) -> None:
                        f"boxes start at multiples of only {align} bytes (its stages, views and rows are placed by "
                        f"the tile's shape): give the stages or rows a multiple of {TMA_SMEM_ALIGN} bytes",
                        rule=Rule.TMA_BOX)
+
+
+class TmaDescriptorCut(Op):
+    """Copy `tensor`'s TMA descriptor `descriptor` (the launch's) into the 128 bytes at `slot` of the uint8
+    tensor `descriptors` and cut its dimension sizes to `dims` (None keeps one): the result, the copy's
+    address, is what TmaStore's `cut` takes. The warpgroup's TMA stores issued before it complete first (one of
+    them may still read the slot)."""
+
+    name = "tma_descriptor_cut"
+    requires = "tma"
+
+    def __init__(self, tensor: Value, descriptors: Value, slot: Value, dims: Sequence[Value | None],
+                 descriptor: int, loc: Loc | None):
+        super().__init__([tensor, descriptors, slot, *(d for d in dims if d is not None)], [ScalarType(dtypes.int64)],
+                         loc)
+        self.cut_dims = tuple(d is not None for d in dims)
+        self.descriptor = descriptor
+
+    def attrs(self):
+        return {"descriptor": self.descriptor, "cut": tuple(int(c) for c in self.cut_dims)}
+
+    def verify(self):
+        tensor, descriptors, slot = self.operands[:3]
+        check(is_ref(tensor, "gmem") and len(self.cut_dims) == tensor.type.rank, self,
+              "cut the dimensions of a tensor argument: one size (or None) per dimension")
+        check(is_ref(descriptors, "gmem") and descriptors.dtype == dtypes.uint8 and descriptors.type.rank == 1, self,
+              f"TMA descriptors built on the device go in a 1-D uint8 tensor of {DESCRIPTOR_BYTES}-byte slots, got "
+              f"{descriptors.type}")
+        for v in self.operands[2:]:
+            check(is_int_scalar(v), self, f"a slot and dimension sizes are integer scalars, got {v.type}")
 
 
 class TmaStoreWait(Op):
@@ -180,7 +224,8 @@ class TmaPrefetch(Op):
         check(all(is_int_scalar(c) for c in coords), self, "TMA coordinates are integers")
 
 
-infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch)(infer.no_arrays)
+infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch, TmaDescriptorCut)(infer.no_arrays)
+DESCRIPTOR_BYTES = 128  # a CUtensorMap; a copy in GMEM must sit at a multiple of 128 bytes
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -253,8 +298,8 @@ def _tma_load_collective(op: TmaLoadCollective, ctx: lower.Context) -> None:
 @lower.rule(TmaStore)
 def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
     e = ctx.e
-    src: SmemTile = ctx.get(op.operands[-1])
-    desc = ctx.tma_descriptors[op.descriptor]
+    src: SmemTile = ctx.get(op.src)
+    desc = ctx.get(op.cut) if op.cut is not None else ctx.tma_descriptors[op.descriptor]
     rank = len(src.type.shape)
     # Every thread's ordinary SMEM writes must be visible to the TMA engine before one thread issues it.
     e.asm_void("fence.proxy.async.shared::cta;", "", [])
@@ -269,6 +314,36 @@ def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
         e.asm_void(f"@$0 {verb} [$1, {{{slots}}}], [$2];", ",".join(["b", "l", "r"] + ["r"] * rank),
                    [elected, desc, addr, *ordered])
     e.asm_void("@$0 cp.async.bulk.commit_group;", "b", [elected])
+
+
+@lower.rule(TmaDescriptorCut)
+def _tma_descriptor_cut(op: TmaDescriptorCut, ctx: lower.Context) -> None:
+    """The first thread copies the launch's descriptor (a grid-constant parameter) into the slot with ordinary
+    stores, rewrites its dimension sizes (tensormap.replace, dimension 0 the innermost), and fences so that
+    the TMA engine (the tensormap proxy) reads what it wrote. A slot past the tensor's end or not 128-byte
+    aligned traps."""
+    e = ctx.e
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    param = ctx.tma_descriptors[op.descriptor]
+    slots: LoweredRef = ctx.get(op.operands[1])
+    slot = e.addi(slots.ptr, e.muli(e.ext_i64(ctx.get(op.operands[2])), e.i64(DESCRIPTOR_BYTES)))
+    # A slot outside the tensor or off the 128-byte grid would be a descriptor the TMA engine misreads: trap.
+    e.asm_void(f"{{ .reg .pred bad; .reg .b64 low; and.b64 low, $0, {DESCRIPTOR_BYTES - 1}; setp.ne.or.b64 bad, "
+               f"low, 0, $1; @bad trap; }}", "l,b", [slot, e.cmpi("uge", ctx.get(op.operands[2]),
+                                                                 e.divui(slots.sizes[0], e.i32(DESCRIPTOR_BYTES)))])
+    e.asm_void("@$0 cp.async.bulk.wait_group 0;", "b", [elected])
+    copy = " ".join(f"ld.v4.b32 {{w0, w1, w2, w3}}, [$1 + {i}]; st.global.v4.b32 [$2 + {i}], {{w0, w1, w2, w3}};"
+                    for i in range(0, DESCRIPTOR_BYTES, 16))
+    e.asm_void(f"{{ .reg .b32 w0, w1, w2, w3; @!$0 bra CUTDONE; {copy} CUTDONE: }}", "b,l,l", [elected, param, slot])
+    sizes = iter(op.operands[3:])
+    rank = len(op.cut_dims)
+    for d, cut in enumerate(op.cut_dims):
+        if cut:
+            e.asm_void(f"@$0 tensormap.replace.tile.global_dim.global.b1024.b32 [$1], {rank - 1 - d}, $2;", "b,l,r",
+                       [elected, slot, ctx.get(next(sizes))])
+    e.asm_void("@$0 fence.proxy.tensormap::generic.release.gpu;", "b", [elected])
+    e.asm_void(f"@$0 fence.proxy.tensormap::generic.acquire.gpu [$1], {DESCRIPTOR_BYTES};", "b,l", [elected, slot])
+    ctx.set(op.result, slot)
 
 
 @lower.rule(TmaPrefetch)
@@ -389,7 +464,9 @@ def _interp_tma_store(op: TmaStore, wg: Warpgroup) -> None:
     what falls outside dropped. The tile counts as read by the store until a store_async_wait retires it."""
     cta, engine = wg.cta, wg.engine
     dst = wg.get(op.operands[0], op)
-    src = wg.get(op.operands[-1], op)
+    if op.cut is not None:  # the device-built descriptor's sizes: what lies past them is dropped
+        dst = dst[tuple(slice(0, size) for size in wg.get(op.cut, op).sizes)]
+    src = wg.get(op.src, op)
     coords = [int(wg.scalar(c, op)) for c in op.coords]
     spec = wg.run.kernel.tma_descriptors[op.descriptor]
     stored, dtype = tile_of(src.type), src.type.dtype
@@ -412,6 +489,26 @@ def _interp_tma_store(op: TmaStore, wg: Warpgroup) -> None:
             dst[inside[0]] = part
 
     engine.issue(AsyncOp(queue, op.loc, "TMA store", store, (cta,)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CutDescriptor:
+    """A TmaDescriptorCut's result in the interpreter: the dimension sizes of the tensor as it describes it."""
+
+    sizes: tuple[int, ...]
+
+
+@interpret.rule(TmaDescriptorCut)
+def _interp_tma_descriptor_cut(op: TmaDescriptorCut, wg: Warpgroup) -> None:
+    tensor, slots = wg.get(op.operands[0], op), wg.get(op.operands[1], op)
+    slot = int(wg.scalar(op.operands[2], op))
+    if not 0 <= slot < slots.shape[0] // DESCRIPTOR_BYTES:
+        raise InterpretError(f"descriptor slot {slot} of a {slots.shape[0]}-byte tensor: it holds "
+                             f"{slots.shape[0] // DESCRIPTOR_BYTES} slots of {DESCRIPTOR_BYTES} bytes", op.loc,
+                             Check.OUT_OF_BOUNDS)
+    sizes = iter(int(wg.scalar(v, op)) for v in op.operands[3:])
+    wg.set(op.result, CutDescriptor(tuple(max(0, min(next(sizes), n)) if cut else n
+                                          for cut, n in zip(op.cut_dims, tensor.shape))))
 
 
 @interpret.rule(TmaPrefetch)

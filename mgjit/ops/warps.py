@@ -102,7 +102,7 @@ def _warp_split(op: WarpSplit, ctx: lower.Context) -> None:
 class _Role:
     def __init__(self, wg: Warpgroup, warp: int, region: Block):
         self.warp = warp
-        self.agent = Warpgroup(wg.run, wg.cluster, wg.cta, wg.index)
+        self.agent = Warpgroup(wg.run, wg.cluster, wg.cta, wg.index, wg.engine)
         self.agent.env = wg.env  # SSA values have unique ids: the roles and the warpgroup share one table
         self.agent.agent = ("warp", wg.cta.rank, wg.index, warp)
         self.agent.clock = dict(wg.clock)
@@ -147,6 +147,6 @@ def _interp_warp_split(op: WarpSplit, wg: Warpgroup) -> Generator[Wait, None, No
             yield Wait(first.loc, lambda: any(r.wait.ready() for r in blocked),
                        lambda: "; ".join(f"warp {r.warp} at line {r.wait.loc.line if r.wait.loc else '?'}: "
                                          f"{r.wait.describe()}" for r in blocked),
-                       barrier=first.barrier)
+                       barrier=first.barrier, cross_cta=any(r.wait.cross_cta for r in blocked))
     for role in roles:
         join(wg.clock, role.agent.clock)

@@ -1,7 +1,8 @@
 """The TMA engine: `copy_async` (GMEM tile → SMEM, completing on a barrier; multicast over a cluster, or
 counted on the 2-CTA pair's leader), `store_async` (SMEM → GMEM, optionally reducing), `store_async_wait`,
 `prefetch_async` (a tile into L2) and `gather_async` (rows picked by an index array → SMEM). Each tensor copied
-gets one host-built TMA descriptor per box shape, which the launch passes to the kernel."""
+gets one host-built TMA descriptor per box shape, which the launch passes to the kernel; `tma_bounded` makes
+stores go through a copy of it built on the device, with smaller dimensions."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +12,7 @@ from ...errors import Rule
 from ...ops.smem import tile_of
 from ..registry import builtin
 from ..semantics import Semantics
-from ..values import BarrierSlot, Expanded, Ref, SmemRef, Tensor
+from ..values import BarrierSlot, Expanded, Ref, SmemRef, Tensor, Traced
 from .barriers import slot_ref
 
 
@@ -80,17 +81,53 @@ def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
                                   multicast=split if multicast else 0))
 
 
+class BoundedRef(Traced):
+    """`tma_bounded(x, shape, descriptors, slot)`: tensor x as TMA stores see it, its dimensions cut to `shape`."""
+
+    kind = "a TMA-bounded tensor"
+
+    def __init__(self, ref: Ref, shape: list[Any], descriptors: Ref, slot: Any):
+        self.ref, self.shape, self.descriptors, self.slot = ref, shape, descriptors, slot
+
+
+@builtin(lang.tma_bounded, positional=(2, 4))  # its op comes with the store (unit "tma")
+def tma_bounded(t: Semantics, args: list, kwargs: dict) -> BoundedRef:
+    named = dict(zip(("x", "shape", "descriptors", "slot"), args), **kwargs)
+    if set(named) != {"x", "shape", "descriptors", "slot"}:
+        raise t.error("tma_bounded(x, shape, descriptors, slot) takes a tensor, its sizes (None keeps one), a uint8 "
+                      "tensor of 128-byte descriptor slots and a slot index")
+    x, shape, descriptors = named["x"], named["shape"], named["descriptors"]
+    shape = list(shape) if isinstance(shape, (tuple, list)) else [shape]
+    if not isinstance(x, Ref) or not isinstance(descriptors, Ref):
+        raise t.error("tma_bounded bounds a tensor argument, with descriptors built in another tensor argument")
+    if len(shape) != x.ndim:
+        raise t.error(f"{x.name} has rank {x.ndim}: tma_bounded takes {x.ndim} sizes (None keeps one)")
+    if descriptors.dtype != dtypes.uint8 or descriptors.ndim != 1:
+        raise t.error(f"tma_bounded builds descriptors in a 1-D uint8 tensor of 128-byte slots; {descriptors.name} "
+                      f"is a rank-{descriptors.ndim} {descriptors.dtype.name} tensor", rule=Rule.TMA_ALIGNMENT)
+    sizes = [None if d is None else t.cast(t.to_tensor(d), dtypes.int32) for d in shape]
+    return BoundedRef(x, sizes, descriptors, t.cast(t.to_tensor(named["slot"]), dtypes.int32))
+
+
 @builtin(lang.store_async, unit="tma")
 def store_async(t: Semantics, args: list, kwargs: dict) -> None:
     if len(args) != 3 or set(kwargs) - {"reduce"}:
         raise t.error("store_async(dst, coords, src, reduce=None) takes a tensor, a tuple of element "
                       "coordinates and an SMEM tile")
     dst, coords, src = args
+    bounded = dst if isinstance(dst, BoundedRef) else None
+    dst = bounded.ref if bounded else dst
     if not isinstance(dst, Ref) or not isinstance(src, SmemRef):
         raise t.error("store_async copies an SMEM tile into a tensor argument of the kernel")
     descriptor = tma_descriptor(t, dst, src.value.type)
     starts = _coords(t, dst, coords, "store_async")
-    t.builder.add(ops.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"), t.builder.loc))
+    cut = None
+    if bounded:
+        cut = t.builder.add(ops.TmaDescriptorCut(dst.value, bounded.descriptors.value, bounded.slot.value,
+                                                 [d.value if d is not None else None for d in bounded.shape],
+                                                 descriptor, t.builder.loc)).result
+    t.builder.add(ops.TmaStore(dst.value, starts, src.value, descriptor, kwargs.get("reduce"), t.builder.loc,
+                               cut=cut))
 
 
 @builtin(lang.store_async_wait, unit="tma")
