@@ -282,6 +282,37 @@ def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
     if have is None or have[0].shape[0] < need[0] or have[0].shape[1] < need[1] or have[1].shape[0] < need[2]:
         rows, cols, locks = (max(x, y) for x, y in zip(need, (have[0].shape[0], have[0].shape[1], have[1].shape[0])
                                                          if have else need))
-        have = _WORKSPACES[key] = (torch.zeros(rows, cols, dtype=torch.float32, device=device),
-                                                     torch.zeros(locks, dtype=torch.int32, device=device))
+        if have is not None:  # freed when the launches queued on the caller's stream are done with it
+            for t in have:
+                t.record_stream(torch.cuda.current_stream(device))
+        have = _WORKSPACES[key] = _outside_graph_pools(lambda: (
+            torch.zeros(rows, cols, dtype=torch.float32, device=device),
+            torch.zeros(locks, dtype=torch.int32, device=device)), device)
     return have
+
+
+def _outside_graph_pools(make, device):
+    """Run `make` (allocations kept across launches) on a thread of its own, and wait for its work. torch.compile's
+    CUDA graphs route every allocation of the calling thread into their private pool while they warm up or
+    record, and refuse to run when a tensor of that pool outlives the step untracked: the workspace, kept for
+    later launches, must come from the ordinary allocator. Inside a capture (a first launch of a shape there)
+    it is made in place: the other thread could not wait for its work."""
+    import threading
+    import torch
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    made: list = []
+
+    def run():
+        try:
+            made.append(make())
+            torch.cuda.current_stream(device).synchronize()
+        except BaseException as e:  # handed to the caller's thread
+            made.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import warnings
@@ -100,6 +101,8 @@ def test_the_fingerprint_is_content_not_location(tmp_path, monkeypatch, fresh_to
 
 
 def test_scratch_files_left_by_a_killed_compile_are_swept(tmp_path, monkeypatch):
+    # A temporary directory of this test's own: other processes of this user compile meanwhile (a second suite).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     scratch = Path(toolchain._scratch_dir())
     assert scratch.name == f"mgjit-{os.getuid()}" and (scratch.stat().st_mode & 0o777) == 0o700
     stale, fresh = scratch / "ptxas-killed", scratch / "ptxas-running"
