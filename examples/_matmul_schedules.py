@@ -103,11 +103,14 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # The CTA that finishes a cut tile reads every contributor's partial: at most MAX_CUTS per tile (split-K
         # on fewer SMs where the tiles are too few). The largest tile on the most SMs comes first.
         out = []
-        for bm, bn in ((128, 256), (128, 128), (128, 64)):
+        for bm, bn in ((128, 256), (128, 128)):
             cover = tiles(bm, bn) * MAX_CUTS >= sms
             out.append(config(problem, bm, bn, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})))
         out.sort(key=lambda c: -min(sms, tiles(c["BM"], c["BN"]) * c.get("SPLIT", sms)))
-        return out + [config(problem, 128, 128), config(problem, 128, 64)]
+        # Or no cut at all: one wave of the largest tiles that fill the most SMs (1000x3000x2000: 128x192 is
+        # 128 tiles, 128x128 a wave and a half), or two CTAs per tile (split-K) where even 128x128 is few.
+        return out + [config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 128),
+                      config(problem, 128, 64), config(problem, 128, 128, stream_k=1, SPLIT=2)]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
             config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]
@@ -282,7 +285,7 @@ def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
     if have is None or have[0].shape[0] < need[0] or have[0].shape[1] < need[1] or have[1].shape[0] < need[2]:
         rows, cols, locks = (max(x, y) for x, y in zip(need, (have[0].shape[0], have[0].shape[1], have[1].shape[0])
                                                          if have else need))
-        if have is not None:  # freed when the launches queued on the caller's stream are done with it
+        if have is not None and device.type == "cuda":  # freed once the caller's stream is done with it
             for t in have:
                 t.record_stream(torch.cuda.current_stream(device))
         have = _WORKSPACES[key] = _outside_graph_pools(lambda: (

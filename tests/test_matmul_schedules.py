@@ -174,7 +174,7 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
     ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0))])
 def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
-    assert 1 <= len(options) <= 5
+    assert 1 <= len(options) <= 7  # each one is compiled and timed on a shape's first call
     assert {k: options[0][k] for k in expected} == expected
     for option in options:  # every candidate fits: at least two stages beside its epilogue tile
         assert option["STAGES"] >= 2
