@@ -2,8 +2,10 @@
 registers)`: a TMA → SMEM ring of `stages` slots feeding the loop body, traced straight through the tracer's
 loop and branch machinery (the user's body is traced in place, once).
 
-Without warp specialization: a prologue fills stages - 1 slots; step k waits for its slot, runs the body,
-waits for all but `release` wgmma groups and refills the slot of step k + stages - 1. With it, warpgroup 0
+Without warp specialization: a prologue fills the slots of the first stages - release steps; step k waits for
+its slot, runs the body, waits for all but `release` wgmma groups (so the MMAs of step k - release are done)
+and refills the slot of step k - release with step k + stages - release. So `release` slots are held by
+wgmmas in flight and the other stages - release are loading ahead. With warp specialization, warpgroup 0
 produces (waiting for a slot to be released, then copying) and the others consume (releasing the slot of
 step k - release after each wait).
 """
@@ -134,7 +136,9 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
             when(t.apply_compare("ge", k, release), lambda: arrive(
                 t, BarrierSlot(empty, t.apply_binop("mod", t.apply_binop("sub", k, release), stages)), [], {}))
             return
-        following = t.apply_binop("add", k, stages - 1)  # into the slot that step k - 1 used
+        # Into the slot of step k - release, whose wgmmas the wait above completed: a slot whose wgmma may
+        # still be in flight (that of step k - 1 when release >= 2) is never overwritten.
+        following = t.apply_binop("add", k, stages - release)
         here()
         when(t.apply_compare("lt", following, steps),
              lambda: copies(following, lambda: t.apply_binop("mod", following, stages)))
@@ -154,7 +158,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
         wgmma_wait(t, [0], {})
 
     if not ws:
-        for s in range(stages - 1):  # the prologue fills the first stages - 1 slots
+        for s in range(stages - release):  # the prologue fills the slots of the first stages - release steps
             here()
             when(t.apply_compare("lt", s, steps), lambda: copies(s, lambda: s))
         consumer()
