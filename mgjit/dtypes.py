@@ -12,6 +12,7 @@ class DType:
     mlir: str  # the MLIR type spelling
     torch_name: str | None  # attribute of the torch module, None where torch has no such type
     tma: str  # the CUtensorMapDataType a TMA descriptor of this element type names (CU_TENSOR_MAP_DATA_TYPE_*)
+    max_finite: float | None = None  # floats: the largest finite value (fp8 conversions saturate to it)
 
     @property
     def itemsize(self) -> int:
@@ -38,13 +39,13 @@ class DType:
         return f"mgjit.{self.name}"
 
 
-float32 = DType("float32", 32, "float", "f32", "float32", "FLOAT32")
-float16 = DType("float16", 16, "float", "f16", "float16", "FLOAT16")
-bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16", "BFLOAT16")
-float64 = DType("float64", 64, "float", "f64", "float64", "FLOAT64")
+float32 = DType("float32", 32, "float", "f32", "float32", "FLOAT32", 3.4028234663852886e38)
+float16 = DType("float16", 16, "float", "f16", "float16", "FLOAT16", 65504.0)
+bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16", "BFLOAT16", 3.3895313892515355e38)
+float64 = DType("float64", 64, "float", "f64", "float64", "FLOAT64", 1.7976931348623157e308)
 # TMA moves bytes: fp8 and 8-bit integers travel as UINT8, int16 as UINT16 (no conversion happens).
-float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn", "UINT8")
-float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2", "UINT8")
+float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn", "UINT8", 448.0)
+float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2", "UINT8", 57344.0)
 int8 = DType("int8", 8, "int", "i8", "int8", "UINT8")
 int16 = DType("int16", 16, "int", "i16", "int16", "UINT16")
 int32 = DType("int32", 32, "int", "i32", "int32", "INT32")

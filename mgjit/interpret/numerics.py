@@ -35,10 +35,18 @@ def widen(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return x.to(compute_dtype(dtype))
 
 
+def round_float(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """A float tensor rounded to float `dtype`, to nearest even; fp8 saturates everything but NaN to its
+    largest finite value (cvt.rn.satfinite, the only conversion to fp8 PTX has)."""
+    if dtype.bits == 8:
+        x = torch.where(torch.isnan(x), x, x.clamp(-dtype.max_finite, dtype.max_finite))
+    return x.to(torch_dtype(dtype))
+
+
 def constant(value: int | float | bool, dtype: DType) -> torch.Tensor:
     """A scalar of `dtype`; a float constant is rounded to the dtype as the lowering's constant is."""
     if dtype.is_float:
-        return torch.tensor(float(value), dtype=torch.float64).to(torch_dtype(dtype))
+        return round_float(torch.tensor(float(value), dtype=torch.float64), dtype)
     return torch.tensor(value, dtype=torch_dtype(dtype))
 
 
@@ -64,7 +72,9 @@ def cast(x: torch.Tensor, src: DType, dst: DType) -> torch.Tensor:
         return x != 0  # a float NaN is true, as `cmpf une` makes it
     if src.is_float and not dst.is_float:
         return _float_to_int(x, dst)
-    return x.to(torch_dtype(dst))
+    if dst.is_float and dst.bits == 8 and src != dtypes.float32:  # the lowering converts through f32
+        x = cast(x, src, dtypes.float32)
+    return round_float(x, dst) if dst.is_float else x.to(torch_dtype(dst))
 
 
 def _float_to_int(x: torch.Tensor, dst: DType) -> torch.Tensor:

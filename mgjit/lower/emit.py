@@ -11,6 +11,9 @@ from .. import dtypes
 from ..dtypes import DType
 
 _DYNAMIC_INDEX = -2147483648  # llvm.getelementptr's marker for an index given as an operand
+# fp8 has no arithmetic below PTX: values are converted to f32 (through f16x2) and back with cvt.rn.satfinite.
+_FP8 = {d.mlir: d for d in dtypes.ALL if d.is_float and d.bits == 8}
+_FP8_PTX = {"float8_e4m3fn": "e4m3x2", "float8_e5m2": "e5m2x2"}
 
 
 class Emitter:
@@ -46,7 +49,10 @@ class Emitter:
         t = self.type(dtype)
         ir = self.ir
         if dtype.is_float:
-            attr = ir.FloatAttr.get(t, float(value))
+            value = float(value)
+            if dtype.mlir in _FP8 and value == value:  # saturated, as conversions to fp8 are
+                value = max(-dtype.max_finite, min(dtype.max_finite, value))
+            attr = ir.FloatAttr.get(t, value)
         else:
             v = int(value)
             if dtype == dtypes.bool_:
@@ -78,6 +84,9 @@ class Emitter:
         return self.m.arith.cmpi(getattr(self.m.arith.CmpIPredicate, pred), a, b)
 
     def cmpf(self, pred: str, a, b):
+        fp8 = self.fp8_of(a)
+        if fp8 is not None:  # widening is exact
+            a, b = self.cast(a, fp8, dtypes.float32), self.cast(b, fp8, dtypes.float32)
         return self.m.arith.cmpf(getattr(self.m.arith.CmpFPredicate, pred), a, b)
 
     def select(self, c, a, b): return self.m.arith.select(c, a, b)
@@ -139,14 +148,26 @@ class Emitter:
                                          [_DYNAMIC_INDEX], i8, 0)
 
     def smem_store(self, value, byte_offset) -> None:
+        if self.fp8_of(value) is not None:  # LLVM has no fp8 type: memory holds its byte
+            value = self.bitcast(value, self.int_type(8))
         self.m.llvm.store(value, self.smem_ptr(byte_offset))
 
     def smem_load(self, t, byte_offset):
+        if str(t) in _FP8:
+            return self.bitcast(self.m.llvm.load(self.int_type(8), self.smem_ptr(byte_offset)), t)
         return self.m.llvm.load(t, self.smem_ptr(byte_offset))
 
     # -- floating point
+    def fp8_of(self, x) -> "dtypes.DType | None":
+        """The fp8 dtype of an MLIR value, None if it is not fp8."""
+        return _FP8.get(str(x.type))
+
     def fbinary(self, kind: str, a, b):
         arith = self.m.arith
+        fp8 = self.fp8_of(a)
+        if fp8 is not None:  # in f32, rounded once
+            f32 = dtypes.float32
+            return self.cast(self.fbinary(kind, self.cast(a, fp8, f32), self.cast(b, fp8, f32)), f32, fp8)
         return {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
                 "min": arith.minimumf, "max": arith.maximumf}[kind](a, b)
 
@@ -173,14 +194,23 @@ class Emitter:
         return self.m.llvm.call(result_type, list(args), [], [], callee=name)
 
     def cast(self, x, src: DType, dst: DType):
+        """Convert between dtypes: floats round to nearest even (fp8 saturates finite: cvt.rn.satfinite), floats
+        to integers truncate toward zero (saturating, NaN to 0), integers extend by the source's signedness."""
         arith = self.m.arith
         if src == dst:
             return x
+        f32 = dtypes.float32
+        if src.mlir in _FP8:  # fp8 widens exactly to f16, then converts from there
+            return self.cast(self._from_fp8(x, src), dtypes.float16, dst)
+        if dst.mlir in _FP8:
+            return self._to_fp8(self.cast(x, src, f32) if src != f32 else x, dst)
         t = self.type(dst)
         if dst == dtypes.bool_:
             zero = self.const(0, src)
             return self.cmpf("UNE", x, zero) if src.is_float else self.cmpi("ne", x, zero)
         if src.is_float and dst.is_float:
+            if src.bits == dst.bits:  # f16 <-> bf16: exactly to f32, then rounded once
+                return arith.truncf(t, arith.extf(self.type(f32), x))
             return arith.extf(t, x) if dst.bits > src.bits else arith.truncf(t, x)
         if src.is_float:
             return arith.fptosi(t, x) if dst.is_signed else arith.fptoui(t, x)
@@ -191,6 +221,19 @@ class Emitter:
         if dst.bits < src.bits:
             return arith.trunci(t, x)
         return x
+
+    def _to_fp8(self, x32, dst: DType):
+        """f32 → fp8: one cvt converts a pair (here the pair 0, x; x lands in the low byte)."""
+        zero = self.const(0.0, dtypes.float32)
+        pair = self.asm(f"cvt.rn.satfinite.{_FP8_PTX[dst.name]}.f32 $0, $1, $2;", "=h,f,f", [zero, x32],
+                        [self.int_type(16)])[0]
+        return self.bitcast(self.trunc(pair, 8), self.type(dst))
+
+    def _from_fp8(self, x, src: DType):
+        """fp8 → f16, exactly (the pair's high byte is 0)."""
+        byte = self.zext(self.bitcast(x, self.int_type(8)), 16)
+        pair = self.asm(f"cvt.rn.f16x2.{_FP8_PTX[src.name]} $0, $1;", "=r,h", [byte], [self.int_type(32)])[0]
+        return self.bitcast(self.trunc(pair, 16), self.type(dtypes.float16))
 
     # -- warp shuffles
     def shfl_bfly(self, x, offset: int):

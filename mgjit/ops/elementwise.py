@@ -162,12 +162,15 @@ def _float_unary(e, kind: str, x, dtype: DType):
 
 
 def _exact_unary(e, kind: str, x):
-    if kind == "neg":
+    if kind == "neg" and e.fp8_of(x) is None:
         return e.m.arith.negf(x)
     bits = e.ir.FloatType(x.type).width
-    if kind == "abs":  # clear the sign bit: exact for every float width, NaN payloads kept
+    if kind in ("abs", "neg"):  # clear or flip the sign bit: exact for every float width, NaN payloads kept
         as_int = e.bitcast(x, e.int_type(bits))
-        mask = e.m.arith.constant(e.int_type(bits), (1 << (bits - 1)) - 1)
+        sign = 1 << (bits - 1)
+        if kind == "neg":  # fp8 only (arith.negf has no fp8 lowering); -sign is the sign bit as a signed int
+            return e.bitcast(e.m.arith.xori(as_int, e.m.arith.constant(e.int_type(bits), -sign)), x.type)
+        mask = e.m.arith.constant(e.int_type(bits), sign - 1)
         return e.bitcast(e.andi(as_int, mask), x.type)
     reg = {32: "f", 64: "d"}[bits]
     return e.asm(f"sqrt.rn.f{bits} $0, $1;", f"={reg},{reg}", [x], [x.type])[0]
@@ -273,15 +276,8 @@ def _select(op: Select, ctx: lower.Context) -> None:
     _map(ctx, op, ctx.e.select)
 
 
-def _check_cast(op: Cast) -> None:
-    for d in (op.operands[0].dtype, op.result.dtype):
-        if d.bits == 8 and d.is_float:
-            raise op.error(f"casts to and from {d.name} in register arrays are not supported yet")
-
-
 @lower.rule(Cast)
 def _cast(op: Cast, ctx: lower.Context) -> None:
-    _check_cast(op)
     src, dst = op.operands[0].dtype, op.result.dtype
     _map(ctx, op, lambda x: ctx.e.cast(x, src, dst))
 
@@ -312,22 +308,21 @@ _FLOAT_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": to
 
 
 def _float_unary_value(kind: str, x: torch.Tensor, dtype: DType) -> torch.Tensor:
-    if kind == "neg":
-        return -x
-    if kind == "abs":
-        return x.abs()
+    if kind in ("neg", "abs"):  # exact: in f32 for fp8, which torch has no arithmetic for
+        w = numerics.widen(x, dtype) if dtype.bits == 8 else x
+        return numerics.round_float(-w if kind == "neg" else w.abs(), dtype)
     table = _F64_UNARY if dtype == dtypes.float64 else _F32_UNARY
-    return table[kind](numerics.widen(x, dtype)).to(numerics.torch_dtype(dtype))
+    return numerics.round_float(table[kind](numerics.widen(x, dtype)), dtype)
 
 
 def _float_op(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType) -> torch.Tensor:
-    return _FLOAT_BINARY[kind](numerics.widen(a, dtype), numerics.widen(b, dtype)).to(numerics.torch_dtype(dtype))
+    return numerics.round_float(_FLOAT_BINARY[kind](numerics.widen(a, dtype), numerics.widen(b, dtype)), dtype)
 
 
 def _floor_value(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     if dtype == dtypes.float64:
         return x.floor()  # cvt.rmi.f64.f64
-    return x.to(torch.float32).floor().to(numerics.torch_dtype(dtype))  # cvt.rmi.f32.f32, as `_floor` lowers it
+    return numerics.round_float(x.to(torch.float32).floor(), dtype)  # cvt.rmi.f32.f32, as `_floor` lowers it
 
 
 def _wrap(x: torch.Tensor, dtype: DType) -> torch.Tensor:
@@ -406,7 +401,8 @@ _COMPARE = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq"
 
 @interpret.rule(Compare)
 def _interp_compare(op: Compare, wg: Warpgroup) -> None:
-    wg.set(op.result, _COMPARE[op.kind](*(wg.get(v, op) for v in op.operands)))
+    dtype = op.operands[0].dtype
+    wg.set(op.result, _COMPARE[op.kind](*(numerics.widen(wg.get(v, op), dtype) for v in op.operands)))
 
 
 @interpret.rule(Select)
@@ -417,5 +413,4 @@ def _interp_select(op: Select, wg: Warpgroup) -> None:
 
 @interpret.rule(Cast)
 def _interp_cast(op: Cast, wg: Warpgroup) -> None:
-    _check_cast(op)
     wg.set(op.result, numerics.cast(wg.get(op.operands[0], op), op.operands[0].dtype, op.result.dtype))

@@ -175,4 +175,4 @@ def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
         y = wide.sum(dim=op.axes, dtype=wide.dtype)
     else:
         y = (torch.amax if op.kind == "max" else torch.amin)(wide, dim=op.axes)
-    wg.set(op.result, y.to(numerics.torch_dtype(dtype)))
+    wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))

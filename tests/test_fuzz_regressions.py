@@ -1,0 +1,89 @@
+"""What the differential fuzzer (tools/fuzz.py) found, each as the minimized kernel it reduced to: compiled for
+both targets (these were internal errors) and interpreted against torch (these were wrong numbers)."""
+import pytest
+import torch
+
+import mgjit
+
+TARGETS = ("sm_90a", "sm_100a")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def compile_both(kernel, *args, **kwargs):
+    return [kernel.compile(*args, target=t, **kwargs) for t in TARGETS]
+
+
+def saturated(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to an fp8 dtype as cvt.rn.satfinite rounds: finite overflow and infinities to the largest
+    finite value, NaN kept."""
+    big = torch.finfo(dtype).max
+    return torch.where(x.isnan(), x, x.clamp(-big, big)).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- casts
+
+@mgjit.kernel
+def half_casts(x, to_bf16, to_f16):
+    to_bf16[0:128] = x[0:128].astype(mgjit.float16).astype(mgjit.bfloat16)
+    to_f16[0:128] = x[0:128].astype(mgjit.bfloat16).astype(mgjit.float16)
+
+
+def test_casts_between_float16_and_bfloat16():
+    """Were `arith.truncf` between two 16-bit types: an MLIR verifier failure (internal error)."""
+    x = torch.randn(128) * 1000
+    outs = torch.empty(128, dtype=torch.bfloat16), torch.empty(128, dtype=torch.float16)
+    compile_both(half_casts, x, *outs)
+    half_casts.interpret[(1,)](x, *outs)
+    assert torch.equal(outs[0], x.half().float().bfloat16())
+    assert torch.equal(outs[1], x.bfloat16().float().half())
+
+
+@mgjit.kernel
+def fp8_casts(x, a, b, to_e4m3, to_e5m2, from_e4m3, from_e5m2, to_int, arithmetic, negated, bigger):
+    v = x[0:128]
+    to_e4m3[0:128] = v.astype(mgjit.float8_e4m3fn)
+    to_e5m2[0:128] = v.astype(mgjit.float8_e5m2)
+    from_e4m3[0:128] = a[0:128].astype(mgjit.float32)
+    from_e5m2[0:128] = b[0:128].astype(mgjit.bfloat16)
+    to_int[0:128] = a[0:128].astype(mgjit.int32)
+    arithmetic[0:128] = a[0:128] * 3.0 + a[0:128]
+    negated[0:128] = -b[0:128]
+    bigger[0:128] = mgjit.where(a[0:128] > b[0:128].astype(mgjit.float8_e4m3fn), 1, 0)
+
+
+def test_fp8_casts_and_arithmetic_in_registers():
+    """Were a CompileError ("casts to and from fp8 in register arrays are not supported yet"), which made fp8
+    values loaded from GMEM unusable. Conversions to fp8 are cvt.rn.satfinite (round to nearest even, finite
+    overflow and infinities saturate, NaN stays NaN); fp8 arithmetic is done in f32, rounded once per op."""
+    x = torch.randn(128) * 200
+    x[:6] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e6, 460.0, 470.0])
+    a, b = (torch.randn(128) * 30).to(E4M3), (torch.randn(128) * 30).to(E5M2)
+    outs = [torch.empty(128, dtype=E4M3), torch.empty(128, dtype=E5M2), torch.empty(128),
+            torch.empty(128, dtype=torch.bfloat16), torch.empty(128, dtype=torch.int32), torch.empty(128, dtype=E4M3),
+            torch.empty(128, dtype=E5M2), torch.empty(128, dtype=torch.int32)]
+    for c in compile_both(fp8_casts, x, a, b, *outs):
+        assert "cvt.rn.satfinite.e4m3x2.f32" in c.ptx and "cvt.rn.f16x2.e5m2x2" in c.ptx
+    fp8_casts.interpret[(1,)](x, a, b, *outs)
+    assert torch.equal(outs[0].float()[3:], saturated(x, E4M3).float()[3:])
+    assert outs[0].float()[:3].tolist()[:2] == [448.0, -448.0] and outs[0].float()[2].isnan()
+    assert torch.equal(outs[1].float()[3:], saturated(x, E5M2).float()[3:]) and outs[1].float()[3] == 57344.0
+    assert torch.equal(outs[2], a.float()) and torch.equal(outs[3], b.bfloat16())
+    assert torch.equal(outs[4], a.float().int())
+    assert torch.equal(outs[5].float(), saturated(a.float() + saturated(a.float() * 3, E4M3).float(), E4M3).float())
+    assert torch.equal(outs[6].float(), -b.float())
+    assert torch.equal(outs[7], (a.float() > saturated(b.float(), E4M3).float()).int())
+
+
+@mgjit.kernel
+def fp8_relayout(x, out):
+    rows = x[0:32, 0:32].max(axis=1)  # (32,) in the layout a reduction over columns leaves
+    cols = x[0:32, 0:32].max(axis=0)  # (32,) in the layout a reduction over rows leaves
+    out[0:32] = mgjit.maximum(rows, cols)  # one of them moves through shared memory
+
+
+def test_fp8_arrays_relayout_through_shared_memory():
+    """Was `llvm.store` of an f8 value (LLVM has no fp8 type): an internal error."""
+    x, out = (torch.randn(32, 32) * 8).to(E4M3), torch.empty(32, dtype=E4M3)
+    assert all("relayout(" in c.ir for c in compile_both(fp8_relayout, x, out))
+    fp8_relayout.interpret[(1,)](x, out)
+    assert torch.equal(out.float(), torch.maximum(x.float().amax(1), x.float().amax(0)))
