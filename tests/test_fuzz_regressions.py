@@ -87,3 +87,26 @@ def test_fp8_arrays_relayout_through_shared_memory():
     assert all("relayout(" in c.ir for c in compile_both(fp8_relayout, x, out))
     fp8_relayout.interpret[(1,)](x, out)
     assert torch.equal(out.float(), torch.maximum(x.float().amax(1), x.float().amax(0)))
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+@mgjit.kernel
+def narrow_int_reductions(x, total, biggest, row_min):
+    v = x[0:16, 0:64]
+    total[0] = v.sum()
+    biggest[0:64] = v.max(axis=0)
+    row_min[0:16] = mgjit.min(v, axis=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_reductions_of_8_and_16_bit_integers(dtype):
+    """Were `nvvm.shfl.sync` of an i8/i16 value (shuffles move 32-bit registers): an internal error. They
+    combine in int32, extended by signedness; a sum wraps to the dtype."""
+    info = torch.iinfo(dtype)
+    x = torch.randint(info.min, info.max + 1, (16, 64), dtype=torch.int64).to(dtype)
+    outs = torch.empty(1, dtype=dtype), torch.empty(64, dtype=dtype), torch.empty(16, dtype=dtype)
+    compile_both(narrow_int_reductions, x, *outs)
+    narrow_int_reductions.interpret[(1,)](x, *outs)
+    assert outs[0].item() == x.long().sum().to(dtype).item()  # wrapped
+    assert torch.equal(outs[1], x.amax(0)) and torch.equal(outs[2], x.amin(1))
