@@ -15,11 +15,10 @@ from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel
 from .jit import Kernel
-from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, constexpr, copy_async, cos, ds, erf, exp, exp2,
-                       fence_async_shared, full, log, log2, max, maximum, min, minimum, num_programs, pipeline, program_id,
-                       rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh,
-                       tile, warpgroup_id, wgmma,
-                       wgmma_wait, where, zeros)
+from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, clz, constexpr, copy_async, cos, ds, erf,
+                       exp, exp2, fence_async_shared, fma, full, log, log2, max, maximum, min, minimum, num_programs,
+                       pipeline, popc, program_id, rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async,
+                       store_async_wait, sum, tanh, tile, warpgroup_id, wgmma, wgmma_wait, where, zeros)
 from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)
 
 

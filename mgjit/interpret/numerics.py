@@ -87,6 +87,42 @@ def _float_to_int(x: torch.Tensor, dst: DType) -> torch.Tensor:
     return out.to(torch_dtype(dst))
 
 
+def fused_multiply_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """a * b + c rounded once to f32 (f64 for f64), then to `dtype`: fma.rn as the lowering emits it.
+
+    f32 operands: the product is exact in f64 and the f64 sum is rounded to odd (a sticky last bit where it
+    was inexact), after which rounding to f32 is the correctly rounded fma. f64 operands: exactly, in rationals
+    (fuzzing and tests use small arrays)."""
+    if dtype == dtypes.float64:
+        return _fma_exact_f64(a, b, c)
+    wa, wb, wc = (x.to(torch.float64) for x in (a, b, c))
+    p = wa * wb
+    s = p + wc
+    bb = s - p
+    error = (p - (s - bb)) + (wc - bb)  # s + error == p + c exactly (TwoSum)
+    mantissa_even = (s.view(torch.int64) & 1) == 0
+    toward = torch.where(error > 0, torch.full_like(s, float("inf")), torch.full_like(s, float("-inf")))
+    odd = torch.where(torch.isfinite(s) & (error != 0) & mantissa_even, torch.nextafter(s, toward), s)
+    return round_float(odd.to(torch.float32), dtype)
+
+
+def _fma_exact_f64(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    from fractions import Fraction
+    a, b, c = torch.broadcast_tensors(a, b, c)
+    out = []
+    for x, y, z in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), c.reshape(-1).tolist()):
+        finite = all(v == v and abs(v) != float("inf") for v in (x, y, z))
+        if not finite:
+            out.append(x * y + z)
+            continue
+        exact = Fraction(x) * Fraction(y) + Fraction(z)
+        try:
+            out.append(float(exact))
+        except OverflowError:
+            out.append(float("inf") if exact > 0 else float("-inf"))
+    return torch.tensor(out, dtype=torch.float64).reshape(a.shape)
+
+
 def mma_input(x: torch.Tensor) -> torch.Tensor:
     """An MMA operand as the tensor cores take it, exactly in f32: float32 storage is read as tf32 (the low 13
     mantissa bits ignored), narrower floats widen exactly."""

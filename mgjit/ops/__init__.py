@@ -5,7 +5,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | module | ops |
 | --- | --- |
 | program | Constant, ProgramId, NumPrograms, RefDim |
-| elementwise | Unary, Binary, Compare, Select, Cast |
+| elementwise | Unary, Binary, Fma, Compare, Select, Cast |
 | arrays | Splat, Iota, Broadcast, Relayout |
 | reductions | Reduce |
 | control | For, If, Yield |
@@ -23,7 +23,7 @@ from .arrays import Broadcast, Iota, Relayout, Splat
 from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
 from .clusters import ClusterRank, ClusterSync
 from .control import For, If, Yield
-from .elementwise import Binary, Cast, Compare, Select, Unary
+from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
@@ -35,7 +35,7 @@ from .warpgroups import SetMaxRegisters, WarpgroupId
 from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
-           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "For", "If", "Iota", "Load", "NumPrograms",
+           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load", "NumPrograms",
            "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
            "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
            "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",

@@ -1,10 +1,11 @@
-"""Elementwise ops on scalars and register arrays: Unary, Binary, Compare, Select, Cast.
+"""Elementwise ops on scalars and register arrays: Unary, Binary, Fma, Compare, Select, Cast.
 
 Each result element comes from the operand elements at the same index, so an op's layout is its operands'
 (inference picks one where they differ) and lowering maps a scalar function over the elements a thread holds.
 Floating-point math follows Triton's choice: exp/log/rsqrt use the hardware approximations
 (ex2/lg2/rsqrt.approx); tanh, erf, sin and cos call libdevice (one table, `_LIBDEVICE`), which the driver
-links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once.
+links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once. Fma is one fused
+multiply-add (fma.rn); clz and popc count bits within the integer's own width.
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from ..layouts import SplatLayout
 from .arrays import Broadcast
 from ..lower.context import num_elems, splat_to
 
-UNARY_KINDS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "not")
+UNARY_KINDS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "not", "clz",
+               "popc")
 FLOAT_ONLY_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos")
+INT_ONLY_UNARY = ("clz", "popc")
 BINARY_KINDS = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "and", "or", "xor", "shl", "shr", "pow")
 COMPARE_KINDS = ("lt", "le", "gt", "ge", "eq", "ne")
 
@@ -44,6 +47,9 @@ class Unary(Op):
         check(self.kind in UNARY_KINDS, self, f"unknown unary op {self.kind}")
         if self.kind in FLOAT_ONLY_UNARY:
             check(x.dtype.is_float, self, f"{self.kind} needs a floating-point operand, got {x.dtype.name}")
+        if self.kind in INT_ONLY_UNARY:
+            check(x.dtype.is_int and x.dtype != dtypes.bool_, self,
+                  f"{self.kind} needs an integer operand, got {x.dtype.name}")
 
 
 class Binary(Op):
@@ -64,6 +70,23 @@ class Binary(Op):
         check(a.dtype == b.dtype, self, f"operand dtypes differ: {a.dtype.name} and {b.dtype.name}")
         if self.kind in ("and", "or", "xor", "shl", "shr"):
             check(a.dtype.is_int, self, f"{self.kind} needs integer operands, got {a.dtype.name}")
+
+
+class Fma(Op):
+    """a * b + c with one rounding."""
+
+    name = "fma"
+    elementwise = True
+
+    def __init__(self, a: Value, b: Value, c: Value, loc: Loc | None):
+        super().__init__([a, b, c], [a.type], loc)
+
+    def verify(self):
+        a, b, c = self.operands
+        same_shape(self, [a, b, c])
+        check(a.dtype == b.dtype == c.dtype, self,
+              f"operand dtypes differ: {a.dtype.name}, {b.dtype.name} and {c.dtype.name}")
+        check(a.dtype.is_float, self, f"fma needs floating-point operands, got {a.dtype.name}")
 
 
 class Compare(Op):
@@ -117,7 +140,7 @@ def _infer_same_as_operand(op: Op, inf: infer.Inference) -> None:
         inf.set_layout(op.result, op.operands[0].layout, op)
 
 
-@infer.rule(Binary, Compare, Select)
+@infer.rule(Binary, Fma, Compare, Select)
 def _infer_elementwise(op: Op, inf: infer.Inference) -> None:
     layout = inf.choose_common(op, list(range(len(op.operands))))
     if layout is not None:
@@ -208,8 +231,36 @@ def _unary(op: Unary, ctx: lower.Context) -> None:
             _map(ctx, op, lambda x: x)
     elif op.kind == "not":
         _map(ctx, op, lambda x: e.m.arith.xori(x, e.const(-1 if dtype != dtypes.bool_ else 1, dtype)))
+    elif op.kind in INT_ONLY_UNARY:
+        _map(ctx, op, lambda x: _bit_count(e, op.kind, x, dtype))
     else:
         raise op.error(f"{op.kind} is not defined for {dtype.name}")
+
+
+def _bit_count(e, kind: str, x, dtype: DType):
+    """clz.b32/b64 or popc.b32/b64 (a u32 count); narrower integers are zero-extended to 32 bits first, which
+    adds 32 - width leading zeros."""
+    width = 64 if dtype.bits == 64 else 32
+    wide = x if dtype.bits == width else e.zext(x, 32)
+    reg = "l" if width == 64 else "r"
+    count = e.asm(f"{kind}.b{width} $0, $1;", f"=r,{reg}", [wide], [e.int_type(32)])[0]
+    if kind == "clz" and dtype.bits < 32:
+        count = e.subi(count, e.i32(32 - dtype.bits))
+    return e.cast(count, dtypes.int32, dtype)
+
+
+@lower.rule(Fma)
+def _fma(op: Fma, ctx: lower.Context) -> None:
+    e, dtype = ctx.e, op.operands[0].dtype
+    f32 = dtypes.float32
+    bits, reg = (64, "d") if dtype == dtypes.float64 else (32, "f")
+
+    def fused(a, b, c):
+        wide = [e.cast(x, dtype, f32) for x in (a, b, c)] if bits == 32 and dtype != f32 else [a, b, c]
+        y = e.asm(f"fma.rn.f{bits} $0, $1, $2, $3;", f"={reg},{reg},{reg},{reg}", wide, [wide[0].type])[0]
+        return e.cast(y, f32, dtype) if bits == 32 and dtype != f32 else y
+
+    _map(ctx, op, fused)
 
 
 @lower.rule(Binary)
@@ -369,9 +420,32 @@ def _interp_unary(op: Unary, wg: Warpgroup) -> None:
         y = _int_binary_value("sub", torch.zeros_like(x), x, dtype).where(x < 0, x) if dtype.is_signed else x
     elif op.kind == "not":
         y = torch.bitwise_not(x)
+    elif op.kind in INT_ONLY_UNARY:
+        y = _bit_count_value(op.kind, x, dtype)
     else:
         raise op.error(f"{op.kind} is not defined for {dtype.name}")
     wg.set(op.result, y)
+
+
+def _bit_count_value(kind: str, x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    bits = x.to(torch.int64)
+    if dtype.bits < 64:
+        bits = bits & ((1 << dtype.bits) - 1)
+    ones = [(bits >> i) & 1 for i in range(dtype.bits)]  # lowest first
+    if kind == "popc":
+        count = torch.stack(ones).sum(0)
+    else:  # leading zeros: the width minus one past the highest set bit
+        highest = torch.full_like(bits, -1)
+        for i, bit in enumerate(ones):
+            highest = torch.where(bit == 1, i, highest)
+        count = dtype.bits - 1 - highest
+    return count.to(numerics.torch_dtype(dtype))
+
+
+@interpret.rule(Fma)
+def _interp_fma(op: Fma, wg: Warpgroup) -> None:
+    a, b, c = (wg.get(v, op) for v in op.operands)
+    wg.set(op.result, numerics.fused_multiply_add(a, b, c, op.operands[0].dtype))
 
 
 @interpret.rule(Binary)
