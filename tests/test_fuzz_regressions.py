@@ -110,3 +110,43 @@ def test_reductions_of_8_and_16_bit_integers(dtype):
     narrow_int_reductions.interpret[(1,)](x, *outs)
     assert outs[0].item() == x.long().sum().to(dtype).item()  # wrapped
     assert torch.equal(outs[1], x.amax(0)) and torch.equal(outs[2], x.amin(1))
+
+
+# ---------------------------------------------------------------------------------------------- bools
+
+@mgjit.kernel
+def bool_arithmetic(a, b, either, both, counted, flag, chosen, ones):
+    x = a[0:128]
+    y = b[0:128]
+    either[0:128] = mgjit.where(x + y, 1.0, -8.0)
+    both[0:128] = x * y
+    counted[0:128] = x * 3
+    chosen[0] = 0
+    if flag != -1:
+        chosen[0] = 1
+    ones[0:128] = True
+
+
+def test_bool_arithmetic_follows_torch():
+    """bool + bool was xor (i1 addition) and an int literal took a bool operand's dtype (`mask * 3` was
+    `mask`, `flag != -1` was `flag != True`): silently wrong. Now + is or, * is and, and a Python int meeting a
+    bool is an int32, as in torch and numpy."""
+    a, b = torch.rand(128) < 0.5, torch.rand(128) < 0.5
+    either, both = torch.empty(128), torch.empty(128, dtype=torch.bool)
+    counted, chosen, ones = torch.empty(128, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(128, dtype=torch.bool)
+    compile_both(bool_arithmetic, a, b, either, both, counted, True, chosen, ones)
+    bool_arithmetic.interpret[(1,)](a, b, either, both, counted, True, chosen, ones)
+    assert torch.equal(either, torch.where(a + b, 1.0, -8.0)) and torch.equal(both, a * b)
+    assert torch.equal(counted, (a * 3).int()) and chosen.item() == 1 and bool(ones.all())
+
+
+@mgjit.kernel
+def bool_subtraction(a, out):
+    out[0:128] = a[0:128] - a[0:128]  # ERR
+
+
+def test_bool_subtraction_is_an_error_at_its_line():
+    a = torch.zeros(128, dtype=torch.bool)
+    with pytest.raises(mgjit.CompileError, match="`-` on bool values is not supported") as info:
+        bool_subtraction.compile(a, a)
+    assert info.value.loc.line == bool_subtraction.fn.__code__.co_firstlineno + 2

@@ -42,6 +42,10 @@ _PY_BINOPS: dict[str, Callable[[Any, Any], Any]] = {
     "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "pow": lambda a, b: a ** b,
     "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
     "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b}
+# Arithmetic on two bools: + is or and * is and (torch, numpy); the rest has no bool meaning.
+_BOOL_ARITHMETIC = {"add": "or", "mul": "and", "sub": None, "floordiv": None, "mod": None, "shl": None, "shr": None,
+                    "pow": None}
+_OPERATOR = {"sub": "-", "floordiv": "//", "mod": "%", "shl": "<<", "shr": ">>", "pow": "**"}
 _PY_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
     "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
@@ -97,8 +101,11 @@ class Semantics:
         if isinstance(x, Expanded):
             return x.tensor
         if isinstance(x, (bool, int, float)):
+            # A Python number takes `like` within its kind (an int with an int8 array is int8, a float with a
+            # bf16 array bf16), never a lower kind: with a bool array an int stays an int (torch's rule).
             dtype = python_scalar_dtype(x)
-            if like is not None and (like.is_float or not isinstance(x, float)) and not isinstance(x, bool):
+            if like is not None and not isinstance(x, bool) and (
+                    like.is_float or (not isinstance(x, float) and like != dtypes.bool_)):
                 dtype = like
             value = float(x) if dtype.is_float else int(x)
             return Tensor(self, self.builder.add(ops.Constant(value, dtype, self.builder.loc)).result)
@@ -169,6 +176,11 @@ class Semantics:
         if view is not None:
             return view
         a, b = self._operands(a, b)
+        if a.dtype == dtypes.bool_ and kind in _BOOL_ARITHMETIC:  # torch's and numpy's meaning of bool + bool
+            if _BOOL_ARITHMETIC[kind] is None:
+                raise self.error(f"`{_OPERATOR[kind]}` on bool values is not supported; use & | ^ ~ on bools, or "
+                                 "convert them with .astype(mgjit.int32) first")
+            kind = _BOOL_ARITHMETIC[kind]
         if kind == "div" and not a.dtype.is_float:
             a, b = self.cast(a, dtypes.float32), self.cast(b, dtypes.float32)
         if kind == "pow" and not a.dtype.is_float:
