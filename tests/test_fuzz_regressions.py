@@ -150,3 +150,25 @@ def test_bool_subtraction_is_an_error_at_its_line():
     with pytest.raises(mgjit.CompileError, match="`-` on bool values is not supported") as info:
         bool_subtraction.compile(a, a)
     assert info.value.loc.line == bool_subtraction.fn.__code__.co_firstlineno + 2
+
+
+# ---------------------------------------------------------------------------------------------- pow
+
+@mgjit.kernel
+def powers(x, y, out):
+    out[0:128] = x[0:128] ** y[0:128]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pow_of_negative_bases_and_zero(dtype):
+    """x ** y was exp2(y * log2(x)): NaN for every negative x (even with y = 2.0 or 0.0) and for 0 ** 0. It is
+    libdevice's pow now (in f32 for narrow floats)."""
+    x = torch.tensor([-2.0, -0.99, -3.0, 0.0, 0.0, 2.0, -8.0, 1.5] * 16, dtype=dtype)
+    y = torch.tensor([2.0, 0.0, 3.0, 0.0, 2.0, 0.5, 1 / 3, -1.0] * 16, dtype=dtype)
+    out = torch.empty(128, dtype=dtype)
+    for c in compile_both(powers, x, y, out):
+        assert ("__nv_pow" if dtype == torch.float64 else "__nv_powf") in c.mlir
+    powers.interpret[(1,)](x, y, out)
+    want = torch.pow(x.double(), y.double()).to(dtype)
+    assert torch.allclose(out.double(), want.double(), rtol=1e-6, equal_nan=True)
+    assert out[:6].tolist() == want[:6].tolist() and out[6].isnan()  # a negative base, a fractional power: NaN

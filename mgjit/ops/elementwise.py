@@ -3,7 +3,7 @@
 Each result element comes from the operand elements at the same index, so an op's layout is its operands'
 (inference picks one where they differ) and lowering maps a scalar function over the elements a thread holds.
 Floating-point math follows Triton's choice: exp/log/rsqrt use the hardware approximations
-(ex2/lg2/rsqrt.approx); tanh, erf, sin and cos call libdevice (one table, `_LIBDEVICE`), which the driver
+(ex2/lg2/rsqrt.approx); tanh, erf, sin, cos and ** call libdevice (one table, `_LIBDEVICE`), which the driver
 links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once. Fma is one fused
 multiply-add (fma.rn); clz and popc count bits within the integer's own width.
 """
@@ -151,7 +151,7 @@ def _infer_elementwise(op: Op, inf: infer.Inference) -> None:
 
 # libdevice functions by (unary kind, float width); a kind missing here is computed inline.
 _LIBDEVICE = {("tanh", 32): "__nv_tanhf", ("erf", 32): "__nv_erff", ("sin", 32): "__nv_sinf",
-              ("cos", 32): "__nv_cosf",
+              ("cos", 32): "__nv_cosf", ("pow", 32): "__nv_powf", ("pow", 64): "__nv_pow",
               ("exp", 64): "__nv_exp", ("exp2", 64): "__nv_exp2", ("log", 64): "__nv_log", ("log2", 64): "__nv_log2",
               ("rsqrt", 64): "__nv_rsqrt", ("tanh", 64): "__nv_tanh", ("erf", 64): "__nv_erf", ("sin", 64): "__nv_sin",
               ("cos", 64): "__nv_cos"}
@@ -182,6 +182,16 @@ def _float_unary(e, kind: str, x, dtype: DType):
     else:
         y = e.libdevice(_LIBDEVICE[(kind, 32)], [wide], e.type(f32))
     return e.cast(y, f32, dtype) if dtype != f32 else y
+
+
+def _pow(e, a, b, dtype: DType):
+    """libdevice's pow (in f32 for narrow floats): negative bases with integer exponents, 0 ** 0 and the other
+    special cases as C's pow has them (exp2(b * log2(a)) would make them NaN)."""
+    f32 = dtypes.float32
+    bits = 64 if dtype == dtypes.float64 else 32
+    wide = [e.cast(x, dtype, f32) for x in (a, b)] if bits == 32 and dtype != f32 else [a, b]
+    y = e.libdevice(_LIBDEVICE[("pow", bits)], wide, wide[0].type)
+    return e.cast(y, f32, dtype) if bits == 32 and dtype != f32 else y
 
 
 def _exact_unary(e, kind: str, x):
@@ -276,8 +286,7 @@ def _binary(op: Binary, ctx: lower.Context) -> None:
         elif kind == "mod":
             _map(ctx, op, lambda a, b: e.fbinary("sub", a, e.fbinary("mul", _floor(e, e.fbinary("div", a, b), dtype), b)))
         elif kind == "pow":
-            _map(ctx, op, lambda a, b: _float_unary(e, "exp2", e.fbinary("mul", b, _float_unary(e, "log2", a, dtype)),
-                                                    dtype))
+            _map(ctx, op, lambda a, b: _pow(e, a, b, dtype))
         else:
             raise op.error(f"{kind} is not defined for {dtype.name}")
     else:
@@ -464,7 +473,7 @@ def _interp_binary(op: Binary, wg: Warpgroup) -> None:
     elif kind == "mod":
         y = _float_op("sub", a, _float_op("mul", _floor_value(_float_op("div", a, b, dtype), dtype), b, dtype), dtype)
     elif kind == "pow":
-        y = _float_unary_value("exp2", _float_op("mul", b, _float_unary_value("log2", a, dtype), dtype), dtype)
+        y = numerics.round_float(torch.pow(numerics.widen(a, dtype), numerics.widen(b, dtype)), dtype)
     else:
         raise op.error(f"{kind} is not defined for {dtype.name}")
     wg.set(op.result, y)
