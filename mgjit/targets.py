@@ -21,6 +21,7 @@ class Target:
     smem_bytes: int               # dynamic shared memory one CTA may use
     tmem_columns: int             # 32-bit tensor-memory columns per CTA (128 lanes each); 0: none
     max_cluster_ctas: int         # CTAs in one cluster (the non-portable limit, opted into at launch)
+    param_bytes: int              # a kernel's parameter space (4352 bytes before PTX ISA 8.1, 32764 from it)
     units: frozenset[str]         # hardware units its ops may use (see UNITS)
 
 
@@ -32,9 +33,9 @@ UNITS = {"tma": "the TMA engine exists", "mbarrier": "mbarriers exist", "cluster
          "tcgen05": "tensor memory and tcgen05 exist"}
 
 HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx80", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
-                units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
+                param_bytes=4352, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
 BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx86", smem_bytes=232448, tmem_columns=512,
-                   max_cluster_ctas=16, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05"}))
+                   max_cluster_ctas=16, param_bytes=32764, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05"}))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}
 DEFAULT = HOPPER

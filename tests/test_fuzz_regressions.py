@@ -172,3 +172,23 @@ def test_pow_of_negative_bases_and_zero(dtype):
     want = torch.pow(x.double(), y.double()).to(dtype)
     assert torch.allclose(out.double(), want.double(), rtol=1e-6, equal_nan=True)
     assert out[:6].tolist() == want[:6].tolist() and out[6].isnan()  # a negative base, a fractional power: NaN
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+
+def test_too_many_parameters_is_an_error_at_the_kernel(tmp_path):
+    """ptxas stopped with "uses too much parameter space (0x1328 bytes, 0x1100 max)": a bare toolchain error
+    with no line. sm_90a (PTX ISA 8.0) kernels take 4352 bytes of parameters; sm_100a ones 32764."""
+    names = [f"t{i}" for i in range(70)]
+    path = tmp_path / "many_params.py"
+    path.write_text("import mgjit\n\n\n@mgjit.kernel\n"
+                    f"def many_params({', '.join(names)}):\n    t0[0, 0, 0, 0, 0] = 1.0\n")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("many_params", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.zeros(1, 1, 1, 1, 1)
+    with pytest.raises(mgjit.CompileError, match="more than the 4352 bytes a sm_90a kernel can take") as info:
+        module.many_params.compile(*[x] * 70, target="sm_90a")
+    assert info.value.loc.file == str(path) and info.value.loc.line == 5
+    assert module.many_params.compile(*[x] * 70, target="sm_100a").ptx
