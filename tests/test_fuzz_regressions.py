@@ -192,3 +192,26 @@ def test_too_many_parameters_is_an_error_at_the_kernel(tmp_path):
         module.many_params.compile(*[x] * 70, target="sm_90a")
     assert info.value.loc.file == str(path) and info.value.loc.line == 5
     assert module.many_params.compile(*[x] * 70, target="sm_100a").ptx
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+
+@mgjit.kernel
+def many_loads_meet_a_reduction(x, y, out, LOADS: mgjit.constexpr):
+    acc = x[0:32, 0:32].max(axis=1)  # (32,) in the layout a reduction leaves
+    for k in mgjit.static_range(LOADS):
+        acc = acc + y[k, 0:32]  # each load is placed in that layout: one restart of inference each
+    out[0:32] = acc
+
+
+def test_layout_inference_places_any_number_of_loads():
+    """Inference gave up ("layout inference did not converge") after 16 restarts, though each restart places
+    one more load: a kernel with many loads meeting a reduction could not compile."""
+    x, y, out = torch.randn(32, 32), torch.randn(24, 32), torch.empty(32)
+    for c in compile_both(many_loads_meet_a_reduction, x, y, out, LOADS=24):
+        assert "relayout(" not in c.ir
+    many_loads_meet_a_reduction.interpret[(1,)](x, y, out, LOADS=24)
+    want = x.amax(1)
+    for k in range(24):
+        want = want + y[k]
+    assert torch.equal(out, want)
