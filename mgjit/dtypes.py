@@ -71,17 +71,23 @@ def from_torch(torch_dtype: object) -> DType:
 
 
 def promote(a: DType, b: DType) -> DType:
-    """The result type of a binary op between arrays of two dtypes (torch's rules for the types we have)."""
+    """The result type of a binary op between arrays of two dtypes (torch's rules for the types we have): the
+    same whichever comes first. Types of one width that cannot hold each other meet in a wider one: float16 and
+    bfloat16 in float32, the two fp8s in float16 (which holds both exactly; torch refuses them), int8 and uint8
+    in int16."""
     if a == b:
         return a
     if a.is_float != b.is_float:
         return a if a.is_float else b
     if a.is_float:
-        if {a, b} == {float16, bfloat16}:
-            return float32
-        return a if a.bits >= b.bits else b
+        if a.bits == b.bits:
+            return float32 if a.bits == 16 else float16
+        return a if a.bits > b.bits else b
     if a == bool_:
         return b
     if b == bool_:
         return a
-    return a if a.bits >= b.bits else b
+    if a.is_signed != b.is_signed:
+        signed, unsigned = (a, b) if a.is_signed else (b, a)
+        return signed if signed.bits > unsigned.bits else int16
+    return a if a.bits > b.bits else b

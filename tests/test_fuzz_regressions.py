@@ -215,3 +215,34 @@ def test_layout_inference_places_any_number_of_loads():
     for k in range(24):
         want = want + y[k]
     assert torch.equal(out, want)
+
+
+# ---------------------------------------------------------------------------------------------- promotion
+
+@mgjit.kernel
+def mixed_sign(a, b, ab, ba):
+    x = a[0:128]
+    y = b[0:128]
+    ab[0:128] = x - y
+    ba[0:128] = y - x
+
+
+@mgjit.kernel
+def mixed_fp8(a, b, ab):
+    ab[0:128] = a[0:128] + b[0:128]
+
+
+def test_promotion_does_not_depend_on_the_order_of_operands():
+    """int8 and uint8 promoted to whichever came first (x - y was int8, y - x uint8: wrapped, and different), and
+    the two fp8s likewise: now int16 and float16, as torch has int8 with uint8."""
+    a = torch.randint(-128, 128, (128,), dtype=torch.int8)
+    b = torch.randint(0, 256, (128,), dtype=torch.int16).to(torch.uint8)
+    ab, ba = torch.empty(128, dtype=torch.int16), torch.empty(128, dtype=torch.int16)
+    compile_both(mixed_sign, a, b, ab, ba)
+    mixed_sign.interpret[(1,)](a, b, ab, ba)
+    assert torch.equal(ab, a - b) and torch.equal(ba, b - a) and (a - b).dtype == torch.int16
+    e4, e5 = (torch.randn(128) * 10).to(E4M3), (torch.randn(128) * 10).to(E5M2)
+    out = torch.empty(128, dtype=torch.float16)
+    compile_both(mixed_fp8, e4, e5, out)
+    mixed_fp8.interpret[(1,)](e4, e5, out)
+    assert torch.equal(out, (e4.float() + e5.float()).half())
