@@ -246,3 +246,43 @@ def test_promotion_does_not_depend_on_the_order_of_operands():
     compile_both(mixed_fp8, e4, e5, out)
     mixed_fp8.interpret[(1,)](e4, e5, out)
     assert torch.equal(out, (e4.float() + e5.float()).half())
+
+
+# ---------------------------------------------------------------------------------------------- float to int
+
+@mgjit.kernel
+def float_to_int(x, i8, u8, i16, i64):
+    v = x[0:128]
+    i8[0:128] = v.astype(mgjit.int8)
+    u8[0:128] = v.astype(mgjit.uint8)
+    i16[0:128] = v.astype(mgjit.float16).astype(mgjit.int16)
+    i64[0:128] = v.astype(mgjit.float64).astype(mgjit.int64)
+
+
+def _float_to_int_case(device: str):
+    x = torch.randn(128, device=device) * 100
+    x[:6] = torch.tensor([300.0, -300.0, float("nan"), 1e30, -1e30, 127.9])
+    outs = [torch.empty(128, dtype=d, device=device) for d in (torch.int8, torch.uint8, torch.int16, torch.int64)]
+    return x, outs
+
+
+def test_float_to_int_saturates_to_the_destination_width():
+    """arith.fptosi to i8 became cvt.rzi.s16.f32 and a truncation (300.0 -> 44, where the interpreter, which
+    models cvt, gives 127), and is poison out of range: every float to int conversion is now one cvt.rzi of the
+    destination's width (saturating, NaN to 0)."""
+    x, outs = _float_to_int_case("cpu")
+    for c in compile_both(float_to_int, x, *outs):
+        assert "cvt.rzi.s8.f32" in c.ptx and "cvt.rzi.u8.f32" in c.ptx and "cvt.rzi.s64.f64" in c.ptx
+    float_to_int.interpret[(1,)](x, *outs)
+    assert outs[0][:6].tolist() == [127, -128, 0, 127, -128, 127] and outs[1][:6].tolist() == [255, 0, 0, 255, 0, 127]
+    assert outs[2][:6].tolist() == [300, -300, 0, 32767, -32768, 127]  # 1e30 is inf in float16
+    assert outs[3][:6].tolist() == [300, -300, 0, 2 ** 63 - 1, -2 ** 63, 127]
+
+
+@pytest.mark.gpu
+def test_float_to_int_saturates_on_the_gpu():
+    x, outs = _float_to_int_case("cuda")
+    float_to_int[(1,)](x, *outs)
+    host = [torch.empty(128, dtype=o.dtype) for o in outs]
+    float_to_int.interpret[(1,)](x.cpu(), *host)
+    assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))

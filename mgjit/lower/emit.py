@@ -213,7 +213,8 @@ class Emitter:
                 return arith.truncf(t, arith.extf(self.type(f32), x))
             return arith.extf(t, x) if dst.bits > src.bits else arith.truncf(t, x)
         if src.is_float:
-            return arith.fptosi(t, x) if dst.is_signed else arith.fptoui(t, x)
+            return self._float_to_int(x if src.bits >= 32 else arith.extf(self.type(f32), x),
+                                      src if src.bits >= 32 else f32, dst)
         if dst.is_float:
             return arith.sitofp(t, x) if src.is_signed else arith.uitofp(t, x)
         if dst.bits > src.bits:
@@ -221,6 +222,16 @@ class Emitter:
         if dst.bits < src.bits:
             return arith.trunci(t, x)
         return x
+
+    def _float_to_int(self, x, src: DType, dst: DType):
+        """cvt.rzi to the destination's own width: toward zero, saturated to its range, NaN to 0 (arith's
+        fptosi is poison out of range, and LLVM converts to i8 through s16, wrapping instead of saturating)."""
+        width = max(dst.bits, 16)
+        kind = f"{'s' if dst.is_signed else 'u'}{dst.bits}"
+        regs = {16: "h", 32: "r", 64: "l"}
+        y = self.asm(f"cvt.rzi.{kind}.f{src.bits} $0, $1;", f"={regs[width]},{'f' if src.bits == 32 else 'd'}", [x],
+                     [self.int_type(width)])[0]
+        return self.trunc(y, dst.bits) if dst.bits < width else y
 
     def _to_fp8(self, x32, dst: DType):
         """f32 → fp8: one cvt converts a pair (here the pair 0, x; x lands in the low byte)."""
