@@ -286,3 +286,52 @@ def test_float_to_int_saturates_on_the_gpu():
     host = [torch.empty(128, dtype=o.dtype) for o in outs]
     float_to_int.interpret[(1,)](x.cpu(), *host)
     assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))
+
+
+# ---------------------------------------------------------------------------------------------- integer edges
+
+@mgjit.kernel
+def integer_edges(a, b, q, r, shl, shr, by_zero, by_hundred):
+    x = a[0:128]
+    y = b[0:128]
+    q[0:128] = x // y
+    r[0:128] = x % y
+    shl[0:128] = x << y
+    shr[0:128] = x >> y
+    by_zero[0:128] = x // 0 + x % 0  # constants LLVM would fold to poison
+    by_hundred[0:128] = (x << 100) | (x >> 100)
+
+
+def _integer_edges_case(dtype: torch.dtype, device: str):
+    info = torch.iinfo(dtype)
+    a = torch.randint(info.min, info.max, (128,), dtype=torch.int64).to(dtype)
+    b = torch.randint(-2, 70, (128,), dtype=torch.int64).to(dtype)
+    a[:4], b[:4] = torch.tensor([info.min, 7, -7 if info.min else 7, 5]).to(dtype), torch.tensor([-1, 0, 2, 100]).to(dtype)
+    return a.to(device), b.to(device), [torch.empty(128, dtype=dtype, device=device) for _ in range(6)]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_integer_division_and_shifts_have_ptx_answers_in_the_lowering(dtype):
+    """arith's divsi/remsi by 0 or of MIN by -1, and shli/shrsi by the width or more, are poison in LLVM (a
+    constant divisor or amount folds to anything); the lowering guards them to the answers the interpreter
+    gives: x // 0 == -1, x % 0 == x, MIN // -1 == MIN, shifts past the width shift everything out."""
+    a, b, outs = _integer_edges_case(dtype, "cpu")
+    compile_both(integer_edges, a, b, *outs)
+    integer_edges.interpret[(1,)](a, b, *outs)
+    q, r, _, _, by_zero, by_hundred = outs
+    info = torch.iinfo(dtype)
+    if info.min:
+        assert q[0].item() == info.min and r[0].item() == 0
+    assert q[1].item() == torch.tensor(-1).to(dtype).item() and r[1].item() == 7
+    assert torch.equal(by_zero, (-1 + a.long()).to(dtype))
+    assert torch.equal(by_hundred, torch.where(a < 0, -1, 0).to(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_integer_edges_on_the_gpu_match_the_interpreter(dtype):
+    a, b, outs = _integer_edges_case(dtype, "cuda")
+    integer_edges[(1,)](a, b, *outs)
+    host = [torch.empty(128, dtype=dtype) for _ in outs]
+    integer_edges.interpret[(1,)](a.cpu(), b.cpu(), *host)
+    assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))

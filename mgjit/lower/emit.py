@@ -172,13 +172,41 @@ class Emitter:
                 "min": arith.minimumf, "max": arith.maximumf}[kind](a, b)
 
     def ibinary(self, kind: str, a, b, signed: bool):
+        """Integer arithmetic on the operands' width, with PTX's answers where LLVM's would be poison: x // 0 is
+        all ones and x % 0 is x, MIN // -1 wraps, a shift by the width or more (an amount read unsigned) shifts
+        everything out. The guards fold away where the divisor or amount is a constant in range."""
         arith = self.m.arith
+        if kind in ("floordiv", "mod", "shl", "shr"):
+            return self._guarded(kind, a, b, signed)
         table = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "and": arith.andi, "or": arith.ori,
                  "xor": arith.xori, "shl": arith.shli,
                  "floordiv": arith.divsi if signed else arith.divui, "mod": arith.remsi if signed else arith.remui,
                  "min": arith.minsi if signed else arith.minui, "max": arith.maxsi if signed else arith.maxui,
                  "shr": arith.shrsi if signed else arith.shrui}
         return table[kind](a, b)
+
+    def _guarded(self, kind: str, a, b, signed: bool):
+        arith = self.m.arith
+        t = a.type
+        const = lambda v: arith.constant(t, v)  # noqa: E731
+        if kind in ("shl", "shr"):
+            width = self.ir.IntegerType(t).width
+            out_of_range = self.cmpi("uge", b, const(width))
+            amount = self.select(out_of_range, const(0), b)
+            if kind == "shl":
+                return self.select(out_of_range, const(0), arith.shli(a, amount))
+            if signed:  # everything shifted out leaves copies of the sign
+                return arith.shrsi(a, self.select(out_of_range, const(width - 1), amount))
+            return self.select(out_of_range, const(0), arith.shrui(a, amount))
+        zero = self.cmpi("eq", b, const(0))
+        special = self.ori(zero, self.cmpi("eq", b, const(-1))) if signed else zero
+        safe = self.select(special, const(1), b)
+        if kind == "floordiv":  # b == -1: the quotient is -a (wrapping for MIN)
+            q = (arith.divsi if signed else arith.divui)(a, safe)
+            q = self.select(self.cmpi("eq", b, const(-1)), self.subi(const(0), a), q) if signed else q
+            return self.select(zero, const(-1), q)
+        r = (arith.remsi if signed else arith.remui)(a, safe)  # b == -1 leaves no remainder; b == 0 leaves a
+        return self.select(zero, a, r)
 
     def f32_asm(self, instr: str, x):
         f32 = self.ir.F32Type.get()
