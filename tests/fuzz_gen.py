@@ -44,6 +44,7 @@ class Generator:
         self.loops: list[Node] = []  # enclosing loop variables (rows of the outputs stored in them)
         self.static_vars: list[str] = []
         self.in_helper = False
+        self.indexing = False
         for i, (py, value) in enumerate([(int, r.randint(-2, 5)), (int, r.randint(0, 40)),
                                          (float, r.choice([0.5, -2.0, 3.25, 1e-2])), (bool, r.random() < 0.5),
                                          (int, r.choice([3, 2 ** 33 + 5, -7]))]):
@@ -219,7 +220,7 @@ class Generator:
     def where(self, ty: Ty, depth: int) -> Node:
         cond = self.operand(Ty(BOOL), ty.shape, depth, allow_weak=False)
         a, b = self.operands(ty, depth)
-        form = "ifexp" if not cond.ty.shape and self.rng.random() < 0.4 else "where"
+        form = "ifexp" if self.rng.random() < 0.3 else "where"
         return Node("where", ty, [cond, a, b], {"form": form})
 
     def math(self, ty: Ty, depth: int) -> Node:
@@ -234,7 +235,7 @@ class Generator:
         form = r.choice(["method", "fn"])
         if ty.view:  # (R, 1) from (R, C), keepdims over axis 1
             R = ty.shape[0]
-            return Node("reduce", ty, [self.expr(Ty(d, (R, self.C)), depth)],
+            return Node("reduce", ty, [self.expr(Ty(d, (R, min(self.C, 2048 // R))), depth)],
                         {"kind": kind, "axis": r.choice([1, -1]), "keepdims": True, "form": form})
         if not ty.shape:
             src = r.choice([(self.N,), (self.C,), (self.R, self.C)])
@@ -272,6 +273,8 @@ class Generator:
     def load_from(self, t: Tensor, ty: Ty) -> Node:
         shape = ty.shape
         sizes = [None] * (len(t.shape) - len(shape)) + list(shape)  # None: an integer index (the axis squeezed)
+        if sizes == [None, shape[0] if shape else None] and shape and self.rng.random() < 0.3:
+            sizes = [shape[0], None]  # a column: elements a row stride apart
         return Node("load", ty, [self.index_expr() for _ in sizes], {"ref": t.name, "sizes": sizes})
 
     def index_expr(self, typed: bool = False) -> Node:
@@ -284,14 +287,28 @@ class Generator:
             if self.inputs:
                 t = r.choice(self.inputs)
                 bases.append(lambda: Node("refdim", Ty(I32), attrs={"ref": t.name, "axis": r.randrange(len(t.shape))}))
-        if self.num_warpgroups > 1:
+        if self.num_warpgroups > 1 and not self.in_helper:
             bases.append(lambda: var("wg"))
         bases += [lambda v=v: Node("var", v.ty, attrs=dict(v.attrs)) for v in self.loops]
+        if not typed and not self.in_helper and not self.indexing:
+            bases.append(lambda: var("s4", Ty(I64)))
+            ints = [t for t in self.inputs if t.dtype in (I32, I8, I64) and len(t.shape) == 1]  # signed: -3 + x
+            if ints:  # an index loaded from memory: a gather
+                t = r.choice(ints)
+                bases.append(lambda: self.indexed(lambda: self.load_from(t, Ty(t.dtype))))
         a = r.choice(bases)()
         if r.random() < 0.5:
             b = r.choice(bases)() if r.random() < 0.5 else lit(r.randint(1, 4))
             a = binop(r.choice(["add", "sub", "mul"] if b.op == "lit" else ["add", "sub"]), a, b)
         return binop("add", var("pid"), a) if typed and a.ty.dtype is None else a
+
+    def indexed(self, make):
+        """make(), with no loaded index inside this one."""
+        self.indexing = True
+        try:
+            return make()
+        finally:
+            self.indexing = False
 
     def call(self, ty: Ty, depth: int) -> Node:
         """A call of a new @mgjit.device helper returning ty."""
@@ -314,7 +331,7 @@ class Generator:
     def stmt(self, depth: int) -> list[Stmt]:
         r = self.rng
         x = r.random()
-        control = depth < 2 and not self.in_helper
+        control = depth < 2
         if control and x < 0.12:
             return [self.for_stmt(depth)]
         if control and x < 0.22:
@@ -346,7 +363,7 @@ class Generator:
         r = self.rng
         name = f"i{len(self.loops)}"
         lo = r.choice([lit(r.randint(-1, 2)), self.index_expr()])
-        hi = binop("add", lo, lit(r.randint(0, 4))) if r.random() < 0.7 else var("s0")
+        hi = binop("add", lo, lit(r.randint(0, 4))) if r.random() < 0.7 or self.in_helper else var("s0")
         step = [lit(r.choice([1, 1, 2]))] if r.random() < 0.5 else []
         self.loops.append(var(name))
         body = self.nested(depth, {name: Ty(I32)})
@@ -386,6 +403,10 @@ class Generator:
         out_dtype = ty.dtype if r.random() < 0.6 else self.dtype()
         if out_dtype != ty.dtype:
             value = Node("cast", Ty(out_dtype, ty.shape), [value])
+        aug = r.choice(AUG[_category(out_dtype)]) if r.random() < 0.15 else None
+        if r.random() < 0.05:  # a Python number, converted to the output's dtype and broadcast
+            py = self.py_of(out_dtype) if aug else r.choice([int, float, bool])
+            value = lit(literal(r, py, out_dtype if py is int else None))
         dims, sizes, starts = [self.rows()], [None], [var("row")]
         for v in self.loops:
             dims.append(LOOP_ROWS)
@@ -401,7 +422,7 @@ class Generator:
             starts.append(lit(r.randrange(dims[-1])))
         out = Tensor(f"out{len(self.outputs)}", out_dtype, tuple(dims), r.choice(["contiguous"] * 3 + ["offset"]))
         self.outputs.append(out)
-        return Stmt("store", {"out": out.name, "sizes": sizes, "starts": starts, "value": value})
+        return Stmt("store", {"out": out.name, "sizes": sizes, "starts": starts, "value": value, "aug": aug})
 
     def rows(self) -> int:
         return self.grid * self.num_warpgroups

@@ -81,7 +81,7 @@ class Node:
 
 @dataclasses.dataclass
 class Stmt:
-    """kind: assign (names, value, aug), store (out, sizes, starts, value), if (cond, body, orelse), for (name, bounds,
+    """kind: assign (names, value, aug), store (out, sizes, starts, value, aug), if (cond, body, orelse), for (name, bounds,
     body), static_for (name, count, body), const_if (cond source, taken, body, orelse)."""
 
     kind: str
@@ -245,7 +245,7 @@ def expr_source(n: Node) -> str:
         items = [s if size is None else f"mgjit.ds({s}, {_size_source(size)})" for s, size in zip(a, at["sizes"])]
         return f"{at['ref']}[{', '.join(items)}]"
     if op == "cast":
-        return f"({a[0]}).astype({dtype_source(n.ty.dtype)})"
+        return f"({a[0]}).{n.attrs.get('form', 'astype')}({dtype_source(n.ty.dtype)})"
     if op == "unary":
         kind = at["kind"]
         return {"neg": f"(-{a[0]})", "not": f"(~{a[0]})", "abs": f"abs({a[0]})"}.get(kind, f"mgjit.{kind}({a[0]})")
@@ -292,7 +292,8 @@ def stmts_source(stmts: list[Stmt], indent: str) -> list[str]:
         elif s.kind == "store":
             items = [expr_source(x) if size is None else f"mgjit.ds({expr_source(x)}, {size})"
                      for x, size in zip(at["starts"], at["sizes"])]
-            lines.append(f"{indent}{at['out']}[{', '.join(items)}] = {expr_source(at['value'])}")
+            op = f" {_OPS[at['aug']]}= " if at.get("aug") else " = "
+            lines.append(f"{indent}{at['out']}[{', '.join(items)}]{op}{expr_source(at['value'])}")
         else:
             head = {"if": lambda: f"if {expr_source(at.get('cond'))}:" if s.kind == "if" else "",
                     "for": lambda: f"for {at['name']} in range({', '.join(expr_source(b) for b in at['bounds'])}):",

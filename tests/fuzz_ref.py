@@ -151,7 +151,7 @@ def float_to_int(x: torch.Tensor, d: DType) -> torch.Tensor:
     lo, hi = (-2 ** (d.bits - 1), 2 ** (d.bits - 1) - 1) if d.is_signed else (0, 2 ** d.bits - 1)
     t = torch.nan_to_num(x.trunc(), nan=0.0)
     out = torch.where(t >= float(hi), torch.tensor(hi), torch.where(t <= float(lo), torch.tensor(lo),
-                                                                     t.clamp(-2.0 ** 62, 2.0 ** 62).to(torch.int64)))
+                                                                     t.clamp(-2.0 ** 63, 2.0 ** 63 - 1024).to(torch.int64)))
     return out.to(torch_dtype(d))
 
 
@@ -410,13 +410,19 @@ class Run:
 
     def stmt_store(self, s: Stmt, env: dict[str, Any]) -> None:
         at = s.attrs
+        d = self.dtypes[at["out"]]
         v = self.ev(at["value"], env)
+        if not isinstance(v, V):  # a Python number: converted to the output's dtype
+            v = cast(weak_to(v, d), d)
+        value_shape = tuple(n for n in at["sizes"] if n is not None)
+        if at.get("aug"):  # out[...] op= v: the window as loaded, then stored
+            v = binary(at["aug"], self.load_window(at["out"], at["starts"], at["sizes"], value_shape, env), v)
         ref, err = self.refs[at["out"]], self.out_err[at["out"]]
         inner, outer, shape = self.window(ref, at["starts"], at["sizes"], env)
         if inner is None:
             return
-        ref[inner] = v.x.reshape(shape)[outer]
-        err[inner] = v.err.reshape(shape)[outer]
+        ref[inner] = v.x.expand(value_shape).reshape(shape)[outer]
+        err[inner] = v.err.expand(value_shape).reshape(shape)[outer]
 
     def stmt_if(self, s: Stmt, env: dict[str, Any]) -> None:
         self.nested(s.body if self.condition(self.ev(s.attrs["cond"], env)) else s.orelse, env)
@@ -510,14 +516,19 @@ class Run:
         raise ValueError(op)
 
     def load(self, n: Node, env: dict[str, Any]) -> V:
-        ref = self.refs[n.attrs["ref"]]
-        d = self.dtypes[n.attrs["ref"]]
-        inner, outer, shape = self.window(ref, n.args, n.attrs["sizes"], env)
-        sizes = [1 if s is None else s for s in n.attrs["sizes"]]
-        x = torch.zeros(sizes, dtype=ref.dtype)
+        return self.load_window(n.attrs["ref"], n.args, n.attrs["sizes"], n.ty.shape, env)
+
+    def load_window(self, name: str, starts: list[Node], sizes: list, shape: tuple, env: dict[str, Any]) -> V:
+        """The window of a tensor at `starts` (elements outside it read as zero; err: what is known of them)."""
+        ref = self.refs[name]
+        inner, outer, _ = self.window(ref, starts, sizes, env)
+        x = torch.zeros([1 if s is None else s for s in sizes], dtype=ref.dtype)
+        err = torch.zeros(x.shape, dtype=F64T)
         if inner is not None:
             x[outer] = ref[inner]
-        return V(x.reshape(n.ty.shape), d)
+            if name in self.out_err:
+                err[outer] = self.out_err[name][inner]
+        return V(x.reshape(shape), self.dtypes[name], err.reshape(shape))
 
     def call(self, h: Helper, args: list[Any]) -> Any:
         env = {name: a for (name, _), a in zip(h.params, args)}

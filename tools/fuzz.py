@@ -344,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _init_worker()
         for seed in seeds:
-            record(*run_seed(seed, args.gpu))
+            outcome = run_seed(seed, args.gpu)[1]
+            record(seed, outcome)
+            if outcome.category.startswith("gpu-error"):  # a failed launch may leave the CUDA context unusable
+                print(f"stopping at seed {seed}: the launch failed\n{outcome.detail}")
+                break
     print(f"\n{sum(counts.values())} kernels in {time.time() - start:.0f} s: {counts['ok']} ok, "
           f"{counts['uncertain']} with control flow the reference cannot follow (compiled and interpreted only), "
           f"{counts['fail']} failing")
