@@ -7,6 +7,12 @@ arange/full/zeros, casts, unary math, binary and comparison operators (numpy bro
 Python numbers, operands of mixed dtypes), where/minimum/maximum/fma/clz/popc, reductions on any axis (keepdims
 too), @mgjit.device helpers. Statements: assignments, stores, runtime `for`/`if` (nested), static_range,
 constexpr branches. Every choice comes from one seeded random.Random: a seed is a program.
+
+What the language refuses (each a CompileError at the user's line, tested elsewhere) is not generated:
+reductions of 64-bit or bool arrays, and of `x[:, None]`-style views; - // % << >> ** on bools; a Python
+number that does not fit the dtype it meets (-3 with a uint8 array); arrays needing more than 255 registers a
+thread; more parameters than the target's parameter space; variables that change dtype or shape in a runtime
+loop or branch. Stores never race: see fuzz_program.py.
 """
 from __future__ import annotations
 
@@ -119,7 +125,8 @@ class Generator:
     def inner_options(self, ty: Ty, depth: int) -> list:
         d, shape = ty.dtype, ty.shape
         nxt = depth + 1
-        opts = [lambda: Node("cast", ty, [self.expr(Ty(self.other_dtype(d), shape), nxt)])] * 2
+        opts = [lambda: Node("cast", ty, [self.expr(Ty(self.other_dtype(d), shape), nxt)],
+                             {"form": self.rng.choice(["astype", "astype", "to"])})] * 2
         opts += [lambda: self.binary(ty, nxt)] * 4
         if d == BOOL:
             opts += [lambda: self.compare(ty, nxt)] * 3
@@ -303,7 +310,7 @@ class Generator:
         return binop("add", var("pid"), a) if typed and a.ty.dtype is None else a
 
     def indexed(self, make):
-        """make(), with no loaded index inside this one."""
+        """make(), with no index loaded from memory (nor the int64 launch value) inside it."""
         self.indexing = True
         try:
             return make()
@@ -362,7 +369,7 @@ class Generator:
     def for_stmt(self, depth: int) -> Stmt:
         r = self.rng
         name = f"i{len(self.loops)}"
-        lo = r.choice([lit(r.randint(-1, 2)), self.index_expr()])
+        lo = r.choice([lit(r.randint(-1, 2)), self.indexed(self.index_expr)])  # no loaded bound: a few trips
         hi = binop("add", lo, lit(r.randint(0, 4))) if r.random() < 0.7 or self.in_helper else var("s0")
         step = [lit(r.choice([1, 1, 2]))] if r.random() < 0.5 else []
         self.loops.append(var(name))

@@ -23,6 +23,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -299,9 +300,23 @@ def write_repro(p: fuzz_program.Program, outcome: Outcome, out_dir: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- driver
 
+KERNEL_SECONDS = 300  # a kernel that takes longer to compile, interpret and check is reported as a hang
+
+
+def _timeout(signum, frame):
+    raise TimeoutError(f"over {KERNEL_SECONDS} s")
+
+
 def run_seed(seed: int, gpu: bool) -> tuple[int, Outcome]:
-    with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
-        return seed, check(fuzz_gen.generate(seed), d, "k", gpu)
+    signal.signal(signal.SIGALRM, _timeout)
+    signal.alarm(KERNEL_SECONDS)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
+            return seed, check(fuzz_gen.generate(seed), d, "k", gpu)
+    except TimeoutError as e:
+        return seed, Outcome("fail", "timeout", str(e))
+    finally:
+        signal.alarm(0)
 
 
 def _init_worker() -> None:
