@@ -41,6 +41,18 @@ def test_the_fuzzer_finds_a_planted_bug(tmp_path, monkeypatch):
     assert any(o.category == "mismatch: interpreter against reference" for o in outcomes)
 
 
+def test_the_gpu_comparison_with_the_interpreter_standing_in(tmp_path, monkeypatch):
+    """--gpu's path (launch, then compare with the interpreter within the reference's bounds) on the CPU:
+    MGJIT_INTERPRET=1 makes the launch interpret, and "cuda" tensors stay on the CPU."""
+    import torch
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    cpu_tensors = fuzz.tensors
+    monkeypatch.setattr(fuzz, "tensors", lambda p, device="cpu": cpu_tensors(p, "cpu"))
+    outcomes = [fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k", gpu=True) for seed in range(4)]
+    assert all(o.status in ("ok", "uncertain") for o in outcomes), [o.detail for o in outcomes]
+
+
 @pytest.mark.gpu
 def test_seeded_kernels_on_the_gpu_match_the_interpreter(tmp_path):
     failures = []
