@@ -51,7 +51,7 @@ class Generator:
         self.static_vars: list[str] = []
         self.in_helper = False
         self.indexing = False
-        for i, (py, value) in enumerate([(int, r.randint(-2, 5)), (int, r.randint(0, 40)),
+        for i, (py, value) in enumerate([(int, r.randint(-2, 5)), (int, r.choice([r.randint(0, 40), 16, 32])),
                                          (float, r.choice([0.5, -2.0, 3.25, 1e-2])), (bool, r.random() < 0.5),
                                          (int, r.choice([3, 2 ** 33 + 5, -7]))]):
             self.scalars.append((f"s{i}", value))
@@ -266,6 +266,8 @@ class Generator:
         if (not cands or r.random() < 0.2) and len(self.inputs) < MAX_INPUTS:
             extent = max(shape) if shape else 4
             dims = tuple(r.randint(1, 2 * extent + 3) for _ in range(want_rank))
+            if r.random() < 0.3:  # a last dimension of whole 16-byte vectors: accesses may be vectorized
+                dims = dims[:-1] + (16 * r.randint(1, max(1, dims[-1] // 16 + 1)),)
             layout = r.choice(["contiguous", "contiguous", "offset"] + (["transposed", "padded"] if want_rank == 2 else []))
             cands = [Tensor(f"x{len(self.inputs)}", d, dims, layout)]
             self.inputs += cands
