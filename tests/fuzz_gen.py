@@ -19,7 +19,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from fuzz_program import (ALL, BOOL, F32, I8, I32, I64, LOOP_ROWS, MAX_HELPERS, MAX_INPUTS, MAX_OUTPUTS, REDUCIBLE,
+from fuzz_program import (ALL, BOOL, F32, I8, I32, I64, LOOP_ROWS, MAX_HELPERS, MAX_INPUTS, MAX_OUTPUTS, PY_DTYPES,
+                          REDUCIBLE,
                           U8, UNARY_MATH, Helper, Node, Program, Stmt, Tensor, Ty, broadcast, buffer_elems, binop,
                           lit, literal, promote, random_values, var, weak)
 from mgjit.dtypes import DType
@@ -342,7 +343,7 @@ class Generator:
         x = r.random()
         control = depth < 2
         if control and x < 0.12:
-            return [self.for_stmt(depth)]
+            return self.for_stmt(depth)
         if control and x < 0.22:
             return [self.if_stmt(depth)]
         if control and x < 0.27:
@@ -368,7 +369,7 @@ class Generator:
         self.scope.pop()
         return body
 
-    def for_stmt(self, depth: int) -> Stmt:
+    def for_stmt(self, depth: int) -> list[Stmt]:
         r = self.rng
         name = f"i{len(self.loops)}"
         lo = r.choice([lit(r.randint(-1, 2)), self.indexed(self.index_expr)])  # no loaded bound: a few trips
@@ -377,7 +378,19 @@ class Generator:
         self.loops.append(var(name))
         body = self.nested(depth, {name: Ty(I32)})
         self.loops.pop()
-        return Stmt("for", {"name": name, "bounds": [lo, hi] + step}, body)
+        if r.random() > 0.3:
+            return [Stmt("for", {"name": name, "bounds": [lo, hi] + step}, body)]
+        # acc = <a Python number>; for ...: acc = acc + x: acc enters the loop as the dtype the loop settles on,
+        # the promotion of the number's own dtype (int32, float32, bool) and x's.
+        py = r.choice([int, float, bool])
+        acc, d = self.fresh(), self.dtype()
+        carried = promote(PY_DTYPES[py], d)
+        step_value = Node("binary", Ty(carried), [var(acc, Ty(carried)), self.expr(Ty(d), 1)],
+                          {"kind": r.choice(["add", "max"]), "form": "op"})
+        body.insert(r.randrange(len(body) + 1), Stmt("assign", {"names": [acc], "value": step_value, "aug": None}))
+        self.declare(acc, Ty(carried))
+        return [Stmt("assign", {"names": [acc], "value": lit(literal(r, py)), "aug": None}),
+                Stmt("for", {"name": name, "bounds": [lo, hi] + step, "carried": {acc: carried}}, body)]
 
     def if_stmt(self, depth: int) -> Stmt:
         r = self.rng

@@ -22,6 +22,7 @@ E4M3, E5M2 = dtypes.float8_e4m3fn, dtypes.float8_e5m2
 I8, I16, I32, I64, U8, BOOL = dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_
 ALL = (F32, F16, BF16, F64, E4M3, E5M2, I8, I16, I32, I64, U8, BOOL)
 UNARY_MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos")
+PY_DTYPES = {int: I32, float: F32, bool: BOOL}  # the dtype a Python number takes on its own
 REDUCIBLE = (F32, F16, BF16, E4M3, E5M2, I8, I16, I32, U8)  # reductions refuse 64-bit and bool arrays
 LOOP_ROWS = 6  # an output's extent along each enclosing loop (iterations past it are dropped stores)
 MAX_OUTPUTS = 10  # a kernel's parameters take at most 4352 bytes: about 40 tensors of rank 3
@@ -81,8 +82,9 @@ class Node:
 
 @dataclasses.dataclass
 class Stmt:
-    """kind: assign (names, value, aug), store (out, sizes, starts, value, aug), if (cond, body, orelse), for (name, bounds,
-    body), static_for (name, count, body), const_if (cond source, taken, body, orelse)."""
+    """kind: assign (names, value, aug), store (out, sizes, starts, value, aug), if (cond, body, orelse),
+    for (name, bounds, carried: the dtype each Python number it carries settles on; body), static_for (name,
+    count, body), const_if (cond source, taken, body, orelse)."""
 
     kind: str
     attrs: dict

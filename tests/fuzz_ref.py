@@ -430,6 +430,8 @@ class Run:
     def stmt_for(self, s: Stmt, env: dict[str, Any]) -> None:
         bounds = [self.scalar_int(self.ev(b, env)) for b in s.attrs["bounds"]]
         lo, hi, step = (0, bounds[0], 1) if len(bounds) == 1 else (bounds + [1])[:3]
+        for name, d in s.attrs.get("carried", {}).items():  # a Python number enters as the dtype the loop keeps
+            env[name] = cast(weak_to(env[name], d), d)
         for i in range(lo, hi, step):
             env[s.attrs["name"]] = V(torch.tensor(i, dtype=torch.int32), I32)
             self.nested(s.body, env)
