@@ -335,3 +335,24 @@ def test_integer_edges_on_the_gpu_match_the_interpreter(dtype):
     host = [torch.empty(128, dtype=dtype) for _ in outs]
     integer_edges.interpret[(1,)](a.cpu(), b.cpu(), *host)
     assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))
+
+
+# ---------------------------------------------------------------------------------------------- division
+
+@mgjit.kernel
+def divide_by_one_value(x, d, out):
+    out[0:128] = x[0:128] / d[0]  # one divisor for the whole array: a reciprocal and products
+
+
+@pytest.mark.parametrize("dtype,divisor", [(torch.float16, 1e-5), (E4M3, 0.0), (torch.bfloat16, 3.0)])
+def test_division_by_one_value_keeps_its_reciprocal_in_f32(dtype, divisor):
+    """The reciprocal was rounded to the array's dtype: 1 / 1e-5 overflowed float16 (x / 1e-5 was inf for every
+    x), and 1 / 0 saturated to 448 in fp8 (0 / 0 was 0, 0.002 / 0 was 0.875)."""
+    x = (torch.randn(128) * 2).to(dtype)
+    x[:2] = torch.tensor([0.0, 2e-3]).to(dtype)
+    d, out = torch.tensor([divisor]).to(dtype), torch.empty(128, dtype=dtype)
+    compile_both(divide_by_one_value, x, d, out)
+    divide_by_one_value.interpret[(1,)](x, d, out)
+    want = saturated(x.float() / d.float(), dtype) if dtype == E4M3 else (x.float() / d.float()).to(dtype)
+    close = (out.double() - want.double()).abs() <= 2 * want.double().abs() * torch.finfo(dtype).eps
+    assert bool((close | (out.isnan() & want.isnan()) | (out.double() == want.double())).all())

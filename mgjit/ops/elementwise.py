@@ -295,14 +295,17 @@ def _binary(op: Binary, ctx: lower.Context) -> None:
 
 def _divide(e, dtype: DType):
     """Division by values each shared by many elements: one IEEE reciprocal per distinct value, then multiplies
-    (within 1.5 ulp of division; a divide per element is a long instruction sequence)."""
+    (within 1.5 ulp of division; a divide per element is a long instruction sequence). Narrow floats keep the
+    reciprocal and the product in f32 and round once: a reciprocal rounded to f16 overflows for divisors under
+    1/65504, and one rounded to fp8 saturates (x / 0 would be 448 * x)."""
     inverses: dict[int, object] = {}
+    wide = dtypes.float32 if dtype.bits < 32 else dtype
 
     def divide(a, b):
         inverse = inverses.get(id(b))
         if inverse is None:
-            inverse = inverses[id(b)] = e.fbinary("div", e.const(1.0, dtype), b)
-        return e.fbinary("mul", a, inverse)
+            inverse = inverses[id(b)] = e.fbinary("div", e.const(1.0, wide), e.cast(b, dtype, wide))
+        return e.cast(e.fbinary("mul", e.cast(a, dtype, wide), inverse), wide, dtype)
 
     return divide
 
@@ -353,7 +356,7 @@ def _divides_by_shared_values(op: Binary) -> bool:
 
 # ---------------------------------------------------------------------------------------------- interpreter
 # The same arithmetic as the lowering, in the IR's dtypes: narrow floats computed in f32 and rounded once per
-# operation the lowering emits (so x / y by one value is a rounded reciprocal, then a rounded product); the
+# operation the lowering emits (so x / y by one value is a reciprocal, then a product, rounded once); the
 # approximate ex2/lg2/rsqrt are computed exactly in f32 (the hardware's are within 2 ulp of that).
 
 _LOG2E, _LN2 = math.log2(math.e), math.log(2.0)
@@ -465,7 +468,8 @@ def _interp_binary(op: Binary, wg: Warpgroup) -> None:
         wg.set(op.result, _int_binary_value(kind, a, b, dtype))
         return
     if kind == "div" and _divides_by_shared_values(op):
-        y = _float_op("mul", a, _float_op("div", numerics.constant(1.0, dtype), b, dtype), dtype)
+        w = numerics.widen(b, dtype)  # the reciprocal and the product in f32 (f64), rounded once
+        y = numerics.round_float(numerics.widen(a, dtype) * (torch.ones_like(w) / w), dtype)
     elif kind in _FLOAT_BINARY:
         y = _float_op(kind, a, b, dtype)
     elif kind == "floordiv":
