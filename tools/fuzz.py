@@ -286,11 +286,11 @@ def write_repro(p: fuzz_program.Program, outcome: Outcome, out_dir: str) -> str:
     try:
         inputs, outputs = tensors(p)
         expected = list(fuzz_ref.evaluate(p, inputs, outputs).values())
-    except Exception:
+    except fuzz_ref.Uncertain:  # the repro then compiles and interprets only
         pass
-    tensors = [(t.data, tuple(v.shape), v.stride(), v.storage_offset())
-               for t in p.inputs + p.outputs for v in [t.view_of(t.data)]]
-    torch.save({"tensors": tensors, "scalars": [v for _, v in p.scalars], "consts": dict(p.consts), "grid": p.grid,
+    views = [(t.data, tuple(v.shape), v.stride(), v.storage_offset())
+             for t in p.inputs + p.outputs for v in [t.view_of(t.data)]]
+    torch.save({"tensors": views, "scalars": [v for _, v in p.scalars], "consts": dict(p.consts), "grid": p.grid,
                 "names": [t.name for t in p.outputs], "expected": expected}, base + ".pt")
     with open(base + ".py", "w") as f:
         body = "\n".join("# " + line for line in outcome.detail.strip().splitlines()[-12:])
