@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import LaunchError
 from . import distributed, progress
 from .compile_pool import CompileOutcome, compile_configs
 from .config import LAUNCH_OPTIONS, Config, expand_space
@@ -96,6 +97,7 @@ class Autotuned:
         self._chosen: dict[tuple, tuple[Config, dict[str, Any]]] = {}
         self._reports: dict[Key, TuningReport] = {}
         self._last_key: Key | None = None
+        self._entry: Any = None  # what `tuned[grid]` indexes: the C launcher's Tuned, or the Python path
 
     @property
     def name(self) -> str:
@@ -155,22 +157,52 @@ class Autotuned:
     # -- launching ---------------------------------------------------------------------------------------
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
-        return functools.partial(self._launch, grid)
+        return (self._entry or self._make_entry())[grid]
 
-    def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+    def _make_entry(self) -> Any:
+        """After the first launch of a tuning key, the C launcher finds its config and launches in one call (its
+        memo is keyed at least as finely as `_memo_key`); everything else comes here, to `_launch`."""
+        from ..jit import Kernel, _PythonEntry
+        native = None
+        if isinstance(self.kernel, Kernel):
+            self.kernel._entry or self.kernel._make_entry()
+            native = self.kernel._native
+        if native is None:
+            self._entry = _PythonEntry(self._launch)
+        else:
+            self._entry = self.kernel._c_module.Tuned(native, self._call_names, self.key,
+                                                       tuple(self.configs[0].kwargs), self._c_miss)
+        return self._entry
+
+    def _c_miss(self, grid: Any, *args: Any, **kwargs: Any) -> tuple:
+        """Launch through the Python path and return its choice as the C launcher remembers it: the config's
+        values (in the order of the first config's names), num_warpgroups, cluster, and the launch options a
+        callable grid sees."""
+        config = self._launch_choosing(grid, *args, **kwargs)
+        return (tuple(config.kwargs[n] for n in self.configs[0].kwargs), config.num_warpgroups, config.cluster,
+                config.launch_kwargs())
+
+    def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> None:
+        self._launch_choosing(grid, *args, **kwargs)
+
+    def _launch_choosing(self, grid: Any, *args: Any, **kwargs: Any) -> Config:
+        """Launch with the chosen config for these arguments (sweeping for a new tuning key), and return it."""
         plain = not kwargs and len(args) == len(self._call_names)
         named = dict(zip(self._call_names, args, strict=True)) if plain else self._bind(args, kwargs)
         memo = self._memo_key(args if plain else [named.get(n) for n in self._call_names])
         chosen = self._chosen.get(memo)
         if chosen is None:
+            _refuse_during_capture(self.kernel.name, named)
             config = self._tune(named, self.tuning_key(named), grid)
             chosen = self._chosen[memo] = (config, config.launch_kwargs())
         options = chosen[1]
         launcher = self.kernel[self._grid(grid, named, options)]
         if plain and self._all_positional:
-            return launcher(*args, **options)
-        positional, keywords = self._split(named)
-        return launcher(*positional, **keywords, **options)
+            launcher(*args, **options)
+        else:
+            positional, keywords = self._split(named)
+            launcher(*positional, **keywords, **options)
+        return chosen[0]
 
     def best_config(self, named_args: Mapping[str, Any]) -> Config:
         """The chosen config for these arguments (name -> value, as a launch would bind them), from this
@@ -347,6 +379,15 @@ class Autotuned:
         if plot is not None:
             report.plot(plot)
         return report
+
+
+def _refuse_during_capture(name: str, named: Mapping[str, Any]) -> None:
+    """A sweep compiles, times and synchronizes: never while a CUDA graph is being captured."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise LaunchError(f"{name} has no tuned config for these arguments and cannot tune while a CUDA graph is "
+                          "being captured (tuning compiles, times and synchronizes): launch it once with arguments "
+                          "of this tuning key before capturing (a warm-up run)")
 
 
 def autotune(configs: Sequence[Config] | None = None, *, space: Mapping[str, Sequence[Any]] | None = None,

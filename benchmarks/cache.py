@@ -72,7 +72,7 @@ CALLS = textwrap.dedent('''
         def launch(kern, args):
             saved, mh.matmul_kernel = mh.matmul_kernel, kern
             try:
-                return mh.matmul(args[0], args[1])
+                return mh.matmul(args[0], args[1], mh.DEFAULT_CONFIG)
             finally:
                 mh.matmul_kernel = saved
         return k, dict(mh.DEFAULT_CONFIG), lambda args: tuple(args) + (args[2],) * extra, launch

@@ -135,8 +135,8 @@ def launch_overhead(rows: list, results: dict) -> None:
         "triton": host_us(lambda: t_add[(1,)](x, y, out, 1024, BLOCK=1024)),
         "torch add(out=)": host_us(lambda: torch.add(x, y, out=out)),
     }
-    # Where the time goes: the Python dispatch with a no-op plan, our launcher, and the driver call alone
-    # through cuda.bindings and through ctypes.
+    # The driver call alone, through cuda.bindings and through ctypes (benchmarks/launch.py has the rest:
+    # argument counts, the path minus the driver with --cpu).
     import ctypes
     from mgjit.runtime import driver
     compiled = add.compile(x, y, out, BLOCK=1024, target="sm_90a")
@@ -144,20 +144,9 @@ def launch_overhead(rows: list, results: dict) -> None:
     device = torch.cuda.current_device()
     func = launcher.function(device)
     stream = torch.cuda.current_stream().cuda_stream
-    values = [x.data_ptr(), 1024, 1, y.data_ptr(), 1024, 1, out.data_ptr(), 1024, 1]
-    us["  cuda-python launcher path alone"] = host_us(lambda: launcher.launch(device, (1, 1, 1), stream, values))
-    from mgjit import fastlaunch
-    c_module = fastlaunch.load()
-    if c_module is not None:
-        c_launch, handle = c_module.launch, int(func)
-        args_c = (launcher.threads, launcher.smem_bytes)
-        us["  C launcher alone (pack + cuLaunchKernel)"] = host_us(
-            lambda: c_launch(handle, (1,), *args_c, stream, launcher.buffer_address, launcher.c_layout, values,
-                             launcher.pointers_address))
-    else:
-        rows.append(("C launcher unavailable", fastlaunch.failure() or "", "", ""))
     d = driver()
     addr = launcher.pointers_address
+    launcher.packer.pack_into(launcher.buffer, 0, x.data_ptr(), 1024, 1, y.data_ptr(), 1024, 1, out.data_ptr(), 1024, 1)
     us["  cuda.bindings cuLaunchKernel alone"] = host_us(
         lambda: d.cuLaunchKernel(func, 1, 1, 1, 128, 1, 1, 0, stream, addr, 0))
     libcuda = ctypes.CDLL("libcuda.so.1")
@@ -165,12 +154,6 @@ def launch_overhead(rows: list, results: dict) -> None:
     raw.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     handle = int(func)
     us["  ctypes cuLaunchKernel alone"] = host_us(lambda: raw(handle, 1, 1, 1, 128, 1, 1, 0, stream, addr, None))
-    plans = add._plans
-    saved = dict(plans)
-    for k in plans:
-        plans[k] = lambda grid, v: None
-    us["  mgjit dispatch alone (no-op plan)"] = host_us(lambda: add[(1,)](x, y, out, BLOCK=1024))
-    plans.update(saved)
     for who, v in us.items():
         results[f"launch_us_{who.strip()}"] = v
         rows.append((f"host launch, 3 tensors [{who}]", f"{v:.2f} us", "", ""))

@@ -4,11 +4,14 @@ For each kernel (softmax, RMSNorm, LayerNorm, cross-entropy, a fused gelu_tanh(x
 length, it times mgjit's example wrapper, torch and Triton (benchmarks/triton_rows.py) in one run, interleaved,
 on fresh random inputs of at least 256 MB moved (far beyond L2), and divides each by the time of a
 device-to-device copy of the same number of bytes (read plus written) measured in the same run: 1.0 is copy
-bandwidth. Every mgjit result is checked against torch first (outputs poisoned with NaN).
+bandwidth. Every mgjit result is checked against torch first (outputs poisoned with NaN). mgjit's wrappers tune
+their mapping on the first call for a shape (before anything is timed); the mapping picked is reported.
+Cases that move less than TINY bytes are marked `tiny`: launch latency, not bandwidth, bounds them.
 
-    python benchmarks/rows.py                    # the whole sweep; a table, rows.json and rows.png in --out
+    python benchmarks/rows.py                    # the whole sweep; a table, rows.json, rows.md and rows.png in --out
     python benchmarks/rows.py --quick            # a few lengths per kernel
     python benchmarks/rows.py --kernels softmax --dtypes bfloat16 --lengths 4097 100000
+    python benchmarks/rows.py --quick --candidates   # also every mapping the autotuner timed
 """
 from __future__ import annotations
 
@@ -26,17 +29,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE))
 
+import _rows  # noqa: E402
 import cross_entropy as ce_example  # noqa: E402
 import fused_elementwise as fe_example  # noqa: E402
 import layernorm as ln_example  # noqa: E402
 import rmsnorm as rms_example  # noqa: E402
 import softmax as sm_example  # noqa: E402
 
-LENGTHS = [1, 3, 16, 100, 127, 128, 1000, 1024, 2047, 4096, 4097, 5000, 8191, 8192, 16384, 32000, 65536, 100000,
-           262144]
+LENGTHS = [1, 3, 16, 100, 127, 128, 1000, 1024, 2047, 4096, 4097, 5000, 8191, 8192, 8193, 16384, 32000, 50257,
+           65536, 100000, 128256, 262144]
 QUICK = [16, 1000, 4096, 4097, 32000, 100000]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TARGET_BYTES = 256 << 20
+TINY = 32 << 20
 
 
 def bench(fn, reps: int = 30) -> float:
@@ -69,7 +74,7 @@ def copy_ms(nbytes: int) -> float:
 
 
 def rows_for(n: int, itemsize: int, tensors: int) -> int:
-    return max(1, min(1 << 20, TARGET_BYTES // (max(n, 1) * itemsize * tensors)))
+    return max(1, min(1 << 24, TARGET_BYTES // (max(n, 1) * itemsize * tensors)))
 
 
 def relerr(out, ref) -> float:
@@ -79,8 +84,15 @@ def relerr(out, ref) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def picked_mapping(kernel, configs: list, args: tuple, **constexprs):
+    """A function giving the mapping mgjit's wrapper launched for these arguments and the autotuner's time of
+    every candidate (call it after a launch)."""
+    return lambda: (repr(_rows.picked(kernel, configs, args, **constexprs)),
+                    _rows.timings(kernel, configs, args, **constexprs))
+
+
 def case(kernel: str, n: int, dtype: torch.dtype):
-    """(runs {name: fn}, check fn -> relative error, bytes moved) for one kernel, length and dtype."""
+    """(runs {name: fn}, output, reference fn, bytes moved, mapping fn) for one kernel, length and dtype."""
     import triton_rows as tr
     isz = torch.finfo(dtype).bits // 8
     if kernel == "softmax":
@@ -90,7 +102,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
         runs = {"mgjit": lambda: sm_example.softmax(x, out), "torch": lambda: torch.softmax(x, 1),
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
-        return runs, out, ref, 2 * x.numel() * isz
+        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel, _rows.mapping(n), (x, out))
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
         x = torch.randn(m, n, device="cuda", dtype=dtype)
@@ -102,12 +114,14 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
+            picked = picked_mapping(rms_example.rmsnorm_kernel, _rows.mapping(n), (x, w, out), eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
-        return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz
+            picked = picked_mapping(ln_example.layernorm_rows, _rows.mapping(n), (x, w, b, out), eps=1e-5)
+        return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)
         logits = torch.randn(m, n, device="cuda", dtype=dtype) * 4
@@ -117,7 +131,9 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "torch": lambda: torch.nn.functional.cross_entropy(logits, target, reduction="none"),
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
-        return runs, loss, ref, logits.numel() * isz + m * 12
+        picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n),
+                                (logits, target, loss, torch.empty_like(loss), -100))
+        return runs, loss, ref, logits.numel() * isz + m * 12, picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)
         x, y, z = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(3))
@@ -125,20 +141,25 @@ def case(kernel: str, n: int, dtype: torch.dtype):
         runs = {"mgjit": lambda: fe_example.fused(x, y, z, out), "torch": lambda: tr.torch_fused(x, y, z, out),
                 "triton": lambda: tr.fused(x, y, z, out)}
         ref = lambda: fe_example.reference(x, y, z)  # noqa: E731
-        return runs, out, ref, 4 * x.numel() * isz
+        flat = tuple(t.view(-1) for t in (x, y, z, out))
+        return runs, out, ref, 4 * x.numel() * isz, picked_mapping(fe_example.fused_flat, fe_example.BLOCKS, flat)
     raise ValueError(kernel)
 
 
 def measure(kernel: str, n: int, dtype_name: str) -> dict:
     dtype = DTYPES[dtype_name]
-    runs, out, ref, nbytes = case(kernel, n, dtype)
+    runs, out, ref, nbytes, picked = case(kernel, n, dtype)
     out.fill_(float("nan"))
     runs["mgjit"]()
     torch.cuda.synchronize()
     err = relerr(out, ref())
-    row = {"kernel": kernel, "dtype": dtype_name, "n": n, "bytes": nbytes, "mgjit_relerr": err}
+    mapping, timings = picked()
+    row = {"kernel": kernel, "dtype": dtype_name, "n": n, "bytes": nbytes, "mgjit_relerr": err,
+           "tiny": nbytes < TINY, "mgjit_mapping": mapping}
     copy = copy_ms(nbytes)
     row["copy_ms"] = copy
+    # every candidate mapping as the autotuner timed it, as a fraction of copy bandwidth
+    row["candidates"] = [(c.short(), None if ms is None else copy / ms) for c, ms in timings]
     for name in ("mgjit", "torch", "triton"):  # interleaved: the three in one sitting, same inputs
         try:
             ms = bench(runs[name])
@@ -147,6 +168,27 @@ def measure(kernel: str, n: int, dtype_name: str) -> dict:
         except Exception as e:  # a comparison that cannot run this case is reported, not fatal
             row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
     return row
+
+
+def cell(row: dict, name: str) -> str:
+    return f"{row[name + '_frac']:6.2f}" if name + "_frac" in row else "   err"
+
+
+def line(row: dict) -> str:
+    return (f"{row['kernel']:14} {row['dtype']:9} {row['n']:7d} {row['mgjit_relerr']:8.1e} {cell(row, 'mgjit')} "
+            f"{cell(row, 'torch')} {cell(row, 'triton')}{'  tiny' if row['tiny'] else ''}  {row['mgjit_mapping']}")
+
+
+def markdown(rows: list[dict]) -> str:
+    """The results as a table for benchmarks/RESULTS.md."""
+    out = [f"Fraction of copy bandwidth on {torch.cuda.get_device_name()} (tiny: under {TINY >> 20} MB moved, "
+           "launch-bound).", "", "| kernel | dtype | n | mgjit | torch | triton | mgjit mapping |",
+           "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        out.append(f"| {r['kernel']} | {r['dtype']} | {r['n']}{' (tiny)' if r['tiny'] else ''} | "
+                   f"{cell(r, 'mgjit').strip()} | {cell(r, 'torch').strip()} | {cell(r, 'triton').strip()} | "
+                   f"{r['mgjit_mapping']} |")
+    return "\n".join(out) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -181,27 +223,31 @@ def main() -> int:
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES))
     p.add_argument("--lengths", nargs="*", type=int)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--candidates", action="store_true", help="print every mapping the autotuner timed")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     lengths = args.lengths or (QUICK if args.quick else LENGTHS)
     rows, start = [], time.time()
     print(f"{'kernel':14} {'dtype':9} {'n':>7} {'relerr':>8} {'mgjit':>6} {'torch':>6} {'triton':>6}  (fraction of "
-          f"copy bandwidth) on {torch.cuda.get_device_name()}", flush=True)
+          f"copy bandwidth) on {torch.cuda.get_device_name()}; mgjit's mapping", flush=True)
     for kernel in args.kernels:
         for dtype in args.dtypes:
             for n in lengths:
                 row = measure(kernel, n, dtype)
                 rows.append(row)
-                cell = lambda name: f"{row[name + '_frac']:6.2f}" if name + "_frac" in row else "   err"  # noqa: E731
-                print(f"{kernel:14} {dtype:9} {n:7d} {row['mgjit_relerr']:8.1e} {cell('mgjit')} {cell('torch')} "
-                      f"{cell('triton')}", flush=True)
+                print(line(row), flush=True)
+                for config, frac in row["candidates"] if args.candidates else ():
+                    print(f"{'':34} {'pruned' if frac is None else f'{frac:6.2f}'}  {config}", flush=True)
     out = Path(args.out)
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    (out / "rows.md").write_text(markdown(rows))
     try:
         plot(rows, out / "rows.png")
     except ImportError:
         pass
-    print(f"{len(rows)} cases in {time.time() - start:.0f} s; rows.json and rows.png in {out}")
+    below = [r for r in rows if not r["tiny"] and r.get("mgjit_frac", 0) < 0.9]
+    print(f"{len(rows)} cases in {time.time() - start:.0f} s; {len(below)} (not tiny) below 0.9 of copy bandwidth; "
+          f"rows.json, rows.md and rows.png in {out}")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Hashable
@@ -25,4 +27,16 @@ def warn_once(tag: Hashable, message: str) -> None:
         if tag in _warned:
             return
         _warned.add(tag)
-    warnings.warn(message, CacheWarning, stacklevel=3)
+    warnings.warn(message, CacheWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The stack level of the first frame outside mgjit's packages: the user's line that led here, so the
+    warning shows that line rather than one of mgjit's."""
+    own = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in
+                (sys.modules.get(n) for n in ("mgjit", "mgjit.cache", "mgjit.autotune")) if m and m.__file__)
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(own):
+        frame = frame.f_back
+        level += 1
+    return level

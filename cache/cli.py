@@ -103,6 +103,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = p.parse_args(argv)
 
     store = Store.from_env(root=args.dir)
+    if args.command in ("clear", "prune") and store.root != store.requested:
+        # The store warned why it refused the directory; removing entries elsewhere is not what was asked.
+        print(f"not clearing or pruning {store.requested}: mgjit does not use it (see the warning above)", file=out)
+        return 1
     if args.command == "list":
         cmd_list(store, out)
     elif args.command == "stats":

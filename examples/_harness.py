@@ -39,6 +39,18 @@ def _gpu_target() -> str | None:
     return GPU_TARGETS.get(torch.cuda.get_device_capability())
 
 
+def compile_only_elsewhere(target: str, name: str, argv: list[str]) -> tuple[list[str], bool]:
+    """For an example whose kernels run on `target` GPUs alone: (argv, whether it now only compiles). Unless this
+    machine has such a GPU or argv names a --target, it compiles for `target`, saying so next to another GPU."""
+    if _gpu_target() == target or any(arg.startswith("--target") for arg in argv):
+        return argv, False
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        print(f"{name} needs a {target} GPU; this GPU is sm_{major}{minor} ({torch.cuda.get_device_name()}): "
+              f"compiling for {target} only")
+    return [*argv, "--target", target], True
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill an output with values no correct kernel writes, so that an element it skips fails the check."""
     return t.fill_(float("nan")) if t.dtype.is_floating_point else t.fill_(-12345)
@@ -57,8 +69,10 @@ def describe(c: mgjit.CompiledKernel) -> str:
     ptxas = next((line.split(":", 1)[1].strip() for line in c.ptxas_report.splitlines() if "Used" in line), "?")
     how = "cache hit" if c.from_cache else f"compiled in {c.meta.get('compile_seconds', 0):.2f} s"
     ir_lines = c.ir.splitlines()
-    shown = "\n".join("    " + line for line in ir_lines[:IR_LINES])
-    more = f"\n    ... ({len(ir_lines) - IR_LINES} more lines: CompiledKernel.ir)" if len(ir_lines) > IR_LINES else ""
+    # At least up to the first register array, whose layout is what the IR shows best.
+    count = max(IR_LINES, next((i + 1 for i, line in enumerate(ir_lines) if "TiledLayout(" in line), 0))
+    shown = "\n".join("    " + line for line in ir_lines[:count])
+    more = f"\n    ... ({len(ir_lines) - count} more lines: CompiledKernel.ir)" if len(ir_lines) > count else ""
     return (f"kernel     {c.name}\n"
             f"target     {c.target}\n"
             f"launch     {c.meta.get('specialization', '')}\n"

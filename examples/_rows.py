@@ -1,14 +1,36 @@
-"""What the row examples (softmax, rmsnorm, layernorm, cross_entropy) share: how a row is split into register
-arrays, and the device helpers that load, reduce and store a row held that way.
+"""What the row examples (softmax, rmsnorm, layernorm, cross_entropy) share: how rows are mapped to programs,
+how a row is held in registers, the device helpers that load, reduce and store it, and the autotuned launch.
 
-A register array's dimensions are powers of two, so a row of n columns rounded up to one array wastes up to
-half the work (4097 columns would compute 8192). Instead a row is held as a few arrays whose widths are the
-binary digits of n rounded up to a multiple of 128 (4097 → 4096 + 128, 5000 → 4096 + 1024): at most 127 wasted
-columns. The widths are a constexpr tuple PARTS; a held row is a Python tuple of (ROWS, width) arrays.
+A mapping is a Config of five constexprs. Held rows (BLOCK=0) are read from memory once and kept in registers:
+a program (CTA) holds ROWS rows, or a segment of one row: a row too long for one warpgroup is split into
+segments of equal width, one per warpgroup of a cluster of CTAS CTAs with WGS warpgroups each, and the
+segments exchange their statistics once through distributed shared memory (`mgjit.cluster_gather`: one
+cluster barrier per row). Up to 8 CTAs of 4 warpgroups, 8192 columns each: rows of up to 262144 columns can
+be held. Streamed rows (BLOCK > 0): one program per row loops over BLOCK-wide chunks, each kernel's own way
+(cross-entropy reads the row once with an online logsumexp, the others twice); they are candidates for every
+row longer than one warpgroup holds (the mapping these examples used before rows were split over clusters, so
+the autotuner never does worse than that) and the only mapping of longer rows.
+
+A register array's dimensions are powers of two, so a row of n columns rounded up to one array would waste up
+to half the work (4097 columns would compute 8192). A row (or segment) is held as a few arrays whose widths
+are the binary digits of n rounded up to a multiple of 128 (4097 → 4096 + 128, 5000 → 4096 + 1024): PARTS, a
+constexpr tuple; a held row is a Python tuple of (ROWS, width) arrays.
+
+Which mapping serves a row length is tuned: `candidates(n)` lists a few (the first is the heuristic's pick,
+used without a GPU), and `launch` times them with mgjit.autotune on the first call for a shape and dtype.
 """
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+
 import mgjit
 
-MAX_ROW = 8192  # the widest row kept whole in registers (64 f32 per thread of one warpgroup)
+SEGMENT = 8192  # the widest segment one warpgroup holds in registers (64 float32 per thread)
+MAX_CTAS, MAX_WGS = 8, 4  # a portable cluster; warpgroups per CTA
+MAX_SPLIT_ROW = SEGMENT * MAX_CTAS * MAX_WGS  # 262144: longer rows stream
+STREAM = 4096  # the chunk width of streamed rows
 
 
 def parts(n: int) -> tuple[int, ...]:
@@ -20,43 +42,196 @@ def parts(n: int) -> tuple[int, ...]:
     return tuple(1 << b for b in range(n.bit_length() - 1, 6, -1) if n >> b & 1)
 
 
-def mapping(n: int, rows_per_program: int | None = None) -> tuple[str, dict]:
-    """Which kernel and constexprs serve rows of n columns: ("rows", ROWS and PARTS) when a row fits in registers
-    (about 4096 elements per program, so short rows go many to a program), else ("long", BLOCK) to stream it."""
-    if n > MAX_ROW:
-        return "long", {"BLOCK": 4096}
-    widths = parts(n)
-    rows = rows_per_program or max(1, min(512, 4096 // sum(widths)))
-    return "rows", {"ROWS": rows, "PARTS": widths}
+def _segment_parts(width: int) -> tuple[int, ...]:
+    """A segment's arrays: the binary digits of its width when there are at most two (each array costs its own
+    reductions), else one power of two (the padding is masked: it costs no memory traffic)."""
+    split = parts(width)
+    return split if len(split) <= 2 else (1 << (width - 1).bit_length(),)
+
+
+def hold(rows: int, widths: tuple[int, ...], ctas: int = 1, wgs: int = 1) -> mgjit.Config:
+    """The mapping that holds `rows` rows, or a segment of `widths` columns of one row per warpgroup of a
+    cluster of `ctas` CTAs with `wgs` warpgroups each, in registers."""
+    return mgjit.Config(ROWS=rows, PARTS=widths, CTAS=ctas, WGS=wgs, BLOCK=0, num_warpgroups=wgs if wgs > 1 else None,
+                        cluster=(ctas, 1, 1) if ctas > 1 else None)
+
+
+def streaming(block: int = STREAM) -> mgjit.Config:
+    """The mapping that streams each row through one program in `block`-wide chunks."""
+    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=block)
+
+
+def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
+    """The mappings tried for rows of n columns, the heuristic's pick first.
+
+    Short rows: ROWS rows per program, about 4096 elements (half and twice that too). Rows of 4097 to 8192 also
+    as two warpgroups. Longer rows: segments of 8192 or 4096 columns over a cluster, the fewest CTAs and
+    warpgroups that cover the row, more CTAs first (they spread the row over more SMs); and the row streamed in
+    `stream`-wide chunks. Rows longer than MAX_SPLIT_ROW: streamed only."""
+    if n > MAX_SPLIT_ROW:
+        return [streaming(stream)]
+    configs: list[mgjit.Config] = []
+    if n <= SEGMENT:
+        widths = parts(n)
+        width = sum(widths)
+        best = max(1, min(512, 4096 // width))
+        for rows in dict.fromkeys((best, best * 2, best // 2)):
+            if 1 <= rows <= 512 and rows * width <= 16384:
+                configs.append(hold(rows, widths))
+        if n > 4096:
+            configs.append(hold(1, _segment_parts(-(-n // 2)), wgs=2))
+        return configs
+    for segment in (SEGMENT, SEGMENT // 2):
+        need = -(-n // segment)
+        splits = sorted(((c * g, -c, c, g) for c in range(1, MAX_CTAS + 1) for g in range(1, MAX_WGS + 1)
+                         if need <= c * g < need + g), key=lambda s: s[:2])
+        for _, _, ctas, wgs in splits[:2]:
+            configs.append(hold(1, _segment_parts(-(-n // (ctas * wgs))), ctas, wgs))
+    return configs + [streaming(stream)]
+
+
+def grid(rows: int, config: mgjit.Config) -> tuple[int]:
+    """The grid of a row kernel's launch over `rows` rows."""
+    return (-(-rows // config.kwargs["ROWS"]) * config.kwargs["CTAS"],)
+
+
+@functools.lru_cache(maxsize=None)
+def mapping(n: int, rows_per_program: int | None = None, stream: int = STREAM) -> tuple[mgjit.Config, ...]:
+    """The candidate mappings for rows of n columns (ROWS forced to rows_per_program for short rows). Made once
+    per row length: building them costs hundreds of microseconds, more than a launch, and every call asks."""
+    if rows_per_program is not None and n <= SEGMENT:
+        return (hold(rows_per_program, parts(n)),)
+    return tuple(candidates(n, stream))
+
+
+def tuning_enabled(x) -> bool:
+    """Tune on a GPU; on the CPU (the interpreter) launch the heuristic's pick."""
+    return x.is_cuda and os.environ.get("MGJIT_INTERPRET") != "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(kernel, configs: tuple[mgjit.Config, ...], key: str):
+    return mgjit.autotune(configs=list(configs), key=[key])(kernel)
+
+
+def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
+    """Launch the first config as it is: one candidate, no GPU, or two arguments are one tensor (timing would run
+    the kernel on its own output)."""
+    pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
+    return len(configs) == 1 or len(set(pointers)) < len(pointers) or not tuning_enabled(args[0])
+
+
+def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
+    """The config `tuned_launch` launches for these arguments (tuned by an earlier launch)."""
+    if _untuned(configs, args):
+        return configs[0]
+    named = {**dict(zip(kernel.arg_names, args)), **constexprs}
+    return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(named)
+
+
+def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> list[tuple[mgjit.Config, float | None]]:
+    """Each config's time in ms (None: pruned) in the sweep `tuned_launch` ran (or read from the store) for these
+    arguments in this process; empty when it launched without tuning."""
+    if _untuned(configs, args):
+        return []
+    named = {**dict(zip(kernel.arg_names, args)), **constexprs}
+    try:
+        report = _tuned(kernel, tuple(configs), kernel.arg_names[0]).tuning_report(named)
+    except LookupError:
+        return []
+    return [(row.config, row.ms) for row in report.rows]
+
+
+def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, **constexprs) -> None:
+    """Launch `kernel` with the fastest of `configs` for the shape of args[0] and the arguments' dtypes (timed on
+    the first call, remembered on disk), or with the first config without a GPU or when two arguments are one
+    tensor (timing would run the kernel on its own output). grid_of(rows of args[0], constexprs and options)
+    gives the grid."""
+    x = args[0]
+    if _untuned(configs, args):
+        options = configs[0].launch_kwargs()
+        kernel[grid_of(x.shape[0], options)](*args, **constexprs, **options)
+        return
+    key = kernel.arg_names[0]
+    _tuned(kernel, tuple(configs), key)[lambda named: grid_of(named[key].shape[0], named)](*args, **constexprs)
+
+
+def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> None:
+    """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
+    tuned_launch(kernel, configs, lambda rows, c: (-(-rows // c["ROWS"]) * c["CTAS"],), args, **constexprs)
+
+
+# ---- device helpers
+
+@mgjit.device
+def held_width(PARTS):
+    """The columns that arrays of the widths PARTS hold together."""
+    width = 0
+    for p in mgjit.static_range(len(PARTS)):
+        width += PARTS[p]
+    return width
 
 
 @mgjit.device
-def load_row(x, rows, PARTS, fill):
-    """The rows `rows` (a mgjit.ds) of x as float32 arrays, one per width of PARTS; columns past the row's end
-    hold `fill`."""
+def first_row(ROWS, CTAS):
+    """The first of the rows this program holds (a segment of)."""
+    if CTAS == 1:
+        return mgjit.program_id(0) * ROWS
+    return (mgjit.program_id(0) // CTAS) * ROWS
+
+
+@mgjit.device
+def segment(ROWS, PARTS, CTAS, WGS):
+    """The rows this program holds (a mgjit.ds) and the first column of its segment of them."""
+    rows = mgjit.ds(first_row(ROWS, CTAS), ROWS)
+    if CTAS * WGS == 1:
+        return rows, 0
+    if CTAS == 1:
+        return rows, mgjit.warpgroup_id() * held_width(PARTS)
+    return rows, (mgjit.cluster_rank() * WGS + mgjit.warpgroup_id()) * held_width(PARTS)
+
+
+@mgjit.device
+def columns(c0, PARTS):
+    """The column indices of a segment starting at c0, one int32 array per width of PARTS. Kernels use these
+    same arrays for every mask and comparison: one set of index arrays takes the layout of the data it is
+    compared with (a second `arange` would bring a layout of its own that the loads would follow)."""
+    cols = ()
+    c = c0
+    for p in mgjit.static_range(len(PARTS)):
+        cols = cols + (c + mgjit.arange(PARTS[p]),)
+        c += PARTS[p]
+    return cols
+
+
+@mgjit.device
+def load_row(x, rows, c0, cols, PARTS, fill):
+    """Columns c0.. (their indices `cols`, from `columns`) of the rows `rows` (a mgjit.ds) of x as float32
+    arrays, one per width of PARTS; columns past the row's end hold `fill`."""
     n = x.shape[1]
     held = ()
-    c0 = 0
+    c = c0
     for p in mgjit.static_range(len(PARTS)):
-        v = x[rows, mgjit.ds(c0, PARTS[p])].astype(mgjit.float32)
-        held = held + (mgjit.where(c0 + mgjit.arange(PARTS[p]) < n, v, fill),)
-        c0 += PARTS[p]
+        v = x[rows, mgjit.ds(c, PARTS[p])].astype(mgjit.float32)
+        held = held + (mgjit.where(cols[p] < n, v, fill),)
+        c += PARTS[p]
     return held
 
 
 @mgjit.device
-def load_vector(w, PARTS):
-    """A 1D tensor (a weight) split like a row, as float32 arrays."""
+def load_vector(w, c0, PARTS):
+    """Elements c0.. of a 1D tensor (a weight) split like a row, as float32 arrays."""
     held = ()
-    c0 = 0
+    c = c0
     for p in mgjit.static_range(len(PARTS)):
-        held = held + (w[mgjit.ds(c0, PARTS[p])].astype(mgjit.float32),)
-        c0 += PARTS[p]
+        held = held + (w[mgjit.ds(c, PARTS[p])].astype(mgjit.float32),)
+        c += PARTS[p]
     return held
 
 
 @mgjit.device
-def row_max(held):
+def segment_max(held):
+    """The maximum of each held row over the columns this program holds."""
     m = held[0].max(axis=1)
     for p in mgjit.static_range(1, len(held)):
         m = mgjit.maximum(m, held[p].max(axis=1))
@@ -64,7 +239,8 @@ def row_max(held):
 
 
 @mgjit.device
-def row_sum(held):
+def segment_sum(held):
+    """The sum of each held row over the columns this program holds."""
     s = held[0].sum(axis=1)
     for p in mgjit.static_range(1, len(held)):
         s = s + held[p].sum(axis=1)
@@ -72,8 +248,71 @@ def row_sum(held):
 
 
 @mgjit.device
-def store_row(out, rows, held, PARTS):
-    c0 = 0
+def row_sum(held, SPLIT):
+    """The sum of each row over its SPLIT segments (the warpgroups of a cluster)."""
+    if SPLIT == 1:
+        return segment_sum(held)
+    return mgjit.cluster_reduce(segment_sum(held), "sum")
+
+
+@mgjit.device
+def exp_segment(v, SPLIT):
+    """(e, m, s) of held rows v: m their maximum over this segment, e = exp(v - m) per part, s the sum of e. A
+    segment wholly past its row's end (m = -inf, when a row is split) gets e = 0, not NaN."""
+    m = segment_max(v)
+    shift = m
+    if SPLIT > 1:
+        shift = mgjit.where(m == -float("inf"), 0.0, m)
+    e = ()
+    for p in mgjit.static_range(len(v)):
+        e = e + (mgjit.exp(v[p] - shift[:, None]),)
+    return e, m, segment_sum(e)
+
+
+@mgjit.device
+def merge_exp(maxima, sums, SPLIT):
+    """The row's maximum and its sum of exp(x - maximum), from each segment's maximum and sum of
+    exp(x - its own maximum) (tuples over the SPLIT segments, from mgjit.cluster_gather)."""
+    top = maxima[0]
+    for k in mgjit.static_range(1, SPLIT):
+        top = mgjit.maximum(top, maxima[k])
+    total = sums[0] * mgjit.exp(maxima[0] - top)
+    for k in mgjit.static_range(1, SPLIT):
+        total = total + sums[k] * mgjit.exp(maxima[k] - top)
+    return top, total
+
+
+@mgjit.device
+def merge_moments(sums, deviations, n, width, SPLIT):
+    """The row's mean and sum of squared deviations from it, from each segment's sum and sum of squared
+    deviations from its own mean (tuples over the SPLIT segments; segment k holds columns k * width onwards of a
+    row of n): Chan's parallel update, exact where the sums of squares about one mean would cancel."""
+    total = sums[0]
+    for k in mgjit.static_range(1, SPLIT):
+        total = total + sums[k]
+    mean = total / n
+    m2 = 0.0
+    for k in mgjit.static_range(SPLIT):
+        count = mgjit.minimum(mgjit.maximum(n - k * width, 0), width).astype(mgjit.float32)
+        d = sums[k] - count * mean
+        m2 = m2 + deviations[k] + d * d / mgjit.maximum(count, 1.0)
+    return mean, m2
+
+
+@mgjit.device
+def store_stat(out, rows, value, c0, SPLIT):
+    """out[rows] = value (one float per row), stored once per row: by the segment that holds its first column."""
+    if SPLIT == 1:
+        out[rows] = value
+    else:
+        if mgjit.warpgroup_id() == 0:
+            if c0 == 0:
+                out[rows] = value
+
+
+@mgjit.device
+def store_row(out, rows, c0, held, PARTS):
+    c = c0
     for p in mgjit.static_range(len(PARTS)):
-        out[rows, mgjit.ds(c0, PARTS[p])] = held[p].astype(out.dtype)
-        c0 += PARTS[p]
+        out[rows, mgjit.ds(c, PARTS[p])] = held[p].astype(out.dtype)
+        c += PARTS[p]

@@ -1,20 +1,58 @@
 """Cross-entropy forward: loss[r] = logsumexp(logits[r, :]) - logits[r, target[r]], for any vocabulary size.
 
-Large vocabularies: one program per row streams the row in BLOCK-wide chunks with an online logsumexp (a
-running maximum, the sum rescaled when it grows), so the logits are read exactly once. Up to 8192: ROWS rows
-per program held as in examples/_rows.py, the target's logit picked by a masked sum (no gather). Rows whose target
-is `ignore_index` get a loss of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
+The logits are read exactly once, by either of two mappings (autotuned per shape). Held rows, as in
+examples/_rows.py: short rows ROWS to a program; rows of up to 262144 split over the warpgroups of a cluster,
+each segment computing its maximum and its sum of exp(x - that maximum), which the segments swap once through
+distributed shared memory (one cluster barrier). Streamed rows (any row over
+8192 columns, and the only way past 262144): one program per row loops over BLOCK-wide chunks with an online
+logsumexp (a running maximum, the sum rescaled when it grows). The target's logit is one scalar load per row, or
+a masked sum where a program holds several rows (no gather). Rows whose target is `ignore_index` get a loss of
+0, as in torch. The logsumexp is returned too (what a backward pass needs).
+
+The target is compared, as int32, with the same column indices that mask the row's end: a second index array
+(or an int64 one) would bring a layout of its own, which the logits' loads would follow (8-byte accesses of
+bf16) at the cost of a relayout through shared memory.
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import load_row, mapping as rows_mapping, row_max, row_sum
+from _rows import (columns, exp_segment, first_row, launch, load_row, mapping as rows_mapping, merge_exp, segment, segment_sum,
+                   store_stat)
 
 import mgjit
 
 
 @mgjit.kernel
-def cross_entropy_kernel(logits, target, loss, lse, ignore_index, BLOCK: mgjit.constexpr):
+def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
+                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    if BLOCK:
+        cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK)
+    else:
+        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
+        cols = columns(c0, PARTS)
+        v = load_row(logits, rows, c0, cols, PARTS, -float("inf"))
+        t = target[rows].astype(mgjit.int32)
+        if ROWS == 1:  # one load of the target's logit (a target outside the row reads 0: its loss is 0 anyway)
+            row = first_row(ROWS, CTAS)
+            hit = logits[row, target[row].astype(mgjit.int32)].astype(mgjit.float32)
+        else:          # a masked sum: a gather of ROWS logits would be ROWS loads per thread
+            hits = ()
+            for p in mgjit.static_range(len(PARTS)):
+                hits = hits + (mgjit.where(cols[p][None, :] == t[:, None], v[p], 0.0),)
+            hit = segment_sum(hits)
+        e, m, s = exp_segment(v, CTAS * WGS)
+        if CTAS * WGS == 1:
+            top, total = m, s
+        else:  # one exchange of (max, sum) between the segments
+            top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS * WGS)
+        row_lse = top + mgjit.log(total)
+        store_stat(lse, rows, row_lse, c0, CTAS * WGS)
+        store_stat(loss, rows, mgjit.where(t == ignore_index, 0.0, row_lse - hit), c0, CTAS * WGS)
+
+
+@mgjit.device
+def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
+    """One row per program, in BLOCK-wide chunks, with an online logsumexp."""
     row = mgjit.program_id(0)
     n = logits.shape[1]
     m = -float("inf")
@@ -32,34 +70,14 @@ def cross_entropy_kernel(logits, target, loss, lse, ignore_index, BLOCK: mgjit.c
     loss[row] = mgjit.where(t == ignore_index, 0.0, row_lse - picked)
 
 
-@mgjit.kernel
-def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
-    row0 = mgjit.program_id(0) * ROWS
-    rows = mgjit.ds(row0, ROWS)
-    v = load_row(logits, rows, PARTS, -float("inf"))
-    m = row_max(v)
-    t = target[rows]
-    e = ()
-    hits = ()
-    c0 = 0
-    for p in mgjit.static_range(len(PARTS)):
-        e = e + (mgjit.exp(v[p] - m[:, None]),)
-        hits = hits + (mgjit.where(c0 + mgjit.arange(PARTS[p])[None, :] == t[:, None], v[p], 0.0),)
-        c0 += PARTS[p]
-    row_lse = m + mgjit.log(row_sum(e))
-    lse[rows] = row_lse
-    loss[rows] = mgjit.where(t == ignore_index, 0.0, row_lse - row_sum(hits))
-
-
 def block_for(n: int) -> int:
     """The chunk width: the row rounded up to a power of two, at most 8192 (64 f32 per thread)."""
     return min(8192, 1 << max(n - 1, 0).bit_length())
 
 
-def mapping(n: int) -> tuple[str, dict]:
-    """Rows that fit in registers go several to a program (examples/_rows.py); longer ones stream."""
-    kind, cfg = rows_mapping(n)
-    return ("rows", cfg) if kind == "rows" else ("stream", {"BLOCK": block_for(n)})
+def mapping(n: int):
+    """The candidate mappings (examples/_rows.py); streamed rows go in chunks of block_for(n)."""
+    return rows_mapping(n, stream=block_for(n))
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -70,11 +88,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device) if out is None else out
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
-        kind, cfg = mapping(logits.shape[1])
-        if kind == "rows":
-            cross_entropy_rows[(-(-rows // cfg["ROWS"]),)](logits, target, loss, lse, ignore_index, **cfg)
-        else:
-            cross_entropy_kernel[(rows,)](logits, target, loss, lse, ignore_index, **cfg)
+        launch(cross_entropy_rows, mapping(logits.shape[1]), (logits, target, loss, lse, ignore_index))
     return loss, lse
 
 
@@ -89,9 +103,8 @@ def setup(device):
 
 
 def compile(logits, labels, out, target):
-    kind, cfg = mapping(logits.shape[1])
-    kernel = cross_entropy_rows if kind == "rows" else cross_entropy_kernel
-    return kernel.compile(logits, labels, out, out, -100, **cfg, target=target)
+    return cross_entropy_rows.compile(logits, labels, out, out, -100, **mapping(logits.shape[1])[0].launch_kwargs(),
+                                      target=target)
 
 
 def run(logits, labels, out):

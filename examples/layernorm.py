@@ -1,46 +1,78 @@
 """LayerNorm over the last dimension: y = (x - mean) / sqrt(var + eps) * w + b, for any row length.
 
-Two mappings of rows to programs, chosen by the wrapper from the row length:
-- rows that fit in registers: ROWS rows per program (short rows go many to a program), each held as a few
-  (ROWS, width) arrays whose widths add up to the row rounded up to 128 columns (examples/_rows.py);
-- long rows: a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk (Chan's parallel
-  update of Welford's sums, exact in f32), then a second pass that normalizes.
+Every row is read once and held in registers (examples/_rows.py), the mapping autotuned per shape:
+- short rows: ROWS rows per program, each held as a few (ROWS, width) arrays whose widths add up to the row
+  rounded up to 128 columns;
+- rows too long for one warpgroup: segments over the warpgroups of a cluster; each computes its sum and the
+  sum of squared deviations from its own mean, the segments swap them once through distributed shared memory
+  (one cluster barrier) and merge them (Chan's parallel update: exact in f32, with no cancellation);
+- a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk (the same update), then a second
+  pass that normalizes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192.
 Statistics are computed in f32 and the output rounded once; the padding past a row's end reads as zero and is
 masked out of the variance.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import load_row, load_vector, mapping, row_sum, store_row
+from _rows import (columns, held_width, launch, load_row, load_vector, mapping, merge_moments, segment, segment_sum,
+                   store_row)
 
 import mgjit
 
 
 @mgjit.kernel
-def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
-    """ROWS rows, held as arrays of the widths PARTS, per program."""
-    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
-    n = x.shape[1]
-    v = load_row(x, rows, PARTS, 0.0)
-    mean = row_sum(v) / n
+def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program; or (BLOCK > 0) one row
+    streamed in BLOCK-wide chunks."""
+    if BLOCK:
+        layernorm_stream(x, w, b, out, eps, BLOCK)
+    else:
+        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
+        n = x.shape[1]
+        cols = columns(c0, PARTS)
+        v = load_row(x, rows, c0, cols, PARTS, 0.0)
+        if CTAS * WGS == 1:
+            mean = segment_sum(v) / n
+            d = centred(v, cols, mean, n)
+            rstd = mgjit.rsqrt(segment_sum(squares(d)) / n + eps)
+        else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
+            width = held_width(PARTS)
+            count = mgjit.minimum(mgjit.maximum(n - c0, 0), width).astype(mgjit.float32)
+            s = segment_sum(v)
+            deviations = segment_sum(squares(centred(v, cols, s / mgjit.maximum(count, 1.0), n)))
+            sums, all_deviations = mgjit.cluster_gather(s, deviations)
+            mean, m2 = merge_moments(sums, all_deviations, n, width, CTAS * WGS)
+            rstd = mgjit.rsqrt(m2 / n + eps)
+            d = ()
+            for p in mgjit.static_range(len(PARTS)):
+                d = d + (v[p] - mean[:, None],)  # the padding is not stored
+        wv, bv = load_vector(w, c0, PARTS), load_vector(b, c0, PARTS)
+        y = ()
+        for p in mgjit.static_range(len(PARTS)):
+            y = y + (d[p] * rstd[:, None] * wv[p] + bv[p],)
+        store_row(out, rows, c0, y, PARTS)
+
+
+@mgjit.device
+def centred(v, cols, mean, n):
+    """v - mean per part, zero past the row's end."""
     d = ()
-    squares = ()
-    c0 = 0
-    for p in mgjit.static_range(len(PARTS)):
-        dp = mgjit.where(c0 + mgjit.arange(PARTS[p]) < n, v[p] - mean[:, None], 0.0)
-        d = d + (dp,)
-        squares = squares + (dp * dp,)
-        c0 += PARTS[p]
-    rstd = mgjit.rsqrt(row_sum(squares) / n + eps)
-    wv, bv = load_vector(w, PARTS), load_vector(b, PARTS)
-    y = ()
-    for p in mgjit.static_range(len(PARTS)):
-        y = y + (d[p] * rstd[:, None] * wv[p] + bv[p],)
-    store_row(out, rows, y, PARTS)
+    for p in mgjit.static_range(len(v)):
+        d = d + (mgjit.where(cols[p] < n, v[p] - mean[:, None], 0.0),)
+    return d
 
 
-@mgjit.kernel
-def layernorm_long(x, w, b, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
+@mgjit.device
+def squares(d):
+    out = ()
+    for p in mgjit.static_range(len(d)):
+        out = out + (d[p] * d[p],)
+    return out
+
+
+@mgjit.device
+def layernorm_stream(x, w, b, out, eps, BLOCK):
     """One row per program, in BLOCK-wide chunks."""
     row = mgjit.program_id(0)
     n = x.shape[1]
@@ -74,11 +106,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    kind, cfg = mapping(x.shape[1], rows_per_program)
-    if kind == "long":
-        layernorm_long[(x.shape[0],)](x, w, b, out, eps=eps, **cfg)
-    else:
-        layernorm_rows[(-(-x.shape[0] // cfg["ROWS"]),)](x, w, b, out, eps=eps, **cfg)
+    launch(layernorm_rows, mapping(x.shape[1], rows_per_program), (x, w, b, out), eps=eps)
     return out
 
 
@@ -92,9 +120,7 @@ def setup(device):
 
 
 def compile(x, w, b, out, target):
-    kind, cfg = mapping(x.shape[1])
-    kernel = layernorm_long if kind == "long" else layernorm_rows
-    return kernel.compile(x, w, b, out, eps=1e-5, **cfg, target=target)
+    return layernorm_rows.compile(x, w, b, out, eps=1e-5, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x, w, b):

@@ -174,15 +174,9 @@ def _show_hopper_refusal() -> None:
 
 
 if __name__ == "__main__":
-    from _harness import main
-    argv = sys.argv[1:]
-    blackwell = torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
-    if not blackwell and not any(arg.startswith("--target") for arg in argv):
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            print(f"matmul_blackwell needs a Blackwell GPU (sm_100a); this GPU is sm_{major}{minor} "
-                  f"({torch.cuda.get_device_name()}): compiling for sm_100a only")
-            _show_hopper_refusal()
-        argv += ["--target", "sm_100a"]
+    from _harness import compile_only_elsewhere, main
+    argv, compile_only = compile_only_elsewhere("sm_100a", "matmul_blackwell", sys.argv[1:])
+    if compile_only and torch.cuda.is_available():
+        _show_hopper_refusal()
     main(name="matmul_blackwell", setup=setup, compile=compile, run=lambda a, b, out: matmul(a, b, out),
          reference=reference, rtol=2e-2, atol=5e-2, bytes_moved=None, argv=argv)

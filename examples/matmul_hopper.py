@@ -1,18 +1,40 @@
-"""Hopper matmul: TMA into 128B-swizzled SMEM, an mbarrier ring, wgmma, warp specialization, persistent grid.
+"""Hopper matmul: TMA into 128B-swizzled SMEM, an mbarrier ring, wgmma, warp specialization, a persistent grid,
+and schedules for every shape: data-parallel tiles, stream-K (split-K is its special case) and swap-AB.
 
-Each CTA loops over output tiles. Warpgroup 0 is the producer: it streams A and B tiles into a ring of
-STAGES shared-memory slots with the TMA engine, running ahead into the next tile while the consumers
-finish the current one. Warpgroups 1 and 2 are consumers: each multiplies its half of the A tile by the
-B tile on the tensor cores (wgmma), hands each slot back, and stores its half of C. Ragged edges need no
-code: TMA reads zeros past the tensor's end and the final store is masked.
+Each CTA loops over work items. Warpgroup 0 is the producer: it streams A and B tiles into a ring of STAGES
+shared-memory slots with the TMA engine, running ahead into the next item while the consumers finish the
+current one. The other warpgroups are consumers, one per 64 rows of the tile (BM = 64 or 128): each multiplies
+its rows of the A tile by the B tile on the tensor cores (wgmma), hands each slot back, and stores its rows of C.
+Ragged edges need no code: TMA reads zeros past the tensor's end and the final store is masked.
+Profiler spans (mgjit.trace) mark the producer's loads of each work item ("load tile") and each consumer's
+work items ("tile"), their wgmma loop ("mma") and their epilogue or fix-up ("epilogue"); a launch records them
+with profile=mgjit.Profile() (`matmul(..., profile=)`) and costs nothing without.
+
+Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few candidates once per shape):
+- data-parallel (STREAM_K=0): CTA p computes whole tiles p, p + P, p + 2P, ... (P CTAs, at most one per SM);
+- stream-K (STREAM_K=w >= 1): the tiles of the last partial wave and of w - 1 full waves before it are cut into
+  their BK-wide k-iterations, and each CTA takes an equal, contiguous range of those iterations (with fewer
+  iterations than CTAs, the first CTAs take one each). A tile cut between CTAs is fixed up by the last of them
+  to finish: each contributor publishes its partial sum in a f32 workspace and counts itself in the tile's lock
+  (`atomic_add(..., sem="acq_rel")`); the one that sees the count complete adds the partials and stores the
+  tile. DETERMINISTIC=True (the default) gives each contributor its own slot and adds them in k order (bitwise
+  repeatable); False adds them into one slot with f32 atomics. No CTA ever waits for another. Split-K is
+  stream-K with P = tiles x splits CTAs.
+- swap-AB (in the wrapper): C^T = B^T A^T, so that a small M becomes the N of the wgmma (8..256 in steps of 8)
+  and the large N fills the 64-row side: decode shapes (M <= 64) stream the weights through every SM.
 
     python examples/matmul_hopper.py     # runs and checks on a Hopper GPU; compiles for sm_90a without one
 """
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import mgjit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _matmul_schedules as schedules  # noqa: E402
 
 
 @mgjit.device
@@ -25,75 +47,204 @@ def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
     return (first_m + within % rows_in_group) * BM, (within // rows_in_group) * BN
 
 
-@mgjit.kernel(num_warpgroups=3)
-def matmul_kernel(a, b, c, scale, bias, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
-                  STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr, B_KMAJOR: mgjit.constexpr = False,
-                  SCALED: mgjit.constexpr = False, BIAS: mgjit.constexpr = False,
-                  ACTIVATION: mgjit.constexpr = None, TMA_STORE: mgjit.constexpr = True):
-    """c = act(a @ b * scale[0] + bias): b is (K, N), or (N, K) when B_KMAJOR (needed for fp8/tf32); the
-    scale, bias and activation are optional and applied to the fp32 accumulator on the way out."""
-    tiles_m = mgjit.cdiv(a.shape[0], BM)
-    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN)
-    k_tiles = mgjit.cdiv(a.shape[1], BK)
-    first, step = mgjit.program_id(0), mgjit.num_programs(0)
+@mgjit.device
+def schedule(tiles, k_tiles, STREAM_K):
+    """This CTA's work: `n_dp` data-parallel tiles (pid, pid + P, ... below `dp_tiles`), then the stream-K tiles
+    that its range [begin, end) of the k-iterations of the tiles from `dp_tiles` on touches. Returns
+    (dp_tiles, n_dp, iters, begin, end, sk_first, items)."""
+    pid, ctas = mgjit.program_id(0), mgjit.num_programs(0)
+    dp_tiles = tiles
+    iters, begin, end, sk_first, sk_count = 0, 0, 0, 0, 0
+    if STREAM_K:
+        # The last partial wave and STREAM_K - 1 full waves before it (none when the waves are whole).
+        kept = mgjit.maximum(tiles // ctas - (STREAM_K - 1), 0) * ctas
+        dp_tiles = mgjit.where(tiles % ctas == 0, tiles, kept)
+        iters = (tiles - dp_tiles) * k_tiles
+        workers = stream_k_ctas(iters)  # CTAs p < workers: each takes at least one iteration
+        begin = mgjit.minimum(pid * iters // workers, iters)
+        end = mgjit.minimum((pid + 1) * iters // workers, iters)
+        sk_first = begin // k_tiles
+        sk_count = mgjit.where(end > begin, (end + k_tiles - 1) // k_tiles - sk_first, 0)
+    n_dp = (dp_tiles - pid + ctas - 1) // ctas
+    return dp_tiles, n_dp, iters, begin, end, sk_first, n_dp + sk_count
 
-    a_s = mgjit.smem((STAGES, 2, BM // 2, BK), a.dtype, swizzle=128)  # one half of A per consumer
+
+@mgjit.device
+def stream_k_ctas(iters):
+    """How many CTAs share the stream-K iterations: every CTA, or one per iteration when there are fewer (a CTA
+    with an empty range in the middle of a cut tile's contributors would never be counted in its lock)."""
+    return mgjit.minimum(mgjit.num_programs(0), mgjit.maximum(iters, 1))
+
+
+@mgjit.device
+def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles):
+    """Item w of this CTA: (tile, its index among the stream-K tiles, first k-iteration, end k-iteration)."""
+    pid, ctas = mgjit.program_id(0), mgjit.num_programs(0)
+    dp = w < n_dp
+    sk_tile = sk_first + w - n_dp
+    tile = mgjit.where(dp, pid + w * ctas, dp_tiles + sk_tile)
+    k0 = mgjit.where(dp, 0, mgjit.maximum(begin - sk_tile * k_tiles, 0))
+    k1 = mgjit.where(dp, k_tiles, mgjit.minimum(end - sk_tile * k_tiles, k_tiles))
+    return tile, sk_tile, k0, k1
+
+
+@mgjit.device
+def publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS, DETERMINISTIC):
+    """Publish this CTA's partial sum of its 64 rows of a cut tile and count it in the tile's lock (acq_rel:
+    the partials of those counted before are visible once the count is seen). True for the contributor that
+    completes the count: it finishes the tile (partial_sum). CTA p's partial of stream-K tile t goes to slot
+    t + p (the contributors of consecutive tiles never share a slot), or with DETERMINISTIC=False is added into
+    slot t with f32 atomics."""
+    slot = sk_tile + mgjit.program_id(0) if DETERMINISTIC else sk_tile
+    rows = mgjit.ds((slot * CONSUMERS + half) * 64, 64)
+    if DETERMINISTIC:
+        ws[rows, mgjit.ds(0, BN)] = acc
+    else:
+        mgjit.atomic_add(ws, (rows, mgjit.ds(0, BN)), acc)
+    first, last = contributors(sk_tile, k_tiles, iters)
+    return mgjit.atomic_add(locks, sk_tile * CONSUMERS + half, 1, sem="acq_rel") == last - first
+
+
+@mgjit.device
+def contributors(sk_tile, k_tiles, iters):
+    """The first and last CTA whose iteration ranges cut stream-K tile `sk_tile` (CTA p < W holds iterations
+    [p * iters // W, (p + 1) * iters // W), W = stream_k_ctas(iters) <= iters, so no range is empty and
+    iteration i is CTA ((i + 1) * W - 1) // iters's); every CTA from the first to the last contributes."""
+    workers = stream_k_ctas(iters)
+    return ((sk_tile * k_tiles + 1) * workers - 1) // iters, ((sk_tile + 1) * k_tiles * workers - 1) // iters
+
+
+@mgjit.device
+def finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters, BN, CONSUMERS,
+                    DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION):
+    """Store the 64 rows of a cut tile from the published partials (added in k order with DETERMINISTIC), 64
+    columns at a time so that a partial and the sum fit in registers beside each other (fewer where BN is not
+    a multiple of 64: register arrays have power-of-two sides, and a swapped tile's BN is M rounded up to 8);
+    reset the lock and the slot for the next launch."""
+    CHUNK = min(64, BN & -BN)
+    first, last = contributors(sk_tile, k_tiles, iters)
+    for j in mgjit.static_range(BN // CHUNK):
+        cols = mgjit.ds(j * CHUNK, CHUNK)
+        if DETERMINISTIC:
+            acc = ws[mgjit.ds(((sk_tile + first) * CONSUMERS + half) * 64, 64), cols]
+            for p in range(first + 1, last + 1):
+                acc = acc + ws[mgjit.ds(((sk_tile + p) * CONSUMERS + half) * 64, 64), cols]
+        else:
+            rows = mgjit.ds((sk_tile * CONSUMERS + half) * 64, 64)
+            acc = ws[rows, cols]
+            ws[rows, cols] = mgjit.zeros((64, CHUNK), mgjit.float32)
+        epilogue(acc, c, c, scale, bias, row0, n0 + j * CHUNK, half, CHUNK, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
+                 False)
+    locks[sk_tile * CONSUMERS + half] = 0
+
+
+@mgjit.device
+def epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION, TMA_STORE):
+    """act(acc * scale + bias) into C's 64 x BN tile at (row0, n0): through c_s[half] and the TMA engine with
+    TMA_STORE, else straight from registers."""
+    if SCALED:
+        acc = acc * scale[0]
+    if BIAS:
+        if BIAS_ROWS:
+            acc = acc + bias[mgjit.ds(row0, 64)].astype(mgjit.float32)[:, None]
+        else:
+            acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
+    if ACTIVATION == "relu":
+        acc = mgjit.maximum(acc, 0.0)
+    elif ACTIVATION == "gelu":
+        acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
+    if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
+        mgjit.store_async_wait(0)
+        c_s[half][...] = acc.astype(c.dtype)
+        mgjit.store_async(c, (row0, n0), c_s[half])
+    else:
+        c[mgjit.ds(row0, 64), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+
+
+@mgjit.kernel(num_warpgroups=3)
+def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
+                  STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr, B_KMAJOR: mgjit.constexpr = False,
+                  A_MNMAJOR: mgjit.constexpr = False, SCALED: mgjit.constexpr = False, BIAS: mgjit.constexpr = False,
+                  BIAS_ROWS: mgjit.constexpr = False, ACTIVATION: mgjit.constexpr = None,
+                  TMA_STORE: mgjit.constexpr = True, STREAM_K: mgjit.constexpr = 0,
+                  DETERMINISTIC: mgjit.constexpr = True):
+    """c = act(a @ b * scale[0] + bias): a is (M, K), or (K, M) when A_MNMAJOR; b is (K, N), or (N, K) when
+    B_KMAJOR (fp8 and tf32 need both K-major). scale, bias (per column, or per row with BIAS_ROWS) and the
+    activation are optional and applied to the f32 accumulator on the way out. Launch with BM // 64 + 1
+    warpgroups. ws (f32) and locks (int32, zeros) serve stream-K's fix-up (examples/_matmul_schedules.py
+    sizes them); other schedules never touch them."""
+    CONSUMERS = BM // 64
+    tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM)
+    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN)
+    k_tiles = mgjit.cdiv(a.shape[0] if A_MNMAJOR else a.shape[1], BK)
+    dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K)
+
+    a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
     b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype, swizzle=128)
+    c_s = c  # each consumer's epilogue tile, with TMA_STORE
     if TMA_STORE:
-        c_s = mgjit.smem((2, BM // 2, BN), c.dtype, swizzle=128)  # each consumer's epilogue tile
-    full = mgjit.barrier(STAGES, arrivals=3)   # three TMA copies fill a slot
-    empty = mgjit.barrier(STAGES, arrivals=2)  # both consumers release it
+        c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=128)
+    full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)  # the A parts and B fill a slot
+    empty = mgjit.barrier(STAGES, arrivals=CONSUMERS)     # every consumer releases it
 
     wg = mgjit.warpgroup_id()
-    it = 0  # position in the slot ring, continued across tiles
+    it = 0  # position in the slot ring, continued across work items
     if wg == 0:
-        mgjit.set_max_registers(40, increase=False)
-        for tile in range(first, tiles_m * tiles_n, step):
+        if CONSUMERS == 2:  # three warpgroups share the register file: the producer needs few
+            mgjit.set_max_registers(40, increase=False)
+        for w in range(items):
+            tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
             m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
-            for k in range(k_tiles):
-                slot = it % STAGES
-                if it >= STAGES:
-                    empty[slot].wait()
-                mgjit.copy_async(a, (m0, k * BK), a_s[slot][0], barrier=full[slot])
-                mgjit.copy_async(a, (m0 + BM // 2, k * BK), a_s[slot][1], barrier=full[slot])
-                mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
-                it += 1
+            with mgjit.trace("load tile"):  # spans: recorded when a launch profiles (profile=mgjit.Profile())
+                for k in range(k0, k1):
+                    slot = it % STAGES
+                    if it >= STAGES:
+                        empty[slot].wait()
+                    for h in mgjit.static_range(CONSUMERS):
+                        mgjit.copy_async(a, (k * BK, m0 + h * 64) if A_MNMAJOR else (m0 + h * 64, k * BK),
+                                         a_s[slot][h], barrier=full[slot])
+                    mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
+                    it += 1
     else:
-        mgjit.set_max_registers(232, increase=True)
-        for tile in range(first, tiles_m * tiles_n, step):
-            m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
-            acc = mgjit.zeros((BM // 2, BN), mgjit.float32)
-            for k in range(k_tiles):
-                slot = it % STAGES
-                full[slot].wait()
-                acc = mgjit.wgmma(acc, a_s[slot][wg - 1], b_s[slot].T if B_KMAJOR else b_s[slot])
-                mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
-                if k > 0:
-                    empty[(it - 1) % STAGES].arrive()
-                it += 1
-            mgjit.wgmma_wait(0)
-            empty[(it - 1) % STAGES].arrive()
-            if SCALED:
-                acc = acc * scale[0]
-            if BIAS:
-                acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
-            if ACTIVATION == "relu":
-                acc = mgjit.maximum(acc, 0.0)
-            elif ACTIVATION == "gelu":
-                acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
-            row0 = m0 + (wg - 1) * (BM // 2)
-            if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
-                mgjit.store_async_wait(0)
-                c_s[wg - 1][...] = acc.astype(c.dtype)
-                mgjit.store_async(c, (row0, n0), c_s[wg - 1])
-            else:
-                c[mgjit.ds(row0, BM // 2), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+        if CONSUMERS == 2:
+            mgjit.set_max_registers(232, increase=True)
+        half = wg - 1
+        for w in range(items):
+            with mgjit.trace("tile"):  # one work item: a whole tile, or a stream-K range of one
+                tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
+                m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+                acc = mgjit.zeros((64, BN), mgjit.float32)
+                with mgjit.trace("mma"):
+                    for k in range(k0, k1):
+                        slot = it % STAGES
+                        full[slot].wait()
+                        acc = mgjit.wgmma(acc, a_s[slot][half].T if A_MNMAJOR else a_s[slot][half],
+                                          b_s[slot].T if B_KMAJOR else b_s[slot])
+                        mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
+                        if k > k0:
+                            empty[(it - 1) % STAGES].arrive()
+                        it += 1
+                    mgjit.wgmma_wait(0)
+                empty[(it - 1) % STAGES].arrive()
+                row0 = m0 + half * 64
+                with mgjit.trace("epilogue"):  # or a cut tile's fix-up
+                    if STREAM_K:
+                        if (k0 > 0) | (k1 < k_tiles):  # a cut tile: the last contributor to finish stores it
+                            if publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS,
+                                               DETERMINISTIC):
+                                finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters,
+                                                BN, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION)
+                        else:
+                            epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS,
+                                     ACTIVATION, TMA_STORE)
+                    else:
+                        epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
+                                 TMA_STORE)
         mgjit.store_async_wait(0)
 
 
 DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=3, GROUP_M=8)
-# One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
-BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
+BK_FOR_BITS = schedules.BK_FOR_BITS
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,10 +266,13 @@ def _tma_ready(t, copy: bool = True):
 
 
 def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activation: str | None = None,
-           out_dtype=None, b_kmajor: bool = False):
-    """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation: bf16/f16; fp8 e4m3/e5m2 and f32
-    (as tf32) with b given (N, K) and b_kmajor=True. `scale` is a 1-element f32 tensor, `bias` an (N,)
-    tensor, `activation` None, "relu" or "gelu"."""
+           out_dtype=None, b_kmajor: bool = False, profile=None):
+    """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation: bf16/f16 (either operand may be a
+    transposed or strided view); fp8 e4m3/e5m2 and f32 (as tf32) with b given (N, K) and b_kmajor=True.
+    `scale` is a 1-element f32 tensor, `bias` an (N,) tensor, `activation` None, "relu" or "gelu". `config`
+    fixes the schedule and tile (keys of matmul_kernel's constexprs, plus SWAP_AB); without one, heuristics
+    propose a few per shape and the fastest is timed once and remembered (examples/_matmul_schedules.py).
+    `profile`, an mgjit.Profile, records the spans of the launch that computes c (not of the timed ones)."""
     import torch
     k_b = b.shape[1] if b_kmajor else b.shape[0]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -127,28 +281,54 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if a.dtype != b.dtype:
         raise TypeError(f"matmul takes two tensors of one dtype, got {a.dtype} and {b.dtype}")
     bits = a.element_size() * 8
-    if bits != 16 and not b_kmajor:
-        raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True")
     out_dtype = out_dtype or (a.dtype if bits == 16 else torch.bfloat16)
-    wide_out = out_dtype.itemsize == 4  # a 4-byte epilogue tile does not fit beside the stages: store directly
-    cfg = {**DEFAULT_CONFIG, "BK": BK_FOR_BITS[bits], "TMA_STORE": not wide_out, **(config or {}),
-           "B_KMAJOR": b_kmajor, "SCALED": scale is not None, "BIAS": bias is not None, "ACTIVATION": activation}
-    m, n = a.shape[0], (b.shape[0] if b_kmajor else b.shape[1])
-    c = _tma_ready(torch.empty(m, n, dtype=out_dtype, device=a.device), copy=False)
-    tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
-    matmul_kernel[(min(tiles, _sm_count(a.device.index)),)](
-        _tma_ready(a), _tma_ready(b), c, scale if scale is not None else c, bias if bias is not None else c, **cfg)
+    problem = schedules.Problem.of(a, b, b_kmajor, out_dtype, scale is not None, bias is not None, activation)
+    if bits != 16 and not problem.b_k:
+        raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
+                         f"transposed view of one)")
+
+    def output():  # rows padded to 16 bytes, as TMA stores need
+        return _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
+
+    cfg = schedules.choose(problem, config, _sm_count(a.device.index),
+                           lambda candidate, c: _launch(problem, candidate, c, scale, bias), matmul_kernel, output)
+    c = output()
+    _launch(problem, cfg, c, scale, bias, profile)
     return c
+
+
+def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> None:
+    """One launch of matmul_kernel for `problem` with `cfg`, writing c (recording its spans in `profile`)."""
+    plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
+    a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
+    a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
+    matmul_kernel[plan.grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
+                             *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg,
+                             **({} if profile is None else {"profile": profile}))  # profiled: the Python path
+
+
+def _matmul_outputs(a, b, scale=None, bias=None, activation=None, b_kmajor=False):
+    import torch
+    return (a.shape[0], b.shape[0] if b_kmajor else b.shape[1]), a.dtype if a.element_size() == 2 else torch.bfloat16
+
+
+# matmul (its chosen schedule, default output dtype) as a torch custom op: torch.compile keeps it as one node.
+matmul_op = mgjit.torch_op("mgjit_examples::matmul", outputs=_matmul_outputs, params={
+    "a": "Tensor", "b": "Tensor", "scale": "Optional[Tensor]", "bias": "Optional[Tensor]",
+    "activation": "Optional[str]", "b_kmajor": bool})(matmul)
 
 
 if __name__ == "__main__":
     import torch
     if torch.cuda.is_available():
-        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        c = matmul(a, b)
-        err = ((c.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
-        print(f"matmul 4096^3 bf16: relative error {err:.2e}")
-        raise SystemExit(0 if err < 1e-2 else 1)
+        failed = False
+        for m, n, k in [(4096, 4096, 4096), (3, 4096, 4096), (1000, 3000, 2000), (256, 256, 16384)]:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+            c = matmul(a, b)
+            err = ((c.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
+            print(f"matmul {m}x{n}x{k} bf16: relative error {err:.2e}, schedule {schedules.chosen(a, b)}")
+            failed |= not err < 1e-2
+        raise SystemExit(1 if failed else 0)
     x = torch.empty(4096, 4096, dtype=torch.bfloat16)
-    print(matmul_kernel.compile(x, x, x, x, x, **DEFAULT_CONFIG, target="sm_90a"))
+    print(matmul_kernel.compile(x, x, x, x, x, x, x, **DEFAULT_CONFIG, target="sm_90a"))

@@ -1,37 +1,44 @@
 """RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, for rows of any length.
 
 `eps` is a constexpr: it is folded into the kernel and is part of the cache key, so each value compiles once.
-The row length stays a runtime value (`x.shape[1]`), so one compiled kernel serves every width up to BLOCK:
-the padding beyond the row is loaded as 0 (loads outside the tensor read zeros) and contributes nothing.
-Rows that fit in registers are held as a few arrays whose widths add up to the row rounded up to 128 columns
-(examples/_rows.py), ROWS to a program (short rows would leave threads idle); longer rows take two passes over
-BLOCK-wide chunks (the sum of squares, then the scaled row).
+The row length stays a runtime value (`x.shape[1]`): the padding beyond the row is loaded as 0 (loads outside
+the tensor read zeros) and contributes nothing. Every row is read once and held in registers (examples/_rows.py):
+short rows ROWS to a program, each as a few arrays whose widths add up to the row rounded up to 128 columns;
+rows too long for one warpgroup split over the warpgroups of a cluster, which add up their sums of squares
+through distributed shared memory (one cluster barrier). Rows can also take two passes over BLOCK-wide chunks
+(the sum of squares, then the scaled row): the only way for rows longer than 262144 columns, and a candidate for
+any row over 8192. The mapping is autotuned per shape.
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import load_row, load_vector, mapping, row_sum, store_row
+from _rows import columns, launch, load_row, load_vector, mapping, row_sum, segment, store_row
 
 import mgjit
 
 
 @mgjit.kernel
-def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
-    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
-    v = load_row(x, rows, PARTS, 0.0)
-    squares = ()
-    for p in mgjit.static_range(len(PARTS)):
-        squares = squares + (v[p] * v[p],)
-    scale = mgjit.rsqrt(row_sum(squares) / x.shape[1] + eps)
-    wv = load_vector(w, PARTS)
-    y = ()
-    for p in mgjit.static_range(len(PARTS)):
-        y = y + (v[p] * scale[:, None] * wv[p],)
-    store_row(out, rows, y, PARTS)
+def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    if BLOCK:
+        rmsnorm_stream(x, w, out, eps, BLOCK)
+    else:
+        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
+        v = load_row(x, rows, c0, columns(c0, PARTS), PARTS, 0.0)
+        squares = ()
+        for p in mgjit.static_range(len(PARTS)):
+            squares = squares + (v[p] * v[p],)
+        scale = mgjit.rsqrt(row_sum(squares, CTAS * WGS) / x.shape[1] + eps)
+        wv = load_vector(w, c0, PARTS)
+        y = ()
+        for p in mgjit.static_range(len(PARTS)):
+            y = y + (v[p] * scale[:, None] * wv[p],)
+        store_row(out, rows, c0, y, PARTS)
 
 
-@mgjit.kernel
-def rmsnorm_long(x, w, out, eps: mgjit.constexpr, BLOCK: mgjit.constexpr):
+@mgjit.device
+def rmsnorm_stream(x, w, out, eps, BLOCK):
+    """One row per program, in BLOCK-wide chunks: the sum of squares, then a second pass that writes."""
     row = mgjit.program_id(0)
     n = x.shape[1]
     squares = 0.0
@@ -51,12 +58,13 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    kind, cfg = mapping(x.shape[1], rows_per_program)
-    if kind == "long":
-        rmsnorm_long[(x.shape[0],)](x, w, out, eps=eps, **cfg)
-    else:
-        rmsnorm_kernel[(-(-x.shape[0] // cfg["ROWS"]),)](x, w, out, eps=eps, **cfg)
+    launch(rmsnorm_kernel, mapping(x.shape[1], rows_per_program), (x, w, out), eps=eps)
     return out
+
+
+# rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
+rmsnorm_op = mgjit.torch_op("mgjit_examples::rmsnorm", outputs=lambda x, w, eps=1e-6, rows_per_program=None:
+                            (x.shape, x.dtype), params=["x", "w", "eps", "rows_per_program"])(rmsnorm)
 
 
 # ---- what the harness needs: inputs, the specialization rmsnorm() launches, a reference
@@ -68,8 +76,7 @@ def setup(device):
 
 
 def compile(x, w, out, target):
-    kind, cfg = mapping(x.shape[1])
-    return (rmsnorm_long if kind == "long" else rmsnorm_kernel).compile(x, w, out, eps=1e-6, **cfg, target=target)
+    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x, w):

@@ -1,38 +1,47 @@
-"""Row softmax for rows of any length, with reductions across the warpgroup.
+"""Row softmax for rows of any length, reading every row once where it fits on chip.
 
-Rows that fit in registers (up to 8192 columns) are held as a few register arrays whose widths add up to the
-row rounded up to 128 columns (examples/_rows.py: 4097 columns → 4096 + 128, so almost no work is wasted on
-padding), ROWS rows per program so that short rows do not leave threads idle. The padding is masked to -inf so
-it adds nothing. Reductions run across the 128 threads: within each thread, then across lanes with butterfly
-shuffles, then across the 4 warps through shared memory. Longer rows stream through registers in BLOCK-wide
-chunks with an online softmax (a running maximum and a sum rescaled when it grows), then a second pass writes.
-bf16/f16 inputs are computed in float32 and rounded once at the store.
+Rows are held in registers (examples/_rows.py): short rows ROWS to a program, each as a few register arrays
+whose widths add up to the row rounded up to 128 columns (4097 columns → 4096 + 128, so almost no work is
+wasted on padding); rows too long for one warpgroup split into segments over the warpgroups of a cluster.
+Each segment computes exp(x - its own maximum) and their sum; the segments swap (maximum, sum) pairs once
+(one cluster barrier) and rescale by exp(their maximum - the row's). The padding is masked to -inf so it adds
+nothing. Reductions run across the 128 threads of a warpgroup: within each thread, then across lanes with
+butterfly shuffles, then across the 4 warps through shared memory. Rows can also stream through registers in
+BLOCK-wide chunks with an online softmax (a running maximum and a sum rescaled when it grows), then a second
+pass writes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192. bf16/f16
+inputs are computed in float32 and rounded once at the store. The mapping is autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import load_row, mapping, row_max, row_sum, store_row
+from _rows import columns, exp_segment, launch, load_row, mapping, merge_exp, segment, store_row
 
 import mgjit
 
 
 @mgjit.kernel
-def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr):
-    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
-    v = load_row(x, rows, PARTS, -float("inf"))       # ROWS rows into registers, padding at -inf
-    m = row_max(v)                                    # reductions over the 128 threads
-    e = ()
-    for p in mgjit.static_range(len(PARTS)):
-        e = e + (mgjit.exp(v[p] - m[:, None]),)
-    inv = 1.0 / row_sum(e)
-    y = ()
-    for p in mgjit.static_range(len(PARTS)):
-        y = y + (e[p] * inv[:, None],)
-    store_row(out, rows, y, PARTS)
+def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
+                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    if BLOCK:
+        softmax_stream(x, out, BLOCK)
+    else:
+        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)        # ROWS rows, or a segment of one
+        v = load_row(x, rows, c0, columns(c0, PARTS), PARTS, -float("inf"))  # into registers, padding at -inf
+        e, m, s = exp_segment(v, CTAS * WGS)              # exp(v - the segment's max), and their sum
+        if CTAS * WGS == 1:
+            scale = 1.0 / s
+        else:                                             # one exchange of (max, sum) between the segments
+            top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS * WGS)
+            scale = mgjit.exp(m - top) / total
+        y = ()
+        for p in mgjit.static_range(len(PARTS)):
+            y = y + (e[p] * scale[:, None],)
+        store_row(out, rows, c0, y, PARTS)
 
 
-@mgjit.kernel
-def softmax_long(x, out, BLOCK: mgjit.constexpr):
+@mgjit.device
+def softmax_stream(x, out, BLOCK):
+    """One row per program, in BLOCK-wide chunks: an online max and sum, then a second pass that writes."""
     row = mgjit.program_id(0)
     n = x.shape[1]
     m = -float("inf")
@@ -55,12 +64,13 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    kind, cfg = mapping(x.shape[1], rows_per_program)
-    if kind == "long":
-        softmax_long[(x.shape[0],)](x, out, **cfg)
-    else:
-        softmax_kernel[(-(-x.shape[0] // cfg["ROWS"]),)](x, out, **cfg)
+    launch(softmax_kernel, mapping(x.shape[1], rows_per_program), (x, out))
     return out
+
+
+# softmax as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
+softmax_op = mgjit.torch_op("mgjit_examples::softmax", outputs=lambda x, rows_per_program=None: (x.shape, x.dtype),
+                            params=["x", "rows_per_program"])(softmax)
 
 
 # ---- what the harness needs: inputs, the specialization softmax() launches, a reference
@@ -71,8 +81,7 @@ def setup(device):
 
 
 def compile(x, out, target):
-    kind, cfg = mapping(x.shape[1])
-    return (softmax_long if kind == "long" else softmax_kernel).compile(x, out, **cfg, target=target)
+    return softmax_kernel.compile(x, out, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x):

@@ -8,18 +8,28 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from .dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
-                     int16, int32, int64, uint8)
-from .errors import Check, CompileError, InterpretError, LaunchError, PtxasWarning
+from .dtypes import (DType, bfloat16, bool_, float4_e2m1fn_x2, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float16,
+                     float32, float64, int8, int16, int32, int64, uint8)
+from .errors import (BankConflictWarning, Check, CompileError, CompileWarning, InterpretError, LaunchError,
+                     PtxasWarning)
 from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel
 from .jit import Kernel
-from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, clz, constexpr, copy_async, cos, ds, erf,
-                       exp, exp2, fence_async_shared, fma, full, log, log2, max, maximum, min, minimum, num_programs,
-                       pipeline, popc, program_id, rsqrt, set_max_registers, sin, smem, sqrt, static_range, store_async,
-                       store_async_wait, sum, tanh, tile, warpgroup_id, wgmma, wgmma_wait, where, zeros)
-from .language import tcgen05_commit, tcgen05_mma, tmem  # Blackwell (sm_100a)
+from .torch_op import torch_op
+from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, clz, constexpr, copy_async, cos,
+                       cta_sync, ds, erf, exp, exp2, fence_async_shared, fma, full, log, log2, max, maximum, min,
+                       minimum, named_barrier, num_programs, pipeline, popc, program_id, rsqrt, set_max_registers, sin,
+                       smem, sqrt, static_range, store_async, store_async_wait, sum, tanh, tile, tma_bounded, warp_id,
+                       warpgroup_id, wgmma, wgmma_wait, where, zeros)
+from .language import clc_query, clc_try_cancel, tcgen05_commit, tcgen05_copy, tcgen05_mma, tmem  # Blackwell (sm_100a)
+from .tmem_layouts import blocked_scales
+from .language import cluster_gather, cluster_reduce
+from .language import print, trace  # debugging and profiling
+from .profiler import Profile
+from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
+from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, semaphore_signal,  # GMEM
+                       semaphore_wait)
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

@@ -39,8 +39,9 @@ TENSORMAP = Field("tensormap", "128s", 128, 64, 7,
 FIELDS: tuple[Field, ...] = (POINTER, I32, I64, F32, F64, I1, TENSORMAP)
 _SCALARS = {f.mlir: f for f in (I32, I64, F32, F64, I1)}
 
-# What the C launcher returns besides CUresult values (which are >= 0).
-C_ERRORS = {"grid": -1, "value": -2, "count": -3}
+# What the C launcher's packing returns besides CUresult values (which are >= 0): a value that does not fit its
+# field, a layout that does not match the call's arguments, a current CUDA context other than the plan's.
+C_ERRORS = {"value": -2, "layout": -3, "context": -4}
 
 
 def param_fields(kind: str, dtype: DType, rank: int) -> list[Field]:

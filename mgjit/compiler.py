@@ -16,9 +16,12 @@ from typing import Any
 
 from . import abi, dtypes
 from ._version import VERSION
-from .errors import CompileError, PtxasWarning, Rule
+from .errors import CompileError, CompileWarning, PtxasWarning, Rule
 from .source import SourceFunction
 from .specialize import Specialization, TensorSpec
+
+# How the lowering sees a hidden buffer: an int32 vector with an aligned base, as the launcher allocates it.
+HIDDEN_BUFFER = TensorSpec(dtypes.int32, 1, 16, True, 1)
 
 
 class _Artifact:
@@ -57,7 +60,8 @@ class CompiledKernel:
         self.spills: int = meta["spills"]
         self.smem_bytes: int = meta["smem_bytes"]
         self.threads: int = meta["threads"]
-        self.params: list[dict] = meta["params"]
+        # The call's parameters (what its specialization decides), then the hidden buffers the compiler appended.
+        self.params: list[dict] = meta["params"] + hidden_params(meta)
         self.from_cache: bool = False
         self._launcher = None
 
@@ -70,6 +74,13 @@ class CompiledKernel:
             self._launcher = Launcher(self.cubin, self.name, fields, self.smem_bytes, self.threads,
                                       tuple(self.meta.get("cluster", (1, 1, 1))))
         return self._launcher
+
+    @property
+    def layouts(self):
+        """The layouts inference chose (register arrays, SMEM buffers, TMEM references), drawable: shown inline
+        in a notebook, `.save("layouts.png")` elsewhere (see mgjit/draw.py)."""
+        from .draw import KernelLayouts
+        return KernelLayouts(self.name, self.meta.get("layouts"))
 
     def __repr__(self) -> str:
         return (f"CompiledKernel({self.name}, {self.target}, registers={self.registers}, spills={self.spills}, "
@@ -87,11 +98,8 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     key = hash_parts(source_key, *parts)
     store = default_store() if persistent and content_only else None
     if store is not None:
-        entry = store.get(key, expect={"mgjit_version": VERSION, "target": spec.target, "name": source.name})
-        if entry is not None:
-            compiled = CompiledKernel(source.name, key, spec.target, dict(entry.meta),
-                                      {n: entry.read(n) for n in ARTIFACTS})
-            compiled.from_cache = True
+        compiled = load_cached(store, key, spec_meta(source.name, spec))
+        if compiled is not None:
             _warn(compiled, source)
             return compiled
     compiled = compile_specialization(source, spec, key)
@@ -101,10 +109,73 @@ def get(source: SourceFunction, source_key: str, persistent: bool, spec: Special
     return compiled
 
 
+def spec_meta(name: str, spec: Specialization) -> dict[str, Any]:
+    """The part of a kernel's metadata that its specialization decides: a cache entry must agree with it."""
+    return {"name": name, "target": spec.target, "mgjit_version": VERSION, "specialization": spec.describe(),
+            "params": [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
+                       for p in spec.params()],
+            "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster)}
+
+
+def load_cached(store, key: str, expected: dict[str, Any]) -> CompiledKernel | None:
+    """The kernel stored under `key` in `store` (a cache.Store), or None. Its meta must hold `expected`
+    (spec_meta) and every file and field this mgjit reads: an entry of another build is a miss with one
+    warning, never a crash."""
+    from .cache import Wanted
+    entry = store.get(key, wanted=Wanted(expected, ARTIFACTS, check_meta))
+    if entry is None:
+        return None
+    compiled = CompiledKernel(expected["name"], key, expected["target"], dict(entry.meta),
+                              {n: entry.read(n) for n in ARTIFACTS})
+    compiled.from_cache = True
+    return compiled
+
+
+def _count(value: Any, what: str, low: int = 0) -> int:
+    if type(value) is not int or value < low:
+        raise ValueError(f"{what} is {str(value)[:20]!r}, not an int >= {low}")
+    return value
+
+
+def hidden_params(meta: dict) -> list[dict]:
+    """The parameters of a kernel's hidden buffers (mgjit.print, profiling), after the call's, in their order."""
+    hidden = sorted(meta.get("hidden_buffers", {}).items(), key=lambda item: item[1]["param"])
+    return [{"kind": "tensor", "rank": HIDDEN_BUFFER.rank, "mlir": HIDDEN_BUFFER.dtype.mlir,
+             "dtype": HIDDEN_BUFFER.dtype.name, "name": f"mgjit.{name}"} for name, _ in hidden]
+
+
+def check_meta(meta: dict) -> None:
+    """ValueError (or KeyError, TypeError) unless `meta` holds every field, of the right type, that a
+    CompiledKernel, its launcher and the autotuner read."""
+    for field in ("registers", "spills", "smem_bytes", "threads", "num_warpgroups"):
+        _count(meta[field], field)
+    params = meta["params"]
+    for p in params:
+        if not (isinstance(p["name"], str) and isinstance(p["mlir"], str) and p["kind"] in ("tensor", "scalar")):
+            raise ValueError(f"bad parameter {str(p)[:40]}")
+        abi.param_fields(p["kind"], dtypes.BY_NAME[p["dtype"]], _count(p["rank"], "rank"))
+    if len(meta["cluster"]) != 3:
+        raise ValueError("cluster is not three sizes")
+    for n in meta["cluster"]:
+        _count(n, "cluster size", 1)
+    for d in meta["tma"]:
+        if _count(d["param"], "tma param") >= len(params) or params[d["param"]]["kind"] != "tensor":
+            raise ValueError("a TMA descriptor names no tensor parameter")
+        _count(d["swizzle"], "swizzle")
+        for n in d["box"]:
+            _count(n, "box size", 1)
+    hidden = sorted(d["param"] for d in meta.get("hidden_buffers", {}).values())
+    if hidden != list(range(len(params), len(params) + len(hidden))):
+        raise ValueError("the hidden buffers do not follow the call's parameters")
+    if not all(isinstance(w, str) for w in meta["warnings"]):
+        raise ValueError("warnings are not text")
+
+
 def trace(source: SourceFunction, spec: Specialization):
     """The IR of one specialization, as the frontend builds it (before layout inference)."""
     from . import frontend
-    return frontend.trace(source, spec.params(), dict(spec.constexprs), spec.num_warpgroups, spec.cluster)
+    return frontend.trace(source, spec.params(), dict(spec.constexprs), spec.num_warpgroups, spec.cluster,
+                          profile=spec.profile)
 
 
 def check_and_infer(kernel, spec: Specialization):
@@ -112,6 +183,7 @@ def check_and_infer(kernel, spec: Specialization):
     this the kernel is the program the lowering emits (and the interpreter runs). Returns the Target."""
     from . import infer, targets
     _check_specialization(kernel, spec)
+    _warn_replicated_stores(kernel)
     target = targets.get(spec.target, kernel.loc)
     _check_parameter_space(kernel, target)
     for op in kernel.walk():
@@ -123,13 +195,14 @@ def check_and_infer(kernel, spec: Specialization):
 
 def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:
     """Trace, check, infer, lower and assemble one specialization of a kernel."""
-    from . import ir, lower, mlir, toolchain  # the stages: see the module docstring
+    from . import draw, ir, lower, mlir, toolchain  # the stages: see the module docstring
     start = time.perf_counter()
-    params = spec.params()
     kernel = trace(source, spec)
     target = check_and_infer(kernel, spec)
     by_value: dict[int, Any] = {}
-    for v, a in zip(kernel.args, spec.args):
+    # The hidden buffers (mgjit.print, profiling) follow the call's arguments: int32 vectors the launcher makes.
+    hidden = (HIDDEN_BUFFER,) * (len(kernel.args) - len(spec.args))
+    for v, a in zip(kernel.args, spec.args + hidden):
         if isinstance(a, TensorSpec):
             by_value[v.id] = a
         elif a.divisor is not None:
@@ -142,14 +215,14 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
     except Exception as e:  # an MLIR diagnostic: our bug, but say which kernel and keep the details
         raise CompileError(f"internal error while lowering kernel {kernel.name} to PTX: {e}", kernel.loc) from None
     cubin, report = toolchain.assemble(ptx, target.name, kernel.name)
-    meta = {"name": kernel.name, "target": target.name, "mgjit_version": VERSION,
-            "specialization": spec.describe(),
-            "params": [{"kind": p.kind, "rank": p.rank, "mlir": p.dtype.mlir, "dtype": p.dtype.name, "name": p.name}
-                       for p in params],
+    meta = {**spec_meta(kernel.name, spec), "target": target.name,
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
-            "threads": lowered.threads, "num_warpgroups": spec.num_warpgroups, "cluster": list(spec.cluster),
+            "threads": lowered.threads,
             "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle} for d in kernel.tma_descriptors],
-            "warnings": report.warnings, "compile_seconds": round(time.perf_counter() - start, 4)}
+            "warnings": report.warnings, "layouts": draw.kernel_layouts(kernel),
+            "compile_seconds": round(time.perf_counter() - start, 4)}
+    if kernel.hidden_buffers:
+        meta["hidden_buffers"] = kernel.hidden_buffers
     files = {"kernel.cubin": cubin, "kernel.ptx": ptx.encode(), "kernel.ir": ir_text.encode(),
              "kernel.mlir": mlir_text.encode(), "ptxas.txt": report.text.encode()}
     return CompiledKernel(kernel.name, key, target.name, meta, files)
@@ -174,6 +247,18 @@ def _check_parameter_space(kernel, target) -> None:
                            f"size and stride per dimension, plus scalars and TMA descriptors), more than the "
                            f"{target.param_bytes} bytes a {target.name} kernel can take; pass fewer tensors, or "
                            "views with fewer dimensions", kernel.loc)
+
+
+def _warn_replicated_stores(kernel) -> None:
+    """Which warpgroups run a GMEM store (ops/warpgroups.py): warn where several write one window."""
+    from .ops.warpgroups import replicated_stores
+    for op, runners in replicated_stores(kernel):
+        loc = op.loc or kernel.loc
+        warnings.warn_explicit(
+            f"{kernel.name}: warpgroups {runners} all run this GMEM store, at a window that does not depend on the "
+            f"warpgroup: each writes it again (a race if their values differ). Every warpgroup runs what is not "
+            f"under a branch on mgjit.warpgroup_id(): put the store under one (`if wg == 1:`), or index its window "
+            f"by the warpgroup", CompileWarning, loc.file, loc.line)
 
 
 def _check_specialization(kernel, spec: Specialization) -> None:

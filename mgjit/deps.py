@@ -95,10 +95,11 @@ class _Reader:
         root = _lookup(namespace, where, chain[0])
         if _is_mgjit(root):  # the mgjit package and what it exports: fixed, described by name
             return ("mgjit", ".".join(chain))
-        # Descend through namespaces only: an attribute of a value (a method of a number, a field of a tuple)
-        # is described with the value.
+        # Descend through namespaces and through objects' own attributes (`cfg.S` of a dataclass or any
+        # instance): an attribute the type provides (a method of a number, a field of a tuple) is described
+        # with the value.
         value, depth = root, 0
-        while depth + 1 < len(chain) and isinstance(value, (types.ModuleType, type, types.SimpleNamespace)):
+        while depth + 1 < len(chain) and _is_namespace(value, chain[depth + 1]):
             try:
                 value = getattr(value, chain[depth + 1])
             except AttributeError:
@@ -121,6 +122,9 @@ class _Reader:
         if isinstance(expected, _MUTABLE) or (isinstance(expected, tuple) and _holds_mutable(expected)):
             snapshot = _Reader().value(expected)
             self.checks.append(lambda: resolve() is expected and _Reader().value(expected) == snapshot)
+        elif _has_own_state(expected):  # an instance read whole: its attributes may be assigned in place
+            snapshot = _Reader().value(vars(expected))
+            self.checks.append(lambda: resolve() is expected and _Reader().value(vars(expected)) == snapshot)
         else:
             self.checks.append(lambda: resolve() is expected)
 
@@ -239,6 +243,19 @@ def _defined_in(v: Any) -> str | None:
     if isinstance(v, (types.FunctionType, type)):
         return v.__module__
     return None
+
+
+def _is_namespace(value: Any, attr: str) -> bool:
+    """Whether reading `attr` of `value` reads a binding of its own (resolved and checked on every call)."""
+    if isinstance(value, (types.ModuleType, type, types.SimpleNamespace)):
+        return True
+    return _has_own_state(value) and attr in vars(value)
+
+
+def _has_own_state(x: Any) -> bool:
+    """An instance of a user's class with assignable attributes (a dataclass, a plain object)."""
+    return (not isinstance(x, (types.ModuleType, type, types.FunctionType, DeviceFunction, *_MUTABLE))
+            and not getattr(x, "__mgjit_kernel__", False) and isinstance(getattr(x, "__dict__", None), dict))
 
 
 def _is_torch_dtype(x: Any) -> bool:

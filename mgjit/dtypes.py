@@ -13,6 +13,8 @@ class DType:
     torch_name: str | None  # attribute of the torch module, None where torch has no such type
     tma: str  # the CUtensorMapDataType a TMA descriptor of this element type names (CU_TENSOR_MAP_DATA_TYPE_*)
     max_finite: float | None = None  # floats: the largest finite value (fp8 conversions saturate to it)
+    # Block-scaling formats that only TMA, SMEM and the tensor cores move and read (no register arithmetic).
+    storage_only: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -52,10 +54,15 @@ int32 = DType("int32", 32, "int", "i32", "int32", "INT32")
 int64 = DType("int64", 64, "int", "i64", "int64", "INT64")
 uint8 = DType("uint8", 8, "uint", "i8", "uint8", "UINT8")
 bool_ = DType("bool", 1, "bool", "i1", "bool", "UINT8")
+# Block scaling (Blackwell tcgen05.mma ... block_scale): an unsigned power-of-two scale per 32 elements (mxfp8,
+# OCP MX), and 4-bit e2m1 data stored two to a byte, the lower K index in the low nibble (nvfp4 takes an e4m3
+# scale per 16 of them). One element of float4_e2m1fn_x2 is a pair, as in torch.
+float8_e8m0fnu = DType("float8_e8m0fnu", 8, "float", "i8", "float8_e8m0fnu", "UINT8", storage_only=True)
+float4_e2m1fn_x2 = DType("float4_e2m1fn_x2", 8, "float", "i8", "float4_e2m1fn_x2", "UINT8", storage_only=True)
 
 ALL: tuple[DType, ...] = (
     float32, float16, bfloat16, float64, float8_e4m3fn, float8_e5m2,
-    int8, int16, int32, int64, uint8, bool_,
+    int8, int16, int32, int64, uint8, bool_, float8_e8m0fnu, float4_e2m1fn_x2,
 )
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
 

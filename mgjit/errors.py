@@ -31,6 +31,7 @@ class Rule(str, enum.Enum):
     LAYOUT = "layout"                  # a register layout does not fit an array, or layouts conflict
     REGISTERS = "registers"            # register budgets (set_max_registers, values living in a capped role)
     SWIZZLE_WIDTH = "swizzle-width"    # a swizzled SMEM tile's rows against its swizzle
+    SMEM_SLICE = "smem-slice"          # a view of an SMEM tile cut where its storage has no boundary
     SMEM_BUDGET = "smem-budget"        # shared memory per CTA
     TMA_BOX = "tma-box"                # the TMA box a copy needs
     TMA_ALIGNMENT = "tma-alignment"    # a tensor copied by TMA must be 16-byte aligned with unit last stride
@@ -39,10 +40,12 @@ class Rule(str, enum.Enum):
     TMEM_LAYOUT = "tmem-layout"        # what a TMEM reference can be
     TMEM_ALLOC = "tmem-alloc"          # how TMEM is allocated
     CTA_GROUP = "cta-group"            # 1-CTA against 2-CTA tcgen05 work
+    WARP_ROLE = "warp-role"            # what one warp's role (`if mgjit.warp_id() == w:`) may hold
     CLUSTER = "cluster"                # cluster shapes and what needs one
     TARGET = "target"                  # an unknown target
     TARGET_ARCH = "target-arch"        # an op the target's architecture lacks
     PTXAS = "ptxas"                    # ptxas rejected the PTX
+    ATOMIC = "atomic"                  # what an atomic or semaphore accepts: types, ordering, scope
 
     # A str mixin alone formats as "Rule.LAYOUT" on Python >= 3.11; a rule reads as its tag everywhere.
     __str__ = str.__str__
@@ -83,9 +86,12 @@ class Check(str, enum.Enum):
     DEADLOCK = "deadlock"                    # every warpgroup blocked and nothing in flight to unblock one
     BARRIER_COUNT = "barrier-count"          # arrivals or transaction bytes that do not match a barrier's count
     OUT_OF_BOUNDS = "out-of-bounds"          # an SMEM, barrier or TMEM index outside its allocation
+    SMEM_SLICE = "smem-slice"                # a runtime SMEM slice start off its tile's grid (8-row atoms, column blocks)
+    SMEM_SCOPE = "smem-scope"                # a scoped SMEM buffer's bytes used by two scopes that nothing orders
     TMEM_LIFETIME = "tmem-lifetime"          # a TMEM access before its allocation or after its deallocation
     ASYNC_AT_EXIT = "async-at-exit"          # a CTA exits while an async copy or MMA still uses its memory
     REGISTERS = "registers"                  # set_max_registers beyond what the register file can give
+    CLC_AFTER_FAILURE = "clc-after-failure"  # a try_cancel after the CTA read a failed response
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -111,6 +117,16 @@ class LaunchError(ValueError):
     """A launch's arguments do not fit the kernel (wrong count, device, dtype, grid)."""
 
 
+class BankConflictWarning(UserWarning):
+    """An SMEM read or write of a register array takes more shared-memory wavefronts than its bytes need (a
+    bank conflict) in the layout inference chose, for the tile's swizzle: shown at the line of the access."""
+
+
 class PtxasWarning(UserWarning):
     """ptxas warned about a kernel (serialized wgmma, ignored setmaxnreg, ...) or spilled registers: usually a
     large slowdown, so it is shown, naming the kernel."""
+
+
+class CompileWarning(UserWarning):
+    """A kernel compiles, but a line of it probably does not do what was meant (a GMEM store that several
+    warpgroups repeat, ...): the message names the line."""

@@ -40,8 +40,9 @@ class ArrayType:
 @dataclasses.dataclass(frozen=True)
 class RefType:
     """A reference to memory. GMEM references have runtime sizes and strides (passed at launch); SMEM
-    references have a static shape, an optional swizzle (bytes) and may be a transposed view; a barrier
-    reference is an array of mbarriers (rank 1) or one of them (rank 0)."""
+    references have a static shape, an optional swizzle (bytes), may be a transposed view, and may be a view
+    cut from a larger tile whose plane (rows, cols) is `storage` (tiles.Tile); a barrier reference is an array
+    of mbarriers (rank 1) or one of them (rank 0)."""
 
     space: str  # "gmem", "smem" or "barrier"
     dtype: DType
@@ -49,25 +50,30 @@ class RefType:
     shape: tuple[int, ...] | None = None
     swizzle: int | None = None
     transposed: bool = False
+    storage: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         if self.space == "gmem":
             return f"ref<gmem, {self.dtype.name}, rank {self.rank}>"
-        extra = (f", swizzle {self.swizzle}" if self.swizzle else "") + (", transposed" if self.transposed else "")
+        extra = ((f", swizzle {self.swizzle}" if self.swizzle else "") + (", transposed" if self.transposed else "")
+                 + (f", in {self.storage[0]}x{self.storage[1]}" if self.storage else ""))
         return f"ref<{self.space}, {self.dtype.name}[{','.join(map(str, self.shape or ()))}]{extra}>"
 
 
 @dataclasses.dataclass(frozen=True)
 class TmemRefType(RefType):
-    """A (rows, cols) array in tensor memory: `packing` elements share a 32-bit column; `collective` marks a
-    kernel whose tcgen05 instructions are 2-CTA (cta_group::2; PTX allows one CTA group per kernel). The TMEM
-    layout follows from the type (`tmem_layout`): 128 rows default; 64 rows half-lane, or m64 collective."""
+    """A (rows, cols) array in tensor memory, or (stages, rows, cols) of them: `packing` elements share a 32-bit
+    column; `collective` marks a kernel whose tcgen05 instructions are 2-CTA (cta_group::2; PTX allows one CTA
+    group per kernel); `scales` marks block scales for a block-scaled MMA. The TMEM layout follows from the type
+    (`tmem_layout`): 128 rows default; 64 rows half-lane, or m64 collective; scales their own."""
 
     packing: int = 1
     collective: bool = False
+    scales: bool = False
 
     def __str__(self) -> str:
         extra = (f", packing {self.packing}" if self.packing != 1 else "") + (", collective" if self.collective else "")
+        extra += ", scales" if self.scales else ""
         return f"ref<tmem, {self.dtype.name}[{','.join(map(str, self.shape or ()))}]{extra}>"
 
 
@@ -174,7 +180,7 @@ class TmaDescriptor:
 
 @dataclasses.dataclass
 class Kernel:
-    """A whole kernel in IR: its runtime parameters (one Value each) and its body. `cta_group` is 2 when the
+    """A whole kernel in IR: its parameters (one Value each) and its body. `cta_group` is 2 when the
     kernel's tensor memory serves 2-CTA (collective) MMAs: PTX allows one CTA group per kernel, so the
     frontend decides it once, for the whole kernel."""
 
@@ -186,6 +192,10 @@ class Kernel:
     loc: Loc
     tma_descriptors: list["TmaDescriptor"] = dataclasses.field(default_factory=list)
     cta_group: int = 1
+    # The buffers the compiler appended as hidden parameters, by name ("print": mgjit.print's records,
+    # "profile": mgjit.trace's spans): each {"param": its index in `params`, ...the tables the host decodes it
+    # with}, JSON data that a compiled kernel's metadata carries to the launcher (see mgjit/hidden.py).
+    hidden_buffers: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def walk(self) -> Iterator[Op]:
         return self.body.walk()
@@ -224,6 +234,10 @@ def verify(kernel: Kernel) -> None:
                 if v.id not in visible:
                     raise op.error(f"internal error: operand %{v.id} of {op.name} is not defined before its use")
             op.verify()
+            for r in op.results:
+                if not isinstance(r.type, RefType) and r.dtype.storage_only:
+                    raise op.error(f"{r.dtype.name} is a block-scaling storage type: TMA, SMEM and the tensor cores "
+                                   "move it, registers do not compute with it")
             for region in op.regions:
                 check_block(region, visible)
             visible |= {r.id for r in op.results}

@@ -1,11 +1,13 @@
 """`@mgjit.kernel`: binding a call's arguments, its specialization, and the launch path.
 
-A call goes through a generated dispatcher (launch.build_dispatcher) that computes a small dispatch key from
-its arguments and looks it up in a dict of ready launch plans. Only a miss does more: derive the typed
-specialization from the key (specialize.py), get the compiled kernel from the cache or the compiler
-(compiler.get) and make its launch plan (launch.make_plan). The cache key covers the source of the kernel and
-of everything it reads (deps.py), so redefining a helper in a notebook cell recompiles its callers; each call
-checks, by identity, that those globals still hold the objects the key was built from.
+`kernel[grid](...)` runs the C launcher's dispatcher (fastlaunch.py, _launch.c): it binds the call, computes
+a small dispatch key from the arguments, finds a ready launch plan and launches, all in one C call. Only a miss
+comes back to Python (`_c_miss`): derive the typed specialization from the key (specialize.py), get the
+compiled kernel from the cache or the compiler (compiler.get) and make its launch plan (launch.Plan). Anything
+unusual takes the Python path, a dispatcher generated with the kernel's signature (launch.build_dispatcher),
+which is the whole launch path where the C launcher is unavailable. The cache key covers the source of the
+kernel and of everything it reads (deps.py), so redefining a helper in a notebook cell recompiles its callers;
+each call checks, by identity, that those globals still hold the objects the key was built from.
 """
 from __future__ import annotations
 
@@ -73,10 +75,16 @@ class Kernel:
         self.num_warpgroups = _warpgroups(num_warpgroups, 1)
         self.source = SourceFunction(fn)  # read once: an edited file changes nothing until it is re-imported
         self._plans: dict[tuple, Any] = {}
-        self._compiled: dict[Specialization, Any] = {}
+        # Keyed by the specialization and its constexprs' types (1, 1.0 and True compare equal).
+        self._compiled: dict[tuple[Specialization, tuple[type, ...]], Any] = {}
         self._source_key: str | None = None
         self._deps: deps.Dependencies | None = None
-        self._dispatch: Callable[..., None] | None = None
+        self._dispatch: Callable[..., None] | None = None  # the Python path
+        self._native = None  # the C launcher's Dispatcher
+        self._entry: Any = None  # what `kernel[grid]` indexes: the native dispatcher or a _PythonEntry
+        self._missing = object()
+        self._key_fn = None
+        self._c_module = None
 
     # -- keys
     def _deps_changed(self) -> bool:
@@ -88,6 +96,14 @@ class Kernel:
             self._compiled.clear()
             self._source_key = None
             self._deps = None
+            if self._native is not None:
+                self._native.clear()
+                self._native.set_guard(None)
+
+    def _guard(self) -> Callable[[], bool] | None:
+        """What the C dispatcher calls on every launch to learn whether what the kernel reads changed: None when
+        the kernel reads nothing that can change."""
+        return self._deps.changed if self._deps is not None and self._deps.checks else None
 
     def source_key(self) -> str:
         """A hash of the kernel's source and everything it reads, plus the versions that shape its code."""
@@ -97,6 +113,8 @@ class Kernel:
             from .cache.store import hash_parts
             self._deps = deps.of_kernel(self.source)
             self._source_key = hash_parts("mgjit", VERSION, toolchain.compiler_fingerprint(), self._deps.parts)
+            if self._native is not None:
+                self._native.set_guard(self._guard())
         return self._source_key
 
     # -- specialization
@@ -124,33 +142,35 @@ class Kernel:
         return runtime, consts
 
     def _specialization(self, args: tuple, consts: dict, target: str, num_warpgroups: int,
-                        cluster: tuple[int, int, int]) -> Specialization:
+                        cluster: tuple[int, int, int], profile: bool = False) -> Specialization:
         try:
             constexprs = tuple(sorted(consts.items()))
             hash(constexprs)
         except TypeError:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
-        return Specialization(tuple(self.runtime_names), args, constexprs, target, num_warpgroups, cluster)
+        return Specialization(tuple(self.runtime_names), args, constexprs, target, num_warpgroups, cluster, profile)
 
     # -- compile
     def compile(self, *args, target: str | None = None, num_warpgroups: int | None = None,
-                cluster: tuple[int, int, int] | None = None, **kwargs):
+                cluster: tuple[int, int, int] | None = None, profile: bool = False, **kwargs):
         """Compile for the given arguments (tensors may live on any device: only their dtype, rank, strides and
-        alignment matter) and return the CompiledKernel; a machine without a GPU can compile for any target."""
+        alignment matter) and return the CompiledKernel; a machine without a GPU can compile for any target.
+        profile=True compiles the variant that records mgjit.trace spans (what a profiled launch runs)."""
         runtime, consts = self._bind(args, kwargs)
         arg_specs = specialize.of_arguments(self.name, self.runtime_names, runtime, self.fixed_dtypes)
         spec = self._specialization(arg_specs, consts, target or targets.DEFAULT.name,
-                                    _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster))
+                                    _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster), profile)
         return self._get_compiled(spec)
 
     def _get_compiled(self, spec: Specialization):
         self._refresh_if_redefined()
-        compiled = self._compiled.get(spec)
+        memo = (spec, tuple(type(v) for _, v in spec.constexprs))
+        compiled = self._compiled.get(memo)
         if compiled is None:
             from . import compiler  # the compiler loads on the first miss (see compiler.py)
             key = self.source_key()
             compiled = compiler.get(self.source, key, self._deps.persistent, spec)
-            self._compiled[spec] = compiled
+            self._compiled[memo] = compiled
         return compiled
 
     def inspect(self, *args, target: str | None = None, num_warpgroups: int | None = None,
@@ -162,10 +182,7 @@ class Kernel:
 
     # -- launch
     def __getitem__(self, grid) -> Callable[..., None]:
-        if os.environ.get("MGJIT_INTERPRET") == "1":
-            return self.interpret[grid]
-        dispatch = self._dispatch or self._build_dispatcher()
-        return functools.partial(dispatch, grid)
+        return (self._entry or self._make_entry())[grid]
 
     @property
     def interpret(self) -> "Interpreter":
@@ -173,9 +190,34 @@ class Kernel:
         from .interpret import interpreter
         return interpreter(self)
 
+    def _make_entry(self) -> Any:
+        from . import fastlaunch
+        self._build_dispatcher()
+        c_module = fastlaunch.load()
+        if c_module is None:
+            self._entry = _PythonEntry(self._slow_entry)
+            return self._entry
+        self._key_fn = specialize.argument_key()
+        self._c_module = c_module
+        self._native = c_module.Dispatcher(
+            tuple(self.arg_names), tuple(n in self.constexpr_names for n in self.arg_names),
+            tuple(self.defaults.get(n, self._missing) for n in self.arg_names), self._missing, self._c_miss,
+            self._slow_entry)
+        self._native.set_guard(self._guard())
+        self._entry = self._native
+        return self._entry
+
+    def _slow_entry(self, grid, *args, **kwargs) -> None:
+        """The Python path of a call: the interpreter under MGJIT_INTERPRET=1, else the generated dispatcher."""
+        if os.environ.get("MGJIT_INTERPRET") == "1":
+            return self.interpret[grid](*args, **kwargs)
+        if "profile" in kwargs and "profile" not in self.arg_names:  # the launch option profile=: hidden.py
+            from . import hidden
+            return hidden.launch_profiled(self, grid, args, kwargs)
+        self._dispatch(grid, *args, **kwargs)
+
     def _build_dispatcher(self) -> Callable[..., None]:
         from . import launch
-        self._missing = object()
         self._dispatch = launch.build_dispatcher(
             self.name, self.arg_names, self.runtime_names, self.constexpr_names, self.defaults,
             {"_plans": self._plans, "_miss": self._miss, "_key": specialize.argument_key(), "_M": self._missing,
@@ -193,6 +235,22 @@ class Kernel:
         self._refresh_if_redefined()
         self._dispatch(grid, num_warpgroups=num_warpgroups, cluster=cluster, **named)
 
+    def _c_miss(self, key: bytes, runtime: tuple, consts: dict, num_warpgroups, cluster):
+        """The C dispatcher found no plan for `key`: check that the key says what specialize.argument_key() says
+        of these arguments (the C and Python keys must agree, or a plan could serve a call it was not compiled
+        for), then find or make the plan under the Python key and return its C half."""
+        from . import fastlaunch, launch
+        import torch
+        parts = tuple((getattr(torch, fastlaunch.KEY_DTYPES[p[0]].torch_name), *p[1:]) if isinstance(p, tuple)
+                      and len(p) == 6 else p for p in self._c_module.decode(key))
+        expected = tuple(self._key_fn(v, []) for v in runtime)
+        if parts != expected:
+            raise LaunchError(f"{self.name}: internal error: the C launcher's dispatch key {parts} differs from "
+                              f"{expected}; set MGJIT_NO_C_LAUNCHER=1 to launch through Python")
+        py_key = (parts, launch.constexpr_key(self.constexpr_names, consts), num_warpgroups, cluster)
+        plan = self._plans.get(py_key) or self._miss(py_key, runtime, consts, num_warpgroups, cluster)
+        return plan.native
+
     def _miss(self, key: tuple, runtime: tuple, consts: dict, num_warpgroups: int | None, cluster):
         try:
             hash(key)
@@ -200,32 +258,23 @@ class Kernel:
             raise LaunchError(f"constexpr arguments of {self.name} must be hashable: {consts}") from None
         arg_specs = tuple(specialize.from_key(self.name, n, part, self.fixed_dtypes.get(n))
                           for n, part in zip(self.runtime_names, key[0]))
+        _refuse_during_capture(self.name, self.runtime_names, arg_specs, consts)
         plan = self._make_plan(arg_specs, consts, _warpgroups(num_warpgroups, self.num_warpgroups), _cluster(cluster),
                                runtime)
         self._plans[key] = plan
         return plan
 
     def _make_plan(self, arg_specs: tuple, consts: dict, num_warpgroups: int, cluster: tuple[int, int, int],
-                   runtime: tuple):
+                   runtime: tuple, profile: bool = False):
         import torch
         from . import launch
-        if not torch.cuda.is_available():
-            raise LaunchError(f"launching {self.name} needs a CUDA GPU; on this machine use "
-                              f"{self.name}.compile(..., target='sm_90a') to compile without one")
-        device = torch.cuda.current_device()
-        for n, v in zip(self.runtime_names, runtime):
-            if isinstance(v, torch.Tensor):
-                if not v.is_cuda:
-                    raise LaunchError(f"{self.name}: argument `{n}` is on {v.device}; kernels take CUDA tensors")
-                if v.device.index != device:
-                    raise LaunchError(f"{self.name}: argument `{n}` is on {v.device} but the current device is "
-                                      f"cuda:{device}")
+        device = launch.launch_device(self.name, self.runtime_names, runtime)
         major, minor = torch.cuda.get_device_capability(device)
         target = targets.for_capability((major, minor))
         if target is None:
             raise LaunchError(f"mgjit targets {', '.join(f'{t.architecture} ({t.name})' for t in targets.TARGETS.values())}; "
                               f"this GPU is sm_{major}{minor}")
-        spec = self._specialization(arg_specs, consts, target.name, num_warpgroups, cluster)
+        spec = self._specialization(arg_specs, consts, target.name, num_warpgroups, cluster, profile)
         try:
             compiled = self._get_compiled(spec)
         except CompileError as e:
@@ -235,10 +284,34 @@ class Kernel:
                               + f"\n{e}") from None
         if compiled.target != target.name:  # never launch code built for another architecture
             raise LaunchError(launch.wrong_gpu(self.name, compiled.target, device))
-        return launch.make_plan(self.name, compiled, device)
+        if compiled.meta.get("hidden_buffers"):  # mgjit.print or profiling: the Python path (hidden.py)
+            from . import hidden
+            return hidden.HiddenPlan(self.name, compiled, device)
+        return launch.Plan(self.name, compiled, device, self._c_module)
 
     def __call__(self, *args, **kwargs):
         raise LaunchError(f"launch {self.name} with a grid: {self.name}[grid](...)")
 
     def __repr__(self) -> str:
         return f"<mgjit.kernel {self.name}>"
+
+
+class _PythonEntry:
+    """`kernel[grid]` where the C launcher is unavailable: the Python path, bound to the grid."""
+
+    def __init__(self, slow_entry: Callable[..., None]):
+        self.slow_entry = slow_entry
+
+    def __getitem__(self, grid) -> Callable[..., None]:
+        return functools.partial(self.slow_entry, grid)
+
+
+def _refuse_during_capture(name: str, names: Sequence[str], arg_specs: tuple, consts: dict) -> None:
+    """A miss compiles, loads a module and may synchronize: never while a CUDA graph is being captured."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        described = ", ".join([f"{n}: {a.describe()}" for n, a in zip(names, arg_specs)]
+                              + [f"{k}={v!r}" for k, v in consts.items()])
+        raise LaunchError(f"{name} has no launch plan for ({described}) and one cannot be made while a CUDA graph "
+                          "is being captured (it would compile, load a module or synchronize): launch it once "
+                          "with these argument types and constexprs before capturing (a warm-up run)")

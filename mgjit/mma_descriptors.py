@@ -4,7 +4,9 @@ Everything here is pure integer arithmetic on frozen dataclasses, so it can be t
 and folded into constants by the lowering. Each field's bit range names the PTX ISA section it comes from
 (section numbers are those of PTX ISA 9.1; later editions renumber chapter 9.7.16 as 9.7.17/9.7.18):
 
-- tcgen05 instruction descriptor: 9.7.16.4.2 "Instruction descriptor", Table 42 (kinds tf32, f16, f8f6f4, i8).
+- tcgen05 instruction descriptor: 9.7.16.4.2 "Instruction descriptor", Table 42 (kinds tf32, f16, f8f6f4, i8),
+  and its block-scaled form (kinds mxf8f6f4, mxf4nvf4), whose scale-factor fields take the D type's place.
+- block scaling: 9.7.16.10.7 "Block Scaling", Tables 54 and 55 (scale vector sizes, types, scale factor IDs).
 - tcgen05 shared memory descriptor: 9.7.16.4.1 "Shared memory descriptor" (sm_100 layout, 3-bit swizzle field).
 - wgmma shared memory descriptor: 9.7.15.5.1.2.2 "Matrix Descriptor Format" (sm_90 layout, 2-bit swizzle field).
 - wgmma shapes: 9.7.15.2 "Matrix Shape" of the asynchronous warpgroup-level MMA.
@@ -40,22 +42,30 @@ class Major(enum.Enum):
 
 
 class Tcgen05Kind(enum.Enum):
-    """The `.kind` of a dense tcgen05.mma without block scaling, named by its input element width."""
+    """The `.kind` of a dense tcgen05.mma: four without block scaling, named by their input element width, and
+    two with it (mxf8f6f4: 8-bit floats; mxf4nvf4: e2m1 stored two to a byte)."""
 
     F16 = "f16"
     TF32 = "tf32"
     F8F6F4 = "f8f6f4"
     I8 = "i8"
+    MXF8F6F4 = "mxf8f6f4"
+    MXF4NVF4 = "mxf4nvf4"
+
+    @property
+    def block_scaled(self) -> bool:
+        return self in (Tcgen05Kind.MXF8F6F4, Tcgen05Kind.MXF4NVF4)
 
     @property
     def input_bits(self) -> int:
-        # f8f6f4 also takes 6- and 4-bit types, but shared memory holds each in an 8-bit container
-        # (9.7.16.10.4), so an instruction still consumes 8 bits per K element.
-        return {Tcgen05Kind.F16: 16, Tcgen05Kind.TF32: 32, Tcgen05Kind.F8F6F4: 8, Tcgen05Kind.I8: 8}[self]
+        """Bits of one operand element in shared memory. f8f6f4 also takes 6- and 4-bit types, but shared memory
+        holds each in an 8-bit container (9.7.16.10.4); mxf4nvf4's element is a byte holding two e2m1 values."""
+        return {Tcgen05Kind.F16: 16, Tcgen05Kind.TF32: 32}.get(self, 8)
 
     @property
     def instruction_k(self) -> int:
-        """K of one instruction: 32 bytes of each input row (Table 39: K = 16, 8, 32, 32)."""
+        """K of one instruction in operand elements: 32 bytes of each input row (Table 39: K = 16, 8, 32, 32;
+        mxf4nvf4's K = 64 values are 32 of its two-value elements)."""
         return 256 // self.input_bits
 
 
@@ -74,13 +84,77 @@ _D_CODES: dict[Tcgen05Kind, dict[DType, int]] = {
 }
 
 
-def tcgen05_kind(dtype: DType) -> Tcgen05Kind:
-    """The tcgen05.mma kind that multiplies operands of `dtype`."""
+def tcgen05_kind(dtype: DType, scale_dtype: DType | None = None) -> Tcgen05Kind:
+    """The tcgen05.mma kind that multiplies operands of `dtype`, block-scaled by `scale_dtype` if given."""
+    if scale_dtype is not None:
+        return block_scaling(dtype, scale_dtype).kind
     for kind, codes in _AB_CODES.items():
         if dtype in codes:
             return kind
+    if dtype in _SCALED_AB_CODES[Tcgen05Kind.MXF4NVF4]:
+        raise DescriptorError(f"{dtype.name} operands are multiplied only with block scaling: pass a_scale= and "
+                              "b_scale= (TMEM references of the scales)")
     supported = ", ".join(d.name for codes in _AB_CODES.values() for d in codes)
     raise DescriptorError(f"tcgen05.mma has no kind for operands of {dtype.name}; expected one of {supported}")
+
+
+# Table 55 and the block-scaled descriptor's A/B type fields (the mxf8f6f4 codes are f8f6f4's; e2m1 is 1 under
+# mxf4nvf4), and the scale type bit 23.
+_SCALED_AB_CODES: dict[Tcgen05Kind, dict[DType, int]] = {
+    Tcgen05Kind.MXF8F6F4: {dtypes.float8_e4m3fn: 0, dtypes.float8_e5m2: 1},
+    Tcgen05Kind.MXF4NVF4: {dtypes.float4_e2m1fn_x2: 1},
+}
+_SCALE_CODES: dict[DType, int] = {dtypes.float8_e4m3fn: 0, dtypes.float8_e8m0fnu: 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockScaling:
+    """How a block-scaled tcgen05.mma scales its operands (9.7.16.10.7): each row of A and each column of B
+    is cut along K into blocks of `block` values, each multiplied by one scale of `scale_dtype`. An instruction
+    reads `scales_per_instruction` consecutive scales of a row from one 32-bit TMEM word (scale_vec::1X, 2X or
+    4X), starting at byte `scale_id`: the scale factor ID of its descriptor."""
+
+    kind: Tcgen05Kind
+    scale_dtype: DType
+    block: int
+
+    @property
+    def values_per_element(self) -> int:
+        """Values in one operand element: 2 for e2m1 pairs, else 1."""
+        return 2 if self.kind is Tcgen05Kind.MXF4NVF4 else 1
+
+    @property
+    def scales_per_instruction(self) -> int:
+        return self.kind.instruction_k * self.values_per_element // self.block
+
+    @property
+    def qualifier(self) -> str:
+        return f"block_scale.scale_vec::{self.scales_per_instruction}X"
+
+    def scale_word(self, k_step: int) -> tuple[int, int]:
+        """For the instruction of K step `k_step`: (which 4-scale word of the row it reads, its scale ID)."""
+        first = k_step * self.scales_per_instruction
+        return first // 4, first % 4
+
+
+def block_scaling(dtype: DType, scale_dtype: DType) -> BlockScaling:
+    """The block scaling of a tcgen05.mma on `dtype` operands with `scale_dtype` scales (Table 55): mxfp8
+    (e4m3/e5m2, ue8m0 per 32), mxfp4 (e2m1, ue8m0 per 32) and nvfp4 (e2m1, e4m3 per 16)."""
+    if dtype in _SCALED_AB_CODES[Tcgen05Kind.MXF8F6F4] and scale_dtype == dtypes.float8_e8m0fnu:
+        return BlockScaling(Tcgen05Kind.MXF8F6F4, scale_dtype, 32)
+    if dtype == dtypes.float4_e2m1fn_x2 and scale_dtype in _SCALE_CODES:
+        return BlockScaling(Tcgen05Kind.MXF4NVF4, scale_dtype, 32 if scale_dtype == dtypes.float8_e8m0fnu else 16)
+    raise DescriptorError(f"no block-scaled tcgen05.mma multiplies {dtype.name} with {scale_dtype.name} scales; "
+                          "expected float8_e4m3fn/float8_e5m2 with float8_e8m0fnu (mxfp8), or float4_e2m1fn_x2 "
+                          "with float8_e8m0fnu (mxfp4) or float8_e4m3fn (nvfp4)")
+
+
+def _decoded_dtype(codes: dict[DType, int], code: int, what: str, kind: Tcgen05Kind) -> DType:
+    """The dtype an instruction descriptor's type field names."""
+    found = [d for d, c in codes.items() if c == code]
+    if not found:
+        raise DescriptorError(f"{what} code {code} means nothing for kind {kind.value}")
+    return found[0]
 
 
 def _field(name: str, value: int, bits: int) -> int:
@@ -139,16 +213,10 @@ class Tcgen05InstrDescriptor:
     def decode(cls, value: int, kind: Tcgen05Kind) -> "Tcgen05InstrDescriptor":
         """The descriptor `encode` made, read back field by field as the tensor cores read it (the kind comes
         from the instruction, not the descriptor)."""
-        def dtype(codes: dict[DType, int], code: int, what: str) -> DType:
-            found = [d for d, c in codes.items() if c == code]
-            if not found:
-                raise DescriptorError(f"{what} code {code} means nothing for kind {kind.value}")
-            return found[0]
-
         return cls(m=((value >> 24) & 0x1F) << 4, n=((value >> 17) & 0x3F) << 3,
-                   a_dtype=dtype(_AB_CODES[kind], (value >> 7) & 7, "A type"),
-                   b_dtype=dtype(_AB_CODES[kind], (value >> 10) & 7, "B type"),
-                   d_dtype=dtype(_D_CODES[kind], (value >> 4) & 3, "D type"),
+                   a_dtype=_decoded_dtype(_AB_CODES[kind], (value >> 7) & 7, "A type", kind),
+                   b_dtype=_decoded_dtype(_AB_CODES[kind], (value >> 10) & 7, "B type", kind),
+                   d_dtype=_decoded_dtype(_D_CODES[kind], (value >> 4) & 3, "D type", kind),
                    a_major=Major.MN if value >> 15 & 1 else Major.K, b_major=Major.MN if value >> 16 & 1 else Major.K,
                    negate_a=bool(value >> 13 & 1), negate_b=bool(value >> 14 & 1), saturate=bool(value >> 3 & 1))
 
@@ -170,6 +238,68 @@ class Tcgen05InstrDescriptor:
         desc |= _field("M >> 4", self.m >> 4, 5) << 24               # bits 24-28: M >> 4
         # Bit 29 reserved; bits 30-31 (maximum B shift, .ws only) stay 0.
         return desc
+
+
+@dataclasses.dataclass(frozen=True)
+class Tcgen05ScaledInstrDescriptor:
+    """The 32-bit instruction descriptor of a block-scaled tcgen05.mma (kinds mxf8f6f4, mxf4nvf4; the
+    block-scaled form of Table 42). D is float32; the bits that name D's type in the dense form hold B's scale
+    factor ID (4-5), bit 23 the scale type and bits 29-30 A's scale factor ID."""
+
+    m: int
+    n: int
+    a_dtype: DType
+    b_dtype: DType
+    scale_dtype: DType
+    a_major: Major = Major.K
+    b_major: Major = Major.K
+    a_scale_id: int = 0
+    b_scale_id: int = 0
+
+    def __post_init__(self):
+        scaling = block_scaling(self.a_dtype, self.scale_dtype)
+        if block_scaling(self.b_dtype, self.scale_dtype).kind is not scaling.kind:
+            raise DescriptorError(f"A is {self.a_dtype.name} but B is {self.b_dtype.name}: a block-scaled MMA "
+                                  "takes both operands of one kind")
+        if scaling.kind is Tcgen05Kind.MXF4NVF4 and Major.MN in (self.a_major, self.b_major):
+            raise DescriptorError("e2m1 operands must be K-major (stored two to a byte along K)")
+        if self.m not in (128, 256):
+            raise DescriptorError(f"a block-scaled MMA has M = 128 (1 CTA) or 256 (2 CTAs), got {self.m}")
+        if self.n % 8 or not 8 <= self.n <= 256:
+            raise DescriptorError(f"N must be a multiple of 8 in 8..256 (the field holds N >> 3), got {self.n}")
+        step = scaling.scales_per_instruction
+        for name, sid in (("A", self.a_scale_id), ("B", self.b_scale_id)):
+            if sid not in range(0, 4, step):
+                raise DescriptorError(f"{name}'s scale factor ID selects a {step}-byte part of a 32-bit word: "
+                                      f"one of {list(range(0, 4, step))}, got {sid}")
+
+    @property
+    def scaling(self) -> BlockScaling:
+        return block_scaling(self.a_dtype, self.scale_dtype)
+
+    def encode(self) -> int:
+        kind = self.scaling.kind
+        desc = self.b_scale_id << 4                                          # bits 4-5: B scale factor ID
+        desc |= _SCALED_AB_CODES[kind][self.a_dtype] << 7                    # bits 7-9: atype
+        desc |= _SCALED_AB_CODES[kind][self.b_dtype] << 10                   # bits 10-12: btype
+        desc |= int(self.a_major is Major.MN) << 15                          # bit 15: transpose A
+        desc |= int(self.b_major is Major.MN) << 16                          # bit 16: transpose B
+        desc |= _field("N >> 3", self.n >> 3, 6) << 17                       # bits 17-22: N >> 3
+        desc |= _SCALE_CODES[self.scale_dtype] << 23                         # bit 23: 0 ue4m3, 1 ue8m0
+        desc |= _field("M >> 4", self.m >> 4, 5) << 24                       # bits 24-28: M >> 4
+        desc |= self.a_scale_id << 29                                        # bits 29-30: A scale factor ID
+        # Bits 0-3 (sparsity), 13-14 (negation) and 31 (K = 96 for mxf4) stay 0.
+        return desc
+
+    @classmethod
+    def decode(cls, value: int, kind: Tcgen05Kind) -> "Tcgen05ScaledInstrDescriptor":
+        """The descriptor `encode` made, read back as the tensor cores read it (the kind is the instruction's)."""
+        return cls(m=((value >> 24) & 0x1F) << 4, n=((value >> 17) & 0x3F) << 3,
+                   a_dtype=_decoded_dtype(_SCALED_AB_CODES[kind], (value >> 7) & 7, "A type", kind),
+                   b_dtype=_decoded_dtype(_SCALED_AB_CODES[kind], (value >> 10) & 7, "B type", kind),
+                   scale_dtype=_decoded_dtype(_SCALE_CODES, (value >> 23) & 1, "scale type", kind),
+                   a_major=Major.MN if value >> 15 & 1 else Major.K, b_major=Major.MN if value >> 16 & 1 else Major.K,
+                   a_scale_id=(value >> 29) & 3, b_scale_id=(value >> 4) & 3)
 
 
 class SmemSwizzle(enum.Enum):
@@ -281,10 +411,16 @@ def operand_address(d: SmemDescriptor, major: Major, mn, k, bits: int):
     agree. K-major: rows of `swizzle` bytes hold K, 8-row groups are SBO apart (an instruction's 32 bytes of K
     stay within one row). MN-major: rows of `swizzle` bytes hold MN, swizzle-wide MN blocks are LBO apart, K
     rows are `swizzle` bytes apart in groups of 8 that are SBO apart. The swizzle XOR then applies to the
-    address itself. `mn` and `k` may be ints or tensors of them."""
+    address itself. Without swizzle (K-major only, what tcgen05.cp reads): 8-row by 16-byte core matrices,
+    SBO apart along MN and LBO apart along K. `mn` and `k` may be ints or tensors of them."""
+    if d.swizzle is SmemSwizzle.NONE and major is Major.K and not d.base_offset:
+        k_bytes = k * bits // 8
+        return (d.start_address + (mn % 8) * 16 + (mn // 8) * d.stride_byte_offset
+                + (k_bytes // 16) * d.leading_byte_offset + k_bytes % 16)
     if d.swizzle not in (SmemSwizzle.B32, SmemSwizzle.B64, SmemSwizzle.B128) or d.base_offset:
-        raise DescriptorError(f"operand addressing is modelled for 32B/64B/128B swizzles with base offset 0, got "
-                              f"{d.swizzle.value}, base offset {d.base_offset}")
+        raise DescriptorError(f"operand addressing is modelled for K-major tiles without swizzle and for "
+                              f"32B/64B/128B swizzles, with base offset 0, got {d.swizzle.value} {major.value}-major, "
+                              f"base offset {d.base_offset}")
     s = d.swizzle.bytes
     if major is Major.K:
         offset = (mn % 8) * s + (mn // 8) * d.stride_byte_offset + k * bits // 8

@@ -2,8 +2,9 @@
 
 A `Launcher` is built once per compiled kernel. Its arguments live in one preallocated buffer laid out by the
 parameter ABI (`abi.buffer_layout`), with a fixed array of pointers into it, so a launch is one `pack_into` and
-one `cuLaunchKernel` with the pointer array's address: no per-call allocation, no per-argument wrapping. The C
-launcher (`fastlaunch`) packs the same buffer from the same layout.
+one `cuLaunchKernel` with the pointer array's address: no per-call allocation, no per-argument wrapping. This is
+the Python path; the C launcher (`fastlaunch`) packs the same layout into a buffer of its own, and encodes TMA
+descriptors with the arguments `tensormap_arguments` gives it, which are those `TensorMaps` uses.
 """
 from __future__ import annotations
 
@@ -43,6 +44,17 @@ def check(result) -> Any:
 
 
 _MAX_STATIC_SMEM = 48 * 1024
+
+
+def ensure_context(device: int) -> int:
+    """The CUDA context current on this thread (its handle), made current first if there is none: torch's
+    runtime does that lazily, so a thread that has not used the GPU yet may have none."""
+    d = driver()
+    ctx = check(d.cuCtxGetCurrent())
+    if not int(ctx):
+        ctx = check(d.cuDevicePrimaryCtxRetain(check(d.cuDeviceGet(device))))
+        check(d.cuCtxSetCurrent(ctx))
+    return int(ctx)
 
 
 class Launcher:
@@ -148,18 +160,33 @@ class TensorMaps:
         # compiler refuses TMA on anything else), so they need no check here.
         rank = p["rank"]
         ptr, sizes, strides = values[0], values[1:1 + rank], values[1 + rank:]
-        element = dtypes.BY_NAME[p["dtype"]]
-        itemsize = element.itemsize
-        dtype = getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{element.tma}")
-        swizzle = getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_TMA_SWIZZLE[desc['swizzle']]}")
+        dtype, swizzle, interleave, l2, oob = _tensormap_enums(desc, p)
+        itemsize = dtypes.BY_NAME[p["dtype"]].itemsize
         # The driver takes dimensions innermost first, and strides (bytes) of every dimension but the innermost.
         dims = [d.cuuint64_t(int(x)) for x in reversed(sizes)]
         byte_strides = [d.cuuint64_t(int(x) * itemsize) for x in list(reversed(strides))[1:]]
         box = [d.cuuint32_t(int(x)) for x in reversed(desc["box"])]
         ones = [d.cuuint32_t(1)] * rank
-        tmap = check(d.cuTensorMapEncodeTiled(
-            dtype, rank, ptr, dims, byte_strides, box, ones,
-            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        tmap = check(d.cuTensorMapEncodeTiled(dtype, rank, ptr, dims, byte_strides, box, ones, interleave, swizzle,
+                                              l2, oob))
         return struct.pack("<16Q", *(int(x) for x in tmap.opaque))
+
+
+def _tensormap_enums(desc: dict, p: dict) -> tuple:
+    """The driver enums of one descriptor: data type, swizzle, interleave, L2 promotion, out-of-bounds fill."""
+    d = driver()
+    element = dtypes.BY_NAME[p["dtype"]]
+    return (getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{element.tma}"),
+            getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_TMA_SWIZZLE[desc['swizzle']]}"),
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+
+def tensormap_arguments(params: Sequence[dict], desc: dict) -> tuple:
+    """One TMA descriptor as the C launcher's Plan takes it: (the tensor parameter's index among the runtime
+    parameters, data type, swizzle, interleave, L2 promotion, out-of-bounds fill, box (outermost first),
+    element size in bytes): the arguments TensorMaps._encode gives cuTensorMapEncodeTiled."""
+    p = params[desc["param"]]
+    return (desc["param"], *(int(e) for e in _tensormap_enums(desc, p)), tuple(int(b) for b in desc["box"]),
+            dtypes.BY_NAME[p["dtype"]].itemsize)

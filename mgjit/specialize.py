@@ -65,6 +65,7 @@ class Specialization:
     target: str
     num_warpgroups: int
     cluster: tuple[int, int, int]
+    profile: bool = False  # record mgjit.trace spans into a hidden buffer (mgjit/profiler.py)
 
     def key_parts(self) -> tuple[tuple, bool]:
         """The parts of the cache key this specialization contributes, and whether they describe content only
@@ -72,8 +73,9 @@ class Specialization:
         described = [(name, deps.describe_value(value)) for name, value in self.constexprs]
         constexprs = tuple((name, d) for name, (d, _) in described)
         persistent = all(p for _, (_, p) in described)
+        profiled = ("profile",) if self.profile else ()  # a kernel without spans keeps the key it always had
         return (tuple(a.key() for a in self.args), constexprs, self.target, self.num_warpgroups,
-                self.cluster), persistent
+                self.cluster, *profiled), persistent
 
     def params(self) -> list[ir.Param]:
         return [ir.Param(n, "tensor", a.dtype, a.rank) if isinstance(a, TensorSpec) else ir.Param(n, "scalar", a.dtype)
@@ -81,7 +83,7 @@ class Specialization:
 
     def describe(self) -> str:
         parts = [f"{n}: {a.describe()}" for n, a in zip(self.names, self.args)]
-        return ", ".join(parts + [f"{k}={v!r}" for k, v in self.constexprs])
+        return ", ".join(parts + [f"{k}={v!r}" for k, v in self.constexprs] + (["profiled"] if self.profile else []))
 
 
 def argument_key() -> Callable[[Any, list], Any]:

@@ -17,7 +17,8 @@ class Target:
     name: str                     # the ptxas -arch and nvvm chip name
     architecture: str             # the marketing name, for messages
     capability: tuple[int, int]   # torch.cuda.get_device_capability() of GPUs that run it
-    ptx_features: str             # the nvvm target's PTX ISA version (wgmma needs 8.0, tcgen05 8.6)
+    ptx_features: str             # the nvvm target's PTX ISA version (wgmma needs 8.0, vector atomics 8.1,
+                                  # tensormap.replace 8.3, tcgen05 8.6)
     smem_bytes: int               # dynamic shared memory one CTA may use
     tmem_columns: int             # 32-bit tensor-memory columns per CTA (128 lanes each); 0: none
     max_cluster_ctas: int         # CTAs in one cluster (the non-portable limit, opted into at launch)
@@ -27,15 +28,19 @@ class Target:
 
 # The hardware units ops are checked against, with what an error says of each. "wgmma" is Hopper's warpgroup
 # MMA (sm_90a only: Blackwell has tcgen05 instead); "tcgen05" covers tensor memory, its MMA and 2-CTA work;
-# TMA, mbarriers, clusters and setmaxnreg exist on both.
+# "clc" is Blackwell's cluster launch control, "tma_gather4" its TMA copy of four rows picked by index
+# (tile::gather4), which a row gather uses where the target has it; TMA, mbarriers, clusters and setmaxnreg exist
+# on both.
 UNITS = {"tma": "the TMA engine exists", "mbarrier": "mbarriers exist", "cluster": "clusters exist",
          "setmaxnreg": "setmaxnreg exists", "wgmma": "the warpgroup MMA (wgmma) exists",
-         "tcgen05": "tensor memory and tcgen05 exist"}
+         "tcgen05": "tensor memory and tcgen05 exist", "clc": "cluster launch control exists",
+         "tma_gather4": "TMA gather4 exists"}
 
-HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx80", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
-                param_bytes=4352, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
-BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx86", smem_bytes=232448, tmem_columns=512,
-                   max_cluster_ctas=16, param_bytes=32764, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05"}))
+HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx83", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
+                param_bytes=32764, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
+BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx87", smem_bytes=232448, tmem_columns=512,
+                   max_cluster_ctas=16, param_bytes=32764,
+                   units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05", "clc", "tma_gather4"}))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}
 DEFAULT = HOPPER

@@ -16,6 +16,10 @@ Path Layout Organization"):
 - m64 collective: 64 rows, each CTA's half of a 2-CTA M=128 MMA (Layout B, "2x2"): the left half of the
   columns in lanes 0-63, the right half in lanes 64-127. Its register layout is its own.
 
+Block-scaled MMAs read their scale factors from TMEM in a fourth layout, `ScaleLayout`: a (MN, S) matrix of
+8-bit scales (S per row of A or column of B), four consecutive scales of a row in one 32-bit word, 32 rows per
+column, duplicated in all four 32-lane partitions (9.7.16.10.7). tcgen05.cp's 32x128b.warpx4 shape writes it.
+
 Every layout is also written as a `TiledLayout` over TMEM (`TMEMLayout.tiled`): warp dimensions pick the
 32-lane quarter, lane dimensions the lane in it, the vector dimension the slot in a column, and the remaining
 dimensions, taken row-major, the column. `lane_and_column` reads that form.
@@ -359,6 +363,86 @@ class TMEMLayout:
                      for g in range(groups) for j in range(width // n))
 
 
+@dataclasses.dataclass(frozen=True)
+class ScaleLayout:
+    """The TMEM layout of a (rows, cols) matrix of block scales: `rows` rows of A (M) or of B's columns (N),
+    `cols` scales along K per row. Scales 4g..4g+3 of row r share one word, byte s % 4, in lane r % 32 of every
+    32-lane partition (the MMA's partition p reads its own copy), column g * rows / 32 + r // 32: for each group
+    of four scales, the rows' words side by side, 32 rows to a column. tcgen05.cp.32x128b.warpx4 fills one
+    128-row by 4-scale chunk (4 columns) from 512 bytes of SMEM in which row r's four scales of group g sit at
+    16 * (r % 32) + 4 * (r // 32 % 4) (`chunk_byte`)."""
+
+    rows: int
+    cols: int
+
+    def __post_init__(self):
+        if self.rows <= 0 or self.rows % CHUNK_ROWS or self.cols <= 0 or self.cols % 4:
+            raise TMEMLayoutError(f"a TMEM scale matrix has rows in multiples of {CHUNK_ROWS} and scales per row in "
+                                  f"multiples of 4 (the chunks tcgen05.cp moves), got {self.rows}x{self.cols}")
+        if self.columns > TMEM_COLUMNS:
+            raise TMEMLayoutError(f"a {self.rows}x{self.cols} scale matrix needs {self.columns} TMEM columns, more "
+                                  f"than the {TMEM_COLUMNS} there are")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.cols
+
+    @property
+    def columns(self) -> int:
+        return self.rows * self.cols // 128
+
+    def word_column(self, row, group):
+        """The column (from the matrix's first) of the word holding scales 4 * group .. 4 * group + 3 of `row`
+        (ints or tensors of them)."""
+        return group * (self.rows // LANES_PER_WARP) + row // LANES_PER_WARP
+
+    def lane_and_column(self, row: int, col: int, partition: int = 0) -> tuple[int, int, int]:
+        """(TMEM lane, column from the matrix's first, byte in the word) of scale (row, col), in `partition`."""
+        if not (0 <= row < self.rows and 0 <= col < self.cols and 0 <= partition < WARPS_PER_WARPGROUP):
+            raise TMEMLayoutError(f"scale ({row}, {col}) of partition {partition} is outside the {self.rows}x"
+                                  f"{self.cols} matrix")
+        return LANES_PER_WARP * partition + row % LANES_PER_WARP, self.word_column(row, col // 4), col % 4
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """One (byte offset in the SMEM source, column offset in the matrix) per tcgen05.cp.32x128b.warpx4 that
+        fills it. The source holds the chunks (row tile t, scale group g) in order t-major, 512 bytes each."""
+        groups = self.cols // 4
+        return [((t * groups + g) * CHUNK_BYTES, self.word_column(t * CHUNK_ROWS, g))
+                for t in range(self.rows // CHUNK_ROWS) for g in range(groups)]
+
+    def register_layout(self, dtype_bits: int) -> TiledLayout:
+        raise TMEMLayoutError("block scales reach TMEM from SMEM with mgjit.tcgen05_copy and are read by the MMA; "
+                              "they do not move through registers")
+
+
+# tcgen05.cp.32x128b.warpx4: 32 rows of 16 bytes, each row to one lane of every partition, 4 columns.
+CHUNK_ROWS = 128
+CHUNK_BYTES = 512
+
+
+def chunk_byte(row, scale):
+    """Where scale `scale` (0..3) of row `row` (0..127) of a 128x4 chunk sits in its 512 SMEM bytes: lane row %
+    32's 16 bytes hold columns row // 32, four bytes each (ints or tensors of them)."""
+    return 16 * (row % LANES_PER_WARP) + 4 * (row // LANES_PER_WARP) + scale
+
+
+def blocked_scales(scales: "torch.Tensor") -> "torch.Tensor":
+    """A (rows, cols) matrix of block scales (a torch tensor; rows a multiple of 128, cols of 4) laid out as
+    tcgen05_copy reads it: shape (rows // 128, cols // 4 * 32, 16), 128 x 4 chunks of 512 bytes in `chunk_byte`
+    order, a row tile's chunks in K order. A kernel's TMA box of (T, G * 32, 16) at (t, 32 * g, 0) brings the
+    scales of row tiles t.. t + T - 1 and scale groups g .. g + G - 1 (scales 4g ..), ready for tcgen05_copy."""
+    import torch
+
+    rows, cols = scales.shape
+    ScaleLayout(rows, cols)  # checks the shape
+    r = torch.arange(rows, device=scales.device)[:, None]
+    s = torch.arange(cols, device=scales.device)[None, :]
+    offset = ((r // CHUNK_ROWS) * (cols // 4) + s // 4) * CHUNK_BYTES + chunk_byte(r % CHUNK_ROWS, s % 4)
+    out = torch.empty(rows * cols, dtype=torch.uint8, device=scales.device)
+    out[offset.reshape(-1)] = scales.reshape(-1).view(torch.uint8)  # torch cannot index_put 8-bit float types
+    return out.view(scales.dtype).view(rows // CHUNK_ROWS, cols // 4 * LANES_PER_WARP, 16)
+
+
 def mma_data_path(m: int, n: int, cta_group: int, row, col):
     """Where one tcgen05.mma (dense, no .ws) of shape M x N writes element (row, col) of a CTA's share of D,
     relative to its D address: (lane, column). PTX ISA 9.7.16.10.5 ("Data Path Layout Organization"): Layout D
@@ -413,8 +497,9 @@ def check_tcgen05_shape(m: int, n: int, k: int, kind: Tcgen05Kind | str, collect
 
     From PTX ISA 9.7.16.2.1, Table 39: 1-CTA M is 64 or 128 and N steps by 8 up to 256; 2-CTA M is 128 or
     256 and N steps by 16. Kind i8 is coarser: 1-CTA N is 8, 16, 24, 32 then steps by 16; 2-CTA N steps by
-    32. K is 32 bytes of input: 16 for f16, 8 for tf32, 32 for f8f6f4 and i8. For 2 CTAs, M and N are the
-    pair's (per CTA, A is M/2 x K and B is K x N/2).
+    32. K is 32 bytes of input: 16 for f16, 8 for tf32, 32 for f8f6f4, i8 and the block-scaled kinds (whose
+    mxf4nvf4 elements are pairs). For 2 CTAs, M and N are the pair's (per CTA, A is M/2 x K and B is K x N/2).
+    Block-scaled kinds are used with 128 rows per CTA: M = 128 on 1 CTA, 256 on 2.
     """
     try:
         kind = Tcgen05Kind(kind)
@@ -422,6 +507,8 @@ def check_tcgen05_shape(m: int, n: int, k: int, kind: Tcgen05Kind | str, collect
         raise TMEMLayoutError(f"kind must be one of {', '.join(k.value for k in Tcgen05Kind)}, got {kind!r}") from None
     group = "2-CTA" if collective else "1-CTA"
     ms = (128, 256) if collective else (64, 128)
+    if kind.block_scaled:  # mgjit's block-scaled MMAs use the default layout: 128 rows per CTA
+        ms = (256,) if collective else (128,)
     if m not in ms:
         raise TMEMLayoutError(f"{group} tcgen05.mma takes M in {ms}, got M = {m}")
     if kind is Tcgen05Kind.I8:

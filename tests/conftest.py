@@ -30,3 +30,16 @@ def _private_cache(tmp_path_factory, monkeypatch):
         monkeypatch.setenv("MGJIT_CACHE_DIR", os.environ["MGJIT_TEST_CACHE_DIR"])
     elif not os.environ.get("MGJIT_CACHE_DIR"):
         monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "mgjit-cache"))
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    """torch.empty fills floating-point tensors with NaN for the test: a wrapper's output that some element of is
+    never written shows it."""
+    import torch
+    empty = torch.empty
+
+    def nan_empty(*shape, **kw):
+        out = empty(*shape, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+    monkeypatch.setattr(torch, "empty", nan_empty)

@@ -25,7 +25,7 @@ UNARY_MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin
 PY_DTYPES = {int: I32, float: F32, bool: BOOL}  # the dtype a Python number takes on its own
 REDUCIBLE = (F32, F16, BF16, E4M3, E5M2, I8, I16, I32, U8)  # reductions refuse 64-bit and bool arrays
 LOOP_ROWS = 6  # an output's extent along each enclosing loop (iterations past it are dropped stores)
-MAX_OUTPUTS = 10  # a kernel's parameters take at most 4352 bytes: about 40 tensors of rank 3
+MAX_OUTPUTS = 10  # few enough that kernels stay small (a kernel may take 32764 bytes of parameters)
 MAX_INPUTS = 8
 MAX_HELPERS = 3
 

@@ -29,14 +29,15 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BF16, F32 = dtypes.bfloat16, dtypes.float32
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location("matmul_blackwell_example", EXAMPLES / "matmul_blackwell.py")
+def load_example(name: str):
+    """examples/<name>.py as a module (the examples directory is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-example = _load_example()
+example = load_example("matmul_blackwell")
 
 
 def line_of(kernel, text: str) -> int:

@@ -4,6 +4,7 @@ every call notices when it changed, and an edited file is a new kernel only when
 
 Each test makes the stale case happen and checks the kernel that runs (its IR's constants), not only its key.
 """
+import dataclasses
 import json
 import os
 import re
@@ -98,6 +99,20 @@ FACTORS = [0.25, 0.5]
 NESTED = ((1.0, (2.0, 3.0)), 4.0)
 
 
+@dataclasses.dataclass
+class Config:
+    BIAS: float = 0.125
+
+
+class Plain:
+    def __init__(self):
+        self.SHIFT = 0.0625
+
+
+CONFIG = Config()
+PLAIN = Plain()
+
+
 @mgjit.device
 def scaled(v, factor=FACTORS[1]):
     return v * factor
@@ -107,7 +122,7 @@ def scaled(v, factor=FACTORS[1]):
 def reads_everything(x, out, BLOCK: mgjit.constexpr):
     v = x[mgjit.ds(0, BLOCK)]
     out[mgjit.ds(0, BLOCK)] = scaled(v) * SHARED.scale + Settings.OFFSET + TABLE["gain"] + FACTORS[0] \
-        + NESTED[0][1][1]
+        + NESTED[0][1][1] + CONFIG.BIAS + PLAIN.SHIFT
 
 
 @pytest.mark.parametrize("change,value", [
@@ -117,9 +132,12 @@ def reads_everything(x, out, BLOCK: mgjit.constexpr):
     (lambda: FACTORS.__setitem__(0, 6.25), "6.25"),  # a list mutated in place
     (lambda: globals().__setitem__("NESTED", ((1.0, (2.0, 5.5)), 4.0)), "5.5"),  # a nested tuple rebound
     (lambda: setattr(scaled.fn, "__defaults__", (0.75,)), "0.75"),  # a helper's default argument
+    (lambda: setattr(CONFIG, "BIAS", 0.375), "0.375"),  # a dataclass instance's field assigned in place
+    (lambda: setattr(PLAIN, "SHIFT", 0.4375), "0.4375"),  # an attribute of a plain object
 ])
 def test_every_kind_of_read_value_is_in_the_key(x, change, value):
-    saved = (SHARED.scale, Settings.OFFSET, dict(TABLE), list(FACTORS), NESTED, scaled.fn.__defaults__)
+    saved = (SHARED.scale, Settings.OFFSET, dict(TABLE), list(FACTORS), NESTED, scaled.fn.__defaults__, CONFIG.BIAS,
+             PLAIN.SHIFT)
     try:
         before = compile_(reads_everything, x)
         assert value not in constants(before)
@@ -133,6 +151,7 @@ def test_every_kind_of_read_value_is_in_the_key(x, change, value):
         FACTORS[:] = saved[3]
         globals()["NESTED"] = saved[4]
         scaled.fn.__defaults__ = saved[5]
+        CONFIG.BIAS, PLAIN.SHIFT = saved[6], saved[7]
 
 
 def test_a_launch_notices_the_change_too():
@@ -249,6 +268,18 @@ OPAQUE = Opaque(2.0)
 @mgjit.kernel
 def reads_opaque(x, out, BLOCK: mgjit.constexpr, FLAG: mgjit.constexpr):
     out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(0, BLOCK)] * (2.0 if FLAG is OPAQUE else 3.0)
+
+
+def test_an_object_read_whole_is_checked_for_assignments(x):
+    """An object described by identity (memory-only) is still compared with its attributes on every call."""
+    first = compile_(reads_opaque, x, FLAG=OPAQUE)
+    assert not reads_opaque._deps_changed()
+    OPAQUE.value = 5.0
+    try:
+        assert reads_opaque._deps_changed()
+    finally:
+        OPAQUE.value = 2.0
+    assert compile_(reads_opaque, x, FLAG=OPAQUE).ir == first.ir
 
 
 def test_a_value_without_content_keeps_the_kernel_out_of_the_disk_cache(x):

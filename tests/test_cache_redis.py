@@ -1,4 +1,4 @@
-"""The Redis tier of mgjit.cache against a real redis-server on loopback."""
+"""The Redis tier of mgjit.cache against a real redis-server on loopback: an authenticated, untrusted tier."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import warnings
 import pytest
 from mgjit.cache import _warn, remote
 from mgjit.cache.cli import main
-from mgjit.cache.remote import Connection, RedisError, decode_blob, encode_blob, parse_url
+from mgjit.cache.records import ANY, Damaged
+from mgjit.cache.remote import decode_blob, encode_blob, safe_url
 from mgjit.cache.store import CacheWarning, Store, hash_parts
 
+redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'mgjit[redis]')")
 REDIS = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(
     REDIS is None, reason="redis-server is not installed (CI installs it: apt-get install -y redis-server)"
@@ -23,6 +25,7 @@ needs_redis = pytest.mark.skipif(
 
 META = {"name": "softmax", "target": "sm_90a", "specialization": ["f16", 1024], "mgjit_version": "0.1.0"}
 FILES = {"kernel.cubin": b"\x7fELF" + bytes(range(256)) * 64, "kernel.ptx": b"// ptx\n" * 100, "ptxas.txt": b"ok"}
+SECRET = "a-test-secret-of-32-characters.."
 
 
 def free_port() -> int:
@@ -32,7 +35,7 @@ def free_port() -> int:
 
 
 class Server:
-    """A throwaway redis-server; `url(db)` addresses it."""
+    """A throwaway redis-server; `url(db)` addresses it, `client(db)` talks to it directly."""
 
     def __init__(self, *extra: str) -> None:
         self.port = free_port()
@@ -47,9 +50,9 @@ class Server:
         deadline = time.monotonic() + 10
         while True:
             try:
-                self.conn().close()
+                self.client().ping()
                 return
-            except OSError as e:
+            except redis.RedisError as e:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     self.stop()
                     raise RuntimeError("redis-server did not start") from e
@@ -59,8 +62,8 @@ class Server:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/{db}"
 
-    def conn(self, db: int = 0) -> Connection:
-        return Connection(parse_url(self.url(db)), 2.0)
+    def client(self, db: int = 0):
+        return redis.Redis.from_url(self.url(db), socket_timeout=2.0)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -77,10 +80,11 @@ def server():
 
 
 @pytest.fixture(autouse=True)
-def fresh_state():
+def fresh_state(monkeypatch):
     # Every test gets its own first warning and its own tier objects (the tier of a URL is per process).
     _warn._warned.clear()
     remote._tiers.clear()
+    monkeypatch.setenv("MGJIT_CACHE_REDIS_KEY", SECRET)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
         yield
@@ -98,32 +102,45 @@ def stores(tmp_path, url: str) -> tuple[Store, Store]:
 # ------------------------------------------------------------------------------------- no server
 
 
-def test_parse_url():
-    u = parse_url("redis://cachehost:6380/3")
-    assert (u.host, u.port, u.db, u.username, u.password) == ("cachehost", 6380, 3, None, None)
-    u = parse_url("redis://bob:s%40cret@10.0.0.1")
-    assert (u.host, u.port, u.db, u.username, u.password) == ("10.0.0.1", 6379, 0, "bob", "s@cret")
-    assert str(u) == "redis://10.0.0.1:6379/0"  # no password in messages
+def test_urls_are_shown_without_passwords():
+    assert safe_url("redis://cachehost:6380/3") == "redis://cachehost:6380/3"
+    assert safe_url("redis://bob:s%40cret@10.0.0.1") == "redis://10.0.0.1:6379/0"
     for bad in ("http://host:1/0", "redis://", "redis://host/x", "host:6379"):
         with pytest.raises(ValueError):
-            parse_url(bad)
+            safe_url(bad)
 
 
-def test_blob_round_trip_and_tamper_detection():
+def test_blob_round_trip_and_authentication():
+    k = key(0)
     members = {"meta.json": b"{}", **FILES, "empty.txt": b""}
-    blob = encode_blob(members)
-    assert decode_blob(blob) == members
-    assert list(decode_blob(blob)) == list(members)
+    blob = encode_blob(SECRET.encode(), k, members)
+    assert decode_blob(SECRET.encode(), k, blob) == members
+    assert list(decode_blob(SECRET.encode(), k, blob)) == list(members)
     flipped = bytearray(blob)
     flipped[len(blob) // 2] ^= 1
     for bad in (b"", b"garbage" * 20, blob[:-1], bytes(flipped), blob + b"x", b"\x80\x04pickle" + blob):
-        with pytest.raises(ValueError):
-            decode_blob(bad)
+        with pytest.raises(Damaged):
+            decode_blob(SECRET.encode(), k, bad)
+    with pytest.raises(Damaged, match="authentication fails"):
+        decode_blob(b"another secret of the same size", k, blob)  # sealed by someone without our secret
+    with pytest.raises(Damaged, match="authentication fails"):
+        decode_blob(SECRET.encode(), key(1), blob)  # moved to another key
+
+
+@pytest.mark.parametrize("secret,why", [(None, "is not set"), ("short", "is shorter than 16")])
+def test_without_a_secret_redis_is_not_used(tmp_path, monkeypatch, secret, why):
+    if secret is None:
+        monkeypatch.delenv("MGJIT_CACHE_REDIS_KEY")
+    else:
+        monkeypatch.setenv("MGJIT_CACHE_REDIS_KEY", secret)
+    with pytest.warns(CacheWarning, match=f"not using Redis at redis://host:1/0: MGJIT_CACHE_REDIS_KEY {why}"):
+        s = Store(tmp_path, redis_url="redis://:pw@host:1/0")
+    assert s.redis is None and s.put(key(0), FILES, META).path is not None
 
 
 def test_bad_url_warns_and_stays_local(tmp_path):
     with pytest.warns(CacheWarning, match="MGJIT_CACHE_REDIS"):
-        s = Store(tmp_path, redis_url="rediss://host:1/0")
+        s = Store(tmp_path, redis_url="http://host:1/0")
     assert s.redis is None
     s.put(key(0), FILES, META)
     assert s.get(key(0)) is not None
@@ -184,27 +201,19 @@ def test_blob_is_our_framing(tmp_path, server):
     a = Store(tmp_path, redis_url=server.url())
     a.put(key(1), FILES, META)
     a.flush(5)
-    c = server.conn()
-    blob = c.command("GET", "mgjit:" + key(1))
-    c.close()
-    members = decode_blob(blob)
+    blob = server.client().get("mgjit:" + key(1))
+    members = decode_blob(SECRET.encode(), key(1), blob)
     assert list(members) == ["meta.json", *FILES]
     assert members["kernel.cubin"] == FILES["kernel.cubin"]
     assert members["meta.json"] == (a.get(key(1)).path / "meta.json").read_bytes()
 
 
 def _store_raw(server, k: str, blob: bytes) -> None:
-    c = server.conn()
-    assert c.command("SET", "mgjit:" + k, blob) == "OK"
-    c.close()
+    assert server.client().set("mgjit:" + k, blob)
 
 
 def _exists(server, k: str) -> int:
-    c = server.conn()
-    try:
-        return c.command("EXISTS", "mgjit:" + k)
-    finally:
-        c.close()
+    return server.client().exists("mgjit:" + k)
 
 
 @needs_redis
@@ -214,7 +223,7 @@ def test_garbage_blob_is_a_miss_and_is_deleted(tmp_path, server):
     b = Store(tmp_path, redis_url=server.url())
     with pytest.warns(CacheWarning, match="damaged") as rec:
         assert b.get(k) is None
-    assert len(rec) == 1 and f"mgjit:{k}" in str(rec[0].message)
+    assert len(rec) == 1 and f"mgjit:{k[:16]}…" in str(rec[0].message)
     assert _exists(server, k) == 0
     assert b.entries() == []
 
@@ -225,23 +234,22 @@ def test_truncated_blob_is_a_miss(tmp_path, server):
     a = Store(tmp_path / "a", redis_url=server.url())
     a.put(k, FILES, META)
     a.flush(5)
-    c = server.conn()
-    blob = c.command("GET", "mgjit:" + k)
-    c.close()
+    blob = server.client().get("mgjit:" + k)
     _store_raw(server, k, blob[: len(blob) // 2])
-    with pytest.warns(CacheWarning, match="checksum"):
+    with pytest.warns(CacheWarning, match="authentication fails"):
         assert Store(tmp_path / "b", redis_url=server.url()).get(k) is None
 
 
 @needs_redis
-def test_blob_with_a_wrong_file_checksum_is_a_miss(tmp_path, server):
-    # A well-framed blob whose cubin does not match the sha256 in its meta.json.
+def test_a_blob_sealed_with_our_secret_is_still_checked_like_a_local_entry(tmp_path, server):
+    # Someone holding the secret (a buggy build) seals a blob whose cubin does not match its meta.json.
     k = key(4)
     a = Store(tmp_path / "a", redis_url=server.url())
     a.put(k, FILES, META)
     assert a.flush(5)  # or the write-behind could overwrite the bad blob below
     meta_json = (a.get(k).path / "meta.json").read_bytes()
-    _store_raw(server, k, encode_blob({"meta.json": meta_json, **FILES, "kernel.cubin": b"\x7fELF evil"}))
+    _store_raw(server, k, encode_blob(SECRET.encode(), k, {"meta.json": meta_json, **FILES,
+                                                            "kernel.cubin": b"\x7fELF evil"}))
     b = Store(tmp_path / "b", redis_url=server.url())
     with pytest.warns(CacheWarning, match="kernel.cubin"):
         assert b.get(k) is None
@@ -249,14 +257,27 @@ def test_blob_with_a_wrong_file_checksum_is_a_miss(tmp_path, server):
 
 
 @needs_redis
-def test_blob_for_another_key_is_a_miss(tmp_path, server):
+def test_a_planted_blob_is_a_miss(tmp_path, server):
+    """The server (or anyone who can write to it) plants a whole, self-consistent entry of its own making,
+    framed and checksummed as mgjit would, but without the secret: it is never loaded."""
+    k = key(5)
+    planter = Store(tmp_path / "planter")
+    meta_json = (planter.put(k, {**FILES, "kernel.cubin": b"\x7fELF evil"}, META).path / "meta.json").read_bytes()
+    _store_raw(server, k, encode_blob(b"the attacker's own secret", k, {"meta.json": meta_json, **FILES,
+                                                                          "kernel.cubin": b"\x7fELF evil"}))
+    b = Store(tmp_path / "b", redis_url=server.url())
+    with pytest.warns(CacheWarning, match="authentication fails") as rec:
+        assert b.get(k) is None
+    assert len(rec) == 1 and b.entries() == []
+
+
+@needs_redis
+def test_blob_copied_to_another_key_is_a_miss(tmp_path, server):
     a = Store(tmp_path / "a", redis_url=server.url())
     a.put(key(5), FILES, META)
     a.flush(5)
-    c = server.conn()
-    c.command("COPY", "mgjit:" + key(5), "mgjit:" + key(6))
-    c.close()
-    with pytest.warns(CacheWarning, match="names key"):
+    server.client().copy("mgjit:" + key(5), "mgjit:" + key(6))
+    with pytest.warns(CacheWarning, match="authentication fails"):
         assert Store(tmp_path / "b", redis_url=server.url()).get(key(6)) is None
 
 
@@ -277,12 +298,11 @@ def test_database_and_password_from_the_url(tmp_path):
         a.put(key(8), FILES, META)
         assert a.flush(5)
         for db, expected in ((2, 1), (0, 0)):
-            c = srv.conn(db=db)
-            assert c.command("EXISTS", "mgjit:" + key(8)) == expected
-            c.close()
+            assert srv.client(db=db).exists("mgjit:" + key(8)) == expected
         assert b.get(key(8)) is not None
-        with pytest.raises(RedisError):
-            Connection(parse_url(f"redis://:wrong@127.0.0.1:{srv.port}/0"), 2.0)
+        wrong = Store(tmp_path / "c", redis_url=f"redis://:wrong@127.0.0.1:{srv.port}/2")
+        with pytest.warns(CacheWarning, match="unavailable"):
+            assert wrong.get(key(8)) is None
     finally:
         srv.stop()
 
@@ -309,7 +329,8 @@ def test_stats_reports_redis(tmp_path, server, monkeypatch):
     monkeypatch.setenv("MGJIT_CACHE_REDIS", server.url())
     out = io.StringIO()
     main(["--dir", str(tmp_path), "stats"], out=out)
-    assert f"redis:     redis://127.0.0.1:{server.port}/0 reachable (PONG," in out.getvalue()
+    assert f"redis:     redis://127.0.0.1:{server.port}/0 reachable (PONG, " in out.getvalue()
+    assert "entries authenticated" in out.getvalue()
     monkeypatch.setenv("MGJIT_CACHE_REDIS", f"redis://127.0.0.1:{free_port()}/0")
     out = io.StringIO()
     main(["--dir", str(tmp_path), "stats"], out=out)
@@ -329,7 +350,7 @@ def test_forked_child_gets_its_own_connection_and_writer(tmp_path, server):
         ok = False
         try:
             store.put(key(21), FILES, META)
-            ok = store.flush(5) and store.redis.fetch(key(20)) is not None
+            ok = store.flush(5) and store.redis.fetch(key(20), ANY) is not None
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)

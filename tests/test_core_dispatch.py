@@ -75,5 +75,7 @@ def test_a_plan_is_compiled_from_exactly_what_its_key_records():
     k1004 = window_at.compile(x, x, 1004, BLOCK=256)
     k1024 = window_at.compile(x, x, 1024, BLOCK=256)
     assert k1000.key == k1004.key != k1024.key
-    assert "ld.global.v4" not in k1000.ptx  # start known only to be an int: no 16-byte loads from it
-    assert "ld.global.v4" in k1024.ptx  # a multiple of 16: aligned 16-byte loads
+    # Start known only to be an int: 4-byte loads (all that f32 elements are known to be aligned to); a
+    # multiple of 16: 16-byte loads.
+    assert "ld.global.b32" in k1000.ptx and "ld.global.v4" not in k1000.ptx
+    assert "ld.global.v4" in k1024.ptx and "ld.global.b32" not in k1024.ptx

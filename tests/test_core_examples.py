@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # script -> the kernel it compiles
 SCRIPTS = {"vector_add.py": "add_kernel", "softmax.py": "softmax_kernel", "rmsnorm.py": "rmsnorm_kernel",
-           "layernorm.py": "layernorm_rows", "cross_entropy.py": "cross_entropy_kernel",
+           "layernorm.py": "layernorm_rows", "cross_entropy.py": "cross_entropy_rows",
            "fused_elementwise.py": "fused_flat"}
 
 

@@ -206,7 +206,7 @@ CASES = [
     (k_recursive, forever, "recursion is not supported"),
     (k_returns_value, k_returns_value, "a kernel cannot return a value"),
     (k_try, k_try, "`Try` statements are not supported"),
-    (k_with, k_with, "`With` statements are not supported"),
+    (k_with, k_with, "`with` statements in a kernel open mgjit scopes only"),
     (k_lambda, k_lambda, "`Lambda` expressions are not supported"),
     (k_nonlocal_global, k_nonlocal_global, "`Global` statements are not supported"),
 ]
@@ -379,3 +379,36 @@ INDEX_AND_RANGE_CASES = [
 @pytest.mark.parametrize("kernel,phrase", INDEX_AND_RANGE_CASES, ids=[c[0].name for c in INDEX_AND_RANGE_CASES])
 def test_an_index_past_a_shape_or_a_float_range_bound_is_a_compile_error(kernel, phrase):
     test_construct_outside_language(kernel, kernel, phrase)
+
+
+@mgjit.device
+def wait_for(bars, i):
+    bars[i].wait()
+
+
+@mgjit.kernel(num_warpgroups=2)
+def helper_waits(x, out):
+    """A helper waits on the caller's barrier; the phase it leaves is the one the caller waits on next (a stale
+    phase would pass the second wait at once and read the tile before it is rewritten)."""
+    ready = mgjit.barrier(1)
+    done = mgjit.barrier(1)
+    tile = mgjit.smem((128,), mgjit.float32)
+    if mgjit.warpgroup_id() == 0:
+        tile[...] = x[mgjit.ds(0, 128)]
+        ready[0].arrive()
+        done[0].wait()
+        tile[...] = x[mgjit.ds(0, 128)] * 2.0
+        ready[0].arrive()
+    else:
+        wait_for(ready, 0)  # phase 0
+        out[mgjit.ds(0, 128)] = tile[...]
+        done[0].arrive()
+        wait_for(ready, 0)  # phase 1
+        out[mgjit.ds(128, 128)] = tile[...]
+
+
+def test_a_helper_waits_on_the_callers_barriers():
+    x = torch.randn(128)
+    out = torch.full((256,), float("nan"))
+    helper_waits.interpret[(1,)](x, out)
+    assert torch.equal(out, torch.cat([x, x * 2]))

@@ -18,8 +18,9 @@ def language_markers() -> list[lang.Builtin]:
 def test_every_marker_of_the_language_is_registered_once():
     builtins = registry.builtins()
     for marker in language_markers():
-        as_builtin, as_loop = marker in builtins, registry.find_loop(marker) is not None
-        assert as_builtin != as_loop, f"mgjit.{marker.name}: registered as a builtin {as_builtin}, a loop {as_loop}"
+        kinds = {"builtin": marker in builtins, "loop": registry.find_loop(marker) is not None,
+                 "context": registry.find_context(marker) is not None}
+        assert sum(kinds.values()) == 1, f"mgjit.{marker.name}: registered as {kinds}"
 
 
 def test_a_builtin_lives_in_the_module_of_its_unit():
@@ -44,6 +45,7 @@ def hopper_units(a, c):
     mgjit.set_max_registers(232)
     rank = mgjit.cluster_rank()
     mgjit.cluster_sync()
+    rank = mgjit.cluster_reduce(rank, "max")
     c_s = mgjit.smem((64, 64), mgjit.bfloat16, swizzle=128)
     c_s[...] = acc.astype(mgjit.bfloat16)
     mgjit.fence_async_shared()
@@ -62,6 +64,42 @@ def blackwell_units(a, c):
     mgjit.tcgen05_commit(bars[0])
     bars[0].wait()
     c[0:128, 0:128] = acc.load().astype(c.dtype)
+
+
+@mgjit.kernel
+def blackwell_ws_units(a, c):
+    bars = mgjit.barrier(2)
+    response = mgjit.smem((2,), mgjit.int64)
+    scales_s = mgjit.smem((1, 32, 16), mgjit.float8_e8m0fnu)
+    scales = mgjit.tmem((128, 4), mgjit.float8_e8m0fnu, scales=True)
+    if mgjit.warp_id() == 0:
+        mgjit.clc_try_cancel(response, barrier=bars[0])
+        bars[0].wait()
+        canceled, _ = mgjit.clc_query(response)
+    if mgjit.warp_id() == 1:
+        mgjit.tcgen05_copy(scales, scales_s)
+        mgjit.tcgen05_commit(bars[1])
+        bars[1].wait()
+
+
+@mgjit.kernel
+def gmem_units(a, c, descriptors, sems):
+    c_s = mgjit.smem((64, 64), mgjit.bfloat16, swizzle=128)
+    c_s[...] = a[0:64, 0:64]
+    mgjit.fence_async_shared()
+    mgjit.store_async(mgjit.tma_bounded(c, (100, None), descriptors, 0), (0, 0), c_s)
+    mgjit.store_async_wait(0)
+    old = mgjit.atomic_add(sems, 0, 1, sem="acq_rel")
+    mgjit.atomic_max(sems, 1, old)
+    mgjit.atomic_cas(sems, 2, old, 2)
+    mgjit.semaphore_signal(sems, 3)
+    mgjit.semaphore_wait(sems, 3, 1)
+
+
+# The kernels' parameters, by name.
+PARAMS = {"a": ir.Param("a", "tensor", BF16, 2), "c": ir.Param("c", "tensor", BF16, 2),
+          "descriptors": ir.Param("descriptors", "tensor", dtypes.uint8, 1),
+          "sems": ir.Param("sems", "tensor", dtypes.int32, 1)}
 
 
 def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
@@ -90,19 +128,21 @@ def ops_per_builtin(kernel, monkeypatch) -> list[tuple[registry.Builtin, set]]:
     monkeypatch.setattr(registry, "find_builtin", lambda marker: recording(find(marker)))
     monkeypatch.setattr(values.Builder, "add", noting(values.Builder.add))
     monkeypatch.setattr(values.Builder, "add_at_top", noting(values.Builder.add_at_top))
-    params = [ir.Param("a", "tensor", BF16, 2), ir.Param("c", "tensor", BF16, 2)]
+    params = [PARAMS[name] for name in inspect.signature(kernel.fn).parameters]
     frontend.trace(mgjit.source.SourceFunction(kernel.fn), params, {}, kernel.num_warpgroups)
     return calls
 
 
-@pytest.mark.parametrize("kernel", [hopper_units, blackwell_units], ids=["hopper", "blackwell"])
-def test_a_builtins_unit_is_the_unit_its_ops_require(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel,named_units", [
+    (hopper_units, {"mbarrier", "tma", "wgmma", "setmaxnreg", "cluster"}),
+    (blackwell_units, {"mbarrier", "tma", "tcgen05"}),
+    (blackwell_ws_units, {"mbarrier", "tcgen05", "clc", None}),
+    (gmem_units, {"tma", None})], ids=["hopper", "blackwell", "blackwell-ws", "gmem"])
+def test_a_builtins_unit_is_the_unit_its_ops_require(kernel, named_units, monkeypatch):
     calls = ops_per_builtin(kernel, monkeypatch)
     for entry, units in calls:
         assert units - {None} == ({entry.unit} if entry.unit else set()), (entry.marker.name, units)
-    named = {entry.unit for entry, _ in calls}
-    assert named >= ({"mbarrier", "tma", "wgmma", "setmaxnreg", "cluster"} if kernel is hopper_units
-                     else {"mbarrier", "tma", "tcgen05"})
+    assert {entry.unit for entry, _ in calls} >= named_units
 
 
 @mgjit.kernel

@@ -39,6 +39,27 @@ def test_casts_between_float16_and_bfloat16():
 
 
 @mgjit.kernel
+def byte_casts(x, i8, u8, back):
+    v = x[0:128]
+    i8[0:128] = v.astype(mgjit.int8)
+    u8[0:128] = v.astype(mgjit.uint8)
+    back[0:128] = v.astype(mgjit.int8).astype(mgjit.float32) + v.astype(mgjit.uint8).astype(mgjit.float32)
+
+
+def test_casts_of_8_bit_integers_are_not_fp8_casts():
+    """The lowering took every 8-bit float's MLIR type for fp8, and the block-scaling types (e8m0, e2m1 pairs)
+    are bytes (i8): casts to and from int8/uint8 became fp8 conversions (an internal KeyError)."""
+    x = torch.randn(128) * 100
+    outs = torch.empty(128, dtype=torch.int8), torch.empty(128, dtype=torch.uint8), torch.empty(128)
+    for c in compile_both(byte_casts, x, *outs):
+        assert "e4m3" not in c.ptx and "e5m2" not in c.ptx
+    byte_casts.interpret[(1,)](x, *outs)
+    assert torch.equal(outs[0], x.clamp(-128, 127).to(torch.int8))
+    assert torch.equal(outs[1], x.clamp(0, 255).to(torch.uint8))
+    assert torch.equal(outs[2], outs[0].float() + outs[1].float())
+
+
+@mgjit.kernel
 def fp8_casts(x, a, b, to_e4m3, to_e5m2, from_e4m3, from_e5m2, to_int, arithmetic, negated, bigger):
     v = x[0:128]
     to_e4m3[0:128] = v.astype(mgjit.float8_e4m3fn)
@@ -177,21 +198,29 @@ def test_pow_of_negative_bases_and_zero(dtype):
 # ---------------------------------------------------------------------------------------------- parameters
 
 def test_too_many_parameters_is_an_error_at_the_kernel(tmp_path):
-    """ptxas stopped with "uses too much parameter space (0x1328 bytes, 0x1100 max)": a bare toolchain error
-    with no line. sm_90a (PTX ISA 8.0) kernels take 4352 bytes of parameters; sm_100a ones 32764."""
-    names = [f"t{i}" for i in range(70)]
-    path = tmp_path / "many_params.py"
-    path.write_text("import mgjit\n\n\n@mgjit.kernel\n"
-                    f"def many_params({', '.join(names)}):\n    t0[0, 0, 0, 0, 0] = 1.0\n")
+    """ptxas stopped with "uses too much parameter space (0x8160 bytes, 0x7ffc max)": a bare toolchain error
+    with no line. Both targets compile at PTX ISA 8.1 or later (sm_90a at 8.3), where a kernel takes 32764 bytes
+    of parameters; a rank-5 tensor takes 72 (an address, 5 sizes, 5 strides): 455 fit, 456 do not."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("many_params", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     x = torch.zeros(1, 1, 1, 1, 1)
-    with pytest.raises(mgjit.CompileError, match="more than the 4352 bytes a sm_90a kernel can take") as info:
-        module.many_params.compile(*[x] * 70, target="sm_90a")
-    assert info.value.loc.file == str(path) and info.value.loc.line == 5
-    assert module.many_params.compile(*[x] * 70, target="sm_100a").ptx
+
+    def kernel_of(count):
+        names = [f"t{i}" for i in range(count)]
+        path = tmp_path / f"many_params_{count}.py"
+        path.write_text("import mgjit\n\n\n@mgjit.kernel\n"
+                        f"def many_params({', '.join(names)}):\n    t0[0, 0, 0, 0, 0] = 1.0\n")
+        spec = importlib.util.spec_from_file_location(f"many_params_{count}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.many_params, str(path)
+
+    too_many, path = kernel_of(456)
+    for target in ("sm_90a", "sm_100a"):
+        with pytest.raises(mgjit.CompileError, match=f"32832 bytes .* more than the 32764 bytes a {target} kernel "
+                                                     "can take") as info:
+            too_many.compile(*[x] * 456, target=target)
+        assert info.value.loc.file == path and info.value.loc.line == 5
+    assert kernel_of(455)[0].compile(*[x] * 455, target="sm_90a").ptx
 
 
 # ---------------------------------------------------------------------------------------------- layouts

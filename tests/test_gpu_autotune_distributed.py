@@ -31,7 +31,7 @@ def _rank_main(rank, tmp):
         b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
         c = torch.full((2048, 2048), float("nan"), device="cuda", dtype=torch.bfloat16)
         grid = lambda meta: (min(132, (2048 // meta["BM"]) * (2048 // meta["BN"])),)  # noqa: E731
-        tuned[grid](a, b, c, c, c)
+        tuned[grid](a, b, c, c, c, c, c)
         err = ((c.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
         report = tuned.tuning_report()
         with open(os.path.join(tmp, f"rank{rank}.json"), "w") as f:

@@ -242,8 +242,12 @@ def test_launch_errors():
     with pytest.raises(mgjit.LaunchError, match="takes 4 arguments"):
         add_kernel[(1,)](x, x, x, 1024, 5)
     with pytest.raises(mgjit.LaunchError, match="grid"):
-        add_kernel[(0,)](x, x, x, BLOCK=1024)
-    with pytest.raises(mgjit.LaunchError, match="1 to 3 dimensions"):
+        add_kernel[(-1,)](x, x, x, BLOCK=1024)
+    out = torch.full_like(x, float("nan"))
+    add_kernel[(0,)](x, x, out, BLOCK=1024)  # an empty grid launches nothing, as in Triton
+    torch.cuda.synchronize()
+    assert out.isnan().all()
+    with pytest.raises(mgjit.LaunchError, match="1 to 3 ints"):
         add_kernel[(1, 1, 1, 1)](x, x, x, BLOCK=1024)
 
 

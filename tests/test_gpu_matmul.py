@@ -134,7 +134,7 @@ def _example():
 
 
 @pytest.mark.parametrize("m,n,k", [(2048, 2048, 2048), (1000, 3000, 2000), (64, 512, 1024)])
-def test_fp8_e4m3_with_scales(m, n, k):
+def test_fp8_e4m3_with_scales(m, n, k, poison_empty):
     mh = _example()
     a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
     w = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)  # B given (N, K): K-major

@@ -19,7 +19,7 @@ def _compile(config: dict, dtype=BF16, **extra):
     x = torch.empty(4096, 4096, dtype=dtype)
     out = torch.empty(4096, 4096, dtype=BF16)
     scale, bias = torch.empty(1), torch.empty(4096, dtype=BF16)
-    return mh.matmul_kernel.compile(x, x, out, scale, bias, **{**mh.DEFAULT_CONFIG, **config}, **extra,
+    return mh.matmul_kernel.compile(x, x, out, scale, bias, out, out, **{**mh.DEFAULT_CONFIG, **config}, **extra,
                                     target="sm_90a")
 
 
@@ -128,7 +128,7 @@ def test_tma_box_limit():
 def test_fp8_operand_must_be_k_major():
     x = torch.empty(4096, 4096, dtype=torch.float8_e4m3fn)
     with pytest.raises(mgjit.CompileError) as info:
-        mh.matmul_kernel.compile(x, x, x, x, x, **{**mh.DEFAULT_CONFIG, "BK": 128, "TMA_STORE": False})
+        mh.matmul_kernel.compile(x, x, x, x, x, x, x, **{**mh.DEFAULT_CONFIG, "BK": 128, "TMA_STORE": False})
     assert info.value.rule == "wgmma-shape" and "K-major" in str(info.value)
 
 

@@ -4,13 +4,14 @@ import pytest
 from mgjit import dtypes
 from mgjit.layouts import LayoutError
 from mgjit.mma_descriptors import (
-    DescriptorError, Major, SmemDescriptor, SmemSwizzle, Tcgen05InstrDescriptor, Tcgen05Kind, check_swizzle,
-    check_wgmma_shape, decode_smem_descriptor, descriptor_address_field, operand_address, tcgen05_kind,
-    tcgen05_smem_descriptor, wgmma_smem_descriptor,
+    DescriptorError, Major, SmemDescriptor, SmemSwizzle, Tcgen05InstrDescriptor, Tcgen05Kind,
+    Tcgen05ScaledInstrDescriptor, block_scaling, check_swizzle, check_wgmma_shape, decode_smem_descriptor,
+    descriptor_address_field, operand_address, tcgen05_kind, tcgen05_smem_descriptor, wgmma_smem_descriptor,
 )
 
 f16, bf16, f32, i32 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.int32
 e4m3, e5m2, s8, u8 = dtypes.float8_e4m3fn, dtypes.float8_e5m2, dtypes.int8, dtypes.uint8
+e8m0, e2m1 = dtypes.float8_e8m0fnu, dtypes.float4_e2m1fn_x2
 
 
 def bits(value: int, lo: int, hi: int) -> int:
@@ -89,9 +90,65 @@ def test_kinds():
     assert [tcgen05_kind(d) for d in (f16, bf16, f32, e4m3, e5m2, s8, u8)] == [
         Tcgen05Kind.F16, Tcgen05Kind.F16, Tcgen05Kind.TF32, Tcgen05Kind.F8F6F4, Tcgen05Kind.F8F6F4,
         Tcgen05Kind.I8, Tcgen05Kind.I8]
-    # K is 32 bytes of input per instruction (Table 39).
+    # K is 32 bytes of input per instruction (Table 39); an mxf4nvf4 element is a byte of two e2m1 values.
     assert {k: k.instruction_k for k in Tcgen05Kind} == {
-        Tcgen05Kind.F16: 16, Tcgen05Kind.TF32: 8, Tcgen05Kind.F8F6F4: 32, Tcgen05Kind.I8: 32}
+        Tcgen05Kind.F16: 16, Tcgen05Kind.TF32: 8, Tcgen05Kind.F8F6F4: 32, Tcgen05Kind.I8: 32,
+        Tcgen05Kind.MXF8F6F4: 32, Tcgen05Kind.MXF4NVF4: 32}
+    assert [k for k in Tcgen05Kind if k.block_scaled] == [Tcgen05Kind.MXF8F6F4, Tcgen05Kind.MXF4NVF4]
+    with pytest.raises(DescriptorError, match="only with block scaling"):
+        tcgen05_kind(e2m1)
+
+
+# --- block scaling (9.7.16.10.7, Tables 54 and 55) and the block-scaled instruction descriptor ----------------
+
+def test_block_scalings():
+    """mxfp8: one ue8m0 scale per 32 values, K = 32 per instruction, so .scale_vec::1X and the four instructions
+    of a word take bytes 0, 1, 2, 3 (scale factor ID = byte). mxfp4: ue8m0 per 32 over K = 64: 2X, IDs 0 and 2.
+    nvfp4: e4m3 per 16 over K = 64: 4X, ID 0, one word per instruction."""
+    mx8 = block_scaling(e4m3, e8m0)
+    assert (mx8.kind, mx8.block, mx8.scales_per_instruction, mx8.qualifier) == (
+        Tcgen05Kind.MXF8F6F4, 32, 1, "block_scale.scale_vec::1X")
+    assert [mx8.scale_word(k) for k in range(6)] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)]
+    assert block_scaling(e5m2, e8m0).kind is Tcgen05Kind.MXF8F6F4
+    mx4 = block_scaling(e2m1, e8m0)
+    assert (mx4.kind, mx4.block, mx4.values_per_element, mx4.qualifier) == (
+        Tcgen05Kind.MXF4NVF4, 32, 2, "block_scale.scale_vec::2X")
+    assert [mx4.scale_word(k) for k in range(4)] == [(0, 0), (0, 2), (1, 0), (1, 2)]
+    nv4 = block_scaling(e2m1, e4m3)
+    assert (nv4.block, nv4.qualifier) == (16, "block_scale.scale_vec::4X")
+    assert [nv4.scale_word(k) for k in range(3)] == [(0, 0), (1, 0), (2, 0)]
+    for a, scale in ((e4m3, e4m3), (bf16, e8m0), (e2m1, bf16)):
+        with pytest.raises(DescriptorError, match="no block-scaled tcgen05.mma multiplies"):
+            block_scaling(a, scale)
+
+
+@pytest.mark.parametrize("args,kwargs,expected", [
+    # mxfp8, M = 128, N = 256: B scale ID 1 at bits 4-5 (0x10), e4m3 = 0 in both type fields, N >> 3 = 32 at
+    # 17 (0x400000), ue8m0 = 1 at bit 23 (0x800000), M >> 4 = 8 at 24 (0x8000000), A scale ID 2 at 29.
+    ((128, 256, e4m3, e4m3, e8m0), {"a_scale_id": 2, "b_scale_id": 1}, 0x48C00010),
+    # e5m2 = 1 (0x80, 0x400), B MN-major (bit 16), N = 64 (8 << 17), M = 256 (16 << 24), IDs 3 and 0.
+    ((256, 64, e5m2, e5m2, e8m0), {"b_major": Major.MN, "a_scale_id": 3}, 0x70910480),
+    # nvfp4: e2m1 = 1 under mxf4nvf4, ue4m3 = 0 at bit 23, N = 128 (16 << 17), M = 256.
+    ((256, 128, e2m1, e2m1, e4m3), {}, 0x10200480),
+])
+def test_scaled_instr_descriptor(args, kwargs, expected):
+    desc = Tcgen05ScaledInstrDescriptor(*args, **kwargs)
+    assert desc.encode() == expected
+    assert bits(expected, 17, 22) << 3 == args[1] and bits(expected, 24, 28) << 4 == args[0]
+    assert Tcgen05ScaledInstrDescriptor.decode(expected, desc.scaling.kind) == desc
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((128, 128, e2m1, e2m1, e4m3), {"a_major": Major.MN}, "e2m1 operands must be K-major"),
+    ((64, 128, e4m3, e4m3, e8m0), {}, "M = 128 .* or 256 .*got 64"),
+    ((128, 128, e2m1, e2m1, e4m3), {"a_scale_id": 1}, "4-byte part .* one of \\[0\\], got 1"),
+    ((128, 128, e2m1, e2m1, e8m0), {"b_scale_id": 1}, "one of \\[0, 2\\], got 1"),
+    ((128, 128, e4m3, e2m1, e8m0), {}, "one kind"),
+    ((128, 12, e4m3, e4m3, e8m0), {}, "multiple of 8"),
+])
+def test_scaled_instr_descriptor_rejects(args, kwargs, message):
+    with pytest.raises(DescriptorError, match=message):
+        Tcgen05ScaledInstrDescriptor(*args, **kwargs)
 
 
 # --- shared memory descriptors ---------------------------------------------------------------------------

@@ -98,13 +98,13 @@ def test_the_lowering_index_emits_the_same_arithmetic(shape, bits, width):
 
 def test_tma_boxes_are_one_per_column_block():
     tile = tiles.Tile((128, 256), 16, 128)  # 64 bf16 per 128-byte row: 4 column blocks of 128 x 128 bytes
-    assert (tile.block_cols, tile.blocks, tile.block_bytes) == (64, 4, 16384)
+    assert (tile.block_cols, tile.blocks, tile.block_rows * tile.row_bytes) == (64, 4, 16384)
     assert tile.tma_box() == (128, 64) and tile.tma_box(split=2) == (64, 64)
-    assert tile.boxes() == [(0, 0), (64, 16384), (128, 32768), (192, 49152)]
-    for col, byte in tile.boxes():  # a box's first element is where the tile stores that column
+    assert tile.boxes() == [((0, 0), 0), ((0, 64), 16384), ((0, 128), 32768), ((0, 192), 49152)]
+    for (_, col), byte in tile.boxes():  # a box's first element is where the tile stores that column
         assert tile.offset(0, col) == byte
     flat = tiles.Tile((64, 40), 16)  # no swizzle: one box covers the row
-    assert flat.tma_box() == (64, 40) and flat.boxes() == [(0, 0)]
+    assert flat.tma_box() == (64, 40) and flat.boxes() == [((0, 0), 0)]
 
 
 def test_descriptor_offsets_skip_the_swizzle():

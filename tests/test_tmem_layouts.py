@@ -9,7 +9,8 @@ import pytest
 
 from mgjit.layouts import LANES_PER_WARP, TCGEN05, WGMMA, LayoutError
 from mgjit.tmem_layouts import (
-    MMAPiece, TMEMLayout, TMEMLayoutError, TMEMLayoutKind, check_tcgen05_shape, infer_tmem_layout,
+    MMAPiece, ScaleLayout, TMEMLayout, TMEMLayoutError, TMEMLayoutKind, check_tcgen05_shape, chunk_byte,
+    infer_tmem_layout,
     m64_collective_register_layout, mma_data_path, native_register_layout, tmem_alloc_columns,
 )
 
@@ -329,6 +330,7 @@ def test_tmem_alloc_columns():
     (128, 8, 8, "tf32", False), (256, 240, 8, "tf32", True),
     (128, 24, 32, "f8f6f4", False), (256, 32, 32, "f8f6f4", True),
     (128, 24, 32, "i8", False), (64, 48, 32, "i8", False), (128, 256, 32, "i8", False), (256, 96, 32, "i8", True),
+    (128, 256, 32, "mxf8f6f4", False), (256, 256, 32, "mxf4nvf4", True), (128, 8, 32, "mxf4nvf4", False),
 ])
 def test_tcgen05_valid_shapes(m, n, k, kind, collective):
     check_tcgen05_shape(m, n, k, kind, collective)
@@ -346,7 +348,11 @@ def test_tcgen05_valid_shapes(m, n, k, kind, collective):
     (128, 128, 32, "f16", False, r"K = 16 \(32 bytes\), got K = 32"),
     (128, 128, 16, "tf32", False, "K = 8"),
     (128, 128, 16, "f8f6f4", False, "K = 32"),
-    (128, 128, 16, "mxf4", False, "kind must be one of f16, tf32, f8f6f4, i8, got 'mxf4'"),
+    (128, 128, 16, "mxf4", False, "kind must be one of f16, tf32, f8f6f4, i8, mxf8f6f4, mxf4nvf4, got 'mxf4'"),
+    # mgjit's block-scaled MMAs take 128 rows per CTA (the default layout their scales are laid out for).
+    (64, 128, 32, "mxf8f6f4", False, r"1-CTA .*M in \(128,\), got M = 64"),
+    (128, 128, 32, "mxf4nvf4", True, r"2-CTA .*M in \(256,\), got M = 128"),
+    (128, 128, 64, "mxf4nvf4", False, "K = 32"),
 ])
 def test_tcgen05_invalid_shapes(m, n, k, kind, collective, message):
     with pytest.raises(TMEMLayoutError, match=message):
@@ -387,3 +393,41 @@ def test_m64_collective_mma_piece_is_layout_b(cols):
     for row, n in itertools.product(range(64), range(piece.n)):
         expected = (row + 64 * (n // (piece.n // 2)), n % (piece.n // 2), 0)
         assert layout.lane_and_column(row, piece.col_start + n) == expected
+
+
+# --- block scales in TMEM (9.7.16.10.7) and tcgen05.cp.32x128b.warpx4 ----------------------------------------
+
+@pytest.mark.parametrize("rows,cols", [(128, 4), (128, 16), (256, 8)])
+def test_scale_layout_against_the_isa_and_the_copy(rows, cols):
+    """Scale (r, s): four scales of a row to a 32-bit word (byte s % 4), 32 rows to a column, the words of one
+    group of four scales for all rows side by side (A's 128 rows: 4 columns per group; B's 256: 8), duplicated in
+    every 32-lane partition. Independently, tcgen05.cp.32x128b.warpx4 writes SMEM row j (16 bytes) of a chunk to
+    lane j of every partition, 4 columns from the chunk's; what it writes must be the scale the layout puts there."""
+    layout = ScaleLayout(rows, cols)
+    assert layout.columns == rows * cols // 128 and layout.shape == (rows, cols)
+    groups = cols // 4
+    smem = {}  # SMEM byte of the source tile -> scale (r, s), by the chunk format: chunks t-major, 512 bytes
+    for r, s_ in itertools.product(range(rows), range(cols)):
+        t, g = r // 128, s_ // 4
+        smem[(t * groups + g) * 512 + chunk_byte(r % 128, s_ % 4)] = (r, s_)
+    assert sorted(smem) == list(range(rows * cols))
+    copied = {}
+    for offset, column in layout.chunks():
+        for j, byte in itertools.product(range(32), range(16)):
+            copied[smem[offset + 16 * j + byte]] = (j, column + byte // 4, byte % 4)
+    for (r, s_), cell in copied.items():
+        assert cell == (r % 32, (s_ // 4) * (rows // 32) + r // 32, s_ % 4)
+        assert layout.lane_and_column(r, s_) == cell
+        assert layout.lane_and_column(r, s_, partition=3) == (cell[0] + 96, *cell[1:])
+    with pytest.raises(TMEMLayoutError, match="outside"):
+        layout.lane_and_column(rows, 0)
+
+
+def test_scale_layout_rejects():
+    for rows, cols in ((64, 4), (128, 6)):
+        with pytest.raises(TMEMLayoutError, match="multiples of 128 and scales per row in multiples of 4"):
+            ScaleLayout(rows, cols)
+    with pytest.raises(TMEMLayoutError, match="needs 1024 TMEM columns"):
+        ScaleLayout(256, 512)
+    with pytest.raises(TMEMLayoutError, match="do not move through registers"):
+        ScaleLayout(128, 4).register_layout(8)

@@ -218,3 +218,21 @@ def test_num_warpgroups_outside_1_to_4_is_refused():
     x = torch.zeros(4096)
     with pytest.raises(mgjit.LaunchError, match=r"got 5"):
         add_one.compile(x, x, BLOCK=256, num_warpgroups=5)
+
+
+def test_a_hung_c_compiler_is_stopped_and_named(tmp_path, monkeypatch):
+    """Every subprocess mgjit runs has a bounded wait: the C launcher's build too (it used to wait forever).
+    The build's error is what `fastlaunch.load()` records before falling back to the Python launcher."""
+    from mgjit import fastlaunch
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\nsleep 60\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setattr(fastlaunch, "_BUILD_TIMEOUT_S", 1)
+    monkeypatch.setattr(fastlaunch, "_configured", None)
+    monkeypatch.setattr(fastlaunch, "_cache_dir", lambda: tmp_path / "launcher")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as failure:
+        fastlaunch.module()
+    assert time.monotonic() - start < 30
+    assert str(failure.value) == f"building the C launcher with {cc} did not finish within 1 s"

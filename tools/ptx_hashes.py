@@ -156,7 +156,8 @@ def _compile_examples(recorder: Recorder) -> None:
         else:  # matmul_hopper: its kernel and default config
             import torch
             x = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
-            module.matmul_kernel.compile(x, x, x, x, x, **module.DEFAULT_CONFIG, target="sm_90a")
+            module.matmul_kernel.compile(*[x] * len(module.matmul_kernel.runtime_names), **module.DEFAULT_CONFIG,
+                                         target="sm_90a")
 
 
 def record(path: str, pytest_args: list[str]) -> int:

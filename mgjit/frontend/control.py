@@ -1,5 +1,6 @@
 """Structured control flow: `if` and `for` on runtime values become `If` and `For` ops whose results carry the
-variables the body reassigns (and the hidden barrier phases); compile-time ones are unrolled. The machinery
+variables the body reassigns (and the hidden barrier phases); compile-time ones are unrolled; the
+`if mgjit.warp_id() == w:` blocks of a block become the regions of one WarpSplit (warp roles). The machinery
 takes the body as a callable, so that the statements (tracer.py) and mgjit.pipeline (builtins/pipeline.py)
 trace loops and branches the same way.
 """
@@ -40,6 +41,28 @@ def hidden(scope: dict[str, Any]) -> set[str]:
 
 class ControlFlow(Semantics):
     """Runtime branches and loops, for any body."""
+
+    _rest_guard: Tensor | None = None
+
+    def run_body(self, stmts: Sequence[ast.stmt]) -> None:
+        """Trace statements in order; after one that asked for it (`guard_rest`), the rest of the block runs
+        under a runtime `if` (a trailing `return` stays outside it, so that a helper still returns)."""
+        for i, stmt in enumerate(stmts):
+            self.stmt(stmt)
+            guard, self._rest_guard = self._rest_guard, None
+            if guard is not None:
+                rest = list(stmts[i + 1:])
+                tail = rest[-1:] if rest and isinstance(rest[-1], ast.Return) else []
+                body = rest[:len(rest) - len(tail)]
+                if body:
+                    self.branch(guard, lambda: self.run_body(body), lambda: None, assigned_names(body), body[0])
+                for last in tail:
+                    self.stmt(last)
+                return
+
+    def guard_rest(self, cond: Tensor) -> None:
+        """Trace the statements after the current one, to the end of their block, under `if cond:`."""
+        self._rest_guard = cond
 
     def branch(self, cond: Tensor | Expanded, then: Callable[[], None], orelse: Callable[[], None],
                assigned: Iterable[str], node: ast.AST) -> None:
@@ -93,6 +116,29 @@ class ControlFlow(Semantics):
         self.builder.add(op)
         for (name, _, _), r in zip(results, op.results):
             self.scope[name] = Tensor(self, r)
+
+    def warp_role(self, warp: int, node: ast.If) -> None:
+        """`if mgjit.warp_id() == w:`: the body is warp w's role, a region of the WarpSplit that ends this block
+        (consecutive roles share one). What the body assigns stays inside it (its barrier phases included)."""
+        if node.orelse:
+            raise self.error("a warp's role has no `else`: the other warps skip it and go on", node.orelse[0])
+        split = self.builder.block.ops[-1] if self.builder.block.ops else None
+        if not isinstance(split, ops.WarpSplit):
+            split = self.builder.add(ops.WarpSplit(self.src.loc(node)))
+        region = split.regions[warp]
+        if region.ops:
+            region.ops.pop()  # its Yield: a second role of the same warp runs after the first
+        saved_block, saved_scope = self.builder.block, self.scope
+        self.scope = dict(saved_scope)
+        self.builder.block = region
+        try:
+            self.run_body(node.body)
+        except Return as r:
+            raise self.error("return inside a warp's role is not supported", r.node)
+        finally:
+            self.builder.block, self.scope = saved_block, saved_scope
+        region.ops.append(ops.Yield([], self.src.loc(node)))
+        split.verify()
 
     def _join_branch_values(self, name, a, b, then_block, else_block) -> tuple[Tensor, Tensor]:
         saved = self.builder.block

@@ -9,6 +9,9 @@ them (`builtins/` by hardware unit, `control.py` for `range`).
   `value[index] = item`. `@attribute(ValueClass, "name")`: `fn(t, value)` traces reading `value.name`.
 - `@loop(marker)`: `fn(t, node, args, kwargs)` traces `for ... in marker(*args, **kwargs):` (the statement
   `node`); such a marker can only be iterated.
+- `@context(marker)`: `fn(t, args, kwargs)` traces entering `with marker(*args, **kwargs) as x:` and returns
+  (the value bound to x, a function of no arguments that traces leaving the block); such a marker can only
+  open a `with` block.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Member:
 _BUILTINS: dict[lang.Builtin, Builtin] = {}
 _MEMBERS: dict[tuple[type, str], Member] = {}
 _LOOPS: dict[Any, Callable] = {}
+_CONTEXTS: dict[Any, Callable] = {}
 
 
 def builtin(*markers: lang.Builtin, unit: str | None = None,
@@ -65,12 +69,12 @@ def attribute(cls: type, *names: str) -> Callable[[Callable], Callable]:
 
 def loop(*markers: Any) -> Callable[[Callable], Callable]:
     """Decorator: `fn` traces `for` loops over each of `markers`."""
-    def register(fn: Callable) -> Callable:
-        for marker in markers:
-            _claim(_LOOPS, marker, getattr(marker, "__name__", repr(marker)))
-            _LOOPS[marker] = fn
-        return fn
-    return register
+    return _by_marker(_LOOPS, markers)
+
+
+def context(*markers: Any) -> Callable[[Callable], Callable]:
+    """Decorator: `fn` traces `with` blocks opened by each of `markers`."""
+    return _by_marker(_CONTEXTS, markers)
 
 
 def find_builtin(marker: lang.Builtin) -> Builtin | None:
@@ -94,9 +98,17 @@ def member_names(value: Any) -> list[str]:
 
 
 def find_loop(marker: Any) -> Callable | None:
+    return _find(_LOOPS, marker)
+
+
+def find_context(marker: Any) -> Callable | None:
+    return _find(_CONTEXTS, marker)
+
+
+def _find(table: dict, marker: Any) -> Callable | None:
     try:
-        return _LOOPS.get(marker)
-    except TypeError:  # an unhashable object: not a loop marker
+        return table.get(marker)
+    except TypeError:  # an unhashable object: not a marker
         return None
 
 
@@ -110,6 +122,15 @@ def _member(cls: type, names: tuple[str, ...], is_attribute: bool) -> Callable[[
         for name in names:
             _claim(_MEMBERS, (cls, name), f"{cls.__name__}.{name}")
             _MEMBERS[(cls, name)] = Member(fn, is_attribute)
+        return fn
+    return register
+
+
+def _by_marker(table: dict, markers: tuple) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        for marker in markers:
+            _claim(table, marker, getattr(marker, "__name__", repr(marker)))
+            table[marker] = fn
         return fn
     return register
 

@@ -65,6 +65,10 @@ class Semantics:
         self.num_warpgroups: int = parent.num_warpgroups if parent else 1
         self.cluster: tuple[int, int, int] = parent.cluster if parent else (1, 1, 1)
         self.param_index: dict[str, int] = parent.param_index if parent else {}
+        # The buffers the compiler appends as hidden parameters (mgjit.print's records, the profiler's spans), by
+        # name, and whether this compile records `mgjit.trace` spans (see builtins/debug.py).
+        self.hidden_buffers: dict[str, Any] = parent.hidden_buffers if parent else {}
+        self.profile: bool = parent.profile if parent else False
         self.globals = source.fn.__globals__
         self.closure = closure_vars(source.fn)
         self.depth = depth

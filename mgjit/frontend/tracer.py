@@ -13,11 +13,12 @@ from typing import Any
 
 from .. import dtypes, ir, language as lang
 from ..dtypes import DType
+from ..errors import CompileError
 from ..source import DeviceFunction, SourceFunction
 from . import registry
-from .builtins import tcgen05  # importing builtins/ registers the builtins of every hardware unit
-from .control import ControlFlow, Return, assigned_names
-from .values import Builder, Expanded, Ref, Shape, Tensor, Traced
+from .builtins import debug, tcgen05  # importing builtins/ registers the builtins of every hardware unit
+from .control import ControlFlow, Return, assigned_names, hidden
+from .values import Builder, Expanded, Ref, Shape, Tensor, Traced, WarpCondition, WarpIndex
 
 _ALLOWED_PY_BUILTINS = {"range", "len", "int", "float", "bool", "min", "max", "abs", "tuple", "list",
                         "isinstance", "enumerate", "zip", "True", "False", "None", "print"}
@@ -118,6 +119,10 @@ class Tracer(ControlFlow):
 
     def stmt_If(self, node: ast.If) -> None:
         cond = self.expr(node.test)
+        if isinstance(cond, WarpCondition):
+            return self.warp_role(cond.warp, node)
+        if isinstance(cond, WarpIndex):
+            raise self.error("`if mgjit.warp_id() == w:` names the warp of a role; compare it with a warp number")
         if not isinstance(cond, (Tensor, Expanded)):
             self.run_body(node.body if cond else node.orelse)
             return
@@ -136,6 +141,33 @@ class Tracer(ControlFlow):
         args = [self.expr(a) for a in node.iter.args]
         kwargs = {k.arg: self.expr(k.value) for k in node.iter.keywords}
         trace_loop(self, node, args, kwargs)
+
+    def stmt_With(self, node: ast.With) -> None:
+        leaving = []
+        for item in node.items:
+            call = item.context_expr
+            try:
+                enter = registry.find_context(self.expr(call.func)) if isinstance(call, ast.Call) else None
+            except CompileError:
+                enter = None
+            if enter is None:
+                raise self.error("`with` statements in a kernel open mgjit scopes only: `with mgjit.trace(\"name\"):` "
+                                 "or `with mgjit.scoped_smem(...) as buf:`", call)
+            args = [self.expr(a) for a in call.args]
+            kwargs = {k.arg: self.expr(k.value) for k in call.keywords}
+            value, leave = enter(self, args, kwargs)
+            leaving.append(leave)
+            if item.optional_vars is not None:
+                if value is None:
+                    raise self.error(f"`with {ast.unparse(call)}` binds nothing: leave out `as "
+                                     f"{ast.unparse(item.optional_vars)}`", item.optional_vars)
+                self.assign(item.optional_vars, value)
+        try:
+            self.run_body(node.body)
+        finally:  # the block is left on a return too (an error abandons the trace anyway)
+            for leave in reversed(leaving):
+                self.at(node)
+                leave()
 
     # -- expressions
     def expr(self, node: ast.expr) -> Any:
@@ -320,7 +352,8 @@ class Tracer(ControlFlow):
         if hasattr(fn, "__mgjit_kernel__"):
             raise self.error(f"{fn.__name__} is an @mgjit.kernel; helpers called from kernels are @mgjit.device")
         if fn is builtins.print:
-            raise self.error("print is not supported inside kernels")
+            raise self.error("Python's print is not supported inside kernels; to print from the GPU use "
+                             "mgjit.print(\"x = {}\", x)")
         if fn in (builtins.min, builtins.max) and any(isinstance(a, (Tensor, Expanded)) for a in args):
             if len(args) != 2 or kwargs:
                 raise self.error(f"{fn.__name__} on runtime values takes exactly two arguments")
@@ -351,6 +384,8 @@ class Tracer(ControlFlow):
         if entry is None:
             if registry.find_loop(fn) is not None:
                 raise self.error(f"{fn.name} can only be iterated by a for loop")
+            if registry.find_context(fn) is not None:
+                raise self.error(f"mgjit.{fn.name} opens a `with` block: `with mgjit.{fn.name}(...):`")
             raise self.error(f"mgjit.{fn.name} is not supported here")
         if entry.positional is not None:
             lo, hi = entry.positional
@@ -368,7 +403,9 @@ class Tracer(ControlFlow):
         except TypeError as e:
             raise self.error(f"bad call of {fn.__name__}: {e}") from None
         bound.apply_defaults()
-        tracer = Tracer(src, self.builder, dict(bound.arguments), self.depth + 1, parent=self)
+        # The helper is inlined: it waits on the caller's barriers in the caller's phases and hands them back.
+        phases = {n: self.scope[n] for n in hidden(self.scope)}
+        tracer = Tracer(src, self.builder, {**phases, **bound.arguments}, self.depth + 1, parent=self)
         saved_loc = self.builder.loc
         try:
             tracer.run_body(src.node.body)
@@ -377,19 +414,23 @@ class Tracer(ControlFlow):
             result = r.value
         finally:
             self.builder.loc = saved_loc
+        self.scope.update({n: tracer.scope[n] for n in hidden(tracer.scope)})
         return result
 
 
 def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, Any],
-          num_warpgroups: int, cluster: tuple[int, int, int] = (1, 1, 1)) -> ir.Kernel:
-    """Build the IR of one specialization of a kernel."""
+          num_warpgroups: int, cluster: tuple[int, int, int] = (1, 1, 1), profile: bool = False) -> ir.Kernel:
+    """Build the IR of one specialization of a kernel (with profile=True, one that records mgjit.trace spans)."""
     body = ir.Block()
     builder = Builder(body)
+    params = list(params)
     args: list[ir.Value] = []
     scope: dict[str, Any] = dict(constexprs)
     tracer = Tracer(source, builder, scope)
     tracer.num_warpgroups = num_warpgroups
     tracer.cluster = cluster
+    tracer.profile = profile
+    debug.start(tracer, source.loc(source.node))
     for i, p in enumerate(params):
         tracer.param_index[p.name] = i
         if p.kind == "tensor":
@@ -405,8 +446,9 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
         pass
     except RecursionError:
         raise tracer.error("the kernel is nested too deeply to compile") from None
-    cta_group = tcgen05.finish(body, builder, source.loc(source.node))
+    cta_group = tcgen05.finish(body, source.loc(source.node))
+    hidden_buffers = debug.finish(tracer, params, args)
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
-                       tracer.tma_descriptors, cta_group)
+                       tracer.tma_descriptors, cta_group, hidden_buffers)
     ir.verify(kernel)
     return kernel

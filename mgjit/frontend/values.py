@@ -9,11 +9,12 @@ methods such as `bars[i].wait()` or `acc.load()`) is registered beside the built
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 from .. import ir, ops
 from ..dtypes import DType
-from ..errors import CompileError, Loc
+from ..errors import CompileError, Loc, Rule
 
 
 class Builder:
@@ -27,6 +28,10 @@ class Builder:
 
     def add(self, op: ir.Op) -> ir.Op:
         op.loc = op.loc or self.loc
+        if self.block.ops and isinstance(self.block.ops[-1], ops.WarpSplit):
+            raise op.error("the `if mgjit.warp_id() == w:` blocks (warp roles) end their block: the warps run them "
+                           "side by side, so nothing may follow them there; move this before the first of them",
+                           rule=Rule.WARP_ROLE)
         op.verify()
         self.block.ops.append(op)
         return op
@@ -195,16 +200,70 @@ class _StaticRef(_Wrapped):
         return tuple(self.value.type.shape)
 
 
+class SmemScope:
+    """The `with mgjit.scoped_smem(...)` block that allocated a buffer: where it began and, once left, ended."""
+
+    def __init__(self, begin: Loc | None):
+        self.begin = begin
+        self.end: Loc | None = None
+
+
 class SmemRef(_StaticRef):
-    """A shared-memory buffer or a view of one during tracing."""
+    """A shared-memory buffer or a view of one during tracing. A buffer of a `with mgjit.scoped_smem(...)` block
+    (and every view of it) carries that block's `scope`: once the block is left its bytes belong to later
+    scopes, and using it is an error."""
 
     kind = "an SMEM buffer"
+
+    def __init__(self, tracer: "Trace", value: ir.Value, scope: SmemScope | None = None):
+        self.scope = scope
+        super().__init__(tracer, value)
+
+    @property
+    def value(self) -> ir.Value:
+        if self.scope is not None and self.scope.end is not None:
+            begin, end = self.scope.begin, self.scope.end
+            raise CompileError(f"this uses the SMEM buffer of the `with mgjit.scoped_smem(...)` at line "
+                               f"{begin.line if begin else '?'} after that block ended (line {end.line}): its bytes "
+                               f"now belong to the scopes that follow", self.tracer.builder.loc)
+        return self._value
+
+    @value.setter
+    def value(self, value: ir.Value) -> None:
+        self._value = value
 
 
 class TmemRef(_StaticRef):
     """A tensor-memory reference during tracing."""
 
     kind = "a TMEM reference"
+
+
+class WarpIndex:
+    """`mgjit.warp_id()`: the warp's index in its warpgroup, which only an `if mgjit.warp_id() == w:` compares (a
+    runtime value that differs between the warps of a warpgroup would break the warpgroup's uniform scalars)."""
+
+    def __init__(self, tracer: "Trace"):
+        self.tracer = tracer
+
+    def __eq__(self, other):  # type: ignore[override]
+        if isinstance(other, int) and not isinstance(other, bool) and 0 <= other < 4:
+            return WarpCondition(other)
+        raise self.tracer.error(f"mgjit.warp_id() is compared with a static warp number 0..3, got {other!r}")
+
+    def _misuse(self, *_):
+        raise self.tracer.error("mgjit.warp_id() is used only as `if mgjit.warp_id() == w:` (a warp's role)")
+
+    __getattr__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _misuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __mod__ = _misuse
+    __hash__ = object.__hash__
+
+
+@dataclasses.dataclass(frozen=True)
+class WarpCondition:
+    """`mgjit.warp_id() == warp`: the condition of warp `warp`'s role."""
+
+    warp: int
 
 
 class Barriers(Traced):
@@ -228,5 +287,26 @@ class BarrierSlot(Traced):
     kind = "a barrier"
 
     def __init__(self, barriers: Barriers, index: Any):
+        self.barriers = barriers
+        self.index = index
+
+
+class NamedBarriers(Traced):
+    """An array of named barriers between warpgroups (`mgjit.named_barrier(count, warpgroups)`)."""
+
+    kind = "a named-barrier array"
+
+    def __init__(self, value: ir.Value, count: int, warpgroups: int):
+        self.value = value
+        self.count = count
+        self.warpgroups = warpgroups
+
+
+class NamedBarrierSlot(Traced):
+    """`nbars[i]`: one named barrier of an array."""
+
+    kind = "a named barrier"
+
+    def __init__(self, barriers: NamedBarriers, index: Any):
         self.barriers = barriers
         self.index = index

@@ -1,5 +1,5 @@
-"""The memory and synchronisation state of the CTAs of one cluster: SMEM as bytes, mbarriers, tensor memory,
-the register pool that set_max_registers draws from, and the CTA-wide and cluster-wide barriers.
+"""The memory and synchronisation state of the CTAs of one cluster: SMEM as bytes, mbarriers, named barriers,
+tensor memory, the register pool that set_max_registers draws from, and the CTA-wide and cluster-wide barriers.
 
 SMEM starts filled with 0xFF bytes (NaN in every float type), TMEM cells likewise, so that a read of memory
 nothing wrote shows in the numbers as well as in the checker.
@@ -99,6 +99,37 @@ class BarrierRef:
         return cta.barrier_array(self.alloc)[self.slot]
 
 
+class NamedBarrier:
+    """One named barrier between warpgroups (bar.sync / bar.arrive with an id and a thread count): a phase
+    completes once `count` warpgroups' worth of threads have arrived, whether they wait there (sync) or not
+    (arrive), and whoever they are (the hardware counts threads: a warpgroup may arrive, then sync, to complete
+    a phase of two); those that wait go on with the clocks every arrival of the phase released."""
+
+    def __init__(self, count: int, loc: Loc | None, slot: int):
+        self.count = count
+        self.loc = loc
+        self.slot = slot
+        self.phase = 0
+        self.arrived: list[int] = []  # the warpgroup of each arrival of this phase
+        self.clock: Clock = {}
+        self.released: dict[int, Clock] = {}  # phase -> what its arrivals released
+
+    def describe(self) -> str:
+        where = f" allocated at line {self.loc.line}" if self.loc else ""
+        return f"named barrier slot {self.slot}{where} (warpgroups={self.count})"
+
+    def arrive(self, index: int, clock: Clock) -> int:
+        """Warpgroup `index` arrives with its clock; returns the phase it arrived in."""
+        phase = self.phase
+        self.arrived.append(index)
+        join(self.clock, clock)
+        if len(self.arrived) == self.count:
+            self.released[phase] = self.clock
+            self.clock, self.arrived = {}, []
+            self.phase += 1
+        return phase
+
+
 class Rendezvous:
     """A barrier for whole warpgroups (bar.sync 0 of a CTA, barrier.cluster of a cluster): it releases everyone
     once every warpgroup that has not exited has arrived, and leaves each with the join of their clocks."""
@@ -191,7 +222,9 @@ class CTA:
         self.rank = rank
         self.smem = torch.full((smem_bytes,), POISON, dtype=torch.uint8)
         self.smem_records = Records()
+        self.scopes: dict[Any, dict[int, tuple]] = {}  # scoped SMEM buffers' users (ops/smem_scopes.py)
         self.barriers: dict[int, list[Barrier]] = {}  # id(BarrierAlloc) -> its barriers
+        self.named_barriers: dict[int, list[NamedBarrier]] = {}  # id(NamedBarrierAlloc) -> its barriers
         self.tmem = Tmem()
         self.registers = RegisterPool(num_warpgroups)
         self.sync = Rendezvous(num_warpgroups, "bar.sync 0 (every warpgroup of the CTA)")
@@ -213,6 +246,14 @@ class CTA:
         if bars is None:
             bars = [Barrier(op.arrivals, op.loc, i, ("bar", self.rank, id(op), i)) for i in range(op.count)]
             self.barriers[id(op)] = bars
+        return bars
+
+    def named_barrier_array(self, op: Any) -> list[NamedBarrier]:
+        """The named barriers of a NamedBarrierAlloc (they need no initialisation: made on first use)."""
+        bars = self.named_barriers.get(id(op))
+        if bars is None:
+            bars = [NamedBarrier(op.warpgroups, op.loc, i) for i in range(op.count)]
+            self.named_barriers[id(op)] = bars
         return bars
 
 

@@ -123,9 +123,17 @@ def _fma_exact_f64(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.T
     return torch.tensor(out, dtype=torch.float64).reshape(a.shape)
 
 
+# e2m1 by its 4 bits: sign, two exponent bits (bias 1), one mantissa bit; no infinities or NaN.
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
 def mma_input(x: torch.Tensor) -> torch.Tensor:
     """An MMA operand as the tensor cores take it, exactly in f32: float32 storage is read as tf32 (the low 13
-    mantissa bits ignored), narrower floats widen exactly."""
+    mantissa bits ignored), narrower floats widen exactly, and each e2m1 pair becomes its two values (the low
+    nibble first), doubling the last dimension."""
     if x.dtype == torch.float32:
         return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+    if x.dtype == torch.float4_e2m1fn_x2:
+        pairs = x.view(torch.uint8).to(torch.int64)
+        return torch.stack([E2M1_VALUES[pairs & 0xF], E2M1_VALUES[pairs >> 4]], dim=-1).flatten(-2)
     return x.to(torch.float32)

@@ -3,6 +3,11 @@
 (TMA copies, wgmma groups, tcgen05 MMAs and commits) at points of its choosing between their issue and the
 waits that need them, and reports a deadlock when every warpgroup is blocked and nothing is in flight.
 
+The grid runs one cluster at a time (`run_grid`), in launch order (a cluster that cluster launch control
+cancelled never runs: ops/clc.py), except that a cluster blocked on a semaphore (a wait on GMEM that only another
+CTA can satisfy) has the next cluster launched beside it: CTAs that wait on later ones run as they would with the
+whole grid resident.
+
 Schedules (`policy`): "late" (the default) completes async work only when no warpgroup can run, so that a
 missing wait reads stale data and a premature write lands before the reader; "eager" completes each operation
 as it is issued; "random" interleaves warpgroups and completions at random from a seed. The checker does not
@@ -38,6 +43,7 @@ class Wait:
     describe: Callable[[], str]
     acquire: Callable[[], None] | None = None
     barrier: Barrier | None = None
+    cross_cta: bool = False  # on GMEM that another CTA of the grid may change (a semaphore)
 
 
 class Pending:
@@ -116,8 +122,9 @@ class Engine:
 class Warpgroup:
     """One warpgroup of one CTA running the kernel: its values, its clock and its generator over the IR."""
 
-    def __init__(self, run: Run, cluster: Cluster, cta: CTA, index: int):
+    def __init__(self, run: Run, cluster: Cluster, cta: CTA, index: int, engine: Engine):
         self.run = run
+        self.engine = engine
         self.cluster = cluster
         self.cta = cta
         self.index = index
@@ -125,10 +132,6 @@ class Warpgroup:
         self.agent = ("wg", cta.rank, index)
         self.clock: Clock = {}
         self.events = 0  # this warpgroup's SMEM stores and TMEM loads so far (its own clock component)
-
-    @property
-    def engine(self) -> Engine:
-        return self.run.engine
 
     def event(self) -> int:
         """Count one of this warpgroup's own accesses that others must be ordered after; returns its count."""
@@ -199,51 +202,86 @@ class Warpgroup:
         return f"CTA {self.cta.program_id} warpgroup {self.index}"
 
 
-def run_cluster(run: Run, cluster: Cluster) -> None:
-    """Run every warpgroup of every CTA of `cluster` to the end, interleaved."""
-    wgs = [Warpgroup(run, cluster, cta, i) for cta in cluster.ctas for i in range(cta.num_warpgroups)]
-    gens = [wg.program() for wg in wgs]
-    waits: list[Wait | None] = [None] * len(wgs)
-    live = set(range(len(wgs)))
-    engine: Engine = run.engine
-    while live:
-        order = sorted(live)
-        if engine.policy == "random":
+class ClusterRun:
+    """One cluster of the grid being run: its warpgroups, where each is blocked, and its async engine."""
+
+    def __init__(self, run: Run, cluster: Cluster):
+        self.cluster = cluster
+        self.engine = Engine(run.policy, run.rng)
+        self.wgs = [Warpgroup(run, cluster, cta, i, self.engine) for cta in cluster.ctas
+                    for i in range(cta.num_warpgroups)]
+        self.gens = [wg.program() for wg in self.wgs]
+        self.waits: list[Wait | None] = [None] * len(self.wgs)
+        self.live = set(range(len(self.wgs)))
+
+    def step(self, run: Run) -> bool:
+        """Run every warpgroup that can go on until it blocks or ends; whether any could."""
+        order = sorted(self.live)
+        if self.engine.policy == "random":
             run.rng.shuffle(order)
         progressed = False
         for i in order:
-            wait = waits[i]
+            wait = self.waits[i]
             if wait is not None:
                 if not wait.ready():
                     continue
                 if wait.acquire:
                     wait.acquire()
-                waits[i] = None
+                self.waits[i] = None
             progressed = True
             try:
                 while True:
-                    wait = next(gens[i])
+                    wait = next(self.gens[i])
                     if not wait.ready():
-                        waits[i] = wait
+                        self.waits[i] = wait
                         break
                     if wait.acquire:
                         wait.acquire()
             except StopIteration:
-                live.discard(i)
-                _exit(run, wgs[i])
-            if engine.policy == "random" and engine.busy() and run.rng.random() < 0.5:
-                engine.complete_one()
-        if not progressed:
-            if not engine.busy():
-                raise _deadlock(wgs, waits)
-            engine.complete_one()
-    while engine.busy():
-        engine.complete_one()
-    for cta in cluster.ctas:
-        _check_barriers_at_exit(cta)
+                self.live.discard(i)
+                _exit(self.engine, self.wgs[i])
+            if self.engine.policy == "random" and self.engine.busy() and run.rng.random() < 0.5:
+                self.engine.complete_one()
+        return progressed
+
+    def finish(self) -> None:
+        while self.engine.busy():
+            self.engine.complete_one()
+        for cta in self.cluster.ctas:
+            _check_barriers_at_exit(cta)
 
 
-def _exit(run: Run, wg: Warpgroup) -> None:
+def run_grid(run: Run, clusters: Iterator[Cluster]) -> None:
+    """Run the grid's clusters one at a time, each to its end, its warpgroups interleaved. `clusters` yields them
+    in launch order, each launched as it is taken (Run.clusters: one that cluster launch control cancelled before
+    then never comes). When every warpgroup of the clusters running is blocked, nothing is in flight and one of
+    them waits on a semaphore (which only another CTA can signal), the next cluster starts beside them, as the
+    GPU runs CTAs side by side; a kernel whose CTAs wait on each other thus runs as long as the whole grid could
+    be resident at once."""
+    running: list[ClusterRun] = []
+    for cluster in clusters:
+        running.append(ClusterRun(run, cluster))
+        while running:
+            progressed = False
+            for active in running:
+                progressed = active.step(run) or progressed
+            for active in [a for a in running if not a.live]:
+                active.finish()
+                running.remove(active)
+            if progressed:
+                continue
+            busy = next((a for a in running if a.engine.busy()), None)
+            if busy is not None:
+                busy.engine.complete_one()
+            elif running and any(a.waits[i].cross_cta for a in running for i in a.live):
+                break  # only another CTA can go on: start the next cluster
+            elif running:
+                raise _deadlock(running)
+    if running:
+        raise _deadlock(running)
+
+
+def _exit(engine: Engine, wg: Warpgroup) -> None:
     """A warpgroup ran off the end: it no longer takes part in CTA or cluster barriers. When a CTA's last
     warpgroup exits its shared memory is gone: nothing in flight may still use it."""
     cta = wg.cta
@@ -252,7 +290,7 @@ def _exit(run: Run, wg: Warpgroup) -> None:
     cta.exited += 1
     if cta.exited < cta.num_warpgroups:
         return
-    for op in run.engine.all():
+    for op in engine.all():
         if cta in op.ctas:
             raise InterpretError(f"CTA {cta.program_id} exits while the {op.what} still uses its shared memory: "
                                  f"wait for it before the kernel ends", op.loc, Check.ASYNC_AT_EXIT)
@@ -269,11 +307,12 @@ def _check_barriers_at_exit(cta: CTA) -> None:
                                      Check.BARRIER_COUNT, tuple(a for a in bar.arrivals if a))
 
 
-def _deadlock(wgs: list[Warpgroup], waits: list[Wait | None]) -> InterpretError:
+def _deadlock(running: list[ClusterRun]) -> InterpretError:
     """Every warpgroup is blocked. The error is at a wait that is not on a barrier if there is one (a
     rendezvous or a register request: the likelier cause), and names the others. When all wait on barriers
     and one of those has a phase part-way through, its arrivals do not match its count."""
-    blocked = sorted(((wg, w) for wg, w in zip(wgs, waits) if w is not None), key=lambda b: b[1].barrier is not None)
+    pairs = [(wg, w) for a in running for wg, w in zip(a.wgs, a.waits) if w is not None]
+    blocked = sorted(pairs, key=lambda b: b[1].barrier is not None)
     lines = "\n".join(f"  {wg.where()} waits at line {w.loc.line if w.loc else '?'}: {w.describe()}"
                       for wg, w in blocked)
     first = blocked[0][1]

@@ -54,6 +54,7 @@ class Context:
         self.tma_descriptors: list[Any] = []  # i64 generic addresses of the descriptor parameters
         self.smem_bytes = 0
         self.tmem: Any = None  # the kernel's tensor-memory allocation, made at its first TmemAlloc
+        self.smem_arena: Any = None  # scoped SMEM's (arena offset, plan), made at the first (ops/smem_scopes.py)
         e = emitter
         self.tid = e.tid_x()
         self.wg_tid = e.remui(self.tid, e.i32(THREADS_PER_WARPGROUP))
@@ -166,7 +167,10 @@ def num_elems(layout: Layout, shape: Sequence[int]) -> int:
 
 
 def splat_to(ctx: Context, frag: Frag, layout: Layout) -> Frag:
-    """A splat array expanded into `layout` (no data movement: every element is the one value)."""
-    if isinstance(layout, SplatLayout):
+    """`frag` in `layout`: a splat array expanded (no data movement: every element is the one value), an array
+    already in `layout` as it is (any other is a relayout, which layout inference inserts)."""
+    if isinstance(layout, SplatLayout) or not frag.is_splat:
+        if not frag.is_splat and frag.layout != layout:
+            raise AssertionError(f"internal error: an array in {frag.layout} used in {layout} without a relayout")
         return frag
     return Frag(layout, frag.shape, frag.dtype, [frag.elems[0]] * num_elems(layout, frag.shape))

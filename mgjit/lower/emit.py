@@ -12,7 +12,7 @@ from ..dtypes import DType
 
 _DYNAMIC_INDEX = -2147483648  # llvm.getelementptr's marker for an index given as an operand
 # fp8 has no arithmetic below PTX: values are converted to f32 (through f16x2) and back with cvt.rn.satfinite.
-_FP8 = {d.mlir: d for d in dtypes.ALL if d.is_float and d.bits == 8}
+_FP8 = {d.mlir: d for d in dtypes.ALL if d.is_float and d.bits == 8 and not d.storage_only}  # e8m0, e2m1: bytes (i8)
 _FP8_PTX = {"float8_e4m3fn": "e4m3x2", "float8_e5m2": "e5m2x2"}
 
 
@@ -275,9 +275,15 @@ class Emitter:
         return self.bitcast(self.trunc(pair, 16), self.type(dtypes.float16))
 
     # -- warp shuffles
+    def shfl(self, x, kind: str, offset: int):
+        """x from lane `offset` below this one ("up"), above it ("down") or lane ^ offset ("bfly"), across the
+        whole warp; a lane with no such lane keeps its own x."""
+        attr = self.ir.Attribute.parse(f"#nvvm<shfl_kind {kind}>")
+        clamp = 0 if kind == "up" else 0x1F  # "up" counts from lane 0, the others up to lane 31
+        return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(clamp), attr, results=[x.type])
+
     def shfl_bfly(self, x, offset: int):
-        kind = self.ir.Attribute.parse("#nvvm<shfl_kind bfly>")
-        return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(0x1F), kind, results=[x.type])
+        return self.shfl(x, "bfly", offset)
 
 
 class Index:

@@ -10,33 +10,49 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | reductions | Reduce |
 | control | For, If, Yield |
 | gmem | Load, Store |
-| smem | SmemAlloc, RefIndex, RefTranspose, SmemStore, SmemLoad |
-| barriers | BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared |
-| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait |
+| atomics | Atomic, SemaphoreWait |
+| smem | SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore, SmemLoad |
+| smem_scopes | ScopedSmemAlloc, SmemFree |
+| barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
+| tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch, TmaDescriptorCut |
+| tma_gather | TmaGather |
 | wgmma | Wgmma, WgmmaWait |
-| warpgroups | WarpgroupId, SetMaxRegisters |
-| clusters | ClusterRank, ClusterSync |
-| tmem | TmemAlloc, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
-| tcgen05 | Tcgen05Mma, Tcgen05Commit |
+| warpgroups | WarpgroupId, SetMaxRegisters, CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync |
+| warps | WarpSplit |
+| clusters | ClusterRank, ClusterSync, ClusterReduce, ClusterGather |
+| clc | ClcTryCancel, ClcQuery (cluster launch control) |
+| tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
+| tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
+| debug | Print, ProfileStart, ProfileEvent |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
-from .barriers import BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared
-from .clusters import ClusterRank, ClusterSync
+from .atomics import Atomic, SemaphoreWait
+from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
+from .clc import ClcQuery, ClcTryCancel
+from .clusters import ClusterGather, ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
+from .debug import Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
-from .smem import RefIndex, RefTranspose, SmemAlloc, SmemLoad, SmemStore
-from .tcgen05 import Tcgen05Commit, Tcgen05Mma
-from .tma import TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait
-from .tmem import TmemAlloc, TmemDealloc, TmemLoad, TmemSlice, TmemStore, tmem_layout
-from .warpgroups import SetMaxRegisters, WarpgroupId
+from .smem import RefIndex, RefSlice, RefTranspose, SmemAlloc, SmemLoad, SmemStore
+from .smem_scopes import ScopedSmemAlloc, SmemFree
+from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
+from .tma import TmaDescriptorCut, TmaLoad, TmaLoadCollective, TmaPrefetch, TmaStore, TmaStoreWait
+from .tma_gather import TmaGather
+from .tmem import TmemAlloc, TmemDealloc, TmemIndex, TmemLoad, TmemSlice, TmemStore, tmem_layout
+from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBarrierSync, SetMaxRegisters, WarpgroupId
+from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["BarrierAlloc", "BarrierArrive", "BarrierWait", "Binary", "Broadcast", "Cast", "ClusterRank",
-           "ClusterSync", "Compare", "Constant", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load", "NumPrograms",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefTranspose", "Relayout", "Select", "SetMaxRegisters",
-           "SmemAlloc", "SmemLoad", "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Mma", "TmaLoad", "TmaLoadCollective",
-           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+__all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
+           "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
+           "Compare", "Constant", "CtaSync", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
+           "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
+           "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout",
+           "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad",
+           "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut",
+           "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc",
+           "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId",
+           "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

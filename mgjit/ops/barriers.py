@@ -1,6 +1,7 @@
 """mbarriers and fences: BarrierAlloc (an array of mbarriers, initialised at kernel start), BarrierArrive,
-BarrierWait (on the phase parity the frontend tracks for the user), FenceAsyncShared (orders ordinary SMEM
-writes before the TMA engine or tensor cores read them).
+BarrierArriveCluster (an arrival on the barrier of another CTA of the cluster), BarrierWait (on the phase parity
+the frontend tracks for the user), FenceAsyncShared (orders ordinary SMEM writes before the TMA engine or tensor
+cores read them).
 
 An mbarrier completes a phase once it has seen its expected arrivals and, for TMA copies, its expected bytes;
 a warpgroup arrives once (its first thread), a TMA copy arrives once with its byte count.
@@ -10,11 +11,11 @@ from __future__ import annotations
 from typing import Generator
 
 from .. import dtypes, infer, interpret, lower
-from ..errors import Loc
+from ..errors import Check, InterpretError, Loc
 from ..interpret.checker import fence, join
 from ..interpret.machine import BarrierRef
 from ..interpret.scheduler import Wait, Warpgroup
-from ..ir import Op, RefType, Value, check, is_ref
+from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
 from .smem import SmemTile, shared_address
 
 
@@ -49,6 +50,22 @@ class BarrierArrive(Op):
                "arrive on one barrier: index the barrier array")
 
 
+class BarrierArriveCluster(Op):
+    """`bars[i].arrive(cta=r)`: one arrival (per warpgroup) on the barrier at the same slot in the CTA of cluster
+    rank `r`, released at cluster scope: what that CTA's waiters see includes this CTA's work before it."""
+
+    name = "barrier_arrive_cluster"
+    requires = "cluster"
+
+    def __init__(self, barrier: Value, rank: Value, loc: Loc | None):
+        super().__init__([barrier, rank], [], loc)
+
+    def verify(self):
+        check(is_ref(self.operands[0], "barrier") and self.operands[0].type.rank == 0, self,
+              "arrive on one barrier: index the barrier array")
+        check(is_int_scalar(self.operands[1]), self, "cta= is the cluster rank of the CTA to arrive in: an integer")
+
+
 class BarrierWait(Op):
     """Wait until the barrier completes the phase with parity `phase` (tracked by the frontend)."""
 
@@ -64,7 +81,10 @@ class BarrierWait(Op):
 
 
 class FenceAsyncShared(Op):
-    """Order this thread's ordinary SMEM writes before later reads by the TMA engine or tensor cores."""
+    """Order this warpgroup's ordinary SMEM writes before later reads by the TMA engine or tensor cores: each
+    thread fences its writes, then the warpgroup's threads meet, so that an MMA or copy the warpgroup issues
+    next reads what every one of its threads wrote (a warp's part of a wgmma may read rows another warp
+    stored)."""
 
     name = "fence_async_shared"
 
@@ -72,7 +92,7 @@ class FenceAsyncShared(Op):
         super().__init__([], [], loc)
 
 
-infer.rule(BarrierAlloc, BarrierArrive, BarrierWait, FenceAsyncShared)(infer.no_arrays)
+infer.rule(BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared)(infer.no_arrays)
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -99,6 +119,16 @@ def _barrier_arrive(op: BarrierArrive, ctx: lower.Context) -> None:
     e.asm_void("@$0 mbarrier.arrive.shared::cta.b64 _, [$1];", "b,r", [elected, bar])
 
 
+@lower.rule(BarrierArriveCluster)
+def _barrier_arrive_cluster(op: BarrierArriveCluster, ctx: lower.Context) -> None:
+    e = ctx.e
+    local = shared_address(ctx, ctx.get(op.operands[0]).offset)
+    remote = e.asm("mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [local, ctx.get(op.operands[1])],
+                   [e.int_type(32)])[0]
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    e.asm_void("@$0 mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$1];", "b,r", [elected, remote])
+
+
 @lower.rule(BarrierWait)
 def _barrier_wait(op: BarrierWait, ctx: lower.Context) -> None:
     e = ctx.e
@@ -110,6 +140,7 @@ def _barrier_wait(op: BarrierWait, ctx: lower.Context) -> None:
 @lower.rule(FenceAsyncShared)
 def _fence(op: FenceAsyncShared, ctx: lower.Context) -> None:
     ctx.e.asm_void("fence.proxy.async.shared::cta;", "", [])
+    ctx.warpgroup_barrier()
 
 
 # ---------------------------------------------------------------------------------------------- interpreter
@@ -125,6 +156,15 @@ def _interp_barrier_alloc(op: BarrierAlloc, wg: Warpgroup) -> Generator[Wait, No
 @interpret.rule(BarrierArrive)
 def _interp_barrier_arrive(op: BarrierArrive, wg: Warpgroup) -> None:
     wg.get(op.operands[0], op).get(wg.cta).arrive(wg.clock, op.loc)
+
+
+@interpret.rule(BarrierArriveCluster)
+def _interp_barrier_arrive_cluster(op: BarrierArriveCluster, wg: Warpgroup) -> None:
+    rank = int(wg.scalar(op.operands[1], op))
+    ctas = wg.cluster.ctas
+    if not 0 <= rank < len(ctas):
+        raise InterpretError(f"cta={rank} is outside this cluster of {len(ctas)} CTAs", op.loc, Check.OUT_OF_BOUNDS)
+    wg.get(op.operands[0], op).get(ctas[rank]).arrive(wg.clock, op.loc)
 
 
 @interpret.rule(BarrierWait)

@@ -1,16 +1,33 @@
-"""Clusters: ClusterRank (this CTA's rank in its cluster) and ClusterSync (a barrier across every thread of
-every CTA of the cluster, with release/acquire ordering).
+"""Clusters: ClusterRank (this CTA's rank in its cluster), ClusterSync (a barrier across every thread of
+every CTA of the cluster, with release/acquire ordering), ClusterReduce (a value combined over every
+warpgroup of the cluster, through distributed shared memory) and ClusterGather (values as every warpgroup of
+the cluster holds them, several in one exchange).
+
+An exchange costs one cluster barrier: every warpgroup writes its slot in every CTA, the cluster synchronises,
+and each reads its own CTA's copy. A second barrier, before the slots may be written again, is needed only
+where the same op runs again (in a loop): after the first, no CTA touches another's shared memory for this op.
 """
 from __future__ import annotations
 
-from typing import Any, Generator
+import dataclasses
+import math
+import weakref
+from typing import Any, Callable, Generator
 
 import torch
 
-from .. import dtypes, infer, interpret, lower
+from .. import dtypes, infer, interpret, ir, lower
 from ..errors import Loc
+from ..interpret import numerics
+from ..interpret.machine import Cluster
 from ..interpret.scheduler import Wait, Warpgroup
-from ..ir import Op, ScalarType
+from ..ir import Op, ScalarType, Value, check
+from ..layouts import SplatLayout
+from ..lower.context import element_offsets
+from .arrays import linear_index
+from .control import For
+from .reductions import REDUCE_KINDS, combine
+from .smem import shared_address
 
 
 class ClusterRank(Op):
@@ -31,7 +48,70 @@ class ClusterSync(Op):
         super().__init__([], [], loc)
 
 
+class ClusterReduce(Op):
+    """x (a scalar or an array) combined elementwise by `kind` (sum, max, min) over every warpgroup of every CTA
+    of the cluster; each gets the same bits. It synchronises the cluster (every warpgroup must reach it)."""
+
+    name = "cluster_reduce"
+    requires = "cluster"
+
+    def __init__(self, kind: str, x: Value, ctas: int, loc: Loc | None):
+        super().__init__([x], [x.type], loc)
+        self.kind = kind
+        self.ctas = ctas  # CTAs in the cluster the kernel is compiled for
+
+    def attrs(self):
+        return {"kind": self.kind, "ctas": self.ctas}
+
+    def verify(self):
+        x = self.operands[0]
+        check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}; expected one of {REDUCE_KINDS}")
+        check(x.dtype in (dtypes.float32, dtypes.int32), self,
+              f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
+
+
+class ClusterGather(Op):
+    """Each of `values` (float32 or int32 scalars or arrays) as every warpgroup of every CTA of the cluster holds
+    it, exchanged in one round: the results are value 0 in every slot, then value 1 in every slot, ...; slot =
+    CTA rank × warpgroups + warpgroup index. Every warpgroup gets the same bits. It synchronises the cluster."""
+
+    name = "cluster_gather"
+    requires = "cluster"
+
+    def __init__(self, values: list[Value], ctas: int, warpgroups: int, loc: Loc | None):
+        super().__init__(values, [v.type for v in values for _ in range(ctas * warpgroups)], loc)
+        self.ctas = ctas
+        self.warpgroups = warpgroups
+
+    @property
+    def slots(self) -> int:
+        return self.ctas * self.warpgroups
+
+    def attrs(self):
+        return {"ctas": self.ctas, "warpgroups": self.warpgroups}
+
+    def verify(self):
+        check(bool(self.operands), self, "cluster_gather needs at least one value")
+        for x in self.operands:
+            check(x.dtype in (dtypes.float32, dtypes.int32), self,
+                  f"cluster_gather exchanges float32 or int32 values, got {x.dtype.name}; use .astype()")
+
+
 infer.rule(ClusterRank, ClusterSync)(infer.no_arrays)
+
+
+@infer.rule(ClusterReduce)
+def _infer_cluster_reduce(op: ClusterReduce, inf: infer.Inference) -> None:
+    if op.result.is_array:
+        inf.set_layout(op.result, op.operands[0].layout, op)
+
+
+@infer.rule(ClusterGather)
+def _infer_cluster_gather(op: ClusterGather, inf: infer.Inference) -> None:
+    for i, x in enumerate(op.operands):
+        if x.is_array:
+            for r in op.results[i * op.slots:(i + 1) * op.slots]:
+                inf.set_layout(r, x.layout, op)
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -51,9 +131,110 @@ def _cluster_rank(op: ClusterRank, ctx: lower.Context) -> None:
     ctx.set(op.result, cluster_ctarank(ctx))
 
 
+def cluster_barrier(ctx: lower.Context) -> None:
+    ctx.e.asm_void("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;", "", [])
+
+
 @lower.rule(ClusterSync)
 def _cluster_sync(op: ClusterSync, ctx: lower.Context) -> None:
-    ctx.e.asm_void("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;", "", [])
+    cluster_barrier(ctx)
+
+
+@dataclasses.dataclass
+class _Held:
+    """A value as an exchange moves it: its elements, where each goes in a slot, how many a slot holds, which
+    threads write them, and how to rebuild a value of its type from elements."""
+    values: list
+    places: list
+    count: int
+    writer: Any
+    rebuild: Callable[[list], Any]
+
+
+def _held(ctx: lower.Context, x: Value) -> _Held:
+    e = ctx.e
+    lowered = ctx.get(x)
+    if x.is_array and not isinstance(lowered.layout, SplatLayout):
+        layout, shape = lowered.layout, lowered.shape
+        thread = ctx.thread_index(layout, shape)
+        places = [linear_index(ctx, [e.addi(t, e.i32(k)) for t, k in zip(thread, off)], shape)
+                  for off in element_offsets(layout, shape)]
+        return _Held(lowered.elems, places, math.prod(shape), ctx.is_primary(layout),
+                     lambda elems: lower.Frag(lowered.layout, lowered.shape, x.dtype, elems))
+    value = lowered.elems[0] if x.is_array else lowered
+    rebuild = (lambda elems: lower.Frag(lowered.layout, lowered.shape, x.dtype, elems)) if x.is_array \
+        else (lambda elems: elems[0])
+    return _Held([value], [e.i32(0)], 1, e.cmpi("eq", ctx.wg_tid, e.i32(0)), rebuild)
+
+
+def _in_loop(kernel: ir.Kernel, op: Op) -> bool:
+    """Whether `op` sits in the body of a loop (it may run again, rewriting what it wrote)."""
+    return any(o is op for loop in kernel.walk() if isinstance(loop, For) for region in loop.regions
+               for o in region.walk())
+
+
+def _exchange(ctx: lower.Context, op: Op, operands: list[Value], ctas: int) -> list[tuple[_Held, list[list]]]:
+    """Every warpgroup's elements of each operand, through a scratch buffer at the same offset in every CTA's
+    shared memory: for each operand, its _Held and, per element it holds, the element in every slot (slot order).
+
+    Each element's first holder writes it into its warpgroup's slot in every CTA (mapa + st.shared::cluster),
+    the cluster synchronises, and every thread reads the slots of the elements it holds. Compiled for one CTA,
+    the same goes through the CTA's own shared memory and bar.sync, with no cluster instruction."""
+    e = ctx.e
+    i32 = e.int_type(32)
+    slots = ctas * ctx.kernel.num_warpgroups
+    held = [_held(ctx, x) for x in operands]
+    bases, total = [], 0
+    for h in held:
+        bases.append(total)
+        total += slots * h.count
+    scratch = ctx.alloc_shared(total * 4, 16)
+    rank = cluster_ctarank(ctx) if ctas > 1 else e.i32(0)
+    mine = e.addi(e.muli(rank, e.i32(ctx.kernel.num_warpgroups)), ctx.wg_id)
+    barrier = cluster_barrier if ctas > 1 else (lambda ctx: ctx.e.asm_void("bar.sync 0;", "", []))
+
+    def address(h: _Held, base: int, slot, place):
+        return e.addi(e.i32(scratch + 4 * base), e.muli(e.addi(e.muli(slot, e.i32(h.count)), place), e.i32(4)))
+
+    if _in_loop(ctx.kernel, op):
+        barrier(ctx)  # every warpgroup has read what the last run of this op wrote
+    for h, base, x in zip(held, bases, operands):
+        for place, v in zip(h.places, h.values):
+            bits = e.bitcast(v, i32) if x.dtype.is_float else v
+            local = shared_address(ctx, address(h, base, mine, place))
+            if ctas == 1:
+                e.asm_void("@$0 st.shared.b32 [$1], $2;", "b,r,r", [h.writer, local, bits])
+                continue
+            for peer in range(ctas):
+                remote = e.asm("mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [local, e.i32(peer)], [i32])[0]
+                e.asm_void("@$0 st.shared::cluster.b32 [$1], $2;", "b,r,r", [h.writer, remote, bits])
+    barrier(ctx)
+    out = []
+    for h, base, x in zip(held, bases, operands):
+        t = e.type(x.dtype)
+        out.append((h, [[e.smem_load(t, address(h, base, e.i32(s), place)) for s in range(slots)]
+                        for place in h.places]))
+    return out
+
+
+@lower.rule(ClusterReduce)
+def _cluster_reduce(op: ClusterReduce, ctx: lower.Context) -> None:
+    """Each element combined over the slots in slot order."""
+    ((held, per_element),) = _exchange(ctx, op, [op.operands[0]], op.ctas)
+    combined = []
+    for slots in per_element:
+        acc = slots[0]
+        for v in slots[1:]:
+            acc = combine(ctx, op.kind, op.result.dtype, acc, v)
+        combined.append(acc)
+    ctx.set(op.result, held.rebuild(combined))
+
+
+@lower.rule(ClusterGather)
+def _cluster_gather(op: ClusterGather, ctx: lower.Context) -> None:
+    for i, (held, per_element) in enumerate(_exchange(ctx, op, list(op.operands), op.ctas)):
+        for s in range(op.slots):
+            ctx.set(op.results[i * op.slots + s], held.rebuild([slots[s] for slots in per_element]))
 
 
 # ---------------------------------------------------------------------------------------------- interpreter
@@ -61,6 +242,48 @@ def _cluster_sync(op: ClusterSync, ctx: lower.Context) -> None:
 @interpret.rule(ClusterRank)
 def _interp_cluster_rank(op: ClusterRank, wg: Warpgroup) -> None:
     wg.set(op.result, torch.tensor(wg.cta.rank, dtype=torch.int32))
+
+
+# What the warpgroups of a cluster wrote for each exchange (ClusterReduce or ClusterGather execution):
+# (id(op), barrier generation) -> {(CTA rank, warpgroup index): its operands' values}.
+_EXCHANGES: "weakref.WeakKeyDictionary[Cluster, dict]" = weakref.WeakKeyDictionary()
+
+
+def _interp_exchange(op: Op, wg: Warpgroup) -> Generator[Wait, None, list[list[torch.Tensor]]]:
+    """Every warpgroup's values of op's operands, in slot order (CTA rank, then warpgroup), once every
+    warpgroup of the cluster has given its own."""
+    sync = wg.cluster.sync
+    exchanges = _EXCHANGES.setdefault(wg.cluster, {})
+    key = (id(op), sync.generation)
+    box = exchanges.setdefault(key, {})
+    box[(wg.cta.rank, wg.index)] = [torch.as_tensor(wg.get(x, op)).clone() for x in op.operands]
+    yield wg.rendezvous(op, sync)
+    slots = [box[k] for k in sorted(k for k in box if k != "read")]
+    box["read"] = box.get("read", 0) + 1
+    if box["read"] == len(slots):  # the last reader of this execution's values
+        del exchanges[key]
+    return slots
+
+
+@interpret.rule(ClusterReduce)
+def _interp_cluster_reduce(op: ClusterReduce, wg: Warpgroup) -> Generator[Wait, None, None]:
+    """Combined in slot order, one operation at a time, as the lowering does."""
+    values = [slot[0] for slot in (yield from _interp_exchange(op, wg))]
+    acc = values[0]
+    for v in values[1:]:
+        if op.kind == "sum":
+            acc = acc + v
+        else:
+            acc = (torch.maximum if op.kind == "max" else torch.minimum)(acc, v)
+    wg.set(op.result, acc.to(numerics.torch_dtype(op.result.dtype)))
+
+
+@interpret.rule(ClusterGather)
+def _interp_cluster_gather(op: ClusterGather, wg: Warpgroup) -> Generator[Wait, None, None]:
+    slots = yield from _interp_exchange(op, wg)
+    for i in range(len(op.operands)):
+        for s, values in enumerate(slots):
+            wg.set(op.results[i * op.slots + s], values[i])
 
 
 @interpret.rule(ClusterSync)

@@ -50,6 +50,9 @@ class Unary(Op):
         if self.kind in INT_ONLY_UNARY:
             check(x.dtype.is_int and x.dtype != dtypes.bool_, self,
                   f"{self.kind} needs an integer operand, got {x.dtype.name}")
+        check(not (self.kind == "neg" and x.dtype == dtypes.bool_), self,
+              "negating a bool array is not defined (as in torch): use ~x for logical not, or cast it to a "
+              "number type first")
 
 
 class Binary(Op):

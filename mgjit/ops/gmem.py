@@ -1,15 +1,23 @@
 """GMEM windows: Load and Store of a window of static sizes at runtime starts in a tensor argument.
 
 Each thread moves the elements its layout gives it. Consecutive elements of a register's vector that are
-contiguous in memory go as one access of up to 16 bytes when the launch's specialization proves it legal:
-unit last stride, base and row strides aligned, the window's start and the last dimension's size divisible
-by the access width (so that one bounds check covers the whole access). Every access is predicated on the
-window being inside the tensor: ragged edges need no code from the user, and elements outside read as zero.
-A load is a free anchor for layout inference: it can deliver any layout its users need.
+contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
+- when the launch's specialization proves every such access aligned (base and row strides, the window's
+  start), as plain vector accesses; a row whose length is not a multiple of the access ends inside one, which
+  is loaded whole with the part past the end masked, and stored element by element;
+- otherwise, as aligned accesses of the alignment the specialization does prove where it is 4 bytes or more
+  (the 4 f32 of a misaligned row one by one), and below that (a row of 4097 bf16 starts at a different offset
+  in every 32-bit word) as aligned 32-bit words with the bytes shifted into place at run time, at any row
+  length, dtype and row stride (see below).
+Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
+elements outside read as zero. A load never touches an aligned chunk of 16 bytes or less that holds no element
+inside the tensor. A load is a free anchor for layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -19,8 +27,9 @@ from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
-from ..layouts import LayoutError, SplatLayout, TiledLayout, blocked
+from ..layouts import LayoutError, Replicated, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
+from ..lower.words import from_bits, pack_words, slot, to_bits, unpack_words
 from .control import For
 from .elementwise import Binary, Cast
 from .program import Constant
@@ -135,26 +144,45 @@ def _divisor(ctx: lower.Context, v: ir.Value, depth: int) -> int:
     return 1
 
 
-def _access_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...]) -> int:
+def _vector_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout,
+                  shape: tuple[int, ...]) -> tuple[int, int, bool]:
+    """(w, align, narrowed): how many consecutive elements of a register's vector go as one access (1: one
+    element per access), the power of two of bytes that every such access's address is known to be a multiple
+    of, and whether the alignment made the accesses narrower than the layout allows."""
     rank = len(op.sizes)
+    itemsize = ref.dtype.itemsize
     if not ref.spec.unit_stride or op.squeeze[rank - 1] or not shape or layout.vector_dim is None:
-        return 1
+        return 1, itemsize, False
     entries = layout.tiling.dim_strides(len(shape))
     vdim, vstride = entries[len(entries) + layout.vector_dim]
     if vdim != len(shape) - 1 or vstride != 1:
-        return 1
-    itemsize = ref.dtype.itemsize
-    w = min(layout.vector_length, max(16 // itemsize, 1), max(ref.spec.align // itemsize, 1),
-            int_divisor(ctx, op.starts[rank - 1]), ref.spec.size_div)
+        return 1, itemsize, False
+    w = min(layout.vector_length, max(16 // itemsize, 1))
     # Every other tiled dim along the last axis must step in whole accesses.
     for (d, s), size in zip(entries, layout.tiled_shape(shape)):
         if d == len(shape) - 1 and size > 1 and s % w and s != 1:
-            return 1
-    return max(w, 1)
+            return 1, itemsize, False
+    align = min(16, ref.spec.align, int_divisor(ctx, op.starts[rank - 1]) * itemsize)
+    narrowed = align < w * itemsize and (align >= 4 or w * itemsize < 4)
+    if narrowed:
+        # Aligned accesses of `align` bytes (4 f32 of a misaligned row one by one): they cost no shifting. Below
+        # 4 bytes, accesses too narrow to shift within 32-bit words too.
+        w = max(align // itemsize, 1)
+    return w, max(align, itemsize), narrowed
 
 
-def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...]):
-    """Per held element: (i64 byte address, i1 in-bounds predicate).
+@dataclasses.dataclass
+class _Element:
+    addr: Any  # i64 byte address
+    inside: Any  # i1: the element is inside the tensor
+    rows: Any  # i1: every index but the last is inside the tensor; None when there is none
+    col: Any  # i32 index along the last dimension
+
+
+def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...],
+                       step: int = 1) -> list[_Element | None]:
+    """Where each held element lives and whether it is inside the tensor (only every `step`-th one: None for
+    the others, whose addresses and bounds a store works out where it needs them, not kept in registers).
 
     Each thread's base address is computed once; an element's address is that base plus its offset in bytes,
     a constant along a contiguous last dimension (which ptxas folds into the access) and one product per
@@ -178,17 +206,21 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
         base = e.addi(base, e.muli(idx64, e.i64(isz)) if stride_bytes[d] is None else e.muli(idx64, stride_bytes[d]))
     offsets = element_offsets(layout, shape) if shape else [()]
     steps: dict[tuple[int, int], Any] = {}  # (dim, offset) -> its i64 byte offset along a strided dim
+    index: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i32 index
     inside: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i1
-    out = []
-    for off in offsets:
+    rows_inside: dict[tuple[int, ...], Any] = {}  # offsets along every dim but the last -> i1
+    out: list[_Element | None] = []
+    for i, off in enumerate(offsets):
+        if i % step:
+            out.append(None)
+            continue
         by_dim = {d: off[arr_dims.index(d)] for d in arr_dims}
-        addr, pred, constant = base, None, 0
+        addr, constant = base, 0
         for d in range(rank):
             k = by_dim.get(d, 0)
             if (d, k) not in inside:
-                idx = e.addi(base_idx[d], e.i32(k)) if k else base_idx[d]
-                inside[(d, k)] = e.cmpi("ult", idx, ref.sizes[d])
-            pred = inside[(d, k)] if pred is None else e.andi(pred, inside[(d, k)])
+                index[(d, k)] = e.addi(base_idx[d], e.i32(k)) if k else base_idx[d]
+                inside[(d, k)] = e.cmpi("ult", index[(d, k)], ref.sizes[d])
             if not k:
                 continue
             if stride_bytes[d] is None:
@@ -197,58 +229,26 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
                 if (d, k) not in steps:
                     steps[(d, k)] = e.muli(stride_bytes[d], e.i64(k))
                 addr = e.addi(addr, steps[(d, k)])
-        out.append((e.addi(addr, e.i64(constant)) if constant else addr, pred))
+        ks = tuple(by_dim.get(d, 0) for d in range(rank))
+        if ks[:-1] not in rows_inside:
+            rows_inside[ks[:-1]] = _all(e, [inside[(d, k)] for d, k in enumerate(ks[:-1])])
+        rows, last = rows_inside[ks[:-1]], (rank - 1, ks[-1])
+        out.append(_Element(e.addi(addr, e.i64(constant)) if constant else addr,
+                            inside[last] if rows is None else e.andi(rows, inside[last]), rows, index[last]))
     return out
 
 
-def _to_bits(e, x, dtype: DType):
-    """An element as an integer of its storage width."""
-    bits = dtype.storage_bits
-    if dtype == dtypes.bool_:
-        return e.zext(x, 8)
-    if dtype.is_float:
-        return e.bitcast(x, e.int_type(bits))
-    return x
+def _all(e, preds: Sequence[Any]) -> Any:
+    """The conjunction of i1 values (None stands for true)."""
+    out = None
+    for p in preds:
+        if p is not None:
+            out = p if out is None else e.andi(out, p)
+    return out
 
 
-def from_bits(e, x, dtype: DType):
-    if dtype == dtypes.bool_:
-        return e.cmpi("ne", x, e.const(0, dtypes.int8))
-    if dtype.is_float:
-        return e.bitcast(x, e.type(dtype))
-    return x
-
-
-def pack_words(e, elems, dtype: DType) -> list:
-    """Elements (one access) → 32-bit words (or one narrower integer for accesses under 32 bits)."""
-    bits = dtype.storage_bits
-    ints = [_to_bits(e, x, dtype) for x in elems]
-    if bits == 64:
-        words = []
-        for x in ints:
-            words.append(e.trunc(x, 32))
-            words.append(e.trunc(e.m.arith.shrui(x, e.i64(32)), 32))
-        return words
-    per_word = 32 // bits
-    if per_word == 1:
-        return ints
-    # Narrow elements go through a vector<per_word x iN> bitcast: one register move, not shifts and ors.
-    return [e.pack_i32(ints[i:i + per_word]) for i in range(0, len(ints), per_word)]
-
-
-def unpack_words(e, words, dtype: DType, count: int) -> list:
-    bits = dtype.storage_bits
-    if bits == 64:
-        out = []
-        for lo, hi in zip(words[0::2], words[1::2]):
-            x = e.ori(e.zext(lo, 64), e.m.arith.shli(e.zext(hi, 64), e.i64(32)))
-            out.append(from_bits(e, x, dtype))
-        return out
-    per_word = 32 // bits
-    if per_word == 1:
-        return [from_bits(e, w, dtype) for w in words][:count]
-    out = [x for w in words for x in e.unpack_i32(w, bits)]
-    return [from_bits(e, x, dtype) for x in out[:count]]
+def _not(e, p) -> Any:
+    return e.m.arith.xori(p, e.const_bool(True))
 
 
 def _access_suffix(total_bits: int) -> tuple[str, int]:
@@ -257,22 +257,48 @@ def _access_suffix(total_bits: int) -> tuple[str, int]:
     return (f".v{n}.b32" if n > 1 else ".b32"), n
 
 
+def _load_words(e, addr, pred, n: int) -> list:
+    """n 32-bit words from addr (aligned to 4n bytes), zeros where pred is false (None: always loaded)."""
+    suffix, _ = _access_suffix(32 * n)
+    outs = ", ".join(f"${i}" for i in range(n))
+    dst = f"{{{outs}}}" if n > 1 else outs
+    if pred is None:
+        return e.asm(f"ld.global{suffix} {dst}, [${n}];", ",".join(["=r"] * n + ["l"]), [addr],
+                     [e.int_type(32)] * n, side_effects=True)
+    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
+    text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
+    return e.asm(text, ",".join(["=r"] * n + ["b", "l"]), [pred, addr], [e.int_type(32)] * n, side_effects=True)
+
+
+def _store_bytes(e, addr, pred, data: Sequence[Any], nbytes: int) -> None:
+    """Store `nbytes` (1, 2, 4, 8 or 16) at addr (aligned to them) where pred holds (None: always): data is
+    nbytes // 4 words, or one i16 holding 1 or 2 bytes."""
+    guard, operands, constraints = ("", [], []) if pred is None else ("@$0 ", [pred], ["b"])
+    k = len(operands)
+    if nbytes < 4:
+        e.asm_void(f"{guard}st.global.{'b16' if nbytes == 2 else 'u8'} [${k}], ${k + 1};",
+                   ",".join(constraints + ["l", "h"]), [*operands, addr, data[0]])
+        return
+    suffix, n = _access_suffix(8 * nbytes)
+    srcs = ", ".join(f"${i + k + 1}" for i in range(n))
+    src = f"{{{srcs}}}" if n > 1 else srcs
+    e.asm_void(f"{guard}st.global{suffix} [${k}], {src};", ",".join(constraints + ["l"] + ["r"] * n),
+               [*operands, addr, *data])
+
+
 def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> list:
+    """`count` elements from addr, zeros where pred is false (None: always loaded)."""
     e = ctx.e
     total = count * dtype.storage_bits
     if total < 32:  # one or two narrow elements: a 16-bit register, no conversions around the access
         suffix = ".b16" if total == 16 else ".u8"
-        half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr], [e.int_type(16)],
-                     side_effects=True)[0]
+        if pred is None:
+            half = e.asm(f"ld.global{suffix} $0, [$1];", "=h,l", [addr], [e.int_type(16)], side_effects=True)[0]
+        else:
+            half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr],
+                         [e.int_type(16)], side_effects=True)[0]
         return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
-    suffix, n = _access_suffix(total)
-    outs = ", ".join(f"${i}" for i in range(n))
-    dst = f"{{{outs}}}" if n > 1 else outs
-    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
-    text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
-    constraints = ",".join(["=r"] * n + ["b", "l"])
-    words = e.asm(text, constraints, [pred, addr], [e.int_type(32)] * n, side_effects=True)
-    return unpack_words(e, words, dtype, count)
+    return unpack_words(e, _load_words(e, addr, pred, total // 32), dtype, count)
 
 
 def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
@@ -295,20 +321,177 @@ def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
     e = ctx.e
     total = len(elems) * dtype.storage_bits
     if total < 32:  # one or two narrow elements, through a 16-bit register
-        ints = [_to_bits(e, x, dtype) for x in elems]
+        ints = [to_bits(e, x, dtype) for x in elems]
         half = ints[0] if total == 16 and len(ints) == 1 else None
         if half is None:
             half = e.zext(ints[0], 16) if ints[0].type != e.int_type(16) else ints[0]
             for j, x in enumerate(ints[1:], 1):
                 half = e.ori(half, e.m.arith.shli(e.zext(x, 16), e.const(j * dtype.storage_bits, dtypes.int16)))
-        suffix = ".b16" if total == 16 else ".u8"
-        e.asm_void(f"@$0 st.global{suffix} [$1], $2;", "b,l,h", [pred, addr, half])
+        _store_bytes(e, addr, pred, [half], total // 8)
         return
-    suffix, n = _access_suffix(total)
-    words = pack_words(e, elems, dtype)
-    srcs = ", ".join(f"${i + 2}" for i in range(n))
-    src = f"{{{srcs}}}" if n > 1 else srcs
-    e.asm_void(f"@$0 st.global{suffix} [$1], {src};", ",".join(["b", "l"] + ["r"] * n), [pred, addr, *words])
+    _store_bytes(e, addr, pred, pack_words(e, elems, dtype), total // 8)
+
+
+def _only_if(e, cond, emit: Callable[[], None]) -> None:
+    """Emit what `emit` emits inside `if cond` (a branch: threads for which it is false skip it)."""
+    if_op = e.m.scf.IfOp(cond, [], has_else=False)
+    e.push(e.ir.InsertionPoint(if_op.then_block))
+    try:
+        emit()
+        e.m.scf.yield_([])
+    finally:
+        e.pop()
+
+
+# -- accesses below 4-byte alignment
+# A row of 4097 bf16 starts 2 bytes further into a 32-bit word than the row before it. Where an access's
+# alignment is known only at run time and is below 4 bytes (16- and 8-bit elements), it moves aligned 32-bit
+# words: a load reads the words its bytes straddle (one more than it holds, when it starts inside a word) and
+# shifts them into place with one byte permute (prmt) per word; a store writes the words wholly inside its
+# bytes and a head and a tail of 1 to 3 bytes. Elements partly outside the tensor are stored one by one,
+# behind a branch. Where bounds go per word or element (these accesses, narrowed or ragged ones), a window
+# wholly inside the tensor (one test, the same for every thread) skips them all. (Aligned 16-byte chunks
+# shifted between lanes cost 3 to 6 times the instructions: the shift is a runtime value, so every word goes
+# through a tree of selects. The words take more L1 wavefronts, which a memory-bound kernel can spare: 4 to 5
+# per 16 bytes, as 4-byte elements take.)
+
+def _prmt(e, lo, hi, selector) -> Any:
+    """The 4 bytes of {hi:lo} (lo the low word) that `selector` names (prmt's default mode)."""
+    i32 = e.int_type(32)
+    return e.asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, selector], [i32])[0]
+
+
+def _bytes_from(e, skew) -> Any:
+    """The prmt selector of bytes skew .. skew + 3 (skew a runtime i32 in 0..3)."""
+    return e.addi(e.i32(0x3210), e.muli(skew, e.i32(0x1111)))
+
+
+def _window_inside(ctx: lower.Context, op: Op, ref: LoweredRef) -> Any:
+    """i1, the same in every thread: the window lies wholly inside the tensor."""
+    e = ctx.e
+    conds = []
+    for start, size, n in zip(op.starts, op.sizes, ref.sizes):
+        s = ctx.get(start)
+        conds += [e.cmpi("sge", s, e.i32(0)), e.cmpi("sle", e.addi(s, e.i32(size)), n)]
+    return _all(e, conds)
+
+
+def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, types: list, emit: Callable[[bool], list]):
+    """What `emit(checked)` yields, emitted twice under one branch that every thread takes alike: unchecked where
+    the whole window lies inside the tensor (no bounds test per access or element), checked elsewhere."""
+    e = ctx.e
+    if_op = e.m.scf.IfOp(_window_inside(ctx, op, ref), types, has_else=True)
+    for block, checked in ((if_op.then_block, False), (if_op.else_block, True)):
+        e.push(e.ir.InsertionPoint(block))
+        try:
+            e.m.scf.yield_(emit(checked))
+        finally:
+            e.pop()
+    return list(if_op.results)
+
+
+def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], checked: bool) -> list:
+    """Each access as the nw + 1 words from the one its first byte is in, shifted by prmt. Unchecked (the window
+    is inside the tensor), only the last word is predicated: on the access starting inside a word (else it is
+    the next access's). Checked, a word is loaded when it holds an element inside the tensor (of this row, or
+    just before the access), and elements outside read as zero."""
+    e = ctx.e
+    dtype, isz, n = ref.dtype, ref.dtype.itemsize, ref.sizes[-1]
+    nw, per_word = w * isz // 4, 4 // isz
+    zero = e.const(0, dtype)
+    out = []
+    for i in range(0, len(els), w):
+        el = els[i]
+        skew = e.andi(e.trunc(el.addr, 32), e.i32(3))
+        base = e.andi(el.addr, e.i64(-4))
+        if checked:
+            lo, hi = _span(e, el, n)
+            lead = e.m.arith.shrui(skew, e.i32(isz.bit_length() - 1))  # elements of the first word before el
+            lo, hi = e.addi(lo, lead), e.addi(hi, lead)
+            preds = [_all(e, [el.rows, e.cmpi("slt", e.i32(m * per_word), hi),
+                              e.cmpi("sge", e.i32(m * per_word + per_word - 1), lo)]) for m in range(nw + 1)]
+        else:
+            preds = [None] * nw + [e.cmpi("ne", skew, e.i32(0))]
+        words = [_load_words(e, e.addi(base, e.i64(4 * m)), preds[m], 1)[0] for m in range(nw + 1)]
+        selector = _bytes_from(e, skew)
+        vals = unpack_words(e, [_prmt(e, words[j], words[j + 1], selector) for j in range(nw)], dtype, w)
+        if checked:
+            vals = [e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
+        out.extend(vals)
+    return out
+
+
+def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int) -> None:
+    """One access (its bytes packed in `words`) that may start anywhere in a 32-bit word, where pred holds: the
+    words wholly inside its bytes (the bytes shifted into them by prmt), then a head and a tail."""
+    nbytes = 4 * len(words)
+    tail = e.andi(e.trunc(el.addr, 32), e.i32(3))  # bytes past the last 4-byte boundary
+    head = e.andi(e.subi(e.i32(4), tail), e.i32(3))  # bytes before the first one
+    body = e.andi(e.addi(el.addr, e.i64(3)), e.i64(-4))  # the first 4-byte boundary
+    selector = _bytes_from(e, head)
+    for j in range(len(words) - 1):  # bytes head + 4j .. head + 4j + 3
+        _store_bytes(e, e.addi(body, e.i64(4 * j)), pred, [_prmt(e, words[j], words[j + 1], selector)], 4)
+    _store_bytes(e, e.addi(body, e.i64(nbytes - 4)), _all(e, [pred, e.cmpi("eq", tail, e.i32(0))]), [words[-1]], 4)
+    first, last = words[0], words[-1]
+    if isz == 1:  # a head of 1 or 3 bytes starts with a byte, a tail of 1 or 3 ends with one
+        _store_bytes(e, el.addr, _all(e, [pred, _bit_set(e, head, 1)]), [e.trunc(first, 16)], 1)
+        _store_bytes(e, e.addi(el.addr, e.i64(nbytes - 1)), _all(e, [pred, _bit_set(e, tail, 1)]),
+                     [e.trunc(e.m.arith.shrui(last, e.i32(24)), 16)], 1)
+        odd = e.andi(head, e.i32(1))
+        pair = e.trunc(e.m.arith.shrui(first, e.muli(odd, e.i32(8))), 16)
+        end_pair = e.trunc(e.m.arith.shrui(last, e.muli(e.subi(e.i32(4), tail), e.i32(8))), 16)
+    else:
+        odd = e.i32(0)
+        pair, end_pair = e.trunc(first, 16), e.trunc(e.m.arith.shrui(last, e.i32(16)), 16)
+    _store_bytes(e, e.addi(el.addr, e.ext_i64(odd)) if isz == 1 else el.addr, _all(e, [pred, _bit_set(e, head, 2)]),
+                 [pair], 2)
+    end = e.andi(el.addr, e.i64(-4))  # + nbytes: the last 4-byte boundary
+    _store_bytes(e, e.addi(end, e.i64(nbytes)), _all(e, [pred, _bit_set(e, tail, 2)]), [end_pair], 2)
+
+
+def _store_whole_or_elementwise(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], elems: list,
+                                primary, store_whole: Callable[[_Element, list, Any], None]) -> None:
+    """Accesses wholly inside the tensor through `store_whole(first element, packed words, predicate)`; those
+    partly inside element by element, behind one branch."""
+    e = ctx.e
+    dtype, n, isz = ref.dtype, ref.sizes[-1], ref.dtype.itemsize
+    loose, packed, spans = [], [], []
+    for i in range(0, len(els), w):
+        el = els[i]
+        spans.append(_span(e, el, n))
+        lo, hi = spans[-1]
+        whole = _all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w)), primary])
+        packed.append(pack_words(e, elems[i:i + w], dtype))
+        store_whole(el, packed[-1], whole)
+        loose.append(_all(e, [_not(e, whole), e.cmpi("slt", lo, e.i32(w)), e.cmpi("sgt", hi, e.i32(0)), primary]))
+
+    def elementwise():
+        for a, i in enumerate(range(0, len(els), w)):
+            _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
+    _only_if(e, functools.reduce(e.ori, loose), elementwise)
+
+
+def _span(e, first: _Element, n) -> tuple[Any, Any]:
+    """(lo, hi): element k of the access that starts at `first` is inside its row when lo <= k < hi.
+
+    Stores test their bounds this way, not as `col + k < n`: the compiler would match those indices with the
+    ones a kernel computed for its own masks and keep all of them in registers until the store."""
+    return e.subi(e.i32(0), first.col), e.subi(n, first.col)
+
+
+def _store_elementwise(e, first: _Element, span: tuple[Any, Any], pred, words: list, w: int, itemsize: int) -> None:
+    """Store the elements of an access (packed in words) that are inside the tensor, one by one, where pred
+    holds. Their addresses are computed here, inside the branch that needs them."""
+    lo, hi = span
+    pred = _all(e, [pred, first.rows])
+    for k in range(w):
+        inside = e.andi(e.cmpi("sle", lo, e.i32(k)), e.cmpi("sgt", hi, e.i32(k)))
+        _store_bytes(e, e.addi(first.addr, e.i64(k * itemsize)), e.andi(pred, inside),
+                     slot(e, words, k * itemsize, itemsize), itemsize)
+
+
+def _bit_set(e, x, bit: int) -> Any:
+    return e.cmpi("ne", e.andi(x, e.i32(bit)), e.i32(0))
 
 
 @lower.rule(Load)
@@ -316,17 +499,32 @@ def _load(op: Load, ctx: lower.Context) -> None:
     ref: LoweredRef = ctx.get(op.ref)
     out = op.result
     dtype = ref.dtype
+    e = ctx.e
     if not out.is_array:
-        ((addr, pred),) = _element_addresses(ctx, op, ref, None, ())
-        ctx.set(out, _load_access(ctx, addr, pred, dtype, 1)[0])
+        (el,) = _element_addresses(ctx, op, ref, None, ())
+        ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1)[0])
         return
     layout, shape = out.layout, out.type.shape
-    w = _access_width(ctx, op, ref, layout, shape)
-    addrs = _element_addresses(ctx, op, ref, layout, shape)
-    elems = []
-    for i in range(0, len(addrs), w):
-        addr, pred = addrs[i]
-        elems.extend(_load_access(ctx, addr, pred, dtype, w))
+    w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
+    els = _element_addresses(ctx, op, ref, layout, shape)
+    unaligned = w > 1 and align < w * dtype.itemsize
+    ragged = ref.spec.size_div < w  # a row may end inside an access: the rest reads as zero
+    zero = e.const(0, dtype)
+
+    def plain(checked: bool) -> list:
+        elems = []
+        for i in range(0, len(els), w):
+            vals = _load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w)
+            if checked and ragged:
+                vals = [v if not k else e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
+            elems.extend(vals)
+        return elems
+
+    emit = (lambda checked: _word_loads(ctx, ref, w, els, checked)) if unaligned else plain
+    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+        elems = _inside_or_checked(ctx, op, ref, [e.type(dtype)] * len(els), emit)
+    else:
+        elems = emit(True)
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 
@@ -337,9 +535,8 @@ def _store(op: Store, ctx: lower.Context) -> None:
     dtype = ref.dtype
     e = ctx.e
     if not value.is_array:
-        ((addr, pred),) = _element_addresses(ctx, op, ref, None, ())
-        pred = e.andi(pred, e.cmpi("eq", ctx.wg_tid, e.i32(0)))
-        _store_access(ctx, addr, pred, [ctx.get(value)], dtype)
+        (el,) = _element_addresses(ctx, op, ref, None, ())
+        _store_access(ctx, el.addr, e.andi(el.inside, e.cmpi("eq", ctx.wg_tid, e.i32(0))), [ctx.get(value)], dtype)
         return
     frag = ctx.frag(value)
     shape = frag.shape
@@ -349,13 +546,37 @@ def _store(op: Store, ctx: lower.Context) -> None:
         except LayoutError as err:
             raise op.error(str(err), rule=Rule.LAYOUT) from None
     layout = frag.layout
-    w = _access_width(ctx, op, ref, layout, shape)
-    addrs = _element_addresses(ctx, op, ref, layout, shape)
+    w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
+    els = _element_addresses(ctx, op, ref, layout, shape, step=w)
     primary = ctx.is_primary(layout)
-    assert len(addrs) == num_elems(layout, shape)
-    for i in range(0, len(addrs), w):
-        addr, pred = addrs[i]
-        _store_access(ctx, addr, e.andi(pred, primary), frag.elems[i:i + w], dtype)
+    assert len(els) == num_elems(layout, shape)
+    isz = dtype.itemsize
+    unaligned = w > 1 and align < w * isz
+    ragged = ref.spec.size_div < w  # a row may end inside an access
+
+    def whole(el: _Element, words: list, pred) -> None:
+        if unaligned:
+            _store_unaligned_access(e, el, words, pred, isz)
+        else:
+            _store_bytes(e, el.addr, pred, words, w * isz)
+
+    def emit(checked: bool) -> list:
+        if not checked:  # the window is inside the tensor: every access is whole
+            replicas = any(isinstance(d, Replicated) for d in (*layout.warp_dims, *layout.lane_dims))
+            only = primary if replicas else None
+            for i in range(0, len(els), w):
+                whole(els[i], pack_words(e, frag.elems[i:i + w], dtype), only)
+        elif unaligned or ragged:  # whole accesses as one, the others element by element
+            _store_whole_or_elementwise(ctx, ref, w, els, frag.elems, primary, whole)
+        else:  # every access is wholly inside a row or wholly outside
+            for i in range(0, len(els), w):
+                _store_access(ctx, els[i].addr, e.andi(els[i].inside, primary), frag.elems[i:i + w], dtype)
+        return []
+
+    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+        _inside_or_checked(ctx, op, ref, [], emit)
+    else:
+        emit(True)
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

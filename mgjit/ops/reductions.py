@@ -28,6 +28,11 @@ class Reduce(Op):
     name = "reduce"
 
     def __init__(self, kind: str, x: Value, axes: tuple[int, ...], loc: Loc | None):
+        """`axes` as the user wrote them: negative ones count from the end (-1 is the last axis); one that
+        names no axis of `x` is left as it is, for `verify` to refuse."""
+        rank = len(x.type.shape)
+        self.requested = tuple(axes)
+        axes = tuple(sorted({a + rank if -rank <= a < 0 else a for a in axes}))
         shape = tuple(d for i, d in enumerate(x.type.shape) if i not in axes)
         rtype = ArrayType(shape, x.dtype) if shape else ScalarType(x.dtype)
         super().__init__([x], [rtype], loc)
@@ -40,7 +45,9 @@ class Reduce(Op):
     def verify(self):
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
         rank = len(self.operands[0].type.shape)
-        check(all(0 <= a < rank for a in self.axes), self, f"reduction axes {self.axes} out of range for rank {rank}")
+        bad = [a for a in self.requested if not -rank <= a < rank]
+        check(not bad, self, f"{self.kind} over axis {bad[0] if bad else 0}: a rank-{rank} array has axes "
+                             f"{-rank}..{rank - 1}")
 
 
 @infer.rule(Reduce)
@@ -74,7 +81,7 @@ def accumulator(dtype):
     return dtypes.float32 if dtype.is_float else dtypes.int32
 
 
-def _combine(ctx: lower.Context, kind: str, dtype, a, b):
+def combine(ctx: lower.Context, kind: str, dtype, a, b):
     e = ctx.e
     if kind == "sum":
         return e.fbinary("add", a, b) if dtype.is_float else e.addi(a, b)
@@ -97,7 +104,7 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     if src.is_splat:
         x = e.cast(src.elems[0], dtype, acc_dtype)
         if op.kind == "sum":
-            x = _combine(ctx, "mul", acc_dtype, x, e.const(reduced_count, acc_dtype)) if acc_dtype.is_float \
+            x = combine(ctx, "mul", acc_dtype, x, e.const(reduced_count, acc_dtype)) if acc_dtype.is_float \
                 else e.muli(x, e.const(reduced_count, acc_dtype))
         x = e.cast(x, acc_dtype, dtype)
         ctx.set(out, x if not out.is_array else lower.Frag(out.layout, out.type.shape, dtype, [x]))
@@ -105,17 +112,21 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
 
     layout: TiledLayout = src.layout
     keep = [d for d in range(rank) if d not in op.axes]
-    # 1. within the thread: group held elements by their offset along the kept axes.
-    groups: dict[tuple, object] = {}
+    # 1. within the thread: group held elements by their offset along the kept axes, and combine each group as
+    # a balanced tree (a chain would make every combine wait for the one before it).
+    held: dict[tuple, list] = {}
     for off, x in zip(element_offsets(layout, src.shape), src.elems):
-        key = tuple(off[d] for d in keep)
-        x = e.cast(x, dtype, acc_dtype)
-        groups[key] = x if key not in groups else _combine(ctx, op.kind, acc_dtype, groups[key], x)
+        held.setdefault(tuple(off[d] for d in keep), []).append(e.cast(x, dtype, acc_dtype))
+    groups: dict[tuple, object] = {}
+    for key, xs in held.items():
+        while len(xs) > 1:
+            xs = [combine(ctx, op.kind, acc_dtype, a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
+        groups[key] = xs[0]
     # 2. across lanes.
     for stride, size in layout.reduced_lane_dims(op.axes, rank):
         s = stride
         while s < stride * size:
-            groups = {k: _combine(ctx, op.kind, acc_dtype, v, e.shfl_bfly(v, s)) for k, v in groups.items()}
+            groups = {k: combine(ctx, op.kind, acc_dtype, v, e.shfl_bfly(v, s)) for k, v in groups.items()}
             s *= 2
     # 3. across warps, through SMEM: slot [warp coordinate along reduced dims][result element].
     warp_dims = layout.reduced_warp_dims(op.axes, rank)
@@ -152,7 +163,7 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
             for w in range(n_warps):
                 slot = e.addi(e.i32(w * out_size), slots[key])
                 v = e.smem_load(t, e.addi(base, e.muli(slot, e.i32(elem_bytes))))
-                acc = v if acc is None else _combine(ctx, op.kind, acc_dtype, acc, v)
+                acc = v if acc is None else combine(ctx, op.kind, acc_dtype, acc, v)
             new[key] = acc
         groups = new
     # 4. lay the groups out in the result's register order.

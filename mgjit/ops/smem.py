@@ -1,32 +1,38 @@
 """Shared memory: SmemAlloc (a static buffer for the whole kernel), RefIndex (`buf[slot]`, also of barrier
-arrays), RefTranspose (`tile.T`), SmemStore (`tile[...] = array`), SmemLoad (`array = tile[...]`), and the
-addressing every SMEM user shares.
+arrays), RefSlice (`tile[a:b]`, `tile[:, mgjit.ds(i, 64)]`: a view of the same bytes), RefTranspose (`tile.T`),
+SmemStore (`tile[...] = array`), SmemLoad (`array = tile[...]`), and the addressing every SMEM user shares.
 
-How a tile is stored (column blocks one swizzle wide, the swizzle's XOR, the TMA boxes) is `tiles.Tile`'s
-job; `tile_of` gives a reference's. MMA operand descriptors address its column blocks directly (K-major:
-SBO = 8*S; MN-major: LBO = the distance between blocks).
+How a tile is stored (stages of column blocks one swizzle wide, the swizzle's XOR, the TMA boxes, where a view
+may be cut) is `tiles.Tile`'s job; `tile_of` gives a reference's. MMA operand descriptors address its column
+blocks directly (K-major: SBO = 8*S; MN-major: LBO = the distance between blocks).
+
+Reads and writes of register arrays take the layout inference chose; where that layout's accesses hit one
+bank more than once per wavefront under the tile's swizzle (`bank_conflicts`), the IR notes it on the op and
+the lowering warns at the user's line (`BankConflictWarning`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+import math
+import warnings
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .. import infer, interpret, ir, lower, tiles
 from .. import mma_descriptors as md
 from ..dtypes import DType
-from ..errors import Check, InterpretError, Loc
+from ..errors import BankConflictWarning, Check, InterpretError, Loc, Rule
 from ..interpret.checker import Access, check_read, check_write
 from ..interpret.machine import CTA, BarrierRef
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, Value, check, is_int_scalar, is_ref
-from ..layouts import SplatLayout, blocked
+from ..layouts import THREADS_PER_WARPGROUP, LANES_PER_WARP, SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, splat_to
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
-from .gmem import from_bits, pack_words, unpack_words
+from ..lower.words import from_bits, pack_words, unpack_words
 
 class SmemAlloc(Op):
     """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
@@ -42,20 +48,87 @@ class SmemAlloc(Op):
 
 
 class RefIndex(Op):
-    """`ref[i]`: drop the leading dimension of an SMEM or barrier reference at a runtime index."""
+    """`ref[i]`: drop the leading dimension of an SMEM or barrier reference at a runtime index (a stage of a
+    buffer, or a row of an unswizzled 2D tile)."""
 
     name = "ref_index"
 
     def __init__(self, ref: Value, index: Value, loc: Loc | None):
         t = ref.type
-        shape = t.shape[1:]
-        super().__init__([ref, index], [RefType(t.space, t.dtype, t.rank - 1, shape, t.swizzle)], loc)
+        storage = t.storage if t.rank > 2 else None  # a stage keeps the plane it was cut from; a row is contiguous
+        super().__init__([ref, index], [RefType(t.space, t.dtype, t.rank - 1, t.shape[1:], t.swizzle, False, storage)],
+                         loc)
 
     def verify(self):
         t = self.operands[0].type
         check(t.space in ("smem", "barrier") and t.rank >= 1 and not t.transposed, self,
                f"only SMEM and barrier references can be indexed by a stage, got {t}")
         check(is_int_scalar(self.operands[1]), self, "a stage index must be an integer scalar")
+        if t.space == "smem" and t.rank == 2 and t.swizzle:
+            raise self.error(f"a {t.swizzle}B-swizzled tile stores its rows in 8-row atoms: index the stages of a "
+                             f"buffer, and take rows of a 2D tile as a slice of multiples of 8 "
+                             f"(tile[mgjit.ds(r, 8)])", rule=Rule.SMEM_SLICE)
+
+
+class RefSlice(Op):
+    """`ref[..., start:start + size, ...]` along one dimension of an SMEM reference: a view of the same bytes
+    (`tiles.Tile.view`). `start` is a static int or a runtime integer scalar (an operand); either way a multiple
+    of the granule its tile's storage allows along that dimension (`tiles.Tile.granule`)."""
+
+    name = "ref_slice"
+
+    def __init__(self, ref: Value, dim: int, start: Value | int, size: int, loc: Loc | None):
+        t = ref.type
+        shape = list(t.shape)
+        shape[dim] = size
+        view = tile_of(t).view(stored_dim(t, dim), size)
+        super().__init__([ref] + ([start] if isinstance(start, Value) else []),
+                         [dataclasses.replace(t, shape=tuple(shape), storage=view.storage)], loc)
+        self.dim = dim
+        self.size = size
+        self.start = start if isinstance(start, int) else None
+
+    def attrs(self):
+        return {"dim": self.dim, "size": self.size, **({"start": self.start} if self.start is not None else {})}
+
+    def verify(self):
+        t = self.operands[0].type
+        check(is_ref(self.operands[0], "smem"), self, "only SMEM tiles are sliced")
+        check(len(self.operands) == 1 or is_int_scalar(self.operands[1]), self, "a slice starts at an integer")
+        stored = tile_of(t)
+        dim = stored_dim(t, self.dim)
+        rank = len(stored.shape)
+        if dim < rank - 2 and dim != 0:
+            raise self.error(f"only the first of a buffer's stage dimensions can be sliced (shape {t.shape}); index "
+                             f"the ones before it first: buf[s, a:b]", rule=Rule.SMEM_SLICE)
+        extent, granule = stored.shape[dim], stored.granule(dim)
+        for what, n in (("size", self.size), ("start", self.start)):
+            if n is not None and n % granule:
+                raise self.error(f"{_slice_rule(stored, dim, t.dtype)}, got {what} {n}", rule=Rule.SMEM_SLICE)
+        start = self.start or 0
+        if not (self.size > 0 and start >= 0 and start + self.size <= extent):
+            raise self.error(f"the slice {start}:{start + self.size} is outside dimension {self.dim} of the SMEM tile "
+                             f"(shape {t.shape})", rule=Rule.SMEM_SLICE)
+
+
+def stored_dim(t: RefType, dim: int) -> int:
+    """The dimension of the stored tile that logical dimension `dim` of a reference is (a transposed view
+    swaps the two)."""
+    dim %= t.rank
+    return 1 - dim if t.transposed else dim
+
+
+def _slice_rule(stored: tiles.Tile, dim: int, dtype: DType) -> str:
+    """What the storage of `stored` allows a view along `dim` to start at and span."""
+    granule = stored.granule(dim)
+    if dim == len(stored.shape) - 1 and stored.swizzle:
+        return (f"slicing a {stored.swizzle}B-swizzled tile along its minor dimension needs multiples of {granule} "
+                f"{dtype.name} (one column block)")
+    if dim == len(stored.shape) - 1:
+        return (f"slicing an unswizzled tile along its minor dimension needs multiples of {granule} {dtype.name} "
+                f"(16 bytes)")
+    return (f"slicing a {stored.swizzle}B-swizzled tile along its rows needs multiples of {granule} rows "
+            f"(the swizzle atom)")
 
 
 class RefTranspose(Op):
@@ -65,7 +138,7 @@ class RefTranspose(Op):
 
     def __init__(self, ref: Value, loc: Loc | None):
         t = ref.type
-        super().__init__([ref], [RefType("smem", t.dtype, 2, (t.shape[1], t.shape[0]), t.swizzle, not t.transposed)],
+        super().__init__([ref], [dataclasses.replace(t, shape=(t.shape[1], t.shape[0]), transposed=not t.transposed)],
                          loc)
 
     def verify(self):
@@ -80,6 +153,9 @@ class SmemStore(Op):
 
     def __init__(self, tile: Value, value: Value, loc: Loc | None):
         super().__init__([tile, value], [], loc)
+
+    def attrs(self):
+        return conflict_note(self.operands[0].type, self.operands[1])
 
     def verify(self):
         tile, value = self.operands
@@ -103,12 +179,146 @@ class SmemLoad(Op):
     def __init__(self, tile: Value, loc: Loc | None):
         super().__init__([tile], [ArrayType(tuple(tile.type.shape), tile.dtype)], loc)
 
+    def attrs(self):
+        return conflict_note(self.operands[0].type, self.result)
+
     def verify(self):
         check(is_ref(self.operands[0], "smem"), self, "smem_load reads an SMEM tile")
 
 
-infer.rule(SmemAlloc, RefIndex, RefTranspose, SmemStore)(infer.no_arrays)
+infer.rule(SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore)(infer.no_arrays)
 infer.rule(SmemLoad)(infer.free_anchor_layout)
+
+
+# ---------------------------------------------------------------------------------------------- addressing
+
+def tile_of(t: RefType) -> tiles.Tile:
+    """The storage of an SMEM reference (of the tile it views, for a transposed view)."""
+    return tiles.Tile(tuple(t.shape[::-1] if t.transposed else t.shape), t.dtype.storage_bits, t.swizzle, t.storage)
+
+
+def tile_alignment(t: RefType) -> int:
+    """Where an SMEM buffer may start: a swizzled one on the swizzle pattern's repeat (the XOR reads address
+    bits), any other on 128 bytes."""
+    return tiles.SWIZZLE_ALIGN if t.swizzle else 128
+
+
+def base_alignment(ref: Value) -> int:
+    """What the SMEM offset of a reference's first element is known to be a multiple of: its buffer's alignment,
+    reduced by the offsets of the stages and views taken on the way (a runtime index or start by its stride)."""
+    op = ref.owner
+    if isinstance(op, SmemAlloc):
+        return tile_alignment(op.result.type)
+    if isinstance(op, RefTranspose):
+        return base_alignment(op.operands[0])
+    parent = op.operands[0]
+    stored = tile_of(parent.type)
+    if isinstance(op, RefIndex):
+        step = stored.dim_stride(0)
+    else:
+        dim = stored_dim(parent.type, op.dim)
+        step = stored.dim_stride(dim) * (op.start if op.start is not None else stored.granule(dim))
+    return math.gcd(base_alignment(parent), step)
+
+
+def stored_k_major(t: RefType, k_axis: int) -> bool:
+    """Whether an MMA operand viewed as `t`, whose K runs along logical axis `k_axis` (A is (M, K): 1; B is
+    (K, N): 0), is stored K-major: K is the last, contiguous, dimension of the tile it views."""
+    return (k_axis == 1) != t.transposed
+
+
+def descriptor_fields(t: RefType, mn_offset: int, k_offset: int, k_major: bool) -> tuple[int, SmemDescriptor]:
+    """The operand block at (mn_offset, k_offset) of an SMEM tile as an MMA descriptor addresses it: its byte
+    offset in the tile, and the descriptor's fields with start address 0.
+
+    K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
+    along MN. The stored shape is the tile's own (before any transposed view); the distance between column
+    blocks is its storage's (a view of some rows of a wider tile keeps the blocks of the tile).
+    """
+    stored = tile_of(t)
+    s = stored.swizzle
+    if k_major:
+        byte = stored.offset(mn_offset, k_offset, swizzled=False)
+        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
+    else:
+        assert mn_offset % stored.block_cols == 0, "an MN-major operand block starts on a swizzle column"
+        byte = stored.offset(k_offset, mn_offset, swizzled=False)
+        lbo, sbo = stored.block_rows * s, 8 * s
+    return byte, SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s))
+
+
+def access_width(t: RefType, layout: TiledLayout, shape: tuple[int, ...]) -> int:
+    """Elements one SMEM access moves: consecutive elements of a register's vector along the stored last
+    dimension, whole 32-bit words within one 16-byte chunk, aligned to their size wherever a row starts."""
+    bits = t.dtype.storage_bits
+    if layout.vector_dim is None or t.transposed:
+        return 1
+    entries = layout.tiling.dim_strides(len(shape))
+    dim, stride = entries[len(entries) + layout.vector_dim]
+    if dim != len(shape) - 1 or stride != 1:
+        return 1
+    row_align = math.gcd(16, tile_of(t).row_bytes) * 8
+    w = max(1, min(layout.vector_length, 128 // bits))
+    while w > 1 and ((w * bits) % 32 or row_align % (w * bits)):
+        w //= 2
+    return w
+
+
+def element_offset(stored: tiles.Tile, index: Sequence[Any], transposed: bool) -> Any:
+    """The byte offset in the stored tile of the element at logical `index` of a reference (ints, index
+    tensors or lowering Indexes): leading indices fold into the stored row."""
+    if transposed:
+        index = index[::-1]
+    row = index[0] if len(index) > 1 else 0
+    for d in range(1, len(index) - 1):
+        row = row * stored.shape[d] + index[d]
+    return stored.offset(row, index[-1])
+
+
+@functools.lru_cache(maxsize=256)
+def bank_conflicts(t: RefType, layout: TiledLayout, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(wavefronts, the fewest its bytes need) of the worst warp-wide access that moves an array in `layout`
+    to or from a tile typed `t` (the accesses `_accesses` emits, `tiles.wavefronts` per warp)."""
+    stored = tile_of(t)
+    w = access_width(t, layout, shape)
+    nbytes = w * stored.itemsize
+    thread = torch.tensor([layout.element_index(shape, tid, [0] * len(layout.registers_shape(shape)), 0)
+                           for tid in range(THREADS_PER_WARPGROUP)], dtype=torch.int64)
+    offsets = torch.tensor(element_offsets(layout, shape)[::w], dtype=torch.int64)
+    index = thread[None, :, :] + offsets[:, None, :]  # (access, thread, dim)
+    addresses = element_offset(stored, [index[..., d] for d in range(len(shape))], t.transposed).tolist()
+    worst = (1, 1)
+    for per_access in {tuple(a) for a in addresses}:
+        for first in range(0, THREADS_PER_WARPGROUP, LANES_PER_WARP):
+            total, ideal = tiles.wavefronts(list(per_access[first:first + LANES_PER_WARP]), nbytes)
+            if total * worst[1] > worst[0] * ideal:
+                worst = (total, ideal)
+    return worst
+
+
+def conflict_note(t: RefType, array: Value) -> dict:
+    """The IR's note on an SMEM access of `array` whose layout is inferred and conflicts: {"bank_conflict":
+    "4-way"}. A splat array is written in the coalesced layout of its shape, as the lowering writes it."""
+    if array.layout is None or not array.is_array:
+        return {}
+    shape = tuple(array.type.shape)
+    layout = blocked(shape, array.dtype) if isinstance(array.layout, SplatLayout) else array.layout
+    total, ideal = bank_conflicts(t, layout, shape)
+    return {"bank_conflict": f"{total / ideal:g}-way"} if total > ideal else {}
+
+
+def warn_bank_conflicts(op: Op, t: RefType, layout: TiledLayout, shape: tuple[int, ...], what: str) -> None:
+    """Warn at the op's line when its accesses conflict (BankConflictWarning)."""
+    total, ideal = bank_conflicts(t, layout, shape)
+    if total <= ideal or op.loc is None:
+        return
+    swizzle = f"{t.swizzle}B swizzle" if t.swizzle else "no swizzle"
+    view = ", read transposed" if t.transposed else ""
+    warnings.warn_explicit(
+        f"{what} of the {t.dtype.name}{list(t.shape)} SMEM tile ({swizzle}{view}) in the layout inference chose "
+        f"takes {total} shared-memory wavefronts per warp where {ideal} would do ({total / ideal:g}-way bank "
+        f"conflicts): a 128B swizzle, or an array in the tile's own row order, avoids them",
+        BankConflictWarning, op.loc.file, op.loc.line)
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -126,42 +336,6 @@ def shared_address(ctx: lower.Context, offset) -> Any:
     return e.addi(base, offset)
 
 
-def tile_of(t: RefType) -> tiles.Tile:
-    """The storage of an SMEM reference (of the tile it views, for a transposed view)."""
-    return tiles.Tile(tuple(t.shape[::-1] if t.transposed else t.shape), t.dtype.storage_bits, t.swizzle)
-
-
-def tile_alignment(t: RefType) -> int:
-    """Where an SMEM buffer may start: a swizzled one on the swizzle pattern's repeat (the XOR reads address
-    bits), any other on 128 bytes."""
-    return tiles.SWIZZLE_ALIGN if t.swizzle else 128
-
-
-def stored_k_major(t: RefType, k_axis: int) -> bool:
-    """Whether an MMA operand viewed as `t`, whose K runs along logical axis `k_axis` (A is (M, K): 1; B is
-    (K, N): 0), is stored K-major: K is the last, contiguous, dimension of the tile it views."""
-    return (k_axis == 1) != t.transposed
-
-
-def descriptor_fields(t: RefType, mn_offset: int, k_offset: int, k_major: bool) -> tuple[int, SmemDescriptor]:
-    """The operand block at (mn_offset, k_offset) of an SMEM tile as an MMA descriptor addresses it: its byte
-    offset in the tile, and the descriptor's fields with start address 0.
-
-    K-major: the tile is stored (MN, K) in column blocks along K; MN-major: stored (K, MN) in column blocks
-    along MN. The stored shape is the tile's own (before any transposed view).
-    """
-    stored = tile_of(t)
-    s = stored.swizzle
-    if k_major:
-        byte = stored.offset(mn_offset, k_offset, swizzled=False)
-        lbo, sbo = 16, 8 * s  # LBO is unused by swizzled K-major layouts
-    else:
-        assert mn_offset % stored.block_cols == 0, "an MN-major operand block starts on a swizzle column"
-        byte = stored.offset(k_offset, mn_offset, swizzled=False)
-        lbo, sbo = stored.rows * s, 8 * s
-    return byte, SmemDescriptor(0, lbo, sbo, SmemSwizzle.from_bytes(s))
-
-
 @lower.rule(SmemAlloc)
 def _smem_alloc(op: SmemAlloc, ctx: lower.Context) -> None:
     t = op.result.type
@@ -173,9 +347,22 @@ def _smem_alloc(op: SmemAlloc, ctx: lower.Context) -> None:
 def _ref_index(op: RefIndex, ctx: lower.Context) -> None:
     e = ctx.e
     src: SmemTile = ctx.get(op.operands[0])
-    t = op.result.type
-    stride = 8 if t.space == "barrier" else tile_of(t).nbytes
-    ctx.set(op.result, SmemTile(e.addi(src.offset, e.muli(ctx.get(op.operands[1]), e.i32(stride))), t))
+    t = op.operands[0].type
+    stride = 8 if t.space == "barrier" else tile_of(t).dim_stride(0)
+    ctx.set(op.result, SmemTile(e.addi(src.offset, e.muli(ctx.get(op.operands[1]), e.i32(stride))), op.result.type))
+
+
+@lower.rule(RefSlice)
+def _ref_slice(op: RefSlice, ctx: lower.Context) -> None:
+    e = ctx.e
+    src: SmemTile = ctx.get(op.operands[0])
+    t = op.operands[0].type
+    stride = tile_of(t).dim_stride(stored_dim(t, op.dim))
+    if op.start is not None:
+        offset = e.addi(src.offset, e.i32(op.start * stride)) if op.start else src.offset
+    else:
+        offset = e.addi(src.offset, e.muli(ctx.get(op.operands[1]), e.i32(stride)))
+    ctx.set(op.result, SmemTile(offset, op.result.type))
 
 
 @lower.rule(RefTranspose)
@@ -190,41 +377,31 @@ def operand_descriptor(ctx: lower.Context, tile: SmemTile, mn_offset: int, k_off
     fields of `descriptor_fields` with the tile's shared address added."""
     e = ctx.e
     byte, fields = descriptor_fields(tile.type, mn_offset, k_offset, k_major)
-    const = encode(fields)
-    addr = e.addi(shared_address(ctx, tile.offset), e.i32(byte))
+    return descriptor_at(ctx, e.addi(shared_address(ctx, tile.offset), e.i32(byte)), encode(fields))
+
+
+def descriptor_at(ctx: lower.Context, addr: Any, const: int) -> Any:
+    """A 64-bit shared-memory descriptor (i64): the fields `const` encodes, with start address 0, and the start
+    address field of `addr`, an i32 shared-window address."""
+    e = ctx.e
     field = e.ext_i64(e.m.arith.shrui(e.andi(addr, e.i32(0x3FFFF)), e.i32(4)), signed=False)
     return e.m.arith.ori(field, e.i64(const))
 
 
-def _accesses(ctx: lower.Context, tile: SmemTile, layout, shape: tuple[int, ...], bits: int):
+def _accesses(ctx: lower.Context, tile: SmemTile, layout, shape: tuple[int, ...]):
     """The SMEM accesses that move a register array in `layout` to or from a tile: (shared-window address,
-    first element, elements) for each, several contiguous elements of a register's vector along the stored
-    last dimension going as one access within a 16-byte chunk. A transposed view reads its stored tile with the
-    indices swapped."""
+    first element, elements) for each (`access_width` elements at a time). A transposed view reads its stored
+    tile with the indices swapped."""
     e = ctx.e
     stored = tile_of(tile.type)
-    transposed = tile.type.transposed
-    w = 1
-    if layout.vector_dim is not None and not transposed:
-        entries = layout.tiling.dim_strides(len(shape))
-        dim, stride = entries[len(entries) + layout.vector_dim]
-        if dim == len(shape) - 1 and stride == 1:
-            w = max(1, min(layout.vector_length, 128 // bits))
-            while w > 1 and (w * bits) % 32:
-                w //= 2
+    w = access_width(tile.type, layout, shape)
     thread = ctx.thread_index(layout, shape)
     offsets = element_offsets(layout, shape)
     base = shared_address(ctx, e.i32(0))
     for i in range(0, len(offsets), w):
-        off = offsets[i]
-        idx = [e.addi(t, e.i32(o)) if o else t for t, o in zip(thread, off)]
-        if transposed:
-            idx = idx[::-1]
-        row = e.i32(0)
-        for d in range(len(shape) - 1):
-            row = e.addi(e.muli(row, e.i32(stored.shape[d])), idx[d])
-        addr = e.addi(base, (Index(e, tile.offset) + stored.offset(Index(e, row), Index(e, idx[-1]))).value)
-        yield addr, i, w
+        idx = [Index(e, e.addi(t, e.i32(o)) if o else t) for t, o in zip(thread, offsets[i])]
+        offset = Index(e, tile.offset) + element_offset(stored, idx, tile.type.transposed)
+        yield e.addi(base, offset.value), i, w
 
 
 @lower.rule(SmemStore)
@@ -235,8 +412,9 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
     shape = tile.type.shape
     if isinstance(frag.layout, SplatLayout):
         frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
+    warn_bank_conflicts(op, tile.type, frag.layout, shape, "this SMEM store")
     bits = frag.dtype.storage_bits
-    for addr, i, w in _accesses(ctx, tile, frag.layout, shape, bits):
+    for addr, i, w in _accesses(ctx, tile, frag.layout, shape):
         words = pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
         if words is None:
             value = frag.elems[i]
@@ -257,10 +435,11 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
     tile: SmemTile = ctx.get(op.operands[0])
     out = op.result
     dtype, layout, shape = out.dtype, out.layout, out.type.shape
+    warn_bank_conflicts(op, tile.type, layout, shape, "this SMEM read")
     bits = dtype.storage_bits
     elems: list[Any] = []
     ctx.warpgroup_barrier()  # elements other threads of the warpgroup stored
-    for addr, i, w in _accesses(ctx, tile, layout, shape, bits):
+    for addr, i, w in _accesses(ctx, tile, layout, shape):
         if w * bits < 32:
             half = e.asm(f"ld.shared.{'b16' if bits == 16 else 'u8'} $0, [$1];", "=h,r", [addr], [e.int_type(16)])[0]
             x = half if bits == 16 else e.trunc(half, 8)
@@ -278,19 +457,6 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
 # An SMEM reference is an SmemTile whose offset is an int: the same in every CTA, so that a peer's tile is the
 # same offset in the peer's bytes.
 
-def smem_plan(kernel: ir.Kernel) -> tuple[dict[int, int], int]:
-    """Byte offsets of the kernel's SMEM buffers (by id(SmemAlloc)) in program order, aligned as the lowering
-    aligns them, and the bytes they need in all."""
-    offsets, size = {}, 0
-    for op in kernel.walk():
-        if isinstance(op, SmemAlloc):
-            align = tile_alignment(op.result.type)
-            size = -(-size // align) * align
-            offsets[id(op)] = size
-            size += tile_of(op.result.type).nbytes
-    return offsets, -(-size // 16) * 16
-
-
 @functools.lru_cache(maxsize=64)
 def tile_byte_offsets(tile: tiles.Tile) -> torch.Tensor:
     """The byte offset of every element of a tile, shape (rows, cols): where an SMEM store puts it."""
@@ -299,8 +465,10 @@ def tile_byte_offsets(tile: tiles.Tile) -> torch.Tensor:
     return tile.offset(rows, cols)
 
 
-def tile_range(tile: SmemTile) -> tuple[int, int]:
-    return tile.offset, tile.offset + tile_of(tile.type).nbytes
+def tile_ranges(tile: SmemTile) -> list[tuple[int, int]]:
+    """The SMEM byte ranges [start, end) a tile's elements occupy (one for a whole tile; a view of some rows of
+    a tile of several column blocks has one per block)."""
+    return [(tile.offset + start, tile.offset + end) for start, end in tile_of(tile.type).spans()]
 
 
 def mma_operand(cta: CTA, tile: SmemTile, mn_offset: int, rows: int, k_offset: int, k: int, k_major: bool,
@@ -322,6 +490,19 @@ def _interp_smem_alloc(op: SmemAlloc, wg: Warpgroup) -> None:
     wg.set(op.result, SmemTile(wg.run.smem_offsets[id(op)], op.result.type))
 
 
+def _allocation(ref: Value) -> Op | None:
+    """The op that allocated the buffer a reference views."""
+    op = ref.owner
+    while isinstance(op, (RefIndex, RefSlice, RefTranspose)):
+        op = op.operands[0].owner
+    return op if isinstance(op, Op) else None
+
+
+def _out_of_bounds(op: Op, message: str, check_: Check = Check.OUT_OF_BOUNDS) -> InterpretError:
+    alloc = _allocation(op.operands[0])
+    return InterpretError(message, op.loc, check_, (alloc.loc,) if alloc is not None and alloc.loc else ())
+
+
 @interpret.rule(RefIndex)
 def _interp_ref_index(op: RefIndex, wg: Warpgroup) -> None:
     src = wg.get(op.operands[0], op)
@@ -329,15 +510,27 @@ def _interp_ref_index(op: RefIndex, wg: Warpgroup) -> None:
     t = op.operands[0].type
     if not 0 <= index < t.shape[0]:
         what = "barrier array" if t.space == "barrier" else "SMEM buffer"
-        alloc = op.operands[0].owner
-        while isinstance(alloc, (RefIndex, RefTranspose)):
-            alloc = alloc.operands[0].owner
-        raise InterpretError(f"index {index} is outside this {what} of {t.shape[0]} (shape {t.shape})", op.loc,
-                             Check.OUT_OF_BOUNDS, (alloc.loc,) if isinstance(alloc, Op) and alloc.loc else ())
+        raise _out_of_bounds(op, f"index {index} is outside this {what} of {t.shape[0]} (shape {t.shape})")
     if t.space == "barrier":
         wg.set(op.result, BarrierRef(src.alloc, index))
     else:
-        wg.set(op.result, SmemTile(src.offset + index * tile_of(op.result.type).nbytes, op.result.type))
+        wg.set(op.result, SmemTile(src.offset + index * tile_of(t).dim_stride(0), op.result.type))
+
+
+@interpret.rule(RefSlice)
+def _interp_ref_slice(op: RefSlice, wg: Warpgroup) -> None:
+    """A runtime start must land where the storage allows a view to start, and the view inside the tile."""
+    src = wg.get(op.operands[0], op)
+    t = op.operands[0].type
+    stored, dim = tile_of(t), stored_dim(t, op.dim)
+    start = op.start if op.start is not None else int(wg.scalar(op.operands[1], op))
+    if start % stored.granule(dim):
+        raise _out_of_bounds(op, f"{_slice_rule(stored, dim, t.dtype)}: this runtime start is {start}",
+                             Check.SMEM_SLICE)
+    if not 0 <= start <= stored.shape[dim] - op.size:
+        raise _out_of_bounds(op, f"the slice {start}:{start + op.size} is outside dimension {op.dim} of the SMEM tile "
+                                 f"(shape {t.shape})")
+    wg.set(op.result, SmemTile(src.offset + start * stored.dim_stride(dim), op.result.type))
 
 
 @interpret.rule(RefTranspose)
@@ -352,11 +545,14 @@ def _interp_smem_store(op: SmemStore, wg: Warpgroup) -> None:
     tile = wg.get(op.operands[0], op)
     value = wg.get(op.operands[1], op)
     stored = tile_of(tile.type)
-    start, end = tile_range(tile)
     cta = wg.cta
-    check_write(cta.smem_records, start, end, wg.clock, op.loc, "this SMEM store")
+    ranges = tile_ranges(tile)
+    for start, end in ranges:
+        check_write(cta.smem_records, start, end, wg.clock, op.loc, "this SMEM store")
     cta.write_smem(tile.offset + tile_byte_offsets(stored), value.reshape(stored.rows, stored.cols), tile.type.dtype)
-    cta.smem_records.add(Access(start, end, "store", wg.agent, wg.event(), op.loc, "SMEM store", fenced=False))
+    event = wg.event()
+    for start, end in ranges:
+        cta.smem_records.add(Access(start, end, "store", wg.agent, event, op.loc, "SMEM store", fenced=False))
 
 
 @interpret.rule(SmemLoad)
@@ -366,7 +562,7 @@ def _interp_smem_load(op: SmemLoad, wg: Warpgroup) -> None:
     that nothing orders before this read."""
     tile = wg.get(op.operands[0], op)
     stored = tile_of(tile.type)
-    start, end = tile_range(tile)
-    check_read(wg.cta.smem_records, start, end, wg.clock, op.loc, "this SMEM read", async_proxy=False)
+    for start, end in tile_ranges(tile):
+        check_read(wg.cta.smem_records, start, end, wg.clock, op.loc, "this SMEM read", async_proxy=False)
     values = wg.cta.read_smem(tile.offset + tile_byte_offsets(stored), tile.type.dtype).reshape(stored.shape)
     wg.set(op.result, values.transpose(-1, -2) if tile.type.transposed else values)

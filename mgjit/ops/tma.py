@@ -1,14 +1,20 @@
 """TMA copies between GMEM and SMEM: TmaLoad (completes on an mbarrier; multicast to a cluster),
 TmaLoadCollective (a load by one CTA of a 2-CTA pair whose arrival counts in the pair's leader), TmaStore
-(optionally a reduction into GMEM) and TmaStoreWait.
+(optionally a reduction into GMEM), TmaStoreWait, TmaPrefetch (a tile into L2), TmaGather (rows picked by an
+index array into an SMEM tile: embedding lookups, MoE token gathers) and TmaDescriptorCut (a copy of a tensor's
+descriptor, built on the device in GMEM, whose dimensions stop short of the tensor's: a store through it drops
+what lies past them, as a grouped GEMM's stores must stop at their group's last row).
 
-A copy moves a whole SMEM tile as one TMA box per swizzle-wide column block of the tile (`tiles.Tile.boxes`);
-the descriptor (box and swizzle) is built by the launcher from the tensor argument and passed as a 128-byte
-grid-constant parameter. Out-of-bounds elements of a load read as zero; out-of-bounds elements of a store are
-dropped.
+A copy moves a whole SMEM tile (or a view of one) as one TMA box per swizzle-wide column block of each of its
+stages (`tiles.Tile.boxes`); the descriptor (box and swizzle) is built by the launcher from the tensor argument
+and passed as a 128-byte grid-constant parameter. Out-of-bounds elements of a load read as zero; out-of-bounds
+elements of a store are dropped. A gather copies one box of one row per row and column block: four rows per
+instruction on Blackwell (tile::gather4), one on Hopper; the swizzle follows from each row's SMEM address, as
+for any TMA write.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -16,15 +22,16 @@ from typing import Any, Generator, Iterator, Sequence
 
 import torch
 
-from .. import infer, interpret, lower, tiles
-from ..errors import Loc
+from .. import dtypes, infer, interpret, lower, tiles
+from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret import numerics
 from ..interpret.checker import Access, check_read, check_write, fence
 from ..interpret.scheduler import AsyncOp, Wait, Warpgroup
-from ..ir import Op, Value, check, is_ref
+from ..ir import Op, RefType, ScalarType, Value, check, is_int_scalar, is_ref
+from ..lower.context import LoweredRef
 from .clusters import cluster_ctarank, pair_leader_rank
 from .gmem import window_slices
-from .smem import SmemTile, shared_address, tile_of, tile_range
+from .smem import SmemTile, base_alignment, shared_address, tile_of, tile_ranges
 
 
 class TmaLoad(Op):
@@ -71,6 +78,10 @@ class TmaLoad(Op):
                f"that rank, got {len(self.coords)} and rank {self.dst.type.rank}")
         check(self.src.dtype == self.dst.dtype, self,
                f"TMA cannot convert: {self.src.dtype.name} tensor into a {self.dst.dtype.name} tile")
+        check_boxes(self, self.dst)
+        if self.multicast and not tile_of(self.dst.type).folds:
+            raise self.error("a multicast copy splits the rows of one box over the cluster: copy a tile of one "
+                             "stage (or whose stages fold into one box: one column block per row)", rule=Rule.CLUSTER)
 
 
 class TmaLoadCollective(TmaLoad):
@@ -86,32 +97,95 @@ class TmaLoadCollective(TmaLoad):
 
 class TmaStore(Op):
     """Copy an SMEM tile to the tile of a GMEM tensor at `coords` with the TMA engine (or add it there, with
-    reduce="add"); asynchronous: complete with TmaStoreWait before the tile is written again."""
+    reduce="add"); asynchronous: complete with TmaStoreWait before the tile is written again. With `cut` (a
+    TmaDescriptorCut's result) the copy goes through that device-built descriptor instead of the launch's."""
 
     name = "tma_store"
     requires = "tma"
 
     def __init__(self, dst: Value, coords: Sequence[Value], src: Value, descriptor: int, reduce: str | None,
-                 loc: Loc | None):
-        super().__init__([dst, *coords, src], [], loc)
+                 loc: Loc | None, cut: Value | None = None):
+        super().__init__([dst, *coords, src, *([cut] if cut is not None else [])], [], loc)
         self.descriptor = descriptor
         self.reduce = reduce
+        self.rank = len(coords)
 
     @property
     def coords(self) -> list[Value]:
-        return self.operands[1:-1]
+        return self.operands[1:1 + self.rank]
+
+    @property
+    def src(self) -> Value:
+        return self.operands[1 + self.rank]
+
+    @property
+    def cut(self) -> Value | None:
+        return self.operands[2 + self.rank] if len(self.operands) > 2 + self.rank else None
 
     def attrs(self):
-        return {"descriptor": self.descriptor, "reduce": self.reduce}
+        return {"descriptor": self.descriptor, "reduce": self.reduce, **({"cut": True} if self.cut else {})}
 
     def verify(self):
-        dst, src = self.operands[0], self.operands[-1]
+        dst, src = self.operands[0], self.src
         check(is_ref(dst, "gmem") and is_ref(src, "smem") and not src.type.transposed, self,
                "a TMA store goes from an SMEM tile to a GMEM tensor")
         check(len(self.coords) == dst.type.rank == src.type.rank, self,
                f"a rank-{dst.type.rank} tensor needs {dst.type.rank} coordinates and an SMEM tile of that rank")
         check(dst.dtype == src.dtype, self, f"TMA cannot convert: {src.dtype.name} tile into {dst.dtype.name}")
         check(self.reduce in (None, "add", "min", "max"), self, f"TMA reductions are add, min, max; got {self.reduce}")
+        check_boxes(self, src)
+
+
+# The TMA engine reads and writes SMEM at 128-byte aligned addresses.
+TMA_SMEM_ALIGN = 128
+
+
+def check_boxes(op: Op, tile: Value) -> None:
+    """The SMEM side of a TMA copy: whole rows of each box stored one right after the other (not a view of some
+    columns of an unswizzled tile, whose rows keep the pitch of the tile they were cut from), each box starting
+    on 128 bytes."""
+    t = tile.type
+    stored = tile_of(t)
+    if not stored.dense:
+        raise op.error(f"TMA moves whole rows of a box, stored one after the other; this view of {t.shape[-1]} of "
+                       f"the {t.storage[1]} columns of an unswizzled tile keeps their pitch: copy through a tile of "
+                       f"its own, or a swizzled one (whose column blocks are boxes)", rule=Rule.SMEM_SLICE)
+    align = math.gcd(base_alignment(tile), *(byte for _, byte in stored.boxes()))
+    if align % TMA_SMEM_ALIGN:
+        raise op.error(f"the TMA engine writes SMEM at {TMA_SMEM_ALIGN}-byte aligned addresses, but this tile's "
+                       f"boxes start at multiples of only {align} bytes (its stages, views and rows are placed by "
+                       f"the tile's shape): give the stages or rows a multiple of {TMA_SMEM_ALIGN} bytes",
+                       rule=Rule.TMA_BOX)
+
+
+class TmaDescriptorCut(Op):
+    """Copy `tensor`'s TMA descriptor `descriptor` (the launch's) into the 128 bytes at `slot` of the uint8
+    tensor `descriptors` and cut its dimension sizes to `dims` (None keeps one): the result, the copy's
+    address, is what TmaStore's `cut` takes. The warpgroup's TMA stores issued before it complete first (one of
+    them may still read the slot)."""
+
+    name = "tma_descriptor_cut"
+    requires = "tma"
+
+    def __init__(self, tensor: Value, descriptors: Value, slot: Value, dims: Sequence[Value | None],
+                 descriptor: int, loc: Loc | None):
+        super().__init__([tensor, descriptors, slot, *(d for d in dims if d is not None)], [ScalarType(dtypes.int64)],
+                         loc)
+        self.cut_dims = tuple(d is not None for d in dims)
+        self.descriptor = descriptor
+
+    def attrs(self):
+        return {"descriptor": self.descriptor, "cut": tuple(int(c) for c in self.cut_dims)}
+
+    def verify(self):
+        tensor, descriptors, slot = self.operands[:3]
+        check(is_ref(tensor, "gmem") and len(self.cut_dims) == tensor.type.rank, self,
+              "cut the dimensions of a tensor argument: one size (or None) per dimension")
+        check(is_ref(descriptors, "gmem") and descriptors.dtype == dtypes.uint8 and descriptors.type.rank == 1, self,
+              f"TMA descriptors built on the device go in a 1-D uint8 tensor of {DESCRIPTOR_BYTES}-byte slots, got "
+              f"{descriptors.type}")
+        for v in self.operands[2:]:
+            check(is_int_scalar(v), self, f"a slot and dimension sizes are integer scalars, got {v.type}")
 
 
 class TmaStoreWait(Op):
@@ -128,7 +202,30 @@ class TmaStoreWait(Op):
         return {"pending": self.pending}
 
 
-infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait)(infer.no_arrays)
+class TmaPrefetch(Op):
+    """Prefetch into L2 the tile of a GMEM tensor at `coords` that a copy into an SMEM tile typed `tile` would
+    read (the same descriptor and boxes): no SMEM is written and nothing completes, it is a hint."""
+
+    name = "tma_prefetch"
+    requires = "tma"
+
+    def __init__(self, src: Value, coords: Sequence[Value], tile: RefType, descriptor: int, loc: Loc | None):
+        super().__init__([src, *coords], [], loc)
+        self.tile = tile
+        self.descriptor = descriptor
+
+    def attrs(self):
+        return {"descriptor": self.descriptor, "box": tile_of(self.tile).tma_box()}
+
+    def verify(self):
+        src, coords = self.operands[0], self.operands[1:]
+        check(is_ref(src, "gmem") and len(coords) == src.type.rank == self.tile.rank, self,
+               f"a rank-{src.type.rank} tensor's tile needs {src.type.rank} coordinates, got {len(coords)}")
+        check(all(is_int_scalar(c) for c in coords), self, "TMA coordinates are integers")
+
+
+infer.rule(TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch, TmaDescriptorCut)(infer.no_arrays)
+DESCRIPTOR_BYTES = 128  # a CUtensorMap; a copy in GMEM must sit at a multiple of 128 bytes
 
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -137,9 +234,9 @@ def _boxes(ctx: lower.Context, tile: SmemTile, coords: list, addr) -> Iterator[t
     """Per TMA box of a tile: its coordinates, innermost first as the instruction takes them, and the SMEM
     address it fills or drains (computed as each is needed, so each copy's arithmetic sits beside it)."""
     e = ctx.e
-    for col, byte in tile_of(tile.type).boxes():
-        inner = e.addi(coords[-1], e.i32(col)) if col else coords[-1]
-        yield [inner] + coords[-2::-1], e.addi(addr, e.i32(byte))
+    for offsets, byte in tile_of(tile.type).boxes():
+        at = [e.addi(c, e.i32(o)) if o else c for c, o in zip(coords, offsets)]
+        yield at[::-1], e.addi(addr, e.i32(byte))
 
 
 @lower.rule(TmaLoad)
@@ -164,7 +261,7 @@ def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
         part_rows = spec.box[0]
         first_row = e.muli(rank_id, e.i32(part_rows))
         coords = [e.addi(coords[0], first_row)] + coords[1:]
-        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(stored.block_bytes // stored.shape[0])))
+        dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(stored.dim0_bytes())))
         suffix = ".multicast::cluster"
         mask = [e.trunc(e.i32((1 << n) - 1), 16)]
         extra = [f"${4 + rank}"]
@@ -201,8 +298,8 @@ def _tma_load_collective(op: TmaLoadCollective, ctx: lower.Context) -> None:
 @lower.rule(TmaStore)
 def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
     e = ctx.e
-    src: SmemTile = ctx.get(op.operands[-1])
-    desc = ctx.tma_descriptors[op.descriptor]
+    src: SmemTile = ctx.get(op.src)
+    desc = ctx.get(op.cut) if op.cut is not None else ctx.tma_descriptors[op.descriptor]
     rank = len(src.type.shape)
     # Every thread's ordinary SMEM writes must be visible to the TMA engine before one thread issues it.
     e.asm_void("fence.proxy.async.shared::cta;", "", [])
@@ -217,6 +314,49 @@ def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
         e.asm_void(f"@$0 {verb} [$1, {{{slots}}}], [$2];", ",".join(["b", "l", "r"] + ["r"] * rank),
                    [elected, desc, addr, *ordered])
     e.asm_void("@$0 cp.async.bulk.commit_group;", "b", [elected])
+
+
+@lower.rule(TmaDescriptorCut)
+def _tma_descriptor_cut(op: TmaDescriptorCut, ctx: lower.Context) -> None:
+    """The first thread copies the launch's descriptor (a grid-constant parameter) into the slot with ordinary
+    stores, rewrites its dimension sizes (tensormap.replace, dimension 0 the innermost), and fences so that
+    the TMA engine (the tensormap proxy) reads what it wrote. A slot past the tensor's end or not 128-byte
+    aligned traps."""
+    e = ctx.e
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    param = ctx.tma_descriptors[op.descriptor]
+    slots: LoweredRef = ctx.get(op.operands[1])
+    slot = e.addi(slots.ptr, e.muli(e.ext_i64(ctx.get(op.operands[2])), e.i64(DESCRIPTOR_BYTES)))
+    # A slot outside the tensor or off the 128-byte grid would be a descriptor the TMA engine misreads: trap.
+    e.asm_void(f"{{ .reg .pred bad; .reg .b64 low; and.b64 low, $0, {DESCRIPTOR_BYTES - 1}; setp.ne.or.b64 bad, "
+               f"low, 0, $1; @bad trap; }}", "l,b", [slot, e.cmpi("uge", ctx.get(op.operands[2]),
+                                                                 e.divui(slots.sizes[0], e.i32(DESCRIPTOR_BYTES)))])
+    e.asm_void("@$0 cp.async.bulk.wait_group 0;", "b", [elected])
+    copy = " ".join(f"ld.v4.b32 {{w0, w1, w2, w3}}, [$1 + {i}]; st.global.v4.b32 [$2 + {i}], {{w0, w1, w2, w3}};"
+                    for i in range(0, DESCRIPTOR_BYTES, 16))
+    e.asm_void(f"{{ .reg .b32 w0, w1, w2, w3; @!$0 bra CUTDONE; {copy} CUTDONE: }}", "b,l,l", [elected, param, slot])
+    sizes = iter(op.operands[3:])
+    rank = len(op.cut_dims)
+    for d, cut in enumerate(op.cut_dims):
+        if cut:
+            e.asm_void(f"@$0 tensormap.replace.tile.global_dim.global.b1024.b32 [$1], {rank - 1 - d}, $2;", "b,l,r",
+                       [elected, slot, ctx.get(next(sizes))])
+    e.asm_void("@$0 fence.proxy.tensormap::generic.release.gpu;", "b", [elected])
+    e.asm_void(f"@$0 fence.proxy.tensormap::generic.acquire.gpu [$1], {DESCRIPTOR_BYTES};", "b,l", [elected, slot])
+    ctx.set(op.result, slot)
+
+
+@lower.rule(TmaPrefetch)
+def _tma_prefetch(op: TmaPrefetch, ctx: lower.Context) -> None:
+    e = ctx.e
+    desc = ctx.tma_descriptors[op.descriptor]
+    rank = op.tile.rank
+    elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    coords = [ctx.get(c) for c in op.operands[1:]]
+    slots = ", ".join(f"${i + 2}" for i in range(rank))
+    for ordered, _ in _boxes(ctx, SmemTile(e.i32(0), op.tile), coords, e.i32(0)):
+        e.asm_void(f"@$0 cp.async.bulk.prefetch.tensor.{rank}d.L2.global.tile [$1, {{{slots}}}];",
+                   ",".join(["b", "l"] + ["r"] * rank), [elected, desc, *ordered])
 
 
 @lower.rule(TmaStoreWait)
@@ -247,7 +387,8 @@ def box_addresses(box: tuple[int, ...], itemsize: int, swizzle: int, address: in
 
 
 def _read_box(tensor: torch.Tensor, coords: list[int], box: tuple[int, ...]) -> torch.Tensor:
-    data = torch.zeros(box, dtype=tensor.dtype)
+    # Zero bytes, viewed as the element type (torch cannot fill some 8-bit float types, e.g. float4_e2m1fn_x2).
+    data = torch.zeros(math.prod(box) * tensor.element_size(), dtype=torch.uint8).view(tensor.dtype).reshape(box)
     inside = window_slices(tensor.shape, coords, box)
     if inside is not None:
         data[inside[1]] = tensor[inside[0]]
@@ -256,35 +397,42 @@ def _read_box(tensor: torch.Tensor, coords: list[int], box: tuple[int, ...]) -> 
 
 def _copy_boxes(stored: tiles.Tile, coords: list[int], address: int) -> list[tuple[list[int], int]]:
     """(GMEM coordinates, outermost first, and SMEM address) of each TMA box of a copy."""
-    return [([*coords[:-1], coords[-1] + col], address + byte) for col, byte in stored.boxes()]
+    return [([c + o for c, o in zip(coords, offsets)], address + byte) for offsets, byte in stored.boxes()]
 
 
 @interpret.rule(TmaLoad, TmaLoadCollective)
 def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
     """Arm the barrier with the tile's bytes (arrive.expect_tx) and issue the copy. A multicast copy brings this
     CTA's share of rows to every CTA of the cluster, counted on each one's barrier at the same slot; a collective
-    one counts on the barrier of the pair's leader. The bytes are recorded as written by an unfinished copy
-    until it lands: reading them before waiting on that barrier is a race."""
+    one counts on the barrier of the pair's leader."""
     cta, cluster = wg.cta, wg.cluster
-    src = wg.get(op.src, op)
     dst = wg.get(op.dst, op)
     ref = wg.get(op.barrier, op)
     coords = [int(wg.scalar(c, op)) for c in op.coords]
     spec = wg.run.kernel.tma_descriptors[op.descriptor]
-    stored, dtype = tile_of(dst.type), dst.type.dtype
+    stored = tile_of(dst.type)
     collective = isinstance(op, TmaLoadCollective)
     bar_cta = cluster.ctas[cta.rank & ~1] if collective else cta
     address = dst.offset
     if op.multicast:
         first_row = cta.rank * spec.box[0]
         coords[0] += first_row
-        address += first_row * (stored.block_bytes // stored.shape[0])
-    targets = cluster.ctas if op.multicast else [cta]
-    boxes = _copy_boxes(stored, coords, address)
+        address += first_row * stored.dim0_bytes()
+    targets = [(t, ref.get(bar_cta if collective else t)) for t in (cluster.ctas if op.multicast else [cta])]
+    issue_load(op, wg, wg.get(op.src, op), spec, dst.type, _copy_boxes(stored, coords, address), targets,
+               ref.get(bar_cta))
+
+
+def issue_load(op: Op, wg: Warpgroup, src: torch.Tensor, spec, dst: RefType, boxes: list[tuple[list[int], int]],
+               targets: list, armed) -> None:
+    """Arm barrier `armed` with the bytes of a tile typed `dst` (one arrival) and issue the TMA copies of
+    `boxes` (GMEM coordinates, SMEM address) of descriptor `spec` into each (CTA, barrier) of `targets`, whose
+    barrier counts the bytes landing there. The bytes are recorded as written by an unfinished copy until it
+    lands: reading them before waiting on that barrier is a race."""
+    stored, dtype = tile_of(dst), dst.dtype
     box_bytes = math.prod(spec.box) * stored.itemsize
     landing = []
-    for t in targets:
-        bar = ref.get(bar_cta if collective else t)
+    for t, bar in targets:
         accesses = []
         for _, addr in boxes:
             check_write(t.smem_records, addr, addr + box_bytes, wg.clock, op.loc, "this TMA copy")
@@ -292,7 +440,7 @@ def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
             t.smem_records.add(access)
             accesses.append(access)
         landing.append((t, bar, accesses))
-    ref.get(bar_cta).arrive(wg.clock, op.loc, tx=stored.nbytes)
+    armed.arrive(wg.clock, op.loc, tx=stored.nbytes)
     clock = dict(wg.clock)
 
     def land() -> None:
@@ -303,7 +451,7 @@ def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
                 access.count = bar.completed + 1
             bar.complete_tx(box_bytes * len(boxes), clock, op.loc)
 
-    wg.engine.issue(AsyncOp(("tma_load", next(_loads)), op.loc, "TMA copy", land, tuple(targets)))
+    wg.engine.issue(AsyncOp(("tma_load", next(_loads)), op.loc, "TMA copy", land, tuple(t for t, _ in targets)))
 
 
 _REDUCE = {"add": torch.add, "min": torch.minimum, "max": torch.maximum}
@@ -316,15 +464,17 @@ def _interp_tma_store(op: TmaStore, wg: Warpgroup) -> None:
     what falls outside dropped. The tile counts as read by the store until a store_async_wait retires it."""
     cta, engine = wg.cta, wg.engine
     dst = wg.get(op.operands[0], op)
-    src = wg.get(op.operands[-1], op)
+    if op.cut is not None:  # the device-built descriptor's sizes: what lies past them is dropped
+        dst = dst[tuple(slice(0, size) for size in wg.get(op.cut, op).sizes)]
+    src = wg.get(op.src, op)
     coords = [int(wg.scalar(c, op)) for c in op.coords]
     spec = wg.run.kernel.tma_descriptors[op.descriptor]
     stored, dtype = tile_of(src.type), src.type.dtype
     fence(cta.smem_records, wg.agent)
-    start, end = tile_range(src)
-    check_read(cta.smem_records, start, end, wg.clock, op.loc, "this TMA store")
     queue = ("tma_store", cta.rank, wg.index)
-    cta.smem_records.add(Access(start, end, "read", queue, engine.next_in(queue), op.loc, "TMA store"))
+    for start, end in tile_ranges(src):
+        check_read(cta.smem_records, start, end, wg.clock, op.loc, "this TMA store")
+        cta.smem_records.add(Access(start, end, "read", queue, engine.next_in(queue), op.loc, "TMA store"))
 
     def store() -> None:
         for box_coords, addr in _copy_boxes(stored, coords, src.offset):
@@ -339,6 +489,33 @@ def _interp_tma_store(op: TmaStore, wg: Warpgroup) -> None:
             dst[inside[0]] = part
 
     engine.issue(AsyncOp(queue, op.loc, "TMA store", store, (cta,)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CutDescriptor:
+    """A TmaDescriptorCut's result in the interpreter: the dimension sizes of the tensor as it describes it."""
+
+    sizes: tuple[int, ...]
+
+
+@interpret.rule(TmaDescriptorCut)
+def _interp_tma_descriptor_cut(op: TmaDescriptorCut, wg: Warpgroup) -> None:
+    tensor, slots = wg.get(op.operands[0], op), wg.get(op.operands[1], op)
+    slot = int(wg.scalar(op.operands[2], op))
+    if not 0 <= slot < slots.shape[0] // DESCRIPTOR_BYTES:
+        raise InterpretError(f"descriptor slot {slot} of a {slots.shape[0]}-byte tensor: it holds "
+                             f"{slots.shape[0] // DESCRIPTOR_BYTES} slots of {DESCRIPTOR_BYTES} bytes", op.loc,
+                             Check.OUT_OF_BOUNDS)
+    sizes = iter(int(wg.scalar(v, op)) for v in op.operands[3:])
+    wg.set(op.result, CutDescriptor(tuple(max(0, min(next(sizes), n)) if cut else n
+                                          for cut, n in zip(op.cut_dims, tensor.shape))))
+
+
+@interpret.rule(TmaPrefetch)
+def _interp_tma_prefetch(op: TmaPrefetch, wg: Warpgroup) -> None:
+    """L2 is not modelled: a prefetch reads its coordinates and changes nothing."""
+    for c in op.operands[1:]:
+        wg.scalar(c, op)
 
 
 @interpret.rule(TmaStoreWait)

@@ -1,9 +1,11 @@
-"""Tensor memory (TMEM, Blackwell): TmemAlloc, TmemSlice (`ref[:, a:b]`), TmemLoad (`ref.load()`), TmemStore
-(`ref.store(x)`) and TmemDealloc (the end of the kernel's tensor memory).
+"""Tensor memory (TMEM, Blackwell): TmemAlloc, TmemIndex (`ref[stage]`), TmemSlice (`ref[:, a:b]`), TmemLoad
+(`ref.load()`), TmemStore (`ref.store(x)`) and TmemDealloc (the end of the kernel's tensor memory).
 
 A TMEM reference's layout follows from its type (`tmem_layout`: 128 rows default; 64 rows half-lane, or m64
-collective in a 2-CTA kernel); layout inference records it on the reference, and loads and stores move data in
-the register layout that matches it (TCGEN05, WGMMA for half-lane, or the m64-collective one).
+collective in a 2-CTA kernel; block scales their own); layout inference records it on the reference, and loads
+and stores move data in the register layout that matches it (TCGEN05, WGMMA for half-lane, or the m64-collective
+one). A reference may have a leading stage dimension, (stages, rows, cols): its stages sit side by side in the
+columns, and `ref[i]` (a runtime index) is stage i, as a double-buffered accumulator needs.
 
 Warp 0 allocates every TMEM reference of the kernel with one `tcgen05.alloc` (the sum of their columns, each
 reference aligned to its own power-of-two size, rounded up to a power of two of at least 32), writes the address
@@ -23,21 +25,36 @@ from typing import Any, Generator, Sequence
 
 import torch
 
-from .. import infer, interpret, ir, lower
+from .. import dtypes, infer, interpret, ir, lower
 from ..dtypes import DType
-from ..errors import Loc, Rule
+from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret import numerics
 from ..interpret.checker import Access, check_freed, check_result_read, check_write
 from ..interpret.scheduler import Wait, Warpgroup
-from ..ir import ArrayType, Op, TmemRefType, Value, check, is_ref
+from ..ir import ArrayType, Op, TmemRefType, Value, check, is_int_scalar, is_ref
 from ..layouts import LANES_PER_WARP, THREADS_PER_WARPGROUP, TiledLayout
-from ..tmem_layouts import TMEM_COLUMNS, TMEMLayout, TMEMLayoutError, infer_tmem_layout, tmem_alloc_columns
+from ..tmem_layouts import (TMEM_COLUMNS, ScaleLayout, TMEMLayout, TMEMLayoutError, infer_tmem_layout,
+                            tmem_alloc_columns)
 from .smem import shared_address
 
-def tmem_layout(t: TmemRefType):
-    """The TMEMLayout of a TMEM reference type; raises TMEMLayoutError for what TMEM cannot hold."""
-    rows, cols = t.shape
+SCALE_DTYPES = (dtypes.float8_e8m0fnu, dtypes.float8_e4m3fn)
+
+
+def tmem_layout(t: TmemRefType) -> TMEMLayout | ScaleLayout:
+    """The layout of a TMEM reference type (of one stage); raises TMEMLayoutError for what TMEM cannot hold."""
+    rows, cols = t.shape[-2:]
+    if t.scales:
+        return ScaleLayout(rows, cols)
     return infer_tmem_layout(rows, cols, t.dtype.bits, t.collective, t.packing)
+
+
+def stages(t: TmemRefType) -> int:
+    return t.shape[0] if len(t.shape) == 3 else 1
+
+
+def _is_matrix(op: Op, v: Value, what: str) -> None:
+    check(is_ref(v, "tmem") and len(v.type.shape) == 2, op,
+          f"{what} a 2D TMEM reference; index a staged one first (ref[stage])")
 
 
 def _tmem_layout_of(op: Op, t: TmemRefType):
@@ -54,18 +71,42 @@ class TmemAlloc(Op):
     name = "tmem_alloc"
     requires = "tcgen05"
 
-    def __init__(self, shape: tuple[int, ...], dtype: DType, packing: int, collective: bool, loc: Loc | None):
-        t = TmemRefType("tmem", dtype, len(shape), tuple(shape), packing=packing, collective=collective)
+    def __init__(self, shape: tuple[int, ...], dtype: DType, packing: int, collective: bool, loc: Loc | None,
+                 scales: bool = False):
+        t = TmemRefType("tmem", dtype, len(shape), tuple(shape), packing=packing, collective=collective,
+                        scales=scales)
         super().__init__([], [t], loc)
 
     def attrs(self):
         t = self.result.type
-        return {"shape": t.shape, "dtype": t.dtype.name, "packing": t.packing, "collective": t.collective}
+        return {"shape": t.shape, "dtype": t.dtype.name, "packing": t.packing, "collective": t.collective,
+                **({"scales": True} if t.scales else {})}
 
     def verify(self):
         t = self.result.type
-        if len(t.shape) != 2:
-            raise self.error(f"a TMEM reference is 2D (rows, cols), got shape {t.shape}", rule=Rule.TMEM_LAYOUT)
+        if len(t.shape) not in (2, 3):
+            raise self.error(f"a TMEM reference is 2D (rows, cols), or 3D (stages, rows, cols), got shape {t.shape}",
+                             rule=Rule.TMEM_LAYOUT)
+        if t.scales and t.dtype not in SCALE_DTYPES:
+            raise self.error(f"block scales are {' or '.join(d.name for d in SCALE_DTYPES)}, got {t.dtype.name}",
+                             rule=Rule.TMEM_LAYOUT)
+
+
+class TmemIndex(Op):
+    """`ref[i]`: stage i (a runtime index) of a (stages, rows, cols) TMEM reference."""
+
+    name = "tmem_index"
+    requires = "tcgen05"
+
+    def __init__(self, ref: Value, index: Value, loc: Loc | None):
+        t = ref.type
+        super().__init__([ref, index], [dataclasses.replace(t, rank=2, shape=tuple(t.shape[1:]))], loc)
+
+    def verify(self):
+        ref, index = self.operands
+        check(is_ref(ref, "tmem") and len(ref.type.shape) == 3, self,
+              f"only a staged TMEM reference (stages, rows, cols) is indexed by a stage, got {ref.type}")
+        check(is_int_scalar(index), self, "a stage index must be an integer scalar")
 
 
 class TmemSlice(Op):
@@ -85,7 +126,8 @@ class TmemSlice(Op):
 
     def verify(self):
         t = self.operands[0].type
-        check(is_ref(self.operands[0], "tmem"), self, "only TMEM references are sliced by columns")
+        _is_matrix(self, self.operands[0], "columns are sliced of")
+        check(not t.scales, self, "block scales are used whole by the MMA: slice their SMEM source instead")
         if t.shape[0] != 128:
             raise self.error(f"column slices are taken of 128-row TMEM references (the default layout); a "
                              f"{t.shape[0]}-row reference folds its columns over lanes, load it whole",
@@ -109,7 +151,7 @@ class TmemLoad(Op):
         super().__init__([ref], [ArrayType(tuple(ref.type.shape), ref.dtype)], loc)
 
     def verify(self):
-        check(is_ref(self.operands[0], "tmem"), self, "tmem_load reads a TMEM reference")
+        _is_matrix(self, self.operands[0], "tmem_load reads")
 
 
 class TmemStore(Op):
@@ -123,7 +165,7 @@ class TmemStore(Op):
 
     def verify(self):
         ref, value = self.operands
-        check(is_ref(ref, "tmem"), self, "tmem_store writes a TMEM reference")
+        _is_matrix(self, ref, "tmem_store writes")
         shape = value.type.shape if value.is_array else ()
         check(shape == tuple(ref.type.shape), self,
                f"storing an array of shape {shape} into a TMEM reference of shape {tuple(ref.type.shape)}")
@@ -148,22 +190,29 @@ def _tmem_register_layout(op: Op, ref: Value) -> TiledLayout:
         raise op.error(f"{ref.type} cannot move through registers: {e}", rule=Rule.TMEM_LAYOUT) from None
 
 
-@infer.rule(TmemAlloc, TmemSlice)
+@infer.rule(TmemAlloc, TmemIndex, TmemSlice)
 def _infer_tmem_ref(op: Op, inf: infer.Inference) -> None:
-    """A TMEM reference's layout follows from its type (128 rows: default; 64 rows: half-lane, or m64 collective
-    in a 2-CTA kernel; packing from the dtype); it is chosen here, recorded on the reference (where the IR
-    printer shows it, and lowering and the MMA's checks read it), and an allocation must fit tcgen05.alloc."""
+    """A TMEM reference's layout (of one stage) follows from its type (128 rows: default; 64 rows: half-lane, or
+    m64 collective in a 2-CTA kernel; packing from the dtype; scales); it is chosen here, recorded on the
+    reference (where the IR printer shows it, and lowering and the MMA's checks read it), and an allocation
+    must fit tcgen05.alloc: a power of two of at least 32 columns (of any size for scales, which the kernel's
+    one allocation packs beside the others)."""
     t = op.result.type
     layout = op.result.layout = _tmem_layout_of(op, t)
     if isinstance(op, TmemAlloc):
+        columns = stages(t) * layout.columns
         try:
-            tmem_alloc_columns(layout.columns, exact=True)
+            if not t.scales:
+                tmem_alloc_columns(columns, exact=True)
+            elif columns & (columns - 1):  # scales are small: any power of two packs without gaps
+                raise TMEMLayoutError(f"{columns} columns")
         except TMEMLayoutError:
+            what = "of block scales" if t.scales else f"in the {layout.kind.value} layout with packing {t.packing}"
+            least = "" if t.scales else ", at least 32"
             raise op.error(
-                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a {t.shape[0]}x{t.shape[1]} "
-                f"{t.dtype.name} reference in the {layout.kind.value} layout with packing {t.packing} occupies "
-                f"{layout.columns} columns; give it a power-of-two number of columns, at least 32",
-                rule=Rule.TMEM_ALLOC) from None
+                f"tcgen05.alloc allocates a power of two in 32..{TMEM_COLUMNS} columns, but a "
+                f"{'x'.join(map(str, t.shape))} {t.dtype.name} reference {what} occupies {columns} columns; give it "
+                f"a power-of-two number of columns{least}", rule=Rule.TMEM_ALLOC) from None
 
 
 @infer.rule(TmemLoad)
@@ -194,7 +243,7 @@ class LoweredTmem:
 
     addr: Any  # i32 TMEM address of its (lane 0, first column)
     type: TmemRefType
-    layout: TMEMLayout
+    layout: TMEMLayout | ScaleLayout  # of one stage
 
 
 @dataclasses.dataclass
@@ -222,15 +271,19 @@ def _warp0(ctx: lower.Context) -> Any:
     return ctx.e.cmpi("ult", ctx.tid, ctx.e.i32(LANES_PER_WARP))
 
 
+def _alloc_columns(op: TmemAlloc) -> int:
+    return stages(op.result.type) * op.result.layout.columns
+
+
 def allocation_plan(kernel: ir.Kernel) -> tuple[dict[int, int], int]:
     """The first column of each TMEM reference (by id(TmemAlloc)) in the kernel's one allocation, and the
     columns tcgen05.alloc requests for it."""
     offsets, used = {}, 0
     # Largest first: powers of two then pack without gaps, each aligned to its own size.
     allocs = [o for o in kernel.body.ops if isinstance(o, TmemAlloc)]
-    for o in sorted(allocs, key=lambda o: -o.result.layout.columns):
+    for o in sorted(allocs, key=lambda o: -_alloc_columns(o)):
         offsets[id(o)] = used
-        used += o.result.layout.columns
+        used += _alloc_columns(o)
         if used > TMEM_COLUMNS:
             raise o.error(f"the kernel's TMEM references need {used} columns by this one, more than the "
                           f"{TMEM_COLUMNS} a CTA has", rule=Rule.TMEM_ALLOC)
@@ -267,6 +320,14 @@ def _tmem_dealloc(op: TmemDealloc, ctx: lower.Context) -> None:
     thread_sync(ctx, state.cta_group)
     ctx.e.asm_void(f"@$0 tcgen05.dealloc.cta_group::{state.cta_group}.sync.aligned.b32 $1, {state.columns};", "b,r",
                    [_warp0(ctx), state.base])
+
+
+@lower.rule(TmemIndex)
+def _tmem_index(op: TmemIndex, ctx: lower.Context) -> None:
+    e = ctx.e
+    src: LoweredTmem = ctx.get(op.operands[0])
+    offset = e.muli(ctx.get(op.operands[1]), e.i32(src.layout.columns))
+    ctx.set(op.result, LoweredTmem(e.addi(src.addr, offset), op.result.type, op.result.layout))
 
 
 @lower.rule(TmemSlice)
@@ -326,6 +387,8 @@ def _tmem_load(op: TmemLoad, ctx: lower.Context) -> None:
     n = len(words)
     words = e.asm("tcgen05.wait::ld.sync.aligned;", ",".join(["=r"] * n + [str(i) for i in range(n)]), words,
                   [ctx.e.int_type(32)] * n, side_effects=True)
+    # Order the loads before what a later barrier arrival lets another thread issue (an MMA into these columns).
+    e.asm_void("tcgen05.fence::before_thread_sync;", "", [])
     elems: list[Any] = [None] * (len(where) * layout.vector_length)
     for word, slot in zip(words, slots, strict=True):
         elems[slot:slot + per_word] = _words_to_elems(ctx, word, dtype)
@@ -410,6 +473,18 @@ def _interp_tmem_alloc(op: TmemAlloc, wg: Warpgroup) -> Generator[Wait, None, No
     if wg.index == 0:
         wg.cta.tmem.allocate(allocation_plan(kernel)[1])
     yield wg.rendezvous(op, wg.cluster.sync if kernel.cta_group == 2 else wg.cta.sync)
+
+
+@interpret.rule(TmemIndex)
+def _interp_tmem_index(op: TmemIndex, wg: Warpgroup) -> None:
+    src = wg.get(op.operands[0], op)
+    index = int(wg.scalar(op.operands[1], op))
+    count = stages(src.type)
+    if not 0 <= index < count:
+        alloc = op.operands[0].owner
+        raise InterpretError(f"stage {index} is outside this TMEM reference of {count} stages (shape "
+                             f"{src.type.shape})", op.loc, Check.OUT_OF_BOUNDS, (alloc.loc,) if alloc.loc else ())
+    wg.set(op.result, LoweredTmem(src.addr + index * src.layout.columns, op.result.type, src.layout))
 
 
 @interpret.rule(TmemSlice)

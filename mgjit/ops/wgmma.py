@@ -19,7 +19,9 @@ from ..interpret.checker import Access, check_read
 from ..interpret.scheduler import AsyncOp, Pending, Wait, Warpgroup
 from ..ir import Op, Value, check, is_ref
 from ..layouts import WGMMA
-from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_range
+from .arrays import Relayout, Splat
+from .program import Constant
+from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_ranges
 
 
 class Wgmma(Op):
@@ -133,21 +135,40 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
     b_k_major = stored_k_major(b.type, 0)
     ab = _PTX_TYPE[dtype]
     per_tile = n // 2  # accumulator registers per thread per m64 tile
-    elems = list(acc.elems)
     f32 = e.type(dtypes.float32)
-    e.asm_void("wgmma.fence.sync.aligned;", "", [])
+    # A zeros accumulator is not materialised: the first MMA of each tile ignores it (scale-d = 0).
+    zero_init = _is_zeros(op.operands[0])
+    elems = [e.m.llvm.mlir_undef(f32)] * len(acc.elems) if zero_init else list(acc.elems)
+    steps = k // k_step
+    words: list = []
+    if a_regs:
+        # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair) in the WGMMA
+        # layout's register order, packed into 4 b32 registers a0..a3; all of them before the fence.
+        per_block = k // 8 * 2 * 2  # elements per m64 tile of A, per thread
+        for t in range(m // 64):
+            for kk in range(steps):
+                chunk = a.elems[t * per_block + kk * 8:t * per_block + kk * 8 + 8]
+                words += [e.pack_i32([e.bitcast(x, e.int_type(16)) for x in chunk[i:i + 2]]) for i in range(0, 8, 2)]
+    # Every register the wgmmas read (the A fragment, the accumulator) must be written before wgmma.fence, or
+    # ptxas serializes them: they pass through the fence as tied operands, so that no write of them can be
+    # scheduled after it.
+    fenced = [*words, *([] if zero_init else elems)]
+    if fenced:
+        cons = ["r"] * len(words) + ["f"] * (len(fenced) - len(words))
+        fenced = e.asm("wgmma.fence.sync.aligned;", ",".join([f"={c}" for c in cons] + [str(i) for i in range(len(cons))]),
+                       fenced, [x.type for x in fenced], side_effects=True)
+        words, elems = fenced[:len(words)], (elems if zero_init else fenced[len(words):])
+    else:
+        e.asm_void("wgmma.fence.sync.aligned;", "", [])
     one = e.i32(1)
     for t in range(m // 64):
         regs = elems[t * per_tile:(t + 1) * per_tile]
-        for kk in range(k // k_step):
+        for kk in range(steps):
+            scale_d = e.i32(0) if zero_init and kk == 0 else one
             db = operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
             outs = ", ".join(f"${i}" for i in range(per_tile))
             if a_regs:
-                # The A fragment of one m64k16 step: 8 elements per thread, (column block, row half, pair)
-                # in the WGMMA layout's register order, packed into 4 b32 registers a0..a3.
-                per_block = k // 8 * 2 * 2  # elements per m64 tile of A, per thread
-                chunk = a.elems[t * per_block + kk * 8:t * per_block + kk * 8 + 8]
-                a_ops = [e.pack_i32([e.bitcast(x, e.int_type(16)) for x in chunk[i:i + 2]]) for i in range(0, 8, 2)]
+                a_ops = words[(t * steps + kk) * 4:(t * steps + kk) * 4 + 4]
                 a_text = "{" + ", ".join(f"${per_tile + i}" for i in range(4)) + "}"
                 a_cons = ["r"] * 4
             else:
@@ -166,10 +187,21 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
                     f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, {a_text}, "
                     f"${nb}, p, 1, 1{transposes}; }}")
             constraints = ",".join(["=f"] * per_tile + a_cons + ["l", "r"] + [str(i) for i in range(per_tile)])
-            regs = e.asm(text, constraints, [*a_ops, db, one, *regs], [f32] * per_tile, side_effects=True)
+            regs = e.asm(text, constraints, [*a_ops, db, scale_d, *regs], [f32] * per_tile, side_effects=True)
         elems[t * per_tile:(t + 1) * per_tile] = regs
     e.asm_void("wgmma.commit_group.sync.aligned;", "", [])
     ctx.set(op.result, lower.Frag(acc.layout, acc.shape, acc.dtype, elems))
+
+
+def _is_zeros(v: Value) -> bool:
+    """An accumulator that is a splat of the constant 0 (moved into the WGMMA layout by inference)."""
+    op = v.owner
+    if isinstance(op, Relayout):
+        op = op.operands[0].owner
+    if not isinstance(op, Splat):
+        return False
+    const = op.operands[0].owner
+    return isinstance(const, Constant) and const.value == 0
 
 
 @lower.rule(WgmmaWait)
@@ -215,9 +247,9 @@ def _interp_wgmma(op: Wgmma, wg: Warpgroup) -> None:
     queue = ("wgmma", cta.rank, wg.index)
     ordinal = engine.next_in(queue)
     for tile in ((b,) if a_v.is_array else (a, b)):
-        start, end = tile_range(tile)
-        check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
-        cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
+        for start, end in tile_ranges(tile):
+            check_read(cta.smem_records, start, end, wg.clock, op.loc, "this wgmma")
+            cta.smem_records.add(Access(start, end, "read", queue, ordinal, op.loc, "wgmma"))
     result = Pending(queue, ordinal, op.loc)
 
     def compute() -> None:

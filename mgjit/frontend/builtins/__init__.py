@@ -1,4 +1,5 @@
 """The kernel language's builtins, one module per hardware unit, each registering its builtins (and the
 methods of the values they make) in `registry` beside their semantic checks. Importing this package registers
 them all."""
-from . import barriers, clusters, core, gmem, pipeline, smem, tcgen05, tma, warpgroups, wgmma  # noqa: F401
+from . import (atomics, barriers, clc, clusters, core, debug, gmem, pipeline, smem, tcgen05, tma,  # noqa: F401
+               warpgroups, wgmma)

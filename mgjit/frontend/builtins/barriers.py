@@ -1,5 +1,6 @@
-"""mbarriers and the async-proxy fence: `bars = mgjit.barrier(count, arrivals)`, `bars[i].arrive()`,
-`bars[i].wait()` (on the phase the trace tracks per slot), `mgjit.fence_async_shared()`."""
+"""mbarriers and the async-proxy fence: `bars = mgjit.barrier(count, arrivals)`, `bars[i].arrive()` (on this
+CTA's barrier, or with `cta=r` on the barrier of the cluster's CTA of rank r), `bars[i].wait()` (on the phase
+the trace tracks per slot), `mgjit.fence_async_shared()`."""
 from __future__ import annotations
 
 from typing import Any
@@ -38,9 +39,13 @@ def slot_ref(t: Semantics, slot: BarrierSlot) -> tuple[ir.Value, Tensor]:
 
 @method(BarrierSlot, "arrive")
 def arrive(t: Semantics, slot: BarrierSlot, args: list, kwargs: dict) -> None:
-    if args or kwargs:
-        raise t.error("barrier.arrive() takes no arguments")
+    if args or set(kwargs) - {"cta"}:
+        raise t.error("barrier.arrive() takes no arguments but cta=")
     ref, _ = slot_ref(t, slot)
+    if kwargs:  # on the barrier of the cluster's CTA of rank `cta`
+        rank = t.cast(t.to_tensor(kwargs["cta"]), dtypes.int32)
+        t.builder.add(ops.BarrierArriveCluster(ref, rank.value, t.builder.loc))
+        return
     t.builder.add(ops.BarrierArrive(ref, t.builder.loc))
 
 

@@ -1,7 +1,8 @@
-"""Clusters: `mgjit.cluster_rank()` and `mgjit.cluster_sync()`."""
+"""Clusters: `mgjit.cluster_rank()`, `mgjit.cluster_sync()`, `mgjit.cluster_reduce(x, kind)` and
+`mgjit.cluster_gather(x, ...)`."""
 from __future__ import annotations
 
-from ... import language as lang, ops
+from ... import dtypes, language as lang, ops
 from ..registry import builtin
 from ..semantics import Semantics
 from ..values import Tensor
@@ -15,3 +16,32 @@ def cluster_rank(t: Semantics, args: list, kwargs: dict) -> Tensor:
 @builtin(lang.cluster_sync, unit="cluster")
 def cluster_sync(t: Semantics, args: list, kwargs: dict) -> None:
     t.builder.add(ops.ClusterSync(t.builder.loc))
+
+
+@builtin(lang.cluster_reduce, unit="cluster", positional=(0, 2))
+def cluster_reduce(t: Semantics, args: list, kwargs: dict) -> Tensor:
+    x = args[0] if args else kwargs.get("x")
+    kind = args[1] if len(args) > 1 else kwargs.get("kind")
+    if kind not in lang.REDUCE_BUILTINS.values():
+        raise t.error(f"cluster_reduce(x, kind): kind is one of {sorted(lang.REDUCE_BUILTINS.values())}, got {kind!r}")
+    x = t.to_tensor(x)
+    if x.dtype not in (dtypes.float32, dtypes.int32):
+        raise t.error(f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
+    ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
+    return t.emit(ops.ClusterReduce(kind, x.value, ctas, t.builder.loc))
+
+
+@builtin(lang.cluster_gather, unit="cluster")
+def cluster_gather(t: Semantics, args: list, kwargs: dict) -> tuple:
+    if kwargs or not args:
+        raise t.error("cluster_gather(x, ...) takes one or more values, positionally")
+    values = [t.to_tensor(x) for x in args]
+    for x in values:
+        if x.dtype not in (dtypes.float32, dtypes.int32):
+            raise t.error(f"cluster_gather exchanges float32 or int32 values, got {x.dtype.name}; use .astype()")
+    ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
+    op = ops.ClusterGather([x.value for x in values], ctas, t.num_warpgroups, t.builder.loc)
+    t.builder.add(op)
+    slots = op.slots
+    gathered = tuple(tuple(Tensor(t, r) for r in op.results[i * slots:(i + 1) * slots]) for i in range(len(values)))
+    return gathered[0] if len(values) == 1 else gathered

@@ -116,10 +116,11 @@ def reduce(t: Semantics, kind: str, x: Any, axis: Any, keepdims: bool) -> Tensor
     if axis is None:
         axes = tuple(range(rank))
     else:
-        axes = tuple(a % rank for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        axes = tuple(axis if isinstance(axis, (tuple, list)) else (axis,))
         if not all(isinstance(a, int) for a in axes):
             raise t.error(f"reduction axes must be static integers, got {axis!r}")
-    out = t.emit(ops.Reduce(kind, x.value, tuple(sorted(set(axes))), t.builder.loc))
+    op = ops.Reduce(kind, x.value, axes, t.builder.loc)  # checks the axes and counts negative ones
+    out, axes = t.emit(op), op.axes
     if keepdims:
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
         dims = tuple(i for i in range(rank) if i not in axes)

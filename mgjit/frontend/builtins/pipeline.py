@@ -2,12 +2,13 @@
 registers)`: a TMA → SMEM ring of `stages` slots feeding the loop body, traced straight through the tracer's
 loop and branch machinery (the user's body is traced in place, once).
 
-Without warp specialization: a prologue fills the slots of the first stages - release steps; step k waits for
-its slot, runs the body, waits for all but `release` wgmma groups (so the MMAs of step k - release are done)
-and refills the slot of step k - release with step k + stages - release. So `release` slots are held by
-wgmmas in flight and the other stages - release are loading ahead. With warp specialization, warpgroup 0
+Without warp specialization: a prologue fills stages - release slots; step k waits for its slot, runs the body,
+waits for all but `release` wgmma groups and refills the slot of step k - release (whose MMAs are now done) with
+step k - release + stages. With it, warpgroup 0
 produces (waiting for a slot to be released, then copying) and the others consume (releasing the slot of
-step k - release after each wait).
+step k - release after each wait); the producer then skips the rest of the block the loop is in (the code
+after it runs in the consumers only: an epilogue stores what the consumers computed, and the producer, which
+computed nothing, stores nothing).
 """
 from __future__ import annotations
 
@@ -136,9 +137,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
             when(t.apply_compare("ge", k, release), lambda: arrive(
                 t, BarrierSlot(empty, t.apply_binop("mod", t.apply_binop("sub", k, release), stages)), [], {}))
             return
-        # Into the slot of step k - release, whose wgmmas the wait above completed: a slot whose wgmma may
-        # still be in flight (that of step k - 1 when release >= 2) is never overwritten.
-        following = t.apply_binop("add", k, stages - release)
+        following = t.apply_binop("add", k, stages - release)  # into the slot that step k - release used
         here()
         when(t.apply_compare("lt", following, steps),
              lambda: copies(following, lambda: t.apply_binop("mod", following, stages)))
@@ -158,7 +157,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
         wgmma_wait(t, [0], {})
 
     if not ws:
-        for s in range(stages - release):  # the prologue fills the slots of the first stages - release steps
+        for s in range(stages - release):  # the prologue fills the first stages - release slots
             here()
             when(t.apply_compare("lt", s, steps), lambda: copies(s, lambda: s))
         consumer()
@@ -179,4 +178,7 @@ def pipeline(t: ControlFlow, node: ast.For, args: list, kwargs: dict) -> None:
         consumer()
 
     here()
-    t.branch(t.apply_compare("eq", warpgroup_id(t, [], {}), 0), producer, consumers, consumed | {k_name}, node)
+    wg = warpgroup_id(t, [], {})
+    t.branch(t.apply_compare("eq", wg, 0), producer, consumers, consumed | {k_name}, node)
+    here()
+    t.guard_rest(t.apply_compare("ne", wg, 0))

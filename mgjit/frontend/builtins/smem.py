@@ -1,27 +1,30 @@
-"""Shared memory: `mgjit.smem(shape, dtype, swizzle)` buffers, a stage of one (`buf[slot]`), its transpose
-(`tile.T`), and whole-tile moves between registers and SMEM (`tile[...] = x`, `x = tile[...]`)."""
+"""Shared memory: `mgjit.smem(shape, dtype, swizzle)` buffers, `with mgjit.scoped_smem(...) as buf:` buffers
+of one block, a stage of one (`buf[slot]`), views of the same bytes (`buf[s, a:b]`, `tile[:, mgjit.ds(i, 64)]`),
+its transpose (`tile.T`), and whole-tile moves between registers and SMEM (`tile[...] = x`, `x = tile[...]`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ... import dtypes, language as lang, ops
 from ...dtypes import DType
 from ...errors import Rule
-from ..registry import attribute, builtin, method
+from ..registry import attribute, builtin, context, method
 from ..semantics import Semantics
-from ..values import Expanded, SmemRef, Tensor
+from ..values import Expanded, SmemRef, SmemScope, Tensor
 
 
-@builtin(lang.smem)
-def smem(t: Semantics, args: list, kwargs: dict) -> SmemRef:
+def _buffer(t: Semantics, args: list, kwargs: dict, what: str) -> tuple[tuple[int, ...], DType, int | None]:
+    """The (shape, dtype, swizzle) of an `mgjit.smem`/`mgjit.scoped_smem` call, checked."""
+    if len(args) > 3 or set(kwargs) - {"shape", "dtype", "swizzle"}:
+        raise t.error(f"bad call: mgjit.{what}(shape, dtype, swizzle=None)")
     shape = args[0] if args else kwargs.get("shape")
     dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
     swizzle = args[2] if len(args) > 2 else kwargs.get("swizzle")
     shape = (shape,) if isinstance(shape, int) else tuple(shape or ())
     if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-        raise t.error(f"mgjit.smem needs a static shape of positive ints, got {shape}")
+        raise t.error(f"mgjit.{what} needs a static shape of positive ints, got {shape}")
     if not isinstance(dtype, DType):
-        raise t.error(f"mgjit.smem needs an mgjit dtype, got {dtype!r}")
+        raise t.error(f"mgjit.{what} needs an mgjit dtype, got {dtype!r}")
     if swizzle not in (None, 32, 64, 128):
         raise t.error(f"swizzle must be None, 32, 64 or 128 bytes, got {swizzle!r}", rule=Rule.SWIZZLE_WIDTH)
     if swizzle is not None:
@@ -32,25 +35,85 @@ def smem(t: Semantics, args: list, kwargs: dict) -> SmemRef:
                           f"(the swizzle is wider than the tile row)", rule=Rule.SWIZZLE_WIDTH)
         if len(shape) < 2 or shape[-2] % 8:
             raise t.error(f"a swizzled tile has a multiple of 8 rows, got shape {shape}", rule=Rule.SWIZZLE_WIDTH)
+    return shape, dtype, swizzle
+
+
+@builtin(lang.smem)
+def smem(t: Semantics, args: list, kwargs: dict) -> SmemRef:
+    shape, dtype, swizzle = _buffer(t, args, kwargs, "smem")
     return SmemRef(t, t.builder.add(ops.SmemAlloc(shape, dtype, swizzle, t.builder.loc)).result)
+
+
+@context(lang.scoped_smem)
+def scoped_smem(t: Semantics, args: list, kwargs: dict) -> tuple[SmemRef, Callable[[], None]]:
+    """A buffer for the `with` block (ScopedSmemAlloc), freed where the block ends (SmemFree)."""
+    shape, dtype, swizzle = _buffer(t, args, kwargs, "scoped_smem")
+    alloc = t.builder.add(ops.ScopedSmemAlloc(shape, dtype, swizzle, t.builder.loc)).result
+    scope = SmemScope(t.builder.loc)
+
+    def leave() -> None:
+        t.builder.add(ops.SmemFree(alloc, t.builder.loc))
+        scope.end = t.builder.loc
+
+    return SmemRef(t, alloc, scope), leave
 
 
 @method(SmemRef, "__getitem__")
 def index(t: Semantics, ref: SmemRef, index: Any) -> SmemRef | Tensor:
-    """`buf[slot]`: one stage of a buffer; `tile[...]`: the whole tile, into registers."""
+    """`tile[...]`: the whole tile, into registers. Otherwise a view: integer indices take stages (leading
+    dimensions, first), then a slice (`a:b` with static bounds, or `mgjit.ds(start, SIZE)` with a runtime start)
+    or `:` per dimension."""
     if index is Ellipsis:
         return t.emit(ops.SmemLoad(ref.value, t.builder.loc))
-    if isinstance(index, tuple):
-        raise t.error("SMEM buffers are indexed by one stage index at a time (buf[slot])")
-    i = t.cast(t.to_tensor(index), dtypes.int32)
-    return SmemRef(t, t.builder.add(ops.RefIndex(ref.value, i.value, t.builder.loc)).result)
+    entries = index if isinstance(index, tuple) else (index,)
+    if len(entries) > len(ref.shape):
+        raise t.error(f"{len(entries)} indices for an SMEM tile of shape {ref.shape}")
+    value, dim, sliced = ref.value, 0, False
+    for entry in entries:
+        if isinstance(entry, (slice, lang.ds)):
+            extent = value.type.shape[dim]
+            start, size = _slice(t, entry, extent)
+            if not (isinstance(start, int) and start == 0 and size == extent):
+                value = t.builder.add(ops.RefSlice(value, dim, start, size, t.builder.loc)).result
+            dim, sliced = dim + 1, True
+            continue
+        if sliced or entry is Ellipsis or entry is None:
+            raise t.error("an SMEM view takes integer indices of its stages first, then slices: buf[s, a:b, :]")
+        i = t.cast(t.to_tensor(entry), dtypes.int32)
+        value = t.builder.add(ops.RefIndex(value, i.value, t.builder.loc)).result
+    return SmemRef(t, value, ref.scope)
+
+
+def _slice(t: Semantics, entry: slice | lang.ds, extent: int) -> tuple[Any, int]:
+    """(start: an int or an int32 IR value, static size) of a slice of an SMEM dimension of `extent`."""
+    usage = ("an SMEM tile is sliced with static bounds (tile[a:b]) or a static size from a runtime start "
+             "(tile[mgjit.ds(start, SIZE)])")
+    if isinstance(entry, lang.ds):
+        start, size = entry.start, entry.size
+    else:
+        if entry.step not in (None, 1):
+            raise t.error(f"{usage}; steps are not supported", rule=Rule.SMEM_SLICE)
+        start = 0 if entry.start is None else entry.start
+        stop = extent if entry.stop is None else entry.stop
+        if not (isinstance(start, int) and isinstance(stop, int)):
+            raise t.error(usage, rule=Rule.SMEM_SLICE)
+        size = stop - start
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise t.error(usage, rule=Rule.SMEM_SLICE)
+    if isinstance(start, (Tensor, Expanded)):
+        if start.shape:
+            raise t.error("a slice starts at a scalar", rule=Rule.SMEM_SLICE)
+        return t.cast(t.to_tensor(start), dtypes.int32).value, size
+    if not isinstance(start, int) or isinstance(start, bool):
+        raise t.error(usage, rule=Rule.SMEM_SLICE)
+    return start, size
 
 
 @method(SmemRef, "__setitem__")
 def store(t: Semantics, ref: SmemRef, index: Any, value: Any) -> None:
-    """`tile[...] = x`: the whole tile, from registers."""
+    """`tile[...] = x`: the whole tile (or view), from registers."""
     if index is not Ellipsis:
-        raise t.error("an SMEM tile is written whole: tile[...] = array")
+        raise t.error("an SMEM tile is written whole: tile[...] = array (a view of it: tile[a:b][...] = array)")
     if not isinstance(value, (Tensor, Expanded)):
         value = t.to_tensor(value, ref.dtype)
     if tuple(value.shape) != ref.shape:
@@ -61,4 +124,4 @@ def store(t: Semantics, ref: SmemRef, index: Any, value: Any) -> None:
 @attribute(SmemRef, "T")
 def transpose(t: Semantics, ref: SmemRef) -> SmemRef:
     """`tile.T`: the tile read transposed (an MMA operand)."""
-    return SmemRef(t, t.builder.add(ops.RefTranspose(ref.value, t.builder.loc)).result)
+    return SmemRef(t, t.builder.add(ops.RefTranspose(ref.value, t.builder.loc)).result, ref.scope)

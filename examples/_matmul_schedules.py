@@ -1,0 +1,287 @@
+"""Schedules and tiles for examples/matmul_hopper.py: how a problem's operands reach the kernel, which
+schedules and tiles are worth trying for its shape (heuristics), the one to use (the fastest candidate, timed
+once per shape and remembered on disk beside the kernel cache), and the stream-K workspace.
+
+A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T A^T). The heuristics:
+- M <= 64 (decode): swap-AB, so the weights stream through the 64-row side of every wgmma and M pads only to a
+  multiple of 8 on its N side; stream-K spreads the few row tiles' k-iterations over every SM.
+- a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
+  two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
+- else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import mgjit
+
+# One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
+BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
+SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_bytes)
+SMEM_RESERVE = 2048   # mbarriers, scratch, alignment
+MAX_STAGES = 12
+MAX_CUTS = 8  # contributors per stream-K tile: the one that finishes it reads all of their partials
+TUNE = os.environ.get("MGJIT_MATMUL_TUNE", "1") != "0"  # 0: take the first candidate, time nothing
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """c (m x n) = a (m x k) @ b (k x n), with each operand as the kernel will read it: `a_op` is (m, k), or
+    (k, m) when `a_mn` (a transposed view given); `b_op` is (k, n), or (n, k) when `b_k` (K-major)."""
+
+    m: int
+    n: int
+    k: int
+    bits: int
+    a_op: Any
+    b_op: Any
+    a_mn: bool
+    b_k: bool
+    out_dtype: Any
+    epilogue: tuple  # (scaled, biased, activation)
+
+    @classmethod
+    def of(cls, a, b, b_kmajor: bool, out_dtype, scaled: bool, biased: bool, activation: str | None) -> "Problem":
+        bits = a.element_size() * 8
+        m, k = a.shape
+        n = b.shape[0] if b_kmajor else b.shape[1]
+        # A transposed view (column-major a) is read as it is stored: (k, m), MN-major (16-bit types only).
+        a_mn = bits == 16 and a.stride(1) != 1 and a.stride(0) == 1
+        a_op = a.t() if a_mn else (a if a.stride(1) == 1 else a.contiguous())
+        if b_kmajor:
+            b_k, b_op = True, (b if b.stride(1) == 1 else b.contiguous())
+        elif b.stride(1) != 1 and b.stride(0) == 1:  # a transposed view of an (n, k) tensor: K-major
+            b_k, b_op = True, b.t()
+        else:
+            b_k, b_op = False, (b if b.stride(1) == 1 else b.contiguous())
+        return cls(m, n, k, bits, a_op, b_op, a_mn, b_k, out_dtype, (scaled, biased, activation))
+
+    def key(self) -> tuple:
+        """What the choice of schedule depends on."""
+        return (self.m, self.n, self.k, str(self.a_op.dtype), str(self.out_dtype), self.a_mn, self.b_k,
+                self.epilogue)
+
+
+def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue_bytes: int) -> int:
+    stage = (bm * bk + bn * bk) * itemsize
+    return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - epilogue_bytes) // stage)
+
+
+def config(problem: Problem, bm: int, bn: int, swap: bool = False, stream_k: int = 0, **extra) -> dict:
+    """A full config for `problem` with a bm x bn tile (of C^T when `swap`): BK from the element width, the
+    TMA-store epilogue where the output allows it (a stream-K 256-wide tile stores from registers: its fix-up
+    path and the TMA tile do not fit the consumers' registers together), and as many stages as fit."""
+    bk = BK_FOR_BITS[problem.bits]
+    out_bytes = problem.out_dtype.itemsize
+    tma_store = not swap and out_bytes == 2 and not (stream_k and bn > 192)
+    stages = _stages(bm, bn, bk, problem.bits // 8, bm * bn * out_bytes if tma_store else 0)
+    return {"SWAP_AB": swap, "BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "GROUP_M": 8, "STREAM_K": stream_k,
+            "TMA_STORE": tma_store, **extra}
+
+
+def candidates(problem: Problem, sms: int) -> list[dict]:
+    """The configs worth timing for this shape, the heuristics' favourite first (what runs untimed)."""
+    m, n = problem.m, problem.n
+    k_tiles = -(-problem.k // BK_FOR_BITS[problem.bits])
+
+    def tiles(bm: int, bn: int) -> int:
+        return -(-m // bm) * -(-n // bn)
+
+    if m <= 64 and _swap_allowed(problem):  # decode: the weights stream through the 64-row side
+        side = _swapped_n(problem)
+        out = [config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
+        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else [])
+    big = tiles(128, 256)
+    if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
+        return [config(problem, 128, 256)] + ([config(problem, 128, 128)] if big < 16 * sms else [])
+    if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
+        return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
+                config(problem, 128, 128, stream_k=2), config(problem, 128, 192)]
+    if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over the SMs
+        # The CTA that finishes a cut tile reads every contributor's partial: at most MAX_CUTS per tile (split-K
+        # on fewer SMs where the tiles are too few). The largest tile on the most SMs comes first.
+        out = []
+        for bm, bn in ((128, 256), (128, 128), (128, 64)):
+            cover = tiles(bm, bn) * MAX_CUTS >= sms
+            out.append(config(problem, bm, bn, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})))
+        out.sort(key=lambda c: -min(sms, tiles(c["BM"], c["BN"]) * c.get("SPLIT", sms)))
+        return out + [config(problem, 128, 128), config(problem, 128, 64)]
+    # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
+    return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
+            config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]
+
+
+def _swap_allowed(problem: Problem) -> bool:
+    """Swap-AB reads A as the wgmma's B operand: K-major, or (16-bit) MN-major with 64-wide rows."""
+    return problem.bits == 16 or not problem.a_mn
+
+
+def _swapped_n(problem: Problem) -> int:
+    """M as the N of the swapped wgmma: a multiple of 8 (a K-major tile of A), or of 64 when A is MN-major
+    (its SMEM rows are then M-wide and must fill the 128-byte swizzle)."""
+    step = 64 if problem.a_mn else 8
+    return -(-problem.m // step) * step
+
+
+def normalize(problem: Problem, given: dict) -> dict:
+    """A caller's config with the rest filled in as `config` would (TMA store where allowed, stages that fit)."""
+    base = config(problem, given.get("BM", 128), given.get("BN", 256), given.get("SWAP_AB", False),
+                  given.get("STREAM_K", 0))
+    out = {**base, **given}
+    if "STAGES" not in given and out["BK"] != base["BK"]:
+        out["STAGES"] = _stages(out["BM"], out["BN"], out["BK"], problem.bits // 8,
+                                out["BM"] * out["BN"] * 2 if out["TMA_STORE"] else 0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- choosing
+
+_CHOSEN: dict[tuple, dict] = {}
+_TIMED: dict[tuple, dict[str, str]] = {}  # problem key -> each timed candidate in words -> its time or refusal
+KERNEL_NAME = "examples.matmul_hopper.matmul"
+# What times a candidate: an autotune timer (Run -> ms, with a `device` name). None: CUDA events, on a GPU.
+TIMER: Callable[[Any], float] | None = None
+
+
+def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dict, Any], None], kernel: Any,
+           output: Callable[[], Any]) -> dict:
+    """The config to run: the caller's, else the remembered choice for this shape, else the heuristics'
+    candidates, each timed (`launch(config, c)` runs one of `kernel`'s into c, an output made by `output()` as
+    the caller makes its own: with rows padded for TMA stores) and the fastest remembered in memory and on disk
+    (under the kernel's source key: an edited kernel is timed again)."""
+    if given is not None:
+        return normalize(problem, given)
+    key = (problem.key(), sms)
+    chosen = _CHOSEN.get(key)
+    if chosen is None:
+        options = candidates(problem, sms)
+        timed = TUNE and len(options) > 1 and (TIMER is not None or problem.a_op.device.type == "cuda")
+        chosen = _CHOSEN[key] = _fastest(problem, options, launch, kernel, output) if timed else options[0]
+    return chosen
+
+
+def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any], None], kernel: Any,
+             output: Callable[[], Any]) -> dict:
+    from mgjit.autotune import Config, CudaEventTimer, Result, ResultStore, Run
+    from mgjit.autotune.store import default_root
+
+    timer = TIMER or CudaEventTimer(warmup_ms=5.0, rep_ms=25.0)
+    store = ResultStore(default_root())
+    source_key, device = kernel.source_key(), timer.device
+    key = [list(map(str, problem.key()))]
+    known = store.load(KERNEL_NAME, source_key, device, key)
+    c = output()
+    times = {}
+    for option in options:
+        name = Config(**option).key()
+        if name not in known:
+            try:
+                known[name] = Result(ms=timer(Run(Config(**option), lambda: None, lambda o=option: launch(o, c))))
+            except mgjit.CompileError as error:  # a candidate the compiler refuses is skipped, with its reason
+                known[name] = Result(pruned=f"{error.rule or 'compile'}: {error.message}"[:300])
+        times[name] = known[name].ms if known[name].ms is not None else float("inf")
+    store.save(KERNEL_NAME, source_key, device, key, known)
+    _TIMED[problem.key()] = {describe(o): _in_words(known[Config(**o).key()]) for o in options}
+    best = min(options, key=lambda o: times[Config(**o).key()])
+    if times[Config(**best).key()] == float("inf"):
+        reasons = [known[Config(**o).key()].pruned for o in options]
+        raise RuntimeError(f"no candidate schedule compiles for {problem.key()}: {reasons}")
+    return best
+
+
+def _in_words(result: Any) -> str:
+    return f"{result.ms:.4f} ms" if result.ms is not None else f"refused ({result.pruned})"
+
+
+def chosen(a, b) -> dict | None:
+    """The config chosen for `a @ b` (16-bit operands, plain epilogue), if one was yet."""
+    key = Problem.of(a, b, False, a.dtype, False, False, None).key()
+    return next((cfg for (k, _), cfg in _CHOSEN.items() if k == key), None)
+
+
+def timings(a, b) -> dict[str, str]:
+    """The candidates timed for `a @ b` (16-bit operands, plain epilogue): each in words, with its time or why
+    the compiler refused it; empty where none were timed."""
+    return _TIMED.get(Problem.of(a, b, False, a.dtype, False, False, None).key(), {})
+
+
+def describe(cfg: dict | None) -> str:
+    """A config in a few words: `stream-K(2) 128x256 4 stages`, `swap-AB 128x8 stream-K(1) 12 stages`."""
+    if cfg is None:
+        return "-"
+    parts = ["swap-AB"] if cfg.get("SWAP_AB") else []
+    if cfg.get("STREAM_K"):
+        parts.append(f"stream-K({cfg['STREAM_K']})" + ("" if cfg.get("DETERMINISTIC", True) else " atomic")
+                     + (f" split {cfg['SPLIT']}" if cfg.get("SPLIT") else ""))
+    else:
+        parts.append("data-parallel")
+    parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages",
+              "TMA store" if cfg.get("TMA_STORE") else "st.global"]
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- launching
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How `config` runs for a problem: operands swapped or not, the kernel's constexprs and launch options,
+    the grid, and the number of output tiles (of C, or of C^T when swapped)."""
+
+    swap: bool
+    kernel_cfg: dict
+    grid: tuple
+    tiles: int
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
+    """The Plan of `cfg` for `problem` (made once per shape and config). Swapped, the kernel's A is B^T (the b
+    operand as stored), its B is A^T (the a operand) and its C is c transposed (a view, stored element by
+    element)."""
+    key = (problem.key(), tuple(sorted(cfg.items())), sms)
+    plan = _PLANS.get(key)
+    if plan is None:
+        kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
+        scaled, biased, activation = problem.epilogue
+        kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation, num_warpgroups=cfg["BM"] // 64 + 1)
+        if cfg["SWAP_AB"]:
+            kernel_cfg.update(A_MNMAJOR=not problem.b_k, B_KMAJOR=not problem.a_mn, BIAS_ROWS=True, TMA_STORE=False)
+            rows, cols = problem.n, problem.m
+        else:
+            kernel_cfg.update(A_MNMAJOR=problem.a_mn, B_KMAJOR=problem.b_k)
+            rows, cols = problem.m, problem.n
+        tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
+        # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM.
+        grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
+        plan = _PLANS[key] = Plan(cfg["SWAP_AB"], kernel_cfg, grid, tiles)
+    return plan
+
+
+_WORKSPACES: dict[tuple, tuple] = {}
+
+
+def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
+    """(ws, locks) for a launch: for stream-K, room for a BM x BN f32 partial tile per slot (slots t + p, t a
+    tile, p a CTA) and an int32 lock per 64 rows of each tile, zero, as every launch leaves them. Kept per
+    device, stream (launches on one stream never overlap) and fix-up kind, and grown as needed. Other schedules
+    never read them: they get c, as the other unused operands do."""
+    import torch
+    if not kernel_cfg["STREAM_K"]:
+        return c, c
+    device = c.device
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    bm, bn = kernel_cfg["BM"], kernel_cfg["BN"]
+    need = ((tiles + grid[0]) * bm, bn, tiles * (bm // 64))
+    # Non-deterministic fix-ups add into zeroed slots (and zero them again); deterministic ones overwrite theirs.
+    key = (str(device), stream, kernel_cfg.get("DETERMINISTIC", True))
+    have = _WORKSPACES.get(key)
+    if have is None or have[0].shape[0] < need[0] or have[0].shape[1] < need[1] or have[1].shape[0] < need[2]:
+        rows, cols, locks = (max(x, y) for x, y in zip(need, (have[0].shape[0], have[0].shape[1], have[1].shape[0])
+                                                         if have else need))
+        have = _WORKSPACES[key] = (torch.zeros(rows, cols, dtype=torch.float32, device=device),
+                                                     torch.zeros(locks, dtype=torch.int32, device=device))
+    return have

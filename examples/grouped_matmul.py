@@ -1,0 +1,195 @@
+"""Grouped GEMM for mixture-of-experts: out[rows of group g] = x[rows of group g] @ w[g]^T for every group (expert)
+at once, in one persistent launch, with ragged group sizes (some zero) known only on the device.
+
+x holds the tokens sorted by group, (M, K); `offs` (int32, on the device) the groups' cumulative row ends and w
+the experts' weights (E, K, N), as torch._grouped_mm takes them: K-major (each w[g] the transpose of an (N, K)
+nn.Linear weight) or N-major.
+bf16/f16, and fp8 e4m3 with rowwise scales (per token, per expert and output column) as
+torch._scaled_grouped_mm takes them.
+
+1. `group_tiles` (one CTA) turns offs into a table of row tiles: tile r of the grouped output belongs to group
+   tile_group[r] and covers rows tile_row[r] .. min(tile_row[r] + BM, tile_end[r]); count[0] is how many.
+2. `grouped_matmul_kernel` is the persistent warp-specialized Hopper matmul (examples/matmul_hopper.py) over the
+   table's tiles x the column tiles. A tile's A rows may run into the next group (its results there are never
+   stored); its B rows are its expert's (w viewed (E * N, K): rows past N belong to the next expert and land in
+   columns past N, which are never stored either). The store stops at the group's last row through a TMA
+   descriptor cut on the device (`mgjit.tma_bounded`: a copy of C's descriptor in GMEM whose row count is the
+   group's end, one descriptor slot per consumer warpgroup).
+
+    python examples/grouped_matmul.py     # runs and checks on a Hopper GPU; compiles for sm_90a without one
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import mgjit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _matmul_schedules as schedules  # noqa: E402
+from matmul_hopper import _sm_count, _tma_ready, tile_origin  # noqa: E402
+
+TABLE_CHUNK = 128  # row tiles the table kernel resolves per step
+
+
+@mgjit.kernel
+def group_tiles(offs, tile_group, tile_row, tile_end, count, BM: mgjit.constexpr, GROUPS: mgjit.constexpr):
+    """The row-tile table of groups with cumulative row ends `offs` (GROUPS: a power of two >= len(offs)).
+    Prefix sums and lookups are masked sums over a (rows, GROUPS) square: no loop over the groups."""
+    g = mgjit.arange(GROUPS)
+    real = g < offs.shape[0]
+    ends = offs[mgjit.ds(0, GROUPS)]
+    starts = offs[mgjit.ds(-1, GROUPS)]  # starts[0] reads past the front: zero
+    row_tiles = mgjit.where(real, (ends - starts + BM - 1) // BM, 0)
+    before = (g[None, :] <= g[:, None]).astype(mgjit.int32)
+    tiles_end = mgjit.sum(row_tiles[None, :] * before, axis=1)  # inclusive prefix sum
+    tiles_start = tiles_end - row_tiles
+    count[0] = mgjit.sum(row_tiles)
+    for chunk in range(mgjit.cdiv(tile_group.shape[0], TABLE_CHUNK)):
+        r = chunk * TABLE_CHUNK + mgjit.arange(TABLE_CHUNK)
+        group = mgjit.sum((tiles_end[None, :] <= r[:, None]).astype(mgjit.int32), axis=1)  # groups ending by r
+        mine = (g[None, :] == group[:, None]).astype(mgjit.int32)
+        first = mgjit.sum(tiles_start[None, :] * mine, axis=1)
+        row0 = mgjit.sum(starts[None, :] * mine, axis=1)
+        end = mgjit.sum(ends[None, :] * mine, axis=1)
+        valid = group < offs.shape[0]
+        tile_group[mgjit.ds(chunk * TABLE_CHUNK, TABLE_CHUNK)] = mgjit.where(valid, group, -1)
+        tile_row[mgjit.ds(chunk * TABLE_CHUNK, TABLE_CHUNK)] = row0 + (r - first) * BM
+        tile_end[mgjit.ds(chunk * TABLE_CHUNK, TABLE_CHUNK)] = end
+
+
+@mgjit.kernel(num_warpgroups=3)
+def grouped_matmul_kernel(x, w, c, scale_x, scale_w, tile_group, tile_row, tile_end, count, descriptors,
+                          N: mgjit.constexpr, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr,
+                          STAGES: mgjit.constexpr, GROUP_M: mgjit.constexpr, W_KMAJOR: mgjit.constexpr = True,
+                          SCALED: mgjit.constexpr = False):
+    """c = x @ w[group] per row tile of the table (group_tiles); w is (E * N, K) with W_KMAJOR, else (E * K, N).
+    SCALED: c = (x @ w^T) * scale_x[row] * scale_w[group, column] (fp8 rowwise scales). Launch with BM // 64 + 1
+    warpgroups; `descriptors` holds 128 bytes per consumer warpgroup of the grid."""
+    CONSUMERS = BM // 64
+    k_size = x.shape[1]
+    tiles_n = mgjit.cdiv(N, BN)
+    k_tiles = mgjit.cdiv(k_size, BK)
+    row_tiles = count[0]
+    tiles = row_tiles * tiles_n
+    pid, ctas = mgjit.program_id(0), mgjit.num_programs(0)
+
+    a_s = mgjit.smem((STAGES, CONSUMERS, 64, BK), x.dtype, swizzle=128)
+    b_s = mgjit.smem((STAGES, BN, BK) if W_KMAJOR else (STAGES, BK, BN), w.dtype, swizzle=128)
+    c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=128)
+    full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)
+    empty = mgjit.barrier(STAGES, arrivals=CONSUMERS)
+
+    wg = mgjit.warpgroup_id()
+    it = 0
+    if wg == 0:
+        if CONSUMERS == 2:
+            mgjit.set_max_registers(40, increase=False)
+        for tile in range(pid, tiles, ctas):
+            r, n0 = tile_origin(tile, row_tiles, tiles_n, 1, BN, GROUP_M)
+            m0, group = tile_row[r], tile_group[r]
+            for k in range(k_tiles):
+                slot = it % STAGES
+                if it >= STAGES:
+                    empty[slot].wait()
+                for h in mgjit.static_range(CONSUMERS):
+                    mgjit.copy_async(x, (m0 + h * 64, k * BK), a_s[slot][h], barrier=full[slot])
+                if W_KMAJOR:
+                    mgjit.copy_async(w, (group * N + n0, k * BK), b_s[slot], barrier=full[slot])
+                else:
+                    mgjit.copy_async(w, (group * k_size + k * BK, n0), b_s[slot], barrier=full[slot])
+                it += 1
+    else:
+        if CONSUMERS == 2:
+            mgjit.set_max_registers(232, increase=True)
+        half = wg - 1
+        for tile in range(pid, tiles, ctas):
+            r, n0 = tile_origin(tile, row_tiles, tiles_n, 1, BN, GROUP_M)
+            m0, group, end = tile_row[r], tile_group[r], tile_end[r]
+            acc = mgjit.zeros((64, BN), mgjit.float32)
+            for k in range(k_tiles):
+                slot = it % STAGES
+                full[slot].wait()
+                acc = mgjit.wgmma(acc, a_s[slot][half], b_s[slot].T if W_KMAJOR else b_s[slot])
+                mgjit.wgmma_wait(1)
+                if k > 0:
+                    empty[(it - 1) % STAGES].arrive()
+                it += 1
+            mgjit.wgmma_wait(0)
+            empty[(it - 1) % STAGES].arrive()
+            row0 = m0 + half * 64
+            if SCALED:
+                acc = acc * scale_x[mgjit.ds(row0, 64)][:, None] * scale_w[group, mgjit.ds(n0, BN)]
+            mgjit.store_async_wait(0)
+            c_s[half][...] = acc.astype(c.dtype)
+            if row0 + 64 <= end:
+                mgjit.store_async(c, (row0, n0), c_s[half])
+            else:  # the group ends inside these rows: the store drops the rest (the next group's)
+                bounded = mgjit.tma_bounded(c, (end, None), descriptors, pid * CONSUMERS + half)
+                mgjit.store_async(bounded, (row0, n0), c_s[half])
+        mgjit.store_async_wait(0)
+
+
+def grouped_matmul(x, w, offs, *, scale_x=None, scale_w=None, out_dtype=None, config: dict | None = None):
+    """out (M, N) with out[offs[g-1]:offs[g]] = x[offs[g-1]:offs[g]] @ w[g] for w (E, K, N), as torch._grouped_mm:
+    K-major (w[g] the transpose of an (N, K) weight, the usual storage) or N-major. fp8 (K-major): scale_x (M,)
+    and scale_w (E, N) f32 scale the rows and columns, bf16 out."""
+    import torch
+    if x.dim() != 2 or w.dim() != 3 or offs.dim() != 1 or offs.shape[0] != w.shape[0] or w.shape[1] != x.shape[1]:
+        raise ValueError(f"grouped_matmul takes x (M, K), w (E, K, N) and offs (E,), got {tuple(x.shape)}, "
+                         f"{tuple(w.shape)}, {tuple(offs.shape)}")
+    groups, k, n = w.shape
+    bits = x.element_size() * 8
+    w_kmajor = w.stride(1) == 1 or (bits != 16 and w.stride(2) != 1)
+    w = w.transpose(1, 2) if w_kmajor else w  # (E, N, K) for K-major weights, else (E, K, N)
+    w = w if w.stride(2) == 1 and w.stride(1) == w.shape[2] else w.contiguous()
+    if bits != 16 and not w_kmajor:
+        raise ValueError(f"{x.dtype} weights must be K-major: w[g] the transpose of an (N, K) matrix")
+    out_dtype = out_dtype or (x.dtype if bits == 16 else torch.bfloat16)
+    scaled = scale_x is not None
+    cfg = {"BM": 128, "BN": 256 if n >= 1024 else 128, "BK": schedules.BK_FOR_BITS[bits], "GROUP_M": 8,
+           **(config or {})}
+    cfg.setdefault("STAGES", 3 if cfg["BN"] == 256 else 4)
+    sms = _sm_count(x.device.index) if x.is_cuda else 2
+    rows_bound = -(-x.shape[0] // cfg["BM"]) + groups  # row tiles: at most one partial tile per group
+    table = torch.empty(3, -(-rows_bound // TABLE_CHUNK) * TABLE_CHUNK, dtype=torch.int32, device=x.device)
+    count = torch.empty(1, dtype=torch.int32, device=x.device)
+    group_tiles[(1,)](offs, table[0], table[1], table[2], count, BM=cfg["BM"],
+                      GROUPS=max(16, 1 << (groups - 1).bit_length()))
+    c = _tma_ready(torch.empty(x.shape[0], n, dtype=out_dtype, device=x.device), copy=False)
+    consumers = cfg["BM"] // 64
+    descriptors = torch.empty(sms * consumers * 128, dtype=torch.uint8, device=x.device)
+    grid = (min(sms, rows_bound * -(-n // cfg["BN"])),)
+    grouped_matmul_kernel[grid](_tma_ready(x), _tma_ready(w.reshape(-1, w.shape[2])), c, scale_x if scaled else c,
+                                scale_w if scaled else c, table[0], table[1], table[2], count, descriptors, N=n,
+                                W_KMAJOR=w_kmajor, SCALED=scaled, num_warpgroups=consumers + 1, **cfg)
+    return c
+
+
+def reference(x, w, offs, scale_x=None, scale_w=None):
+    """The same product in float32, group by group."""
+    import torch
+    out, start = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float32, device=x.device), 0
+    for g, end in enumerate(offs.tolist()):
+        out[start:end] = x[start:end].float() @ w[g].float()
+        if scale_x is not None:
+            out[start:end] *= scale_x[start:end, None] * scale_w[g][None, :]
+        start = end
+    return out
+
+
+if __name__ == "__main__":
+    import torch
+    if torch.cuda.is_available():
+        sizes = torch.tensor([0, 700, 33, 0, 1500, 128, 1, 900])
+        offs = sizes.cumsum(0).to(torch.int32).cuda()
+        x = torch.randn(int(sizes.sum()), 1024, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(8, 2048, 1024, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # (E, K, N), K-major
+        out, ref = grouped_matmul(x, w, offs), reference(x, w, offs)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        print(f"grouped matmul, 8 experts (two empty), bf16: relative error {err:.2e}")
+        raise SystemExit(0 if err < 1e-2 else 1)
+    x, w = torch.empty(4096, 1024, dtype=torch.bfloat16), torch.empty(8 * 2048, 1024, dtype=torch.bfloat16)
+    i32 = torch.empty(64, dtype=torch.int32)
+    print(grouped_matmul_kernel.compile(x, w, x, x, x, i32, i32, i32, i32, torch.empty(1024, dtype=torch.uint8),
+                                        N=2048, BM=128, BN=256, BK=64, STAGES=3, GROUP_M=8, target="sm_90a"))

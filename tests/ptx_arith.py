@@ -1,0 +1,372 @@
+"""The arithmetic half of tests/ptx_sim.py: integer, float and conversion instructions over the threads of a
+CTA (numpy arrays), as a mixin of its CTA class, and the bit-level helpers they share."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+INT = {8: (np.uint8, np.int8), 16: (np.uint16, np.int16), 32: (np.uint32, np.int32), 64: (np.uint64, np.int64)}
+
+
+class SimError(Exception):
+    pass
+
+
+class Arithmetic:
+    """Instruction handlers `op_<name>(parts, operands, threads that run it)`; the CTA provides value, fvalue,
+    write and threads."""
+
+    def _int_binary(self, parts, ops, run, fn):
+        t = parts[-1]
+        if t == "pred":
+            self.write(ops[0], fn(self.value(ops[1]), self.value(ops[2])), run)
+            return
+        bits = int(t[1:])
+        signed = t[0] == "s"
+        a, b = as_int(self.value(ops[1]), bits, signed), as_int(self.value(ops[2]), bits, signed)
+        with np.errstate(over="ignore"):
+            self.write(ops[0], wrap(fn(a, b), bits), run)
+
+    def op_add(self, parts, ops, run):
+        if parts[-1].startswith("f"):
+            return self._float(parts, ops, run, lambda a, b: a + b)
+        self._int_binary(parts, ops, run, lambda a, b: a + b)
+
+    def op_sub(self, parts, ops, run):
+        if parts[-1].startswith("f"):
+            return self._float(parts, ops, run, lambda a, b: a - b)
+        self._int_binary(parts, ops, run, lambda a, b: a - b)
+
+    def op_mul(self, parts, ops, run):
+        t = parts[-1]
+        if t.startswith("f"):
+            return self._float(parts, ops, run, lambda a, b: a * b)
+        bits = int(t[1:])
+        signed = t[0] == "s"
+        if "hi" in parts:
+            a, b = (np.broadcast_to(as_int(self.value(o), bits, signed), (self.threads,)) for o in ops[1:3])
+            self.write(ops[0], np.array([((int(x) * int(y)) >> bits) & ((1 << bits) - 1) for x, y in zip(a, b)],
+                                        dtype=np.uint64), run)
+            return
+        a, b = as_int(self.value(ops[1]), bits, signed), as_int(self.value(ops[2]), bits, signed)
+        with np.errstate(over="ignore"):
+            self.write(ops[0], wrap(a * b, 2 * bits if "wide" in parts else bits), run)
+
+    def op_mad(self, parts, ops, run):
+        t = parts[-1]
+        if t.startswith("f"):
+            return self.op_fma(parts, ops, run)
+        bits = int(t[1:])
+        signed = t[0] == "s"
+        a, b = as_int(self.value(ops[1]), bits, signed), as_int(self.value(ops[2]), bits, signed)
+        wide = "wide" in parts
+        c = as_int(self.value(ops[3]), 2 * bits if wide else bits, signed)
+        with np.errstate(over="ignore"):
+            if a.dtype != c.dtype:
+                a, b, c = (np.asarray(v).astype(np.int64).view(np.uint64) if np.asarray(v).dtype.kind == "i"
+                           else v for v in (a, b, c))
+            self.write(ops[0], wrap(a * b + c, 2 * bits if wide else bits), run)
+
+    def op_and(self, parts, ops, run):
+        self._int_binary(parts, ops, run, lambda a, b: a & b)
+
+    def op_or(self, parts, ops, run):
+        self._int_binary(parts, ops, run, lambda a, b: a | b)
+
+    def op_xor(self, parts, ops, run):
+        self._int_binary(parts, ops, run, lambda a, b: a ^ b)
+
+    def op_not(self, parts, ops, run):
+        t = parts[-1]
+        if t == "pred":
+            self.write(ops[0], ~np.asarray(self.value(ops[1]), dtype=bool), run)
+            return
+        bits = int(t[1:])
+        self.write(ops[0], wrap(~as_int(self.value(ops[1]), bits, False), bits), run)
+
+    def op_neg(self, parts, ops, run):
+        t = parts[-1]
+        if t.startswith("f"):
+            self.write(ops[0], -self.fvalue(ops[1], t), run)
+            return
+        bits = int(t[1:])
+        self.write(ops[0], wrap(-as_int(self.value(ops[1]), bits, True), bits), run)
+
+    def op_shl(self, parts, ops, run):
+        bits = int(parts[-1][1:])
+        a, n = as_uint(self.value(ops[1]), bits), as_uint(self.value(ops[2]), 32)
+        out = np.where(n >= np.uint64(bits), np.uint64(0), a << np.minimum(n, np.uint64(bits - 1)))
+        self.write(ops[0], wrap(out, bits), run)
+
+    def op_shr(self, parts, ops, run):
+        t = parts[-1]
+        bits, signed = int(t[1:]), t[0] == "s"
+        n = as_uint(self.value(ops[2]), 32)
+        if signed:
+            a = as_int(self.value(ops[1]), bits, True)
+            out = a >> np.minimum(n, np.uint64(bits - 1)).astype(np.int64)
+        else:
+            a = as_uint(self.value(ops[1]), bits)
+            out = np.where(n >= np.uint64(bits), np.uint64(0), a >> np.minimum(n, np.uint64(bits - 1)))
+        self.write(ops[0], wrap(out, bits), run)
+
+    def op_shf(self, parts, ops, run):
+        a, b = as_uint(self.value(ops[1]), 32), as_uint(self.value(ops[2]), 32)
+        c = as_uint(self.value(ops[3]), 32)
+        n = np.minimum(c, np.uint64(32)) if parts[2] == "clamp" else c & np.uint64(31)
+        both = (b << np.uint64(32)) | a
+        if parts[1] == "r":
+            out = np.where(n >= np.uint64(32), b, both >> np.minimum(n, np.uint64(31)))
+        else:
+            out = np.where(n >= np.uint64(32), a, (both << np.minimum(n, np.uint64(31))) >> np.uint64(32))
+        self.write(ops[0], wrap(out, 32), run)
+
+    def op_prmt(self, parts, ops, run):
+        if len(parts) != 2:
+            raise SimError(f"prmt mode {parts[1]}")
+        a, b, c = (np.broadcast_to(as_uint(self.value(o), 32), (self.threads,)) for o in ops[1:4])
+        both = [(int(y) << 32) | int(x) for x, y in zip(a, b)]
+        out = []
+        for v, sel in zip(both, c):
+            d = 0
+            for i in range(4):
+                nib = (int(sel) >> (4 * i)) & 15
+                byte = (v >> (8 * (nib & 7))) & 255
+                if nib & 8:
+                    byte = 255 if byte & 128 else 0
+                d |= byte << (8 * i)
+            out.append(d)
+        self.write(ops[0], np.array(out, dtype=np.uint64), run)
+
+    def op_bfe(self, parts, ops, run):
+        t = parts[-1]
+        bits, signed = int(t[1:]), t[0] == "s"
+        a = [int(v) for v in np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,))]
+        pos = [int(v) & 255 for v in np.broadcast_to(as_uint(self.value(ops[2]), 32), (self.threads,))]
+        ln = [int(v) & 255 for v in np.broadcast_to(as_uint(self.value(ops[3]), 32), (self.threads,))]
+        out = []
+        for x, p, n in zip(a, pos, ln):
+            field = 0 if p >= bits else (x >> p) & ((1 << min(n, bits)) - 1)
+            if signed and n and (field >> (n - 1)) & 1:
+                field -= 1 << n
+            out.append(field & ((1 << bits) - 1))
+        self.write(ops[0], np.array(out, dtype=np.uint64), run)
+
+    def op_min(self, parts, ops, run):
+        if parts[-1].startswith("f"):
+            return self._float(parts, ops, run, fmin_nan)
+        self._int_binary(parts, ops, run, np.minimum)
+
+    def op_max(self, parts, ops, run):
+        if parts[-1].startswith("f"):
+            return self._float(parts, ops, run, fmax_nan)
+        self._int_binary(parts, ops, run, np.maximum)
+
+    def op_setp(self, parts, ops, run):
+        cmp, t = parts[1], parts[-1]
+        outs = ops[0].split("|")
+        if t.startswith("f"):
+            a, b = (self.fvalue(o, t) for o in ops[1:3])
+            unordered = np.isnan(a) | np.isnan(b)
+            base = cmp[:-1] if cmp.endswith("u") and cmp not in ("nu",) else cmp
+            table = {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b,
+                     "num": ~unordered, "nan": unordered}
+            r = table[base] if base in table else None
+            if r is None:
+                raise SimError(f"setp.{cmp}")
+            r = r | unordered if cmp.endswith("u") and cmp not in ("num",) else (r & ~unordered if base == "ne" else r)
+        else:
+            bits = int(t[1:]) if t != "pred" else 1
+            signed = t[0] == "s"
+            a, b = (as_int(self.value(o), bits, signed) for o in ops[1:3])
+            ua, ub = (as_int(self.value(o), bits, False) for o in ops[1:3])
+            table = {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b,
+                     "lo": ua < ub, "ls": ua <= ub, "hi": ua > ub, "hs": ua >= ub}
+            r = table[cmp]
+        self.write(outs[0].strip(), r, run)
+        if len(outs) > 1:
+            self.write(outs[1].strip(), ~np.asarray(r), run)
+
+    def op_selp(self, parts, ops, run):
+        c = np.asarray(self.value(ops[3]), dtype=bool)
+        t = parts[-1]
+        if t.startswith("f"):
+            a, b = (np.broadcast_to(self.fvalue(o, t), (self.threads,)) for o in ops[1:3])
+        else:
+            dt = bits_dtype(t)
+            a, b = (np.broadcast_to(np.asarray(self.value(o, dt)), (self.threads,)) for o in ops[1:3])
+        self.write(ops[0], np.where(c, a, b), run)
+
+    def op_cvt(self, parts, ops, run):
+        if parts[-2] in ("f16x2", "bf16x2"):  # cvt.rn.f16x2.f32 d, a, b: a to the upper half, b to the lower
+            narrow = parts[-2][:-2]
+            hi, lo = (from_float(self.fvalue(o, "f32"), narrow, parts).astype(np.uint32) for o in ops[1:3])
+            self.write(ops[0], (hi << np.uint32(16)) | lo, run)
+            return
+        types = [p for p in parts[1:] if re.fullmatch(r"(u|s|b|f|bf)\d+", p)]
+        dst, src = types[0], types[1]
+        x = self.value(ops[1])
+        if src.startswith("f") or src.startswith("bf"):
+            if src == "bf16":
+                xf = (np.asarray(x).astype(np.uint32) << np.uint32(16)).view(np.float32)
+            elif src == "f16":
+                xf = np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32)
+            else:
+                xf = self.fvalue(ops[1], src)
+            self.write(ops[0], from_float(xf, dst, parts), run)
+            return
+        bits = int(src[1:])
+        xi = as_int(x, bits, src[0] == "s")
+        if dst.startswith("f") or dst.startswith("bf"):
+            self.write(ops[0], from_float(xi.astype(np.float64), dst, parts), run)
+            return
+        self.write(ops[0], wrap(xi, int(dst[1:])), run)
+
+    def _float(self, parts, ops, run, fn):
+        dt = float_dtype(parts[-1])
+        a, b = (self.fvalue(o, parts[-1]) for o in ops[1:3])
+        with np.errstate(all="ignore"):
+            self.write(ops[0], fn(a, b).astype(dt), run)
+
+    def op_div(self, parts, ops, run):
+        if not parts[-1].startswith("f"):
+            return self._int_division(parts, ops, run, remainder=False)
+        self._float(parts, ops, run, lambda a, b: a / b)
+
+    def op_rem(self, parts, ops, run):
+        self._int_division(parts, ops, run, remainder=True)
+
+    def _int_division(self, parts, ops, run, remainder: bool):
+        """Truncating integer division; by zero, as the hardware does it: all ones (the remainder: the dividend)."""
+        t = parts[-1]
+        bits, signed = int(t[1:]), t[0] == "s"
+        a, b = (np.broadcast_to(as_int(self.value(o), bits, signed), (self.threads,)) for o in ops[1:3])
+        out = []
+        for x, y in zip(a.tolist(), b.tolist()):
+            q = -1 if y == 0 else abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+            out.append((x - q * y if y and remainder else x if remainder else q) & ((1 << bits) - 1))
+        self.write(ops[0], wrap(np.array(out, dtype=np.uint64), bits), run)
+
+    def op_fma(self, parts, ops, run):
+        dt = float_dtype(parts[-1])
+        a, b, c = (self.fvalue(o, parts[-1]).astype(np.float64) for o in ops[1:4])
+        self.write(ops[0], (a * b + c).astype(dt), run)
+
+    def _unary(self, ops, run, fn):
+        x = self.fvalue(ops[1], "f32")
+        with np.errstate(all="ignore"):
+            self.write(ops[0], fn(x.astype(np.float64)).astype(np.float32), run)
+
+    def op_ex2(self, parts, ops, run):
+        self._unary(ops, run, np.exp2)
+
+    def op_lg2(self, parts, ops, run):
+        self._unary(ops, run, np.log2)
+
+    def op_rcp(self, parts, ops, run):
+        self._unary(ops, run, lambda x: 1.0 / x)
+
+    def op_rsqrt(self, parts, ops, run):
+        self._unary(ops, run, lambda x: 1.0 / np.sqrt(x))
+
+    def op_sqrt(self, parts, ops, run):
+        self._unary(ops, run, np.sqrt)
+
+    def op_abs(self, parts, ops, run):
+        if parts[-1].startswith("f"):
+            self.write(ops[0], np.abs(self.fvalue(ops[1], parts[-1])), run)
+        else:
+            bits = int(parts[-1][1:])
+            self.write(ops[0], wrap(np.abs(as_int(self.value(ops[1]), bits, True)), bits), run)
+
+    def op_cvta(self, parts, ops, run):
+        self.write(ops[0], self.value(ops[1]), run)
+
+
+def fmin_nan(a, b):
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.minimum(a, b))
+
+
+def fmax_nan(a, b):
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.maximum(a, b))
+
+
+def float_dtype(t: str):
+    return {"f32": np.float32, "f64": np.float64, "f16": np.float16}[t]
+
+
+def bits_dtype(t: str):
+    if t == "pred":
+        return np.bool_
+    if t.startswith("f"):
+        return float_dtype(t)
+    return INT[int(t[1:])][0]
+
+
+def as_uint(x, bits: int) -> np.ndarray:
+    """The low `bits` bits of an operand (floats by their bits, bools as 0/1), as uint64."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        x = x.view(np.uint32)
+    elif x.dtype == np.float64:
+        x = x.view(np.uint64)
+    elif x.dtype == np.float16:
+        x = x.view(np.uint16)
+    elif x.dtype == np.bool_:
+        x = x.astype(np.uint8)
+    elif x.dtype.kind == "i":
+        x = x.astype(np.int64).view(np.uint64) if x.ndim else np.array(int(x) & (2**64 - 1), dtype=np.uint64)
+    x = x.astype(np.uint64)
+    return x if bits == 64 else x & np.uint64((1 << bits) - 1)
+
+
+def as_int(x, bits: int, signed: bool) -> np.ndarray:
+    """An integer operand: uint64 (wrapping arithmetic) when unsigned, sign-extended int64 when signed."""
+    u = as_uint(x, bits)
+    if not signed:
+        return u
+    if bits == 64:
+        return u.view(np.int64) if u.ndim else np.array(u).view(np.int64)
+    v = u.astype(np.int64)
+    return np.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
+
+
+def wrap(x, bits: int) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        return x
+    u = x.astype(np.int64).view(np.uint64) if x.dtype.kind == "i" else x.astype(np.uint64)
+    return (u if bits == 64 else u & np.uint64((1 << bits) - 1)).astype(INT[bits][0])
+
+
+def convert_bits(v: np.ndarray, dtype) -> np.ndarray:
+    """A value moved into a register of another type: bits are kept (mov, loads), bools become 0/1."""
+    if dtype == np.bool_:
+        return v.astype(bool)
+    if v.dtype == np.bool_:
+        return v.astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        bits = np.dtype(dtype).itemsize * 8
+        return as_uint(v, bits).astype(INT[bits][0]).view(dtype)
+    bits = np.dtype(dtype).itemsize * 8
+    return as_uint(v, bits).astype(dtype)
+
+
+def from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:
+    if dst == "f32":
+        return x.astype(np.float32)
+    if dst == "f64":
+        return x.astype(np.float64)
+    if dst == "f16":
+        return x.astype(np.float32).astype(np.float16).view(np.uint16)
+    if dst == "bf16":
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16).view(
+            torch.int16).numpy().view(np.uint16)
+    bits = int(dst[1:])
+    with np.errstate(all="ignore"):
+        r = np.trunc(x) if "rzi" in parts or not any(p in parts for p in ("rni", "rmi", "rpi")) else np.rint(x)
+    r = np.nan_to_num(r)
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dst[0] == "s" else (0, (1 << bits) - 1)
+    return wrap(np.clip(r, lo, hi).astype(np.int64), bits)

@@ -1,0 +1,532 @@
+"""A small SIMT simulator of the PTX mgjit emits for memory-bound kernels, so that the GMEM lowering's byte
+shuffling (byte permutes, predicated pieces, branches) and DSMEM exchanges are checked on the
+CPU, instruction by instruction, as a GPU would run them.
+
+It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next
+instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns
+between cluster barriers. Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p
+pred, %rs b16, %r b32, %rd b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global
+memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
+tensor raises, as the hardware faults. `shfl.sync` must find every lane of its warp at the instruction,
+`bar.sync` its count of threads, a cluster barrier every thread. Memory, shuffles and control flow are here;
+arithmetic is in tests/ptx_arith.py. It covers the instructions mgjit's elementwise, reduction, GMEM and
+atomic code uses and raises on any other; ex2/lg2/rsqrt/rcp .approx are exact in f32 (as in the interpreter).
+Atomics run thread by thread; memory-ordering qualifiers (ld.acquire, atom.acq_rel) are accepted and ignored:
+CTAs run one after another, so a semaphore wait for a later CTA (a spin loop) is out of its reach.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any
+
+import numpy as np
+from ptx_arith import INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype, from_float
+
+_REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$")
+_REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64}
+
+
+class Memory:
+    """Global memory: a byte arena at address `base`."""
+
+    def __init__(self, size: int, base: int = 1 << 32, fill: int = 0xA5):
+        self.base = base
+        self.bytes = np.full(size, fill, dtype=np.uint8)
+        self.allocations: list[tuple[int, int]] = []  # offsets [lo, hi) a load may touch; none: anywhere
+        self.writes = np.zeros(size, dtype=np.int32)  # how many stores wrote each byte
+
+    def offsets(self, addrs: np.ndarray, nbytes: int) -> np.ndarray:
+        addrs = addrs.astype(np.uint64)
+        if (addrs % np.uint64(nbytes)).any():
+            raise SimError(f"a {nbytes}-byte access at a misaligned address {hex(int(addrs[addrs % nbytes != 0][0]))}")
+        off = addrs.astype(np.int64) - self.base
+        if (off < 0).any() or (off + nbytes > len(self.bytes)).any():
+            raise SimError("an access outside global memory")
+        return off
+
+    def place(self, t, offset: int) -> int:
+        """Copy a CPU tensor's storage to arena offset `offset` (its first element there); its address."""
+        raw = t.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy() if t.is_contiguous() else None
+        if raw is None:
+            raise SimError("place() takes contiguous tensors; make views of a placed base")
+        self.bytes[offset:offset + len(raw)] = raw
+        return self.base + offset
+
+    def read(self, addr: int, nbytes: int) -> np.ndarray:
+        return self.bytes[addr - self.base:addr - self.base + nbytes].copy()
+
+
+def _split(line: str) -> list[str]:
+    """Statements of a PTX line (inline asm puts several on one line)."""
+    line = line.split("//")[0].strip()
+    return [s.strip() for s in line.split(";") if s.strip()]
+
+
+class Program:
+    def __init__(self, ptx: str):
+        self.params: list[str] = []
+        self.code: list[tuple] = []
+        self.labels: dict[str, int] = {}
+        body = ptx[ptx.index(".entry"):]
+        header, rest = body.split("{", 1)
+        self.params = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", header)
+        for line in rest.splitlines():
+            line = line.split("//")[0].strip()
+            if not line or line in ("{", "}") or line.startswith("."):
+                continue
+            m = re.match(r"^(\$?[\w.]+):$", line)
+            if m:
+                self.labels[m.group(1)] = len(self.code)
+                continue
+            for stmt in _split(line):
+                if stmt.startswith("{") or stmt.startswith("}"):
+                    stmt = stmt.strip("{} ")
+                    if not stmt:
+                        continue
+                guard = None
+                m = re.match(r"^@(!?)(%\w+)\s+(.*)$", stmt)
+                if m:
+                    guard = (m.group(1) == "!", m.group(2))
+                    stmt = m.group(3)
+                parts = stmt.split(None, 1)
+                opcode = parts[0]
+                operands = _operands(parts[1]) if len(parts) > 1 else []
+                self.code.append((guard, opcode, operands))
+
+
+def _operands(text: str) -> list:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+class CTA(Arithmetic):
+    def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
+                 nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
+                 threads: int = 128):
+        self.prog, self.params, self.mem = prog, params, mem
+        self.threads = threads
+        self.ctaid, self.nctaid = ctaid, nctaid
+        self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
+        self.rank = rank
+        self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
+        self.regs: dict[str, np.ndarray] = {}
+        self.tid = np.arange(threads, dtype=np.uint32)
+
+    # -- operands
+    def reg(self, name: str) -> np.ndarray:
+        if name not in self.regs:
+            m = _REG.match(name)
+            if not m:
+                raise SimError(f"unknown register {name}")
+            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1)])
+        return self.regs[name]
+
+    def value(self, op: str, dtype=None):
+        op = op.strip()
+        if op.startswith("%"):
+            special = {"%tid.x": self.tid, "%ntid.x": np.uint32(self.threads), "%laneid": self.tid % 32,
+                       "%ctaid.x": np.uint32(self.ctaid[0]), "%ctaid.y": np.uint32(self.ctaid[1]),
+                       "%ctaid.z": np.uint32(self.ctaid[2]), "%nctaid.x": np.uint32(self.nctaid[0]),
+                       "%nctaid.y": np.uint32(self.nctaid[1]), "%nctaid.z": np.uint32(self.nctaid[2]),
+                       "%tid.y": np.uint32(0), "%tid.z": np.uint32(0), "%cluster_ctarank": np.uint32(self.rank)}
+            if op in special:
+                return special[op]
+            return self.reg(op)
+        if op.startswith("0f"):
+            return np.frombuffer(struct.pack("<I", int(op[2:], 16)), dtype=np.float32)[0]
+        if op.startswith("0d"):
+            return np.frombuffer(struct.pack("<Q", int(op[2:], 16)), dtype=np.float64)[0]
+        if op.startswith("__mgjit_smem"):
+            return np.uint64(int(op[len("__mgjit_smem"):].lstrip("+") or 0))
+        n = int(op.rstrip("U"), 0)
+        if dtype is not None:
+            return np.array(n).astype(np.int64).astype(dtype) if n < 0 else np.array(n, dtype=np.uint64).astype(dtype)
+        return n
+
+    def fvalue(self, op: str, t: str) -> np.ndarray:
+        """An operand of a floating-point instruction of type t: integer registers hold its bits."""
+        dt = float_dtype(t)
+        x = np.asarray(self.value(op))
+        if x.dtype.kind in "ui":
+            x = as_uint(x, np.dtype(dt).itemsize * 8).astype(INT[np.dtype(dt).itemsize * 8][0]).view(dt)
+        return x.astype(dt)
+
+    def address(self, op: str) -> np.ndarray:
+        inner = op.strip()[1:-1]
+        m = re.match(r"^([%\w]+)(?:\+(-?\d+))?$", inner)
+        if not m:
+            raise SimError(f"cannot read the address {op}")
+        base, off = m.group(1), int(m.group(2) or 0)
+        if base.startswith("%"):
+            return self.reg(base).astype(np.uint64) + np.uint64(off & (2**64 - 1))
+        if base == "__mgjit_smem":
+            return np.full(self.threads, off, dtype=np.uint64)
+        return base, off
+
+    def write(self, name: str, value, mask: np.ndarray) -> None:
+        if name == "_":  # the sink register
+            return
+        r = self.reg(name)
+        v = np.broadcast_to(np.asarray(value), (self.threads,))
+        if v.dtype != r.dtype:
+            v = convert_bits(v, r.dtype)
+        r[mask] = v[mask]
+
+    # -- running
+    def run(self, max_steps: int = 10_000_000):
+        """A generator: it yields at each barrier.cluster.wait, where the cluster's CTAs meet."""
+        pc = np.zeros(self.threads, dtype=np.int64)
+        active = np.ones(self.threads, dtype=bool)
+        steps = 0
+        while active.any():
+            steps += 1
+            if steps > max_steps:
+                raise SimError("too many steps (a hang?)")
+            at = int(pc[active].min())
+            mask = active & (pc == at)
+            if at >= len(self.prog.code):
+                raise SimError("ran off the end of the kernel")
+            guard, opcode, operands = self.prog.code[at]
+            run = mask.copy()
+            if guard is not None:
+                g = self.reg(guard[1])
+                run &= ~g if guard[0] else g
+            nxt = self.step(opcode, operands, run, mask, active)
+            if nxt == "cluster":
+                yield
+                nxt = None
+            if nxt == "exit":
+                active &= ~run
+                pc[mask & ~run] = at + 1
+            elif nxt is not None:
+                pc[run] = nxt
+                pc[mask & ~run] = at + 1
+            else:
+                pc[mask] = at + 1
+
+    def step(self, opcode: str, ops: list, run: np.ndarray, mask: np.ndarray, active: np.ndarray):
+        parts = opcode.split(".")
+        name = parts[0]
+        if name == "bra":
+            return self.prog.labels[ops[0]]
+        if name in ("ret", "exit"):
+            return "exit"
+        if name == "bar":  # bar.sync id[, count]: count threads (default: all) meet at barrier id
+            ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
+            count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
+            for i in np.unique(ids[mask]):
+                if int((mask & (ids == i)).sum()) != count:
+                    raise SimError(f"{opcode} {i}: {int((mask & (ids == i)).sum())} threads arrived, not {count}")
+            return None
+        if name == "barrier":
+            if not (mask == active).all():
+                raise SimError(f"{opcode} reached by only some threads")
+            return "cluster" if opcode.startswith("barrier.cluster.wait") else None
+        if name == "shfl":
+            self.shfl(parts, ops, run, mask)
+            return None
+        handler = getattr(self, "op_" + name, None)
+        if handler is None:
+            raise SimError(f"the simulator does not know {opcode}")
+        handler(parts, ops, run)
+        return None
+
+    # -- instructions
+    def op_mov(self, parts, ops, run):
+        t = parts[-1]
+        if ops[0].startswith("{"):  # unpack: mov.b32 {%rs1, %rs2}, %r1
+            outs = [o.strip() for o in ops[0][1:-1].split(",")]
+            src = self.value(ops[1]).astype(np.uint64)
+            bits = 64 // len(outs) if t == "b64" else 32 // len(outs)
+            for i, o in enumerate(outs):
+                self.write(o, (src >> np.uint64(i * bits)) & np.uint64((1 << bits) - 1), run)
+            return
+        if ops[1].startswith("{"):  # pack
+            ins = [self.value(o.strip()) for o in ops[1][1:-1].split(",")]
+            bits = (64 if t == "b64" else 32) // len(ins)
+            acc = np.zeros(self.threads, dtype=np.uint64)
+            for i, x in enumerate(ins):
+                acc |= (np.broadcast_to(as_uint(x, bits), (self.threads,)).astype(np.uint64)) << np.uint64(i * bits)
+            self.write(ops[0], acc, run)
+            return
+        src = self.value(ops[1], bits_dtype(t))
+        self.write(ops[0], src, run)
+
+    def op_ld(self, parts, ops, run):
+        parts = _unordered(parts)
+        space = parts[1]
+        if space in ("param", "param::entry"):  # from PTX ISA 8.3, LLVM loads kernel parameters as ld.param::entry
+            v = self.params[ops[1][1:-1]]
+            t = parts[-1]
+            self.write(ops[0], np.array(v, dtype=float_dtype(t)) if t.startswith("f") else
+                       np.uint64(int(v) & (2**64 - 1)), run)
+            return
+        vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
+        t = parts[-1]
+        bits = 8 if t in ("u8", "s8", "b8") else int(t[1:])
+        nbytes = bits // 8 * vec
+        outs = [o.strip() for o in ops[0].strip("{}").split(",")]
+        addr = self.address(ops[1])
+        words = self._read(space, addr, nbytes, run)
+        for i, o in enumerate(outs):
+            part = words[:, i * bits // 8:(i + 1) * bits // 8]
+            val = np.zeros(self.threads, dtype=np.uint64)
+            for b in range(bits // 8):
+                val |= part[:, b].astype(np.uint64) << np.uint64(8 * b)
+            self.write(o, val, run)
+
+    def op_st(self, parts, ops, run):
+        parts = _unordered(parts)
+        space = parts[1]
+        vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
+        t = parts[-1]
+        bits = 8 if t in ("u8", "s8", "b8") else int(t[1:])
+        ins = [o.strip() for o in ops[1].strip("{}").split(",")]
+        addr = self.address(ops[0])
+        data = np.zeros((self.threads, bits // 8 * vec), dtype=np.uint8)
+        for i, o in enumerate(ins):
+            val = np.broadcast_to(as_uint(self.value(o), max(bits, 8)), (self.threads,)).astype(np.uint64)
+            for b in range(bits // 8):
+                data[:, i * bits // 8 + b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
+        self._write(space, addr, data, run)
+
+    def _read(self, space, addr, nbytes, run) -> np.ndarray:
+        out = np.zeros((self.threads, nbytes), dtype=np.uint8)
+        idx = np.nonzero(run)[0]
+        if not len(idx):
+            return out
+        if space == "global":
+            off = self.mem.offsets(addr[idx], nbytes)
+            if self.mem.allocations:
+                touches = np.zeros(len(off), dtype=bool)
+                for lo, hi in self.mem.allocations:
+                    touches |= (off < hi) & (off + nbytes > lo)
+                if not touches.all():
+                    raise SimError(f"a load of {nbytes} bytes that touches no allocation, at offset {off[~touches][0]}")
+            out[idx] = self.mem.bytes[off[:, None] + np.arange(nbytes)]
+        elif space == "shared::cluster":
+            for lane, a in zip(idx, addr[idx].astype(np.int64)):
+                peer = self.cluster[int(a) >> 24].smem
+                o = int(_shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
+                out[lane] = peer[o:o + nbytes]
+        else:
+            off = _shared_offsets(addr[idx], nbytes, len(self.smem))
+            out[idx] = self.smem[off[:, None] + np.arange(nbytes)]
+        return out
+
+    def _write(self, space, addr, data, run) -> None:
+        idx = np.nonzero(run)[0]
+        if not len(idx):
+            return
+        nbytes = data.shape[1]
+        if space == "shared::cluster":
+            for lane, a in zip(idx, addr[idx].astype(np.int64)):
+                peer = self.cluster[int(a) >> 24].smem
+                o = int(_shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
+                peer[o:o + nbytes] = data[lane]
+            return
+        target = self.mem.bytes if space == "global" else self.smem
+        off = self.mem.offsets(addr[idx], nbytes) if space == "global" else \
+            _shared_offsets(addr[idx], nbytes, len(self.smem))
+        for lane, o in zip(idx, off):  # in lane order: the last writer of a byte wins, as the hardware picks one
+            target[o:o + nbytes] = data[lane]
+            if space == "global":
+                self.mem.writes[o:o + nbytes] += 1
+
+    def shfl(self, parts, ops, run, mask):
+        mode = parts[2]
+        for w in range(self.threads // 32):
+            lanes = mask[w * 32:(w + 1) * 32]
+            if lanes.any() and not lanes.all():
+                raise SimError("shfl.sync in divergent code")
+        a = self.value(ops[1]).astype(np.uint32)
+        b = int(self.value(ops[2])) if not ops[2].startswith("%") else self.value(ops[2])
+        c = int(self.value(ops[3]))
+        lane = self.tid % 32
+        clamp, segmask = c & 0x1F, (c >> 8) & 0x1F
+        max_lane = (lane & segmask) | (clamp & ~segmask)
+        min_lane = lane & segmask
+        if mode == "up":
+            j = lane.astype(np.int64) - b
+            ok = j >= min_lane
+        elif mode == "down":
+            j = lane.astype(np.int64) + b
+            ok = j <= max_lane
+        elif mode == "bfly":
+            j = (lane ^ np.uint32(b)).astype(np.int64)
+            ok = j <= max_lane
+        else:
+            j = ((np.uint32(b) & ~np.uint32(segmask)) | min_lane).astype(np.int64)
+            ok = j <= max_lane
+        src = np.where(ok, (self.tid - lane).astype(np.int64) + j, self.tid.astype(np.int64))
+        self.write(ops[0], np.broadcast_to(a, (self.threads,))[src], run)
+
+    def op_atom(self, parts, ops, run):
+        """atom[.sem][.scope].global.op.type d, [a], b[, c] and the vector f32 add atom.global.vN.f32.add: thread
+        by thread in thread order, element by element, each read-modify-write indivisible; d gets the old
+        values. (The threads of one instruction are unordered on a GPU: a test must accept any order.)"""
+        parts = _unordered(parts)
+        if parts[1] != "global":
+            raise SimError(f"{'.'.join(parts)}: only global atomics")
+        vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
+        kind, t = (parts[-1], parts[-2]) if vec > 1 else (parts[2], parts[-1])
+        bits = int(t.lstrip("bfus"))
+        nbytes = bits // 8
+        outs = [o.strip() for o in ops[0].strip("{}").split(",")]
+        values = [np.broadcast_to(as_uint(self.value(o.strip()), bits), (self.threads,))
+                  for o in ops[-1].strip("{}").split(",")]
+        compare = np.broadcast_to(as_uint(self.value(ops[2]), bits), (self.threads,)) if kind == "cas" else None
+        addr = self.address(ops[1])
+        olds = np.zeros((vec, self.threads), dtype=np.uint64)
+        for lane in np.nonzero(run)[0]:
+            (off,) = self.mem.offsets(addr[lane:lane + 1], nbytes * vec)
+            for j in range(vec):
+                at = int(off) + j * nbytes
+                old = int.from_bytes(self.mem.bytes[at:at + nbytes].tobytes(), "little")
+                cmp = None if compare is None else int(compare[lane])
+                new = _atomic_result(kind, t, old, int(values[j][lane]), cmp)
+                self.mem.bytes[at:at + nbytes] = np.frombuffer(new.to_bytes(nbytes, "little"), dtype=np.uint8)
+                self.mem.writes[at:at + nbytes] += 1
+                olds[j, lane] = old
+        for j, o in enumerate(outs):
+            self.write(o, olds[j], run)
+
+    def op_mapa(self, parts, ops, run):
+        addr = as_uint(self.value(ops[1]), 32)
+        rank = as_uint(self.value(ops[2]), 32)
+        self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
+
+
+_ORDERING = {"weak", "relaxed", "acquire", "release", "acq_rel", "volatile", "cta", "cluster", "gpu", "sys"}
+
+
+def _unordered(parts: list[str]) -> list[str]:
+    """An instruction's name without its memory ordering and scope: one thread at a time, the simulator's
+    accesses are all sequentially consistent."""
+    return [p for p in parts if p not in _ORDERING]
+
+
+def _atomic_result(kind: str, t: str, old: int, value: int, compare: int | None) -> int:
+    """The bits an atomic of `kind` on type t (u32, s64, f32, noftz f16/bf16, b16...) leaves in memory; floats add
+    exactly and round once."""
+    bits = int(t.lstrip("bfus"))
+    mask = (1 << bits) - 1
+    if kind == "exch":
+        return value
+    if kind == "cas":
+        return value if old == compare else old
+    if t[0] in "us" and kind == "add":
+        return (old + value) & mask
+    if t[0] in "us" and kind in ("min", "max"):
+        a, b = (x - (1 << bits) if t[0] == "s" and x >> (bits - 1) else x for x in (old, value))
+        return (min(a, b) if kind == "min" else max(a, b)) & mask
+    if t[0] != "f" and t != "bf16" or kind != "add":
+        raise SimError(f"the simulator does not know atom.{kind}.{t}")
+    total = np.array([_to_float(old, t) + _to_float(value, t)])
+    return int(as_uint(from_float(total, t, ()) if t in ("f16", "bf16") else total.astype(float_dtype(t)), bits)[0])
+
+
+def _to_float(bits: int, t: str) -> float:
+    if t == "bf16":
+        return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+    width = {"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[t]
+    return float(np.array([bits], dtype=width).view(float_dtype(t))[0])
+
+
+def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
+    off = addr.astype(np.int64)
+    if (off % nbytes).any():
+        raise SimError("a misaligned shared-memory access")
+    if (off < 0).any() or (off + nbytes > size).any():
+        raise SimError("an access outside shared memory")
+    return off
+
+
+def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
+           threads: int = 128) -> None:
+    """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
+    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turn from one cluster barrier to the
+    next."""
+    prog = Program(ptx)
+    if len(args) != len(prog.params):
+        raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
+    params = dict(zip(prog.params, args))
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    if grid[0] % cluster:
+        raise SimError(f"a grid of {grid[0]} is not a whole number of clusters of {cluster}")
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x0 in range(0, grid[0], cluster):
+                ctas: list[CTA] = []
+                for r in range(cluster):
+                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads))
+                running = [c.run() for c in ctas]
+                while running:
+                    waiting = []
+                    for gen in running:
+                        try:
+                            next(gen)
+                            waiting.append(gen)
+                        except StopIteration:
+                            pass
+                    if waiting and len(waiting) != len(running):
+                        raise SimError("a CTA exited while the others of its cluster wait at a barrier")
+                    running = waiting
+
+
+class Device:
+    """Tensors in a simulated global memory: place a CPU tensor's storage once, pass views of it to `run`, read it
+    back with `fetch`. A tensor keeps its address modulo 64 (CPU storage is 64-byte aligned), so the
+    specialization a kernel compiles for on the CPU tensors holds for the placed ones."""
+
+    def __init__(self, size: int = 16 << 20):
+        self.mem = Memory(size)
+        self.bases: list[tuple[Any, int]] = []  # (CPU base tensor, arena offset)
+        self.free = 0
+
+    def place(self, base) -> None:
+        if base.data_ptr() % 64 or not base.is_contiguous():
+            raise SimError("place contiguous tensors whose storage is 64-byte aligned")
+        self.bases.append((base, self.free))
+        self.mem.place(base, self.free)
+        self.mem.allocations.append((self.free, self.free + base.numel() * base.element_size()))
+        self.free += -(-base.numel() * base.element_size() // 256) * 256 + 256  # a guard gap between tensors
+
+    def address(self, t) -> int:
+        for base, offset in self.bases:
+            start = base.data_ptr()
+            if start <= t.data_ptr() < start + base.numel() * base.element_size() or t.data_ptr() == start:
+                return self.mem.base + offset + t.data_ptr() - start
+        raise SimError("a tensor that was not placed")
+
+    def fetch(self, base):
+        import torch
+        for b, offset in self.bases:
+            if b is base:
+                raw = self.mem.read(self.mem.base + offset, base.numel() * base.element_size())
+                return torch.from_numpy(raw).view(base.dtype).reshape(base.shape)
+        raise SimError("a tensor that was not placed")
+
+    def run(self, compiled, grid: tuple[int, ...], *args, cluster: int = 1) -> None:
+        """Launch a CompiledKernel on runtime arguments (placed tensors or their views, and scalars)."""
+        import torch
+        values: list = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                values += [self.address(a), *a.shape, *a.stride()]
+            else:
+                values.append(a)
+        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads)

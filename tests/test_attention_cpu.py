@@ -1,0 +1,158 @@
+"""examples/attention.py on the CPU: the forward (with the logsumexp) and the gradients through the torch
+wrappers, run by the interpreter against an fp32 torch reference on small ragged shapes (GQA, causal, every head
+dimension, the forward's schedules); and every default configuration compiled for sm_90a with no spill, no
+ptxas warning, no relayout of an accumulator, and wgmmas that ptxas need not serialize."""
+import math
+import os
+import re
+import sys
+import warnings
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import attention as A  # noqa: E402
+
+
+def reference(q, k, v, causal, scale):
+    """o and lse in fp32, query i seeing keys 0..i when causal (SDPA's is_causal)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (x.float().repeat_interleave(group, 1) for x in (k, v))
+    s = (q.float() @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril().logical_not(), -float("inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def inputs(b, h, hk, sq, sk, d, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, sq, d, generator=g).to(dtype)
+    k = torch.randn(b, hk, sk, d, generator=g).to(dtype)
+    v = torch.randn(b, hk, sk, d, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+
+
+FORWARD = [  # (b, h, hk, sq, sk, d, causal, dtype, config)
+    (1, 2, 1, 200, 300, 64, False, torch.bfloat16, {}),  # GQA, ragged, Sq != Sk
+    (1, 2, 2, 130, 100, 64, True, torch.float16, {}),  # causal with Sq > Sk
+    (1, 2, 1, 70, 250, 128, True, torch.bfloat16, {}),
+    (1, 1, 1, 65, 90, 256, False, torch.bfloat16, {}),
+    (1, 2, 2, 300, 130, 64, True, torch.bfloat16, {"CONSUMERS": 3, "BN": 64}),
+    (1, 1, 1, 100, 200, 64, True, torch.bfloat16, {"OVERLAP": False, "PINGPONG": False}),
+    (1, 1, 1, 100, 200, 64, False, torch.bfloat16, {"PINGPONG": False, "STAGES": 3}),
+    (2, 4, 1, 40, 70, 96, True, torch.bfloat16, {}),  # MQA, a head dim padded to 128
+]
+
+
+@pytest.mark.parametrize("b,h,hk,sq,sk,d,causal,dtype,config", FORWARD)
+def test_forward_matches_torch(interpret, b, h, hk, sq, sk, d, causal, dtype, config):
+    q, k, v = inputs(b, h, hk, sq, sk, d, dtype)
+    scale = 0.8 / math.sqrt(d)
+    o, lse = A.attention_forward(q, k, v, causal, scale, config)
+    ref, ref_lse = reference(q, k, v, causal, scale)
+    assert o.shape == q.shape and o.dtype == dtype
+    torch.testing.assert_close(o.float(), ref, atol=1.5e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-5)
+
+
+BACKWARD = [  # (b, h, hk, sq, sk, d, causal)
+    (1, 2, 1, 100, 130, 64, False),
+    (1, 2, 2, 130, 100, 64, True),
+    (1, 4, 2, 70, 200, 128, True),
+    (1, 1, 1, 65, 90, 256, False),
+    (1, 2, 1, 64, 64, 96, True),
+]
+
+
+@pytest.mark.parametrize("b,h,hk,sq,sk,d,causal", BACKWARD)
+def test_gradients_match_torch(interpret, b, h, hk, sq, sk, d, causal):
+    q, k, v = (x.requires_grad_() for x in inputs(b, h, hk, sq, sk, d, seed=1))
+    do = torch.randn(b, h, sq, d, generator=torch.Generator().manual_seed(2)).to(q.dtype)
+    A.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=h != hk).backward(do)
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    reference(qf, kf, vf, causal, 1 / math.sqrt(d))[0].backward(do.float())
+    for x, ref in ((q, qf), (k, kf), (v, vf)):
+        err = (x.grad.float() - ref.grad).abs().max() / ref.grad.abs().max()
+        assert err < 1e-2, (err, x.shape)
+
+
+def test_sdpa_conventions_are_checked():
+    q, k, v = inputs(1, 4, 2, 64, 64, 64)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        A.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        A.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(64, 64, dtype=torch.bool))
+    with pytest.raises(ValueError, match="positive"):
+        A.attention_forward(q, q, q, scale=-1.0)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        A.attention_forward(q.float(), q.float(), q.float())
+
+
+# ---------------------------------------------------------------------------------------------- sm_90a
+
+def compile_forward(d, causal, dtype=torch.bfloat16, **config):
+    q = torch.empty(2, 4, 4096, d, dtype=dtype)
+    lse = torch.empty(2, 4, 4096)
+    cfg = {**A.forward_config(d, causal), **config}
+    consumers = cfg["CONSUMERS"]
+    return A.attention_fwd.compile(q, q, q, q, lse, 0.1, D=d, CAUSAL=causal, **cfg, num_warpgroups=1 + consumers,
+                                   REGISTERS=A.registers_per_consumer(consumers), target="sm_90a")
+
+
+def compile_backward(d, causal, **config):
+    q = torch.empty(2, 4, 4096, d, dtype=torch.bfloat16)
+    rows, acc = torch.empty(2, 4, 4096), torch.empty(2, 4, 4096, d)
+    cfg = {**A.backward_config(d, causal), **config}
+    consumers = cfg["CONSUMERS"]
+    return A.attention_bwd.compile(q, q, q, q, rows, rows, acc, q, q, 0.1, 0.1, D=d, CAUSAL=causal, **cfg,
+                                   num_warpgroups=1 + consumers, REGISTERS=A.registers_per_consumer(consumers),
+                                   target="sm_90a")
+
+
+def assert_clean(compile_fn, *args, **kwargs):
+    """No ptxas warning, no spill, no relayout but of a splat (a zeros accumulator), and no wgmma group with a
+    register written between its fence and its commit (ptxas would serialize it)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = compile_fn(*args, **kwargs)
+    assert not [w for w in caught if issubclass(w.category, (mgjit.PtxasWarning, mgjit.CompileWarning))], \
+        [str(w.message) for w in caught]
+    assert c.spills == 0, c.ptxas_report
+    relayouts = [line for line in c.ir.splitlines() if "= relayout(" in line]
+    sources = {re.search(r"relayout\((%\d+)\)", line).group(1) for line in relayouts}
+    for src in sources:
+        assert re.search(rf"\s{src} = splat\(", c.ir), f"{src} is relayouted and is not a splat"
+    for group in re.findall(r"wgmma\.fence\.sync\.aligned;(.*?)wgmma\.commit_group", c.ptx, re.S):
+        assert not re.search(r"^\s*(cvt\.rn\.(bf16|f16)|mov\.b32\s+%r\d+, \{|mul\.rn\.f32)", group, re.M), \
+            "an A fragment or accumulator register written inside a wgmma group"
+    return c
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_compiles_clean(d, causal):
+    c = assert_clean(compile_forward, d, causal)
+    assert "setmaxnreg.inc.sync.aligned.u32 240" in c.ptx and "setmaxnreg.dec.sync.aligned.u32 24" in c.ptx
+    assert re.search(r"bar\.sync %r\d+, 256;", c.ptx) and re.search(r"bar\.arrive %r\d+, 256;", c.ptx)  # ping-pong
+    assert "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group" in c.ptx  # the TMA-store epilogue
+    assert "wgmma.wait_group.sync.aligned 1;" in c.ptx  # S of the next block overlaps the softmax
+
+
+def test_forward_variants_compile_clean():
+    assert_clean(compile_forward, 64, True, dtype=torch.float16, CONSUMERS=3, BN=64)
+    assert_clean(compile_forward, 128, False, OVERLAP=False, PINGPONG=False, STAGES=3)
+
+
+@pytest.mark.parametrize("d", [64, 128, pytest.param(256, marks=pytest.mark.xfail(
+    strict=True, reason="dK, dV (64 columns x 128 each) and dQ spill ~400 bytes at D=256"))])
+def test_backward_compiles_clean(d):
+    c = assert_clean(compile_backward, d, True)
+    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in c.ptx  # dQ's reduce-add

@@ -1,0 +1,237 @@
+"""GMEM windows at every alignment, row length and row stride, checked on the CPU: the PTX compiled for sm_90a runs
+instruction by instruction in tests/ptx_sim.py (which also faults on misaligned accesses, loads that touch no
+allocation and shuffles or barriers in divergent code), and the whole memory afterwards must be exactly the
+copy asked for: the window's elements inside the tensor copied, not one other byte changed.
+
+Which accesses the compiler picks is checked on the PTX: plain vectors when the launch proves alignment,
+aligned accesses of the alignment it proves (4 bytes and up), and aligned 32-bit words shifted by prmt below
+that (rows of 4097 bf16), with no bounds test where the whole window is inside the tensor."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ptx_sim  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+@mgjit.kernel
+def copy_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    w = (mgjit.ds(r0 + mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(c0 + mgjit.program_id(1) * COLS, COLS))
+    out[w] = x[w]
+
+
+@mgjit.kernel
+def cast_window(x, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    w = (mgjit.ds(mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(mgjit.program_id(1) * COLS, COLS))
+    out[w] = x[w].astype(out.dtype)
+
+
+@mgjit.kernel
+def copy_flat(x, out, s0, BLOCK: mgjit.constexpr):
+    w = mgjit.ds(s0 + mgjit.program_id(0) * BLOCK, BLOCK)
+    out[w] = x[w]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MGJIT_CACHE_DIR", str(tmp_path_factory.mktemp("gmem-vectors-cache")))
+        yield
+
+
+def random_like(t):
+    if t.dtype.is_floating_point:
+        return torch.randn(t.shape, dtype=torch.float32).to(t.dtype)
+    return torch.randint(-100, 100, t.shape, dtype=t.dtype)
+
+
+def run_copy(kernel, grid, x_base, x, out_base, out, *scalars, **constexprs):
+    """Run a copy kernel on the simulator; return (the out base it wrote, what it should hold)."""
+    compiled = kernel.compile(x, out, *scalars, **constexprs, target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.place(x_base)
+    dev.place(out_base)
+    before = dev.mem.bytes.copy()
+    dev.run(compiled, grid, x, out, *scalars)
+    got = dev.fetch(out_base)
+    lo = dev.bases[1][1]
+    hi = lo + out_base.numel() * out_base.element_size()
+    after = dev.mem.bytes
+    assert (after[:lo] == before[:lo]).all() and (after[hi:] == before[hi:]).all(), "a byte outside `out` changed"
+    return got, compiled
+
+
+def expected_window(out_base, out, x, rows, cols):
+    ref = out_base.clone()
+    view = ref.as_strided(out.shape, out.stride(), out.storage_offset())
+    r = [i for i in rows if 0 <= i < x.shape[0]]
+    c = [j for j in cols if 0 <= j < x.shape[1]]
+    if r and c:
+        view[r[0]:r[-1] + 1, c[0]:c[-1] + 1] = x[r[0]:r[-1] + 1, c[0]:c[-1] + 1]
+    return ref
+
+
+ALL = (slice(None), slice(None))
+# (dtype, x base shape, x view (slices of the base), out base shape, out view, ROWS, COLS, grid, starts (r0, c0)):
+# every case has windows that start before, end after and straddle the ends of rows, and rows that start
+# anywhere in a 16-byte chunk; x and out are aligned differently.
+CASES = [
+    # rows of 4097 bf16: each row starts 2 bytes further into a chunk; windows over many lanes and registers
+    (BF16, (3, 4097), ALL, (3, 4100), (slice(None), slice(3, None)), 1, 1024, (3, 5), [(0, 0), (0, 3), (1, -5)]),
+    # strided rows that start 4 bytes into a chunk, f32
+    (torch.float32, (4, 700), (slice(None), slice(1, 651)), (4, 650), ALL, 2, 512, (2, 2), [(0, 0), (1, -1), (0, 7)]),
+    # several rows per warp: lane runs end at row boundaries
+    (BF16, (50, 77), ALL, (50, 80), (slice(None), slice(1, 78)), 32, 16, (2, 6), [(0, 0), (3, 5), (0, -9)]),
+    (torch.float16, (40, 33), ALL, (40, 33), ALL, 16, 64, (3, 1), [(0, 0), (-2, 1)]),
+    # bytes: shifts within words, 1-byte pieces
+    (torch.int8, (9, 301), ALL, (9, 307), (slice(None), slice(5, 306)), 4, 128, (3, 3), [(0, 0), (1, 7), (0, -13)]),
+    # 8-byte elements one element into a chunk
+    (torch.float64, (6, 131), (slice(None), slice(1, 131)), (6, 130), ALL, 2, 64, (3, 3), [(0, 0), (0, 3)]),
+    # aligned rows whose length is not a multiple of the access: plain vectors, the last one of a row masked
+    # (loads) or stored element by element (stores)
+    (BF16, (5, 1008), (slice(None), slice(0, 1001)), (5, 1016), (slice(None), slice(0, 1001)), 2, 512, (3, 2),
+     [(0, 0), (0, 16)]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[5]}x{c[6]}")
+def test_copy_window_any_alignment(case):
+    dtype, x_shape, x_view, out_shape, out_view, rows, cols, grid, starts = case
+    x_base = random_like(torch.empty(x_shape, dtype=dtype))
+    x = x_base[x_view]
+    out_base = random_like(torch.empty(out_shape, dtype=dtype))
+    out = out_base[out_view]
+    assert out.shape == x.shape
+    for r0, c0 in starts:
+        got, compiled = run_copy(copy_window, grid, x_base, x, out_base, out, r0, c0, ROWS=rows, COLS=cols)
+        want = expected_window(out_base, out, x, range(r0, r0 + rows * grid[0]), range(c0, c0 + cols * grid[1]))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"window at ({r0}, {c0})"
+
+
+@pytest.mark.parametrize("first", [1, 0], ids=["shifted", "aligned"])
+def test_loads_past_the_end_read_zero(first):
+    """A window of x that goes past its rows' ends, stored into a wider out: what x lacks reads as zero. Rows
+    end 2 bytes into a chunk; they start 2 bytes in, or aligned (1040 bf16 apart)."""
+    x_base = random_like(torch.empty(6, 1040, dtype=BF16))
+    x = x_base[:, first:1017]
+    n = x.shape[1]
+    out = random_like(torch.empty(6, 1100, dtype=BF16))
+    got, _ = run_copy(copy_window, (3, 1), x_base, x, out, out, 0, 0, ROWS=2, COLS=1024)
+    want = out.clone()
+    want[:, :n] = x
+    want[:, n:1024] = 0
+    assert torch.equal(got, want)
+
+
+def test_whole_rows_write_each_byte_once():
+    """Inside a row, chunks and pieces cover every byte exactly once: nothing is written twice."""
+    x = random_like(torch.empty(4, 2053, dtype=BF16))
+    compiled = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=2048, target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.place(x)
+    out = random_like(x)
+    dev.place(out)
+    dev.run(compiled, (4, 1), x, out, 0, 0)
+    lo = dev.bases[1][1]
+    writes = torch.from_numpy(dev.mem.writes[lo:lo + out.numel() * 2].copy()).view(4, 2053, 2)
+    assert (writes[:, :2048] == 1).all() and (writes[:, 2048:] == 0).all()
+    assert torch.equal(dev.fetch(out)[:, :2048], x[:, :2048])
+
+
+def test_copy_from_aligned_to_misaligned_rows():
+    """The load aligned, the store shifted, and the other way round."""
+    a = random_like(torch.empty(4, 1024, dtype=BF16))
+    b_base = random_like(torch.empty(4, 1027, dtype=BF16))
+    b = b_base[:, 3:]
+    got, _ = run_copy(copy_window, (4, 1), a, a, b_base, b, 0, 0, ROWS=1, COLS=1024)
+    want = b_base.clone()
+    want[:, 3:] = a
+    assert torch.equal(got, want)
+    got, _ = run_copy(copy_window, (4, 1), b_base, b, a, a, 0, 0, ROWS=1, COLS=1024)
+    assert torch.equal(got, b)
+
+
+@pytest.mark.parametrize("src,dst", [(BF16, torch.float32), (torch.float32, BF16)])
+def test_cast_between_widths(src, dst):
+    """bf16 rows into f32 ones and back, both misaligned: the f32 rows start 4 bytes into a chunk (4-byte
+    accesses), the bf16 ones 2 bytes into a word (whole words shifted by prmt, and 2-byte ends)."""
+    x_base = random_like(torch.empty(6, 1100, dtype=src))
+    out_base = random_like(torch.empty(6, 1100, dtype=dst))
+    x, out = x_base[:, 1:1034], out_base[:, 3:1036]
+    got, compiled = run_copy(cast_window, (3, 3), x_base, x, out_base, out, ROWS=2, COLS=512)
+    want = out_base.clone()
+    want[:, 3:1036] = x.to(dst)
+    assert torch.equal(got, want)
+    assert "st.global.b32" in compiled.ptx and not re.search(r"st\.global\.v[24]", compiled.ptx)
+    assert "prmt.b32" in compiled.ptx
+
+
+@pytest.mark.parametrize("dtype,offset", [(torch.float32, 3), (BF16, 5)])
+def test_copy_flat_at_an_offset(dtype, offset):
+    x_base = random_like(torch.empty(1200, dtype=dtype))
+    out_base = random_like(torch.empty(1100, dtype=dtype))
+    x, out = x_base[offset:offset + 1000], out_base[1:1001]
+    for s0 in (0, -7, 9):
+        got, _ = run_copy(copy_flat, (2,), x_base, x, out_base, out, s0, BLOCK=512)
+        want = out_base.clone()
+        lo, hi = max(s0, 0), min(s0 + 1024, 1000)
+        want[1 + lo:1 + hi] = x[lo:hi]
+        assert torch.equal(got, want), f"start {s0}"
+
+
+ACCESSES = ("ld.global.v4.b32", "st.global.v4.b32", "ld.global.b32", "st.global.b32", "ld.global.b16",
+            "st.global.b16", "prmt.b32")
+
+
+def body_accesses(ptx: str) -> dict[str, int]:
+    return {k: len(re.findall(re.escape(k) + r"\b", ptx)) for k in ACCESSES}
+
+
+def unchecked_blocks(ptx: str) -> list[str]:
+    """The PTX of each window's unchecked path: from the branch on the window being inside the tensor to the
+    branch past the checked path."""
+    return re.findall(r"@%p\d+ bra\s+\S+;(.*?)bra\.uni", ptx, re.S)
+
+
+def test_ragged_bf16_rows_get_word_accesses():
+    """x[row, ds(0, 4096)] on rows of 4097 bf16 (every row starts 2 bytes further into a word). Where the window
+    is inside the tensor (one test for the CTA): per 8 elements, 5 aligned word loads (the fifth only when the
+    access starts inside a word) shifted into place by 4 prmt, and 3 or 4 word stores shifted by 3 prmt plus a
+    2-byte head and tail; no bounds test, no shuffle, no element-by-element access. (16-byte chunks shifted
+    between lanes took 3 to 6 times the instructions: a runtime shift goes through a tree of selects.)"""
+    x = torch.empty(100, 4097, dtype=BF16)
+    c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
+    load, store = unchecked_blocks(c.ptx)
+    accesses = 4  # of 16 bytes per thread
+    assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 5 * accesses,
+                                   "prmt.b32": 4 * accesses}
+    assert len(re.findall(r"@%p\d+ ld", load)) == accesses and "setp.lt" not in load
+    assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": 4 * accesses,
+                                    "st.global.b16": 2 * accesses, "prmt.b32": 3 * accesses}
+    assert "shfl" not in c.ptx
+    assert "x: bfloat16[rank 2, align 2, unit-stride, last%1]" in c.meta["specialization"]
+
+
+def test_misaligned_f32_rows_get_4_byte_accesses():
+    """Rows of 4097 f32 start 4 bytes further into a chunk each: 4-byte accesses, with no shifting, and no
+    bounds test where the window is inside the tensor."""
+    x = torch.empty(100, 4097)
+    c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
+    load, store = unchecked_blocks(c.ptx)
+    assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 32}
+    assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": 32}
+    assert "prmt" not in c.ptx and "shfl" not in c.ptx and "setp.lt" not in load
+
+
+def test_aligned_rows_keep_plain_vectors():
+    x = torch.empty(100, 4096, dtype=BF16)
+    c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
+    assert body_accesses(c.ptx) == {**dict.fromkeys(ACCESSES, 0), "ld.global.v4.b32": 4, "st.global.v4.b32": 4}
+    assert "shfl" not in c.ptx and "bra" not in c.ptx

@@ -1,0 +1,237 @@
+"""The Hopper matmul's schedules on the CPU (examples/matmul_hopper.py, examples/_matmul_schedules.py): every
+schedule interpreted against torch on small awkward shapes through the wrapper (stream-K cut tiles with both
+fix-ups, split-K, swap-AB for M = 1, 3, 16, M = 64 tiles, transposed and strided operands, f16, the
+epilogue), the spans a profiled stream-K launch records, the heuristics' picks per shape class, and ptxas with
+no spills for every kind of config."""
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+import mgjit
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import _matmul_schedules as schedules  # noqa: E402
+import matmul_hopper as mh  # noqa: E402
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture
+def interpreted(monkeypatch, poison_empty):
+    """The wrapper's launches run in the interpreter on a GPU of `sms` SMs (3 unless a test sets another), into
+    outputs poisoned with NaN."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    sms = {"count": 3}
+    monkeypatch.setattr(mh, "_sm_count", lambda device: sms["count"])
+    monkeypatch.setattr(schedules, "_WORKSPACES", {})
+    return sms
+
+
+def rel_err(out, ref):
+    assert not out.isnan().any(), "some of the poisoned output was never written"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def operands(m, n, k, dtype=BF16, a_layout="row", b_layout="row"):
+    """a (m, k) and b (k, n) as the layouts say: row-major, a transposed view ("t") or a strided view."""
+    a = torch.randn(k, m, dtype=dtype).t() if a_layout == "t" else (
+        torch.randn(m, 2 * k + 8, dtype=dtype)[:, 8:8 + k] if a_layout == "strided" else torch.randn(m, k, dtype=dtype))
+    b = torch.randn(n, k, dtype=dtype).t() if b_layout == "t" else torch.randn(k, n, dtype=dtype)
+    return a, b
+
+
+CASES = {  # (m, n, k, config, sms, operand layouts)
+    "dp-128x256": (300, 304, 200, dict(BM=128, BN=256), 3, {}),
+    "dp-m64-tile": (77, 200, 128, dict(BM=64, BN=128), 3, {}),
+    "stream-k-1": (200, 136, 320, dict(BM=128, BN=128, STREAM_K=1), 3, {}),
+    "stream-k-2": (300, 200, 256, dict(BM=128, BN=64, STREAM_K=2), 4, {}),
+    "stream-k-atomic": (200, 136, 320, dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False), 3, {}),
+    "split-k": (130, 128, 512, dict(BM=128, BN=128, STREAM_K=1, SPLIT=3), 8, {}),
+    "stream-k-m64": (77, 136, 448, dict(BM=64, BN=64, STREAM_K=1), 5, {}),
+    # fewer k-iterations than CTAs (77 x 3000 x 333 and 512^3 on 132 SMs): a CTA with an empty range between a
+    # cut tile's contributors was expected in its lock, which never filled: the tile was never stored
+    "stream-k-fewer-iterations-than-ctas": (77, 136, 200, dict(BM=128, BN=128, STREAM_K=1), 12, {}),
+    "split-k-more-splits-than-iterations": (130, 128, 192, dict(BM=128, BN=128, STREAM_K=1, SPLIT=8), 16, {}),
+    # M = 77 swapped: BN = 80, whose cut tiles are fixed up 16 columns at a time (register arrays are 2^n wide)
+    "swap-m77-bn80": (77, 136, 200, dict(SWAP_AB=True, BM=64, BN=80, STREAM_K=1), 5, {}),
+    "swap-fewer-iterations-than-ctas": (16, 256, 256, dict(SWAP_AB=True, BM=64, BN=16, STREAM_K=1), 24, {}),
+    "swap-m1": (1, 200, 320, dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), 3, {}),
+    "swap-m3-bm64": (3, 136, 512, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 4, {}),
+    "swap-m16-dp": (16, 200, 128, dict(SWAP_AB=True, BM=128, BN=16), 3, {}),
+    "swap-b-kmajor": (5, 136, 320, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 3, dict(b_layout="t")),
+    "swap-a-transposed": (3, 136, 128, dict(SWAP_AB=True, BM=64, BN=64), 3, dict(a_layout="t")),
+    "a-transposed": (200, 136, 192, dict(BM=128, BN=128, STREAM_K=1), 3, dict(a_layout="t")),
+    "a-strided-b-kmajor": (200, 136, 192, dict(BM=128, BN=128), 3, dict(a_layout="strided", b_layout="t")),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_schedule_matches_torch(case, interpreted):
+    m, n, k, config, sms, layouts = CASES[case]
+    interpreted["count"] = sms
+    a, b = operands(m, n, k, **layouts)
+    c = mh.matmul(a, b, config)
+    assert c.shape == (m, n) and rel_err(c, a.float() @ b.float()) < 5e-3
+
+
+def test_f16_and_the_epilogue_on_swapped_and_stream_k_tiles(interpreted):
+    a, b = operands(3, 136, 320, dtype=F16)
+    bias, scale = torch.randn(136, dtype=F16), torch.tensor([0.5])
+    ref = torch.nn.functional.gelu((a.float() @ b.float()) * 0.5 + bias.float())
+    for config in (dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), dict(BM=64, BN=64, STREAM_K=1)):
+        c = mh.matmul(a, b, config, scale=scale, bias=bias, activation="gelu")
+        assert c.dtype == F16 and rel_err(c, ref) < 5e-3
+
+
+def test_fp8_decode_candidates_on_more_ctas_than_iterations(interpreted):
+    """fp8 with a small M (the GPU's 64 x 512 x 1024): every candidate is stream-K over fewer k-iterations than
+    SMs; each must store every element."""
+    interpreted["count"] = 12
+    a = (torch.randn(16, 512) * 2).to(torch.float8_e4m3fn)
+    w = (torch.randn(256, 512) * 2).to(torch.float8_e4m3fn)
+    scale = torch.tensor([0.125])
+    ref = (a.float() @ w.float().t()) * 0.125
+    problem = schedules.Problem.of(a, w, True, BF16, True, False, None)
+    for config in schedules.candidates(problem, 12):
+        assert rel_err(mh.matmul(a, w, config, scale=scale, b_kmajor=True), ref) < 5e-3, schedules.describe(config)
+
+
+def test_stream_k_is_bitwise_repeatable_and_leaves_its_workspace_clean(interpreted):
+    a, b = operands(200, 136, 320)
+    config = dict(BM=128, BN=128, STREAM_K=1)
+    first, again = mh.matmul(a, b, config), mh.matmul(a, b, config)
+    assert torch.equal(first, again)
+    mh.matmul(a, b, {**config, "DETERMINISTIC": False})
+    for (_, _, deterministic), (ws, locks) in schedules._WORKSPACES.items():
+        assert not locks.any(), "every lock is reset by the CTA that finishes its tile"
+        assert deterministic or not ws.any(), "the atomic fix-up zeroes the slots it added into"
+
+
+def test_stream_k_under_a_random_schedule(interpreted):
+    a, b = operands(200, 136, 320)
+    cfg = schedules.normalize(schedules.Problem.of(a, b, False, BF16, False, False, None),
+                              dict(BM=128, BN=128, STREAM_K=1))
+    problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
+    c = torch.full((200, 136), float("nan"), dtype=BF16)
+    plan = schedules.launch_plan(problem, cfg, 3)
+    mh.matmul_kernel.interpret(policy="random", seed=5)[plan.grid](a, b, c, c, c, *schedules.workspace(
+        plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+
+
+class InterpretedTimer:
+    """Stands in for the CUDA event timer: runs each candidate once (interpreted) and rates the last one run
+    fastest."""
+
+    device = "interpreter"
+
+    def __init__(self):
+        self.configs = []
+
+    def __call__(self, run) -> float:
+        run()
+        self.configs.append(run.config)
+        return 100.0 - len(self.configs)
+
+
+def test_candidates_are_timed_into_an_output_padded_for_tma(interpreted, monkeypatch, tmp_path):
+    """Rows of 135 bf16 are not a multiple of 16 bytes: the wrapper pads its output's rows for the TMA store,
+    and times its candidates into one made the same way (on the GPU, 4097 x 4095 found every candidate refused:
+    they were timed into an unpadded output, whose rows TMA cannot store)."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))  # no remembered timings
+    timer = InterpretedTimer()
+    monkeypatch.setattr(schedules, "TIMER", timer)
+    monkeypatch.setattr(schedules, "_CHOSEN", {})
+    monkeypatch.setattr(schedules, "_TIMED", {})
+    a, b = operands(130, 135, 64)
+    options = schedules.candidates(schedules.Problem.of(a, b, False, BF16, False, False, None), 3)
+    assert len(options) > 1 and any(o["TMA_STORE"] for o in options)
+    c = mh.matmul(a, b)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+    assert len(timer.configs) == len(options) and schedules.chosen(a, b) == options[-1]
+    times = schedules.timings(a, b)  # what benchmarks/matmul.py prints under each shape
+    assert list(times) == [schedules.describe(o) for o in options]
+    assert list(times.values()) == [f"{100.0 - i:.4f} ms" for i in range(1, len(options) + 1)]
+
+
+def first_choice(m, n, k, dtype=BF16, sms=132):
+    a, b = torch.empty(m, k, dtype=dtype), torch.empty(k, n, dtype=dtype)
+    return schedules.candidates(schedules.Problem.of(a, b, False, dtype, False, False, None), sms)
+
+
+@pytest.mark.parametrize("shape,expected", [
+    ((3, 4096, 4096), dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1)),
+    ((16, 8192, 8192), dict(SWAP_AB=True, BN=16, STREAM_K=1)),
+    ((64, 4096, 4096), dict(SWAP_AB=True, BN=64)),
+    ((8192, 8192, 8192), dict(SWAP_AB=False, BM=128, BN=256, STREAM_K=0, TMA_STORE=True)),
+    ((4096, 4096, 4096), dict(BM=128, BN=256, STREAM_K=2, TMA_STORE=False)),
+    ((1000, 3000, 2000), dict(BM=128, BN=256, STREAM_K=1)),
+    ((1024, 1024, 16384), dict(BM=128, BN=256, STREAM_K=1)),
+    ((128, 8192, 8192), dict(BM=128, BN=256, STREAM_K=1)),
+    ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0))])
+def test_the_heuristics_favourite_per_shape_class(shape, expected):
+    options = first_choice(*shape)
+    assert 1 <= len(options) <= 5
+    assert {k: options[0][k] for k in expected} == expected
+    for option in options:  # every candidate fits: at least two stages beside its epilogue tile
+        assert option["STAGES"] >= 2
+
+
+# One config of each kind the heuristics propose (tile, schedule, epilogue, operand majors); each must compile
+# without spills. (The 128 x 256 data-parallel config is tests/test_hopper_cpu.py's.)
+SPILL_CONFIGS = {
+    "stream-k-256": dict(BM=128, BN=256, STREAM_K=2, TMA_STORE=False, STAGES=4),
+    "stream-k-128": dict(BM=128, BN=128, STREAM_K=2, STAGES=6),
+    "stream-k-atomic": dict(BM=128, BN=192, STREAM_K=1, STAGES=4, DETERMINISTIC=False),
+    "m64-stream-k": dict(BM=64, BN=256, STREAM_K=1, STAGES=4),
+    "stream-k-128x64": dict(BM=128, BN=64, STREAM_K=1, STAGES=8),
+    "m64-dp-deep": dict(BM=64, BN=64, STAGES=12),
+    "swap-decode": dict(BM=128, BN=16, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False,
+                        BIAS=True, BIAS_ROWS=True, SCALED=True, ACTIVATION="gelu"),
+    "swap-m77": dict(BM=128, BN=80, STAGES=8, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+    "swap-decode-m64": dict(BM=64, BN=8, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+}
+
+
+def compile_config(name):
+    config = {**mh.DEFAULT_CONFIG, **SPILL_CONFIGS[name]}
+    x, out = torch.empty(4096, 4096, dtype=BF16), torch.empty(4096, 4096, dtype=BF16)
+    # The stream-K workspace as schedules.workspace makes it: f32 rows of a multiple of 8 columns (16-byte aligned).
+    ws = torch.empty(64, config["BN"])
+    return mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
+                                    torch.empty(1, dtype=torch.int32), **config,
+                                    num_warpgroups=config["BM"] // 64 + 1, target="sm_90a")
+
+
+@pytest.mark.parametrize("name", SPILL_CONFIGS)
+def test_ptxas_reports_no_spills(name):
+    c = compile_config(name)
+    assert c.spills == 0, c.ptxas_report
+    assert c.smem_bytes <= 232448
+
+
+def test_the_atomic_fix_up_adds_every_accumulator_element():
+    """Each consumer thread adds its 64 x 192 / 128 accumulator elements into the workspace, two per vector
+    atomic, each pair from its own registers (the GPU's atomic fix-up once added the first element everywhere:
+    every source pair was one register twice)."""
+    sources = re.findall(r"atom\.relaxed\.gpu\.global\.v2\.f32\.add \{[^}]*\}, \[[^]]*\], \{([^}]*)\};",
+                         compile_config("stream-k-atomic").ptx)
+    registers = [r.strip() for pair in sources for r in pair.split(",")]
+    assert len(sources) == 64 * 192 // 128 // 2 and len(set(registers)) == len(registers)
+
+
+def test_stream_k_work_items_carry_the_spans_of_a_tile(interpreted):
+    """matmul(..., profile=) records the spans of a stream-K launch: each CTA's data-parallel tile and its range
+    of the cut tile are one work item each, loaded in one "load tile" span and computed in one "tile" span
+    (its "mma", then its "epilogue": the fix-up for the cut tile)."""
+    from span_checks import check_matmul_spans
+    a, b = operands(200, 136, 320)
+    prof = mgjit.Profile()
+    c = mh.matmul(a, b, dict(BM=128, BN=128, STREAM_K=1), profile=prof)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+    # 2 x 2 tiles on 3 CTAs: tiles 0-2 data-parallel, one per CTA; tile 3's 5 k-iterations cut 1 + 2 + 2
+    # over the 3 CTAs: two work items per CTA.
+    check_matmul_spans(prof, grid=3, tiles=4, items=[2, 2, 2])

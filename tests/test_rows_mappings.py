@@ -1,0 +1,185 @@
+"""Every mapping the row examples may pick (examples/_rows.py candidates: rows per program, two warpgroups,
+segments over a cluster, rows streamed in chunks), each forced, on the CPU: interpreted against torch on fresh random inputs with the
+outputs poisoned, and a few run from their sm_90a PTX on tests/ptx_sim.py (rows that start anywhere in a
+16-byte chunk, clusters, several warpgroups). The autotuner picks among these on a GPU, so each must be right."""
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import layernorm as ln  # noqa: E402
+import ptx_sim  # noqa: E402
+import rmsnorm as rms  # noqa: E402
+import softmax as sm  # noqa: E402
+
+BF16 = torch.bfloat16
+TOL = {torch.float32: 2e-6, BF16: 5e-3, torch.float16: 1e-3}
+
+
+def rel_err(out, ref) -> float:
+    assert not out.isnan().any(), "some of the poisoned output was never written"
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def kernels(x, dtype):
+    """(kernel, args, constexprs, outputs to check against references) of each row example for x. Sums over
+    long rows round more in f32: their tolerances grow with the row."""
+    n = x.shape[1]
+    scale = max(1.0, n / 8192)
+    w, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
+    target = torch.randint(0, n, (x.shape[0],))
+    target[::3] = -100
+    xd = x.double()
+    out = [torch.full_like(x, float("nan")) for _ in range(3)]
+    loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
+    return [
+        (sm.softmax_kernel, (x, out[0]), {}, [(out[0], torch.softmax(xd, 1), TOL[dtype] * scale)]),
+        (rms.rmsnorm_kernel, (x, w, out[1]), {"eps": 1e-6},
+         [(out[1], torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6), TOL[dtype] * scale)]),
+        (ln.layernorm_rows, (x, w, b, out[2]), {"eps": 1e-5},
+         [(out[2], torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), TOL[dtype] * scale)]),
+        (ce.cross_entropy_rows, (x, target, loss, lse, -100), {},
+         [(loss, torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100), 1e-5 * scale),
+          (lse, torch.logsumexp(xd, 1), 1e-6 * scale)]),
+    ]
+
+
+# A cluster of 2 CTAs of 2 warpgroups holding 8192 columns each: its last segment lies wholly past a row of
+# 20000 (its maximum is -inf, its count 0), which must add nothing to the row's statistics.
+PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
+
+
+@pytest.mark.parametrize("n", [3, 77, 4097, 9000, 20000])
+def test_every_candidate_interpreted(n):
+    x = torch.randn(5, n) * 3
+    for config in _rows.candidates(n) + ([PAST_THE_END] if n == 20000 else []):
+        for kernel, args, constexprs, checks in kernels(x, torch.float32):
+            kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
+            for got, ref, tol in checks:
+                assert rel_err(got, ref) < tol, f"{kernel.name} {config}"
+
+
+def test_candidates_cover_every_length():
+    """Held mappings cover the row; every row longer than one warpgroup holds can also stream (the mapping used
+    before rows were split over clusters: the autotuner can always fall back to it); longer rows only stream."""
+    for n in [1, 2, 127, 128, 129, 4096, 4097, 8192, 8193, 32000, 100000, 131072, 262144]:
+        configs = _rows.candidates(n)
+        assert configs, n
+        assert (_rows.streaming() in configs) == (n > _rows.SEGMENT), n
+        for c in configs:
+            k = c.kwargs
+            segments = k["CTAS"] * k["WGS"]
+            assert k["BLOCK"] > 0 or sum(k["PARTS"]) * segments >= n and k["ROWS"] >= 1
+            assert k["CTAS"] <= 8 and k["WGS"] <= 4 and (c.num_warpgroups or 1) == k["WGS"]
+            assert (c.cluster or (1, 1, 1))[0] == k["CTAS"]
+    assert _rows.mapping(262145) == (_rows.streaming(),)
+    assert _rows.mapping(262145, stream=8192) == (_rows.streaming(8192),)
+
+
+# From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a word) as one and as two
+# warpgroups, 9000-wide f16 rows over a cluster of 2 and streamed, 20000-wide bf16 rows over 3 CTAs of 2
+# warpgroups.
+SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (9000, torch.float16, -1), (20000, BF16, 3)]
+
+
+@pytest.mark.parametrize("n,dtype,which", SIMULATED)
+def test_ptx_of_candidates_simulated(n, dtype, which):
+    config = _rows.candidates(n)[which]
+    x = (torch.randn(3, n) * 3).to(dtype)
+    for kernel, args, constexprs, checks in kernels(x, dtype)[::3]:  # softmax and cross-entropy
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        dev = ptx_sim.Device()
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                dev.place(a)
+        dev.run(compiled, _rows.grid(x.shape[0], config), *args, cluster=config.kwargs["CTAS"])
+        for got, ref, tol in checks:
+            assert rel_err(dev.fetch(got), ref) < max(tol, TOL[dtype]), f"{kernel.name} {config}"
+
+
+def test_examples_read_rows_in_whole_words():
+    """The PTX of the examples' heuristic picks: 4097-wide bf16 rows (every one starting at another offset in a
+    32-bit word) loaded and stored as aligned words shifted by prmt, never an element at a time, with no bounds
+    test where a window is inside the tensor (tests/test_gmem_vectors.py counts them); cross-entropy's aligned
+    bf16 logits loaded 16 bytes at a time, with no relayout through shared memory (what made it slow), and
+    where a program holds one row, the target's logit as one 2-byte load."""
+    x = torch.empty(64, 4097, dtype=BF16)
+    c = sm.compile(x, x, "sm_90a")
+    assert "prmt.b32" in c.ptx and "ld.global.b32" in c.ptx and "st.global.b32" in c.ptx
+    assert "ld.global.b16" not in c.ptx and "ld.global.v4" not in c.ptx and "shfl.sync.down" not in c.ptx
+    for n in (1000, 4096, 4097):
+        logits, target, loss = torch.empty(64, n, dtype=BF16), torch.empty(64, dtype=torch.long), torch.empty(64)
+        c = ce.compile(logits, target, loss, "sm_90a")
+        one_row = ce.mapping(n)[0].kwargs["ROWS"] == 1
+        assert ("ld.global.v4.b32" in c.ptx) == (n % 8 == 0) and c.ptx.count("ld.global.b16") == one_row, n
+        assert c.smem_bytes <= 256, n  # the reductions' scratch only (a relayout took 1216 and 4144 bytes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
+def test_fused_candidates_do_not_spill(dtype):
+    """Every block size the fused elementwise example may pick, on a flat size that is not a multiple of the
+    16-byte access (the ragged end's store is the costliest in registers)."""
+    import fused_elementwise as fe
+    x = torch.empty(4097 * 33, dtype=dtype)
+    for config in fe.BLOCKS:
+        assert fe.fused_flat.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").spills == 0, config
+
+
+class PreferTimer:
+    """A fake timer under which `best` is the fastest config."""
+    device = "stub-gpu"
+
+    def __init__(self, best):
+        self.best = best
+
+    def __call__(self, run) -> float:
+        run()
+        return 1.0 if run.config == self.best else 2.0
+
+
+@pytest.mark.parametrize("n", [1000, 20000], ids=["rows", "cluster"])
+def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(monkeypatch, tmp_path, n):
+    """_rows.tuned_launch on a stub GPU (tests/launch_stub.py): the first call of a shape sweeps the candidates
+    (a fake timer prefers the second), later calls launch the chosen mapping in one C call, with the grid its
+    grid callable computes from the config's ROWS and CTAS, its cluster and its warpgroups; a constexpr passed
+    by name (rmsnorm's eps) takes the same path."""
+    from launch_stub import StubGPU
+    try:
+        gpu = StubGPU(monkeypatch)
+    except RuntimeError as e:  # no C compiler or no DLPack exchange API: nothing to test here
+        pytest.skip(f"the C launcher is unavailable: {e}")
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    configs = _rows.mapping(n)
+    best = configs[1]
+    misses = []
+
+    def tuned(kernel, candidates, key):
+        t = mgjit.autotune(configs=list(candidates), key=[key], timer=PreferTimer(best), jobs=1)(kernel)
+        original = t._c_miss
+        monkeypatch.setattr(t, "_c_miss", lambda *a, **k: misses.append(kernel.name) or original(*a, **k))
+        return t
+
+    monkeypatch.setattr(_rows, "_tuned", functools.lru_cache(maxsize=None)(tuned))
+    monkeypatch.setattr(_rows, "tuning_enabled", lambda x: True)
+    x, w = torch.randn(64, n), torch.randn(n)
+    for example, kernel, args, constexprs in ((sm.softmax, sm.softmax_kernel, (x,), {}),
+                                              (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6})):
+        example(*args)
+        first = len(gpu.launches)
+        example(*args)
+        example(*args)
+        assert misses.count(kernel.name) == 1 and len(gpu.launches) == first + 2
+        last = gpu.launches[-1]
+        assert last.path == "c" and last.grid == (64 // best.kwargs["ROWS"] * best.kwargs["CTAS"], 1, 1)
+        assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
+        assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), **constexprs) == best
