@@ -196,7 +196,7 @@ def _atomic_width(ctx: lower.Context, op: Atomic, ref: lower.LoweredRef, layout:
     as its first element says), else 1."""
     if op.kind != "add" or op.ref.dtype != dtypes.float32:
         return 1
-    w, align = _vector_width(ctx, op, ref, layout, shape)
+    w, align, _ = _vector_width(ctx, op, ref, layout, shape)
     w = min(w, 4, align // op.ref.dtype.itemsize, ref.spec.size_div)
     return w if w in (2, 4) else 1
 
