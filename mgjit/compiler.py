@@ -185,6 +185,7 @@ def check_and_infer(kernel, spec: Specialization):
     _check_specialization(kernel, spec)
     _warn_replicated_stores(kernel)
     target = targets.get(spec.target, kernel.loc)
+    _check_parameter_space(kernel, target)
     for op in kernel.walk():
         if op.requires is not None:
             targets.check_unit(target, op.requires, f"`{op.name}`", op.loc)
@@ -234,6 +235,18 @@ def _warn(compiled: CompiledKernel, source: SourceFunction) -> None:
     for text in compiled.meta.get("warnings", []):
         warnings.warn_explicit(f"{compiled.name} ({compiled.target}): ptxas: {text}", PtxasWarning, loc.file,
                                loc.line)
+
+
+def _check_parameter_space(kernel, target) -> None:
+    """The launch's values must fit the target's parameter space (ptxas would stop with a bare error)."""
+    fields = abi.kernel_fields([(p.kind, p.dtype, p.rank) for p in kernel.params], len(kernel.tma_descriptors))
+    size = abi.buffer_layout(fields).size
+    if size > target.param_bytes:
+        tensors = sum(p.kind == "tensor" for p in kernel.params)
+        raise CompileError(f"{kernel.name}'s parameters take {size} bytes ({tensors} tensors, each an address and a "
+                           f"size and stride per dimension, plus scalars and TMA descriptors), more than the "
+                           f"{target.param_bytes} bytes a {target.name} kernel can take; pass fewer tensors, or "
+                           "views with fewer dimensions", kernel.loc)
 
 
 def _warn_replicated_stores(kernel) -> None:

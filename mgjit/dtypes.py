@@ -12,6 +12,7 @@ class DType:
     mlir: str  # the MLIR type spelling
     torch_name: str | None  # attribute of the torch module, None where torch has no such type
     tma: str  # the CUtensorMapDataType a TMA descriptor of this element type names (CU_TENSOR_MAP_DATA_TYPE_*)
+    max_finite: float | None = None  # floats: the largest finite value (fp8 conversions saturate to it)
     # Block-scaling formats that only TMA, SMEM and the tensor cores move and read (no register arithmetic).
     storage_only: bool = False
 
@@ -40,13 +41,13 @@ class DType:
         return f"mgjit.{self.name}"
 
 
-float32 = DType("float32", 32, "float", "f32", "float32", "FLOAT32")
-float16 = DType("float16", 16, "float", "f16", "float16", "FLOAT16")
-bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16", "BFLOAT16")
-float64 = DType("float64", 64, "float", "f64", "float64", "FLOAT64")
+float32 = DType("float32", 32, "float", "f32", "float32", "FLOAT32", 3.4028234663852886e38)
+float16 = DType("float16", 16, "float", "f16", "float16", "FLOAT16", 65504.0)
+bfloat16 = DType("bfloat16", 16, "float", "bf16", "bfloat16", "BFLOAT16", 3.3895313892515355e38)
+float64 = DType("float64", 64, "float", "f64", "float64", "FLOAT64", 1.7976931348623157e308)
 # TMA moves bytes: fp8 and 8-bit integers travel as UINT8, int16 as UINT16 (no conversion happens).
-float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn", "UINT8")
-float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2", "UINT8")
+float8_e4m3fn = DType("float8_e4m3fn", 8, "float", "f8E4M3FN", "float8_e4m3fn", "UINT8", 448.0)
+float8_e5m2 = DType("float8_e5m2", 8, "float", "f8E5M2", "float8_e5m2", "UINT8", 57344.0)
 int8 = DType("int8", 8, "int", "i8", "int8", "UINT8")
 int16 = DType("int16", 16, "int", "i16", "int16", "UINT16")
 int32 = DType("int32", 32, "int", "i32", "int32", "INT32")
@@ -77,17 +78,23 @@ def from_torch(torch_dtype: object) -> DType:
 
 
 def promote(a: DType, b: DType) -> DType:
-    """The result type of a binary op between arrays of two dtypes (torch's rules for the types we have)."""
+    """The result type of a binary op between arrays of two dtypes (torch's rules for the types we have): the
+    same whichever comes first. Types of one width that cannot hold each other meet in a wider one: float16 and
+    bfloat16 in float32, the two fp8s in float16 (which holds both exactly; torch refuses them), int8 and uint8
+    in int16."""
     if a == b:
         return a
     if a.is_float != b.is_float:
         return a if a.is_float else b
     if a.is_float:
-        if {a, b} == {float16, bfloat16}:
-            return float32
-        return a if a.bits >= b.bits else b
+        if a.bits == b.bits:
+            return float32 if a.bits == 16 else float16
+        return a if a.bits > b.bits else b
     if a == bool_:
         return b
     if b == bool_:
         return a
-    return a if a.bits >= b.bits else b
+    if a.is_signed != b.is_signed:
+        signed, unsigned = (a, b) if a.is_signed else (b, a)
+        return signed if signed.bits > unsigned.bits else int16
+    return a if a.bits > b.bits else b

@@ -173,7 +173,10 @@ def _index_only(op: ir.Op) -> bool:
 
 def infer_layouts(kernel: ir.Kernel) -> None:
     overrides: dict[int, Layout] = {}
-    for _ in range(16):
+    # Each restart places at least one free anchor that no earlier one placed, so inference ends within one
+    # attempt per free anchor (a fixed count gave up on kernels with many loads).
+    attempts = 1 + sum(1 for op in kernel.walk() if op.free_anchor or op.free_with_operand)
+    for _ in range(attempts):
         inf = Inference(kernel, overrides)
         try:
             inf.block(kernel.body)

@@ -63,6 +63,9 @@ erf = _builtin("erf", "erf(x)")
 sin = _builtin("sin", "sin(x)")
 cos = _builtin("cos", "cos(x)")
 abs = _builtin("abs", "abs(x)")
+fma = _builtin("fma", "fma(a, b, c): a * b + c rounded once (f32, f64; narrower floats in f32, then rounded).")
+clz = _builtin("clz", "clz(x): the number of leading zero bits of each integer, within its dtype's width.")
+popc = _builtin("popc", "popc(x): the number of one bits of each integer, within its dtype's width.")
 sum = _builtin("sum", "sum(x, axis=None): a reduction.")
 max = _builtin("max", "max(x, axis=None): a reduction.")
 min = _builtin("min", "min(x, axis=None): a reduction.")
@@ -189,5 +192,5 @@ trace = _builtin("trace", "with trace(name): a span of this warpgroup, recorded 
                           "(kernel[grid](..., profile=mgjit.Profile())); nothing at all otherwise.")
 
 UNARY_BUILTINS = {exp: "exp", exp2: "exp2", log: "log", log2: "log2", sqrt: "sqrt", rsqrt: "rsqrt",
-                  tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs"}
+                  tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs", clz: "clz", popc: "popc"}
 REDUCE_BUILTINS = {sum: "sum", max: "max", min: "min"}

@@ -22,6 +22,7 @@ class Target:
     smem_bytes: int               # dynamic shared memory one CTA may use
     tmem_columns: int             # 32-bit tensor-memory columns per CTA (128 lanes each); 0: none
     max_cluster_ctas: int         # CTAs in one cluster (the non-portable limit, opted into at launch)
+    param_bytes: int              # a kernel's parameter space (4352 bytes before PTX ISA 8.1, 32764 from it)
     units: frozenset[str]         # hardware units its ops may use (see UNITS)
 
 
@@ -36,9 +37,9 @@ UNITS = {"tma": "the TMA engine exists", "mbarrier": "mbarriers exist", "cluster
          "tma_gather4": "TMA gather4 exists"}
 
 HOPPER = Target("sm_90a", "Hopper", (9, 0), "+ptx83", smem_bytes=232448, tmem_columns=0, max_cluster_ctas=16,
-                units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
+                param_bytes=32764, units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "wgmma"}))
 BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx87", smem_bytes=232448, tmem_columns=512,
-                   max_cluster_ctas=16,
+                   max_cluster_ctas=16, param_bytes=32764,
                    units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05", "clc", "tma_gather4"}))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}

@@ -153,6 +153,18 @@ class Arithmetic:
             out.append(field & ((1 << bits) - 1))
         self.write(ops[0], np.array(out, dtype=np.uint64), run)
 
+    def op_bfi(self, parts, ops, run):
+        """bfi.bN d, a, b, pos, len: b with its bits pos .. pos + len - 1 taken from a's lowest bits."""
+        bits = int(parts[-1][1:])
+        a, b = ([int(v) for v in np.broadcast_to(as_uint(self.value(o), bits), (self.threads,))] for o in ops[1:3])
+        pos, ln = ([int(v) & 255 for v in np.broadcast_to(as_uint(self.value(o), 32), (self.threads,))]
+                   for o in ops[3:5])
+        out = []
+        for x, y, p, n in zip(a, b, pos, ln):
+            field = ((1 << min(n, bits)) - 1) << p & ((1 << bits) - 1)
+            out.append((y & ~field | x << p & field) & ((1 << bits) - 1))
+        self.write(ops[0], np.array(out, dtype=np.uint64), run)
+
     def op_min(self, parts, ops, run):
         if parts[-1].startswith("f"):
             return self._float(parts, ops, run, fmin_nan)

@@ -173,6 +173,29 @@ def test_cast_between_widths(src, dst):
     assert "prmt.b32" in compiled.ptx
 
 
+@pytest.mark.parametrize("dst", [torch.int8, torch.int16])
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_narrow_stores_of_values_from_wide_loads(dst, offset):
+    """int64 rows (two elements a vector) cast to 8- or 16-bit rows that start `offset` elements into a word:
+    accesses of 1 or 2 bytes. Their elements were packed through a vector<1 x i8> -> i32 bitcast, an LLVM
+    translation failure (an internal error found by the differential fuzzer; fp8 rows too, below)."""
+    x_base = random_like(torch.empty(4, 300, dtype=torch.int64))
+    out_base = random_like(torch.empty(4, 300, dtype=dst))
+    x, out = x_base[:, 1:261], out_base[:, offset:offset + 260]
+    got, _ = run_copy(cast_window, (2, 3), x_base, x, out_base, out, ROWS=2, COLS=128)
+    want = out_base.clone()
+    want[:, offset:offset + 260] = x.to(dst)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dst", [torch.float8_e5m2, torch.float8_e4m3fn])
+def test_narrow_fp8_stores_of_values_from_wide_loads_compile(dst):
+    x = torch.zeros(4, 300, dtype=torch.int64)[:, 1:261]
+    out = torch.zeros(4, 300, dtype=dst)[:, 1:261]
+    for target in ("sm_90a", "sm_100a"):
+        assert "st.global.u8" in cast_window.compile(x, out, ROWS=2, COLS=128, target=target).ptx
+
+
 @pytest.mark.parametrize("dtype,offset", [(torch.float32, 3), (BF16, 5)])
 def test_copy_flat_at_an_offset(dtype, offset):
     x_base = random_like(torch.empty(1200, dtype=dtype))

@@ -245,12 +245,13 @@ def test_split_k_with_tma_reduce_add():
 
 
 @mgjit.kernel
-def pipe_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr, STAGES: mgjit.constexpr):
+def pipe_matmul(a, b, c, BM: mgjit.constexpr, BN: mgjit.constexpr, BK: mgjit.constexpr, STAGES: mgjit.constexpr,
+                RELEASE: mgjit.constexpr = 1):
     m0 = mgjit.program_id(0) * BM
     n0 = mgjit.program_id(1) * BN
     acc = mgjit.zeros((BM, BN), mgjit.float32)
     for k, a_t, b_t in mgjit.pipeline(mgjit.cdiv(a.shape[1], BK), mgjit.tile(a, (m0, 0), (BM, BK), (0, BK)),
-                                      mgjit.tile(b, (0, n0), (BK, BN), (BK, 0)), stages=STAGES):
+                                      mgjit.tile(b, (0, n0), (BK, BN), (BK, 0)), stages=STAGES, release=RELEASE):
         acc = mgjit.wgmma(acc, a_t, b_t)
     c[mgjit.ds(m0, BM), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
 
@@ -276,6 +277,17 @@ def test_pipeline_helper(kernel, m, n, k):
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     kernel[(triton_cdiv(m, 128), triton_cdiv(n, 128))](a, b, c, BM=128, BN=128, BK=64, STAGES=4)
+    assert rel_err(c, a.float() @ b.float()) < 1e-2
+
+
+@pytest.mark.parametrize("stages,release", [(4, 2), (4, 3), (3, 0)])
+def test_pipeline_helper_keeping_wgmmas_in_flight(stages, release):
+    """release wgmmas stay in flight; the ring never refills a slot one of them still reads."""
+    a = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, 304, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((1000, 304), float("nan"), device="cuda", dtype=torch.bfloat16)
+    pipe_matmul[(triton_cdiv(1000, 128), triton_cdiv(304, 128))](a, b, c, BM=128, BN=128, BK=64, STAGES=stages,
+                                                                  RELEASE=release)
     assert rel_err(c, a.float() @ b.float()) < 1e-2
 
 

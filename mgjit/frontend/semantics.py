@@ -5,12 +5,13 @@ Python numbers as weak-typed constants, dtype promotion, numpy broadcasting, ele
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Any, Callable, Sequence
 
 from .. import dtypes, ir, ops
 from ..dtypes import DType
 from ..errors import CompileError, Rule
-from ..ops.elementwise import FLOAT_ONLY_UNARY
+from ..ops.elementwise import FLOAT_ONLY_UNARY, INT_ONLY_UNARY
 from ..source import SourceFunction, closure_vars
 from .values import Builder, Expanded, Tensor
 
@@ -41,6 +42,10 @@ _PY_BINOPS: dict[str, Callable[[Any, Any], Any]] = {
     "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "pow": lambda a, b: a ** b,
     "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
     "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b}
+# Arithmetic on two bools: + is or and * is and (torch, numpy); the rest has no bool meaning.
+_BOOL_ARITHMETIC = {"add": "or", "mul": "and", "sub": None, "floordiv": None, "mod": None, "shl": None, "shr": None,
+                    "pow": None}
+_OPERATOR = {"sub": "-", "floordiv": "//", "mod": "%", "shl": "<<", "shr": ">>", "pow": "**"}
 _PY_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
     "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
@@ -100,8 +105,11 @@ class Semantics:
         if isinstance(x, Expanded):
             return x.tensor
         if isinstance(x, (bool, int, float)):
+            # A Python number takes `like` within its kind (an int with an int8 array is int8, a float with a
+            # bf16 array bf16), never a lower kind: with a bool array an int stays an int (torch's rule).
             dtype = python_scalar_dtype(x)
-            if like is not None and (like.is_float or not isinstance(x, float)) and not isinstance(x, bool):
+            if like is not None and not isinstance(x, bool) and (
+                    like.is_float or (not isinstance(x, float) and like != dtypes.bool_)):
                 dtype = like
             value = float(x) if dtype.is_float else int(x)
             return Tensor(self, self.builder.add(ops.Constant(value, dtype, self.builder.loc)).result)
@@ -138,23 +146,22 @@ class Semantics:
                 raise self.error(f"cannot broadcast shape {own} to {shape}")
         return self.emit(ops.Broadcast(src.value, shape, tuple(d for _, d in keep), self.builder.loc))
 
-    def _operands(self, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-        """Promote two operands to one dtype and one shape (numpy broadcasting; Python numbers are weak)."""
-        if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):
+    def _operands(self, *xs: Any) -> list[Tensor]:
+        """Promote operands to one dtype and one shape (numpy broadcasting; Python numbers are weak: they take
+        the dtype of the runtime operands)."""
+        typed = [x for x in xs if isinstance(x, (Tensor, Expanded))]
+        if not typed:
             raise self.error("internal error: no runtime operand")
-        if not isinstance(a, (Tensor, Expanded)):
-            a = self.to_tensor(a, b.dtype)
-        if not isinstance(b, (Tensor, Expanded)):
-            b = self.to_tensor(b, a.dtype)
-        dtype = dtypes.promote(a.dtype, b.dtype)
-        shape_a, shape_b = tuple(a.shape), tuple(b.shape)
+        like = functools.reduce(dtypes.promote, (x.dtype for x in typed))
+        xs = [x if isinstance(x, (Tensor, Expanded)) else self.to_tensor(x, like) for x in xs]
+        dtype = functools.reduce(dtypes.promote, (x.dtype for x in xs))
+        shapes = [tuple(x.shape) for x in xs]
         try:
-            shape = broadcast_shape(shape_a, shape_b)
+            shape = functools.reduce(broadcast_shape, shapes)
         except ValueError:
-            raise self.error(f"shapes {shape_a} and {shape_b} do not broadcast") from None
-        a = self.broadcast_to(a, shape) if (shape_a != shape or isinstance(a, Expanded)) else a
-        b = self.broadcast_to(b, shape) if (shape_b != shape or isinstance(b, Expanded)) else b
-        return self.cast(a, dtype), self.cast(b, dtype)
+            raise self.error(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+        return [self.cast(self.broadcast_to(x, shape) if (s != shape or isinstance(x, Expanded)) else x, dtype)
+                for x, s in zip(xs, shapes)]
 
     def _on_view(self, fn, *xs: Any) -> Expanded | None:
         """Elementwise work on expanded views and scalars stays on the view (no materialised size-1 dims)."""
@@ -173,6 +180,11 @@ class Semantics:
         if view is not None:
             return view
         a, b = self._operands(a, b)
+        if a.dtype == dtypes.bool_ and kind in _BOOL_ARITHMETIC:  # torch's and numpy's meaning of bool + bool
+            if _BOOL_ARITHMETIC[kind] is None:
+                raise self.error(f"`{_OPERATOR[kind]}` on bool values is not supported; use & | ^ ~ on bools, or "
+                                 "convert them with .astype(mgjit.int32) first")
+            kind = _BOOL_ARITHMETIC[kind]
         if kind == "div" and not a.dtype.is_float:
             a, b = self.cast(a, dtypes.float32), self.cast(b, dtypes.float32)
         if kind == "pow" and not a.dtype.is_float:
@@ -207,9 +219,18 @@ class Semantics:
         x = self.to_tensor(x)
         if kind in FLOAT_ONLY_UNARY and not x.dtype.is_float:
             x = self.cast(x, dtypes.float32)
+        if kind in INT_ONLY_UNARY and (not x.dtype.is_int or x.dtype == dtypes.bool_):
+            raise self.error(f"mgjit.{kind} needs an integer array or scalar, got {x.dtype.name}")
         if kind == "not" and x.dtype != dtypes.bool_ and not x.dtype.is_int:
             raise self.error(f"~ needs a bool or integer operand, got {x.dtype.name}")
         return self.emit(ops.Unary(kind, x.value, self.builder.loc))
+
+    def fma(self, a: Any, b: Any, c: Any) -> Tensor:
+        """a * b + c rounded once; integer operands are converted to float32 (like exp and the other math)."""
+        a, b, c = self._operands(a, b, c)
+        if not a.dtype.is_float:
+            a, b, c = (self.cast(x, dtypes.float32) for x in (a, b, c))
+        return self.emit(ops.Fma(a.value, b.value, c.value, self.builder.loc))
 
     def select(self, cond: Any, a: Any, b: Any) -> Tensor:
         if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):

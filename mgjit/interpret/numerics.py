@@ -35,10 +35,18 @@ def widen(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return x.to(compute_dtype(dtype))
 
 
+def round_float(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """A float tensor rounded to float `dtype`, to nearest even; fp8 saturates everything but NaN to its
+    largest finite value (cvt.rn.satfinite, the only conversion to fp8 PTX has)."""
+    if dtype.bits == 8:
+        x = torch.where(torch.isnan(x), x, x.clamp(-dtype.max_finite, dtype.max_finite))
+    return x.to(torch_dtype(dtype))
+
+
 def constant(value: int | float | bool, dtype: DType) -> torch.Tensor:
     """A scalar of `dtype`; a float constant is rounded to the dtype as the lowering's constant is."""
     if dtype.is_float:
-        return torch.tensor(float(value), dtype=torch.float64).to(torch_dtype(dtype))
+        return round_float(torch.tensor(float(value), dtype=torch.float64), dtype)
     return torch.tensor(value, dtype=torch_dtype(dtype))
 
 
@@ -64,7 +72,9 @@ def cast(x: torch.Tensor, src: DType, dst: DType) -> torch.Tensor:
         return x != 0  # a float NaN is true, as `cmpf une` makes it
     if src.is_float and not dst.is_float:
         return _float_to_int(x, dst)
-    return x.to(torch_dtype(dst))
+    if dst.is_float and dst.bits == 8 and src != dtypes.float32:  # the lowering converts through f32
+        x = cast(x, src, dtypes.float32)
+    return round_float(x, dst) if dst.is_float else x.to(torch_dtype(dst))
 
 
 def _float_to_int(x: torch.Tensor, dst: DType) -> torch.Tensor:
@@ -75,6 +85,42 @@ def _float_to_int(x: torch.Tensor, dst: DType) -> torch.Tensor:
     if dst.bits == 64:  # float64 cannot hold 2**63 - 1: saturate by comparison instead of clamping
         out = torch.where(wide >= 2.0 ** 63, torch.tensor(hi), torch.where(wide < -2.0 ** 63, torch.tensor(lo), out))
     return out.to(torch_dtype(dst))
+
+
+def fused_multiply_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """a * b + c rounded once to f32 (f64 for f64), then to `dtype`: fma.rn as the lowering emits it.
+
+    f32 operands: the product is exact in f64 and the f64 sum is rounded to odd (a sticky last bit where it
+    was inexact), after which rounding to f32 is the correctly rounded fma. f64 operands: exactly, in rationals
+    (fuzzing and tests use small arrays)."""
+    if dtype == dtypes.float64:
+        return _fma_exact_f64(a, b, c)
+    wa, wb, wc = (x.to(torch.float64) for x in (a, b, c))
+    p = wa * wb
+    s = p + wc
+    bb = s - p
+    error = (p - (s - bb)) + (wc - bb)  # s + error == p + c exactly (TwoSum)
+    mantissa_even = (s.view(torch.int64) & 1) == 0
+    toward = torch.where(error > 0, torch.full_like(s, float("inf")), torch.full_like(s, float("-inf")))
+    odd = torch.where(torch.isfinite(s) & (error != 0) & mantissa_even, torch.nextafter(s, toward), s)
+    return round_float(odd.to(torch.float32), dtype)
+
+
+def _fma_exact_f64(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    from fractions import Fraction
+    a, b, c = torch.broadcast_tensors(a, b, c)
+    out = []
+    for x, y, z in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), c.reshape(-1).tolist()):
+        finite = all(v == v and abs(v) != float("inf") for v in (x, y, z))
+        if not finite:
+            out.append(x * y + z)
+            continue
+        exact = Fraction(x) * Fraction(y) + Fraction(z)
+        try:
+            out.append(float(exact))
+        except OverflowError:
+            out.append(float("inf") if exact > 0 else float("-inf"))
+    return torch.tensor(out, dtype=torch.float64).reshape(a.shape)
 
 
 # e2m1 by its 4 bits: sign, two exponent bits (bias 1), one mantissa bit; no infinities or NaN.

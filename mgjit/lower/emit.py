@@ -11,6 +11,9 @@ from .. import dtypes
 from ..dtypes import DType
 
 _DYNAMIC_INDEX = -2147483648  # llvm.getelementptr's marker for an index given as an operand
+# fp8 has no arithmetic below PTX: values are converted to f32 (through f16x2) and back with cvt.rn.satfinite.
+_FP8 = {d.mlir: d for d in dtypes.ALL if d.is_float and d.bits == 8 and not d.storage_only}  # e8m0, e2m1: bytes (i8)
+_FP8_PTX = {"float8_e4m3fn": "e4m3x2", "float8_e5m2": "e5m2x2"}
 
 
 class Emitter:
@@ -46,7 +49,10 @@ class Emitter:
         t = self.type(dtype)
         ir = self.ir
         if dtype.is_float:
-            attr = ir.FloatAttr.get(t, float(value))
+            value = float(value)
+            if dtype.mlir in _FP8 and value == value:  # saturated, as conversions to fp8 are
+                value = max(-dtype.max_finite, min(dtype.max_finite, value))
+            attr = ir.FloatAttr.get(t, value)
         else:
             v = int(value)
             if dtype == dtypes.bool_:
@@ -78,6 +84,9 @@ class Emitter:
         return self.m.arith.cmpi(getattr(self.m.arith.CmpIPredicate, pred), a, b)
 
     def cmpf(self, pred: str, a, b):
+        fp8 = self.fp8_of(a)
+        if fp8 is not None:  # widening is exact
+            a, b = self.cast(a, fp8, dtypes.float32), self.cast(b, fp8, dtypes.float32)
         return self.m.arith.cmpf(getattr(self.m.arith.CmpFPredicate, pred), a, b)
 
     def select(self, c, a, b): return self.m.arith.select(c, a, b)
@@ -139,25 +148,65 @@ class Emitter:
                                          [_DYNAMIC_INDEX], i8, 0)
 
     def smem_store(self, value, byte_offset) -> None:
+        if self.fp8_of(value) is not None:  # LLVM has no fp8 type: memory holds its byte
+            value = self.bitcast(value, self.int_type(8))
         self.m.llvm.store(value, self.smem_ptr(byte_offset))
 
     def smem_load(self, t, byte_offset):
+        if str(t) in _FP8:
+            return self.bitcast(self.m.llvm.load(self.int_type(8), self.smem_ptr(byte_offset)), t)
         return self.m.llvm.load(t, self.smem_ptr(byte_offset))
 
     # -- floating point
+    def fp8_of(self, x) -> "dtypes.DType | None":
+        """The fp8 dtype of an MLIR value, None if it is not fp8."""
+        return _FP8.get(str(x.type))
+
     def fbinary(self, kind: str, a, b):
         arith = self.m.arith
+        fp8 = self.fp8_of(a)
+        if fp8 is not None:  # in f32, rounded once
+            f32 = dtypes.float32
+            return self.cast(self.fbinary(kind, self.cast(a, fp8, f32), self.cast(b, fp8, f32)), f32, fp8)
         return {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
                 "min": arith.minimumf, "max": arith.maximumf}[kind](a, b)
 
     def ibinary(self, kind: str, a, b, signed: bool):
+        """Integer arithmetic on the operands' width, with PTX's answers where LLVM's would be poison: x // 0 is
+        all ones and x % 0 is x, MIN // -1 wraps, a shift by the width or more (an amount read unsigned) shifts
+        everything out. The guards fold away where the divisor or amount is a constant in range."""
         arith = self.m.arith
+        if kind in ("floordiv", "mod", "shl", "shr"):
+            return self._guarded(kind, a, b, signed)
         table = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "and": arith.andi, "or": arith.ori,
                  "xor": arith.xori, "shl": arith.shli,
                  "floordiv": arith.divsi if signed else arith.divui, "mod": arith.remsi if signed else arith.remui,
                  "min": arith.minsi if signed else arith.minui, "max": arith.maxsi if signed else arith.maxui,
                  "shr": arith.shrsi if signed else arith.shrui}
         return table[kind](a, b)
+
+    def _guarded(self, kind: str, a, b, signed: bool):
+        arith = self.m.arith
+        t = a.type
+        const = lambda v: arith.constant(t, v)  # noqa: E731
+        if kind in ("shl", "shr"):
+            width = self.ir.IntegerType(t).width
+            out_of_range = self.cmpi("uge", b, const(width))
+            amount = self.select(out_of_range, const(0), b)
+            if kind == "shl":
+                return self.select(out_of_range, const(0), arith.shli(a, amount))
+            if signed:  # everything shifted out leaves copies of the sign
+                return arith.shrsi(a, self.select(out_of_range, const(width - 1), amount))
+            return self.select(out_of_range, const(0), arith.shrui(a, amount))
+        zero = self.cmpi("eq", b, const(0))
+        special = self.ori(zero, self.cmpi("eq", b, const(-1))) if signed else zero
+        safe = self.select(special, const(1), b)
+        if kind == "floordiv":  # b == -1: the quotient is -a (wrapping for MIN)
+            q = (arith.divsi if signed else arith.divui)(a, safe)
+            q = self.select(self.cmpi("eq", b, const(-1)), self.subi(const(0), a), q) if signed else q
+            return self.select(zero, const(-1), q)
+        r = (arith.remsi if signed else arith.remui)(a, safe)  # b == -1 leaves no remainder; b == 0 leaves a
+        return self.select(zero, a, r)
 
     def f32_asm(self, instr: str, x):
         f32 = self.ir.F32Type.get()
@@ -173,17 +222,27 @@ class Emitter:
         return self.m.llvm.call(result_type, list(args), [], [], callee=name)
 
     def cast(self, x, src: DType, dst: DType):
+        """Convert between dtypes: floats round to nearest even (fp8 saturates finite: cvt.rn.satfinite), floats
+        to integers truncate toward zero (saturating, NaN to 0), integers extend by the source's signedness."""
         arith = self.m.arith
         if src == dst:
             return x
+        f32 = dtypes.float32
+        if src.mlir in _FP8:  # fp8 widens exactly to f16, then converts from there
+            return self.cast(self._from_fp8(x, src), dtypes.float16, dst)
+        if dst.mlir in _FP8:
+            return self._to_fp8(self.cast(x, src, f32) if src != f32 else x, dst)
         t = self.type(dst)
         if dst == dtypes.bool_:
             zero = self.const(0, src)
             return self.cmpf("UNE", x, zero) if src.is_float else self.cmpi("ne", x, zero)
         if src.is_float and dst.is_float:
+            if src.bits == dst.bits:  # f16 <-> bf16: exactly to f32, then rounded once
+                return arith.truncf(t, arith.extf(self.type(f32), x))
             return arith.extf(t, x) if dst.bits > src.bits else arith.truncf(t, x)
         if src.is_float:
-            return arith.fptosi(t, x) if dst.is_signed else arith.fptoui(t, x)
+            return self._float_to_int(x if src.bits >= 32 else arith.extf(self.type(f32), x),
+                                      src if src.bits >= 32 else f32, dst)
         if dst.is_float:
             return arith.sitofp(t, x) if src.is_signed else arith.uitofp(t, x)
         if dst.bits > src.bits:
@@ -191,6 +250,29 @@ class Emitter:
         if dst.bits < src.bits:
             return arith.trunci(t, x)
         return x
+
+    def _float_to_int(self, x, src: DType, dst: DType):
+        """cvt.rzi to the destination's own width: toward zero, saturated to its range, NaN to 0 (arith's
+        fptosi is poison out of range, and LLVM converts to i8 through s16, wrapping instead of saturating)."""
+        width = max(dst.bits, 16)
+        kind = f"{'s' if dst.is_signed else 'u'}{dst.bits}"
+        regs = {16: "h", 32: "r", 64: "l"}
+        y = self.asm(f"cvt.rzi.{kind}.f{src.bits} $0, $1;", f"={regs[width]},{'f' if src.bits == 32 else 'd'}", [x],
+                     [self.int_type(width)])[0]
+        return self.trunc(y, dst.bits) if dst.bits < width else y
+
+    def _to_fp8(self, x32, dst: DType):
+        """f32 → fp8: one cvt converts a pair (here the pair 0, x; x lands in the low byte)."""
+        zero = self.const(0.0, dtypes.float32)
+        pair = self.asm(f"cvt.rn.satfinite.{_FP8_PTX[dst.name]}.f32 $0, $1, $2;", "=h,f,f", [zero, x32],
+                        [self.int_type(16)])[0]
+        return self.bitcast(self.trunc(pair, 8), self.type(dst))
+
+    def _from_fp8(self, x, src: DType):
+        """fp8 → f16, exactly (the pair's high byte is 0)."""
+        byte = self.zext(self.bitcast(x, self.int_type(8)), 16)
+        pair = self.asm(f"cvt.rn.f16x2.{_FP8_PTX[src.name]} $0, $1;", "=r,h", [byte], [self.int_type(32)])[0]
+        return self.bitcast(self.trunc(pair, 16), self.type(dtypes.float16))
 
     # -- warp shuffles
     def shfl(self, x, kind: str, offset: int):

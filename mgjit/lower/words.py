@@ -12,6 +12,9 @@ from .. import dtypes
 from ..dtypes import DType
 
 
+_INTS = {8: dtypes.int8, 16: dtypes.int16}
+
+
 def to_bits(e, x, dtype: DType):
     """An element as an integer of its storage width."""
     if dtype == dtypes.bool_:
@@ -30,7 +33,7 @@ def from_bits(e, x, dtype: DType):
 
 
 def pack_words(e, elems, dtype: DType) -> list:
-    """Elements (one access) → 32-bit words (or one narrower integer for accesses under 32 bits)."""
+    """Elements (one access) → 32-bit words; an access under 32 bits fills the low bits of one word."""
     bits = dtype.storage_bits
     ints = [to_bits(e, x, dtype) for x in elems]
     if bits == 64:
@@ -43,6 +46,7 @@ def pack_words(e, elems, dtype: DType) -> list:
     if per_word == 1:
         return ints
     # Narrow elements go through a vector<per_word x iN> bitcast: one register move, not shifts and ors.
+    ints += [e.const(0, _INTS[bits])] * (-len(ints) % per_word)
     return [e.pack_i32(ints[i:i + per_word]) for i in range(0, len(ints), per_word)]
 
 

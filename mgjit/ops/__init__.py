@@ -5,7 +5,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | module | ops |
 | --- | --- |
 | program | Constant, ProgramId, NumPrograms, RefDim |
-| elementwise | Unary, Binary, Compare, Select, Cast |
+| elementwise | Unary, Binary, Fma, Compare, Select, Cast |
 | arrays | Splat, Iota, Broadcast, Relayout |
 | reductions | Reduce |
 | control | For, If, Yield |
@@ -32,7 +32,7 @@ from .clc import ClcQuery, ClcTryCancel
 from .clusters import ClusterGather, ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
 from .debug import Print, ProfileEvent, ProfileStart
-from .elementwise import Binary, Cast, Compare, Select, Unary
+from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce
@@ -48,11 +48,11 @@ from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
            "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
-           "Compare", "Constant", "CtaSync", "FenceAsyncShared", "For", "If", "Iota", "Load", "NamedBarrierAlloc",
-           "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent", "ProfileStart",
-           "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout", "ScopedSmemAlloc",
-           "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat",
-           "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut", "TmaGather", "TmaLoad",
-           "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex",
-           "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait",
-           "Yield", "tmem_layout"]
+           "Compare", "Constant", "CtaSync", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
+           "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
+           "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout",
+           "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad",
+           "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut",
+           "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc",
+           "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId",
+           "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

@@ -1,10 +1,11 @@
-"""Elementwise ops on scalars and register arrays: Unary, Binary, Compare, Select, Cast.
+"""Elementwise ops on scalars and register arrays: Unary, Binary, Fma, Compare, Select, Cast.
 
 Each result element comes from the operand elements at the same index, so an op's layout is its operands'
 (inference picks one where they differ) and lowering maps a scalar function over the elements a thread holds.
 Floating-point math follows Triton's choice: exp/log/rsqrt use the hardware approximations
-(ex2/lg2/rsqrt.approx); tanh, erf, sin and cos call libdevice (one table, `_LIBDEVICE`), which the driver
-links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once.
+(ex2/lg2/rsqrt.approx); tanh, erf, sin, cos and ** call libdevice (one table, `_LIBDEVICE`), which the driver
+links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once. Fma is one fused
+multiply-add (fma.rn); clz and popc count bits within the integer's own width.
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from ..layouts import SplatLayout
 from .arrays import Broadcast
 from ..lower.context import num_elems, splat_to
 
-UNARY_KINDS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "not")
+UNARY_KINDS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "not", "clz",
+               "popc")
 FLOAT_ONLY_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos")
+INT_ONLY_UNARY = ("clz", "popc")
 BINARY_KINDS = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "and", "or", "xor", "shl", "shr", "pow")
 COMPARE_KINDS = ("lt", "le", "gt", "ge", "eq", "ne")
 
@@ -44,6 +47,9 @@ class Unary(Op):
         check(self.kind in UNARY_KINDS, self, f"unknown unary op {self.kind}")
         if self.kind in FLOAT_ONLY_UNARY:
             check(x.dtype.is_float, self, f"{self.kind} needs a floating-point operand, got {x.dtype.name}")
+        if self.kind in INT_ONLY_UNARY:
+            check(x.dtype.is_int and x.dtype != dtypes.bool_, self,
+                  f"{self.kind} needs an integer operand, got {x.dtype.name}")
         check(not (self.kind == "neg" and x.dtype == dtypes.bool_), self,
               "negating a bool array is not defined (as in torch): use ~x for logical not, or cast it to a "
               "number type first")
@@ -67,6 +73,23 @@ class Binary(Op):
         check(a.dtype == b.dtype, self, f"operand dtypes differ: {a.dtype.name} and {b.dtype.name}")
         if self.kind in ("and", "or", "xor", "shl", "shr"):
             check(a.dtype.is_int, self, f"{self.kind} needs integer operands, got {a.dtype.name}")
+
+
+class Fma(Op):
+    """a * b + c with one rounding."""
+
+    name = "fma"
+    elementwise = True
+
+    def __init__(self, a: Value, b: Value, c: Value, loc: Loc | None):
+        super().__init__([a, b, c], [a.type], loc)
+
+    def verify(self):
+        a, b, c = self.operands
+        same_shape(self, [a, b, c])
+        check(a.dtype == b.dtype == c.dtype, self,
+              f"operand dtypes differ: {a.dtype.name}, {b.dtype.name} and {c.dtype.name}")
+        check(a.dtype.is_float, self, f"fma needs floating-point operands, got {a.dtype.name}")
 
 
 class Compare(Op):
@@ -120,7 +143,7 @@ def _infer_same_as_operand(op: Op, inf: infer.Inference) -> None:
         inf.set_layout(op.result, op.operands[0].layout, op)
 
 
-@infer.rule(Binary, Compare, Select)
+@infer.rule(Binary, Fma, Compare, Select)
 def _infer_elementwise(op: Op, inf: infer.Inference) -> None:
     layout = inf.choose_common(op, list(range(len(op.operands))))
     if layout is not None:
@@ -131,7 +154,7 @@ def _infer_elementwise(op: Op, inf: infer.Inference) -> None:
 
 # libdevice functions by (unary kind, float width); a kind missing here is computed inline.
 _LIBDEVICE = {("tanh", 32): "__nv_tanhf", ("erf", 32): "__nv_erff", ("sin", 32): "__nv_sinf",
-              ("cos", 32): "__nv_cosf",
+              ("cos", 32): "__nv_cosf", ("pow", 32): "__nv_powf", ("pow", 64): "__nv_pow",
               ("exp", 64): "__nv_exp", ("exp2", 64): "__nv_exp2", ("log", 64): "__nv_log", ("log2", 64): "__nv_log2",
               ("rsqrt", 64): "__nv_rsqrt", ("tanh", 64): "__nv_tanh", ("erf", 64): "__nv_erf", ("sin", 64): "__nv_sin",
               ("cos", 64): "__nv_cos"}
@@ -164,13 +187,26 @@ def _float_unary(e, kind: str, x, dtype: DType):
     return e.cast(y, f32, dtype) if dtype != f32 else y
 
 
+def _pow(e, a, b, dtype: DType):
+    """libdevice's pow (in f32 for narrow floats): negative bases with integer exponents, 0 ** 0 and the other
+    special cases as C's pow has them (exp2(b * log2(a)) would make them NaN)."""
+    f32 = dtypes.float32
+    bits = 64 if dtype == dtypes.float64 else 32
+    wide = [e.cast(x, dtype, f32) for x in (a, b)] if bits == 32 and dtype != f32 else [a, b]
+    y = e.libdevice(_LIBDEVICE[("pow", bits)], wide, wide[0].type)
+    return e.cast(y, f32, dtype) if bits == 32 and dtype != f32 else y
+
+
 def _exact_unary(e, kind: str, x):
-    if kind == "neg":
+    if kind == "neg" and e.fp8_of(x) is None:
         return e.m.arith.negf(x)
     bits = e.ir.FloatType(x.type).width
-    if kind == "abs":  # clear the sign bit: exact for every float width, NaN payloads kept
+    if kind in ("abs", "neg"):  # clear or flip the sign bit: exact for every float width, NaN payloads kept
         as_int = e.bitcast(x, e.int_type(bits))
-        mask = e.m.arith.constant(e.int_type(bits), (1 << (bits - 1)) - 1)
+        sign = 1 << (bits - 1)
+        if kind == "neg":  # fp8 only (arith.negf has no fp8 lowering); -sign is the sign bit as a signed int
+            return e.bitcast(e.m.arith.xori(as_int, e.m.arith.constant(e.int_type(bits), -sign)), x.type)
+        mask = e.m.arith.constant(e.int_type(bits), sign - 1)
         return e.bitcast(e.andi(as_int, mask), x.type)
     reg = {32: "f", 64: "d"}[bits]
     return e.asm(f"sqrt.rn.f{bits} $0, $1;", f"={reg},{reg}", [x], [x.type])[0]
@@ -208,8 +244,36 @@ def _unary(op: Unary, ctx: lower.Context) -> None:
             _map(ctx, op, lambda x: x)
     elif op.kind == "not":
         _map(ctx, op, lambda x: e.m.arith.xori(x, e.const(-1 if dtype != dtypes.bool_ else 1, dtype)))
+    elif op.kind in INT_ONLY_UNARY:
+        _map(ctx, op, lambda x: _bit_count(e, op.kind, x, dtype))
     else:
         raise op.error(f"{op.kind} is not defined for {dtype.name}")
+
+
+def _bit_count(e, kind: str, x, dtype: DType):
+    """clz.b32/b64 or popc.b32/b64 (a u32 count); narrower integers are zero-extended to 32 bits first, which
+    adds 32 - width leading zeros."""
+    width = 64 if dtype.bits == 64 else 32
+    wide = x if dtype.bits == width else e.zext(x, 32)
+    reg = "l" if width == 64 else "r"
+    count = e.asm(f"{kind}.b{width} $0, $1;", f"=r,{reg}", [wide], [e.int_type(32)])[0]
+    if kind == "clz" and dtype.bits < 32:
+        count = e.subi(count, e.i32(32 - dtype.bits))
+    return e.cast(count, dtypes.int32, dtype)
+
+
+@lower.rule(Fma)
+def _fma(op: Fma, ctx: lower.Context) -> None:
+    e, dtype = ctx.e, op.operands[0].dtype
+    f32 = dtypes.float32
+    bits, reg = (64, "d") if dtype == dtypes.float64 else (32, "f")
+
+    def fused(a, b, c):
+        wide = [e.cast(x, dtype, f32) for x in (a, b, c)] if bits == 32 and dtype != f32 else [a, b, c]
+        y = e.asm(f"fma.rn.f{bits} $0, $1, $2, $3;", f"={reg},{reg},{reg},{reg}", wide, [wide[0].type])[0]
+        return e.cast(y, f32, dtype) if bits == 32 and dtype != f32 else y
+
+    _map(ctx, op, fused)
 
 
 @lower.rule(Binary)
@@ -225,8 +289,7 @@ def _binary(op: Binary, ctx: lower.Context) -> None:
         elif kind == "mod":
             _map(ctx, op, lambda a, b: e.fbinary("sub", a, e.fbinary("mul", _floor(e, e.fbinary("div", a, b), dtype), b)))
         elif kind == "pow":
-            _map(ctx, op, lambda a, b: _float_unary(e, "exp2", e.fbinary("mul", b, _float_unary(e, "log2", a, dtype)),
-                                                    dtype))
+            _map(ctx, op, lambda a, b: _pow(e, a, b, dtype))
         else:
             raise op.error(f"{kind} is not defined for {dtype.name}")
     else:
@@ -235,14 +298,17 @@ def _binary(op: Binary, ctx: lower.Context) -> None:
 
 def _divide(e, dtype: DType):
     """Division by values each shared by many elements: one IEEE reciprocal per distinct value, then multiplies
-    (within 1.5 ulp of division; a divide per element is a long instruction sequence)."""
+    (within 1.5 ulp of division; a divide per element is a long instruction sequence). Narrow floats keep the
+    reciprocal and the product in f32 and round once: a reciprocal rounded to f16 overflows for divisors under
+    1/65504, and one rounded to fp8 saturates (x / 0 would be 448 * x)."""
     inverses: dict[int, object] = {}
+    wide = dtypes.float32 if dtype.bits < 32 else dtype
 
     def divide(a, b):
         inverse = inverses.get(id(b))
         if inverse is None:
-            inverse = inverses[id(b)] = e.fbinary("div", e.const(1.0, dtype), b)
-        return e.fbinary("mul", a, inverse)
+            inverse = inverses[id(b)] = e.fbinary("div", e.const(1.0, wide), e.cast(b, dtype, wide))
+        return e.cast(e.fbinary("mul", e.cast(a, dtype, wide), inverse), wide, dtype)
 
     return divide
 
@@ -276,15 +342,8 @@ def _select(op: Select, ctx: lower.Context) -> None:
     _map(ctx, op, ctx.e.select)
 
 
-def _check_cast(op: Cast) -> None:
-    for d in (op.operands[0].dtype, op.result.dtype):
-        if d.bits == 8 and d.is_float:
-            raise op.error(f"casts to and from {d.name} in register arrays are not supported yet")
-
-
 @lower.rule(Cast)
 def _cast(op: Cast, ctx: lower.Context) -> None:
-    _check_cast(op)
     src, dst = op.operands[0].dtype, op.result.dtype
     _map(ctx, op, lambda x: ctx.e.cast(x, src, dst))
 
@@ -300,7 +359,7 @@ def _divides_by_shared_values(op: Binary) -> bool:
 
 # ---------------------------------------------------------------------------------------------- interpreter
 # The same arithmetic as the lowering, in the IR's dtypes: narrow floats computed in f32 and rounded once per
-# operation the lowering emits (so x / y by one value is a rounded reciprocal, then a rounded product); the
+# operation the lowering emits (so x / y by one value is a reciprocal, then a product, rounded once); the
 # approximate ex2/lg2/rsqrt are computed exactly in f32 (the hardware's are within 2 ulp of that).
 
 _LOG2E, _LN2 = math.log2(math.e), math.log(2.0)
@@ -315,22 +374,21 @@ _FLOAT_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": to
 
 
 def _float_unary_value(kind: str, x: torch.Tensor, dtype: DType) -> torch.Tensor:
-    if kind == "neg":
-        return -x
-    if kind == "abs":
-        return x.abs()
+    if kind in ("neg", "abs"):  # exact: in f32 for fp8, which torch has no arithmetic for
+        w = numerics.widen(x, dtype) if dtype.bits == 8 else x
+        return numerics.round_float(-w if kind == "neg" else w.abs(), dtype)
     table = _F64_UNARY if dtype == dtypes.float64 else _F32_UNARY
-    return table[kind](numerics.widen(x, dtype)).to(numerics.torch_dtype(dtype))
+    return numerics.round_float(table[kind](numerics.widen(x, dtype)), dtype)
 
 
 def _float_op(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType) -> torch.Tensor:
-    return _FLOAT_BINARY[kind](numerics.widen(a, dtype), numerics.widen(b, dtype)).to(numerics.torch_dtype(dtype))
+    return numerics.round_float(_FLOAT_BINARY[kind](numerics.widen(a, dtype), numerics.widen(b, dtype)), dtype)
 
 
 def _floor_value(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     if dtype == dtypes.float64:
         return x.floor()  # cvt.rmi.f64.f64
-    return x.to(torch.float32).floor().to(numerics.torch_dtype(dtype))  # cvt.rmi.f32.f32, as `_floor` lowers it
+    return numerics.round_float(x.to(torch.float32).floor(), dtype)  # cvt.rmi.f32.f32, as `_floor` lowers it
 
 
 def _wrap(x: torch.Tensor, dtype: DType) -> torch.Tensor:
@@ -377,9 +435,32 @@ def _interp_unary(op: Unary, wg: Warpgroup) -> None:
         y = _int_binary_value("sub", torch.zeros_like(x), x, dtype).where(x < 0, x) if dtype.is_signed else x
     elif op.kind == "not":
         y = torch.bitwise_not(x)
+    elif op.kind in INT_ONLY_UNARY:
+        y = _bit_count_value(op.kind, x, dtype)
     else:
         raise op.error(f"{op.kind} is not defined for {dtype.name}")
     wg.set(op.result, y)
+
+
+def _bit_count_value(kind: str, x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    bits = x.to(torch.int64)
+    if dtype.bits < 64:
+        bits = bits & ((1 << dtype.bits) - 1)
+    ones = [(bits >> i) & 1 for i in range(dtype.bits)]  # lowest first
+    if kind == "popc":
+        count = torch.stack(ones).sum(0)
+    else:  # leading zeros: the width minus one past the highest set bit
+        highest = torch.full_like(bits, -1)
+        for i, bit in enumerate(ones):
+            highest = torch.where(bit == 1, i, highest)
+        count = dtype.bits - 1 - highest
+    return count.to(numerics.torch_dtype(dtype))
+
+
+@interpret.rule(Fma)
+def _interp_fma(op: Fma, wg: Warpgroup) -> None:
+    a, b, c = (wg.get(v, op) for v in op.operands)
+    wg.set(op.result, numerics.fused_multiply_add(a, b, c, op.operands[0].dtype))
 
 
 @interpret.rule(Binary)
@@ -390,7 +471,8 @@ def _interp_binary(op: Binary, wg: Warpgroup) -> None:
         wg.set(op.result, _int_binary_value(kind, a, b, dtype))
         return
     if kind == "div" and _divides_by_shared_values(op):
-        y = _float_op("mul", a, _float_op("div", numerics.constant(1.0, dtype), b, dtype), dtype)
+        w = numerics.widen(b, dtype)  # the reciprocal and the product in f32 (f64), rounded once
+        y = numerics.round_float(numerics.widen(a, dtype) * (torch.ones_like(w) / w), dtype)
     elif kind in _FLOAT_BINARY:
         y = _float_op(kind, a, b, dtype)
     elif kind == "floordiv":
@@ -398,7 +480,7 @@ def _interp_binary(op: Binary, wg: Warpgroup) -> None:
     elif kind == "mod":
         y = _float_op("sub", a, _float_op("mul", _floor_value(_float_op("div", a, b, dtype), dtype), b, dtype), dtype)
     elif kind == "pow":
-        y = _float_unary_value("exp2", _float_op("mul", b, _float_unary_value("log2", a, dtype), dtype), dtype)
+        y = numerics.round_float(torch.pow(numerics.widen(a, dtype), numerics.widen(b, dtype)), dtype)
     else:
         raise op.error(f"{kind} is not defined for {dtype.name}")
     wg.set(op.result, y)
@@ -409,7 +491,8 @@ _COMPARE = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq"
 
 @interpret.rule(Compare)
 def _interp_compare(op: Compare, wg: Warpgroup) -> None:
-    wg.set(op.result, _COMPARE[op.kind](*(wg.get(v, op) for v in op.operands)))
+    dtype = op.operands[0].dtype
+    wg.set(op.result, _COMPARE[op.kind](*(numerics.widen(wg.get(v, op), dtype) for v in op.operands)))
 
 
 @interpret.rule(Select)
@@ -420,5 +503,4 @@ def _interp_select(op: Select, wg: Warpgroup) -> None:
 
 @interpret.rule(Cast)
 def _interp_cast(op: Cast, wg: Warpgroup) -> None:
-    _check_cast(op)
     wg.set(op.result, numerics.cast(wg.get(op.operands[0], op), op.operands[0].dtype, op.result.dtype))

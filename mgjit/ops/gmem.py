@@ -29,7 +29,7 @@ from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
 from ..layouts import LayoutError, Replicated, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
-from ..lower.words import from_bits, pack_words, slot, to_bits, unpack_words
+from ..lower.words import from_bits, pack_words, slot, unpack_words
 from .control import For
 from .elementwise import Binary, Cast
 from .program import Constant
@@ -272,12 +272,13 @@ def _load_words(e, addr, pred, n: int) -> list:
 
 def _store_bytes(e, addr, pred, data: Sequence[Any], nbytes: int) -> None:
     """Store `nbytes` (1, 2, 4, 8 or 16) at addr (aligned to them) where pred holds (None: always): data is
-    nbytes // 4 words, or one i16 holding 1 or 2 bytes."""
+    nbytes // 4 words, or one i16 or i32 holding 1 or 2 bytes in its low bits."""
     guard, operands, constraints = ("", [], []) if pred is None else ("@$0 ", [pred], ["b"])
     k = len(operands)
     if nbytes < 4:
+        half = data[0] if data[0].type == e.int_type(16) else e.trunc(data[0], 16)
         e.asm_void(f"{guard}st.global.{'b16' if nbytes == 2 else 'u8'} [${k}], ${k + 1};",
-                   ",".join(constraints + ["l", "h"]), [*operands, addr, data[0]])
+                   ",".join(constraints + ["l", "h"]), [*operands, addr, half])
         return
     suffix, n = _access_suffix(8 * nbytes)
     srcs = ", ".join(f"${i + k + 1}" for i in range(n))
@@ -320,15 +321,6 @@ def _int_of(word, e) -> DType:
 def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
     e = ctx.e
     total = len(elems) * dtype.storage_bits
-    if total < 32:  # one or two narrow elements, through a 16-bit register
-        ints = [to_bits(e, x, dtype) for x in elems]
-        half = ints[0] if total == 16 and len(ints) == 1 else None
-        if half is None:
-            half = e.zext(ints[0], 16) if ints[0].type != e.int_type(16) else ints[0]
-            for j, x in enumerate(ints[1:], 1):
-                half = e.ori(half, e.m.arith.shli(e.zext(x, 16), e.const(j * dtype.storage_bits, dtypes.int16)))
-        _store_bytes(e, addr, pred, [half], total // 8)
-        return
     _store_bytes(e, addr, pred, pack_words(e, elems, dtype), total // 8)
 
 

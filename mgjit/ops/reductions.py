@@ -4,7 +4,7 @@ The result's layout is the operand's with the reduced axes removed (the threads 
 of them now hold copies). Lowering combines, in order: the elements one thread holds that differ only along
 reduced axes; then across lanes with butterfly shuffles (one per bit of each lane dimension that indexes a
 reduced axis); then across warps through a small SMEM scratch owned by the warpgroup. Narrow floats
-accumulate in f32.
+accumulate in f32, narrow integers in int32.
 """
 from __future__ import annotations
 
@@ -73,6 +73,14 @@ def _check_dtype(op: Reduce) -> None:
         raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
 
 
+def accumulator(dtype):
+    """What a reduction combines in: f32 for floats up to 32 bits, int32 for integers up to 32 bits (extended by
+    their signedness: shuffles move 32-bit registers, and a wrapped sum truncates to the same value)."""
+    if dtype.bits >= 32 and dtype != dtypes.float32:
+        return dtype
+    return dtypes.float32 if dtype.is_float else dtypes.int32
+
+
 def combine(ctx: lower.Context, kind: str, dtype, a, b):
     e = ctx.e
     if kind == "sum":
@@ -89,7 +97,7 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     out = op.result
     dtype = src.dtype
     _check_dtype(op)
-    acc_dtype = dtypes.float32 if dtype.is_float else dtype
+    acc_dtype = accumulator(dtype)
     rank = len(src.shape)
     reduced_count = math.prod(src.shape[a] for a in op.axes)
 
@@ -186,4 +194,4 @@ def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
         y = wide.sum(dim=op.axes, dtype=wide.dtype)
     else:
         y = (torch.amax if op.kind == "max" else torch.amin)(wide, dim=op.axes)
-    wg.set(op.result, y.to(numerics.torch_dtype(dtype)))
+    wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))

@@ -98,6 +98,14 @@ for _marker, _name in lang.UNARY_BUILTINS.items():
     builtin(_marker, positional=(1, 1))(_math(_name))
 
 
+@builtin(lang.fma, positional=(3, 3))
+def fma(t: Semantics, args: list, kwargs: dict) -> Any:
+    if not any(isinstance(x, (Tensor, Expanded)) for x in args):  # compile-time numbers
+        a, b, c = args
+        return a * b + c
+    return t.fma(*args)
+
+
 # ---------------------------------------------------------------------------------------------- reductions
 
 def reduce(t: Semantics, kind: str, x: Any, axis: Any, keepdims: bool) -> Tensor | Expanded:

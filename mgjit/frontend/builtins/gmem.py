@@ -60,8 +60,8 @@ def load(t: Semantics, ref: Ref, index: Any) -> Tensor:
 def store(t: Semantics, ref: Ref, index: Any, value: Any) -> None:
     starts, sizes, squeeze = window(t, ref, index)
     shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
-    if not isinstance(value, (Tensor, Expanded)):
-        value = t.to_tensor(value, ref.dtype)
+    if not isinstance(value, (Tensor, Expanded)):  # a Python number is converted to the reference's dtype
+        value = t.cast(value, ref.dtype)
     if value.dtype != ref.dtype:
         raise t.error(f"storing {value.dtype.name} into {ref.name}, a {ref.dtype.name} reference; "
                       f"convert with .astype({ref.name}.dtype)")

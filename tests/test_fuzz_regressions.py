@@ -1,0 +1,387 @@
+"""What the differential fuzzer (tools/fuzz.py) found, each as the minimized kernel it reduced to: compiled for
+both targets (these were internal errors) and interpreted against torch (these were wrong numbers)."""
+import pytest
+import torch
+
+import mgjit
+
+TARGETS = ("sm_90a", "sm_100a")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def compile_both(kernel, *args, **kwargs):
+    return [kernel.compile(*args, target=t, **kwargs) for t in TARGETS]
+
+
+def saturated(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to an fp8 dtype as cvt.rn.satfinite rounds: finite overflow and infinities to the largest
+    finite value, NaN kept."""
+    big = torch.finfo(dtype).max
+    return torch.where(x.isnan(), x, x.clamp(-big, big)).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- casts
+
+@mgjit.kernel
+def half_casts(x, to_bf16, to_f16):
+    to_bf16[0:128] = x[0:128].astype(mgjit.float16).astype(mgjit.bfloat16)
+    to_f16[0:128] = x[0:128].astype(mgjit.bfloat16).astype(mgjit.float16)
+
+
+def test_casts_between_float16_and_bfloat16():
+    """Were `arith.truncf` between two 16-bit types: an MLIR verifier failure (internal error)."""
+    x = torch.randn(128) * 1000
+    outs = torch.empty(128, dtype=torch.bfloat16), torch.empty(128, dtype=torch.float16)
+    compile_both(half_casts, x, *outs)
+    half_casts.interpret[(1,)](x, *outs)
+    assert torch.equal(outs[0], x.half().float().bfloat16())
+    assert torch.equal(outs[1], x.bfloat16().float().half())
+
+
+@mgjit.kernel
+def byte_casts(x, i8, u8, back):
+    v = x[0:128]
+    i8[0:128] = v.astype(mgjit.int8)
+    u8[0:128] = v.astype(mgjit.uint8)
+    back[0:128] = v.astype(mgjit.int8).astype(mgjit.float32) + v.astype(mgjit.uint8).astype(mgjit.float32)
+
+
+def test_casts_of_8_bit_integers_are_not_fp8_casts():
+    """The lowering took every 8-bit float's MLIR type for fp8, and the block-scaling types (e8m0, e2m1 pairs)
+    are bytes (i8): casts to and from int8/uint8 became fp8 conversions (an internal KeyError)."""
+    x = torch.randn(128) * 100
+    outs = torch.empty(128, dtype=torch.int8), torch.empty(128, dtype=torch.uint8), torch.empty(128)
+    for c in compile_both(byte_casts, x, *outs):
+        assert "e4m3" not in c.ptx and "e5m2" not in c.ptx
+    byte_casts.interpret[(1,)](x, *outs)
+    assert torch.equal(outs[0], x.clamp(-128, 127).to(torch.int8))
+    assert torch.equal(outs[1], x.clamp(0, 255).to(torch.uint8))
+    assert torch.equal(outs[2], outs[0].float() + outs[1].float())
+
+
+@mgjit.kernel
+def fp8_casts(x, a, b, to_e4m3, to_e5m2, from_e4m3, from_e5m2, to_int, arithmetic, negated, bigger):
+    v = x[0:128]
+    to_e4m3[0:128] = v.astype(mgjit.float8_e4m3fn)
+    to_e5m2[0:128] = v.astype(mgjit.float8_e5m2)
+    from_e4m3[0:128] = a[0:128].astype(mgjit.float32)
+    from_e5m2[0:128] = b[0:128].astype(mgjit.bfloat16)
+    to_int[0:128] = a[0:128].astype(mgjit.int32)
+    arithmetic[0:128] = a[0:128] * 3.0 + a[0:128]
+    negated[0:128] = -b[0:128]
+    bigger[0:128] = mgjit.where(a[0:128] > b[0:128].astype(mgjit.float8_e4m3fn), 1, 0)
+
+
+def test_fp8_casts_and_arithmetic_in_registers():
+    """Were a CompileError ("casts to and from fp8 in register arrays are not supported yet"), which made fp8
+    values loaded from GMEM unusable. Conversions to fp8 are cvt.rn.satfinite (round to nearest even, finite
+    overflow and infinities saturate, NaN stays NaN); fp8 arithmetic is done in f32, rounded once per op."""
+    x = torch.randn(128) * 200
+    x[:6] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e6, 460.0, 470.0])
+    a, b = (torch.randn(128) * 30).to(E4M3), (torch.randn(128) * 30).to(E5M2)
+    outs = [torch.empty(128, dtype=E4M3), torch.empty(128, dtype=E5M2), torch.empty(128),
+            torch.empty(128, dtype=torch.bfloat16), torch.empty(128, dtype=torch.int32), torch.empty(128, dtype=E4M3),
+            torch.empty(128, dtype=E5M2), torch.empty(128, dtype=torch.int32)]
+    for c in compile_both(fp8_casts, x, a, b, *outs):
+        assert "cvt.rn.satfinite.e4m3x2.f32" in c.ptx and "cvt.rn.f16x2.e5m2x2" in c.ptx
+    fp8_casts.interpret[(1,)](x, a, b, *outs)
+    assert torch.equal(outs[0].float()[3:], saturated(x, E4M3).float()[3:])
+    assert outs[0].float()[:3].tolist()[:2] == [448.0, -448.0] and outs[0].float()[2].isnan()
+    assert torch.equal(outs[1].float()[3:], saturated(x, E5M2).float()[3:]) and outs[1].float()[3] == 57344.0
+    assert torch.equal(outs[2], a.float()) and torch.equal(outs[3], b.bfloat16())
+    assert torch.equal(outs[4], a.float().int())
+    assert torch.equal(outs[5].float(), saturated(a.float() + saturated(a.float() * 3, E4M3).float(), E4M3).float())
+    assert torch.equal(outs[6].float(), -b.float())
+    assert torch.equal(outs[7], (a.float() > saturated(b.float(), E4M3).float()).int())
+
+
+@mgjit.kernel
+def fp8_relayout(x, out):
+    rows = x[0:32, 0:32].max(axis=1)  # (32,) in the layout a reduction over columns leaves
+    cols = x[0:32, 0:32].max(axis=0)  # (32,) in the layout a reduction over rows leaves
+    out[0:32] = mgjit.maximum(rows, cols)  # one of them moves through shared memory
+
+
+def test_fp8_arrays_relayout_through_shared_memory():
+    """Was `llvm.store` of an f8 value (LLVM has no fp8 type): an internal error."""
+    x, out = (torch.randn(32, 32) * 8).to(E4M3), torch.empty(32, dtype=E4M3)
+    assert all("relayout(" in c.ir for c in compile_both(fp8_relayout, x, out))
+    fp8_relayout.interpret[(1,)](x, out)
+    assert torch.equal(out.float(), torch.maximum(x.float().amax(1), x.float().amax(0)))
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+@mgjit.kernel
+def narrow_int_reductions(x, total, biggest, row_min):
+    v = x[0:16, 0:64]
+    total[0] = v.sum()
+    biggest[0:64] = v.max(axis=0)
+    row_min[0:16] = mgjit.min(v, axis=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_reductions_of_8_and_16_bit_integers(dtype):
+    """Were `nvvm.shfl.sync` of an i8/i16 value (shuffles move 32-bit registers): an internal error. They
+    combine in int32, extended by signedness; a sum wraps to the dtype."""
+    info = torch.iinfo(dtype)
+    x = torch.randint(info.min, info.max + 1, (16, 64), dtype=torch.int64).to(dtype)
+    outs = torch.empty(1, dtype=dtype), torch.empty(64, dtype=dtype), torch.empty(16, dtype=dtype)
+    compile_both(narrow_int_reductions, x, *outs)
+    narrow_int_reductions.interpret[(1,)](x, *outs)
+    assert outs[0].item() == x.long().sum().to(dtype).item()  # wrapped
+    assert torch.equal(outs[1], x.amax(0)) and torch.equal(outs[2], x.amin(1))
+
+
+# ---------------------------------------------------------------------------------------------- bools
+
+@mgjit.kernel
+def bool_arithmetic(a, b, either, both, counted, flag, chosen, ones):
+    x = a[0:128]
+    y = b[0:128]
+    either[0:128] = mgjit.where(x + y, 1.0, -8.0)
+    both[0:128] = x * y
+    counted[0:128] = x * 3
+    chosen[0] = 0
+    if flag != -1:
+        chosen[0] = 1
+    ones[0:128] = True
+
+
+def test_bool_arithmetic_follows_torch():
+    """bool + bool was xor (i1 addition) and an int literal took a bool operand's dtype (`mask * 3` was
+    `mask`, `flag != -1` was `flag != True`): silently wrong. Now + is or, * is and, and a Python int meeting a
+    bool is an int32, as in torch and numpy."""
+    a, b = torch.rand(128) < 0.5, torch.rand(128) < 0.5
+    either, both = torch.empty(128), torch.empty(128, dtype=torch.bool)
+    counted, chosen, ones = torch.empty(128, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(128, dtype=torch.bool)
+    compile_both(bool_arithmetic, a, b, either, both, counted, True, chosen, ones)
+    bool_arithmetic.interpret[(1,)](a, b, either, both, counted, True, chosen, ones)
+    assert torch.equal(either, torch.where(a + b, 1.0, -8.0)) and torch.equal(both, a * b)
+    assert torch.equal(counted, (a * 3).int()) and chosen.item() == 1 and bool(ones.all())
+
+
+@mgjit.kernel
+def bool_subtraction(a, out):
+    out[0:128] = a[0:128] - a[0:128]  # ERR
+
+
+def test_bool_subtraction_is_an_error_at_its_line():
+    a = torch.zeros(128, dtype=torch.bool)
+    with pytest.raises(mgjit.CompileError, match="`-` on bool values is not supported") as info:
+        bool_subtraction.compile(a, a)
+    assert info.value.loc.line == bool_subtraction.fn.__code__.co_firstlineno + 2
+
+
+# ---------------------------------------------------------------------------------------------- pow
+
+@mgjit.kernel
+def powers(x, y, out):
+    out[0:128] = x[0:128] ** y[0:128]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pow_of_negative_bases_and_zero(dtype):
+    """x ** y was exp2(y * log2(x)): NaN for every negative x (even with y = 2.0 or 0.0) and for 0 ** 0. It is
+    libdevice's pow now (in f32 for narrow floats)."""
+    x = torch.tensor([-2.0, -0.99, -3.0, 0.0, 0.0, 2.0, -8.0, 1.5] * 16, dtype=dtype)
+    y = torch.tensor([2.0, 0.0, 3.0, 0.0, 2.0, 0.5, 1 / 3, -1.0] * 16, dtype=dtype)
+    out = torch.empty(128, dtype=dtype)
+    for c in compile_both(powers, x, y, out):
+        assert ("__nv_pow" if dtype == torch.float64 else "__nv_powf") in c.mlir
+    powers.interpret[(1,)](x, y, out)
+    want = torch.pow(x.double(), y.double()).to(dtype)
+    assert torch.allclose(out.double(), want.double(), rtol=1e-6, equal_nan=True)
+    assert out[:6].tolist() == want[:6].tolist() and out[6].isnan()  # a negative base, a fractional power: NaN
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+
+def test_too_many_parameters_is_an_error_at_the_kernel(tmp_path):
+    """ptxas stopped with "uses too much parameter space (0x8160 bytes, 0x7ffc max)": a bare toolchain error
+    with no line. Both targets compile at PTX ISA 8.1 or later (sm_90a at 8.3), where a kernel takes 32764 bytes
+    of parameters; a rank-5 tensor takes 72 (an address, 5 sizes, 5 strides): 455 fit, 456 do not."""
+    import importlib.util
+    x = torch.zeros(1, 1, 1, 1, 1)
+
+    def kernel_of(count):
+        names = [f"t{i}" for i in range(count)]
+        path = tmp_path / f"many_params_{count}.py"
+        path.write_text("import mgjit\n\n\n@mgjit.kernel\n"
+                        f"def many_params({', '.join(names)}):\n    t0[0, 0, 0, 0, 0] = 1.0\n")
+        spec = importlib.util.spec_from_file_location(f"many_params_{count}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.many_params, str(path)
+
+    too_many, path = kernel_of(456)
+    for target in ("sm_90a", "sm_100a"):
+        with pytest.raises(mgjit.CompileError, match=f"32832 bytes .* more than the 32764 bytes a {target} kernel "
+                                                     "can take") as info:
+            too_many.compile(*[x] * 456, target=target)
+        assert info.value.loc.file == path and info.value.loc.line == 5
+    assert kernel_of(455)[0].compile(*[x] * 455, target="sm_90a").ptx
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+
+@mgjit.kernel
+def many_loads_meet_a_reduction(x, y, out, LOADS: mgjit.constexpr):
+    acc = x[0:32, 0:32].max(axis=1)  # (32,) in the layout a reduction leaves
+    for k in mgjit.static_range(LOADS):
+        acc = acc + y[k, 0:32]  # each load is placed in that layout: one restart of inference each
+    out[0:32] = acc
+
+
+def test_layout_inference_places_any_number_of_loads():
+    """Inference gave up ("layout inference did not converge") after 16 restarts, though each restart places
+    one more load: a kernel with many loads meeting a reduction could not compile."""
+    x, y, out = torch.randn(32, 32), torch.randn(24, 32), torch.empty(32)
+    for c in compile_both(many_loads_meet_a_reduction, x, y, out, LOADS=24):
+        assert "relayout(" not in c.ir
+    many_loads_meet_a_reduction.interpret[(1,)](x, y, out, LOADS=24)
+    want = x.amax(1)
+    for k in range(24):
+        want = want + y[k]
+    assert torch.equal(out, want)
+
+
+# ---------------------------------------------------------------------------------------------- promotion
+
+@mgjit.kernel
+def mixed_sign(a, b, ab, ba):
+    x = a[0:128]
+    y = b[0:128]
+    ab[0:128] = x - y
+    ba[0:128] = y - x
+
+
+@mgjit.kernel
+def mixed_fp8(a, b, ab):
+    ab[0:128] = a[0:128] + b[0:128]
+
+
+def test_promotion_does_not_depend_on_the_order_of_operands():
+    """int8 and uint8 promoted to whichever came first (x - y was int8, y - x uint8: wrapped, and different), and
+    the two fp8s likewise: now int16 and float16, as torch has int8 with uint8."""
+    a = torch.randint(-128, 128, (128,), dtype=torch.int8)
+    b = torch.randint(0, 256, (128,), dtype=torch.int16).to(torch.uint8)
+    ab, ba = torch.empty(128, dtype=torch.int16), torch.empty(128, dtype=torch.int16)
+    compile_both(mixed_sign, a, b, ab, ba)
+    mixed_sign.interpret[(1,)](a, b, ab, ba)
+    assert torch.equal(ab, a - b) and torch.equal(ba, b - a) and (a - b).dtype == torch.int16
+    e4, e5 = (torch.randn(128) * 10).to(E4M3), (torch.randn(128) * 10).to(E5M2)
+    out = torch.empty(128, dtype=torch.float16)
+    compile_both(mixed_fp8, e4, e5, out)
+    mixed_fp8.interpret[(1,)](e4, e5, out)
+    assert torch.equal(out, (e4.float() + e5.float()).half())
+
+
+# ---------------------------------------------------------------------------------------------- float to int
+
+@mgjit.kernel
+def float_to_int(x, i8, u8, i16, i64):
+    v = x[0:128]
+    i8[0:128] = v.astype(mgjit.int8)
+    u8[0:128] = v.astype(mgjit.uint8)
+    i16[0:128] = v.astype(mgjit.float16).astype(mgjit.int16)
+    i64[0:128] = v.astype(mgjit.float64).astype(mgjit.int64)
+
+
+def _float_to_int_case(device: str):
+    x = torch.randn(128, device=device) * 100
+    x[:6] = torch.tensor([300.0, -300.0, float("nan"), 1e30, -1e30, 127.9])
+    outs = [torch.empty(128, dtype=d, device=device) for d in (torch.int8, torch.uint8, torch.int16, torch.int64)]
+    return x, outs
+
+
+def test_float_to_int_saturates_to_the_destination_width():
+    """arith.fptosi to i8 became cvt.rzi.s16.f32 and a truncation (300.0 -> 44, where the interpreter, which
+    models cvt, gives 127), and is poison out of range: every float to int conversion is now one cvt.rzi of the
+    destination's width (saturating, NaN to 0)."""
+    x, outs = _float_to_int_case("cpu")
+    for c in compile_both(float_to_int, x, *outs):
+        assert "cvt.rzi.s8.f32" in c.ptx and "cvt.rzi.u8.f32" in c.ptx and "cvt.rzi.s64.f64" in c.ptx
+    float_to_int.interpret[(1,)](x, *outs)
+    assert outs[0][:6].tolist() == [127, -128, 0, 127, -128, 127] and outs[1][:6].tolist() == [255, 0, 0, 255, 0, 127]
+    assert outs[2][:6].tolist() == [300, -300, 0, 32767, -32768, 127]  # 1e30 is inf in float16
+    assert outs[3][:6].tolist() == [300, -300, 0, 2 ** 63 - 1, -2 ** 63, 127]
+
+
+@pytest.mark.gpu
+def test_float_to_int_saturates_on_the_gpu():
+    x, outs = _float_to_int_case("cuda")
+    float_to_int[(1,)](x, *outs)
+    host = [torch.empty(128, dtype=o.dtype) for o in outs]
+    float_to_int.interpret[(1,)](x.cpu(), *host)
+    assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))
+
+
+# ---------------------------------------------------------------------------------------------- integer edges
+
+@mgjit.kernel
+def integer_edges(a, b, q, r, shl, shr, by_zero, by_hundred):
+    x = a[0:128]
+    y = b[0:128]
+    q[0:128] = x // y
+    r[0:128] = x % y
+    shl[0:128] = x << y
+    shr[0:128] = x >> y
+    by_zero[0:128] = x // 0 + x % 0  # constants LLVM would fold to poison
+    by_hundred[0:128] = (x << 100) | (x >> 100)
+
+
+def _integer_edges_case(dtype: torch.dtype, device: str):
+    info = torch.iinfo(dtype)
+    a = torch.randint(info.min, info.max, (128,), dtype=torch.int64).to(dtype)
+    b = torch.randint(-2, 70, (128,), dtype=torch.int64).to(dtype)
+    a[:4], b[:4] = torch.tensor([info.min, 7, -7 if info.min else 7, 5]).to(dtype), torch.tensor([-1, 0, 2, 100]).to(dtype)
+    return a.to(device), b.to(device), [torch.empty(128, dtype=dtype, device=device) for _ in range(6)]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_integer_division_and_shifts_have_ptx_answers_in_the_lowering(dtype):
+    """arith's divsi/remsi by 0 or of MIN by -1, and shli/shrsi by the width or more, are poison in LLVM (a
+    constant divisor or amount folds to anything); the lowering guards them to the answers the interpreter
+    gives: x // 0 == -1, x % 0 == x, MIN // -1 == MIN, shifts past the width shift everything out."""
+    a, b, outs = _integer_edges_case(dtype, "cpu")
+    compile_both(integer_edges, a, b, *outs)
+    integer_edges.interpret[(1,)](a, b, *outs)
+    q, r, _, _, by_zero, by_hundred = outs
+    info = torch.iinfo(dtype)
+    if info.min:
+        assert q[0].item() == info.min and r[0].item() == 0
+    assert q[1].item() == torch.tensor(-1).to(dtype).item() and r[1].item() == 7
+    assert torch.equal(by_zero, (-1 + a.long()).to(dtype))
+    assert torch.equal(by_hundred, torch.where(a < 0, -1, 0).to(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_integer_edges_on_the_gpu_match_the_interpreter(dtype):
+    a, b, outs = _integer_edges_case(dtype, "cuda")
+    integer_edges[(1,)](a, b, *outs)
+    host = [torch.empty(128, dtype=dtype) for _ in outs]
+    integer_edges.interpret[(1,)](a.cpu(), b.cpu(), *host)
+    assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))
+
+
+# ---------------------------------------------------------------------------------------------- division
+
+@mgjit.kernel
+def divide_by_one_value(x, d, out):
+    out[0:128] = x[0:128] / d[0]  # one divisor for the whole array: a reciprocal and products
+
+
+@pytest.mark.parametrize("dtype,divisor", [(torch.float16, 1e-5), (E4M3, 0.0), (torch.bfloat16, 3.0)])
+def test_division_by_one_value_keeps_its_reciprocal_in_f32(dtype, divisor):
+    """The reciprocal was rounded to the array's dtype: 1 / 1e-5 overflowed float16 (x / 1e-5 was inf for every
+    x), and 1 / 0 saturated to 448 in fp8 (0 / 0 was 0, 0.002 / 0 was 0.875)."""
+    x = (torch.randn(128) * 2).to(dtype)
+    x[:2] = torch.tensor([0.0, 2e-3]).to(dtype)
+    d, out = torch.tensor([divisor]).to(dtype), torch.empty(128, dtype=dtype)
+    compile_both(divide_by_one_value, x, d, out)
+    divide_by_one_value.interpret[(1,)](x, d, out)
+    want = saturated(x.float() / d.float(), dtype) if dtype == E4M3 else (x.float() / d.float()).to(dtype)
+    close = (out.double() - want.double()).abs() <= 2 * want.double().abs() * torch.finfo(dtype).eps
+    assert bool((close | (out.isnan() & want.isnan()) | (out.double() == want.double())).all())
