@@ -1,5 +1,8 @@
 """What the differential fuzzer (tools/fuzz.py) found, each as the minimized kernel it reduced to: compiled for
 both targets (these were internal errors) and interpreted against torch (these were wrong numbers)."""
+import os
+import sys
+
 import pytest
 import torch
 
@@ -280,18 +283,21 @@ def test_promotion_does_not_depend_on_the_order_of_operands():
 # ---------------------------------------------------------------------------------------------- float to int
 
 @mgjit.kernel
-def float_to_int(x, i8, u8, i16, i64):
+def float_to_int(x, i8, u8, i16, i64, i32_of_f64, i64_of_f32):
     v = x[0:128]
     i8[0:128] = v.astype(mgjit.int8)
     u8[0:128] = v.astype(mgjit.uint8)
     i16[0:128] = v.astype(mgjit.float16).astype(mgjit.int16)
     i64[0:128] = v.astype(mgjit.float64).astype(mgjit.int64)
+    i32_of_f64[0:128] = v.astype(mgjit.float64).astype(mgjit.int32)
+    i64_of_f32[0:128] = v.astype(mgjit.int64)
 
 
 def _float_to_int_case(device: str):
     x = torch.randn(128, device=device) * 100
     x[:6] = torch.tensor([300.0, -300.0, float("nan"), 1e30, -1e30, 127.9])
-    outs = [torch.empty(128, dtype=d, device=device) for d in (torch.int8, torch.uint8, torch.int16, torch.int64)]
+    outs = [torch.empty(128, dtype=d, device=device) for d in (torch.int8, torch.uint8, torch.int16, torch.int64,
+                                                               torch.int32, torch.int64)]
     return x, outs
 
 
@@ -306,6 +312,25 @@ def test_float_to_int_saturates_to_the_destination_width():
     assert outs[0][:6].tolist() == [127, -128, 0, 127, -128, 127] and outs[1][:6].tolist() == [255, 0, 0, 255, 0, 127]
     assert outs[2][:6].tolist() == [300, -300, 0, 32767, -32768, 127]  # 1e30 is inf in float16
     assert outs[3][:6].tolist() == [300, -300, 0, 2 ** 63 - 1, -2 ** 63, 127]
+    assert outs[4][:6].tolist() == [300, -300, 0, 2 ** 31 - 1, -2 ** 31, 127]
+    assert outs[5][:6].tolist() == [300, -300, 0, 2 ** 63 - 1, -2 ** 63, 127]
+
+
+def test_float_to_int_of_nan_is_zero_in_the_ptx():
+    """The sm_90a PTX run on the simulator (its cvt gives NaN the most negative integer, as the H100's does)
+    agrees with the interpreter: the lowering selects 0 for NaN."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ptx_sim
+    x, outs = _float_to_int_case("cpu")
+    compiled = float_to_int.compile(x, *outs, target="sm_90a")
+    dev = ptx_sim.Device()
+    for t in (x, *outs):
+        dev.place(t)
+    dev.run(compiled, (1,), x, *outs)
+    host = [torch.empty(128, dtype=o.dtype) for o in outs]
+    float_to_int.interpret[(1,)](x, *host)
+    for t, h in zip(outs, host):
+        assert torch.equal(dev.fetch(t), h), (t.dtype, dev.fetch(t)[:6].tolist(), h[:6].tolist())
 
 
 @pytest.mark.gpu

@@ -253,12 +253,16 @@ class Emitter:
 
     def _float_to_int(self, x, src: DType, dst: DType):
         """cvt.rzi to the destination's own width: toward zero, saturated to its range, NaN to 0 (arith's
-        fptosi is poison out of range, and LLVM converts to i8 through s16, wrapping instead of saturating)."""
+        fptosi is poison out of range, and LLVM converts to i8 through s16, wrapping instead of saturating). The
+        hardware's cvt gives NaN the most negative integer (H100: s32 from f64, s64 from f32): a select makes it
+        0, as the interpreter and the language say."""
         width = max(dst.bits, 16)
         kind = f"{'s' if dst.is_signed else 'u'}{dst.bits}"
         regs = {16: "h", 32: "r", 64: "l"}
         y = self.asm(f"cvt.rzi.{kind}.f{src.bits} $0, $1;", f"={regs[width]},{'f' if src.bits == 32 else 'd'}", [x],
                      [self.int_type(width)])[0]
+        zero = self.m.arith.constant(self.int_type(width), self.ir.IntegerAttr.get(self.int_type(width), 0))
+        y = self.select(self.m.arith.cmpf(self.m.arith.CmpFPredicate.UNO, x, x), zero, y)
         return self.trunc(y, dst.bits) if dst.bits < width else y
 
     def _to_fp8(self, x32, dst: DType):
