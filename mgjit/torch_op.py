@@ -58,13 +58,26 @@ def torch_op(name: str, *, outputs: Callable[..., Any], params: Sequence[str] | 
                     return torch.empty(tuple(declared[0]), dtype=declared[1], device=device)
                 return tuple(torch.empty(tuple(shape), dtype=dtype, device=device) for shape, dtype in declared)
 
-            launch.__name__ = launch.__qualname__ = fn.__name__
-            registered.op = torch.library.custom_op(name, launch, mutates_args=(), schema=op_schema)
-            registered.op.register_fake(fake)
+            # Defined and implemented through torch.library.Library, not torch.library.custom_op: a call then
+            # crosses into Python once, where custom_op's autograd and checking wrappers cost ~60 us (H100,
+            # benchmarks/model.py), ten times a launch.
+            namespace, op_name = name.split("::")
+            registered.library = torch.library.Library(namespace, "FRAGMENT")
+            registered.library.define(op_name + op_schema)
+            registered.library.impl(op_name, launch, "CompositeExplicitAutograd")
+            torch.library.register_fake(name, fake, lib=registered.library)
+            registered.op = getattr(getattr(torch.ops, namespace), op_name).default
         registered.fn, registered.outputs = fn, outputs
         registered.names = list(signature.parameters)
-        if backward is not None:
-            registered.op.register_autograd(backward, setup_context=setup_context)
+        registered.backward, registered.setup_context = backward, setup_context
+        if backward is not None and not registered.differentiable:  # once: a second would override the first
+            def setup(ctx: Any, inputs: Any, output: Any) -> None:
+                if registered.setup_context is not None:
+                    registered.setup_context(ctx, inputs, output)
+
+            torch.library.register_autograd(name, lambda *grads: registered.backward(*grads),
+                                            setup_context=setup, lib=registered.library)
+            registered.differentiable = True
         return registered.op
 
     return decorate
@@ -76,6 +89,10 @@ class _Registered:
     def __init__(self, schema: str):
         self.schema = schema
         self.op: Any = None
+        self.library: Any = None  # the torch.library.Library holding the op's registrations (alive with it)
+        self.backward: Callable[..., Any] | None = None
+        self.setup_context: Callable[..., Any] | None = None
+        self.differentiable = False  # an autograd formula is registered (it calls self.backward)
         self.fn: Callable[..., Any] | None = None
         self.outputs: Callable[..., Any] | None = None
         self.names: list[str] = []  # the wrapper's parameters the op's arguments go to, in order
