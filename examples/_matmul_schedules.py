@@ -276,7 +276,7 @@ def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
     if not kernel_cfg["STREAM_K"]:
         return c, c
     device = c.device
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0  # no Stream object
     bm, bn = kernel_cfg["BM"], kernel_cfg["BN"]
     need = ((tiles + grid[0]) * bm, bn, tiles * (bm // 64))
     # Non-deterministic fix-ups add into zeroed slots (and zero them again); deterministic ones overwrite theirs.
