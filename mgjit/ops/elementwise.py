@@ -363,10 +363,19 @@ def _divides_by_shared_values(op: Binary) -> bool:
 # approximate ex2/lg2/rsqrt are computed exactly in f32 (the hardware's are within 2 ulp of that).
 
 _LOG2E, _LN2 = math.log2(math.e), math.log(2.0)
+
+
+def _sqrt_rn(w: torch.Tensor) -> torch.Tensor:
+    """sqrt.rn: correctly rounded, as IEEE and the GPU's sqrt are. torch's CPU sqrt is not (one f32 or f64 value
+    in 150 is an ulp off: sqrt(2.0) gives 1.414213562373095); numpy's is the processor's."""
+    import numpy as np
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(np.sqrt(w.contiguous().numpy()))
+
 _F32_UNARY = {
     "exp": lambda w: torch.exp2(w * numerics.constant(_LOG2E, dtypes.float32)),
     "exp2": torch.exp2, "log": lambda w: torch.log2(w) * numerics.constant(_LN2, dtypes.float32),
-    "log2": torch.log2, "rsqrt": torch.rsqrt, "sqrt": torch.sqrt, "tanh": torch.tanh, "erf": torch.erf,
+    "log2": torch.log2, "rsqrt": torch.rsqrt, "sqrt": _sqrt_rn, "tanh": torch.tanh, "erf": torch.erf,
     "sin": torch.sin, "cos": torch.cos}
 _F64_UNARY = {**_F32_UNARY, "exp": torch.exp, "log": torch.log}
 _FLOAT_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "min": torch.minimum,
