@@ -436,3 +436,58 @@ def test_interpreted_sqrt_is_correctly_rounded():
     np.testing.assert_array_equal(r[rest].numpy(), np.sqrt(x[rest].numpy()))
     np.testing.assert_array_equal(r64[rest].numpy(), np.sqrt(x64[rest].numpy()))
     np.testing.assert_array_equal(r16[rest].numpy(), np.sqrt(x[rest].half().float().numpy()).astype(np.float16))
+
+
+# ---------------------------------------------------------------------------------------------- integer negation
+
+@mgjit.kernel
+def negated_row_max(x, out, col):
+    v = -x[mgjit.ds(0, 4), mgjit.ds(col, 128)]
+    out[0:4, 0:1] = v.max(axis=-1, keepdims=True)
+    out[0:4, 1:2] = v.min(axis=-1, keepdims=True)
+
+
+def _negated_row_max_case(device: str):
+    x = torch.randint(-12, 13, (14, 52), dtype=torch.int32)
+    return x.to(device), torch.full((4, 2), -999, dtype=torch.int32, device=device)
+
+
+def test_integer_negation_is_not_a_neg_instruction():
+    """ptxas 13.0 fused neg.s32 into a three-way max (VIMNMX3) and dropped one negation: max(-x) over 4 elements
+    a thread read one of them as x (GPU fuzzer, seed 8189). The lowering negates as ~x + 1; the numbers are the
+    interpreter's (elements past the row read as 0)."""
+    x, out = _negated_row_max_case("cpu")
+    for c in compile_both(negated_row_max, x, out, 32):
+        assert "neg.s32" not in c.ptx and "not.b32" in c.ptx
+    negated_row_max.interpret[(1,)](x, out, 32)
+    padded = torch.cat([-x[0:4, 32:52], torch.zeros(4, 108, dtype=torch.int32)], dim=1)
+    assert out[:, 0].tolist() == padded.max(dim=1).values.tolist()
+    assert out[:, 1].tolist() == padded.min(dim=1).values.tolist()
+
+
+@pytest.mark.gpu
+def test_integer_negation_under_a_max_on_the_gpu():
+    x, out = _negated_row_max_case("cuda")
+    negated_row_max[(1,)](x, out, 32)
+    host = torch.full((4, 2), -999, dtype=torch.int32)
+    negated_row_max.interpret[(1,)](x.cpu(), host, 32)
+    assert torch.equal(out.cpu(), host)
+
+
+@mgjit.kernel
+def keepdims_stores(x, out):
+    v = x[0:4, 0:64]
+    out[0:4, 0:1] = v.sum(axis=1, keepdims=True)
+    tile = mgjit.smem((4, 1), mgjit.float32)
+    tile[...] = v.max(axis=1, keepdims=True)
+    out[0:4, 1:2] = tile[...]
+
+
+def test_a_keepdims_reduction_stores_into_a_window_of_its_shape():
+    """out[0:4, 0:1] = v.sum(axis=1, keepdims=True) raised AttributeError ('Expanded' object has no attribute
+    'value') in the GMEM and SMEM stores: a keepdims result whose shape is the window's is now stored as is."""
+    x, out = torch.randn(4, 64), torch.full((4, 2), float("nan"))
+    compile_both(keepdims_stores, x, out)
+    keepdims_stores.interpret[(1,)](x, out)
+    torch.testing.assert_close(out[:, 0], x.sum(dim=1))
+    torch.testing.assert_close(out[:, 1], x.max(dim=1).values)

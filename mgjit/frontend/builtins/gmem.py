@@ -65,7 +65,7 @@ def store(t: Semantics, ref: Ref, index: Any, value: Any) -> None:
     if value.dtype != ref.dtype:
         raise t.error(f"storing {value.dtype.name} into {ref.name}, a {ref.dtype.name} reference; "
                       f"convert with .astype({ref.name}.dtype)")
-    if tuple(value.shape) != shape:
+    if tuple(value.shape) != shape or isinstance(value, Expanded):  # a keepdims result of the window's shape
         try:
             value = t.broadcast_to(value, shape)
         except CompileError:

@@ -116,7 +116,7 @@ def store(t: Semantics, ref: SmemRef, index: Any, value: Any) -> None:
         raise t.error("an SMEM tile is written whole: tile[...] = array (a view of it: tile[a:b][...] = array)")
     if not isinstance(value, (Tensor, Expanded)):
         value = t.to_tensor(value, ref.dtype)
-    if tuple(value.shape) != ref.shape:
+    if tuple(value.shape) != ref.shape or isinstance(value, Expanded):  # a keepdims result of the tile's shape
         value = t.broadcast_to(value, ref.shape)
     t.builder.add(ops.SmemStore(ref.value, value.value, t.builder.loc))
 
