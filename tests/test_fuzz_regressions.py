@@ -417,6 +417,7 @@ def test_division_by_one_value_keeps_its_reciprocal_in_f32(dtype, divisor):
 @mgjit.kernel
 def square_roots(x, x64, r, r64, r16):
     r[0:1024] = mgjit.sqrt(x[0:1024])
+    r[0] = mgjit.sqrt(x[0])  # a scalar
     r64[0:1024] = mgjit.sqrt(x64[0:1024])
     r16[0:1024] = mgjit.sqrt(x[0:1024].astype(mgjit.float16))
 

@@ -381,7 +381,7 @@ def _sqrt_rn(w: torch.Tensor) -> torch.Tensor:
     in 150 is an ulp off: sqrt(2.0) gives 1.414213562373095); numpy's is the processor's."""
     import numpy as np
     with np.errstate(invalid="ignore"):
-        return torch.from_numpy(np.sqrt(w.contiguous().numpy()))
+        return torch.from_numpy(np.asarray(np.sqrt(w.contiguous().numpy())))  # a scalar's is a numpy scalar
 
 _F32_UNARY = {
     "exp": lambda w: torch.exp2(w * numerics.constant(_LOG2E, dtypes.float32)),
