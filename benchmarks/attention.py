@@ -3,6 +3,7 @@ attention (benchmarks/triton_attention.py), forward and backward, in one process
 
     python benchmarks/attention.py                 # the grid: S 512..16384 (B*S = 16k tokens), D 64/128/256, causal or not
     python benchmarks/attention.py --quick         # 8 points
+    python benchmarks/attention.py --head-dim 256  # only the points of these head dims (repeatable)
     python benchmarks/attention.py --tune          # also time each mgjit configuration per point, print the best
     python benchmarks/attention.py --json out.json
 
@@ -140,11 +141,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 points instead of the whole grid")
     ap.add_argument("--tune", action="store_true", help="also time each mgjit configuration per point")
+    ap.add_argument("--head-dim", type=int, action="append", choices=(64, 128, 256),
+                    help="only the points of this head dim (repeatable)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("benchmarks/attention.py needs a Hopper GPU (sm_90)")
     points = QUICK if args.quick else [(s, d, c) for d in (64, 128, 256) for c in (False, True) for s in SEQ]
+    points = [p for p in points if not args.head_dim or p[1] in args.head_dim]
     print(f"{torch.cuda.get_device_name()}: bf16, {TOKENS} tokens (B*S), H = 2048/D; TFLOP/s and ratio to SDPA (flash)")
     head = (f"{'D':>4} {'S':>6} {'causal':>6} | {'fwd mgjit':>9} {'sdpa':>6} {'triton':>6} {'x sdpa':>6} | "
             f"{'bwd mgjit':>9} {'sdpa':>6} {'triton':>6} {'x sdpa':>6}")
