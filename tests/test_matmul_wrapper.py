@@ -27,6 +27,9 @@ def gpu(monkeypatch, tmp_path):
     except RuntimeError as e:  # no C compiler or no DLPack exchange API: nothing to test here
         pytest.skip(f"the C launcher is unavailable: {e}")
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    # The kernel's launch path is made afresh, on the stub's C launcher (an earlier test may have made it without)
+    for attr, fresh in (("_entry", None), ("_native", None), ("_c_module", None), ("_dispatch", None), ("_plans", {})):
+        monkeypatch.setattr(mh.matmul_kernel, attr, fresh)
     monkeypatch.setattr(mh, "_sm_count", lambda device: 132)
     for table in ("_CHOSEN", "_PLANS", "_WORKSPACES"):
         monkeypatch.setattr(schedules, table, {})
