@@ -47,21 +47,29 @@ class Problem:
         bits = a.element_size() * 8
         m, k = a.shape
         n = b.shape[0] if b_kmajor else b.shape[1]
-        # A transposed view (column-major a) is read as it is stored: (k, m), MN-major (16-bit types only).
-        a_mn = bits == 16 and a.stride(1) != 1 and a.stride(0) == 1
-        a_op = a.t() if a_mn else (a if a.stride(1) == 1 else a.contiguous())
-        if b_kmajor:
-            b_k, b_op = True, (b if b.stride(1) == 1 else b.contiguous())
-        elif b.stride(1) != 1 and b.stride(0) == 1:  # a transposed view of an (n, k) tensor: K-major
-            b_k, b_op = True, b.t()
-        else:
-            b_k, b_op = False, (b if b.stride(1) == 1 else b.contiguous())
-        return cls(m, n, k, bits, a_op, b_op, a_mn, b_k, out_dtype, (scaled, biased, activation))
+        a_mn, b_t = transposed_views(a, b, b_kmajor)
+        return cls(m, n, k, bits, _operand(a, a_mn), _operand(b, b_t), a_mn, b_kmajor or b_t, out_dtype,
+                   (scaled, biased, activation))
 
     def key(self) -> tuple:
         """What the choice of schedule depends on."""
         return (self.m, self.n, self.k, str(self.a_op.dtype), str(self.out_dtype), self.a_mn, self.b_k,
                 self.epilogue)
+
+
+def transposed_views(a, b, b_kmajor: bool) -> tuple[bool, bool]:
+    """Whether a and b are transposed views, read as they are stored: a column-major a as (k, m), MN-major
+    (16-bit types only); a column-major (k, n) b, not given K-major, as the (n, k) tensor it views, K-major."""
+    a_t = a.element_size() == 2 and a.stride(1) != 1 and a.stride(0) == 1
+    return a_t, not b_kmajor and b.stride(1) != 1 and b.stride(0) == 1
+
+
+def _operand(t, transposed: bool):
+    """An operand as the kernel reads it: the tensor a transposed view views, else t with unit column stride
+    (a copy where its columns are strided)."""
+    if transposed:
+        return t.t()
+    return t if t.stride(1) == 1 else t.contiguous()
 
 
 def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue_bytes: int) -> int:
@@ -276,11 +284,9 @@ def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
     if not kernel_cfg["STREAM_K"]:
         return c, c
     device = c.device
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0  # no Stream object
     bm, bn = kernel_cfg["BM"], kernel_cfg["BN"]
     need = ((tiles + grid[0]) * bm, bn, tiles * (bm // 64))
-    # Non-deterministic fix-ups add into zeroed slots (and zero them again); deterministic ones overwrite theirs.
-    key = (str(device), stream, kernel_cfg.get("DETERMINISTIC", True))
+    key = workspace_key(kernel_cfg, device)
     have = _WORKSPACES.get(key)
     if have is None or have[0].shape[0] < need[0] or have[0].shape[1] < need[1] or have[1].shape[0] < need[2]:
         rows, cols, locks = (max(x, y) for x, y in zip(need, (have[0].shape[0], have[0].shape[1], have[1].shape[0])
@@ -292,6 +298,19 @@ def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
             torch.zeros(rows, cols, dtype=torch.float32, device=device),
             torch.zeros(locks, dtype=torch.int32, device=device)), device)
     return have
+
+
+def workspace_key(kernel_cfg: dict, device) -> tuple:
+    """Where `workspace` keeps the workspace of a stream-K launch on `device`: per device, current stream, and
+    fix-up kind (non-deterministic fix-ups add into zeroed slots and zero them again; deterministic ones
+    overwrite theirs)."""
+    return (str(device), current_stream(device), kernel_cfg.get("DETERMINISTIC", True))
+
+
+def current_stream(device) -> int:
+    """The current stream of a device (0 off CUDA), as a raw handle: no torch.cuda.Stream object per call."""
+    import torch
+    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
 
 
 def _outside_graph_pools(make, device):

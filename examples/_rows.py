@@ -92,7 +92,7 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
 
 def grid(rows: int, config: mgjit.Config) -> tuple[int]:
     """The grid of a row kernel's launch over `rows` rows."""
-    return (-(-rows // config.kwargs["ROWS"]) * config.kwargs["CTAS"],)
+    return _row_grid(rows, config.kwargs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,8 +117,10 @@ def _tuned(kernel, configs: tuple[mgjit.Config, ...], key: str):
 def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     """Launch the first config as it is: one candidate, no GPU, or two arguments are one tensor (timing would run
     the kernel on its own output)."""
+    if len(configs) == 1 or not tuning_enabled(args[0]):
+        return True
     pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
-    return len(configs) == 1 or len(set(pointers)) < len(pointers) or not tuning_enabled(args[0])
+    return len(set(pointers)) < len(pointers)
 
 
 def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
@@ -158,7 +160,13 @@ def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, 
 
 def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> None:
     """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
-    tuned_launch(kernel, configs, lambda rows, c: (-(-rows // c["ROWS"]) * c["CTAS"],), args, **constexprs)
+    tuned_launch(kernel, configs, _row_grid, args, **constexprs)
+
+
+def _row_grid(rows: int, config) -> tuple[int]:
+    """A row kernel's grid from its constexprs (a Config's kwargs, or a launch's named arguments): CTAS programs
+    (a cluster) per ROWS rows."""
+    return (-(-rows // config["ROWS"]) * config["CTAS"],)
 
 
 # ---- device helpers

@@ -253,16 +253,32 @@ def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _tma_aligned(t) -> bool:
+    """Whether TMA can read t as it is: unit column stride, rows and address 16-byte aligned."""
+    return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
 def _tma_ready(t, copy: bool = True):
     """TMA needs 16-byte aligned rows: a tensor whose rows are not goes into (a view of) one padded to 16."""
     import torch
-    if t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0:
+    if _tma_aligned(t):
         return t
     cols = -(-t.shape[1] * t.element_size() // 16) * 16 // t.element_size()
     padded = torch.zeros(t.shape[0], cols, dtype=t.dtype, device=t.device)
     if copy:
         padded[:, :t.shape[1]] = t
     return padded[:, :t.shape[1]]
+
+
+def _output(m: int, n: int, dtype, device):
+    """An output for the kernel: rows padded to 16 bytes, as TMA stores need."""
+    import torch
+    return _tma_ready(torch.empty(m, n, dtype=dtype, device=device), copy=False)
+
+
+ACTIVATIONS = (None, "relu", "gelu")
+# What `matmul` decided for each call key (_call_key): a call with a key seen before launches from here.
+_PREPARED: dict[tuple, "_Prepared"] = {}
 
 
 def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activation: str | None = None,
@@ -272,8 +288,19 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     `scale` is a 1-element f32 tensor, `bias` an (N,) tensor, `activation` None, "relu" or "gelu". `config`
     fixes the schedule and tile (keys of matmul_kernel's constexprs, plus SWAP_AB); without one, heuristics
     propose a few per shape and the fastest is timed once and remembered (examples/_matmul_schedules.py).
-    `profile`, an mgjit.Profile, records the spans of the launch that computes c (not of the timed ones)."""
+    `profile`, an mgjit.Profile, records the spans of the launch that computes c (not of the timed ones).
+    A call like an earlier one (shapes, strides, dtypes, alignment, device, stream, epilogue: `_call_key`)
+    launches what that one decided, with only its per-call work (`_Prepared`)."""
     import torch
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    key = None
+    if config is None and profile is None:
+        key = _call_key(a, b, scale, bias, activation, out_dtype, b_kmajor)
+        prepared = _PREPARED.get(key)
+        if prepared is not None and prepared.chosen is schedules._CHOSEN and prepared.sms == _sm_count(
+                key[-1].index):
+            return prepared(a, b, scale, bias)
     k_b = b.shape[1] if b_kmajor else b.shape[0]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
         raise ValueError(f"matmul needs (M, K) @ (K, N) (or (N, K) with b_kmajor), got {tuple(a.shape)}, "
@@ -286,18 +313,74 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if bits != 16 and not problem.b_k:
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
                          f"transposed view of one)")
-
-    def output():  # rows padded to 16 bytes, as TMA stores need
-        return _tma_ready(torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device), copy=False)
-
-    cfg = schedules.choose(problem, config, _sm_count(a.device.index),
-                           lambda candidate, c: _launch(problem, candidate, c, scale, bias), matmul_kernel, output)
-    c = output()
-    _launch(problem, cfg, c, scale, bias, profile)
+    sms = _sm_count(a.device.index)
+    cfg = schedules.choose(problem, config, sms, lambda candidate, c: _launch(problem, candidate, c, scale, bias),
+                           matmul_kernel, lambda: _output(problem.m, problem.n, out_dtype, a.device))
+    c = _output(problem.m, problem.n, out_dtype, a.device)
+    plan = _launch(problem, cfg, c, scale, bias, profile)
+    if key is not None:
+        _PREPARED[key] = _Prepared(problem, plan, a, b, b_kmajor, sms)
     return c
 
 
-def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> None:
+def _call_key(a, b, scale, bias, activation, out_dtype, b_kmajor) -> tuple:
+    """What the wrapper's decisions for a call depend on: the operands' shapes, strides, dtypes and alignment
+    (views, copies, padding, the schedule), devices and stream (the SM count, the stream-K workspace), the
+    output dtype and the epilogue. The kernel's own dispatch checks every argument it is given (scale's and
+    bias's dtype, shape, strides and alignment among them). The device comes last."""
+    device = a.device
+    return (a.shape, a.stride(), a.dtype, a.data_ptr() % 16, b.shape, b.stride(), b.dtype, b.data_ptr() % 16,
+            b.device, schedules.current_stream(device), out_dtype, b_kmajor, scale is None, bias is None,
+            activation, device)
+
+
+class _Prepared:
+    """One call key's launch, as `matmul` decided it: a later call with the key makes only its per-call parts
+    (its operands' views, or their copies where the first call needed copies, its output and the workspace
+    for its stream) and launches, through the kernel's dispatch (which checks every argument again)."""
+
+    def __init__(self, problem: schedules.Problem, plan: schedules.Plan, a, b, b_kmajor: bool, sms: int):
+        self.chosen = schedules._CHOSEN  # the table the schedule came from (a replaced one chooses again)
+        self.sms = sms
+        a_t, b_t = schedules.transposed_views(a, b, b_kmajor)
+        # Views where both operands are read as given (or transposed) and TMA can read them as they are; else
+        # the operands are made as on the first call (a contiguous copy, rows padded for TMA).
+        self.views = (a_t or a.stride(1) == 1) and (b_t or b.stride(1) == 1) and _tma_aligned(problem.a_op) \
+            and _tma_aligned(problem.b_op)
+        self.a_t, self.b_t = a_t, b_t
+        self.problem_args = (b_kmajor, problem.out_dtype, *problem.epilogue)
+        self.m, self.n, self.out_dtype = problem.m, problem.n, problem.out_dtype
+        self.swap, self.plan = plan.swap, plan
+        self.launch = matmul_kernel[plan.grid]
+        kernel_cfg = {**matmul_kernel.defaults, **plan.kernel_cfg}
+        self.constexprs = tuple(kernel_cfg[n] for n in matmul_kernel.arg_names[7:])
+        assert matmul_kernel.arg_names[7:] == matmul_kernel.constexpr_names, "a, b, c, scale, bias, ws, locks"
+        self.warpgroups = kernel_cfg["num_warpgroups"]
+        # Stream-K's workspace: this key's stream's, as `workspace` made it last (it is replaced when it grows).
+        self.workspace_key = schedules.workspace_key(plan.kernel_cfg, a.device) if plan.kernel_cfg["STREAM_K"] \
+            else None
+        self.workspace = None
+
+    def __call__(self, a, b, scale, bias):
+        if self.views:
+            a_op, b_op = a.t() if self.a_t else a, b.t() if self.b_t else b
+        else:
+            problem = schedules.Problem.of(a, b, *self.problem_args)
+            a_op, b_op = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
+        c = _output(self.m, self.n, self.out_dtype, a.device)
+        workspace = self.workspace
+        if self.workspace_key is None:
+            workspace = (c, c)
+        elif workspace is None or schedules._WORKSPACES.get(self.workspace_key) is not workspace:
+            plan = self.plan
+            workspace = self.workspace = schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c)
+        a_k, b_k, c_k = (b_op, a_op, c.t()) if self.swap else (a_op, b_op, c)
+        self.launch(a_k, b_k, c_k, scale if scale is not None else c, bias if bias is not None else c, *workspace,
+                    *self.constexprs, num_warpgroups=self.warpgroups)
+        return c
+
+
+def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> schedules.Plan:
     """One launch of matmul_kernel for `problem` with `cfg`, writing c (recording its spans in `profile`)."""
     plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
     a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
@@ -305,6 +388,7 @@ def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None)
     matmul_kernel[plan.grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
                              *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg,
                              **({} if profile is None else {"profile": profile}))  # profiled: the Python path
+    return plan
 
 
 def _matmul_outputs(a, b, scale=None, bias=None, activation=None, b_kmajor=False):

@@ -19,7 +19,9 @@ import ast
 import builtins
 import dataclasses
 import enum
+import functools
 import hashlib
+import operator
 import types
 from typing import Any, Callable
 
@@ -51,7 +53,13 @@ def of_kernel(source: SourceFunction) -> Dependencies:
     """The dependencies of a kernel (or device function) given its captured source."""
     reader = _Reader()
     parts = reader.function(source)
-    return Dependencies(parts, reader.checks, reader.persistent)
+    return Dependencies(parts, reader.checks + reader.global_checks(), reader.persistent)
+
+
+def _same_globals(namespace: dict, names: tuple, missing: tuple, expected: tuple) -> bool:
+    """Whether each of `names` still holds its `expected` object in `namespace`: the per-call check of a
+    kernel's plain global reads (its helpers), one call for all of a module's (Python runs no frame per name)."""
+    return all(map(operator.is_, map(namespace.get, names, missing), expected))
 
 
 def describe_value(value: Any) -> tuple[Any, bool]:
@@ -63,6 +71,8 @@ def describe_value(value: Any) -> tuple[Any, bool]:
 class _Reader:
     def __init__(self):
         self.checks: list[Callable[[], bool]] = []
+        # Plain global reads, checked by identity together per module: id(globals) -> (globals, {name: object})
+        self.globals: dict[int, tuple[dict, dict[str, Any]]] = {}
         self.persistent = True
         self.seen: dict[int, Any] = {}  # functions being described, for recursion through device functions
 
@@ -106,6 +116,9 @@ class _Reader:
                 return ("missing", ".".join(chain))
             depth += 1
         steps = chain[1:depth + 1]
+        if where == "globals" and not steps and not _needs_snapshot(value):
+            self.globals.setdefault(id(namespace), (namespace, {}))[1][chain[0]] = value
+            return (".".join(chain[:depth + 1]), self.value(value))
 
         def resolve():
             v = _lookup(namespace, where, chain[0])
@@ -115,6 +128,11 @@ class _Reader:
 
         self._watch(resolve, value)
         return (".".join(chain[:depth + 1]), self.value(value))
+
+    def global_checks(self) -> list[Callable[[], bool]]:
+        """One check per module of the plain global reads (`_same_globals`)."""
+        return [functools.partial(_same_globals, namespace, tuple(reads), (_MISSING,) * len(reads),
+                                  tuple(reads.values())) for namespace, reads in self.globals.values()]
 
     def _watch(self, resolve: Callable[[], Any], expected: Any) -> None:
         """Add the per-call check that `resolve()` still gives `expected`: the same object, and for mutable
@@ -207,6 +225,13 @@ class _Reader:
 
 
 _MISSING = object()
+
+
+def _needs_snapshot(value: Any) -> bool:
+    """Whether a read value can change in place (a mutable container, or an instance read whole): its check
+    compares contents, not only identity."""
+    return isinstance(value, _MUTABLE) or (isinstance(value, tuple) and _holds_mutable(value)) \
+        or _has_own_state(value)
 
 
 def _lookup(namespace: Any, where: str, name: str) -> Any:

@@ -23,6 +23,7 @@ class Launch:
     smem: int
     cluster: tuple
     values: tuple  # the kernel parameters, unpacked with the kernel's own struct layout (descriptors as bytes)
+    function: int = 0  # the compiled kernel's handle: one per specialization (constexprs included)
 
 
 class StubGPU:
@@ -66,7 +67,7 @@ class StubGPU:
         assert stream == 0
         packer = self.layouts[function]
         values = packer.unpack_from(buffer.ljust(packer.size, b"\0"))
-        self.launches.append(Launch("c", grid, threads, smem, cluster, values))
+        self.launches.append(Launch("c", grid, threads, smem, cluster, values, function))
         return 0
 
 
@@ -86,7 +87,7 @@ class _Driver:
         packer = self.stub.layouts[int(f)]
         base = ctypes.c_void_p.from_address(pointers).value
         values = packer.unpack(ctypes.string_at(base, packer.size))
-        self.stub.launches.append(Launch("python", tuple(grid), threads, smem, tuple(cluster), values))
+        self.stub.launches.append(Launch("python", tuple(grid), threads, smem, tuple(cluster), values, int(f)))
         return (self.real.CUresult.CUDA_SUCCESS,)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, pointers, extra):

@@ -159,7 +159,7 @@ def test_equal_keys_share_a_plan(gpu):
     assert gpu.misses == 1 and len(gpu.launches) == 3
 
 
-@pytest.mark.parametrize("redefine", ["global", "helper"])
+@pytest.mark.parametrize("redefine", ["global", "helper", "deleted helper"])
 def test_a_redefined_global_or_helper_misses(gpu, redefine):
     module = _load(os.path.join(os.path.dirname(__file__), "launch_globals.py"))
     x = torch.randn(256)
@@ -168,8 +168,14 @@ def test_a_redefined_global_or_helper_misses(gpu, redefine):
     assert gpu.misses == 1
     if redefine == "global":
         module.OFFSET = 2
-    else:
+    elif redefine == "helper":
         module.bump = mgjit.device(unchanged)
+    else:  # the kernel now reads an unbound name: the launch misses and the compiler says so
+        del module.bump
+        with pytest.raises(mgjit.CompileError, match="bump"):
+            module.shifted[(1,)](x, x, BLOCK=256)
+        assert gpu.misses == 2 and len(gpu.launches) == 2
+        return
     module.shifted[(1,)](x, x, BLOCK=256)
     module.shifted[(1,)](x, x, BLOCK=256)
     assert gpu.misses == 2 and len(gpu.launches) == 4
