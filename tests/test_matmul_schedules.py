@@ -193,6 +193,8 @@ SPILL_CONFIGS = {
                         BIAS=True, BIAS_ROWS=True, SCALED=True, ACTIVATION="gelu"),
     "swap-m77": dict(BM=128, BN=80, STAGES=8, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
     "swap-decode-m64": dict(BM=64, BN=8, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+    "swap-m24-bias": dict(BM=64, BN=24, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False,
+                          BIAS=True, BIAS_ROWS=True),
 }
 
 
@@ -235,3 +237,15 @@ def test_stream_k_work_items_carry_the_spans_of_a_tile(interpreted):
     # 2 x 2 tiles on 3 CTAs: tiles 0-2 data-parallel, one per CTA; tile 3's 5 k-iterations cut 1 + 2 + 2
     # over the 3 CTAs: two work items per CTA.
     check_matmul_spans(prof, grid=3, tiles=4, items=[2, 2, 2])
+
+
+@pytest.mark.parametrize("m", [24, 40])
+def test_swapped_tile_of_a_non_power_of_two_width_adds_its_bias(m, monkeypatch):
+    """M = 24 or 40 swapped puts a 24- or 40-wide tile on the wgmma's N: the bias broadcast along its rows had no
+    default layout (a side not a power of two) and was a CompileError; it takes the accumulator's layout."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(mh, "_sm_count", lambda device: 8)
+    a, b = torch.randn(m, 256, dtype=BF16), torch.randn(256, 128, dtype=BF16)
+    bias = torch.randn(128, dtype=BF16)
+    c = mh.matmul(a, b, {"SWAP_AB": True, "BM": 64, "BN": -(-m // 8) * 8, "STREAM_K": 1}, bias=bias)
+    assert rel_err(c, a.float() @ b.float() + bias.float()) < 5e-3

@@ -103,8 +103,9 @@ def _infer_broadcast(op: Broadcast, inf: infer.Inference) -> None:
     candidates = list(reversed(inf.by_shape.get(shape, [])))
     try:
         candidates.append(blocked(shape, op.result.dtype))
-    except LayoutError as e:
-        raise op.error(str(e), rule=Rule.LAYOUT) from None
+    except LayoutError as e:  # no default layout (a side not a power of two): only an array's of that shape
+        if not candidates:  # (a wgmma accumulator of N = 24, for a bias broadcast along its rows)
+            raise op.error(str(e), rule=Rule.LAYOUT) from None
     for layout in candidates:
         if layout.reduce(axes, len(shape)) == src.layout:
             inf.set_layout(op.result, layout, op)
