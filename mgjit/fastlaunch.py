@@ -29,6 +29,8 @@ from typing import Any
 from . import abi, dtypes
 
 _SOURCE = Path(__file__).with_name("_launch.c")
+# The files it #includes (one translation unit): every byte of them is in the build's tag.
+_PARTS = tuple(Path(__file__).with_name(f"_launch_{part}.c") for part in ("keys", "plan", "tuned"))
 # A C compiler that hangs must not hang the first launch: the Python launcher is used instead.
 _BUILD_TIMEOUT_S = 120
 _module: ModuleType | None = None
@@ -124,7 +126,7 @@ def _configure(m: ModuleType) -> None:
 
 
 def _build_and_import() -> ModuleType:
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in (_SOURCE, *_PARTS))
     defines = abi.c_defines()
     tag = hashlib.sha256(source + sys.version.encode() + " ".join(defines).encode()).hexdigest()[:16]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]

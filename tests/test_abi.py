@@ -53,3 +53,12 @@ def test_the_c_launcher_takes_its_codes_from_the_table(tmp_path):
     bare = subprocess.run(["gcc", "-shared", "-fPIC", include, source, "-o", str(tmp_path / "b.so")],
                           capture_output=True, text=True)
     assert bare.returncode != 0 and "mgjit.abi.c_defines" in bare.stderr
+
+
+def test_the_c_launchers_build_tag_covers_every_file_it_includes():
+    """fastlaunch tags the built launcher with a hash of its source: a part it #includes but does not hash would
+    keep an old build after an edit."""
+    from mgjit import fastlaunch
+    text = Path(mgjit.__file__).with_name("_launch.c").read_text()
+    included = {Path(mgjit.__file__).with_name(name) for name in re.findall(r'^#include "([^"]+)"', text, re.M)}
+    assert included == set(fastlaunch._PARTS) and all(p.exists() for p in included)
