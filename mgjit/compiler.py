@@ -16,7 +16,8 @@ from typing import Any
 
 from . import abi, dtypes
 from ._version import VERSION
-from .errors import CompileError, CompileWarning, PtxasWarning, Rule
+from .errors import (COMPILE_WARNINGS, CompileError, CompileWarning, PtxasWarning, Rule, compile_warning,
+                     recording_compile_warnings)
 from .source import SourceFunction
 from .specialize import Specialization, TensorSpec
 
@@ -169,6 +170,10 @@ def check_meta(meta: dict) -> None:
         raise ValueError("the hidden buffers do not follow the call's parameters")
     if not all(isinstance(w, str) for w in meta["warnings"]):
         raise ValueError("warnings are not text")
+    for w in meta.get("compile_warnings", []):
+        if not (w["category"] in COMPILE_WARNINGS and isinstance(w["message"], str) and isinstance(w["file"], str)):
+            raise ValueError(f"bad compile warning {str(w)[:40]}")
+        _count(w["line"], "warning line")
 
 
 def trace(source: SourceFunction, spec: Specialization):
@@ -195,10 +200,17 @@ def check_and_infer(kernel, spec: Specialization):
 
 def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:
     """Trace, check, infer, lower and assemble one specialization of a kernel."""
-    from . import draw, ir, lower, mlir, toolchain  # the stages: see the module docstring
     start = time.perf_counter()
-    kernel = trace(source, spec)
-    target = check_and_infer(kernel, spec)
+    with recording_compile_warnings() as given:
+        kernel = trace(source, spec)
+        target = check_and_infer(kernel, spec)
+        return _lower_and_assemble(kernel, target, spec, key, start, given)
+
+
+def _lower_and_assemble(kernel, target, spec: Specialization, key: str, start: float,
+                        given: list[dict]) -> CompiledKernel:
+    """Lower an inferred kernel and assemble it; `given`: the compile warnings so far (more may come)."""
+    from . import draw, ir, lower, mlir, toolchain  # the stages: see the module docstring
     by_value: dict[int, Any] = {}
     # The hidden buffers (mgjit.print, profiling) follow the call's arguments: int32 vectors the launcher makes.
     hidden = (HIDDEN_BUFFER,) * (len(kernel.args) - len(spec.args))
@@ -219,7 +231,7 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
             "threads": lowered.threads,
             "tma": [{"param": d.param, "box": list(d.box), "swizzle": d.swizzle} for d in kernel.tma_descriptors],
-            "warnings": report.warnings, "layouts": draw.kernel_layouts(kernel),
+            "warnings": report.warnings, "compile_warnings": given, "layouts": draw.kernel_layouts(kernel),
             "compile_seconds": round(time.perf_counter() - start, 4)}
     if kernel.hidden_buffers:
         meta["hidden_buffers"] = kernel.hidden_buffers
@@ -230,7 +242,11 @@ def compile_specialization(source: SourceFunction, spec: Specialization, key: st
 
 def _warn(compiled: CompiledKernel, source: SourceFunction) -> None:
     """ptxas' warnings about a kernel (and any spill), as Python warnings at the kernel's definition: when it
-    is compiled, and again when a process first loads it from the cache."""
+    is compiled, and again when a process first loads it from the cache, with the compile's warnings about the
+    kernel's lines (given while it compiled: errors.compile_warning)."""
+    if compiled.from_cache:
+        for w in compiled.meta.get("compile_warnings", []):
+            warnings.warn_explicit(w["message"], COMPILE_WARNINGS[w["category"]], w["file"], w["line"])
     loc = source.loc(source.node)
     for text in compiled.meta.get("warnings", []):
         warnings.warn_explicit(f"{compiled.name} ({compiled.target}): ptxas: {text}", PtxasWarning, loc.file,
@@ -254,11 +270,11 @@ def _warn_replicated_stores(kernel) -> None:
     from .ops.warpgroups import replicated_stores
     for op, runners in replicated_stores(kernel):
         loc = op.loc or kernel.loc
-        warnings.warn_explicit(
+        compile_warning(
             f"{kernel.name}: warpgroups {runners} all run this GMEM store, at a window that does not depend on the "
             f"warpgroup: each writes it again (a race if their values differ). Every warpgroup runs what is not "
             f"under a branch on mgjit.warpgroup_id(): put the store under one (`if wg == 1:`), or index its window "
-            f"by the warpgroup", CompileWarning, loc.file, loc.line)
+            f"by the warpgroup", CompileWarning, loc)
 
 
 def _check_specialization(kernel, spec: Specialization) -> None:

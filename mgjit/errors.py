@@ -1,9 +1,13 @@
 """The errors mgjit raises at users: each names the kernel file and line it concerns."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import enum
 import linecache
+import warnings
+from typing import Iterator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,3 +134,27 @@ class PtxasWarning(UserWarning):
 class CompileWarning(UserWarning):
     """A kernel compiles, but a line of it probably does not do what was meant (a GMEM store that several
     warpgroups repeat, ...): the message names the line."""
+
+
+# Warnings a compile gives about the user's lines (not ptxas'), by name: a cache entry records them, and a
+# process that loads the entry gives them again, as it gives ptxas' (compiler._warn).
+COMPILE_WARNINGS: dict[str, type[Warning]] = {c.__name__: c for c in (BankConflictWarning, CompileWarning)}
+_RECORDED: contextvars.ContextVar[list | None] = contextvars.ContextVar("mgjit_compile_warnings", default=None)
+
+
+def compile_warning(message: str, category: type[Warning], loc: Loc) -> None:
+    """Warn at a kernel's line, and record the warning for the cache entry of the compile under way."""
+    recorded = _RECORDED.get()
+    if recorded is not None:
+        recorded.append({"category": category.__name__, "message": message, "file": loc.file, "line": loc.line})
+    warnings.warn_explicit(message, category, loc.file, loc.line)
+
+
+@contextlib.contextmanager
+def recording_compile_warnings() -> Iterator[list[dict]]:
+    """The compile warnings given inside the block, as cache metadata (compile_warning)."""
+    token = _RECORDED.set([])
+    try:
+        yield _RECORDED.get()
+    finally:
+        _RECORDED.reset(token)

@@ -3,6 +3,10 @@ the errors where the storage does not allow them), bank conflicts against hand-c
 GPU tests' kernels (test_gpu_smem_views.py) compiled for sm_90a and interpreted against torch."""
 import inspect
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -120,6 +124,26 @@ def test_a_conflicting_read_is_a_warning_at_its_line_and_a_note_in_the_ir():
         warnings.simplefilter("error", mgjit.BankConflictWarning)
         c = conflicted.compile(x, out, SW=128, target="sm_90a")
     assert "bank_conflict" not in c.ir
+
+
+def test_a_conflicting_read_warns_again_when_another_process_loads_the_kernel_from_the_cache(tmp_path):
+    """The cache entry records the compile's warnings about the kernel's lines: a process that loads it warns as
+    the compiling one did (it once gave ptxas' warnings only, so a warm cache hid the conflict)."""
+    code = f"""
+        import sys, warnings; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        warnings.simplefilter("always")
+        import torch, test_smem_views as t
+        x, out = torch.empty(64, 64, dtype=torch.bfloat16), torch.empty(64, 64)
+        c = t.conflicted.compile(x, out, SW=None, target="sm_90a")
+        print(c.from_cache)
+        """
+    env = {**os.environ, "MGJIT_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                           timeout=300, env=env) for _ in range(2)]
+    assert [r.stdout.strip() for r in runs] == ["False", "True"], [r.stderr[-500:] for r in runs]
+    for r in runs:
+        assert "BankConflictWarning" in r.stderr and "8-way bank conflicts" in r.stderr
+        assert f"test_smem_views.py:{line_of(conflicted, 's[...], b)')}" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------- slicing errors

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -23,7 +22,7 @@ import torch
 from .. import infer, interpret, ir, lower, tiles
 from .. import mma_descriptors as md
 from ..dtypes import DType
-from ..errors import BankConflictWarning, Check, InterpretError, Loc, Rule
+from ..errors import BankConflictWarning, Check, InterpretError, Loc, Rule, compile_warning
 from ..interpret.checker import Access, check_read, check_write
 from ..interpret.machine import CTA, BarrierRef
 from ..interpret.scheduler import Warpgroup
@@ -314,11 +313,11 @@ def warn_bank_conflicts(op: Op, t: RefType, layout: TiledLayout, shape: tuple[in
         return
     swizzle = f"{t.swizzle}B swizzle" if t.swizzle else "no swizzle"
     view = ", read transposed" if t.transposed else ""
-    warnings.warn_explicit(
+    compile_warning(
         f"{what} of the {t.dtype.name}{list(t.shape)} SMEM tile ({swizzle}{view}) in the layout inference chose "
         f"takes {total} shared-memory wavefronts per warp where {ideal} would do ({total / ideal:g}-way bank "
         f"conflicts): a 128B swizzle, or an array in the tile's own row order, avoids them",
-        BankConflictWarning, op.loc.file, op.loc.line)
+        BankConflictWarning, op.loc)
 
 
 # ---------------------------------------------------------------------------------------------- lowering
