@@ -91,13 +91,14 @@ def attention_fwd(q, k, v, o, lse, scale_log2, D: mgjit.constexpr, BN: mgjit.con
         for c in mgjit.static_range(CONSUMERS):
             mgjit.copy_async(q, (b, h, m0 + 64 * c, 0), q_s[c], barrier=q_full[0])
         for j in range(n_blocks):
-            slot = j % STAGES
-            if j >= STAGES:
-                k_empty[slot].wait()
-            mgjit.copy_async(k, (b, hk, j * BN, 0), k_s[slot], barrier=k_full[slot])
-            if j >= STAGES:
-                v_empty[slot].wait()
-            mgjit.copy_async(v, (b, hk, j * BN, 0), v_s[slot], barrier=v_full[slot])
+            with mgjit.trace("load K, V"):  # spans: recorded when a launch profiles
+                slot = j % STAGES
+                if j >= STAGES:
+                    k_empty[slot].wait()
+                mgjit.copy_async(k, (b, hk, j * BN, 0), k_s[slot], barrier=k_full[slot])
+                if j >= STAGES:
+                    v_empty[slot].wait()
+                mgjit.copy_async(v, (b, hk, j * BN, 0), v_s[slot], barrier=v_full[slot])
     else:
         mgjit.set_max_registers(REGISTERS, increase=True)
         c = wg - 1
@@ -110,69 +111,71 @@ def attention_fwd(q, k, v, o, lse, scale_log2, D: mgjit.constexpr, BN: mgjit.con
         if PINGPONG:
             if c == 0:
                 turn[0].arrive()  # consumer 0 takes the first turn
-        q_full[0].wait()
-        if OVERLAP:
-            k_full[0].wait()
-            if PINGPONG:
-                turn[c].sync()
-            s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_t, k_s[0][0][0].T)
-            if PINGPONG:
-                turn[(c + 1) % CONSUMERS].arrive()
-            mgjit.wgmma_wait(0)
-            k_empty[0].arrive()
-            if n_plain == 0:
-                s = mask_scores(s, rows, 0, Sk, CAUSAL, BN)
-            p, m, l, alpha = online_softmax(s, m, l, scale_log2)
-            p = p.astype(v.dtype)
-            for masked in mgjit.static_range(2):
-                for j in range(mgjit.maximum(n_plain, 1) if masked else 1, n_blocks if masked else n_plain):
-                    slot, prev = j % STAGES, (j - 1) % STAGES
-                    k_full[slot].wait()
-                    if PINGPONG:
-                        turn[c].sync()
-                    s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_t, k_s[slot][0][0].T)
-                    v_full[prev].wait()
-                    acc = mgjit.wgmma(acc, p, v_s[prev][0][0])
-                    if PINGPONG:
-                        turn[(c + 1) % CONSUMERS].arrive()
-                    mgjit.wgmma_wait(1)  # S is done; P V runs on under the softmax
-                    k_empty[slot].arrive()
-                    if masked:
-                        s = mask_scores(s, rows, j * BN, Sk, CAUSAL, BN)
-                    p, m, l, alpha = online_softmax(s, m, l, scale_log2)
-                    p = p.astype(v.dtype)
-                    mgjit.wgmma_wait(0)
-                    v_empty[prev].arrive()
-                    acc = acc * alpha[:, None]
-            last = (n_blocks - 1) % STAGES
-            v_full[last].wait()
-            if PINGPONG:
-                turn[c].sync()
-            acc = mgjit.wgmma(acc, p, v_s[last][0][0])
-            if PINGPONG:
-                turn[(c + 1) % CONSUMERS].arrive()
-            mgjit.wgmma_wait(0)
-            v_empty[last].arrive()
-        else:
-            for masked in mgjit.static_range(2):
-                for j in range(n_plain if masked else 0, n_blocks if masked else n_plain):
-                    slot = j % STAGES
-                    k_full[slot].wait()
-                    s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_t, k_s[slot][0][0].T)
-                    mgjit.wgmma_wait(0)
-                    k_empty[slot].arrive()
-                    if masked:
-                        s = mask_scores(s, rows, j * BN, Sk, CAUSAL, BN)
-                    p, m, l, alpha = online_softmax(s, m, l, scale_log2)
-                    acc = acc * alpha[:, None]
-                    v_full[slot].wait()
-                    acc = mgjit.wgmma(acc, p.astype(v.dtype), v_s[slot][0][0])
-                    mgjit.wgmma_wait(0)
-                    v_empty[slot].arrive()
-        lse[b, h, mgjit.ds(row0, 64)] = (m * scale_log2 + mgjit.log2(l)) * LN2
-        q_t[...] = (acc / l[:, None]).astype(o.dtype)  # Q is spent: its tile takes O
-        mgjit.store_async(o, (b, h, row0, 0), q_s[c])
-        mgjit.store_async_wait(0)
+        with mgjit.trace("attend"):  # S = Q K^T, the online softmax and P V over every K, V block
+            q_full[0].wait()
+            if OVERLAP:
+                k_full[0].wait()
+                if PINGPONG:
+                    turn[c].sync()
+                s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_t, k_s[0][0][0].T)
+                if PINGPONG:
+                    turn[(c + 1) % CONSUMERS].arrive()
+                mgjit.wgmma_wait(0)
+                k_empty[0].arrive()
+                if n_plain == 0:
+                    s = mask_scores(s, rows, 0, Sk, CAUSAL, BN)
+                p, m, l, alpha = online_softmax(s, m, l, scale_log2)
+                p = p.astype(v.dtype)
+                for masked in mgjit.static_range(2):
+                    for j in range(mgjit.maximum(n_plain, 1) if masked else 1, n_blocks if masked else n_plain):
+                        slot, prev = j % STAGES, (j - 1) % STAGES
+                        k_full[slot].wait()
+                        if PINGPONG:
+                            turn[c].sync()
+                        s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_t, k_s[slot][0][0].T)
+                        v_full[prev].wait()
+                        acc = mgjit.wgmma(acc, p, v_s[prev][0][0])
+                        if PINGPONG:
+                            turn[(c + 1) % CONSUMERS].arrive()
+                        mgjit.wgmma_wait(1)  # S is done; P V runs on under the softmax
+                        k_empty[slot].arrive()
+                        if masked:
+                            s = mask_scores(s, rows, j * BN, Sk, CAUSAL, BN)
+                        p, m, l, alpha = online_softmax(s, m, l, scale_log2)
+                        p = p.astype(v.dtype)
+                        mgjit.wgmma_wait(0)
+                        v_empty[prev].arrive()
+                        acc = acc * alpha[:, None]
+                last = (n_blocks - 1) % STAGES
+                v_full[last].wait()
+                if PINGPONG:
+                    turn[c].sync()
+                acc = mgjit.wgmma(acc, p, v_s[last][0][0])
+                if PINGPONG:
+                    turn[(c + 1) % CONSUMERS].arrive()
+                mgjit.wgmma_wait(0)
+                v_empty[last].arrive()
+            else:
+                for masked in mgjit.static_range(2):
+                    for j in range(n_plain if masked else 0, n_blocks if masked else n_plain):
+                        slot = j % STAGES
+                        k_full[slot].wait()
+                        s = mgjit.wgmma(mgjit.zeros((64, BN), mgjit.float32), q_t, k_s[slot][0][0].T)
+                        mgjit.wgmma_wait(0)
+                        k_empty[slot].arrive()
+                        if masked:
+                            s = mask_scores(s, rows, j * BN, Sk, CAUSAL, BN)
+                        p, m, l, alpha = online_softmax(s, m, l, scale_log2)
+                        acc = acc * alpha[:, None]
+                        v_full[slot].wait()
+                        acc = mgjit.wgmma(acc, p.astype(v.dtype), v_s[slot][0][0])
+                        mgjit.wgmma_wait(0)
+                        v_empty[slot].arrive()
+        with mgjit.trace("epilogue"):  # the logsumexp, and O through SMEM and TMA
+            lse[b, h, mgjit.ds(row0, 64)] = (m * scale_log2 + mgjit.log2(l)) * LN2
+            q_t[...] = (acc / l[:, None]).astype(o.dtype)  # Q is spent: its tile takes O
+            mgjit.store_async(o, (b, h, row0, 0), q_s[c])
+            mgjit.store_async_wait(0)
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -394,10 +397,12 @@ def _prepare(q, k, v, scale):
     return _tma_ready(q), _tma_ready(k), _tma_ready(v), scale
 
 
-def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, config: dict | None = None):
+def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, config: dict | None = None,
+                      profile=None):
     """(o, lse): o = softmax(q kᵀ · scale) v (B, H, Sq, D) and lse = logsumexp(q kᵀ · scale) (B, H, Sq, fp32), for
     q (B, H, Sq, D) and k, v (B, Hk, Sk, D) with H a multiple of Hk (GQA/MQA); causal as SDPA's is_causal (query i
-    sees keys 0..i)."""
+    sees keys 0..i). `profile`, an mgjit.Profile, records the launch's spans: the producer's "load K, V" per
+    block, each consumer's "attend" and "epilogue"."""
     import torch
     d = q.shape[-1]
     qp, kp, vp, scale = _prepare(q, k, v, scale)
@@ -409,7 +414,8 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
         consumers = cfg["CONSUMERS"]
         grid = (-(-sq // (64 * consumers)), b * h)
         attention_fwd[grid](qp, kp, vp, o, lse, scale * LOG2E, D=dp, CAUSAL=bool(causal),
-                            REGISTERS=registers_per_consumer(consumers), num_warpgroups=1 + consumers, **cfg)
+                            REGISTERS=registers_per_consumer(consumers), num_warpgroups=1 + consumers, **cfg,
+                            **({} if profile is None else {"profile": profile}))  # profiled: the Python path
     return (o if dp == d else o[..., :d]), lse
 
 

@@ -63,6 +63,28 @@ def test_forward_matches_torch(interpret, b, h, hk, sq, sk, d, causal, dtype, co
     torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-5)
 
 
+def test_a_profiled_forward_records_its_spans(interpret):
+    """attention_forward(..., profile=) records, in each CTA, the producer's "load K, V" per K/V block and each
+    consumer's "attend" then "epilogue", and computes what it computes unprofiled."""
+    q, k, v = inputs(1, 2, 1, 200, 300, 64)
+    prof = mgjit.Profile()
+    o, lse = A.attention_forward(q, k, v, False, 0.125, None, profile=prof)
+    ref, _ = reference(q, k, v, False, 0.125)
+    torch.testing.assert_close(o.float(), ref, atol=1.5e-2, rtol=1e-2)
+    assert not prof.warnings, prof.warnings
+    consumers, bn = A.forward_config(64, False)["CONSUMERS"], A.forward_config(64, False)["BN"]
+    ctas = [(x, y, 0) for y in range(2) for x in range(-(-200 // (64 * consumers)))]
+    assert sorted({s.cta for s in prof.spans}) == sorted(ctas)
+    for cta in ctas:
+        mine = [s for s in prof.spans if s.cta == cta]
+        loads = sorted((s for s in mine if s.warpgroup == 0), key=lambda s: s.start)
+        assert [s.name for s in loads] == ["load K, V"] * -(-300 // bn)
+        assert all(a.end <= b.start for a, b in zip(loads, loads[1:]))
+        for wg in range(1, consumers + 1):
+            spans = sorted((s for s in mine if s.warpgroup == wg), key=lambda s: s.start)
+            assert [s.name for s in spans] == ["attend", "epilogue"] and spans[0].end <= spans[1].start
+
+
 BACKWARD = [  # (b, h, hk, sq, sk, d, causal)
     (1, 2, 1, 100, 130, 64, False),
     (1, 2, 2, 130, 100, 64, True),
