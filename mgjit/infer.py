@@ -74,6 +74,7 @@ class Inference:
         self.overrides = overrides or {}  # id(anchor op) -> the layout it must produce
         self.log: list[tuple] = []  # undo log: ("layout", value, old) | ("relayout", block, op, user, index, old)
         self.by_shape: dict[tuple, list[TiledLayout]] = defaultdict(list)
+        self.current_block: ir.Block = kernel.body  # the block of the op whose rule runs
         self.uses: dict[int, int] = defaultdict(int)
         for op in kernel.walk():
             for v in op.operands:
@@ -119,12 +120,16 @@ class Inference:
 
     # -- driver
     def block(self, block: ir.Block) -> None:
+        """Infer a block's ops; `current_block` is the block of the op whose rule runs (restored after a region
+        nested in it)."""
+        outer = self.current_block
         for op in list(block.ops):
             fn = RULES.get(type(op))
             if fn is None:
                 raise op.error(f"internal error: no layout inference rule for `{op.name}`")
             self.current_block = block
             fn(op, self)
+        self.current_block = outer
 
     def move_or_relayout(self, op: ir.Op, index: int, layout: Layout) -> None:
         """Make operand `index` of `op` arrive in `layout`: by restarting with its free anchors placed there

@@ -74,9 +74,7 @@ def _infer_for(op: For, inf: infer.Inference) -> None:
         for arg, layout in zip(carried, layouts):
             if arg.is_array:
                 inf.set_layout(arg, layout, op)
-        saved = inf.current_block
         inf.block(body)
-        inf.current_block = saved
         yielded = [v.layout for v in yield_op.operands]
         joined = [infer.join(a, y) if arg.is_array else None for arg, a, y in zip(carried, layouts, yielded)]
         if joined == layouts:
@@ -97,10 +95,8 @@ def _infer_for(op: For, inf: infer.Inference) -> None:
 
 @infer.rule(If)
 def _infer_if(op: If, inf: infer.Inference) -> None:
-    saved = inf.current_block
     for region in op.regions:
         inf.block(region)
-    inf.current_block = saved
     then_yield, else_yield = op.regions[0].ops[-1], op.regions[1].ops[-1]
     for i, r in enumerate(op.results):
         if not r.is_array:

@@ -67,10 +67,8 @@ class WarpSplit(Op):
 
 @infer.rule(WarpSplit)
 def _infer_warp_split(op: WarpSplit, inf: infer.Inference) -> None:
-    saved = inf.current_block
     for region in op.regions:
         inf.block(region)
-    inf.current_block = saved
 
 
 @lower.rule(WarpSplit)
