@@ -116,7 +116,7 @@ class _Reader:
                 return ("missing", ".".join(chain))
             depth += 1
         steps = chain[1:depth + 1]
-        if where == "globals" and not steps and not _needs_snapshot(value):
+        if where == "globals" and not steps and _changes_in_place(value) is None:
             self.globals.setdefault(id(namespace), (namespace, {}))[1][chain[0]] = value
             return (".".join(chain[:depth + 1]), self.value(value))
 
@@ -137,10 +137,11 @@ class _Reader:
     def _watch(self, resolve: Callable[[], Any], expected: Any) -> None:
         """Add the per-call check that `resolve()` still gives `expected`: the same object, and for mutable
         values one that still equals a copy of what it held."""
-        if isinstance(expected, _MUTABLE) or (isinstance(expected, tuple) and _holds_mutable(expected)):
+        kind = _changes_in_place(expected)
+        if kind == "contents":
             snapshot = _Reader().value(expected)
             self.checks.append(lambda: resolve() is expected and _Reader().value(expected) == snapshot)
-        elif _has_own_state(expected):  # an instance read whole: its attributes may be assigned in place
+        elif kind == "attributes":  # an instance read whole: its attributes may be assigned in place
             snapshot = _Reader().value(vars(expected))
             self.checks.append(lambda: resolve() is expected and _Reader().value(vars(expected)) == snapshot)
         else:
@@ -227,11 +228,12 @@ class _Reader:
 _MISSING = object()
 
 
-def _needs_snapshot(value: Any) -> bool:
-    """Whether a read value can change in place (a mutable container, or an instance read whole): its check
-    compares contents, not only identity."""
-    return isinstance(value, _MUTABLE) or (isinstance(value, tuple) and _holds_mutable(value)) \
-        or _has_own_state(value)
+def _changes_in_place(value: Any) -> str | None:
+    """How a read value can change in place, so that its check compares a snapshot and not only identity:
+    "contents" (a mutable container, or a tuple holding one), "attributes" (an instance read whole), or None."""
+    if isinstance(value, _MUTABLE) or (isinstance(value, tuple) and _holds_mutable(value)):
+        return "contents"
+    return "attributes" if _has_own_state(value) else None
 
 
 def _lookup(namespace: Any, where: str, name: str) -> Any:
