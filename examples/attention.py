@@ -249,7 +249,8 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
     lse_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)  # the query block's logsumexp and delta
     delta_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)
     ds_s = mgjit.smem((CONSUMERS, 64, BM), q.dtype, swizzle=128)  # each consumer's dSᵀ, read transposed for dQ
-    dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, 64), mgjit.float32)  # its dQ part, for the reduce-add
+    # its dQ part, for the reduce-add; a 32B swizzle takes the accumulator's stores in 2 wavefronts per warp, not 8
+    dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, 64), mgjit.float32, swizzle=32)
     kv_full = mgjit.barrier(1, arrivals=(2 + KCH) * PARTS * SPLIT)
     full = mgjit.barrier(STAGES, arrivals=2 * SPLIT + 2)
     empty = mgjit.barrier(STAGES, arrivals=CONSUMERS)
