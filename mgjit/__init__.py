@@ -19,9 +19,9 @@ from .jit import Kernel
 from .torch_op import torch_op
 from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, clz, constexpr, copy_async, cos,
                        cta_sync, ds, erf, exp, exp2, fence_async_shared, fma, full, log, log2, max, maximum, min,
-                       minimum, named_barrier, num_programs, pipeline, popc, program_id, rsqrt, set_max_registers, sin,
-                       smem, sqrt, static_range, store_async, store_async_wait, sum, tanh, tile, tma_bounded, warp_id,
-                       warpgroup_id, wgmma, wgmma_wait, where, zeros)
+                       min_ctas_per_sm, minimum, named_barrier, num_programs, pipeline, popc, program_id, rsqrt,
+                       set_max_registers, sin, smem, sqrt, static_range, store_async, store_async_wait, sum, tanh, tile,
+                       tma_bounded, warp_id, warpgroup_id, wgmma, wgmma_wait, where, zeros)
 from .language import clc_query, clc_try_cancel, tcgen05_commit, tcgen05_copy, tcgen05_mma, tmem  # Blackwell (sm_100a)
 from .tmem_layouts import blocked_scales
 from .language import cluster_gather, cluster_reduce

@@ -196,6 +196,8 @@ class Kernel:
     # "profile": mgjit.trace's spans): each {"param": its index in `params`, ...the tables the host decodes it
     # with}, JSON data that a compiled kernel's metadata carries to the launcher (see mgjit/hidden.py).
     hidden_buffers: dict[str, dict] = dataclasses.field(default_factory=dict)
+    # CTAs asked to fit on one SM at once (mgjit.min_ctas_per_sm): ptxas caps each thread's registers to match.
+    min_ctas_per_sm: int = 1
 
     def walk(self) -> Iterator[Op]:
         return self.body.walk()
@@ -264,7 +266,8 @@ def format_kernel(kernel: Kernel, layouts: bool = True) -> str:
 
     lines = []
     params = ", ".join(f"{name(a)}: {a.type} ({p.name})" for a, p in zip(kernel.args, kernel.params))
-    lines.append(f"kernel @{kernel.name}({params}) warpgroups={kernel.num_warpgroups} {{")
+    occupancy = f" min_ctas_per_sm={kernel.min_ctas_per_sm}" if kernel.min_ctas_per_sm > 1 else ""
+    lines.append(f"kernel @{kernel.name}({params}) warpgroups={kernel.num_warpgroups}{occupancy} {{")
 
     def emit(block: Block, indent: str):
         for op in block.ops:

@@ -153,6 +153,9 @@ named_barrier = _builtin("named_barrier", "named_barrier(count=1, warpgroups=2):
                                           "arrives without waiting (a warpgroup arrives once per phase).")
 set_max_registers = _builtin("set_max_registers", "set_max_registers(n, increase=True): setmaxnreg for the "
                                                   "warpgroup (warp specialization).")
+min_ctas_per_sm = _builtin("min_ctas_per_sm", "min_ctas_per_sm(n): ask that n CTAs of this kernel fit on one SM "
+                                              "at once (PTX .minnctapersm): ptxas caps each thread at "
+                                              "65536 / (n * threads) registers, spilling past it. n static.")
 
 # Blackwell machinery (sm_100a)
 tmem = _builtin("tmem", "tmem(shape, dtype, collective=False, packing=None, scales=False): a (rows, cols) "

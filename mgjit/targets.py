@@ -43,6 +43,11 @@ BLACKWELL = Target("sm_100a", "Blackwell", (10, 0), "+ptx87", smem_bytes=232448,
                    units=frozenset({"tma", "mbarrier", "cluster", "setmaxnreg", "tcgen05", "clc", "tma_gather4"}))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}
+
+# One SM of either target: its register file (32-bit registers) and the most threads and CTAs resident on it.
+REGISTERS_PER_SM = 65536
+THREADS_PER_SM = 2048
+CTAS_PER_SM = 32
 DEFAULT = HOPPER
 
 

@@ -69,6 +69,8 @@ class Semantics:
         # name, and whether this compile records `mgjit.trace` spans (see builtins/debug.py).
         self.hidden_buffers: dict[str, Any] = parent.hidden_buffers if parent else {}
         self.profile: bool = parent.profile if parent else False
+        # What mgjit.min_ctas_per_sm asked for, kernel-wide: {"count": n, "loc": where} (builtins/warpgroups.py).
+        self.occupancy: dict[str, Any] = parent.occupancy if parent else {}
         self.globals = source.fn.__globals__
         self.closure = closure_vars(source.fn)
         self.depth = depth

@@ -449,6 +449,6 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
     cta_group = tcgen05.finish(body, source.loc(source.node))
     hidden_buffers = debug.finish(tracer, params, args)
     kernel = ir.Kernel(source.name, params, args, body, num_warpgroups, source.loc(source.node),
-                       tracer.tma_descriptors, cta_group, hidden_buffers)
+                       tracer.tma_descriptors, cta_group, hidden_buffers, tracer.occupancy.get("count", 1))
     ir.verify(kernel)
     return kernel

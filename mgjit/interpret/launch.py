@@ -156,5 +156,6 @@ class Run:
         cx, cy, cz = self.cluster
         for x, y, z in self.launches:
             yield Cluster([CTA((x + i, y + j, z + k), i + cx * (j + cy * k), self.kernel.num_warpgroups,
-                               self.smem_bytes) for k in range(cz) for j in range(cy) for i in range(cx)],
+                               self.smem_bytes, self.kernel.min_ctas_per_sm)
+                           for k in range(cz) for j in range(cy) for i in range(cx)],
                           self.cluster)

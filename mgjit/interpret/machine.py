@@ -14,6 +14,7 @@ import torch
 from ..dtypes import DType
 from ..errors import Check, InterpretError, Loc
 from ..layouts import THREADS_PER_WARPGROUP
+from ..targets import REGISTERS_PER_SM
 from ..tmem_layouts import TMEM_COLUMNS, TMEM_LANES
 from . import numerics
 from .checker import Clock, Records, join
@@ -22,11 +23,11 @@ if TYPE_CHECKING:
     from .scheduler import Warpgroup
 
 POISON = 0xFF
-# The register file of an SM. setmaxnreg moves registers between the warpgroups of a CTA within what the CTA
-# was launched with; a kernel that uses it runs with its whole cap at entry (setmaxnreg needs one), which for
-# T threads is 65536 / T per thread in steps of 8, at most 256 (setmaxnreg's range). Modelled as that cap.
-REGISTER_FILE = 65536
-MAX_REGISTERS_PER_THREAD = 256
+# setmaxnreg moves registers between the warpgroups of a CTA within what the CTA was launched with; a kernel
+# that uses it runs with its whole cap at entry (setmaxnreg needs one), which for T threads and n CTAs asked to fit
+# on an SM (mgjit.min_ctas_per_sm) is the SM's register file / (n T) per thread in steps of 8, at most 256
+# (setmaxnreg's range). Modelled as that cap.
+SETMAXNREG_MAX = 256
 
 
 class Barrier:
@@ -202,9 +203,9 @@ class RegisterPool:
     """setmaxnreg: a CTA starts with `per_thread` registers for each of its threads; .dec gives a warpgroup's
     surplus back to the pool and .inc waits until the pool can pay for the increase."""
 
-    def __init__(self, warpgroups: int):
+    def __init__(self, warpgroups: int, ctas_per_sm: int = 1):
         threads = warpgroups * THREADS_PER_WARPGROUP
-        self.per_thread = min(MAX_REGISTERS_PER_THREAD, REGISTER_FILE // threads // 8 * 8)
+        self.per_thread = min(SETMAXNREG_MAX, REGISTERS_PER_SM // (threads * ctas_per_sm) // 8 * 8)
         self.counts = [self.per_thread] * warpgroups
         self.free = 0
 
@@ -217,7 +218,8 @@ class RegisterPool:
 
 
 class CTA:
-    def __init__(self, program_id: tuple[int, int, int], rank: int, num_warpgroups: int, smem_bytes: int):
+    def __init__(self, program_id: tuple[int, int, int], rank: int, num_warpgroups: int, smem_bytes: int,
+                 ctas_per_sm: int = 1):
         self.program_id = program_id
         self.rank = rank
         self.smem = torch.full((smem_bytes,), POISON, dtype=torch.uint8)
@@ -226,7 +228,7 @@ class CTA:
         self.barriers: dict[int, list[Barrier]] = {}  # id(BarrierAlloc) -> its barriers
         self.named_barriers: dict[int, list[NamedBarrier]] = {}  # id(NamedBarrierAlloc) -> its barriers
         self.tmem = Tmem()
-        self.registers = RegisterPool(num_warpgroups)
+        self.registers = RegisterPool(num_warpgroups, ctas_per_sm)
         self.sync = Rendezvous(num_warpgroups, "bar.sync 0 (every warpgroup of the CTA)")
         self.num_warpgroups = num_warpgroups
         self.exited = 0

@@ -88,7 +88,7 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
             '    llvm.mlir.global external @__mgjit_smem() {addr_space = 3 : i32, alignment = 1024 : i64} '
             ': !llvm.array<0 x i8>\n'
             f'    llvm.func @{abi.symbol(kernel.name)}({sig}) attributes {{gpu.kernel, nvvm.kernel, '
-            f'nvvm.maxntid = array<i32: {threads}, 1, 1>, nvvm.minctasm = 1 : i32}} {{\n'
+            f'nvvm.maxntid = array<i32: {threads}, 1, 1>, nvvm.minctasm = {kernel.min_ctas_per_sm} : i32}} {{\n'
             '      llvm.return\n    }\n  }\n}\n')
         module = m.ir.Module.parse(text)
         gpu_module = module.body.operations[0]

@@ -7,7 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes, language as lang, ops
+from ...errors import Rule
+from ...layouts import THREADS_PER_WARPGROUP
 from ...ops.warpgroups import HARDWARE_BARRIERS
+from ...targets import CTAS_PER_SM, THREADS_PER_SM
 from ..registry import builtin, method
 from ..semantics import Semantics
 from ..values import NamedBarriers, NamedBarrierSlot, Tensor, WarpIndex
@@ -30,6 +33,23 @@ def set_max_registers(t: Semantics, args: list, kwargs: dict) -> None:
     if not isinstance(count, int):
         raise t.error("set_max_registers takes a static register count")
     t.builder.add(ops.SetMaxRegisters(count, bool(increase), t.builder.loc))
+
+
+@builtin(lang.min_ctas_per_sm, positional=(1, 1))
+def min_ctas_per_sm(t: Semantics, args: list, kwargs: dict) -> None:
+    count = args[0]
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise t.error(f"min_ctas_per_sm takes a static int (a literal or a constexpr), got {count!r}")
+    threads = t.num_warpgroups * THREADS_PER_WARPGROUP
+    most = min(CTAS_PER_SM, THREADS_PER_SM // threads)
+    if not 1 <= count <= most:
+        raise t.error(f"min_ctas_per_sm expected 1..{most} (an SM holds {THREADS_PER_SM} threads and {CTAS_PER_SM} "
+                      f"CTAs; this kernel has {threads} threads per CTA), got {count}", rule=Rule.REGISTERS)
+    asked = t.occupancy.get("count")
+    if asked is not None and asked != count:
+        raise t.error(f"min_ctas_per_sm asked for {count} CTAs per SM, but {t.occupancy['loc']} asked for {asked}: "
+                      f"a kernel has one occupancy", rule=Rule.REGISTERS)
+    t.occupancy.update(count=count, loc=t.builder.loc)
 
 
 @builtin(lang.cta_sync, positional=(0, 0))

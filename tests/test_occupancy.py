@@ -1,0 +1,102 @@
+"""mgjit.min_ctas_per_sm (PTX .minnctapersm): the directive in the PTX, the register cap ptxas applies, the
+interpreter's register pool under it, and the errors that name the line; on the CPU."""
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import mgjit
+from mgjit.errors import Check, InterpretError
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+
+
+def line_of(kernel, text: str) -> int:
+    lines, first = inspect.getsourcelines(kernel.fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@mgjit.kernel
+def doubled(x, out, OCC: mgjit.constexpr):
+    mgjit.min_ctas_per_sm(OCC)
+    out[mgjit.ds(0, 128)] = x[mgjit.ds(0, 128)] * 2.0
+
+
+@pytest.mark.parametrize("occ", [1, 2, 16])
+def test_the_ptx_asks_ptxas_for_the_occupancy(occ):
+    x = torch.empty(128)
+    c = doubled.compile(x, x, OCC=occ, target="sm_90a")
+    assert re.search(rf"\.maxntid 128, 1, 1\s*\.minnctapersm {occ}\b", c.ptx), c.ptx[:600]
+    assert ("min_ctas_per_sm=" in c.ir.splitlines()[0]) == (occ > 1)
+
+
+def test_ptxas_caps_the_registers():
+    """A bf16 cross-entropy holding two 4097-column rows in one warpgroup takes more than 128 registers; asked for 4
+    CTAs per SM (128 threads each) it fits 65536 / 512 = 128, without spilling."""
+    x = torch.empty(64, 4097, dtype=torch.bfloat16)
+    target, loss = torch.empty(64, dtype=torch.int64), torch.empty(64)
+    registers = {}
+    for occ in (1, 4):
+        config = _rows.hold(2, _rows.parts(4097), occupancy=occ)
+        c = ce.cross_entropy_rows.compile(x, target, loss, loss, -100, **config.launch_kwargs(), target="sm_90a")
+        registers[occ] = c.registers
+        assert c.spills == 0
+    assert registers[1] > 128 >= registers[4], registers
+
+
+@mgjit.kernel(num_warpgroups=2)
+def regrow(x, out, OCC: mgjit.constexpr, GROW: mgjit.constexpr):
+    mgjit.min_ctas_per_sm(OCC)
+    if mgjit.warpgroup_id() == 0:
+        mgjit.set_max_registers(56, increase=False)
+    else:
+        mgjit.set_max_registers(GROW, increase=True)
+        out[mgjit.ds(0, 128)] = x[mgjit.ds(0, 128)] + 1.0
+
+
+def test_the_interpreter_starts_each_thread_at_the_capped_count():
+    """Two CTAs of 256 threads per SM: 128 registers a thread at entry. Warpgroup 0 frees 72 x 128; warpgroup 1
+    can grow to 200 with them, not to 208."""
+    x = torch.randn(128)
+    out = torch.full((128,), float("nan"))
+    regrow.interpret[(1,)](x, out, OCC=2, GROW=200)
+    assert torch.equal(out, x + 1)
+    with pytest.raises(InterpretError) as info:
+        regrow.interpret[(1,)](x, out, OCC=2, GROW=208)
+    assert info.value.check == Check.DEADLOCK
+    assert "set_max_registers(208) for 10240 more registers; the CTA's pool has 9216 free" in str(info.value)
+
+
+@mgjit.kernel
+def runtime_count(x, n):
+    mgjit.min_ctas_per_sm(n)
+
+
+@mgjit.kernel
+def too_many(x, OCC: mgjit.constexpr):
+    mgjit.min_ctas_per_sm(OCC)
+
+
+@mgjit.kernel
+def two_answers(x):
+    mgjit.min_ctas_per_sm(2)
+    mgjit.min_ctas_per_sm(3)
+
+
+@pytest.mark.parametrize("kernel,args,text,phrase", [
+    (runtime_count, (3,), "mgjit.min_ctas_per_sm(n)", "takes a static int"),
+    (too_many, ({"OCC": 17}), "mgjit.min_ctas_per_sm(OCC)", "expected 1..16"),
+    (too_many, ({"OCC": 0}), "mgjit.min_ctas_per_sm(OCC)", "got 0"),
+    (two_answers, (), "mgjit.min_ctas_per_sm(3)", "asked for 2"),
+])
+def test_errors_name_the_line(kernel, args, text, phrase):
+    positional = args if isinstance(args, tuple) else ()
+    named = args if isinstance(args, dict) else {}
+    with pytest.raises(mgjit.CompileError) as info:
+        kernel.compile(torch.empty(128), *positional, **named, target="sm_90a")
+    assert info.value.loc.line == line_of(kernel, text) and phrase in str(info.value), str(info.value)
