@@ -17,7 +17,7 @@ from typing import Any
 from . import abi, dtypes
 from ._version import VERSION
 from .errors import (COMPILE_WARNINGS, CompileError, CompileWarning, PtxasWarning, Rule, compile_warning,
-                     recording_compile_warnings)
+                     recording_compile_warnings, repeated_pass)
 from .source import SourceFunction
 from .specialize import Specialization, TensorSpec
 
@@ -220,13 +220,23 @@ def _lower_and_assemble(kernel, target, spec: Specialization, key: str, start: f
         elif a.divisor is not None:
             by_value[v.id] = a.divisor
     ir_text = ir.format_kernel(kernel)
-    lowered = lower.lower(kernel, by_value, target, toolchain.libdevice_path)
-    mlir_text = str(lowered.module)
-    try:
-        ptx = mlir.to_ptx(lowered.module)
-    except Exception as e:  # an MLIR diagnostic: our bug, but say which kernel and keep the details
-        raise CompileError(f"internal error while lowering kernel {kernel.name} to PTX: {e}", kernel.loc) from None
-    cubin, report = toolchain.assemble(ptx, target.name, kernel.name)
+
+    def build(rematerialize: bool):
+        lowered = lower.lower(kernel, by_value, target, toolchain.libdevice_path, rematerialize)
+        mlir_text = str(lowered.module)
+        try:
+            ptx = mlir.to_ptx(lowered.module)
+        except Exception as e:  # an MLIR diagnostic: our bug, but say which kernel and keep the details
+            raise CompileError(f"internal error while lowering kernel {kernel.name} to PTX: {e}",
+                               kernel.loc) from None
+        return (lowered, mlir_text, ptx, *toolchain.assemble(ptx, target.name, kernel.name))
+
+    built = build(False)
+    if built[-1].spills:  # ptxas spilled: try addresses and descriptors computed where they are used
+        with repeated_pass():
+            again = build(True)
+        built = again if again[-1].spills < built[-1].spills else built
+    lowered, mlir_text, ptx, cubin, report = built
     meta = {**spec_meta(kernel.name, spec), "target": target.name,
             "registers": report.registers, "spills": report.spills, "smem_bytes": lowered.smem_bytes,
             "threads": lowered.threads,

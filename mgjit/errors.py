@@ -142,8 +142,13 @@ COMPILE_WARNINGS: dict[str, type[Warning]] = {c.__name__: c for c in (BankConfli
 _RECORDED: contextvars.ContextVar[list | None] = contextvars.ContextVar("mgjit_compile_warnings", default=None)
 
 
+_REPEATED: contextvars.ContextVar[bool] = contextvars.ContextVar("mgjit_repeated_pass", default=False)
+
+
 def compile_warning(message: str, category: type[Warning], loc: Loc) -> None:
     """Warn at a kernel's line, and record the warning for the cache entry of the compile under way."""
+    if _REPEATED.get():
+        return
     recorded = _RECORDED.get()
     if recorded is not None:
         recorded.append({"category": category.__name__, "message": message, "file": loc.file, "line": loc.line})
@@ -158,3 +163,14 @@ def recording_compile_warnings() -> Iterator[list[dict]]:
         yield _RECORDED.get()
     finally:
         _RECORDED.reset(token)
+
+
+@contextlib.contextmanager
+def repeated_pass() -> Iterator[None]:
+    """A pass over a kernel that an earlier pass of this compile went through (the compiler lowering it again):
+    the warnings it would give about the kernel's lines were given then, and are neither given nor recorded."""
+    token = _REPEATED.set(True)
+    try:
+        yield
+    finally:
+        _REPEATED.reset(token)

@@ -67,11 +67,12 @@ def _nvvm_target(target: targets.Target, libdevice: str | None) -> str:
 
 
 def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
-          libdevice: Callable[[], str]) -> LoweredKernel:
+          libdevice: Callable[[], str], rematerialize: bool = False) -> LoweredKernel:
     """Build the MLIR module for a kernel whose layouts are inferred.
 
     `specs` maps each parameter Value id to its TensorSpec (tensors) or known divisor (int scalars);
-    `libdevice` finds libdevice, which is linked when a rule called into it.
+    `libdevice` finds libdevice, which is linked when a rule called into it; `rematerialize`: SMEM addresses
+    and MMA descriptors are computed at each use (Context.rematerialize).
     """
     m = mlir.load()
     threads = THREADS_PER_WARPGROUP * kernel.num_warpgroups
@@ -97,7 +98,7 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
         func_block = func.regions[0].blocks[0]
         emitter = Emitter(m, module, func_block, gpu_block)
         with emitter.ip[0]:
-            ctx = Context(kernel, emitter, specs, target)
+            ctx = Context(kernel, emitter, specs, target, rematerialize)
             args = list(func_block.arguments)
             pos = 0
             for p, v in zip(kernel.params, kernel.args):

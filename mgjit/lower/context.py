@@ -45,8 +45,13 @@ class LoweredRef:
 
 
 class Context:
-    def __init__(self, kernel: ir.Kernel, emitter: Emitter, specs: dict[int, Any], target: targets.Target):
+    def __init__(self, kernel: ir.Kernel, emitter: Emitter, specs: dict[int, Any], target: targets.Target,
+                 rematerialize: bool = False):
         self.kernel = kernel
+        # Recompute SMEM addresses and MMA descriptors at each use rather than keep them live: LLVM hoists them
+        # out of loops, where they stay live beside the accumulators and ptxas spills them rather than
+        # recompute them (compiler.py lowers again so when ptxas spilled).
+        self.rematerialize = rematerialize
         self.e = emitter
         self.specs = specs  # ir.Value.id -> TensorSpec (tensors) or int divisor (int scalars)
         self.target = target

@@ -135,6 +135,11 @@ class Emitter:
     def asm_void(self, text: str, constraints: str, operands: Sequence[Any]) -> None:
         self.m.llvm.inline_asm(None, list(operands), text, constraints, has_side_effects=True)
 
+    def opaque(self, value):
+        """An i32 value LLVM cannot see through, read where it is used: what is computed from it stays there
+        (LLVM neither hoists it out of a loop nor merges it with the same computation elsewhere)."""
+        return self.asm("mov.b32 $0, $1;", "=r,r", [value], [self.int_type(32)], side_effects=True)[0]
+
     # -- pointers and memory
     def ptr_to_int(self, p):
         return self.m.llvm.ptrtoint(self.int_type(64), p)

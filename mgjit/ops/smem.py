@@ -395,6 +395,8 @@ def _accesses(ctx: lower.Context, tile: SmemTile, layout, shape: tuple[int, ...]
     stored = tile_of(tile.type)
     w = access_width(tile.type, layout, shape)
     thread = ctx.thread_index(layout, shape)
+    if ctx.rematerialize:  # the addresses are computed here, from the thread's index read here
+        thread = [e.opaque(t) for t in thread]
     offsets = element_offsets(layout, shape)
     base = shared_address(ctx, e.i32(0))
     for i in range(0, len(offsets), w):

@@ -21,7 +21,7 @@ from ..ir import Op, Value, check, is_ref
 from ..layouts import WGMMA
 from .arrays import Relayout, Splat
 from .program import Constant
-from .smem import SmemTile, mma_operand, operand_descriptor, stored_k_major, tile_ranges
+from .smem import SmemTile, descriptor_fields, mma_operand, operand_descriptor, stored_k_major, tile_ranges
 
 
 class Wgmma(Op):
@@ -161,20 +161,21 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
     else:
         e.asm_void("wgmma.fence.sync.aligned;", "", [])
     one = e.i32(1)
+    descriptors = _Descriptors(ctx)
     for t in range(m // 64):
         regs = elems[t * per_tile:(t + 1) * per_tile]
         for kk in range(steps):
             scale_d = e.i32(0) if zero_init and kk == 0 else one
-            db = operand_descriptor(ctx, b, 0, kk * k_step, b_k_major)
+            nb = per_tile + (4 if a_regs else 1)  # the asm's operands: outputs, A (registers or a descriptor), B
+            db, b_text = descriptors.operand(b, 0, kk * k_step, b_k_major, f"${nb}", "db")
             outs = ", ".join(f"${i}" for i in range(per_tile))
             if a_regs:
                 a_ops = words[(t * steps + kk) * 4:(t * steps + kk) * 4 + 4]
                 a_text = "{" + ", ".join(f"${per_tile + i}" for i in range(4)) + "}"
                 a_cons = ["r"] * 4
             else:
-                a_ops = [operand_descriptor(ctx, a, t * 64, kk * k_step, a_k_major)]
-                a_text, a_cons = f"${per_tile}", ["l"]
-            nb = per_tile + len(a_ops)
+                da, a_text = descriptors.operand(a, t * 64, kk * k_step, a_k_major, f"${per_tile}", "da")
+                a_ops, a_cons = [da], ["l"]
             # Only 16-bit operands have the transpose immediates (tf32 and fp8 must be K-major); A in
             # registers has only B's.
             if dtype.bits != 16:
@@ -183,14 +184,45 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
                 transposes = f", {0 if b_k_major else 1}"
             else:
                 transposes = f", {0 if a_k_major else 1}, {0 if b_k_major else 1}"
-            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nb + 1}, 0; "
+            text = (f"{{ .reg .pred p; {descriptors.take_prelude()}setp.ne.b32 p, ${nb + 1}, 0; "
                     f"wgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ab}.{ab} {{{outs}}}, {a_text}, "
-                    f"${nb}, p, 1, 1{transposes}; }}")
+                    f"{b_text}, p, 1, 1{transposes}; }}")
             constraints = ",".join(["=f"] * per_tile + a_cons + ["l", "r"] + [str(i) for i in range(per_tile)])
             regs = e.asm(text, constraints, [*a_ops, db, scale_d, *regs], [f32] * per_tile, side_effects=True)
         elems[t * per_tile:(t + 1) * per_tile] = regs
     e.asm_void("wgmma.commit_group.sync.aligned;", "", [])
     ctx.set(op.result, lower.Frag(acc.layout, acc.shape, acc.dtype, elems))
+
+
+class _Descriptors:
+    """The SMEM descriptors of one Wgmma's k-steps. Each is an asm operand, or, under ctx.rematerialize, the
+    descriptor of its tile's start plus the step's offset added inside the wgmma's asm: descriptors computed
+    outside it are loop-invariant, and LLVM hoists every one of them out of the loop, where they stay live
+    beside the accumulators. The start address field holds bytes / 16 of an address below 2^18, so adding
+    the offset's bytes / 16 to the descriptor carries into no other field."""
+
+    def __init__(self, ctx: lower.Context):
+        self.ctx = ctx
+        self.bases: dict[str, object] = {}  # by the asm's name of the operand's descriptor
+        self.prelude: list[str] = []
+
+    def operand(self, tile: SmemTile, mn: int, k: int, k_major: bool, arg: str, name: str) -> tuple[object, str]:
+        """(the asm operand, how the wgmma names its descriptor) for the block at (mn, k) of a tile, whose
+        operand the asm calls `arg`; `name`: a register of the asm's own for the sum."""
+        if not self.ctx.rematerialize:
+            return operand_descriptor(self.ctx, tile, mn, k, k_major), arg
+        if name not in self.bases:
+            self.bases[name] = operand_descriptor(self.ctx, tile, 0, 0, k_major)
+        offset = descriptor_fields(tile.type, mn, k, k_major)[0] - descriptor_fields(tile.type, 0, 0, k_major)[0]
+        if not offset:
+            return self.bases[name], arg
+        self.prelude.append(f".reg .b64 {name}; add.s64 {name}, {arg}, {offset >> 4}; ")
+        return self.bases[name], name
+
+    def take_prelude(self) -> str:
+        """The asm that forms this step's descriptors (then forgotten: the next step forms its own)."""
+        text, self.prelude = "".join(self.prelude), []
+        return text
 
 
 def _is_zeros(v: Value) -> bool:
