@@ -1,7 +1,7 @@
 """What the row examples (softmax, rmsnorm, layernorm, cross_entropy) share: how rows are mapped to programs,
 how a row is held in registers, the device helpers that load, reduce and store it, and the autotuned launch.
 
-A mapping is a Config of six constexprs. Held rows (BLOCK=0) are read from memory once and kept in registers:
+A mapping is a Config of five constexprs. Held rows (BLOCK=0) are read from memory once and kept in registers:
 a program (CTA) holds ROWS rows, or a segment of one row: a row too long for one warpgroup is split into
 segments of equal width, one per warpgroup of a cluster of CTAS CTAs with WGS warpgroups each, and the
 segments exchange their statistics once through distributed shared memory (`mgjit.cluster_gather`: one
@@ -9,8 +9,7 @@ cluster barrier per row). Up to 8 CTAs of 4 warpgroups, 8192 columns each: rows 
 be held. Streamed rows (BLOCK > 0): one program per row loops over BLOCK-wide chunks, each kernel's own way
 (cross-entropy reads the row once with an online logsumexp, the others twice); they are candidates for every
 row longer than one warpgroup holds (the mapping these examples used before rows were split over clusters, so
-the autotuner never does worse than that) and the only mapping of longer rows. OCC, the sixth, is the CTAs per
-SM each kernel asks for (mgjit.min_ctas_per_sm): 1, or 4 in variants of long held rows capped at 128 registers.
+the autotuner never does worse than that) and the only mapping of longer rows.
 
 A register array's dimensions are powers of two, so a row of n columns rounded up to one array would waste up
 to half the work (4097 columns would compute 8192). A row (or segment) is held as a few arrays whose widths
@@ -32,7 +31,6 @@ SEGMENT = 8192  # the widest segment one warpgroup holds in registers (64 float3
 MAX_CTAS, MAX_WGS = 8, 4  # a portable cluster; warpgroups per CTA
 MAX_SPLIT_ROW = SEGMENT * MAX_CTAS * MAX_WGS  # 262144: longer rows stream
 STREAM = 4096  # the chunk width of streamed rows
-CAPPED_CTAS = 4  # CTAs of one warpgroup per SM in the register-capped variants (128 registers a thread)
 
 
 def parts(n: int) -> tuple[int, ...]:
@@ -51,17 +49,16 @@ def _segment_parts(width: int) -> tuple[int, ...]:
     return split if len(split) <= 2 else (1 << (width - 1).bit_length(),)
 
 
-def hold(rows: int, widths: tuple[int, ...], ctas: int = 1, wgs: int = 1, occupancy: int = 1) -> mgjit.Config:
+def hold(rows: int, widths: tuple[int, ...], ctas: int = 1, wgs: int = 1) -> mgjit.Config:
     """The mapping that holds `rows` rows, or a segment of `widths` columns of one row per warpgroup of a
-    cluster of `ctas` CTAs with `wgs` warpgroups each, in registers; `occupancy` > 1 asks for that many CTAs per
-    SM (OCC: mgjit.min_ctas_per_sm), which caps the registers ptxas may use."""
-    return mgjit.Config(ROWS=rows, PARTS=widths, CTAS=ctas, WGS=wgs, BLOCK=0, OCC=occupancy,
-                        num_warpgroups=wgs if wgs > 1 else None, cluster=(ctas, 1, 1) if ctas > 1 else None)
+    cluster of `ctas` CTAs with `wgs` warpgroups each, in registers."""
+    return mgjit.Config(ROWS=rows, PARTS=widths, CTAS=ctas, WGS=wgs, BLOCK=0, num_warpgroups=wgs if wgs > 1 else None,
+                        cluster=(ctas, 1, 1) if ctas > 1 else None)
 
 
 def streaming(block: int = STREAM) -> mgjit.Config:
     """The mapping that streams each row through one program in `block`-wide chunks."""
-    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=block, OCC=1)
+    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=block)
 
 
 def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
@@ -83,11 +80,6 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
                 configs.append(hold(rows, widths))
         if n > 4096:
             configs.append(hold(1, _segment_parts(-(-n // 2)), wgs=2))
-        # Rows of 4096 columns and more, held whole by one warpgroup, also capped at 128 registers a thread: four
-        # such CTAs per SM keep more rows in flight (ptxas gives a bf16 cross-entropy of 4097 196 registers,
-        # two CTAs, uncapped); a variant that spills is pruned by the tuner.
-        configs += [hold(c.kwargs["ROWS"], widths, occupancy=CAPPED_CTAS) for c in list(configs)
-                    if c.kwargs["WGS"] == 1 and c.kwargs["ROWS"] * width >= SEGMENT // 2]
         return configs
     for segment in (SEGMENT, SEGMENT // 2):
         need = -(-n // segment)

@@ -24,9 +24,7 @@ import mgjit
 
 @mgjit.kernel
 def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
-                       OCC: mgjit.constexpr = 1):
-    mgjit.min_ctas_per_sm(OCC)
+                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
     if BLOCK:
         cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK)
     else:

@@ -22,11 +22,9 @@ import mgjit
 
 @mgjit.kernel
 def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
-                   OCC: mgjit.constexpr = 1):
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program; or (BLOCK > 0) one row
     streamed in BLOCK-wide chunks."""
-    mgjit.min_ctas_per_sm(OCC)
     if BLOCK:
         layernorm_stream(x, w, b, out, eps, BLOCK)
     else:

@@ -19,9 +19,7 @@ import mgjit
 
 @mgjit.kernel
 def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
-                   OCC: mgjit.constexpr = 1):
-    mgjit.min_ctas_per_sm(OCC)
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
     if BLOCK:
         rmsnorm_stream(x, w, out, eps, BLOCK)
     else:

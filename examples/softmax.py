@@ -21,9 +21,7 @@ import mgjit
 
 @mgjit.kernel
 def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
-                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
-                   OCC: mgjit.constexpr = 1):
-    mgjit.min_ctas_per_sm(OCC)
+                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
     if BLOCK:
         softmax_stream(x, out, BLOCK)
     else:
