@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import mgjit
 
+import _matmul_gemv as gemv
+
 # One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
 BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
 SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_bytes)
@@ -100,7 +102,9 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     if m <= 64 and _swap_allowed(problem):  # decode: the weights stream through the 64-row side
         side = _swapped_n(problem)
         out = [config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
-        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else [])
+        # K-major 16-bit weights (a linear layer's): also as row reductions on the CUDA cores
+        rows = gemv.candidates(m, problem.k) if problem.b_k and problem.bits == 16 else []
+        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + rows
     big = tiles(128, 256)
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256)] + ([config(problem, 128, 128)] if big < 16 * sms else [])
@@ -137,7 +141,10 @@ def _swapped_n(problem: Problem) -> int:
 
 
 def normalize(problem: Problem, given: dict) -> dict:
-    """A caller's config with the rest filled in as `config` would (TMA store where allowed, stages that fit)."""
+    """A caller's config with the rest filled in as `config` would (TMA store where allowed, stages that fit); a
+    GEMV config as given."""
+    if given.get("GEMV"):
+        return dict(given)
     base = config(problem, given.get("BM", 128), given.get("BN", 256), given.get("SWAP_AB", False),
                   given.get("STREAM_K", 0))
     out = {**base, **given}
@@ -222,6 +229,8 @@ def describe(cfg: dict | None) -> str:
     """A config in a few words: `stream-K(2) 128x256 4 stages`, `swap-AB 128x8 stream-K(1) 12 stages`."""
     if cfg is None:
         return "-"
+    if cfg.get("GEMV"):
+        return f"GEMV {cfg['ROWS']} rows x {cfg['KC']} columns x {cfg['KCH']} chunks"
     parts = ["swap-AB"] if cfg.get("SWAP_AB") else []
     if cfg.get("STREAM_K"):
         parts.append(f"stream-K({cfg['STREAM_K']})" + ("" if cfg.get("DETERMINISTIC", True) else " atomic")
@@ -244,6 +253,7 @@ class Plan:
     kernel_cfg: dict
     grid: tuple
     tiles: int
+    gemv: bool = False  # examples/_matmul_gemv.py's kernel, not matmul_kernel
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -255,6 +265,11 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
     element)."""
     key = (problem.key(), tuple(sorted(cfg.items())), sms)
     plan = _PLANS.get(key)
+    if plan is None and cfg.get("GEMV"):
+        scaled, biased, activation = problem.epilogue
+        kernel_cfg = {"M": problem.m, "ROWS": cfg["ROWS"], "KC": cfg["KC"], "KCH": cfg["KCH"], "SCALED": scaled,
+                      "BIAS": biased, "ACTIVATION": activation}
+        plan = _PLANS[key] = Plan(False, kernel_cfg, gemv.grid(problem.n, cfg), 0, gemv=True)
     if plan is None:
         kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
         scaled, biased, activation = problem.epilogue

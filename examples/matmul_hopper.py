@@ -35,6 +35,7 @@ import mgjit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
+from _matmul_gemv import gemv_kmajor  # noqa: E402
 
 
 @mgjit.device
@@ -350,18 +351,23 @@ class _Prepared:
         self.a_t, self.b_t = a_t, b_t
         self.problem_args = (b_kmajor, problem.out_dtype, *problem.epilogue)
         self.m, self.n, self.out_dtype = problem.m, problem.n, problem.out_dtype
-        self.swap, self.plan = plan.swap, plan
-        self.launch = matmul_kernel[plan.grid]
-        kernel_cfg = {**matmul_kernel.defaults, **plan.kernel_cfg}
-        self.constexprs = tuple(kernel_cfg[n] for n in matmul_kernel.arg_names[7:])
-        assert matmul_kernel.arg_names[7:] == matmul_kernel.constexpr_names, "a, b, c, scale, bias, ws, locks"
-        self.warpgroups = kernel_cfg["num_warpgroups"]
+        self.swap, self.plan, self.gemv = plan.swap, plan, plan.gemv
+        kernel = gemv_kmajor if plan.gemv else matmul_kernel
+        self.launch = kernel[plan.grid]
+        kernel_cfg = {**kernel.defaults, **plan.kernel_cfg}
+        self.constexprs = tuple(kernel_cfg[n] for n in kernel.constexpr_names)
+        self.warpgroups = kernel_cfg.get("num_warpgroups", 1)
         # Stream-K's workspace: this key's stream's, as `workspace` made it last (it is replaced when it grows).
-        self.workspace_key = schedules.workspace_key(plan.kernel_cfg, a.device) if plan.kernel_cfg["STREAM_K"] \
-            else None
+        self.workspace_key = schedules.workspace_key(plan.kernel_cfg, a.device) \
+            if plan.kernel_cfg.get("STREAM_K") else None
         self.workspace = None
 
     def __call__(self, a, b, scale, bias):
+        if self.gemv:  # a as given, the weights (N, K)
+            c = _output(self.m, self.n, self.out_dtype, a.device)
+            self.launch(a, b.t() if self.b_t else b, c, scale if scale is not None else c,
+                        bias if bias is not None else c, *self.constexprs)
+            return c
         if self.views:
             a_op, b_op = a.t() if self.a_t else a, b.t() if self.b_t else b
         else:
@@ -383,6 +389,12 @@ class _Prepared:
 def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> schedules.Plan:
     """One launch of matmul_kernel for `problem` with `cfg`, writing c (recording its spans in `profile`)."""
     plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
+    if plan.gemv:
+        a = problem.a_op.t() if problem.a_mn else problem.a_op
+        gemv_kmajor[plan.grid](a, problem.b_op, c, scale if scale is not None else c,
+                               bias if bias is not None else c, **plan.kernel_cfg,
+                               **({} if profile is None else {"profile": profile}))
+        return plan
     a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
     a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
     matmul_kernel[plan.grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
