@@ -20,6 +20,11 @@ Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few can
   tile. DETERMINISTIC=True (the default) gives each contributor its own slot and adds them in k order (bitwise
   repeatable); False adds them into one slot with f32 atomics. No CTA ever waits for another. Split-K is
   stream-K with P = tiles x splits CTAs.
+- multicast (MULTICAST="b", or "a"; data-parallel, cluster=(2, 1, 1)): the two CTAs of a cluster take two
+  M-neighbour tiles (N-neighbours) and load the B (A) tile they share once, each copying half of its rows into
+  both CTAs' slot with TMA multicast. The slot ring spans the cluster: each consumer releases its slot in both
+  CTAs, so a producer refills a slot only once the consumers of both are done with it; both CTAs walk the same
+  items and k-steps, a pair's second tile past M or N included (read as zeros, its stores dropped).
 - swap-AB (in the wrapper): C^T = B^T A^T, so that a small M becomes the N of the wgmma (8..256 in steps of 8)
   and the large N fills the 64-row side: decode shapes (M <= 64) stream the weights through every SM.
 
