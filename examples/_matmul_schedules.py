@@ -281,7 +281,7 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
         # multicast one cluster of two CTAs per pair of tiles, one CTA per SM.
         if cfg.get("MULTICAST"):
             pair_m, pair_n = (2, 1) if cfg["MULTICAST"] == "b" else (1, 2)
-            grid = (2 * min(-(-rows // (cfg["BM"] * pair_m)) * -(-cols // (cfg["BN"] * pair_n)), sms // 2),)
+            grid = (2 * min(-(-rows // (cfg["BM"] * pair_m)) * -(-cols // (cfg["BN"] * pair_n)), max(sms // 2, 1)),)
         else:
             grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
         plan = _PLANS[key] = Plan(cfg["SWAP_AB"], kernel_cfg, grid, tiles)

@@ -133,6 +133,27 @@ def test_multicast_under_a_random_schedule(seed, interpreted):
     assert rel_err(c, a.float() @ b.float()) < 5e-3
 
 
+def test_a_chosen_multicast_schedule_launches_again_on_its_cluster(interpreted, monkeypatch, tmp_path):
+    """A call whose key was seen before launches what the first call chose (`_Prepared`): for a multicast
+    schedule, on clusters of two."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(schedules, "TIMER", InterpretedTimer())  # the last candidate timed is the fastest
+    monkeypatch.setattr(schedules, "_CHOSEN", {})
+    monkeypatch.setattr(schedules, "_TIMED", {})
+    monkeypatch.setattr(mh, "_PREPARED", {})
+    problem_configs = [dict(BM=128, BN=64), dict(BM=128, BN=64, MULTICAST="b")]
+    monkeypatch.setattr(schedules, "candidates", lambda problem, sms: [schedules.normalize(problem, c)
+                                                                       for c in problem_configs])
+    a, b = operands(300, 136, 200)
+    first = mh.matmul(a, b)
+    assert schedules.chosen(a, b)["MULTICAST"] == "b"
+    (prepared,) = mh._PREPARED.values()
+    assert prepared.cluster == (2, 1, 1)
+    a2, b2 = operands(300, 136, 200)
+    again = mh.matmul(a2, b2)
+    assert rel_err(first, a.float() @ b.float()) < 5e-3 and rel_err(again, a2.float() @ b2.float()) < 5e-3
+
+
 def test_multicast_refuses_stream_k_and_a_cluster_of_one():
     x = torch.empty(256, 256, dtype=BF16)
     cfg = dict(BM=128, BN=128, BK=64, STAGES=2, GROUP_M=8, MULTICAST="b", num_warpgroups=3)
