@@ -63,7 +63,7 @@ def workers(MULTICAST):
 
 
 @mgjit.device
-def schedule(tiles, k_tiles, STREAM_K, MULTICAST):
+def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
     """This worker's work: `n_dp` data-parallel tiles (pid, pid + P, ... below `dp_tiles`), then the stream-K
     tiles that its range [begin, end) of the k-iterations of the tiles from `dp_tiles` on touches. Returns
     (dp_tiles, n_dp, iters, begin, end, sk_first, items)."""
@@ -92,7 +92,7 @@ def stream_k_ctas(iters):
 
 
 @mgjit.device
-def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST):
+def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST=None):
     """Item w of this worker: (tile, its index among the stream-K tiles, first k-iteration, end k-iteration)."""
     pid, ctas = workers(MULTICAST)
     dp = w < n_dp
