@@ -8,6 +8,9 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
+Beside the data-parallel tiles of the larger shapes, their multicast form is tried: clusters of two CTAs on
+M-neighbour tiles that load their shared B tile once, each CTA half of it into both (MULTICAST="b"; cuBLAS's
+kernel for 1000 x 3000 x 2000 shares one operand across a 1 x 2 cluster the same way).
 """
 from __future__ import annotations
 
@@ -107,10 +110,12 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + rows
     big = tiles(128, 256)
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
-        return [config(problem, 128, 256)] + ([config(problem, 128, 128)] if big < 16 * sms else [])
+        return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
+            [config(problem, 128, 128)] if big < 16 * sms else [])
     if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
-                config(problem, 128, 128, stream_k=2), config(problem, 128, 192)]
+                config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
+                config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")]
     if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over the SMs
         # The CTA that finishes a cut tile reads every contributor's partial: at most MAX_CUTS per tile (split-K
         # on fewer SMs where the tiles are too few). The largest tile on the most SMs comes first.
@@ -121,8 +126,10 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         out.sort(key=lambda c: -min(sms, tiles(c["BM"], c["BN"]) * c.get("SPLIT", sms)))
         # Or no cut at all: one wave of the largest tiles that fill the most SMs (1000x3000x2000: 128x192 is
         # 128 tiles, 128x128 a wave and a half), or two CTAs per tile (split-K) where even 128x128 is few.
-        return out + [config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 128),
-                      config(problem, 128, 64), config(problem, 128, 128, stream_k=1, SPLIT=2)]
+        # The 128x192 wave also as 64 clusters of two M-neighbours sharing their B tile.
+        return out + [config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 192, MULTICAST="b"),
+                      config(problem, 128, 128), config(problem, 128, 64), config(problem, 128, 128, stream_k=1,
+                                                                                          SPLIT=2)]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
             config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]
@@ -237,6 +244,8 @@ def describe(cfg: dict | None) -> str:
                      + (f" split {cfg['SPLIT']}" if cfg.get("SPLIT") else ""))
     else:
         parts.append("data-parallel")
+    if cfg.get("MULTICAST"):
+        parts.append(f"multicast {cfg['MULTICAST'].upper()} x2")
     parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages",
               "TMA store" if cfg.get("TMA_STORE") else "st.global"]
     return " ".join(parts)
@@ -274,6 +283,8 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
         kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
         scaled, biased, activation = problem.epilogue
         kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation, num_warpgroups=cfg["BM"] // 64 + 1)
+        if cfg.get("MULTICAST"):
+            kernel_cfg["cluster"] = (2, 1, 1)
         if cfg["SWAP_AB"]:
             kernel_cfg.update(A_MNMAJOR=not problem.b_k, B_KMAJOR=not problem.a_mn, BIAS_ROWS=True, TMA_STORE=False)
             rows, cols = problem.n, problem.m
@@ -281,8 +292,13 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
             kernel_cfg.update(A_MNMAJOR=problem.a_mn, B_KMAJOR=problem.b_k)
             rows, cols = problem.m, problem.n
         tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
-        # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM.
-        grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
+        # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM;
+        # multicast one cluster of two CTAs per pair of tiles, one CTA per SM.
+        if cfg.get("MULTICAST"):
+            pair_m, pair_n = (2, 1) if cfg["MULTICAST"] == "b" else (1, 2)
+            grid = (2 * min(-(-rows // (cfg["BM"] * pair_m)) * -(-cols // (cfg["BN"] * pair_n)), max(sms // 2, 1)),)
+        else:
+            grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
         plan = _PLANS[key] = Plan(cfg["SWAP_AB"], kernel_cfg, grid, tiles)
     return plan
 

@@ -20,6 +20,11 @@ Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few can
   tile. DETERMINISTIC=True (the default) gives each contributor its own slot and adds them in k order (bitwise
   repeatable); False adds them into one slot with f32 atomics. No CTA ever waits for another. Split-K is
   stream-K with P = tiles x splits CTAs.
+- multicast (MULTICAST="b", or "a"; data-parallel, cluster=(2, 1, 1)): the two CTAs of a cluster take two
+  M-neighbour tiles (N-neighbours) and load the B (A) tile they share once, each copying half of its rows into
+  both CTAs' slot with TMA multicast. The slot ring spans the cluster: each consumer releases its slot in both
+  CTAs, so a producer refills a slot only once the consumers of both are done with it; both CTAs walk the same
+  items and k-steps, a pair's second tile past M or N included (read as zeros, its stores dropped).
 - swap-AB (in the wrapper): C^T = B^T A^T, so that a small M becomes the N of the wgmma (8..256 in steps of 8)
   and the large N fills the 64-row side: decode shapes (M <= 64) stream the weights through every SM.
 
@@ -49,11 +54,21 @@ def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
 
 
 @mgjit.device
-def schedule(tiles, k_tiles, STREAM_K):
-    """This CTA's work: `n_dp` data-parallel tiles (pid, pid + P, ... below `dp_tiles`), then the stream-K tiles
-    that its range [begin, end) of the k-iterations of the tiles from `dp_tiles` on touches. Returns
-    (dp_tiles, n_dp, iters, begin, end, sk_first, items)."""
+def workers(MULTICAST):
+    """(this CTA's worker index, the number of workers): workers are CTAs, or with MULTICAST the clusters of two
+    CTAs, which work on the two halves of each work item in lockstep."""
     pid, ctas = mgjit.program_id(0), mgjit.num_programs(0)
+    if MULTICAST:
+        return pid // 2, ctas // 2
+    return pid, ctas
+
+
+@mgjit.device
+def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
+    """This worker's work: `n_dp` data-parallel tiles (pid, pid + P, ... below `dp_tiles`), then the stream-K
+    tiles that its range [begin, end) of the k-iterations of the tiles from `dp_tiles` on touches. Returns
+    (dp_tiles, n_dp, iters, begin, end, sk_first, items)."""
+    pid, ctas = workers(MULTICAST)
     dp_tiles = tiles
     iters, begin, end, sk_first, sk_count = 0, 0, 0, 0, 0
     if STREAM_K:
@@ -78,15 +93,38 @@ def stream_k_ctas(iters):
 
 
 @mgjit.device
-def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles):
-    """Item w of this CTA: (tile, its index among the stream-K tiles, first k-iteration, end k-iteration)."""
-    pid, ctas = mgjit.program_id(0), mgjit.num_programs(0)
+def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST=None):
+    """Item w of this worker: (tile, its index among the stream-K tiles, first k-iteration, end k-iteration)."""
+    pid, ctas = workers(MULTICAST)
     dp = w < n_dp
     sk_tile = sk_first + w - n_dp
     tile = mgjit.where(dp, pid + w * ctas, dp_tiles + sk_tile)
     k0 = mgjit.where(dp, 0, mgjit.maximum(begin - sk_tile * k_tiles, 0))
     k1 = mgjit.where(dp, k_tiles, mgjit.minimum(end - sk_tile * k_tiles, k_tiles))
     return tile, sk_tile, k0, k1
+
+
+@mgjit.device
+def cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank):
+    """The origin of this CTA's tile of work item `tile`: the item's own, or with MULTICAST the rank-th of its two
+    tiles, M-neighbours that share their B tile ("b") or N-neighbours that share their A tile ("a"). An item's
+    second tile may lie past M or N (an odd number of tiles): TMA reads it as zeros and drops its stores."""
+    m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM * (2 if MULTICAST == "b" else 1),
+                         BN * (2 if MULTICAST == "a" else 1), GROUP_M)
+    if MULTICAST == "b":
+        m0 = m0 + rank * BM
+    elif MULTICAST == "a":
+        n0 = n0 + rank * BN
+    return m0, n0
+
+
+@mgjit.device
+def release(slot, MULTICAST, rank):
+    """Give a ring slot back to its producer, and with MULTICAST to the peer CTA's too: its multicast copies
+    write into this CTA's slot, so it waits for the consumers of both CTAs."""
+    slot.arrive()
+    if MULTICAST:
+        slot.arrive(cta=rank ^ 1)
 
 
 @mgjit.device
@@ -168,17 +206,22 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                   A_MNMAJOR: mgjit.constexpr = False, SCALED: mgjit.constexpr = False, BIAS: mgjit.constexpr = False,
                   BIAS_ROWS: mgjit.constexpr = False, ACTIVATION: mgjit.constexpr = None,
                   TMA_STORE: mgjit.constexpr = True, STREAM_K: mgjit.constexpr = 0,
-                  DETERMINISTIC: mgjit.constexpr = True):
+                  DETERMINISTIC: mgjit.constexpr = True, MULTICAST: mgjit.constexpr = None):
     """c = act(a @ b * scale[0] + bias): a is (M, K), or (K, M) when A_MNMAJOR; b is (K, N), or (N, K) when
     B_KMAJOR (fp8 and tf32 need both K-major). scale, bias (per column, or per row with BIAS_ROWS) and the
     activation are optional and applied to the f32 accumulator on the way out. Launch with BM // 64 + 1
     warpgroups. ws (f32) and locks (int32, zeros) serve stream-K's fix-up (examples/_matmul_schedules.py
-    sizes them); other schedules never touch them."""
+    sizes them); other schedules never touch them. MULTICAST="b" (or "a"), launched with cluster=(2, 1, 1): the two
+    CTAs of a cluster take two M-neighbour tiles that share their B tile (or N-neighbours sharing A), each
+    copying half of the shared tile into both CTAs' slot (TMA multicast); data-parallel only."""
+    assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster of two CTAs shares: a or b"
+    assert not (MULTICAST and STREAM_K), "MULTICAST schedules whole tiles (STREAM_K=0)"
     CONSUMERS = BM // 64
-    tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM)
-    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN)
+    # Work items: tiles, or with MULTICAST pairs of neighbour tiles (2 BM x BN sharing B, BM x 2 BN sharing A).
+    tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM * (2 if MULTICAST == "b" else 1))
+    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN * (2 if MULTICAST == "a" else 1))
     k_tiles = mgjit.cdiv(a.shape[0] if A_MNMAJOR else a.shape[1], BK)
-    dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K)
+    dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K, MULTICAST)
 
     a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
     b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype, swizzle=128)
@@ -186,7 +229,12 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     if TMA_STORE:
         c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=128)
     full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)  # the A parts and B fill a slot
-    empty = mgjit.barrier(STAGES, arrivals=CONSUMERS)     # every consumer releases it
+    # Every consumer releases it; with MULTICAST those of both CTAs (the peer's copies write into this slot too).
+    empty = mgjit.barrier(STAGES, arrivals=CONSUMERS * (2 if MULTICAST else 1))
+    rank = 0  # this CTA's tile of a MULTICAST work item
+    if MULTICAST:
+        rank = mgjit.cluster_rank()
+        mgjit.cluster_sync()  # the peer's barriers are initialised before any multicast copy signals them
 
     wg = mgjit.warpgroup_id()
     it = 0  # position in the slot ring, continued across work items
@@ -194,8 +242,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
         if CONSUMERS == 2:  # three warpgroups share the register file: the producer needs few
             mgjit.set_max_registers(40, increase=False)
         for w in range(items):
-            tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
-            m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+            tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST)
+            m0, n0 = cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank)
             with mgjit.trace("load tile"):  # spans: recorded when a launch profiles (profile=mgjit.Profile())
                 for k in range(k0, k1):
                     slot = it % STAGES
@@ -203,8 +251,9 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                         empty[slot].wait()
                     for h in mgjit.static_range(CONSUMERS):
                         mgjit.copy_async(a, (k * BK, m0 + h * 64) if A_MNMAJOR else (m0 + h * 64, k * BK),
-                                         a_s[slot][h], barrier=full[slot])
-                    mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot])
+                                         a_s[slot][h], barrier=full[slot], multicast=MULTICAST == "a")
+                    mgjit.copy_async(b, (n0, k * BK) if B_KMAJOR else (k * BK, n0), b_s[slot], barrier=full[slot],
+                                     multicast=MULTICAST == "b")
                     it += 1
     else:
         if CONSUMERS == 2:
@@ -212,8 +261,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
         half = wg - 1
         for w in range(items):
             with mgjit.trace("tile"):  # one work item: a whole tile, or a stream-K range of one
-                tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles)
-                m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+                tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST)
+                m0, n0 = cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank)
                 acc = mgjit.zeros((64, BN), mgjit.float32)
                 with mgjit.trace("mma"):
                     for k in range(k0, k1):
@@ -223,10 +272,10 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                                           b_s[slot].T if B_KMAJOR else b_s[slot])
                         mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
                         if k > k0:
-                            empty[(it - 1) % STAGES].arrive()
+                            release(empty[(it - 1) % STAGES], MULTICAST, rank)
                         it += 1
                     mgjit.wgmma_wait(0)
-                empty[(it - 1) % STAGES].arrive()
+                release(empty[(it - 1) % STAGES], MULTICAST, rank)
                 row0 = m0 + half * 64
                 with mgjit.trace("epilogue"):  # or a cut tile's fix-up
                     if STREAM_K:
@@ -242,6 +291,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                         epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
                                  TMA_STORE)
         mgjit.store_async_wait(0)
+    if MULTICAST:  # no CTA exits while its peer may still copy into its slots or arrive on its barriers
+        mgjit.cluster_sync()
 
 
 DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=3, GROUP_M=8)
@@ -356,7 +407,7 @@ class _Prepared:
         self.launch = kernel[plan.grid]
         kernel_cfg = {**kernel.defaults, **plan.kernel_cfg}
         self.constexprs = tuple(kernel_cfg[n] for n in kernel.constexpr_names)
-        self.warpgroups = kernel_cfg.get("num_warpgroups", 1)
+        self.warpgroups, self.cluster = kernel_cfg.get("num_warpgroups", 1), kernel_cfg.get("cluster")
         # Stream-K's workspace: this key's stream's, as `workspace` made it last (it is replaced when it grows).
         self.workspace_key = schedules.workspace_key(plan.kernel_cfg, a.device) \
             if plan.kernel_cfg.get("STREAM_K") else None
@@ -382,7 +433,7 @@ class _Prepared:
             workspace = self.workspace = schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c)
         a_k, b_k, c_k = (b_op, a_op, c.t()) if self.swap else (a_op, b_op, c)
         self.launch(a_k, b_k, c_k, scale if scale is not None else c, bias if bias is not None else c, *workspace,
-                    *self.constexprs, num_warpgroups=self.warpgroups)
+                    *self.constexprs, num_warpgroups=self.warpgroups, cluster=self.cluster)
         return c
 
 

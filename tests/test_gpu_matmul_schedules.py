@@ -40,6 +40,9 @@ CONFIGS = {
     "stream-k-atomic": dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False),
     "split-k-4": dict(BM=128, BN=128, STREAM_K=1, SPLIT=4), "stream-k-m64": dict(BM=64, BN=256, STREAM_K=1),
     "swap-128": dict(SWAP_AB=True, BM=128, STREAM_K=1), "swap-64": dict(SWAP_AB=True, BM=64, STREAM_K=1),
+    "multicast-b-128x192": dict(BM=128, BN=192, MULTICAST="b"),
+    "multicast-b-128x256": dict(BM=128, BN=256, MULTICAST="b"),
+    "multicast-a-128x128": dict(BM=128, BN=128, MULTICAST="a"), "multicast-b-64x128": dict(BM=64, BN=128, MULTICAST="b"),
 }
 
 
@@ -61,6 +64,20 @@ def test_schedule_against_torch(m, n, k, config, poison_empty):
 def test_the_wrapper_picks_a_correct_schedule(m, n, k, layouts, poison_empty):
     a, b = operands(m, n, k, **layouts)
     check(mh.matmul(a, b), a.float() @ b.float())
+
+
+@pytest.mark.parametrize("multicast", ["b", "a"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("layouts", [{}, {"a_layout": "t"}, {"b_layout": "t"}, {"a_layout": "strided"}],
+                         ids=["rows", "a-transposed", "b-transposed", "a-strided"])
+@pytest.mark.parametrize("m,n,k", [(1000, 3000, 2000), (1152, 1000, 136), (4097, 4095, 333), (640, 4224, 512)])
+def test_multicast_on_ragged_shapes(m, n, k, layouts, dtype, multicast, poison_empty):
+    """Clusters of two sharing B (or A) on tiles that do not divide M, N, K; an odd number of row tiles for B
+    (column tiles for A) so that a pair's second tile lies wholly outside (1152 = 9 x 128 rows, 4224 = 33 x 128
+    columns); K of 3 k-steps, fewer than the stages; pairs of a persistent grid with several items each."""
+    a, b = operands(m, n, k, dtype=dtype, **layouts)
+    check(mh.matmul(a, b, dict(BM=128, BN=192 if multicast == "b" else 128, MULTICAST=multicast)),
+          a.float() @ b.float())
 
 
 @pytest.mark.parametrize("m,n,k", [(3, 4096, 4096), (1000, 3000, 2000), (2048, 2048, 2048)])

@@ -65,6 +65,16 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "swap-a-transposed": (3, 136, 128, dict(SWAP_AB=True, BM=64, BN=64), 3, dict(a_layout="t")),
     "a-transposed": (200, 136, 192, dict(BM=128, BN=128, STREAM_K=1), 3, dict(a_layout="t")),
     "a-strided-b-kmajor": (200, 136, 192, dict(BM=128, BN=128), 3, dict(a_layout="strided", b_layout="t")),
+    # Multicast over clusters of two: 3 row tiles make 2 pairs, the second one's rank-1 tile wholly past M; K of
+    # 3 k-steps, fewer than the stages; 4 items on 2 clusters (the ring runs on across items); 5 SMs hold 2.
+    "multicast-b-odd-m": (300, 200, 136, dict(BM=128, BN=128, MULTICAST="b", STAGES=4), 5, {}),
+    "multicast-b-kmajor-a-strided": (300, 136, 200, dict(BM=128, BN=64, MULTICAST="b"), 4,
+                                     dict(a_layout="strided", b_layout="t")),
+    "multicast-b-m64-a-transposed": (150, 136, 520, dict(BM=64, BN=128, MULTICAST="b", STAGES=3), 2,
+                                     dict(a_layout="t")),
+    "multicast-a-odd-n": (200, 300, 136, dict(BM=128, BN=128, MULTICAST="a"), 4, {}),
+    "multicast-a-transposed-b-kmajor": (200, 136, 200, dict(BM=128, BN=64, MULTICAST="a"), 2,
+                                        dict(a_layout="t", b_layout="t")),
 }
 
 
@@ -97,6 +107,60 @@ def test_fp8_decode_candidates_on_more_ctas_than_iterations(interpreted):
     problem = schedules.Problem.of(a, w, True, BF16, True, False, None)
     for config in schedules.candidates(problem, 12):
         assert rel_err(mh.matmul(a, w, config, scale=scale, b_kmajor=True), ref) < 5e-3, schedules.describe(config)
+
+
+@pytest.mark.parametrize("multicast", ["b", "a"])
+def test_multicast_in_f16_with_the_epilogue(multicast, interpreted):
+    a, b = operands(200, 136, 260, dtype=F16, b_layout="t")
+    bias, scale = torch.randn(136, dtype=F16), torch.tensor([0.5])
+    ref = torch.relu((a.float() @ b.float()) * 0.5 + bias.float())
+    c = mh.matmul(a, b, dict(BM=64, BN=64, MULTICAST=multicast, TMA_STORE=False), scale=scale, bias=bias,
+                  activation="relu")
+    assert c.dtype == F16 and rel_err(c, ref) < 5e-3
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_multicast_under_a_random_schedule(seed, interpreted):
+    """Each CTA's producer may run ahead of the peer's consumers: a slot is refilled (by both producers' halves)
+    only after the consumers of both CTAs released it, whatever the interleaving."""
+    a, b = operands(300, 136, 200)
+    problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
+    cfg = schedules.normalize(problem, dict(BM=128, BN=64, MULTICAST="b", STAGES=2))
+    plan = schedules.launch_plan(problem, cfg, 4)
+    assert plan.grid == (4,) and plan.kernel_cfg["cluster"] == (2, 1, 1)
+    c = torch.full((300, 136), float("nan"), dtype=BF16)
+    mh.matmul_kernel.interpret(policy="random", seed=seed)[plan.grid](a, b, c, c, c, c, c, **plan.kernel_cfg)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+
+
+def test_a_chosen_multicast_schedule_launches_again_on_its_cluster(interpreted, monkeypatch, tmp_path):
+    """A call whose key was seen before launches what the first call chose (`_Prepared`): for a multicast
+    schedule, on clusters of two."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(schedules, "TIMER", InterpretedTimer())  # the last candidate timed is the fastest
+    monkeypatch.setattr(schedules, "_CHOSEN", {})
+    monkeypatch.setattr(schedules, "_TIMED", {})
+    monkeypatch.setattr(mh, "_PREPARED", {})
+    problem_configs = [dict(BM=128, BN=64), dict(BM=128, BN=64, MULTICAST="b")]
+    monkeypatch.setattr(schedules, "candidates", lambda problem, sms: [schedules.normalize(problem, c)
+                                                                       for c in problem_configs])
+    a, b = operands(300, 136, 200)
+    first = mh.matmul(a, b)
+    assert schedules.chosen(a, b)["MULTICAST"] == "b"
+    (prepared,) = mh._PREPARED.values()
+    assert prepared.cluster == (2, 1, 1)
+    a2, b2 = operands(300, 136, 200)
+    again = mh.matmul(a2, b2)
+    assert rel_err(first, a.float() @ b.float()) < 5e-3 and rel_err(again, a2.float() @ b2.float()) < 5e-3
+
+
+def test_multicast_refuses_stream_k_and_a_cluster_of_one():
+    x = torch.empty(256, 256, dtype=BF16)
+    cfg = dict(BM=128, BN=128, BK=64, STAGES=2, GROUP_M=8, MULTICAST="b", num_warpgroups=3)
+    with pytest.raises(mgjit.CompileError, match="MULTICAST schedules whole tiles"):
+        mh.matmul_kernel.compile(x, x, x, x, x, x, x, **cfg, STREAM_K=1, cluster=(2, 1, 1), target="sm_90a")
+    with pytest.raises(mgjit.CompileError, match="cluster"):
+        mh.matmul_kernel.compile(x, x, x, x, x, x, x, **cfg, target="sm_90a")
 
 
 def test_stream_k_is_bitwise_repeatable_and_leaves_its_workspace_clean(interpreted):
@@ -174,10 +238,28 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
     ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0))])
 def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
-    assert 1 <= len(options) <= 7  # each one is compiled and timed on a shape's first call
+    assert 1 <= len(options) <= 8  # each one is compiled and timed on a shape's first call
     assert {k: options[0][k] for k in expected} == expected
     for option in options:  # every candidate fits: at least two stages beside its epilogue tile
         assert option["STAGES"] >= 2
+
+
+@pytest.mark.parametrize("shape,tiles", [
+    ((1000, 3000, 2000), [(128, 192)]), ((4096, 4096, 4096), [(128, 256), (128, 192)]),
+    ((8192, 8192, 8192), [(128, 256)]), ((2048, 11008, 4096), [(128, 256), (128, 192)]),
+    ((512, 512, 512), []), ((3, 4096, 4096), [])])
+def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
+    """The larger shapes also time their data-parallel tiles on clusters of two sharing B; small and decode
+    shapes do not (a pair of tiles per cluster leaves SMs idle there)."""
+    multicast = [o for o in first_choice(*shape) if o.get("MULTICAST")]
+    assert [(o["BM"], o["BN"]) for o in multicast] == tiles
+    for option in multicast:
+        assert option["MULTICAST"] == "b" and not option["STREAM_K"] and "multicast B" in schedules.describe(option)
+        plan = schedules.launch_plan(schedules.Problem.of(torch.empty(shape[0], shape[2], dtype=BF16),
+                                                          torch.empty(shape[2], shape[1], dtype=BF16), False, BF16,
+                                                          False, False, None), option, 132)
+        pairs = -(-shape[0] // (2 * option["BM"])) * -(-shape[1] // option["BN"])
+        assert plan.grid == (2 * min(pairs, 66),) and plan.kernel_cfg["cluster"] == (2, 1, 1)
 
 
 # One config of each kind the heuristics propose (tile, schedule, epilogue, operand majors); each must compile
@@ -195,6 +277,9 @@ SPILL_CONFIGS = {
     "swap-decode-m64": dict(BM=64, BN=8, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
     "swap-m24-bias": dict(BM=64, BN=24, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False,
                           BIAS=True, BIAS_ROWS=True),
+    "multicast-b-128x192": dict(BM=128, BN=192, STAGES=4, MULTICAST="b"),
+    "multicast-b-128x256-kmajor": dict(BM=128, BN=256, STAGES=3, MULTICAST="b", B_KMAJOR=True),
+    "multicast-a-a-mnmajor": dict(BM=128, BN=128, STAGES=5, MULTICAST="a", A_MNMAJOR=True),
 }
 
 
@@ -205,14 +290,29 @@ def compile_config(name):
     ws = torch.empty(64, config["BN"])
     return mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
                                     torch.empty(1, dtype=torch.int32), **config,
-                                    num_warpgroups=config["BM"] // 64 + 1, target="sm_90a")
+                                    num_warpgroups=config["BM"] // 64 + 1,
+                                    cluster=(2, 1, 1) if config.get("MULTICAST") else None, target="sm_90a")
 
 
 @pytest.mark.parametrize("name", SPILL_CONFIGS)
 def test_ptxas_reports_no_spills(name):
     c = compile_config(name)
-    assert c.spills == 0, c.ptxas_report
+    assert c.spills == 0 and not c.meta["warnings"], c.ptxas_report
     assert c.smem_bytes <= 232448
+
+
+def test_multicast_ptx_shares_the_slot_ring_across_the_cluster():
+    """The shared tile arrives by multicast copies; the other operand's copies and the C stores stay per CTA;
+    each consumer releases its slot here and in the peer (mapa + a cluster-scope arrive); ptxas says nothing."""
+    c = compile_config("multicast-b-128x192")
+    assert c.spills == 0 and not c.meta["warnings"], c.ptxas_report
+    assert c.meta["cluster"] == [2, 1, 1]
+    multicast = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
+                           r"(\.multicast::cluster)?", c.ptx)
+    # B (64 x 192: three 64-column boxes) multicast; A's two 64-row halves each one box, per CTA.
+    assert multicast.count(".multicast::cluster") == 3 and multicast.count("") == 2
+    assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in c.ptx and "mapa.shared::cluster" in c.ptx
+    assert c.ptx.count("barrier.cluster.arrive") == 2  # after the barriers' init, and before exit
 
 
 def test_the_atomic_fix_up_adds_every_accumulator_element():
