@@ -212,6 +212,15 @@ def mask_scores_t(st, kv, m0, Sk, CAUSAL, BM):
     return st
 
 
+@mgjit.device
+def share_columns(tile, block, q0, stored):
+    """Store a consumer's block of columns into the tile its partners store theirs into, for the tensor cores to
+    read, and wait (on the named barrier `stored`) until every part is there."""
+    tile[:, mgjit.ds(q0, block.shape[1])][...] = block
+    mgjit.fence_async_shared()
+    stored.sync()
+
+
 @mgjit.kernel(num_warpgroups=3)
 def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D: mgjit.constexpr,
                   BM: mgjit.constexpr, STAGES: mgjit.constexpr, CONSUMERS: mgjit.constexpr, SPLIT: mgjit.constexpr,
@@ -317,9 +326,7 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
                 lse_t = lse_s[slot][0][0][mgjit.ds(q0, QW)][...]
                 pt = mgjit.exp2(st * scale_log2 - (lse_t * LOG2E)[None, :]).astype(do.dtype)
                 if SHARED_SCORES:  # (the partner's dV of the last block, which read Pᵀ, was done before scores[1])
-                    pt_s[0][:, mgjit.ds(q0, QW)][...] = pt
-                    mgjit.fence_async_shared()
-                    scores[0].sync()
+                    share_columns(pt_s[0], pt, q0, scores[0])
                     dv_acc = mgjit.wgmma(dv_acc, pt_s[0], do_s[slot][chunk][0][0])
                 else:
                     dv_acc = mgjit.wgmma(dv_acc, pt, do_s[slot][chunk][0][0])
@@ -331,9 +338,7 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
                     # dV is done before scores[1]: past it, the partner stores the next block's Pᵀ over this one.
                     # (The partner's dK and dQ of the last block, which read dSᵀ, were done before scores[0].)
                     mgjit.wgmma_wait(0)
-                    ds_s[0][:, mgjit.ds(q0, QW)][...] = dst
-                    mgjit.fence_async_shared()
-                    scores[1].sync()
+                    share_columns(ds_s[0], dst, q0, scores[1])
                     dk_acc = mgjit.wgmma(dk_acc, ds_s[0], q_s[slot][chunk][0][0])
                 else:
                     dk_acc = mgjit.wgmma(dk_acc, dst, q_s[slot][chunk][0][0])
