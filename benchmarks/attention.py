@@ -42,7 +42,10 @@ QUICK = [(1024, 128, False), (1024, 128, True), (4096, 128, False), (4096, 128, 
 # Forward configurations --tune tries (the default of each head dim first).
 TUNE_FWD = [{}, {"PINGPONG": False}, {"OVERLAP": False, "PINGPONG": False}, {"STAGES": 3}, {"BN": 64},
             {"CONSUMERS": 3, "BN": 64}, {"CONSUMERS": 3, "BN": 128}]
-TUNE_BWD = [{}, {"SPLIT": 1}, {"STAGES": 1}]
+# Backward configurations --tune tries beside the default (those equal to a head dim's default are skipped there).
+# SHARED_SCORES=False: at D >= 128 both consumers of a KV block compute Sᵀ and dPᵀ whole (no named barriers).
+TUNE_BWD = [{}, {"SHARED_SCORES": False}, {"SPLIT": 1, "SHARED_SCORES": False}, {"STAGES": 1},
+            {"BM": 128, "STAGES": 1}]
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -78,11 +81,19 @@ def providers(q, k, v, do, causal, tune):
         out[name] = (lambda cfg=cfg: A.attention_forward(q, k, v, causal, None, cfg),
                      (lambda o=o, lse=lse: A.attention_backward(do, q, k, v, o, lse, causal)) if i == 0 else None)
     o, lse = A.attention_forward(q, k, v, causal)
+    default = A.backward_config(q.shape[-1], causal)
+    grads = A.attention_backward(do, q, k, v, o, lse, causal) if tune else None  # (checked against SDPA's)
     for cfg in bwd_configs[1:]:
+        if {**default, **cfg} == default:
+            continue
         try:
-            A.attention_backward(do, q, k, v, o, lse, causal, None, cfg)
+            err = max(((g.float() - r.float()).norm() / r.float().norm()).item()
+                      for g, r in zip(A.attention_backward(do, q, k, v, o, lse, causal, None, cfg), grads))
         except Exception as e:
             print(f"  mgjit-bwd{cfg}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            continue
+        if not err < 1e-2:
+            print(f"  mgjit-bwd{cfg}: its gradients differ from the default configuration's by {err:.2e}; not timed")
             continue
         out[f"mgjit-bwd{cfg}"] = (None, lambda cfg=cfg: A.attention_backward(do, q, k, v, o, lse, causal, None, cfg))
     try:

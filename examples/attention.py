@@ -212,20 +212,34 @@ def mask_scores_t(st, kv, m0, Sk, CAUSAL, BM):
     return st
 
 
+@mgjit.device
+def share_columns(tile, block, q0, stored):
+    """Store a consumer's block of columns into the tile its partners store theirs into, for the tensor cores to
+    read, and wait (on the named barrier `stored`) until every part is there."""
+    tile[:, mgjit.ds(q0, block.shape[1])][...] = block
+    mgjit.fence_async_shared()
+    stored.sync()
+
+
 @mgjit.kernel(num_warpgroups=3)
 def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D: mgjit.constexpr,
                   BM: mgjit.constexpr, STAGES: mgjit.constexpr, CONSUMERS: mgjit.constexpr, SPLIT: mgjit.constexpr,
-                  CAUSAL: mgjit.constexpr, REGISTERS: mgjit.constexpr):
+                  SHARED_SCORES: mgjit.constexpr, CAUSAL: mgjit.constexpr, REGISTERS: mgjit.constexpr):
     """dk, dv (B, Hk, Sk, D) and dq_acc += dS K / scale for one KV block per CTA, over the query blocks of every
     query head that reads it (GQA). The KV block has BN = 64 * CONSUMERS / SPLIT rows: consumer c owns rows
-    64 * (c // SPLIT) and the (c % SPLIT)-th of SPLIT column chunks of D (SPLIT = 2 at D = 256, so that its dK
-    and dV fit in registers; it then computes S and dP whole, as its partner does). Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
-    are computed transposed, so that Pᵀ and dSᵀ are the register A operands of dV += Pᵀ dO and dK += dSᵀ Q;
-    dQ = dS K goes through SMEM (dSᵀ stored, read transposed) and is added into dq_acc by a TMA reduce-add.
+    64 * (c // SPLIT) and the (c % SPLIT)-th of SPLIT column chunks of D (SPLIT = 2 at D >= 128, so that its dK
+    and dV fit in registers). Sᵀ = K Qᵀ and dPᵀ = V dOᵀ are computed transposed, so that Pᵀ and dSᵀ are the A
+    operands of dV += Pᵀ dO and dK += dSᵀ Q; dQ = dS K goes through SMEM (dSᵀ stored, read transposed) and is
+    added into dq_acc by a TMA reduce-add. The SPLIT consumers of one KV block need the same Pᵀ and dSᵀ: without
+    SHARED_SCORES each computes them whole, as registers; with it (FlashAttention-3's way) each computes the
+    (c % SPLIT)-th of SPLIT column blocks (query rows), stores it into one shared tile, and, once the partner's
+    part is there too (a named barrier), reads the whole tile from SMEM as the A operand.
     The producer streams each query block's Q, dO, logsumexp and delta (lse and delta: fp32 (B, H, Sq) with
     16-byte aligned rows). Grid (cdiv(Sk, BN), B * Hk), num_warpgroups = 1 + CONSUMERS."""
+    assert not SHARED_SCORES or SPLIT > 1, "SHARED_SCORES shares Sᵀ and dPᵀ between the SPLIT consumers of a block"
     DC = D // SPLIT
     KCH = DC // 64  # dQ is computed 64 columns at a time (it would not fit in registers beside dK and dV)
+    QW = BM // SPLIT if SHARED_SCORES else BM  # the query columns of Sᵀ and dPᵀ a consumer computes
     BN = 64 * CONSUMERS // SPLIT
     PARTS = CONSUMERS // SPLIT
     Sq, Sk, H, Hk = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
@@ -248,7 +262,12 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
     do_s = mgjit.smem((STAGES, SPLIT, 1, 1, BM, DC), do.dtype, swizzle=128)
     lse_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)  # the query block's logsumexp and delta
     delta_s = mgjit.smem((STAGES, 1, 1, BM), mgjit.float32)
-    ds_s = mgjit.smem((CONSUMERS, 64, BM), q.dtype, swizzle=128)  # each consumer's dSᵀ, read transposed for dQ
+    if SHARED_SCORES:  # Pᵀ and dSᵀ of the KV block, each consumer's QW columns one 16-bit column block apart
+        pt_s = mgjit.smem((1, 64, BM), q.dtype, swizzle=min(128, 2 * QW))
+        ds_s = mgjit.smem((1, 64, BM), q.dtype, swizzle=min(128, 2 * QW))  # read transposed for dQ too
+        scores = mgjit.named_barrier(2, warpgroups=CONSUMERS)  # [0]: Pᵀ stored whole, [1]: dSᵀ stored whole
+    else:
+        ds_s = mgjit.smem((CONSUMERS, 64, BM), q.dtype, swizzle=128)  # each consumer's dSᵀ, read transposed for dQ
     # its dQ part, for the reduce-add. The accumulator's stores take 2 wavefronts per warp with a 32B swizzle, 4
     # with 64B, 8 unswizzled; at D = 256 the 32B swizzle's addresses spill (32 bytes), the 64B one's do not.
     dq_s = mgjit.smem((CONSUMERS, 1, 1, BM, 64), mgjit.float32, swizzle=32 if D <= 128 else 64)
@@ -294,25 +313,40 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
                 slot = it % STAGES
                 m0 = m * BM
                 full[slot].wait()
-                st = mgjit.zeros((64, BM), mgjit.float32)
-                dpt = mgjit.zeros((64, BM), mgjit.float32)
+                q0 = QW * chunk if SHARED_SCORES else 0
+                st = mgjit.zeros((64, QW), mgjit.float32)
+                dpt = mgjit.zeros((64, QW), mgjit.float32)
                 for d in mgjit.static_range(SPLIT):
-                    st = mgjit.wgmma(st, k_s[part][d][0][0], q_s[slot][d][0][0].T)
+                    st = mgjit.wgmma(st, k_s[part][d][0][0], q_s[slot][d][0][0][mgjit.ds(q0, QW)].T)
                 for d in mgjit.static_range(SPLIT):
-                    dpt = mgjit.wgmma(dpt, v_s[part][d][0][0], do_s[slot][d][0][0].T)
+                    dpt = mgjit.wgmma(dpt, v_s[part][d][0][0], do_s[slot][d][0][0][mgjit.ds(q0, QW)].T)
                 mgjit.wgmma_wait(1)  # Sᵀ is done; dPᵀ runs on
                 if m < m_plain:
-                    st = mask_scores_t(st, kv, m0, Sk, CAUSAL, BM)
-                pt = mgjit.exp2(st * scale_log2 - (lse_s[slot][0][0][...] * LOG2E)[None, :]).astype(do.dtype)
-                dv_acc = mgjit.wgmma(dv_acc, pt, do_s[slot][chunk][0][0])
+                    st = mask_scores_t(st, kv, m0 + q0, Sk, CAUSAL, QW)
+                lse_t = lse_s[slot][0][0][mgjit.ds(q0, QW)][...]
+                pt = mgjit.exp2(st * scale_log2 - (lse_t * LOG2E)[None, :]).astype(do.dtype)
+                if SHARED_SCORES:  # (the partner's dV of the last block, which read Pᵀ, was done before scores[1])
+                    share_columns(pt_s[0], pt, q0, scores[0])
+                    dv_acc = mgjit.wgmma(dv_acc, pt_s[0], do_s[slot][chunk][0][0])
+                else:
+                    dv_acc = mgjit.wgmma(dv_acc, pt, do_s[slot][chunk][0][0])
                 mgjit.wgmma_wait(1)  # dPᵀ is done; dV runs on
                 # dSᵀ from the rounded Pᵀ that dV used: the fp32 one would stay live beside dK, dV and dPᵀ (spills)
-                dst = (pt.astype(mgjit.float32) * (dpt - delta_s[slot][0][0][...][None, :])).astype(q.dtype)
-                dk_acc = mgjit.wgmma(dk_acc, dst, q_s[slot][chunk][0][0])
-                ds_s[c][...] = dst
-                mgjit.fence_async_shared()
+                delta_t = delta_s[slot][0][0][mgjit.ds(q0, QW)][...]
+                dst = (pt.astype(mgjit.float32) * (dpt - delta_t[None, :])).astype(q.dtype)
+                if SHARED_SCORES:
+                    # dV is done before scores[1]: past it, the partner stores the next block's Pᵀ over this one.
+                    # (The partner's dK and dQ of the last block, which read dSᵀ, were done before scores[0].)
+                    mgjit.wgmma_wait(0)
+                    share_columns(ds_s[0], dst, q0, scores[1])
+                    dk_acc = mgjit.wgmma(dk_acc, ds_s[0], q_s[slot][chunk][0][0])
+                else:
+                    dk_acc = mgjit.wgmma(dk_acc, dst, q_s[slot][chunk][0][0])
+                    ds_s[c][...] = dst
+                    mgjit.fence_async_shared()
                 for j in mgjit.static_range(KCH):
-                    dq = mgjit.wgmma(mgjit.zeros((BM, 64), mgjit.float32), ds_s[c].T, kc_s[part][chunk][j][0][0])
+                    dq = mgjit.wgmma(mgjit.zeros((BM, 64), mgjit.float32), ds_s[0 if SHARED_SCORES else c].T,
+                                     kc_s[part][chunk][j][0][0])
                     mgjit.wgmma_wait(0)
                     if j == 0:
                         empty[slot].arrive()  # every GEMM that reads the slot is done
@@ -345,13 +379,14 @@ def forward_config(head_dim: int, causal: bool) -> dict:
 
 def backward_config(head_dim: int, causal: bool) -> dict:
     """The default backward configuration. D = 64: the consumers own 64-row halves of a 128-row KV block. D >= 128:
-    they own halves of D for one 64-row block (computing S and dP twice, so that dK, dV and dQ fit in registers:
-    the halves of 128 rows spill at D = 128); D = 256 fits one stage of Q and dO in SMEM."""
+    they own halves of D for one 64-row block (so that dK, dV and dQ fit in registers: the halves of 128 rows
+    spill at D = 128), each computing half of Sᵀ and dPᵀ and sharing it through SMEM (SHARED_SCORES; without it
+    both compute them whole); D = 256 fits one stage of Q and dO in SMEM."""
     if head_dim > 128:
-        return dict(BM=64, STAGES=1, CONSUMERS=2, SPLIT=2)
+        return dict(BM=64, STAGES=1, CONSUMERS=2, SPLIT=2, SHARED_SCORES=True)
     if head_dim > 64:
-        return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=2)
-    return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=1)
+        return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=2, SHARED_SCORES=True)
+    return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=1, SHARED_SCORES=False)
 
 
 def _padded_head_dim(d: int) -> int:

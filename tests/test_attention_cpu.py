@@ -95,17 +95,38 @@ BACKWARD = [  # (b, h, hk, sq, sk, d, causal)
 ]
 
 
+def assert_gradients_close(q, k, v, do, causal, grads):
+    """grads (of q, k, v) against the fp32 reference's, relative to the largest of each."""
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    reference(qf, kf, vf, causal, 1 / math.sqrt(q.shape[-1]))[0].backward(do.float())
+    for g, ref in zip(grads, (qf, kf, vf)):
+        assert not g.isnan().any(), "some of the poisoned gradient was never written"
+        err = (g.float() - ref.grad).abs().max() / ref.grad.abs().max()
+        assert err < 1e-2, (err, g.shape)
+
+
 @pytest.mark.parametrize("b,h,hk,sq,sk,d,causal", BACKWARD)
 def test_gradients_match_torch(interpret, poison_empty, b, h, hk, sq, sk, d, causal):
     q, k, v = (x.requires_grad_() for x in inputs(b, h, hk, sq, sk, d, seed=1))
     do = torch.randn(b, h, sq, d, generator=torch.Generator().manual_seed(2)).to(q.dtype)
     A.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=h != hk).backward(do)
-    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
-    reference(qf, kf, vf, causal, 1 / math.sqrt(d))[0].backward(do.float())
-    for x, ref in ((q, qf), (k, kf), (v, vf)):
-        assert not x.grad.isnan().any(), "some of the poisoned gradient was never written"
-        err = (x.grad.float() - ref.grad).abs().max() / ref.grad.abs().max()
-        assert err < 1e-2, (err, x.shape)
+    assert_gradients_close(q, k, v, do, causal, (q.grad, k.grad, v.grad))
+
+
+BACKWARD_VARIANTS = [  # (b, h, hk, sq, sk, d, causal, config): the configurations that are no head dim's default
+    (1, 4, 2, 70, 200, 128, True, {"SHARED_SCORES": False}),  # each consumer computes Sᵀ and dPᵀ whole
+    (1, 2, 1, 100, 70, 256, True, {"SHARED_SCORES": False}),
+    (1, 2, 1, 200, 150, 128, True, {"BM": 128, "STAGES": 1}),  # 128-row query blocks, shared scores
+    (1, 1, 1, 130, 100, 128, False, {"BM": 128, "STAGES": 1}),
+]
+
+
+@pytest.mark.parametrize("b,h,hk,sq,sk,d,causal,config", BACKWARD_VARIANTS)
+def test_backward_variants_match_torch(interpret, poison_empty, b, h, hk, sq, sk, d, causal, config):
+    q, k, v = inputs(b, h, hk, sq, sk, d, seed=3)
+    do = torch.randn(b, h, sq, d, generator=torch.Generator().manual_seed(4)).to(q.dtype)
+    o, lse = A.attention_forward(q, k, v, causal)
+    assert_gradients_close(q, k, v, do, causal, A.attention_backward(do, q, k, v, o, lse, causal, config=config))
 
 
 def test_sdpa_conventions_are_checked():
@@ -182,3 +203,13 @@ def test_backward_compiles_clean(d, causal):
     # At D = 256 dQ's staging tile takes a 64B swizzle (a 2-way conflict) to stay clear of spills.
     c = assert_clean(compile_backward, d, causal, bank_conflicts=d == 256)
     assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in c.ptx  # dQ's reduce-add
+    if A.backward_config(d, causal)["SHARED_SCORES"]:  # each consumer computes half of Sᵀ and of dPᵀ (N = 32)
+        assert "wgmma.mma_async.sync.aligned.m64n32k16" in c.ptx and re.search(r"bar\.sync %r\d+, 256;", c.ptx)
+
+
+@pytest.mark.parametrize("d,config", [(128, {"SHARED_SCORES": False}), (256, {"SHARED_SCORES": False}),
+                                      (128, {"BM": 128, "STAGES": 1})])
+def test_backward_variants_compile_clean(d, config):
+    c = assert_clean(compile_backward, d, True, bank_conflicts=d == 256, **config)
+    halves = config.get("SHARED_SCORES", True) and config.get("BM", 64) == 64  # Sᵀ, dPᵀ of 32 query columns
+    assert ("wgmma.mma_async.sync.aligned.m64n32k16" in c.ptx) == halves

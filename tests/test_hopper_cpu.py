@@ -1,6 +1,7 @@
 """Hopper machinery on the CPU: the example matmul's PTX and ptxas report for sm_90a, and bad
 configurations rejected before ptxas with the kernel's line and the broken rule."""
 import inspect
+import re
 import os
 import sys
 
@@ -90,6 +91,28 @@ def test_a_good_tile_kernel_compiles():
     x = torch.empty(256, 256, dtype=BF16)
     c = tile_kernel.compile(x, torch.empty(256, 256), ROWS=64, COLS=64, ACC_N=64, SWIZZLE=128, STAGES=1)
     assert "wgmma.mma_async.sync.aligned.m64n64k16" in c.ptx and c.spills == 0
+
+
+@mgjit.kernel
+def swizzled_operands_kernel(a, c, SWIZZLE: mgjit.constexpr):
+    a_s = mgjit.smem((64, 64), a.dtype, swizzle=SWIZZLE)
+    b_s = mgjit.smem((64, 64), a.dtype, swizzle=SWIZZLE)
+    bars = mgjit.barrier(1, arrivals=2)
+    mgjit.copy_async(a, (0, 0), a_s, barrier=bars[0])
+    mgjit.copy_async(a, (0, 0), b_s, barrier=bars[0])
+    bars[0].wait()
+    acc = mgjit.wgmma(mgjit.zeros((64, 64), mgjit.float32), a_s, b_s)
+    mgjit.wgmma_wait(0)
+    c[mgjit.ds(0, 64), mgjit.ds(0, 64)] = acc
+
+
+@pytest.mark.parametrize("swizzle,code", [(128, 1), (64, 2), (32, 3)])
+def test_wgmma_operands_of_every_swizzle_lower(swizzle, code):
+    """The 64B and 32B swizzle codes set bit 63 of the SMEM descriptor: its constant is an i64 past 2^63 - 1."""
+    x = torch.empty(256, 256, dtype=BF16)
+    c = swizzled_operands_kernel.compile(x, torch.empty(256, 256), SWIZZLE=swizzle, target="sm_90a")
+    constants = {int(v) % 2 ** 64 for v in re.findall(r"or\.b64\s+%rd\d+, %rd\d+, (-?\d+);", c.ptx)}
+    assert constants and {v >> 62 for v in constants} == {code}
 
 
 def test_swizzle_wider_than_the_tile_row():

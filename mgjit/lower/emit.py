@@ -57,7 +57,7 @@ class Emitter:
             v = int(value)
             if dtype == dtypes.bool_:
                 v = 1 if v else 0
-            elif dtype.bits < 64 and v >= 2 ** (dtype.bits - 1):
+            elif v >= 2 ** (dtype.bits - 1):  # two's complement: a 64-bit descriptor may set bit 63
                 v -= 2 ** dtype.bits
             attr = ir.IntegerAttr.get(t, v)
         return self.m.arith.constant(t, attr)
