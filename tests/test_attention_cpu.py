@@ -2,6 +2,7 @@
 wrappers, run by the interpreter against an fp32 torch reference on small ragged shapes (GQA, causal, every head
 dimension, the forward's schedules); and every default configuration compiled for sm_90a with no spill, no
 ptxas warning, no relayout of an accumulator, and wgmmas that ptxas need not serialize."""
+import inspect
 import math
 import os
 import re
@@ -162,15 +163,23 @@ def compile_backward(d, causal, **config):
                                    target="sm_90a")
 
 
-def assert_clean(compile_fn, *args, bank_conflicts: bool = False, **kwargs):
-    """No ptxas warning, no bank conflict (unless `bank_conflicts`), no spill, no relayout but of a splat (a zeros
+def dq_staging_store_line() -> int:
+    """The line of the backward's store of dQ into its unswizzled staging tile: a 4-way bank conflict kept on
+    purpose (one TMA box per reduce-add; a 32B swizzle's 8 boxes ran the D = 128 backward 17% slower on an H100)."""
+    lines, first = inspect.getsourcelines(A.attention_bwd.fn)
+    return first + next(i for i, line in enumerate(lines) if "dq_s[c][0][0][...] = dq" in line)
+
+
+def assert_clean(compile_fn, *args, conflict_line: int | None = None, **kwargs):
+    """No ptxas warning, no bank conflict (but at `conflict_line`), no spill, no relayout but of a splat (a zeros
     accumulator), and no wgmma group with a register written between its fence and its commit (ptxas would
     serialize it)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         c = compile_fn(*args, **kwargs)
-    flagged = (mgjit.PtxasWarning, mgjit.CompileWarning) + (() if bank_conflicts else (mgjit.BankConflictWarning,))
-    assert not [w for w in caught if issubclass(w.category, flagged)], [str(w.message) for w in caught]
+    flagged = [w for w in caught if issubclass(w.category, (mgjit.PtxasWarning, mgjit.CompileWarning))
+               or issubclass(w.category, mgjit.BankConflictWarning) and w.lineno != conflict_line]
+    assert not flagged, [str(w.message) for w in flagged]
     assert c.spills == 0, c.ptxas_report
     relayouts = [line for line in c.ir.splitlines() if "= relayout(" in line]
     sources = {re.search(r"relayout\((%\d+)\)", line).group(1) for line in relayouts}
@@ -200,8 +209,7 @@ def test_forward_variants_compile_clean():
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_compiles_clean(d, causal):
-    # At D = 256 dQ's staging tile takes a 64B swizzle (a 2-way conflict) to stay clear of spills.
-    c = assert_clean(compile_backward, d, causal, bank_conflicts=d == 256)
+    c = assert_clean(compile_backward, d, causal, conflict_line=dq_staging_store_line())
     assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in c.ptx  # dQ's reduce-add
     if A.backward_config(d, causal)["SHARED_SCORES"]:  # each consumer computes half of Sᵀ and of dPᵀ (N = 32)
         assert "wgmma.mma_async.sync.aligned.m64n32k16" in c.ptx and re.search(r"bar\.sync %r\d+, 256;", c.ptx)
@@ -210,6 +218,6 @@ def test_backward_compiles_clean(d, causal):
 @pytest.mark.parametrize("d,config", [(128, {"SHARED_SCORES": False}), (256, {"SHARED_SCORES": False}),
                                       (128, {"BM": 128, "STAGES": 1})])
 def test_backward_variants_compile_clean(d, config):
-    c = assert_clean(compile_backward, d, True, bank_conflicts=d == 256, **config)
+    c = assert_clean(compile_backward, d, True, conflict_line=dq_staging_store_line(), **config)
     halves = config.get("SHARED_SCORES", True) and config.get("BM", 64) == 64  # Sᵀ, dPᵀ of 32 query columns
     assert ("wgmma.mma_async.sync.aligned.m64n32k16" in c.ptx) == halves
