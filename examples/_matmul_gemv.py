@@ -9,7 +9,7 @@ activation) of the wgmma kernel. The chooser (examples/_matmul_schedules.py) tim
 
 Each (chunk, activation row) pair costs one reduction across the warpgroup, and ptxas issues the loads of every
 unrolled chunk up front: so M <= 4 and at most 2 chunks (K <= 16384). Past that, swap-AB wgmma serves decode
-(16 activation rows in 2048-column chunks: 255 registers and 1.8 KB of spills).
+(16 activation rows in 1024-column chunks took 255 registers and spilled 1.8 KB).
 """
 from __future__ import annotations
 
