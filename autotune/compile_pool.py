@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,13 +54,19 @@ def can_fork() -> bool:
 
 def _compile_here(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any], config: Config,
                   target: str | None) -> CompileOutcome:
-    try:
-        compiled = kernel.compile(*args, target=target, **keywords, **config.launch_kwargs())
-    except CompileError as error:
-        return CompileOutcome(config, pruned=compile_error_reason(error))
+    """Compile one config. The compile's warnings reach the caller only for a config that is kept: a pruned
+    one's (ptxas spilling, say) are its prune reason, which the tuning report shows."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            compiled = kernel.compile(*args, target=target, **keywords, **config.launch_kwargs())
+        except CompileError as error:
+            return CompileOutcome(config, pruned=compile_error_reason(error))
     reason = resource_reason(compiled.registers, compiled.spills, compiled.threads)
     if reason is not None:
         return CompileOutcome(config, pruned=reason)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     return CompileOutcome(config, compiled=compiled)
 
 
@@ -79,6 +86,9 @@ def _compile_in_child(index: int) -> tuple[int, str | None]:
     with its own traceback)."""
     assert _JOB is not None, "compile worker started without a job"
     kernel, args, keywords, configs, target = _JOB
+    # Silent here: the parent compiles each survivor again (a cache hit, which replays the compile's warnings)
+    # and passes on the warnings of the configs it keeps.
+    warnings.simplefilter("ignore")
     try:
         kernel.compile(*args, target=target, **keywords, **configs[index].launch_kwargs())
     except CompileError as error:

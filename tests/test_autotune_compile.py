@@ -1,9 +1,11 @@
 """Parallel compilation of candidates: forked workers compile, the disk cache carries the result back."""
 import os
+import warnings
 
 import pytest
 import test_autotune_fakes
 import torch
+import mgjit
 from mgjit.autotune import Config, autotune, compile_pool
 from mgjit.autotune.compile_pool import compile_configs, default_jobs
 from test_autotune_fakes import FakeKernel, FakeTimer
@@ -89,3 +91,34 @@ def test_default_jobs(monkeypatch):
     assert default_jobs() == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert default_jobs() == len(os.sched_getaffinity(0))
+
+
+@mgjit.kernel
+def held_rows(x, out, OCC: mgjit.constexpr):
+    """Two 8192-column bf16 rows per program: spills when asked for 4 CTAs per SM (128 registers a thread)."""
+    mgjit.min_ctas_per_sm(OCC)
+    r0 = mgjit.program_id(0) * 2
+    v = x[mgjit.ds(r0, 2), mgjit.ds(0, 8192)].astype(mgjit.float32)
+    e = mgjit.exp(v - v.max(axis=1)[:, None])
+    out[mgjit.ds(r0, 2), mgjit.ds(0, 8192)] = (e / e.sum(axis=1)[:, None]).astype(out.dtype)
+    tile = mgjit.smem((64, 64), x.dtype, swizzle=128)  # read transposed: a BankConflictWarning in every compile
+    tile[...] = x[mgjit.ds(0, 64), mgjit.ds(0, 64)]
+    mgjit.cta_sync()
+    out[mgjit.ds(0, 64), mgjit.ds(0, 64)] = tile.T[...]
+
+
+@pytest.mark.parametrize("jobs,dtype", [(1, torch.bfloat16), (2, torch.float16)])
+def test_only_the_kept_configs_warnings_reach_the_caller(cache_dirs, capfd, jobs, dtype):
+    """A config pruned for spilling gives no PtxasWarning (its spill is the prune reason); a kept config's
+    warnings still reach the caller, also when a forked worker compiled it first. (A dtype of its own per case:
+    a compile this process already made warns no more.)"""
+    x = torch.empty(64, 8192, dtype=dtype)
+    configs = [Config(OCC=1), Config(OCC=4), Config(OCC=2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcomes = compile_configs(held_rows, (x, x), {}, configs, target="sm_90a", jobs=jobs)
+    assert [o.pruned is not None for o in outcomes] == [False, True, False]
+    assert outcomes[1].pruned.startswith("ptxas:") and "spilled" in outcomes[1].pruned
+    assert not [w for w in caught if issubclass(w.category, mgjit.PtxasWarning)], [str(w.message) for w in caught]
+    assert len([w for w in caught if issubclass(w.category, mgjit.BankConflictWarning)]) == 2  # OCC=1 and 2
+    assert "Warning" not in capfd.readouterr().err
