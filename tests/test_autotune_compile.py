@@ -9,6 +9,7 @@ import mgjit
 from mgjit.autotune import Config, autotune, compile_pool
 from mgjit.autotune.compile_pool import compile_configs, default_jobs
 from test_autotune_fakes import FakeKernel, FakeTimer
+from test_occupancy import two_rows_softmax
 
 cache_dirs = test_autotune_fakes.cache_dirs  # the shared fixture
 
@@ -97,10 +98,7 @@ def test_default_jobs(monkeypatch):
 def held_rows(x, out, OCC: mgjit.constexpr):
     """Two 8192-column bf16 rows per program: spills when asked for 4 CTAs per SM (128 registers a thread)."""
     mgjit.min_ctas_per_sm(OCC)
-    r0 = mgjit.program_id(0) * 2
-    v = x[mgjit.ds(r0, 2), mgjit.ds(0, 8192)].astype(mgjit.float32)
-    e = mgjit.exp(v - v.max(axis=1)[:, None])
-    out[mgjit.ds(r0, 2), mgjit.ds(0, 8192)] = (e / e.sum(axis=1)[:, None]).astype(out.dtype)
+    two_rows_softmax(x, out)
     tile = mgjit.smem((64, 64), x.dtype, swizzle=128)  # read transposed: a BankConflictWarning in every compile
     tile[...] = x[mgjit.ds(0, 64), mgjit.ds(0, 64)]
     mgjit.cta_sync()
