@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import mgjit
 
+from _matmul_epilogue import activate
+
 MAX_M = 4
 MAX_CHUNKS = 2            # unrolled K chunks
 HELD = 8192               # weight elements a 128-thread program holds at once (64 f32 a thread)
@@ -43,10 +45,7 @@ def gemv_kmajor(a, w, c, scale, bias, M: mgjit.constexpr, ROWS: mgjit.constexpr,
             acc = acc * scale[0]
         if BIAS:
             acc = acc + bias[mgjit.ds(n0, ROWS)].astype(mgjit.float32)
-        if ACTIVATION == "relu":
-            acc = mgjit.maximum(acc, 0.0)
-        elif ACTIVATION == "gelu":
-            acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
+        acc = activate(acc, ACTIVATION)
         c[m, mgjit.ds(n0, ROWS)] = acc.astype(c.dtype)
 
 

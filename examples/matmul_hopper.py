@@ -40,6 +40,7 @@ import mgjit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
+from _matmul_epilogue import ACTIVATIONS, activate  # noqa: E402
 from _matmul_gemv import gemv_kmajor  # noqa: E402
 
 
@@ -188,10 +189,7 @@ def epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_RO
             acc = acc + bias[mgjit.ds(row0, 64)].astype(mgjit.float32)[:, None]
         else:
             acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
-    if ACTIVATION == "relu":
-        acc = mgjit.maximum(acc, 0.0)
-    elif ACTIVATION == "gelu":
-        acc = 0.5 * acc * (1.0 + mgjit.erf(acc * 0.7071067811865476))
+    acc = activate(acc, ACTIVATION)
     if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
         mgjit.store_async_wait(0)
         c_s[half][...] = acc.astype(c.dtype)
@@ -328,7 +326,6 @@ def _output(m: int, n: int, dtype, device):
     return _tma_ready(torch.empty(m, n, dtype=dtype, device=device), copy=False)
 
 
-ACTIVATIONS = (None, "relu", "gelu")
 # What `matmul` decided for each call key (_call_key): a call with a key seen before launches from here.
 _PREPARED: dict[tuple, "_Prepared"] = {}
 
