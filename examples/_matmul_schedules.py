@@ -172,7 +172,7 @@ def choose(problem: Problem, given: dict | None, sms: int, launch: Callable[[dic
     """The config to run: the caller's, else the remembered choice for this shape, else the heuristics'
     candidates, each timed (`launch(config, c)` runs one of `kernel`'s into c, an output made by `output()` as
     the caller makes its own: with rows padded for TMA stores) and the fastest remembered in memory and on disk
-    (under the kernel's source key: an edited kernel is timed again)."""
+    (under the source keys of `kernel` and the GEMV: an edited kernel is timed again)."""
     if given is not None:
         return normalize(problem, given)
     key = (problem.key(), sms)
@@ -188,10 +188,12 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
              output: Callable[[], Any]) -> dict:
     from mgjit.autotune import Config, CudaEventTimer, Result, ResultStore, Run
     from mgjit.autotune.store import default_root
+    from mgjit.cache.store import hash_parts
 
     timer = TIMER or CudaEventTimer(warmup_ms=5.0, rep_ms=25.0)
     store = ResultStore(default_root())
-    source_key, device = kernel.source_key(), timer.device
+    # The candidates run `kernel` or the GEMV: an edit of either times them again.
+    source_key, device = hash_parts(kernel.source_key(), gemv.gemv_kmajor.source_key()), timer.device
     key = [list(map(str, problem.key()))]
     known = store.load(KERNEL_NAME, source_key, device, key)
     c = output()

@@ -109,3 +109,30 @@ def test_gpu_every_candidate_matches_torch(m, k, n):
         c = mh.matmul(a, w.t(), config=cfg, bias=bias, activation="gelu")
         assert not c.isnan().any()
         assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3, cfg
+
+
+def test_an_edited_gemv_is_timed_again(interpreted, monkeypatch, tmp_path):
+    """The chooser remembers its timings on disk under the source keys of both kernels its candidates run: a
+    GEMV whose source changed is timed again, not served the choice its old source won."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    timed = []
+
+    def timer(run):
+        run()
+        timed.append(run.config)
+        return 1.0
+    timer.device = "interpreter"
+    monkeypatch.setattr(schedules, "TIMER", timer)
+    a, w = torch.randn(3, 128, dtype=BF16), torch.randn(40, 128, dtype=BF16)
+    options = schedules.candidates(schedules.Problem.of(a, w.t(), False, BF16, False, False, None), 3)
+    assert any(o.get("GEMV") for o in options)
+    counts = []
+    for call in ("first", "remembered", "gemv edited"):
+        if call == "gemv edited":
+            monkeypatch.setattr(gemv.gemv_kmajor, "source_key", lambda: "0" * 64)
+        monkeypatch.setattr(schedules, "_CHOSEN", {})  # a fresh process: only the disk remembers
+        monkeypatch.setattr(mh, "_PREPARED", {})
+        before = len(timed)
+        mh.matmul(a, w.t())
+        counts.append(len(timed) - before)
+    assert counts == [len(options), 0, len(options)]
