@@ -194,8 +194,16 @@ def check_and_infer(kernel, spec: Specialization):
     for op in kernel.walk():
         if op.requires is not None:
             targets.check_unit(target, op.requires, f"`{op.name}`", op.loc)
-    infer.infer_layouts(kernel)
+    infer.infer_layouts(kernel, _tensor_specs(kernel, spec))
     return target
+
+
+def _tensor_specs(kernel, spec: Specialization) -> dict[int, Any]:
+    """Each tensor argument's specialization, by the id of its value in the kernel."""
+    from .specialize import TensorSpec
+    by_name = dict(zip(spec.names, spec.args))
+    return {value.id: a for param, value in zip(kernel.params, kernel.args)
+            if isinstance(a := by_name.get(param.name), TensorSpec)}
 
 
 def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:

@@ -263,10 +263,10 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def blocked(shape: Sequence[int], dtype: DType) -> TiledLayout:
+def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16) -> TiledLayout:
     """The default layout for GMEM traffic and elementwise work on an array of `shape`.
 
-    Each thread moves 16 bytes at a time along the last (contiguous) dimension where the shape allows;
+    Each thread moves `access_bytes` (16) at a time along the last (contiguous) dimension where the shape allows;
     lanes then warps go along the last dimension first, then the one before; whatever the array is too
     small to give every thread is Replicated.
     """
@@ -277,7 +277,7 @@ def blocked(shape: Sequence[int], dtype: DType) -> TiledLayout:
         raise LayoutError(f"register array dimensions must be powers of two, got shape {shape}")
     cols = shape[-1]
     rows = shape[-2] if len(shape) >= 2 else 1
-    vec = min(max(16 // dtype.itemsize, 1), cols)
+    vec = min(max(access_bytes // dtype.itemsize, 1), cols)
     lanes_c = min(LANES_PER_WARP, cols // vec)
     lanes_r = min(LANES_PER_WARP // lanes_c, rows)
     warps_c = min(WARPS_PER_WARPGROUP, cols // (vec * lanes_c))

@@ -224,22 +224,37 @@ def unchecked_blocks(ptx: str) -> list[str]:
 
 
 def test_ragged_bf16_rows_get_word_accesses():
-    """x[row, ds(0, 4096)] on rows of 4097 bf16 (every row starts 2 bytes further into a word). Where the window
-    is inside the tensor (one test for the CTA): per 8 elements, 5 aligned word loads (the fifth only when the
-    access starts inside a word) shifted into place by 4 prmt, and 3 or 4 word stores shifted by 3 prmt plus a
-    2-byte head and tail; no bounds test, no shuffle, no element-by-element access. (16-byte chunks shifted
-    between lanes took 3 to 6 times the instructions: a runtime shift goes through a tree of selects.)"""
+    """x[row, ds(0, 4096)] on rows of 4097 bf16 (every row starts 2 bytes further into a word). The load anchors a
+    layout of 32-bit accesses, lanes side by side, so each instruction of a warp moves 128 contiguous bytes. Where
+    the window is inside the tensor (one test for the CTA): per 2 elements, 2 aligned word loads (the second only
+    when the access starts inside a word) shifted into place by one prmt, and a word store (when it does not) or
+    a 2-byte head and tail; no bounds test, no shuffle, no element-by-element access."""
     x = torch.empty(100, 4097, dtype=BF16)
     c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
     load, store = unchecked_blocks(c.ptx)
-    accesses = 4  # of 16 bytes per thread
-    assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 5 * accesses,
-                                   "prmt.b32": 4 * accesses}
+    accesses = 16  # of 4 bytes per thread
+    assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 2 * accesses, "prmt.b32": accesses}
     assert len(re.findall(r"@%p\d+ ld", load)) == accesses and "setp.lt" not in load
-    assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": 4 * accesses,
-                                    "st.global.b16": 2 * accesses, "prmt.b32": 3 * accesses}
+    assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": accesses,
+                                    "st.global.b16": 2 * accesses}
     assert "shfl" not in c.ptx
     assert "x: bfloat16[rank 2, align 2, unit-stride, last%1]" in c.meta["specialization"]
+    # Lanes hold 2 elements each, side by side (64 columns a warp), warps 64 columns apart.
+    (held,) = c.layouts.data["registers"]
+    assert held["layout"]["tiles"] == [[1, 256], [1, 64], [2]]
+
+
+@pytest.mark.parametrize("n,access", [(4098, 4), (4100, 8), (4104, 16)])
+def test_bf16_rows_aligned_below_16_bytes_get_accesses_as_wide_as_their_alignment(n, access):
+    """Rows of 4098 (4100) bf16 start on a 4 (8) byte boundary: plain accesses of 4 (8) bytes with lanes side by
+    side, no shifting; 4104 keeps 16-byte vectors."""
+    x = torch.empty(100, n, dtype=BF16)
+    c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
+    count = 4096 * 2 // 128 // access
+    suffix = {4: ".b32", 8: ".v2.b32", 16: ".v4.b32"}[access]
+    assert len(re.findall(rf"ld\.global{re.escape(suffix)}\b", c.ptx)) == count
+    assert len(re.findall(rf"st\.global{re.escape(suffix)}\b", c.ptx)) >= count
+    assert "prmt" not in c.ptx and "shfl" not in c.ptx
 
 
 def test_misaligned_f32_rows_get_4_byte_accesses():

@@ -8,7 +8,8 @@ contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
 - otherwise, as aligned accesses of the alignment the specialization does prove where it is 4 bytes or more
   (the 4 f32 of a misaligned row one by one), and below that (a row of 4097 bf16 starts at a different offset
   in every 32-bit word) as aligned 32-bit words with the bytes shifted into place at run time, at any row
-  length, dtype and row stride (see below).
+  length, dtype and row stride (see below); loads of such rows anchor layouts of accesses that narrow
+  (`anchored_access_bytes`), so a warp's lanes still move contiguous bytes.
 Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
 elements outside read as zero. A load never touches an aligned chunk of 16 bytes or less that holds no element
 inside the tensor. A load is a free anchor for layout inference: it can deliver any layout its users need.
@@ -108,7 +109,30 @@ class Store(_GmemAccess):
                f"storing {self.value.dtype.name} into a {self.ref.dtype.name} reference; use .astype()")
 
 
-infer.rule(Load)(infer.free_anchor_layout)
+def anchored_access_bytes(spec) -> int:
+    """The accesses a load of a tensor so specialized anchors its layout in: 16 bytes, or for 8- and 16-bit rows
+    that the specialization cannot align to 16 bytes (odd lengths), as wide as the alignment allows and at least
+    a 32-bit word. The lanes of a warp then move contiguous bytes with each instruction. In the 16-byte layout a
+    lane's narrowed or shifted accesses lie 16 bytes apart, so every instruction writes each 32-byte sector in
+    pieces: rows of 4097 bf16 ran softmax and RMSNorm at 0.77 and 0.79 of copy bandwidth that way, 0.93 in 32-bit
+    words (H100, benchmarks/RESULTS.md)."""
+    if spec is None or not spec.unit_stride or spec.dtype.itemsize >= 4 or spec.align >= 16:
+        return 16
+    return max(spec.align, 4)
+
+
+@infer.rule(Load)
+def _infer_load(op: Load, inf: infer.Inference) -> None:
+    """A free anchor, in accesses of `anchored_access_bytes`."""
+    result = op.results[0]
+    width = anchored_access_bytes(inf.tensor_specs.get(op.ref.id))
+    if not result.is_array or id(op) in inf.overrides or width == 16:
+        infer.free_anchor_layout(op, inf)
+        return
+    try:
+        inf.set_layout(result, blocked(result.type.shape, result.type.dtype, access_bytes=width), op)
+    except LayoutError as e:
+        raise op.error(str(e), rule=Rule.LAYOUT) from None
 infer.rule(Store)(infer.no_arrays)
 
 
