@@ -120,7 +120,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
-            picked = picked_mapping(ln_example.layernorm_rows, _rows.mapping(n), (x, w, b, out), eps=1e-5)
+            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n), (x, w, b, out), eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)

@@ -8,23 +8,33 @@ Every row is read once and held in registers (examples/_rows.py), the mapping au
   (one cluster barrier) and merge them (Chan's parallel update: exact in f32, with no cancellation);
 - a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk (the same update), then a second
   pass that normalizes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192.
+Held rows are also tried with ptxas asked to fit OCC CTAs on an SM (`mgjit.min_ctas_per_sm`): the layernorm keeps
+the row, its deviations, the weight and the bias live at once, and occupancy, not traffic, bounds it (rows of
+4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of copy bandwidth; without the bias, 125
+registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
 Statistics are computed in f32 and the output rounded once; the padding past a row's end reads as zero and is
 masked out of the variance.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
+import functools
+
 import torch
 from _rows import (columns, held_width, launch, load_row, load_vector, mapping, merge_moments, segment, segment_sum,
                    store_row)
 
 import mgjit
 
+OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
+
 
 @mgjit.kernel
 def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, OCC: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program; or (BLOCK > 0) one row
-    streamed in BLOCK-wide chunks."""
+    streamed in BLOCK-wide chunks. OCC > 0: registers capped so that OCC CTAs fit on an SM."""
+    if OCC:
+        mgjit.min_ctas_per_sm(OCC)
     if BLOCK:
         layernorm_stream(x, w, b, out, eps, BLOCK)
     else:
@@ -106,8 +116,18 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    launch(layernorm_rows, mapping(x.shape[1], rows_per_program), (x, w, b, out), eps=eps)
+    launch(layernorm_rows, layernorm_mapping(x.shape[1], rows_per_program), (x, w, b, out), eps=eps)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def layernorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
+    """The row examples' mappings for rows of n columns, then each held one again at every OCCUPANCY that its
+    threads allow."""
+    configs = mapping(n, rows_per_program)
+    return tuple(mgjit.Config(**c.kwargs, OCC=occ, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
+                 for occ in (0, *OCCUPANCY) for c in configs
+                 if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference
@@ -120,7 +140,8 @@ def setup(device):
 
 
 def compile(x, w, b, out, target):
-    return layernorm_rows.compile(x, w, b, out, eps=1e-5, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
+    return layernorm_rows.compile(x, w, b, out, eps=1e-5, **layernorm_mapping(x.shape[1])[0].launch_kwargs(),
+                                  target=target)
 
 
 def reference(x, w, b):

@@ -183,3 +183,30 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
         assert last.path == "c" and last.grid == (64 // best.kwargs["ROWS"] * best.kwargs["CTAS"], 1, 1)
         assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
         assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), **constexprs) == best
+
+
+def test_layernorm_also_tries_held_rows_at_higher_occupancy():
+    """layernorm_mapping: the row examples' mappings (OCC=0), then each held one again asking ptxas to fit 3 and
+    4 CTAs an SM, where the threads allow it; every config sets the same constexprs (the tuner requires it)."""
+    for n in (16, 4097, 32000, 300000):
+        configs = ln.layernorm_mapping(n)
+        assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
+        assert [{k: v for k, v in c.kwargs.items() if k != "OCC"} for c in configs if not c.kwargs["OCC"]] == \
+            [dict(c.kwargs) for c in _rows.mapping(n)], n
+        held = [c for c in _rows.mapping(n) if not c.kwargs["BLOCK"]]
+        capped = [c for c in configs if c.kwargs["OCC"]]
+        assert len(capped) == sum(occ * 128 * c.kwargs["WGS"] <= 2048 for c in held for occ in ln.OCCUPANCY), n
+        assert all(not c.kwargs["BLOCK"] for c in capped)
+    # Rows of 4097 bf16 held by one warpgroup take 135 registers (3 CTAs an SM); capped for 4, 128 and no spill.
+    x, w = torch.empty(8, 4097, dtype=BF16), torch.empty(4097, dtype=BF16)
+    one = [c for c in ln.layernorm_mapping(4097) if c.kwargs["ROWS"] == 1 and c.kwargs["WGS"] == 1]
+    compiled = {c.kwargs["OCC"]: ln.layernorm_rows.compile(x, w, w, x, eps=1e-5, **c.launch_kwargs(), target="sm_90a")
+                for c in one}
+    assert compiled[0].registers > 128 and ".minnctapersm 1" in compiled[0].ptx
+    assert compiled[4].registers <= 128 and compiled[4].spills == 0 and ".minnctapersm 4" in compiled[4].ptx
+    xf = torch.randn(5, 4097) * 3
+    for kernel, args, constexprs, checks in kernels(xf, torch.float32)[2:3]:
+        config = [c for c in ln.layernorm_mapping(4097) if c.kwargs["OCC"] == 4][0]
+        kernel.interpret[_rows.grid(xf.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
+        for got, ref, tol in checks:
+            assert rel_err(got, ref) < tol
