@@ -1,4 +1,4 @@
-"""Decode matmuls on the CUDA cores for M <= 4 activation rows, one read of the weights with 16-byte loads.
+"""Decode matmuls on the CUDA cores for a few activation rows, one read of the weights with 16-byte loads.
 
 A linear layer's weight is (N, K), K contiguous (K-major): each output feature is one weight row. With a handful
 of activation rows (M <= 16) the weights dominate the traffic and the tensor cores have little to do. The
@@ -19,7 +19,8 @@ values come from L1); each accumulator is reduced over its KB rows once, at the 
 blocks of 128, too few to keep 132 SMs streaming, so K is split over SPLIT programs per column block: each
 publishes its partial rows in an f32 workspace and counts itself in the block's lock; the last to arrive adds
 the SPLIT partials (one (SPLIT, BN) load per row, summed in a fixed order: bitwise repeatable) and stores. The
-accumulators are named, not a tuple (a runtime loop carries arrays, not tuples): M <= MAX_M.
+accumulators are named, not a tuple (a runtime loop carries arrays, not tuples): M <= NMAJOR_MAX_M = 8, spill-free
+(200 registers at M = 8 and UNROLL = 8; 96 at M = 4 and UNROLL = 4).
 
 Both kernels end in the wgmma kernel's epilogue (scale, bias, activation), `store_row`.
 """
@@ -29,15 +30,17 @@ import mgjit
 
 from _matmul_epilogue import activate
 
-MAX_M = 4
+MAX_M = 4                 # gemv_kmajor's activation rows
+NMAJOR_MAX_M = 8          # gemv_nmajor's: its named accumulators
 MAX_CHUNKS = 2            # gemv_kmajor's unrolled K chunks
 HELD = 8192               # weight elements a 128-thread gemv_kmajor program holds at once (64 f32 a thread)
 THREADS = 128             # one warpgroup per program
 VECTOR = 8                # 16-bit elements in the 16 bytes one load of a thread moves
-# gemv_nmajor's (BN, UNROLL) candidates, KB making each tile one 16-byte vector a thread (8 rows of 128 bf16).
-NMAJOR_TILES = ((128, 4), (128, 8), (256, 4))
+# gemv_nmajor's candidates: (BN, UNROLL, fewer), KB making each tile one 16-byte vector a thread (8 rows of 128
+# bf16), K split as `nmajor_split` says, in half as many parts where `fewer` (longer ranges, a shorter fix-up).
+NMAJOR_TILES = ((128, 4, False), (128, 8, False), (128, 8, True), (256, 4, False))
 PROGRAMS_PER_SM = 4       # split K until about this many programs per SM stream at once
-MAX_SPLIT = 32            # a power of two: the finishing program loads the SPLIT partials of a row at once
+MAX_PARTIALS = 4096       # SPLIT x BN: the finishing program loads a row's SPLIT partials at once (32 f32 a thread)
 
 
 @mgjit.device
@@ -89,6 +92,7 @@ def gemv_nmajor(a, b, c, scale, bias, ws, locks, M: mgjit.constexpr, BN: mgjit.c
     a (M, K) in any layout, b (K, N). With SPLIT > 1 (a power of two), ws (f32, at least
     N / BN * M * SPLIT rows of BN) holds the partials and locks (int32, one per column block) counts them:
     zeros, as every launch leaves them."""
+    assert M <= 8, "gemv_nmajor keeps 8 accumulators: M <= 8"
     block, part = mgjit.program_id(0), mgjit.program_id(1)
     n0 = block * BN
     step = KB * UNROLL
@@ -97,6 +101,10 @@ def gemv_nmajor(a, b, c, scale, bias, ws, locks, M: mgjit.constexpr, BN: mgjit.c
     acc1 = mgjit.zeros((KB, BN), mgjit.float32)
     acc2 = mgjit.zeros((KB, BN), mgjit.float32)
     acc3 = mgjit.zeros((KB, BN), mgjit.float32)
+    acc4 = mgjit.zeros((KB, BN), mgjit.float32)
+    acc5 = mgjit.zeros((KB, BN), mgjit.float32)
+    acc6 = mgjit.zeros((KB, BN), mgjit.float32)
+    acc7 = mgjit.zeros((KB, BN), mgjit.float32)
     for i in range(part * steps // SPLIT, (part + 1) * steps // SPLIT):
         for u in mgjit.static_range(UNROLL):
             k0 = i * step + u * KB
@@ -105,7 +113,11 @@ def gemv_nmajor(a, b, c, scale, bias, ws, locks, M: mgjit.constexpr, BN: mgjit.c
             acc1 = row_fma(acc1, a, 1, k0, tile, KB, M)
             acc2 = row_fma(acc2, a, 2, k0, tile, KB, M)
             acc3 = row_fma(acc3, a, 3, k0, tile, KB, M)
-    accs = (acc0, acc1, acc2, acc3)
+            acc4 = row_fma(acc4, a, 4, k0, tile, KB, M)
+            acc5 = row_fma(acc5, a, 5, k0, tile, KB, M)
+            acc6 = row_fma(acc6, a, 6, k0, tile, KB, M)
+            acc7 = row_fma(acc7, a, 7, k0, tile, KB, M)
+    accs = (acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7)
     if SPLIT == 1:
         for m in mgjit.static_range(M):
             store_row(accs[m].sum(axis=0), c, scale, bias, m, n0, BN, SCALED, BIAS, ACTIVATION)
@@ -136,20 +148,27 @@ def candidates(m: int, k: int) -> list[dict]:
 
 
 def nmajor_candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
-    """gemv_nmajor configs for M activation rows, N columns and K (16-bit): each (BN, UNROLL) of NMAJOR_TILES with
-    KB rows per tile (a 16-byte vector a thread), K split in the power of two of programs per column block that brings
-    the grid nearest PROGRAMS_PER_SM programs per SM (each part at least one loop step); none past MAX_M."""
-    if not 1 <= m <= MAX_M:
+    """gemv_nmajor configs for M activation rows, N columns and K (16-bit weights), one per NMAJOR_TILES entry;
+    none past NMAJOR_MAX_M."""
+    if not 1 <= m <= NMAJOR_MAX_M:
         return []
     out = []
-    for bn, unroll in NMAJOR_TILES:
+    for bn, unroll, fewer in NMAJOR_TILES:
         kb = THREADS * VECTOR // bn
-        blocks, steps = -(-n // bn), -(-k // (kb * unroll))
-        split = 1
-        while split < MAX_SPLIT and 2 * split <= steps and blocks * split * 1.5 < PROGRAMS_PER_SM * sms:
-            split *= 2
-        out.append({"GEMV": "n-major", "BN": bn, "KB": kb, "UNROLL": unroll, "SPLIT": split})
+        split = nmajor_split(-(-n // bn), -(-k // (kb * unroll)), bn, sms)
+        out.append({"GEMV": "n-major", "BN": bn, "KB": kb, "UNROLL": unroll, "SPLIT": max(split // 2, 1) if fewer
+                    else split})
     return out
+
+
+def nmajor_split(blocks: int, steps: int, bn: int, sms: int) -> int:
+    """How many parts to split K's `steps` loop steps into for `blocks` column blocks of BN: the power of two that
+    brings the grid nearest PROGRAMS_PER_SM programs per SM, each part at least one step, SPLIT x BN at most
+    MAX_PARTIALS."""
+    split = 1
+    while 2 * split <= steps and 2 * split * bn <= MAX_PARTIALS and blocks * split * 1.5 < PROGRAMS_PER_SM * sms:
+        split *= 2
+    return split
 
 
 def grid(n: int, cfg: dict) -> tuple[int, ...]:

@@ -2,9 +2,11 @@
 schedules and tiles are worth trying for its shape (heuristics), the one to use (the fastest candidate, timed
 once per shape and remembered on disk beside the kernel cache), and the stream-K workspace.
 
-A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T A^T). The heuristics:
+A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T A^T), or a GEMV's
+(examples/_matmul_gemv.py: GEMV="k-major" or "n-major" and its constexprs). The heuristics:
 - M <= 64 (decode): swap-AB, so the weights stream through the 64-row side of every wgmma and M pads only to a
-  multiple of 8 on its N side; stream-K spreads the few row tiles' k-iterations over every SM.
+  multiple of 8 on its N side; stream-K spreads the few row tiles' k-iterations over every SM. With 16-bit
+  weights and a few rows, also a GEMV on the CUDA cores (K-major weights M <= 4, N-major M <= 8).
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
@@ -107,6 +109,7 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         side = _swapped_n(problem)
         out = [config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
         # 16-bit weights: also on the CUDA cores, as row reductions (K-major, a linear layer's) or column blocks
+        # (N-major)
         gemvs = [] if problem.bits != 16 else gemv.candidates(m, problem.k) if problem.b_k else \
             gemv.nmajor_candidates(m, n, problem.k, sms)
         return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + gemvs
