@@ -92,6 +92,8 @@ def test_decode_tries_the_gemv_of_its_weights_layout():
     assert not any(c.get("GEMV") for c in schedules.candidates(decode_problem(9, False), 132))
     assert gemv.candidates(3, 2 * 8192 + 1) == [] and gemv.candidates(5, 64) == []
     assert schedules.describe(gemv.candidates(3, 4096)[0]) == "GEMV 2 rows x 4096 columns x 1 chunks"
+    with pytest.raises(ValueError, match="'k-major' or 'n-major'"):
+        schedules.choose(decode_problem(2, True), {"GEMV": True, "ROWS": 1}, 132, None, None, None)
 
 
 @pytest.mark.parametrize("n,k,splits", [
