@@ -2,9 +2,11 @@
 schedules and tiles are worth trying for its shape (heuristics), the one to use (the fastest candidate, timed
 once per shape and remembered on disk beside the kernel cache), and the stream-K workspace.
 
-A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T A^T). The heuristics:
+A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T A^T), or a GEMV's
+(examples/_matmul_gemv.py: GEMV="k-major" or "n-major" and its constexprs). The heuristics:
 - M <= 64 (decode): swap-AB, so the weights stream through the 64-row side of every wgmma and M pads only to a
-  multiple of 8 on its N side; stream-K spreads the few row tiles' k-iterations over every SM.
+  multiple of 8 on its N side; stream-K spreads the few row tiles' k-iterations over every SM. With 16-bit
+  weights and a few rows, also a GEMV on the CUDA cores (K-major weights M <= 4, N-major M <= 8).
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
@@ -106,9 +108,11 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     if m <= 64 and _swap_allowed(problem):  # decode: the weights stream through the 64-row side
         side = _swapped_n(problem)
         out = [config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
-        # K-major 16-bit weights (a linear layer's): also as row reductions on the CUDA cores
-        rows = gemv.candidates(m, problem.k) if problem.b_k and problem.bits == 16 else []
-        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + rows
+        # 16-bit weights: also on the CUDA cores, as row reductions (K-major, a linear layer's) or column blocks
+        # (N-major)
+        gemvs = [] if problem.bits != 16 else gemv.candidates(m, problem.k) if problem.b_k else \
+            gemv.nmajor_candidates(m, n, problem.k, sms)
+        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + gemvs
     big = tiles(128, 256)
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256)] + ([config(problem, 128, 128)] if big < 16 * sms else [])
@@ -148,6 +152,9 @@ def normalize(problem: Problem, given: dict) -> dict:
     """A caller's config with the rest filled in as `config` would (TMA store where allowed, stages that fit); a
     GEMV config as given."""
     if given.get("GEMV"):
+        if given["GEMV"] not in ("k-major", "n-major"):
+            raise ValueError(f"a GEMV config's GEMV is 'k-major' or 'n-major' (the weights' layout), got "
+                             f"{given['GEMV']!r}")
         return dict(given)
     base = config(problem, given.get("BM", 128), given.get("BN", 256), given.get("SWAP_AB", False),
                   given.get("STREAM_K", 0))
@@ -192,8 +199,9 @@ def _fastest(problem: Problem, options: list[dict], launch: Callable[[dict, Any]
 
     timer = TIMER or CudaEventTimer(warmup_ms=5.0, rep_ms=25.0)
     store = ResultStore(default_root())
-    # The candidates run `kernel` or the GEMV: an edit of either times them again.
-    source_key, device = hash_parts(kernel.source_key(), gemv.gemv_kmajor.source_key()), timer.device
+    # The candidates run `kernel` or a GEMV: an edit of any of them times them again.
+    source_key = hash_parts(kernel.source_key(), gemv.gemv_kmajor.source_key(), gemv.gemv_nmajor.source_key())
+    device = timer.device
     key = [list(map(str, problem.key()))]
     known = store.load(KERNEL_NAME, source_key, device, key)
     c = output()
@@ -235,8 +243,10 @@ def describe(cfg: dict | None) -> str:
     """A config in a few words: `stream-K(2) 128x256 4 stages`, `swap-AB 128x8 stream-K(1) 12 stages`."""
     if cfg is None:
         return "-"
-    if cfg.get("GEMV"):
+    if cfg.get("GEMV") == "k-major":
         return f"GEMV {cfg['ROWS']} rows x {cfg['KC']} columns x {cfg['KCH']} chunks"
+    if cfg.get("GEMV") == "n-major":
+        return f"GEMV N-major {cfg['BN']} columns x {cfg['KB']}x{cfg['UNROLL']} rows a step, K split {cfg['SPLIT']}"
     parts = ["swap-AB"] if cfg.get("SWAP_AB") else []
     if cfg.get("STREAM_K"):
         parts.append(f"stream-K({cfg['STREAM_K']})" + ("" if cfg.get("DETERMINISTIC", True) else " atomic")
@@ -261,7 +271,7 @@ class Plan:
     kernel_cfg: dict
     grid: tuple
     tiles: int
-    gemv: bool = False  # examples/_matmul_gemv.py's kernel, not matmul_kernel
+    gemv: str | None = None  # "k-major" or "n-major": examples/_matmul_gemv.py's kernel, not matmul_kernel
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -275,9 +285,9 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
     plan = _PLANS.get(key)
     if plan is None and cfg.get("GEMV"):
         scaled, biased, activation = problem.epilogue
-        kernel_cfg = {"M": problem.m, "ROWS": cfg["ROWS"], "KC": cfg["KC"], "KCH": cfg["KCH"], "SCALED": scaled,
+        kernel_cfg = {"M": problem.m, **{k: v for k, v in cfg.items() if k != "GEMV"}, "SCALED": scaled,
                       "BIAS": biased, "ACTIVATION": activation}
-        plan = _PLANS[key] = Plan(False, kernel_cfg, gemv.grid(problem.n, cfg), 0, gemv=True)
+        plan = _PLANS[key] = Plan(False, kernel_cfg, gemv.grid(problem.n, cfg), 0, gemv=cfg["GEMV"])
     if plan is None:
         kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
         scaled, biased, activation = problem.epilogue
@@ -310,12 +320,32 @@ def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
     tile, p a CTA) and an int32 lock per 64 rows of each tile, zero, as every launch leaves them. Kept per
     device, stream (launches on one stream never overlap) and fix-up kind, and grown as needed. Other schedules
     never read them: they get c, as the other unused operands do."""
-    import torch
     if not kernel_cfg["STREAM_K"]:
         return c, c
-    device = c.device
-    bm, bn = kernel_cfg["BM"], kernel_cfg["BN"]
-    need = ((tiles + grid[0]) * bm, bn, tiles * (bm // 64))
+    bm = kernel_cfg["BM"]
+    return _workspace(((tiles + grid[0]) * bm, kernel_cfg["BN"], tiles * (bm // 64)), kernel_cfg, c.device)
+
+
+def launch_workspace(plan: Plan, c) -> tuple:
+    """(ws, locks) for a launch of `plan`: stream-K's (`workspace`), or a split gemv_nmajor's: a BN-wide f32 row
+    for each column block, activation row and part of the split, and an int32 lock per column block (shared with
+    the deterministic stream-K launches of the stream: both overwrite their rows and leave the locks zero); else
+    c, c (read by nothing). The K-major GEMV takes none: ()."""
+    cfg = plan.kernel_cfg
+    if plan.gemv == "k-major":
+        return ()
+    if plan.gemv == "n-major":
+        if cfg["SPLIT"] == 1:
+            return c, c
+        blocks = plan.grid[0]
+        return _workspace((blocks * cfg["M"] * cfg["SPLIT"], cfg["BN"], blocks), cfg, c.device)
+    return workspace(cfg, plan.tiles, plan.grid, c)
+
+
+def _workspace(need: tuple[int, int, int], kernel_cfg: dict, device) -> tuple:
+    """The workspace of `workspace_key`, at least `need` = (f32 rows, columns, int32 locks) large, zero, made
+    or grown here."""
+    import torch
     key = workspace_key(kernel_cfg, device)
     have = _WORKSPACES.get(key)
     if have is None or have[0].shape[0] < need[0] or have[0].shape[1] < need[1] or have[1].shape[0] < need[2]:

@@ -41,7 +41,9 @@ import mgjit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
 from _matmul_epilogue import ACTIVATIONS, activate  # noqa: E402
-from _matmul_gemv import gemv_kmajor  # noqa: E402
+from _matmul_gemv import gemv_kmajor, gemv_nmajor  # noqa: E402
+
+GEMV_KERNELS = {"k-major": gemv_kmajor, "n-major": gemv_nmajor}  # Plan.gemv -> its kernel
 
 
 @mgjit.device
@@ -400,21 +402,24 @@ class _Prepared:
         self.problem_args = (b_kmajor, problem.out_dtype, *problem.epilogue)
         self.m, self.n, self.out_dtype = problem.m, problem.n, problem.out_dtype
         self.swap, self.plan, self.gemv = plan.swap, plan, plan.gemv
-        kernel = gemv_kmajor if plan.gemv else matmul_kernel
+        kernel = GEMV_KERNELS[plan.gemv] if plan.gemv else matmul_kernel
         self.launch = kernel[plan.grid]
         kernel_cfg = {**kernel.defaults, **plan.kernel_cfg}
         self.constexprs = tuple(kernel_cfg[n] for n in kernel.constexpr_names)
         self.warpgroups, self.cluster = kernel_cfg.get("num_warpgroups", 1), kernel_cfg.get("cluster")
         # Stream-K's workspace: this key's stream's, as `workspace` made it last (it is replaced when it grows).
+        # Stream-K's workspace, or a split GEMV's: this key's stream's, as `launch_workspace` made it last (it is
+        # replaced when it grows).
         self.workspace_key = schedules.workspace_key(plan.kernel_cfg, a.device) \
-            if plan.kernel_cfg.get("STREAM_K") else None
+            if plan.kernel_cfg.get("STREAM_K") or plan.kernel_cfg.get("SPLIT", 1) > 1 else None
         self.workspace = None
 
     def __call__(self, a, b, scale, bias):
-        if self.gemv:  # a as given, the weights (N, K)
+        if self.gemv:  # a as given; the weights (N, K) or (K, N), as the GEMV reads them
             c = _output(self.m, self.n, self.out_dtype, a.device)
+            workspace = () if self.gemv == "k-major" else self._workspace(c)
             self.launch(a, b.t() if self.b_t else b, c, scale if scale is not None else c,
-                        bias if bias is not None else c, *self.constexprs)
+                        bias if bias is not None else c, *workspace, *self.constexprs)
             return c
         if self.views:
             a_op, b_op = a.t() if self.a_t else a, b.t() if self.b_t else b
@@ -422,16 +427,17 @@ class _Prepared:
             problem = schedules.Problem.of(a, b, *self.problem_args)
             a_op, b_op = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
         c = _output(self.m, self.n, self.out_dtype, a.device)
-        workspace = self.workspace
-        if self.workspace_key is None:
-            workspace = (c, c)
-        elif workspace is None or schedules._WORKSPACES.get(self.workspace_key) is not workspace:
-            plan = self.plan
-            workspace = self.workspace = schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c)
         a_k, b_k, c_k = (b_op, a_op, c.t()) if self.swap else (a_op, b_op, c)
-        self.launch(a_k, b_k, c_k, scale if scale is not None else c, bias if bias is not None else c, *workspace,
-                    *self.constexprs, num_warpgroups=self.warpgroups, cluster=self.cluster)
+        self.launch(a_k, b_k, c_k, scale if scale is not None else c, bias if bias is not None else c,
+                    *self._workspace(c), *self.constexprs, num_warpgroups=self.warpgroups, cluster=self.cluster)
         return c
+
+    def _workspace(self, c) -> tuple:
+        if self.workspace_key is None:
+            return c, c
+        if self.workspace is None or schedules._WORKSPACES.get(self.workspace_key) is not self.workspace:
+            self.workspace = schedules.launch_workspace(self.plan, c)
+        return self.workspace
 
 
 def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> schedules.Plan:
@@ -439,9 +445,9 @@ def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None)
     plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
     if plan.gemv:
         a = problem.a_op.t() if problem.a_mn else problem.a_op
-        gemv_kmajor[plan.grid](a, problem.b_op, c, scale if scale is not None else c,
-                               bias if bias is not None else c, **plan.kernel_cfg,
-                               **({} if profile is None else {"profile": profile}))
+        GEMV_KERNELS[plan.gemv][plan.grid](a, problem.b_op, c, scale if scale is not None else c,
+                                           bias if bias is not None else c, *schedules.launch_workspace(plan, c),
+                                           **plan.kernel_cfg, **({} if profile is None else {"profile": profile}))
         return plan
     a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
     a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)

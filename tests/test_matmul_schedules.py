@@ -240,8 +240,8 @@ def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
     assert 1 <= len(options) <= 7  # each one is compiled and timed on a shape's first call
     assert {k: options[0][k] for k in expected} == expected
-    for option in options:  # every candidate fits: at least two stages beside its epilogue tile
-        assert option["STAGES"] >= 2
+    for option in options:  # every wgmma candidate fits: at least two stages beside its epilogue tile
+        assert option.get("GEMV") or option["STAGES"] >= 2
 
 
 def test_multicast_is_not_a_candidate():
