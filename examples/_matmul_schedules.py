@@ -10,10 +10,11 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
-The multicast schedule (MULTICAST="b" or "a": clusters of two CTAs on neighbouring tiles that load their shared
-tile once, as cuBLAS's kernel for 1000 x 3000 x 2000 does) is not a candidate: timed on an H100 it was slower
-than the data-parallel tiles on every shape (1000 x 3000 x 2000: 42.9 against 33.2 us; 4096^3: 0.27 against
-0.18 ms; benchmarks/RESULTS.md). It runs where a caller's config asks for it.
+Beside the data-parallel tiles of the larger shapes, their multicast form is tried: clusters of two CTAs on
+M-neighbour tiles that load their shared B tile once, each CTA half of it into both (MULTICAST="b"; cuBLAS's
+kernel for 1000 x 3000 x 2000 shares one operand across a 1 x 2 cluster the same way). It lost everywhere while
+each slot's release to the peer CTA carried a cluster-scope fence (42.9 against 33.2 us there); released relaxed,
+it ran in 27.0 against 33.0 us (benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -115,10 +116,12 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + gemvs
     big = tiles(128, 256)
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
-        return [config(problem, 128, 256)] + ([config(problem, 128, 128)] if big < 16 * sms else [])
+        return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
+            [config(problem, 128, 128)] if big < 16 * sms else [])
     if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
-                config(problem, 128, 128, stream_k=2), config(problem, 128, 192)]
+                config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
+                config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")]
     if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over the SMs
         # The CTA that finishes a cut tile reads every contributor's partial: at most MAX_CUTS per tile (split-K
         # on fewer SMs where the tiles are too few). The largest tile on the most SMs comes first.
@@ -129,8 +132,10 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         out.sort(key=lambda c: -min(sms, tiles(c["BM"], c["BN"]) * c.get("SPLIT", sms)))
         # Or no cut at all: one wave of the largest tiles that fill the most SMs (1000x3000x2000: 128x192 is
         # 128 tiles, 128x128 a wave and a half), or two CTAs per tile (split-K) where even 128x128 is few.
-        return out + [config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 128),
-                      config(problem, 128, 64), config(problem, 128, 128, stream_k=1, SPLIT=2)]
+        # The 128x192 wave also as 64 clusters of two M-neighbours sharing their B tile.
+        return out + [config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 192, MULTICAST="b"),
+                      config(problem, 128, 128), config(problem, 128, 64), config(problem, 128, 128, stream_k=1,
+                                                                                          SPLIT=2)]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
             config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]

@@ -427,3 +427,49 @@ def test_a_tmem_access_outside_the_allocation():
         sliced.start = 32
     expect(excinfo, tmem_copy, Check.OUT_OF_BOUNDS, "u.store(x[0:128, 0:32])")
     assert "columns 48..79" in str(excinfo.value)
+
+
+# ---------------------------------------------------------------------------------------------- relaxed arrivals
+
+@mgjit.kernel(num_warpgroups=2)
+def handoff(x, y, RELAXED: mgjit.constexpr):
+    """Warpgroup 0 stores a tile and arrives (on its own CTA's barrier, through the cluster path); warpgroup 1 waits
+    and reads it. A relaxed arrival releases no stores: the read is unordered."""
+    t = mgjit.smem((64, 64), x.dtype)
+    bar = mgjit.barrier(1, arrivals=1)
+    if mgjit.warpgroup_id() == 0:
+        t[...] = x[0:64, 0:64]
+        bar[0].arrive(cta=mgjit.cluster_rank(), relaxed=RELAXED)
+    else:
+        bar[0].wait()
+        y[0:64, 0:64] = t[...]
+
+
+@pytest.mark.parametrize("relaxed", [False, True])
+def test_a_relaxed_arrival_orders_no_stores(relaxed):
+    x, y = torch.randn(64, 64, dtype=BF16), torch.full((64, 64), float("nan"), dtype=BF16)
+    if not relaxed:
+        handoff.interpret[(2,)](x, y, RELAXED=False, cluster=(2, 1, 1))
+        assert torch.equal(x, y)
+        return
+    with pytest.raises(InterpretError) as excinfo:
+        handoff.interpret[(2,)](x, y, RELAXED=True, cluster=(2, 1, 1))
+    expect(excinfo, handoff, Check.SMEM_UNORDERED, "y[0:64, 0:64] = t[...]", ("t[...] = x[0:64, 0:64]",))
+
+
+def test_relaxed_arrivals_skip_the_cluster_fence_in_ptx():
+    x = torch.empty(64, 64, dtype=BF16)
+    for relaxed, text in ((False, "mbarrier.arrive.release.cluster.shared::cluster.b64"),
+                          (True, "mbarrier.arrive.shared::cluster.b64")):
+        ptx = handoff.compile(x, x, RELAXED=relaxed, cluster=(2, 1, 1), target="sm_90a").ptx
+        assert text in ptx and ptx.count("mbarrier.arrive") == 1, relaxed
+
+
+def test_relaxed_needs_a_remote_arrival():
+    @mgjit.kernel
+    def local(x):
+        bar = mgjit.barrier(1, arrivals=1)
+        bar[0].arrive(relaxed=True)
+
+    with pytest.raises(mgjit.CompileError, match="relaxed=True is for an arrival on another CTA"):
+        local.compile(torch.empty(4), target="sm_90a")

@@ -238,25 +238,28 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
     ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0))])
 def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
-    assert 1 <= len(options) <= 7  # each one is compiled and timed on a shape's first call
+    assert 1 <= len(options) <= 8  # each one is compiled and timed on a shape's first call
     assert {k: options[0][k] for k in expected} == expected
     for option in options:  # every wgmma candidate fits: at least two stages beside its epilogue tile
         assert option.get("GEMV") or option["STAGES"] >= 2
 
 
-def test_multicast_is_not_a_candidate():
-    """Timed slower than the data-parallel tiles on every H100 shape, the multicast schedule runs only where a
-    caller's config asks for it."""
-    for shape in ((1000, 3000, 2000), (4096, 4096, 4096), (8192, 8192, 8192), (2048, 11008, 4096)):
-        assert not [o for o in first_choice(*shape) if o.get("MULTICAST")]
-    option = schedules.normalize(schedules.Problem.of(torch.empty(1000, 2000, dtype=BF16),
-                                                      torch.empty(2000, 3000, dtype=BF16), False, BF16, False, False,
-                                                      None), dict(BM=128, BN=192, MULTICAST="b"))
-    assert "multicast B" in schedules.describe(option)
-    plan = schedules.launch_plan(schedules.Problem.of(torch.empty(1000, 2000, dtype=BF16),
-                                                      torch.empty(2000, 3000, dtype=BF16), False, BF16, False, False,
-                                                      None), option, 132)
-    assert plan.grid == (2 * min(4 * 16, 66),) and plan.kernel_cfg["cluster"] == (2, 1, 1)
+@pytest.mark.parametrize("shape,tiles", [
+    ((1000, 3000, 2000), [(128, 192)]), ((4096, 4096, 4096), [(128, 256), (128, 192)]),
+    ((8192, 8192, 8192), [(128, 256)]), ((2048, 11008, 4096), [(128, 256), (128, 192)]),
+    ((512, 512, 512), []), ((3, 4096, 4096), [])])
+def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
+    """The larger shapes also time their data-parallel tiles on clusters of two sharing B; small and decode
+    shapes do not (a pair of tiles per cluster leaves SMs idle there)."""
+    multicast = [o for o in first_choice(*shape) if o.get("MULTICAST")]
+    assert [(o["BM"], o["BN"]) for o in multicast] == tiles
+    for option in multicast:
+        assert option["MULTICAST"] == "b" and not option["STREAM_K"] and "multicast B" in schedules.describe(option)
+        plan = schedules.launch_plan(schedules.Problem.of(torch.empty(shape[0], shape[2], dtype=BF16),
+                                                          torch.empty(shape[2], shape[1], dtype=BF16), False, BF16,
+                                                          False, False, None), option, 132)
+        pairs = -(-shape[0] // (2 * option["BM"])) * -(-shape[1] // option["BN"])
+        assert plan.grid == (2 * min(pairs, 66),) and plan.kernel_cfg["cluster"] == (2, 1, 1)
 
 
 # One config of each kind the heuristics propose (tile, schedule, epilogue, operand majors); each must compile
@@ -300,7 +303,8 @@ def test_ptxas_reports_no_spills(name):
 
 def test_multicast_ptx_shares_the_slot_ring_across_the_cluster():
     """The shared tile arrives by multicast copies; the other operand's copies and the C stores stay per CTA;
-    each consumer releases its slot here and in the peer (mapa + a cluster-scope arrive); ptxas says nothing."""
+    each consumer releases its slot here and in the peer (mapa + a relaxed arrive: no cluster-scope fence, whose
+    membar stall cost 30%); ptxas says nothing."""
     c = compile_config("multicast-b-128x192")
     assert c.spills == 0 and not c.meta["warnings"], c.ptxas_report
     assert c.meta["cluster"] == [2, 1, 1]
@@ -308,7 +312,8 @@ def test_multicast_ptx_shares_the_slot_ring_across_the_cluster():
                            r"(\.multicast::cluster)?", c.ptx)
     # B (64 x 192: three 64-column boxes) multicast; A's two 64-row halves each one box, per CTA.
     assert multicast.count(".multicast::cluster") == 3 and multicast.count("") == 2
-    assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in c.ptx and "mapa.shared::cluster" in c.ptx
+    assert "mbarrier.arrive.shared::cluster.b64" in c.ptx and "mapa.shared::cluster" in c.ptx
+    assert "mbarrier.arrive.release.cluster" not in c.ptx
     assert c.ptx.count("barrier.cluster.arrive") == 2  # after the barriers' init, and before exit
 
 

@@ -39,12 +39,18 @@ def slot_ref(t: Semantics, slot: BarrierSlot) -> tuple[ir.Value, Tensor]:
 
 @method(BarrierSlot, "arrive")
 def arrive(t: Semantics, slot: BarrierSlot, args: list, kwargs: dict) -> None:
-    if args or set(kwargs) - {"cta"}:
-        raise t.error("barrier.arrive() takes no arguments but cta=")
+    if args or set(kwargs) - {"cta", "relaxed"}:
+        raise t.error("barrier.arrive() takes no arguments but cta= and relaxed=")
+    relaxed = kwargs.get("relaxed", False)
+    if not isinstance(relaxed, bool):
+        raise t.error(f"barrier.arrive(relaxed=...) takes a static bool, got {relaxed!r}")
+    if relaxed and "cta" not in kwargs:
+        raise t.error("relaxed=True is for an arrival on another CTA's barrier (cta=): a local arrival releases "
+                      "at CTA scope and costs no fence")
     ref, _ = slot_ref(t, slot)
-    if kwargs:  # on the barrier of the cluster's CTA of rank `cta`
+    if "cta" in kwargs:  # on the barrier of the cluster's CTA of rank `cta`
         rank = t.cast(t.to_tensor(kwargs["cta"]), dtypes.int32)
-        t.builder.add(ops.BarrierArriveCluster(ref, rank.value, t.builder.loc))
+        t.builder.add(ops.BarrierArriveCluster(ref, rank.value, t.builder.loc, relaxed))
         return
     t.builder.add(ops.BarrierArrive(ref, t.builder.loc))
 
