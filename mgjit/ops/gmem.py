@@ -536,7 +536,12 @@ def _load(op: Load, ctx: lower.Context) -> None:
             elems.extend(vals)
         return elems
 
-    emit = (lambda checked: _word_loads(ctx, ref, w, els, checked)) if unaligned else plain
+    def shifted(checked: bool) -> list:
+        if checked and w * dtype.itemsize <= 4:  # one word an access: element by element (see _store)
+            return [_load_access(ctx, el.addr, el.inside, dtype, 1)[0] for el in els]
+        return _word_loads(ctx, ref, w, els, checked)
+
+    emit = shifted if unaligned else plain
     if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
         elems = _inside_or_checked(ctx, op, ref, [e.type(dtype)] * len(els), emit)
     else:
@@ -582,6 +587,13 @@ def _store(op: Store, ctx: lower.Context) -> None:
             only = primary if replicas else None
             for i in range(0, len(els), w):
                 whole(els[i], pack_words(e, frag.elems[i:i + w], dtype), only)
+        elif unaligned and w * isz <= 4:
+            # Accesses of one shifted word take two 2-byte stores either way: element by element, unbranched,
+            # holds no state for a fallback branch (rows of 8193 bf16 over 2 CTAs: 117 registers against 41).
+            n = ref.sizes[-1]
+            for i in range(0, len(els), w):
+                _store_elementwise(e, els[i], _span(e, els[i], n), primary, pack_words(e, frag.elems[i:i + w], dtype),
+                                   w, isz)
         elif unaligned or ragged:  # whole accesses as one, the others element by element
             _store_whole_or_elementwise(ctx, ref, w, els, frag.elems, primary, whole)
         else:  # every access is wholly inside a row or wholly outside
