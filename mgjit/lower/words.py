@@ -2,7 +2,7 @@
 taken out of them.
 
 Memory accesses of 4 to 16 bytes move whole 32-bit registers. (When an access's alignment is known only at run
-time, the GMEM lowering shifts bytes between words with prmt: see mgjit/ops/gmem.py.)
+time, the GMEM lowering shifts bytes between words with prmt: see mgjit/ops/gmem_access.py.)
 """
 from __future__ import annotations
 

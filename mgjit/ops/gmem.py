@@ -8,7 +8,7 @@ contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
 - otherwise, as aligned accesses of the alignment the specialization does prove where it is 4 bytes or more
   (the 4 f32 of a misaligned row one by one), and below that (a row of 4097 bf16 starts at a different offset
   in every 32-bit word) as aligned 32-bit words with the bytes shifted into place at run time, at any row
-  length, dtype and row stride (see below); loads of such rows anchor layouts of accesses that narrow
+  length, dtype and row stride (mgjit/ops/gmem_access.py); loads of such rows anchor layouts of accesses that narrow
   (`anchored_access_bytes`), so a warp's lanes still move contiguous bytes.
 Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
 elements outside read as zero. A load never touches an aligned chunk of 16 bytes or less that holds no element
@@ -16,23 +16,23 @@ inside the tensor. A load is a free anchor for layout inference: it can deliver 
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import dtypes, infer, interpret, ir, lower
-from ..dtypes import DType
+from .. import infer, interpret, ir, lower
 from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
 from ..layouts import LayoutError, Replicated, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
-from ..lower.words import from_bits, pack_words, slot, unpack_words
+from ..lower.words import pack_words
 from .control import For
 from .elementwise import Binary, Cast
+from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes,
+                          _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
+                          _word_loads)
 from .program import Constant
 
 
@@ -195,14 +195,6 @@ def _vector_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayo
     return w, max(align, itemsize), narrowed
 
 
-@dataclasses.dataclass
-class _Element:
-    addr: Any  # i64 byte address
-    inside: Any  # i1: the element is inside the tensor
-    rows: Any  # i1: every index but the last is inside the tensor; None when there is none
-    col: Any  # i32 index along the last dimension
-
-
 def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...],
                        step: int = 1) -> list[_Element | None]:
     """Where each held element lives and whether it is inside the tensor (only every `step`-th one: None for
@@ -262,126 +254,6 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
     return out
 
 
-def _all(e, preds: Sequence[Any]) -> Any:
-    """The conjunction of i1 values (None stands for true)."""
-    out = None
-    for p in preds:
-        if p is not None:
-            out = p if out is None else e.andi(out, p)
-    return out
-
-
-def _not(e, p) -> Any:
-    return e.m.arith.xori(p, e.const_bool(True))
-
-
-def _access_suffix(total_bits: int) -> tuple[str, int]:
-    """The ld/st type suffix and the number of 32-bit registers for one access of `total_bits` (>= 32)."""
-    n = total_bits // 32
-    return (f".v{n}.b32" if n > 1 else ".b32"), n
-
-
-def _load_words(e, addr, pred, n: int) -> list:
-    """n 32-bit words from addr (aligned to 4n bytes), zeros where pred is false (None: always loaded)."""
-    suffix, _ = _access_suffix(32 * n)
-    outs = ", ".join(f"${i}" for i in range(n))
-    dst = f"{{{outs}}}" if n > 1 else outs
-    if pred is None:
-        return e.asm(f"ld.global{suffix} {dst}, [${n}];", ",".join(["=r"] * n + ["l"]), [addr],
-                     [e.int_type(32)] * n, side_effects=True)
-    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(n))
-    text = f"{zero} @${n} ld.global{suffix} {dst}, [${n + 1}];"
-    return e.asm(text, ",".join(["=r"] * n + ["b", "l"]), [pred, addr], [e.int_type(32)] * n, side_effects=True)
-
-
-def _store_bytes(e, addr, pred, data: Sequence[Any], nbytes: int) -> None:
-    """Store `nbytes` (1, 2, 4, 8 or 16) at addr (aligned to them) where pred holds (None: always): data is
-    nbytes // 4 words, or one i16 or i32 holding 1 or 2 bytes in its low bits."""
-    guard, operands, constraints = ("", [], []) if pred is None else ("@$0 ", [pred], ["b"])
-    k = len(operands)
-    if nbytes < 4:
-        half = data[0] if data[0].type == e.int_type(16) else e.trunc(data[0], 16)
-        e.asm_void(f"{guard}st.global.{'b16' if nbytes == 2 else 'u8'} [${k}], ${k + 1};",
-                   ",".join(constraints + ["l", "h"]), [*operands, addr, half])
-        return
-    suffix, n = _access_suffix(8 * nbytes)
-    srcs = ", ".join(f"${i + k + 1}" for i in range(n))
-    src = f"{{{srcs}}}" if n > 1 else srcs
-    e.asm_void(f"{guard}st.global{suffix} [${k}], {src};", ",".join(constraints + ["l"] + ["r"] * n),
-               [*operands, addr, *data])
-
-
-def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int) -> list:
-    """`count` elements from addr, zeros where pred is false (None: always loaded)."""
-    e = ctx.e
-    total = count * dtype.storage_bits
-    if total < 32:  # one or two narrow elements: a 16-bit register, no conversions around the access
-        suffix = ".b16" if total == 16 else ".u8"
-        if pred is None:
-            half = e.asm(f"ld.global{suffix} $0, [$1];", "=h,l", [addr], [e.int_type(16)], side_effects=True)[0]
-        else:
-            half = e.asm(f"mov.b16 $0, 0; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr],
-                         [e.int_type(16)], side_effects=True)[0]
-        return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
-    return unpack_words(e, _load_words(e, addr, pred, total // 32), dtype, count)
-
-
-def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
-    bits = dtype.storage_bits
-    out = []
-    for j in range(count):
-        x = e.m.arith.shrui(word, e.const(j * bits, _int_of(word, e))) if j else word
-        if word.type != e.int_type(bits):
-            x = e.trunc(x, bits)
-        out.append(from_bits(e, x, dtype))
-    return out
-
-
-def _int_of(word, e) -> DType:
-    width = e.ir.IntegerType(word.type).width
-    return {8: dtypes.int8, 16: dtypes.int16, 32: dtypes.int32}[width]
-
-
-def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
-    e = ctx.e
-    total = len(elems) * dtype.storage_bits
-    _store_bytes(e, addr, pred, pack_words(e, elems, dtype), total // 8)
-
-
-def _only_if(e, cond, emit: Callable[[], None]) -> None:
-    """Emit what `emit` emits inside `if cond` (a branch: threads for which it is false skip it)."""
-    if_op = e.m.scf.IfOp(cond, [], has_else=False)
-    e.push(e.ir.InsertionPoint(if_op.then_block))
-    try:
-        emit()
-        e.m.scf.yield_([])
-    finally:
-        e.pop()
-
-
-# -- accesses below 4-byte alignment
-# A row of 4097 bf16 starts 2 bytes further into a 32-bit word than the row before it. Where an access's
-# alignment is known only at run time and is below 4 bytes (16- and 8-bit elements), it moves aligned 32-bit
-# words: a load reads the words its bytes straddle (one more than it holds, when it starts inside a word) and
-# shifts them into place with one byte permute (prmt) per word; a store writes the words wholly inside its
-# bytes and a head and a tail of 1 to 3 bytes. Elements partly outside the tensor are stored one by one,
-# behind a branch. Where bounds go per word or element (these accesses, narrowed or ragged ones), a window
-# wholly inside the tensor (one test, the same for every thread) skips them all. (Aligned 16-byte chunks
-# shifted between lanes cost 3 to 6 times the instructions: the shift is a runtime value, so every word goes
-# through a tree of selects. The words take more L1 wavefronts, which a memory-bound kernel can spare: 4 to 5
-# per 16 bytes, as 4-byte elements take.)
-
-def _prmt(e, lo, hi, selector) -> Any:
-    """The 4 bytes of {hi:lo} (lo the low word) that `selector` names (prmt's default mode)."""
-    i32 = e.int_type(32)
-    return e.asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, selector], [i32])[0]
-
-
-def _bytes_from(e, skew) -> Any:
-    """The prmt selector of bytes skew .. skew + 3 (skew a runtime i32 in 0..3)."""
-    return e.addi(e.i32(0x3210), e.muli(skew, e.i32(0x1111)))
-
-
 def _window_inside(ctx: lower.Context, op: Op, ref: LoweredRef) -> Any:
     """i1, the same in every thread: the window lies wholly inside the tensor."""
     e = ctx.e
@@ -404,110 +276,6 @@ def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, types: list,
         finally:
             e.pop()
     return list(if_op.results)
-
-
-def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], checked: bool) -> list:
-    """Each access as the nw + 1 words from the one its first byte is in, shifted by prmt. Unchecked (the window
-    is inside the tensor), only the last word is predicated: on the access starting inside a word (else it is
-    the next access's). Checked, a word is loaded when it holds an element inside the tensor (of this row, or
-    just before the access), and elements outside read as zero."""
-    e = ctx.e
-    dtype, isz, n = ref.dtype, ref.dtype.itemsize, ref.sizes[-1]
-    nw, per_word = w * isz // 4, 4 // isz
-    zero = e.const(0, dtype)
-    out = []
-    for i in range(0, len(els), w):
-        el = els[i]
-        skew = e.andi(e.trunc(el.addr, 32), e.i32(3))
-        base = e.andi(el.addr, e.i64(-4))
-        if checked:
-            lo, hi = _span(e, el, n)
-            lead = e.m.arith.shrui(skew, e.i32(isz.bit_length() - 1))  # elements of the first word before el
-            lo, hi = e.addi(lo, lead), e.addi(hi, lead)
-            preds = [_all(e, [el.rows, e.cmpi("slt", e.i32(m * per_word), hi),
-                              e.cmpi("sge", e.i32(m * per_word + per_word - 1), lo)]) for m in range(nw + 1)]
-        else:
-            preds = [None] * nw + [e.cmpi("ne", skew, e.i32(0))]
-        words = [_load_words(e, e.addi(base, e.i64(4 * m)), preds[m], 1)[0] for m in range(nw + 1)]
-        selector = _bytes_from(e, skew)
-        vals = unpack_words(e, [_prmt(e, words[j], words[j + 1], selector) for j in range(nw)], dtype, w)
-        if checked:
-            vals = [e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
-        out.extend(vals)
-    return out
-
-
-def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int) -> None:
-    """One access (its bytes packed in `words`) that may start anywhere in a 32-bit word, where pred holds: the
-    words wholly inside its bytes (the bytes shifted into them by prmt), then a head and a tail."""
-    nbytes = 4 * len(words)
-    tail = e.andi(e.trunc(el.addr, 32), e.i32(3))  # bytes past the last 4-byte boundary
-    head = e.andi(e.subi(e.i32(4), tail), e.i32(3))  # bytes before the first one
-    body = e.andi(e.addi(el.addr, e.i64(3)), e.i64(-4))  # the first 4-byte boundary
-    selector = _bytes_from(e, head)
-    for j in range(len(words) - 1):  # bytes head + 4j .. head + 4j + 3
-        _store_bytes(e, e.addi(body, e.i64(4 * j)), pred, [_prmt(e, words[j], words[j + 1], selector)], 4)
-    _store_bytes(e, e.addi(body, e.i64(nbytes - 4)), _all(e, [pred, e.cmpi("eq", tail, e.i32(0))]), [words[-1]], 4)
-    first, last = words[0], words[-1]
-    if isz == 1:  # a head of 1 or 3 bytes starts with a byte, a tail of 1 or 3 ends with one
-        _store_bytes(e, el.addr, _all(e, [pred, _bit_set(e, head, 1)]), [e.trunc(first, 16)], 1)
-        _store_bytes(e, e.addi(el.addr, e.i64(nbytes - 1)), _all(e, [pred, _bit_set(e, tail, 1)]),
-                     [e.trunc(e.m.arith.shrui(last, e.i32(24)), 16)], 1)
-        odd = e.andi(head, e.i32(1))
-        pair = e.trunc(e.m.arith.shrui(first, e.muli(odd, e.i32(8))), 16)
-        end_pair = e.trunc(e.m.arith.shrui(last, e.muli(e.subi(e.i32(4), tail), e.i32(8))), 16)
-    else:
-        odd = e.i32(0)
-        pair, end_pair = e.trunc(first, 16), e.trunc(e.m.arith.shrui(last, e.i32(16)), 16)
-    _store_bytes(e, e.addi(el.addr, e.ext_i64(odd)) if isz == 1 else el.addr, _all(e, [pred, _bit_set(e, head, 2)]),
-                 [pair], 2)
-    end = e.andi(el.addr, e.i64(-4))  # + nbytes: the last 4-byte boundary
-    _store_bytes(e, e.addi(end, e.i64(nbytes)), _all(e, [pred, _bit_set(e, tail, 2)]), [end_pair], 2)
-
-
-def _store_whole_or_elementwise(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], elems: list,
-                                primary, store_whole: Callable[[_Element, list, Any], None]) -> None:
-    """Accesses wholly inside the tensor through `store_whole(first element, packed words, predicate)`; those
-    partly inside element by element, behind one branch."""
-    e = ctx.e
-    dtype, n, isz = ref.dtype, ref.sizes[-1], ref.dtype.itemsize
-    loose, packed, spans = [], [], []
-    for i in range(0, len(els), w):
-        el = els[i]
-        spans.append(_span(e, el, n))
-        lo, hi = spans[-1]
-        whole = _all(e, [el.rows, e.cmpi("sle", lo, e.i32(0)), e.cmpi("sge", hi, e.i32(w)), primary])
-        packed.append(pack_words(e, elems[i:i + w], dtype))
-        store_whole(el, packed[-1], whole)
-        loose.append(_all(e, [_not(e, whole), e.cmpi("slt", lo, e.i32(w)), e.cmpi("sgt", hi, e.i32(0)), primary]))
-
-    def elementwise():
-        for a, i in enumerate(range(0, len(els), w)):
-            _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
-    _only_if(e, functools.reduce(e.ori, loose), elementwise)
-
-
-def _span(e, first: _Element, n) -> tuple[Any, Any]:
-    """(lo, hi): element k of the access that starts at `first` is inside its row when lo <= k < hi.
-
-    Stores test their bounds this way, not as `col + k < n`: the compiler would match those indices with the
-    ones a kernel computed for its own masks and keep all of them in registers until the store."""
-    return e.subi(e.i32(0), first.col), e.subi(n, first.col)
-
-
-def _store_elementwise(e, first: _Element, span: tuple[Any, Any], pred, words: list, w: int, itemsize: int) -> None:
-    """Store the elements of an access (packed in words) that are inside the tensor, one by one, where pred
-    holds. Their addresses are computed here, inside the branch that needs them."""
-    lo, hi = span
-    pred = _all(e, [pred, first.rows])
-    for k in range(w):
-        inside = e.andi(e.cmpi("sle", lo, e.i32(k)), e.cmpi("sgt", hi, e.i32(k)))
-        _store_bytes(e, e.addi(first.addr, e.i64(k * itemsize)), e.andi(pred, inside),
-                     slot(e, words, k * itemsize, itemsize), itemsize)
-
-
-def _bit_set(e, x, bit: int) -> Any:
-    return e.cmpi("ne", e.andi(x, e.i32(bit)), e.i32(0))
 
 
 @lower.rule(Load)
