@@ -194,16 +194,22 @@ def check_and_infer(kernel, spec: Specialization):
     for op in kernel.walk():
         if op.requires is not None:
             targets.check_unit(target, op.requires, f"`{op.name}`", op.loc)
-    infer.infer_layouts(kernel, _tensor_specs(kernel, spec))
+    infer.infer_layouts(kernel, specs_by_value(kernel, spec))
     return target
 
 
-def _tensor_specs(kernel, spec: Specialization) -> dict[int, Any]:
-    """Each tensor argument's specialization, by the id of its value in the kernel."""
-    from .specialize import TensorSpec
-    by_name = dict(zip(spec.names, spec.args))
-    return {value.id: a for param, value in zip(kernel.params, kernel.args)
-            if isinstance(a := by_name.get(param.name), TensorSpec)}
+def specs_by_value(kernel, spec: Specialization) -> dict[int, Any]:
+    """What the specialization knows of each argument, by the id of its value in the kernel: a TensorSpec for a
+    tensor, the known divisor of an int scalar (none: absent)."""
+    by_value: dict[int, Any] = {}
+    # The hidden buffers (mgjit.print, profiling) follow the call's arguments: int32 vectors the launcher makes.
+    hidden = (HIDDEN_BUFFER,) * (len(kernel.args) - len(spec.args))
+    for v, a in zip(kernel.args, spec.args + hidden):
+        if isinstance(a, TensorSpec):
+            by_value[v.id] = a
+        elif a.divisor is not None:
+            by_value[v.id] = a.divisor
+    return by_value
 
 
 def compile_specialization(source: SourceFunction, spec: Specialization, key: str) -> CompiledKernel:
@@ -219,14 +225,7 @@ def _lower_and_assemble(kernel, target, spec: Specialization, key: str, start: f
                         given: list[dict]) -> CompiledKernel:
     """Lower an inferred kernel and assemble it; `given`: the compile warnings so far (more may come)."""
     from . import draw, ir, lower, mlir, toolchain  # the stages: see the module docstring
-    by_value: dict[int, Any] = {}
-    # The hidden buffers (mgjit.print, profiling) follow the call's arguments: int32 vectors the launcher makes.
-    hidden = (HIDDEN_BUFFER,) * (len(kernel.args) - len(spec.args))
-    for v, a in zip(kernel.args, spec.args + hidden):
-        if isinstance(a, TensorSpec):
-            by_value[v.id] = a
-        elif a.divisor is not None:
-            by_value[v.id] = a.divisor
+    by_value = specs_by_value(kernel, spec)
     ir_text = ir.format_kernel(kernel)
 
     def build(rematerialize: bool):

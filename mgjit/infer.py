@@ -70,10 +70,10 @@ def free_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
 
 class Inference:
     def __init__(self, kernel: ir.Kernel, overrides: dict[int, Layout] | None = None,
-                 tensor_specs: dict[int, Any] | None = None):
+                 specs: dict[int, Any] | None = None):
         self.kernel = kernel
         self.overrides = overrides or {}  # id(anchor op) -> the layout it must produce
-        self.tensor_specs = tensor_specs or {}  # id of a tensor argument -> its specialize.TensorSpec
+        self.specs = specs or {}  # argument value id -> TensorSpec (tensors) or int divisor (compiler.specs_by_value)
         self.log: list[tuple] = []  # undo log: ("layout", value, old) | ("relayout", block, op, user, index, old)
         self.by_shape: dict[tuple, list[TiledLayout]] = defaultdict(list)
         self.current_block: ir.Block = kernel.body  # the block of the op whose rule runs
@@ -178,15 +178,15 @@ def _index_only(op: ir.Op) -> bool:
     return op.index_only
 
 
-def infer_layouts(kernel: ir.Kernel, tensor_specs: dict[int, Any] | None = None) -> None:
-    """Give every array value of `kernel` a layout. `tensor_specs`: what the launch's specialization knows of each
-    tensor argument (by value id): rules that depend on alignment read it (gmem loads)."""
+def infer_layouts(kernel: ir.Kernel, specs: dict[int, Any] | None = None) -> None:
+    """Give every array value of `kernel` a layout. `specs`: what the launch's specialization knows of each
+    argument (by value id, compiler.specs_by_value): rules that depend on alignment read it (gmem loads)."""
     overrides: dict[int, Layout] = {}
     # Each restart places at least one free anchor that no earlier one placed, so inference ends within one
     # attempt per free anchor (a fixed count gave up on kernels with many loads).
     attempts = 1 + sum(1 for op in kernel.walk() if op.free_anchor or op.free_with_operand)
     for _ in range(attempts):
-        inf = Inference(kernel, overrides, tensor_specs)
+        inf = Inference(kernel, overrides, specs)
         try:
             inf.block(kernel.body)
             break
