@@ -61,11 +61,23 @@ static uint64_t key_word(PyObject *v, ArgValue *out) {
 typedef struct { Py_hash_t hash; uint64_t *words; PyObject *objects; PyObject *value; } Entry;
 typedef struct { Entry *entries; Py_ssize_t capacity, used, nwords, nobjects; } Table;
 
+static uint64_t float_bits(PyObject *f) {
+    double d = PyFloat_AS_DOUBLE(f);
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
+
+/* A constexpr's hash: a float's by its bits (Python hashes each NaN object apart, and -0.0 with 0.0). */
+static Py_hash_t hash_object(PyObject *o) {
+    return PyFloat_CheckExact(o) ? (Py_hash_t)(float_bits(o) >> 1) : PyObject_Hash(o);
+}
+
 static Py_hash_t hash_key(const uint64_t *words, Py_ssize_t nwords, PyObject *const *objects, Py_ssize_t nobjects) {
     uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)nwords;
     for (Py_ssize_t i = 0; i < nwords; i++) { h ^= words[i]; h *= 0xff51afd7ed558ccdULL; h ^= h >> 33; }
     for (Py_ssize_t i = 0; i < nobjects; i++) {
-        Py_hash_t o = PyObject_Hash(objects[i]);
+        Py_hash_t o = hash_object(objects[i]);
         if (o == -1) return -1;
         h ^= (uint64_t)o; h *= 0xc4ceb9fe1a85ec53ULL; h ^= h >> 29;
     }
@@ -73,10 +85,22 @@ static Py_hash_t hash_key(const uint64_t *words, Py_ssize_t nwords, PyObject *co
     return out == -1 ? 1 : out;
 }
 
-/* Equal constexprs: the same object, or of the same type and ==, so that 1, 1.0 and True differ. */
+/* Equal constexprs (mgjit.launch.strict_constexpr in C): the same object, or of the same type and equal, so
+ * that 1, 1.0 and True differ; floats by their bits, so that -0.0 and 0.0 differ and a NaN finds itself; tuples
+ * element by element by the same rule. */
 static int same_object(PyObject *a, PyObject *b) {
     if (a == b) return 1;
     if (Py_TYPE(a) != Py_TYPE(b)) return 0;
+    if (PyFloat_CheckExact(a)) return float_bits(a) == float_bits(b);
+    if (PyTuple_CheckExact(a)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(a);
+        if (n != PyTuple_GET_SIZE(b)) return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int same = same_object(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i));
+            if (same != 1) return same;
+        }
+        return 1;
+    }
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 

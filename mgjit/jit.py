@@ -75,8 +75,9 @@ class Kernel:
         self.num_warpgroups = _warpgroups(num_warpgroups, 1)
         self.source = SourceFunction(fn)  # read once: an edited file changes nothing until it is re-imported
         self._plans: dict[tuple, Any] = {}
-        # Keyed by the specialization and its constexprs' types (1, 1.0 and True compare equal).
-        self._compiled: dict[tuple[Specialization, tuple[type, ...]], Any] = {}
+        # Keyed by the specialization and its constexprs as launch.strict_constexpr gives them (1, 1.0 and True
+        # compare equal, as do -0.0 and 0.0).
+        self._compiled: dict[tuple[Specialization, tuple], Any] = {}
         self._source_key: str | None = None
         self._deps: deps.Dependencies | None = None
         self._dispatch: Callable[..., None] | None = None  # the Python path
@@ -163,8 +164,9 @@ class Kernel:
         return self._get_compiled(spec)
 
     def _get_compiled(self, spec: Specialization):
+        from .launch import strict_constexpr
         self._refresh_if_redefined()
-        memo = (spec, tuple(type(v) for _, v in spec.constexprs))
+        memo = (spec, tuple(strict_constexpr(v) for _, v in spec.constexprs))
         compiled = self._compiled.get(memo)
         if compiled is None:
             from . import compiler  # the compiler loads on the first miss (see compiler.py)

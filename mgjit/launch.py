@@ -134,8 +134,8 @@ def build_dispatcher(name: str, arg_names: list[str], runtime_names: list[str], 
     `namespace` provides what the generated code calls: `_plans` (dispatch key -> plan), `_key` (the
     per-argument key function, specialize.argument_key()), `_miss(key, runtime values, constexprs,
     num_warpgroups, cluster)` (makes a plan), `_slow(grid, given, extra, unknown, num_warpgroups, cluster)`,
-    `_deps_changed()` and `_M` (the marker of a missing argument). The key records each constexpr with its
-    type (see constexpr_key). The generated source contains only the signature's identifiers.
+    `_deps_changed()` and `_M` (the marker of a missing argument). The key records each constexpr as
+    strict_constexpr gives it (see constexpr_key). The generated source contains only the signature's identifiers.
     """
     namespace = dict(namespace)
     for n in arg_names:
@@ -143,7 +143,8 @@ def build_dispatcher(name: str, arg_names: list[str], runtime_names: list[str], 
             namespace[f"_default_{n}"] = defaults[n]
     params = ", ".join(f"{n}=_default_{n}" if n in defaults else f"{n}=_M" for n in arg_names)
     keys = "".join(f"_key({n}, _values), " for n in runtime_names)
-    consts = "".join(f"{n}, {n}.__class__, " for n in constexpr_names)
+    namespace["_strict"] = strict_constexpr
+    consts = "".join(f"_strict({n}), " for n in constexpr_names)
     runtime = "".join(f"{n}, " for n in runtime_names)
     given = " or ".join(f"{n} is _M" for n in arg_names if n not in defaults) or "False"
     src = (f"def {name}(grid, {params}{', ' if params else ''}*_extra, num_warpgroups=None, cluster=None, "
@@ -163,7 +164,18 @@ def build_dispatcher(name: str, arg_names: list[str], runtime_names: list[str], 
     return namespace[name]
 
 
+def strict_constexpr(value: Any) -> tuple:
+    """A constexpr as dispatch keys compare it: with its type (1, 1.0 and True compare equal), floats by their bits
+    (-0.0 and 0.0 compare equal, and a NaN unequal to itself), tuples element by element. The C launcher compares
+    the same way (same_object in _launch_keys.c)."""
+    kind = type(value)
+    if kind is float:
+        return (float, value.hex())
+    if kind is tuple:
+        return (tuple, tuple(strict_constexpr(v) for v in value))
+    return (kind, value)
+
+
 def constexpr_key(constexpr_names: Sequence[str], consts: dict[str, Any]) -> tuple:
-    """The constexpr part of a dispatch key, as the generated dispatcher builds it: each value and its type
-    (so that 1, 1.0 and True, which compare equal, find different plans)."""
-    return tuple(x for n in constexpr_names for x in (consts[n], type(consts[n])))
+    """The constexpr part of a dispatch key, as the generated dispatcher builds it."""
+    return tuple(strict_constexpr(consts[n]) for n in constexpr_names)

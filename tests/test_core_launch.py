@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import mgjit
-from mgjit import specialize
+from mgjit import launch, specialize
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
@@ -146,6 +146,31 @@ def test_each_change_that_matters_finds_another_plan(gpu, change):
     assert gpu.misses == 2
     k[(1,)](**args)
     assert gpu.misses == 2
+
+
+def offset(x, out, SHIFT: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    out[mgjit.ds(0, BLOCK)] = x[mgjit.ds(0, BLOCK)] + SHIFT
+
+
+@pytest.mark.parametrize("c_launcher", [True, False], ids=["c", "python"])
+def test_constexprs_equal_by_value_but_not_by_bits_find_other_kernels(monkeypatch, c_launcher):
+    """-0.0 == 0.0, yet x + -0.0 and x + 0.0 are different kernels (-0.0 + -0.0 is -0.0): each gets its own, in
+    the compile memo and in both launch paths, also inside a tuple; a NaN constexpr finds its kernel again."""
+    try:
+        gpu = StubGPU(monkeypatch, c_launcher=c_launcher)
+    except RuntimeError as e:
+        pytest.skip(f"the C launcher is unavailable: {e}")
+    k = mgjit.kernel(offset)
+    x, out = torch.randn(256), torch.empty(256)
+    zero, negative = k.compile(x, out, SHIFT=0.0, BLOCK=256), k.compile(x, out, SHIFT=-0.0, BLOCK=256)
+    assert zero is not negative and zero.ptx != negative.ptx
+    functions = set()
+    for shift in (0.0, -0.0, 0.0, -0.0, float("nan"), float("nan")):
+        k[(1,)](x, out, SHIFT=shift, BLOCK=256)
+        functions.add(gpu.launches[-1].function)
+    assert len(functions) == 3 and gpu.misses == 3
+    assert launch.strict_constexpr((0.0, 1)) != launch.strict_constexpr((-0.0, 1))
+    assert launch.strict_constexpr(1) != launch.strict_constexpr(1.0) != launch.strict_constexpr(True)
 
 
 def test_equal_keys_share_a_plan(gpu):
