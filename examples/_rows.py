@@ -213,15 +213,14 @@ def columns(c0, PARTS):
 
 
 @mgjit.device
-def load_row(x, rows, c0, cols, PARTS, fill):
-    """Columns c0.. (their indices `cols`, from `columns`) of the rows `rows` (a mgjit.ds) of x as float32
-    arrays, one per width of PARTS; columns past the row's end hold `fill`."""
-    n = x.shape[1]
+def load_row(x, rows, c0, PARTS, fill):
+    """Columns c0.. of the rows `rows` (a mgjit.ds) of x as float32 arrays, one per width of PARTS; what lies
+    outside x (columns past the row's end) holds `fill`. The load fills them: a mask on the loaded values would
+    cost an index, a compare and a select per element, where the fill costs nothing in windows wholly inside."""
     held = ()
     c = c0
     for p in mgjit.static_range(len(PARTS)):
-        v = x[rows, mgjit.ds(c, PARTS[p])].astype(mgjit.float32)
-        held = held + (mgjit.where(cols[p] < n, v, fill),)
+        held = held + (mgjit.load(x, (rows, mgjit.ds(c, PARTS[p])), other=fill).astype(mgjit.float32),)
         c += PARTS[p]
     return held
 

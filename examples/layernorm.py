@@ -41,7 +41,7 @@ def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PA
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
         n = x.shape[1]
         cols = columns(c0, PARTS)
-        v = load_row(x, rows, c0, cols, PARTS, 0.0)
+        v = load_row(x, rows, c0, PARTS, 0.0)
         if CTAS * WGS == 1:
             mean = segment_sum(v) / n
             d = centred(v, cols, mean, n)

@@ -12,7 +12,7 @@ any row over 8192. The mapping is autotuned per shape.
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import columns, launch, load_row, load_vector, mapping, row_sum, segment, store_row
+from _rows import launch, load_row, load_vector, mapping, row_sum, segment, store_row
 
 import mgjit
 
@@ -24,7 +24,7 @@ def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS
         rmsnorm_stream(x, w, out, eps, BLOCK)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        v = load_row(x, rows, c0, columns(c0, PARTS), PARTS, 0.0)
+        v = load_row(x, rows, c0, PARTS, 0.0)
         squares = ()
         for p in mgjit.static_range(len(PARTS)):
             squares = squares + (v[p] * v[p],)

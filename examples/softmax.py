@@ -14,7 +14,7 @@ inputs are computed in float32 and rounded once at the store. The mapping is aut
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import columns, exp_segment, launch, load_row, mapping, merge_exp, segment, store_row
+from _rows import exp_segment, launch, load_row, mapping, merge_exp, segment, store_row
 
 import mgjit
 
@@ -26,7 +26,7 @@ def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: 
         softmax_stream(x, out, BLOCK)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)        # ROWS rows, or a segment of one
-        v = load_row(x, rows, c0, columns(c0, PARTS), PARTS, -float("inf"))  # into registers, padding at -inf
+        v = load_row(x, rows, c0, PARTS, -float("inf"))  # into registers, padding at -inf
         e, m, s = exp_segment(v, CTAS * WGS)              # exp(v - the segment's max), and their sum
         if CTAS * WGS == 1:
             scale = 1.0 / s
@@ -47,8 +47,7 @@ def softmax_stream(x, out, BLOCK):
     m = -float("inf")
     s = 0.0
     for c0 in range(0, n, BLOCK):
-        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
-        v = mgjit.where(c0 + mgjit.arange(BLOCK) < n, v, -float("inf"))
+        v = mgjit.load(x, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
         m_new = mgjit.maximum(m, v.max())
         s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new).sum()
         m = m_new

@@ -28,7 +28,7 @@ from .language import cluster_gather, cluster_reduce
 from .language import print, trace  # debugging and profiling
 from .profiler import Profile
 from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
-from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, semaphore_signal,  # GMEM
+from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, load, semaphore_signal,  # GMEM
                        semaphore_wait)
 
 

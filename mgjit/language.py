@@ -75,6 +75,8 @@ cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 # "cluster" | "gpu" | "sys")
 _ATOMIC_DOC = ("(x, index, value, sem='relaxed', scope='gpu') -> the old values: atomically {what} the window "
                "x[index] (integers, or mgjit.ds windows; a scalar index: once per warpgroup, by its first thread)")
+load = _builtin("load", "load(x, index, other=0): the window x[index] of a tensor argument (as x[index] reads it), "
+                        "with `other` (a static number) wherever the window lies outside the tensor")
 atomic_add = _builtin("atomic_add", "atomic_add" + _ATOMIC_DOC.format(what="add value to"))
 atomic_min = _builtin("atomic_min", "atomic_min" + _ATOMIC_DOC.format(what="take the minimum of value and"))
 atomic_max = _builtin("atomic_max", "atomic_max" + _ATOMIC_DOC.format(what="take the maximum of value and"))

@@ -28,6 +28,18 @@ def copy_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
 
 
 @mgjit.kernel
+def fill_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, OTHER: mgjit.constexpr):
+    w = (mgjit.ds(r0 + mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(c0 + mgjit.program_id(1) * COLS, COLS))
+    out[w] = mgjit.load(x, w, other=OTHER)
+
+
+@mgjit.kernel
+def fill_scalars(x, out, OTHER: mgjit.constexpr):
+    i = mgjit.program_id(0) - 1
+    out[mgjit.program_id(0)] = mgjit.load(x, i, other=OTHER)
+
+
+@mgjit.kernel
 def cast_window(x, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
     w = (mgjit.ds(mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(mgjit.program_id(1) * COLS, COLS))
     out[w] = x[w].astype(out.dtype)
@@ -113,6 +125,90 @@ def test_copy_window_any_alignment(case):
         got, compiled = run_copy(copy_window, grid, x_base, x, out_base, out, r0, c0, ROWS=rows, COLS=cols)
         want = expected_window(out_base, out, x, range(r0, r0 + rows * grid[0]), range(c0, c0 + cols * grid[1]))
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"window at ({r0}, {c0})"
+
+
+def fill_for(dtype) -> float | int:
+    return -float("inf") if dtype.is_floating_point else -7
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[5]}x{c[6]}")
+def test_load_other_fills_what_lies_outside(case):
+    """mgjit.load(x, window, other=v): elements inside x are copied, those of the window outside x read v, at every
+    alignment (plain, ragged, narrowed and shifted accesses); the interpreter agrees."""
+    dtype, x_shape, x_view, out_shape, out_view, rows, cols, grid, starts = case
+    other = fill_for(dtype)
+    x_base = random_like(torch.empty(x_shape, dtype=dtype))
+    x = x_base[x_view]
+    out_base = random_like(torch.empty(out_shape, dtype=dtype))
+    out = out_base[out_view]
+    for r0, c0 in starts:
+        got, _ = run_copy(fill_window, grid, x_base, x, out_base, out, r0, c0, ROWS=rows, COLS=cols, OTHER=other)
+        want = out_base.clone()
+        view = want.as_strided(out.shape, out.stride(), out.storage_offset())
+        for i in range(max(r0, 0), min(r0 + rows * grid[0], out.shape[0])):
+            for j in range(max(c0, 0), min(c0 + cols * grid[1], out.shape[1])):
+                view[i, j] = x[i, j] if i < x.shape[0] and j < x.shape[1] else other
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"window at ({r0}, {c0})"
+        interpreted = out_base.clone()
+        view = interpreted.as_strided(out.shape, out.stride(), out.storage_offset())
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MGJIT_INTERPRET", "1")
+            fill_window[grid](x, view, r0, c0, ROWS=rows, COLS=cols, OTHER=other)
+        assert torch.equal(interpreted.view(torch.uint8), want.view(torch.uint8)), f"interpreted at ({r0}, {c0})"
+
+
+@pytest.mark.parametrize("other", [-float("inf"), -0.0, 0.0, float("nan")], ids=str)
+def test_load_other_scalars_and_signed_zero(other):
+    """A scalar index outside the tensor reads `other` (-0.0 and NaN included: a select, not zeros left by the
+    predicated access); 0.0 compiles to what x[i] compiles to."""
+    x = torch.randn(5)
+    out = torch.full((7,), 3.0)
+    compiled = fill_scalars.compile(x, out, OTHER=other, target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.place(x)
+    dev.place(out)
+    dev.run(compiled, (7,), x, out)
+    want = torch.cat([torch.tensor([other]), x, torch.tensor([other])])
+    assert torch.equal(dev.fetch(out).view(torch.int32), want.view(torch.int32))
+    if other == 0.0 and str(other) == "0.0":
+        assert "selp" not in compiled.ptx
+
+
+@mgjit.kernel
+def fill_from_runtime(x, i, out):
+    out[0] = mgjit.load(x, 0, other=x[1])
+
+
+@mgjit.kernel
+def fill_from_scalar(x, i, out):
+    out[0] = mgjit.load(i, 0, other=1)
+
+
+@mgjit.kernel
+def fill_by_another_name(x, i, out):
+    out[0] = mgjit.load(x, 0, fill=1)
+
+
+@pytest.mark.parametrize("kernel, message", [
+    (fill_from_runtime, "other must be a static number"),
+    (fill_from_scalar, "a tensor argument of the kernel"),
+    (fill_by_another_name, "takes other="),
+], ids=lambda k: getattr(k, "name", ""))
+def test_load_other_errors(kernel, message):
+    with pytest.raises(mgjit.CompileError, match=message) as err:
+        kernel.compile(torch.randn(4), 3, torch.randn(4), target="sm_90a")
+    assert "test_gmem_vectors.py" in str(err.value)
+
+
+@pytest.mark.parametrize("dtype, other, message", [
+    (torch.int8, 300, "outside the range of x's dtype int8 \\(-128 to 127\\)"),
+    (torch.int32, 0.5, "not a value of x's dtype int32"),
+    (torch.int32, -float("inf"), "not a value of x's dtype int32"),
+])
+def test_load_other_must_fit_the_dtype(dtype, other, message):
+    x = torch.zeros(4, dtype=dtype)
+    with pytest.raises(mgjit.CompileError, match=message):
+        fill_scalars.compile(x, x, OTHER=other, target="sm_90a")
 
 
 @pytest.mark.parametrize("first", [1, 0], ids=["shifted", "aligned"])

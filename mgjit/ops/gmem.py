@@ -11,11 +11,13 @@ contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
   length, dtype and row stride (mgjit/ops/gmem_access.py); loads of such rows anchor layouts of accesses that narrow
   (`anchored_access_bytes`), so a warp's lanes still move contiguous bytes.
 Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
-elements outside read as zero. A load never touches an aligned chunk of 16 bytes or less that holds no element
+elements outside read as zero (or as the load's `other`: `mgjit.load(x, index, other=-inf)`, selected only where
+the window is not wholly inside). A load never touches an aligned chunk of 16 bytes or less that holds no element
 inside the tensor. A load is a free anchor for layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -65,17 +67,26 @@ class _GmemAccess(Op):
 
 
 class Load(_GmemAccess):
-    """Elements outside the tensor read as zero."""
+    """Elements outside the tensor read as `other` (zero unless `mgjit.load(x, index, other=v)` says)."""
 
     name = "load"
     free_anchor = True
 
     def __init__(self, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...], squeeze: tuple[bool, ...],
-                 loc: Loc | None):
+                 loc: Loc | None, other: int | float = 0):
         shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
         rtype = ArrayType(shape, ref.dtype) if shape else ScalarType(ref.dtype)
         super().__init__([ref, *starts], [rtype], loc)
         self._init_window(sizes, squeeze)
+        self.other = other
+
+    @property
+    def fills_zero(self) -> bool:
+        """Elements outside read as +0 (what a predicated-off access leaves): no select is needed."""
+        return self.other == 0 and math.copysign(1.0, self.other) > 0
+
+    def attrs(self):
+        return super().attrs() if self.fills_zero else {**super().attrs(), "other": self.other}
 
     @property
     def starts(self) -> list[Value]:
@@ -287,33 +298,38 @@ def _load(op: Load, ctx: lower.Context) -> None:
     out = op.result
     dtype = ref.dtype
     e = ctx.e
+    fill = e.const(op.other, dtype)  # what elements outside read as
     if not out.is_array:
         (el,) = _element_addresses(ctx, op, ref, None, ())
-        ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1)[0])
+        value = _load_access(ctx, el.addr, el.inside, dtype, 1)[0]
+        ctx.set(out, value if op.fills_zero else e.select(el.inside, value, fill))
         return
     layout, shape = out.layout, out.type.shape
     w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
     els = _element_addresses(ctx, op, ref, layout, shape)
     unaligned = w > 1 and align < w * dtype.itemsize
     ragged = ref.spec.size_div < w  # a row may end inside an access: the rest reads as zero
-    zero = e.const(0, dtype)
 
     def plain(checked: bool) -> list:
         elems = []
         for i in range(0, len(els), w):
             vals = _load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w)
-            if checked and ragged:
-                vals = [v if not k else e.select(els[i + k].inside, v, zero) for k, v in enumerate(vals)]
+            if checked and (ragged or not op.fills_zero):  # zeros past the row's end, or what is not the fill
+                vals = [v if op.fills_zero and not k else e.select(els[i + k].inside, v, fill)
+                        for k, v in enumerate(vals)]
             elems.extend(vals)
         return elems
 
-    def shifted(checked: bool) -> list:
+    def shifted(checked: bool) -> list:  # elements outside read as zero
         if checked and w * dtype.itemsize <= 4:  # one word an access: element by element (see _store)
-            return [_load_access(ctx, el.addr, el.inside, dtype, 1)[0] for el in els]
-        return _word_loads(ctx, ref, w, els, checked)
+            vals = [_load_access(ctx, el.addr, el.inside, dtype, 1)[0] for el in els]
+        else:
+            vals = _word_loads(ctx, ref, w, els, checked)
+        return vals if op.fills_zero or not checked else [e.select(el.inside, v, fill) for el, v in zip(els, vals)]
 
     emit = shifted if unaligned else plain
-    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+    # Bounds tests per word or element, or a fill to select: skip them where the window is inside.
+    if unaligned or narrowed or ragged or not op.fills_zero:
         elems = _inside_or_checked(ctx, op, ref, [e.type(dtype)] * len(els), emit)
     else:
         elems = emit(True)
@@ -404,7 +420,7 @@ def _window(op: _GmemAccess, wg: Warpgroup) -> tuple[torch.Tensor, tuple | None]
 @interpret.rule(Load)
 def _interp_load(op: Load, wg: Warpgroup) -> None:
     ref, inside = _window(op, wg)
-    out = torch.zeros(op.sizes, dtype=numerics.torch_dtype(op.ref.dtype))
+    out = torch.full(op.sizes, op.other, dtype=numerics.torch_dtype(op.ref.dtype))
     if inside is not None:
         out[inside[1]] = ref[inside[0]]
     wg.set(op.result, out.reshape(op.window_shape))

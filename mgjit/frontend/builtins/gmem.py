@@ -1,12 +1,13 @@
-"""GMEM windows: `x[i, ds(j, N)]` loads a window of a tensor argument into registers, `x[...] = v` stores one
-(Load, Store in ops/gmem.py)."""
+"""GMEM windows: `x[i, ds(j, N)]` loads a window of a tensor argument into registers (`mgjit.load(x, index,
+other=v)` too, with v where the window lies outside the tensor), `x[...] = v` stores one (Load, Store in
+ops/gmem.py)."""
 from __future__ import annotations
 
 from typing import Any
 
 from ... import dtypes, ir, language as lang, ops
 from ...errors import CompileError
-from ..registry import method
+from ..registry import builtin, method
 from ..semantics import Semantics
 from ..values import Expanded, Ref, Tensor
 
@@ -54,6 +55,38 @@ def window(t: Semantics, ref: Ref, index: Any) -> tuple[list[ir.Value], tuple[in
 def load(t: Semantics, ref: Ref, index: Any) -> Tensor:
     starts, sizes, squeeze = window(t, ref, index)
     return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc))
+
+
+@builtin(lang.load, positional=(2, 2))
+def load_other(t: Semantics, args: list, kwargs: dict) -> Tensor:
+    if set(kwargs) - {"other"}:
+        raise t.error(f"mgjit.load(x, index, other=0) takes other=, got {sorted(set(kwargs) - {'other'})}")
+    ref, index = args
+    if not isinstance(ref, Ref):
+        raise t.error(f"mgjit.load reads a tensor argument of the kernel (GMEM), got {getattr(ref, 'kind', ref)!r}")
+    other = kwargs.get("other", 0)
+    starts, sizes, squeeze = window(t, ref, index)
+    return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc, other=_fill(t, ref, other)))
+
+
+def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
+    """`other` as a value of ref's dtype: a static number that the dtype holds (floats round to it)."""
+    if isinstance(other, (Tensor, Expanded)) or not isinstance(other, (bool, int, float)):
+        raise t.error(f"mgjit.load: other must be a static number (a Python int or float, or a constexpr), got "
+                      f"{getattr(other, 'kind', type(other).__name__)}")
+    dtype = ref.dtype
+    if dtype.is_float:
+        return float(other)
+    if isinstance(other, float) and not other.is_integer():
+        raise t.error(f"mgjit.load: other={other!r} is not a value of {ref.name}'s dtype {dtype.name}")
+    bits = dtype.storage_bits
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+    if dtype == dtypes.bool_:
+        low, high = 0, 1
+    if not low <= int(other) <= high:
+        raise t.error(f"mgjit.load: other={other!r} is outside the range of {ref.name}'s dtype {dtype.name} "
+                      f"({low} to {high})")
+    return int(other)
 
 
 @method(Ref, "__setitem__")
