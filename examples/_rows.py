@@ -265,14 +265,17 @@ def row_sum(held, SPLIT):
 @mgjit.device
 def exp_segment(v, SPLIT):
     """(e, m, s) of held rows v: m their maximum over this segment, e = exp(v - m) per part, s the sum of e. A
-    segment wholly past its row's end (m = -inf, when a row is split) gets e = 0, not NaN."""
+    segment wholly past its row's end (m = -inf, when a row is split) gets e = 0, not NaN. The exps flush results
+    below 2**-126 to zero (ftz): terms that small beside the maximum's 1 change neither the sum nor any output
+    above 2**-126, and the subnormal fix-up cost 3 of an element's instructions (cross-entropy bf16, rows of
+    4097: 0.875 -> 0.927 of copy bandwidth on an H100; softmax 1-6% at 8193 to 100000)."""
     m = segment_max(v)
     shift = m
     if SPLIT > 1:
         shift = mgjit.where(m == -float("inf"), 0.0, m)
     e = ()
     for p in mgjit.static_range(len(v)):
-        e = e + (mgjit.exp(v[p] - shift[:, None]),)
+        e = e + (mgjit.exp(v[p] - shift[:, None], ftz=True),)
     return e, m, segment_sum(e)
 
 

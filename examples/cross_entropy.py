@@ -5,13 +5,9 @@ examples/_rows.py: short rows ROWS to a program; rows of up to 262144 split over
 each segment computing its maximum and its sum of exp(x - that maximum), which the segments swap once through
 distributed shared memory (one cluster barrier). Streamed rows (any row over
 8192 columns, and the only way past 262144): one program per row loops over BLOCK-wide chunks with an online
-logsumexp (a running maximum, the sum rescaled when it grows). The target's logit is one scalar load per row, or
-a masked sum where a program holds several rows (no gather). Rows whose target is `ignore_index` get a loss of
-0, as in torch. The logsumexp is returned too (what a backward pass needs).
-
-The target is compared, as int32, with the same column indices that mask the row's end: a second index array
-(or an int64 one) would bring a layout of its own, which the logits' loads would follow (8-byte accesses of
-bf16) at the cost of a relayout through shared memory.
+logsumexp (a running maximum, the sum rescaled when it grows). The target's logit is one scalar load per row
+(every thread reads the same address). Rows whose target is `ignore_index` get a loss of 0, as in torch. The
+logsumexp is returned too (what a backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -60,7 +56,7 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
     for c0 in range(0, n, BLOCK):
         v = mgjit.load(logits, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
         m_new = mgjit.maximum(m, v.max())
-        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new).sum()
+        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new, ftz=True).sum()
         m = m_new
     row_lse = m + mgjit.log(s)
     t = target[row]

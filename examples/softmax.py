@@ -49,12 +49,12 @@ def softmax_stream(x, out, BLOCK):
     for c0 in range(0, n, BLOCK):
         v = mgjit.load(x, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
         m_new = mgjit.maximum(m, v.max())
-        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new).sum()
+        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new, ftz=True).sum()
         m = m_new
     scale = 1.0 / s
     for c0 in range(0, n, BLOCK):
         v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
-        out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m) * scale).astype(out.dtype)
+        out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m, ftz=True) * scale).astype(out.dtype)
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:

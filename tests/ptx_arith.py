@@ -271,7 +271,11 @@ class Arithmetic:
             self.write(ops[0], fn(x.astype(np.float64)).astype(np.float32), run)
 
     def op_ex2(self, parts, ops, run):
-        self._unary(ops, run, np.exp2)
+        if "ftz" not in parts:
+            self._unary(ops, run, np.exp2)
+            return
+        tiny = np.finfo(np.float32).tiny  # subnormal inputs and results flush to zero
+        self._unary(ops, run, lambda x: (lambda y: np.where(y < tiny, 0.0, y))(np.exp2(np.where(np.abs(x) < tiny, 0.0, x))))
 
     def op_lg2(self, parts, ops, run):
         self._unary(ops, run, np.log2)

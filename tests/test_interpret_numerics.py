@@ -125,3 +125,65 @@ def test_a_redefined_helper_is_interpreted_anew(monkeypatch):
     monkeypatch.setitem(globals(), "_offset", mgjit.device(offset_by_two))
     uses_helper.interpret[(1,)](x, y)
     assert torch.equal(y, torch.full((128,), 2.0))
+
+
+@mgjit.kernel
+def exps(x, out, out2, FTZ: mgjit.constexpr, BLOCK: mgjit.constexpr):
+    v = x[0:BLOCK]
+    out[0:BLOCK] = mgjit.exp(v, ftz=FTZ)
+    out2[0:BLOCK] = mgjit.exp2(v, ftz=FTZ)
+
+
+@pytest.mark.parametrize("ftz", [False, True])
+def test_exp_ftz_flushes_subnormal_results_in_the_interpreter_and_the_ptx(ftz):
+    """exp(x, ftz=True) is ex2.approx.ftz: results below 2**-126 (exp of -87.4 to -103.3, exp2 of -126 to -149)
+    are zero; without ftz they are subnormal. The interpreter and the compiled PTX (run by tests/ptx_sim.py) agree
+    within an ulp (torch's exp2 in f32 against numpy's in f64, rounded); elsewhere ftz changes nothing."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ptx_sim
+    x = torch.cat([torch.linspace(-110.0, -80.0, 64), torch.linspace(-150.0, -120.0, 32), torch.randn(32) * 4])
+    outs = [torch.full((128,), 7.0), torch.full((128,), 7.0)]
+    exps.interpret[(1,)](x, *outs, FTZ=ftz, BLOCK=128)
+    compiled = exps.compile(x, *outs, FTZ=ftz, BLOCK=128, target="sm_90a")
+    assert ("ex2.approx.ftz.f32" in compiled.ptx) == ftz and ("ex2.approx.f32" in compiled.ptx) != ftz
+    dev = ptx_sim.Device()
+    sims = [torch.full((128,), 7.0), torch.full((128,), 7.0)]
+    for t in (x, *sims):
+        dev.place(t)
+    dev.run(compiled, (1,), x, *sims)
+    tiny = torch.finfo(torch.float32).tiny
+    for got, sim, exact in zip(outs, sims, (torch.exp(x.double()), torch.exp2(x.double()))):
+        assert torch.allclose(got, dev.fetch(sim), rtol=3e-7, atol=0)
+        subnormal = (exact < tiny) & (exact > 2.0 ** -148)  # results that f32 holds as subnormals
+        assert subnormal.sum() > 10
+        assert (got[subnormal] == 0).all() if ftz else (got[subnormal] > 0).all()
+        normal = exact >= tiny
+        assert torch.allclose(got[normal].double(), exact[normal], rtol=2e-5, atol=0)  # x * log2(e) rounded
+
+
+@mgjit.kernel
+def exp_ftz_of_f64(x, out):
+    out[0:128] = mgjit.exp(x[0:128], ftz=True)
+
+
+@mgjit.kernel
+def log_with_ftz(x, out):
+    out[0:128] = mgjit.log(x[0:128], ftz=True)
+
+
+@mgjit.kernel
+def exp_with_runtime_ftz(x, out):
+    out[0:128] = mgjit.exp(x[0:128], ftz=x[0] > 0)
+
+
+@pytest.mark.parametrize("kernel, dtype, message", [
+    (exp_ftz_of_f64, torch.float64, "applies to float32 and narrower floats, got float64"),
+    (log_with_ftz, torch.float32, "mgjit.log takes no keywords, got \\['ftz'\\]"),
+    (exp_with_runtime_ftz, torch.float32, "ftz must be a static True or False"),
+], ids=lambda k: getattr(k, "name", ""))
+def test_exp_ftz_errors(kernel, dtype, message):
+    x = torch.zeros(128, dtype=dtype)
+    with pytest.raises(mgjit.CompileError, match=message):
+        kernel.compile(x, x, target="sm_90a")

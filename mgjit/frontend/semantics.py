@@ -215,9 +215,9 @@ class Semantics:
         a, b = self._operands(a, b)
         return self.emit(ops.Compare(kind, a.value, b.value, self.builder.loc))
 
-    def unary(self, kind: str, x: Any) -> Tensor:
+    def unary(self, kind: str, x: Any, ftz: bool = False) -> Tensor:
         if isinstance(x, Expanded):
-            return Expanded(self.unary(kind, x.tensor), x.shape, x.dims)
+            return Expanded(self.unary(kind, x.tensor, ftz), x.shape, x.dims)
         x = self.to_tensor(x)
         if kind in FLOAT_ONLY_UNARY and not x.dtype.is_float:
             x = self.cast(x, dtypes.float32)
@@ -225,7 +225,9 @@ class Semantics:
             raise self.error(f"mgjit.{kind} needs an integer array or scalar, got {x.dtype.name}")
         if kind == "not" and x.dtype != dtypes.bool_ and not x.dtype.is_int:
             raise self.error(f"~ needs a bool or integer operand, got {x.dtype.name}")
-        return self.emit(ops.Unary(kind, x.value, self.builder.loc))
+        if ftz and x.dtype == dtypes.float64:
+            raise self.error(f"mgjit.{kind}(x, ftz=True) applies to float32 and narrower floats, got float64")
+        return self.emit(ops.Unary(kind, x.value, self.builder.loc, ftz=ftz))
 
     def fma(self, a: Any, b: Any, c: Any) -> Tensor:
         """a * b + c rounded once; integer operands are converted to float32 (like exp and the other math)."""

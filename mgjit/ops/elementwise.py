@@ -3,7 +3,8 @@
 Each result element comes from the operand elements at the same index, so an op's layout is its operands'
 (inference picks one where they differ) and lowering maps a scalar function over the elements a thread holds.
 Floating-point math follows Triton's choice: exp/log/rsqrt use the hardware approximations
-(ex2/lg2/rsqrt.approx); tanh, erf, sin, cos and ** call libdevice (one table, `_LIBDEVICE`), which the driver
+(ex2/lg2/rsqrt.approx, subnormal results kept; `exp(x, ftz=True)` and exp2 drop the fix-up that costs and flush
+them to zero, as a caller may choose where they cannot matter); tanh, erf, sin, cos and ** call libdevice (one table, `_LIBDEVICE`), which the driver
 links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once. Fma is one fused
 multiply-add (fma.rn); clz and popc count bits within the integer's own width.
 """
@@ -25,6 +26,7 @@ from ..lower.context import num_elems, splat_to
 
 UNARY_KINDS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "not", "clz",
                "popc")
+FTZ_UNARY = ("exp", "exp2")  # the ops that take ftz=True
 FLOAT_ONLY_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos")
 INT_ONLY_UNARY = ("clz", "popc")
 BINARY_KINDS = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "and", "or", "xor", "shl", "shr", "pow")
@@ -35,16 +37,19 @@ class Unary(Op):
     name = "unary"
     elementwise = True
 
-    def __init__(self, kind: str, x: Value, loc: Loc | None):
+    def __init__(self, kind: str, x: Value, loc: Loc | None, ftz: bool = False):
         super().__init__([x], [x.type], loc)
         self.kind = kind
+        self.ftz = ftz  # exp/exp2: results below 2**-126 flush to zero (ex2.approx.ftz: no subnormal fix-up)
 
     def attrs(self):
-        return {"kind": self.kind}
+        return {"kind": self.kind, "ftz": True} if self.ftz else {"kind": self.kind}
 
     def verify(self):
         x = self.operands[0]
         check(self.kind in UNARY_KINDS, self, f"unknown unary op {self.kind}")
+        check(not self.ftz or (self.kind in FTZ_UNARY and x.dtype != dtypes.float64), self,
+              f"ftz=True applies to exp and exp2 of float32 and narrower floats, got {self.kind} of {x.dtype.name}")
         if self.kind in FLOAT_ONLY_UNARY:
             check(x.dtype.is_float, self, f"{self.kind} needs a floating-point operand, got {x.dtype.name}")
         if self.kind in INT_ONLY_UNARY:
@@ -160,8 +165,9 @@ _LIBDEVICE = {("tanh", 32): "__nv_tanhf", ("erf", 32): "__nv_erff", ("sin", 32):
               ("cos", 64): "__nv_cos"}
 
 
-def _float_unary(e, kind: str, x, dtype: DType):
-    """A float unary op; narrow floats are computed in f32."""
+def _float_unary(e, kind: str, x, dtype: DType, ftz: bool = False):
+    """A float unary op; narrow floats are computed in f32. ex2.approx.f32 keeps subnormal results with a fix-up
+    ptxas emits around it (a compare and two multiplies: 6 instructions an exp instead of 3); ftz drops it."""
     f32 = dtypes.float32
     if dtype == dtypes.float64:
         if kind in ("neg", "abs", "sqrt"):
@@ -170,10 +176,11 @@ def _float_unary(e, kind: str, x, dtype: DType):
     if kind in ("neg", "abs"):
         return _exact_unary(e, kind, x)
     wide = e.cast(x, dtype, f32) if dtype != f32 else x
+    ex2 = "ex2.approx.ftz.f32" if ftz else "ex2.approx.f32"
     if kind == "exp":
-        y = e.f32_asm("ex2.approx.f32", e.fbinary("mul", wide, e.const(math.log2(math.e), f32)))
+        y = e.f32_asm(ex2, e.fbinary("mul", wide, e.const(math.log2(math.e), f32)))
     elif kind == "exp2":
-        y = e.f32_asm("ex2.approx.f32", wide)
+        y = e.f32_asm(ex2, wide)
     elif kind == "log":
         y = e.fbinary("mul", e.f32_asm("lg2.approx.f32", wide), e.const(math.log(2.0), f32))
     elif kind == "log2":
@@ -234,7 +241,7 @@ def _map(ctx: lower.Context, op: Op, fn) -> None:
 def _unary(op: Unary, ctx: lower.Context) -> None:
     e, dtype = ctx.e, op.operands[0].dtype
     if dtype.is_float:
-        _map(ctx, op, lambda x: _float_unary(e, op.kind, x, dtype))
+        _map(ctx, op, lambda x: _float_unary(e, op.kind, x, dtype, op.ftz))
     elif op.kind == "neg":
         _map(ctx, op, lambda x: _int_neg(e, x, dtype))
     elif op.kind == "abs":
@@ -374,6 +381,7 @@ def _divides_by_shared_values(op: Binary) -> bool:
 # approximate ex2/lg2/rsqrt are computed exactly in f32 (the hardware's are within 2 ulp of that).
 
 _LOG2E, _LN2 = math.log2(math.e), math.log(2.0)
+_F32_NORMAL = 2.0 ** -126  # the smallest normal float32
 
 
 def _sqrt_rn(w: torch.Tensor) -> torch.Tensor:
@@ -393,12 +401,15 @@ _FLOAT_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": to
                  "max": torch.maximum}
 
 
-def _float_unary_value(kind: str, x: torch.Tensor, dtype: DType) -> torch.Tensor:
+def _float_unary_value(kind: str, x: torch.Tensor, dtype: DType, ftz: bool = False) -> torch.Tensor:
     if kind in ("neg", "abs"):  # exact: in f32 for fp8, which torch has no arithmetic for
         w = numerics.widen(x, dtype) if dtype.bits == 8 else x
         return numerics.round_float(-w if kind == "neg" else w.abs(), dtype)
     table = _F64_UNARY if dtype == dtypes.float64 else _F32_UNARY
-    return numerics.round_float(table[kind](numerics.widen(x, dtype)), dtype)
+    y = table[kind](numerics.widen(x, dtype))
+    if ftz:  # ex2.approx.ftz: a subnormal f32 result is +0
+        y = torch.where(y < _F32_NORMAL, torch.zeros_like(y), y)
+    return numerics.round_float(y, dtype)
 
 
 def _float_op(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType) -> torch.Tensor:
@@ -448,7 +459,7 @@ def _int_binary_value(kind: str, a: torch.Tensor, b: torch.Tensor, dtype: DType)
 def _interp_unary(op: Unary, wg: Warpgroup) -> None:
     x, dtype = wg.get(op.operands[0], op), op.operands[0].dtype
     if dtype.is_float:
-        y = _float_unary_value(op.kind, x, dtype)
+        y = _float_unary_value(op.kind, x, dtype, op.ftz)
     elif op.kind == "neg":
         y = _int_binary_value("sub", torch.zeros_like(x), x, dtype)
     elif op.kind == "abs":

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from ... import dtypes, language as lang, ops
+from ...ops.elementwise import FTZ_UNARY
 from ..registry import builtin, method
 from ..semantics import Semantics, python_scalar_dtype
 from ..values import Expanded, Tensor
@@ -83,14 +84,22 @@ def cdiv(t: Semantics, args: list, kwargs: dict) -> Any:
 
 
 def _math(name: str):
+    takes = {"ftz"} if name in FTZ_UNARY else set()
+
     def call(t: Semantics, args: list, kwargs: dict) -> Any:
+        if set(kwargs) - takes:
+            allowed = f"takes {', '.join(f'{k}=' for k in sorted(takes))}" if takes else "takes no keywords"
+            raise t.error(f"mgjit.{name} {allowed}, got {sorted(set(kwargs) - takes)}")
+        ftz = kwargs.get("ftz", False)
+        if not isinstance(ftz, bool):
+            raise t.error(f"mgjit.{name}: ftz must be a static True or False, got {getattr(ftz, 'kind', ftz)!r}")
         x = args[0]
         if not isinstance(x, (Tensor, Expanded)):  # a compile-time number: Python's math
             try:
                 return 1 / math.sqrt(x) if name == "rsqrt" else getattr(math, {"abs": "fabs"}.get(name, name))(x)
             except Exception as e:
                 raise t.error(f"compile-time mgjit.{name}({x!r}) failed: {e}") from None
-        return t.unary(name, x)
+        return t.unary(name, x, ftz)
     return call
 
 
