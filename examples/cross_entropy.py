@@ -6,8 +6,8 @@ each segment computing its maximum and its sum of exp(x - that maximum), which t
 distributed shared memory (one cluster barrier). Streamed rows (any row over
 8192 columns, and the only way past 262144): one program per row loops over BLOCK-wide chunks with an online
 logsumexp (a running maximum, the sum rescaled when it grows). The target's logit is one scalar load per row
-(every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose target is `ignore_index` get a loss of 0, as in torch. The
-logsumexp is returned too (what a backward pass needs).
+(every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose
+target is `ignore_index` get a loss of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """

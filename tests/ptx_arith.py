@@ -274,8 +274,12 @@ class Arithmetic:
         if "ftz" not in parts:
             self._unary(ops, run, np.exp2)
             return
-        tiny = np.finfo(np.float32).tiny  # subnormal inputs and results flush to zero
-        self._unary(ops, run, lambda x: (lambda y: np.where(y < tiny, 0.0, y))(np.exp2(np.where(np.abs(x) < tiny, 0.0, x))))
+        tiny = np.finfo(np.float32).tiny
+
+        def ex2_ftz(x):  # subnormal inputs and results flush to zero
+            y = np.exp2(np.where(np.abs(x) < tiny, 0.0, x))
+            return np.where(y < tiny, 0.0, y)
+        self._unary(ops, run, ex2_ftz)
 
     def op_lg2(self, parts, ops, run):
         self._unary(ops, run, np.log2)

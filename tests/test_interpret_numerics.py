@@ -1,9 +1,15 @@
 """The interpreter's arithmetic is the lowering's: in the IR's dtypes, narrow floats computed in f32 and rounded
 once per operation, integers wrapping, PTX's answers where arith has none, GMEM windows masked at the edges."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import mgjit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ptx_sim  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -139,10 +145,6 @@ def test_exp_ftz_flushes_subnormal_results_in_the_interpreter_and_the_ptx(ftz):
     """exp(x, ftz=True) is ex2.approx.ftz: results below 2**-126 (exp of -87.4 to -103.3, exp2 of -126 to -149)
     are zero; without ftz they are subnormal. The interpreter and the compiled PTX (run by tests/ptx_sim.py) agree
     within an ulp (torch's exp2 in f32 against numpy's in f64, rounded); elsewhere ftz changes nothing."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import ptx_sim
     x = torch.cat([torch.linspace(-110.0, -80.0, 64), torch.linspace(-150.0, -120.0, 32), torch.randn(32) * 4])
     outs = [torch.full((128,), 7.0), torch.full((128,), 7.0)]
     exps.interpret[(1,)](x, *outs, FTZ=ftz, BLOCK=128)

@@ -4,8 +4,8 @@ Each result element comes from the operand elements at the same index, so an op'
 (inference picks one where they differ) and lowering maps a scalar function over the elements a thread holds.
 Floating-point math follows Triton's choice: exp/log/rsqrt use the hardware approximations
 (ex2/lg2/rsqrt.approx, subnormal results kept; `exp(x, ftz=True)` and exp2 drop the fix-up that costs and flush
-them to zero, as a caller may choose where they cannot matter); tanh, erf, sin, cos and ** call libdevice (one table, `_LIBDEVICE`), which the driver
-links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once. Fma is one fused
+them to zero, as a caller may choose where they cannot matter); tanh, erf, sin, cos and ** call libdevice (one
+table, `_LIBDEVICE`), which the driver links into exactly the kernels that call it. bf16/f16 math is done in f32 and rounded once. Fma is one fused
 multiply-add (fma.rn); clz and popc count bits within the integer's own width.
 """
 from __future__ import annotations

@@ -52,9 +52,9 @@ def window(t: Semantics, ref: Ref, index: Any) -> tuple[list[ir.Value], tuple[in
 
 
 @method(Ref, "__getitem__")
-def load(t: Semantics, ref: Ref, index: Any) -> Tensor:
+def load(t: Semantics, ref: Ref, index: Any, other: int | float = 0) -> Tensor:
     starts, sizes, squeeze = window(t, ref, index)
-    return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc))
+    return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc, other=other))
 
 
 @builtin(lang.load, positional=(2, 2))
@@ -64,9 +64,7 @@ def load_other(t: Semantics, args: list, kwargs: dict) -> Tensor:
     ref, index = args
     if not isinstance(ref, Ref):
         raise t.error(f"mgjit.load reads a tensor argument of the kernel (GMEM), got {getattr(ref, 'kind', ref)!r}")
-    other = kwargs.get("other", 0)
-    starts, sizes, squeeze = window(t, ref, index)
-    return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc, other=_fill(t, ref, other)))
+    return load(t, ref, index, _fill(t, ref, kwargs.get("other", 0)))
 
 
 def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
@@ -80,9 +78,12 @@ def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
     if isinstance(other, float) and not other.is_integer():
         raise t.error(f"mgjit.load: other={other!r} is not a value of {ref.name}'s dtype {dtype.name}")
     bits = dtype.storage_bits
-    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
     if dtype == dtypes.bool_:
         low, high = 0, 1
+    elif dtype.is_signed:
+        low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    else:
+        low, high = 0, (1 << bits) - 1
     if not low <= int(other) <= high:
         raise t.error(f"mgjit.load: other={other!r} is outside the range of {ref.name}'s dtype {dtype.name} "
                       f"({low} to {high})")
