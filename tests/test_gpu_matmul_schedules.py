@@ -40,6 +40,7 @@ CONFIGS = {
     "stream-k-atomic": dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False),
     "split-k-4": dict(BM=128, BN=128, STREAM_K=1, SPLIT=4), "stream-k-m64": dict(BM=64, BN=256, STREAM_K=1),
     "swap-128": dict(SWAP_AB=True, BM=128, STREAM_K=1), "swap-64": dict(SWAP_AB=True, BM=64, STREAM_K=1),
+    "swap-dp-64": dict(SWAP_AB=True, BM=64), "swap-dp-128": dict(SWAP_AB=True, BM=128),
     "multicast-b-128x192": dict(BM=128, BN=192, MULTICAST="b"),
     "multicast-b-128x256": dict(BM=128, BN=256, MULTICAST="b"),
     "multicast-a-128x128": dict(BM=128, BN=128, MULTICAST="a"), "multicast-b-64x128": dict(BM=64, BN=128, MULTICAST="b"),

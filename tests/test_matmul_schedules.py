@@ -50,6 +50,8 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "stream-k-2": (300, 200, 256, dict(BM=128, BN=64, STREAM_K=2), 4, {}),
     "stream-k-atomic": (200, 136, 320, dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False), 3, {}),
     "split-k": (130, 128, 512, dict(BM=128, BN=128, STREAM_K=1, SPLIT=3), 8, {}),
+    # 7 contributors per tile, each CTA one of them
+    "split-k-7": (130, 128, 896, dict(BM=128, BN=128, STREAM_K=1, SPLIT=7), 14, {}),
     "stream-k-m64": (77, 136, 448, dict(BM=64, BN=64, STREAM_K=1), 5, {}),
     # fewer k-iterations than CTAs (77 x 3000 x 333 and 512^3 on 132 SMs): a CTA with an empty range between a
     # cut tile's contributors was expected in its lock, which never filled: the tile was never stored
@@ -227,8 +229,8 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
 
 
 @pytest.mark.parametrize("shape,expected", [
-    ((3, 4096, 4096), dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1)),
-    ((16, 8192, 8192), dict(SWAP_AB=True, BN=16, STREAM_K=1)),
+    ((3, 4096, 4096), dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=0)),
+    ((16, 8192, 8192), dict(SWAP_AB=True, BN=16, STREAM_K=0)),
     ((64, 4096, 4096), dict(SWAP_AB=True, BN=64)),
     ((8192, 8192, 8192), dict(SWAP_AB=False, BM=128, BN=256, STREAM_K=0, TMA_STORE=True)),
     ((4096, 4096, 4096), dict(BM=128, BN=256, STREAM_K=2, TMA_STORE=False)),
@@ -275,6 +277,8 @@ SPILL_CONFIGS = {
                         BIAS=True, BIAS_ROWS=True, SCALED=True, ACTIVATION="gelu"),
     "swap-m77": dict(BM=128, BN=80, STAGES=8, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
     "swap-decode-m64": dict(BM=64, BN=8, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+    "swap-decode-dp": dict(BM=64, BN=8, STAGES=12, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False, BIAS=True,
+                           BIAS_ROWS=True, SCALED=True, ACTIVATION="gelu"),
     "swap-m24-bias": dict(BM=64, BN=24, STAGES=12, STREAM_K=1, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False,
                           BIAS=True, BIAS_ROWS=True),
     "multicast-b-128x192": dict(BM=128, BN=192, STAGES=4, MULTICAST="b"),
