@@ -127,3 +127,9 @@ def test_the_example_runs_as_a_script_without_a_gpu():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert re.search(r"CompiledKernel\(grouped_matmul_kernel, sm_90a, registers=\d+, spills=0, ", run.stdout), run.stdout
+
+
+@pytest.mark.parametrize("n,bn", [(64, 128), (128, 128), (640, 128), (768, 256), (1408, 256), (1536, 256),
+                                  (4096, 256), (14336, 256), (4224, 256), (384, 128)])
+def test_column_tile_is_256_unless_it_pads_an_eighth_more(n, bn):
+    assert gm.column_tile(n) == bn
