@@ -6,10 +6,12 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
 (examples/_matmul_gemv.py: GEMV="k-major" or "n-major" and its constexprs). The heuristics:
 - M <= 64 (decode): swap-AB, so the weights stream through the 64-row side of every wgmma and M pads only to a
   multiple of 8 on its N side; one CTA per weight tile over all of K, or stream-K spreading the few row tiles'
-  k-iterations over every SM. With 16-bit
-  weights and a few rows, also a GEMV on the CUDA cores (K-major weights M <= 4, N-major M <= 8).
+  k-iterations over every SM. With 16-bit weights and a few rows, also a GEMV on the CUDA cores (K-major
+  weights M <= 4, N-major M <= 8).
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
+- fewer tiles than SMs with a long K: stream-K or split-K, split-K over clusters sharing A where the tiles are
+  very few, or one wave of whole tiles.
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
 Beside the data-parallel tiles of the larger shapes, their multicast form is tried: clusters of two CTAs on
 M-neighbour tiles that load their shared B tile once, each CTA half of it into both (MULTICAST="b"; cuBLAS's
@@ -128,17 +130,23 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
                 config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")]
     if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over the SMs
-        # The CTA that finishes a cut tile reads every contributor's partial: at most MAX_CUTS per tile (split-K
-        # on fewer SMs where the tiles are too few). The largest tile on the most SMs comes first.
-        out = []
-        for bm, bn in ((128, 256), (128, 128)):
-            cover = tiles(bm, bn) * MAX_CUTS >= sms
-            out.append(config(problem, bm, bn, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})))
-        out.sort(key=lambda c: -min(sms, tiles(c["BM"], c["BN"]) * c.get("SPLIT", sms)))
-        # Or no cut at all: one wave of the largest tiles that fill the most SMs (1000x3000x2000: 128x192 is
+        # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
+        # their A tile, which halves the L2 traffic that limits this shape (57.9 us against 65.1 unshared; cuBLAS
+        # 52.8 runs the same: 128 x 64 tiles, 1 x 2 clusters, split-K). The CTA that finishes a cut tile reads
+        # every contributor's partial: at most MAX_CUTS per tile.
+        pairs, split = -(-tiles(128, 64) // 2), 1
+        while 2 * split <= MAX_CUTS and pairs * 2 * split <= sms // 2:
+            split *= 2
+        out = [config(problem, 128, 64, stream_k=1, SPLIT=split, MULTICAST="a")] if split > 1 else []
+        # Or stream-K over every SM (split-K on fewer where the tiles are too few: at most MAX_CUTS per tile);
+        # or no cut at all: one wave of the largest tiles that fill the most SMs (1000x3000x2000: 128x192 is
         # 128 tiles, 128x128 a wave and a half), or two CTAs per tile (split-K) where even 128x128 is few.
-        # The 128x192 wave also as 64 clusters of two M-neighbours sharing their B tile.
-        return out + [config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 192, MULTICAST="b"),
+        # The 128x192 wave also as 64 clusters of two M-neighbours sharing their B tile. (Stream-K on 128 x 256
+        # tiles lost to all of these at 1024 x 1024 x 16384, 256 x 512 x 65536, 1000 x 3000 x 2000 and
+        # 128 x 8192 x 8192.)
+        cover = tiles(128, 128) * MAX_CUTS >= sms
+        return out + [config(problem, 128, 128, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})),
+                      config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 192, MULTICAST="b"),
                       config(problem, 128, 128), config(problem, 128, 64), config(problem, 128, 128, stream_k=1,
                                                                                           SPLIT=2)]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
@@ -275,7 +283,7 @@ def describe(cfg: dict | None) -> str:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How `config` runs for a problem: operands swapped or not, the kernel's constexprs and launch options,
-    the grid, and the number of output tiles (of C, or of C^T when swapped)."""
+    the grid, and the number of output tiles (of C, or of C^T when swapped; with MULTICAST twice the pairs)."""
 
     swap: bool
     kernel_cfg: dict
@@ -311,11 +319,16 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
             kernel_cfg.update(A_MNMAJOR=problem.a_mn, B_KMAJOR=problem.b_k)
             rows, cols = problem.m, problem.n
         tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
-        # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM;
-        # multicast one cluster of two CTAs per pair of tiles, one CTA per SM.
+        # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM.
+        # Multicast: the same over clusters of two CTAs and pairs of tiles (a pair's second tile, past M or N
+        # where the tiles are odd, counts as a tile: it has fix-up slots all the same).
         if cfg.get("MULTICAST"):
             pair_m, pair_n = (2, 1) if cfg["MULTICAST"] == "b" else (1, 2)
-            grid = (2 * min(-(-rows // (cfg["BM"] * pair_m)) * -(-cols // (cfg["BN"] * pair_n)), max(sms // 2, 1)),)
+            pairs = -(-rows // (cfg["BM"] * pair_m)) * -(-cols // (cfg["BN"] * pair_n))
+            clusters = max(sms // 2, 1)
+            grid = (2 * (min(clusters, pairs * cfg.get("SPLIT", clusters)) if cfg["STREAM_K"] else
+                         min(pairs, clusters)),)
+            tiles = 2 * pairs
         else:
             grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
         plan = _PLANS[key] = Plan(cfg["SWAP_AB"], kernel_cfg, grid, tiles)

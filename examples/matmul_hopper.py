@@ -20,11 +20,13 @@ Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few can
   tile. DETERMINISTIC=True (the default) gives each contributor its own slot and adds them in k order (bitwise
   repeatable); False adds them into one slot with f32 atomics. No CTA ever waits for another. Split-K is
   stream-K with P = tiles x splits CTAs.
-- multicast (MULTICAST="b", or "a"; data-parallel, cluster=(2, 1, 1)): the two CTAs of a cluster take two
-  M-neighbour tiles (N-neighbours) and load the B (A) tile they share once, each copying half of its rows into
-  both CTAs' slot with TMA multicast. The slot ring spans the cluster: each consumer releases its slot in both
-  CTAs, so a producer refills a slot only once the consumers of both are done with it; both CTAs walk the same
-  items and k-steps, a pair's second tile past M or N included (read as zeros, its stores dropped).
+- multicast (MULTICAST="b", or "a"; cluster=(2, 1, 1)): the two CTAs of a cluster take two M-neighbour tiles
+  (N-neighbours) and load the B (A) tile they share once, each copying half of its rows into both CTAs' slot
+  with TMA multicast. The slot ring spans the cluster: each consumer releases its slot in both CTAs, so a
+  producer refills a slot only once the consumers of both are done with it; both CTAs walk the same items and
+  k-steps, a pair's second tile past M or N included (read as zeros, its stores dropped). The workers of the
+  schedules above are then the clusters, and their items pairs of tiles: with stream-K both CTAs of a cluster
+  take the same k-range of their two tiles and each fixes up its own.
 - swap-AB (in the wrapper): C^T = B^T A^T, so that a small M becomes the N of the wgmma (8..256 in steps of 8)
   and the large N fills the 64-row side: decode shapes (M <= 64) stream the weights through every SM.
 
@@ -79,9 +81,9 @@ def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
         kept = mgjit.maximum(tiles // ctas - (STREAM_K - 1), 0) * ctas
         dp_tiles = mgjit.where(tiles % ctas == 0, tiles, kept)
         iters = (tiles - dp_tiles) * k_tiles
-        workers = stream_k_ctas(iters)  # CTAs p < workers: each takes at least one iteration
-        begin = mgjit.minimum(pid * iters // workers, iters)
-        end = mgjit.minimum((pid + 1) * iters // workers, iters)
+        count = stream_k_ctas(iters, MULTICAST)  # workers p < count: each takes at least one iteration
+        begin = mgjit.minimum(pid * iters // count, iters)
+        end = mgjit.minimum((pid + 1) * iters // count, iters)
         sk_first = begin // k_tiles
         sk_count = mgjit.where(end > begin, (end + k_tiles - 1) // k_tiles - sk_first, 0)
     n_dp = (dp_tiles - pid + ctas - 1) // ctas
@@ -89,10 +91,21 @@ def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
 
 
 @mgjit.device
-def stream_k_ctas(iters):
-    """How many CTAs share the stream-K iterations: every CTA, or one per iteration when there are fewer (a CTA
-    with an empty range in the middle of a cut tile's contributors would never be counted in its lock)."""
-    return mgjit.minimum(mgjit.num_programs(0), mgjit.maximum(iters, 1))
+def stream_k_ctas(iters, MULTICAST):
+    """How many workers share the stream-K iterations: every worker, or one per iteration when there are fewer
+    (a worker with an empty range in the middle of a cut tile's contributors would never be counted in its
+    lock)."""
+    _, count = workers(MULTICAST)
+    return mgjit.minimum(count, mgjit.maximum(iters, 1))
+
+
+@mgjit.device
+def cut_tile(item, rank, MULTICAST):
+    """The index of this CTA's part of stream-K work item (or slot) `item`: the item itself, or with MULTICAST
+    the rank-th of its two tiles (each CTA of a cluster publishes and finishes its own tile)."""
+    if MULTICAST:
+        return item * 2 + rank
+    return item
 
 
 @mgjit.device
@@ -133,53 +146,56 @@ def release(slot, MULTICAST, rank):
 
 
 @mgjit.device
-def publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS, DETERMINISTIC):
+def publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS, DETERMINISTIC, MULTICAST, rank):
     """Publish this CTA's partial sum of its 64 rows of a cut tile and count it in the tile's lock (acq_rel:
     the partials of those counted before are visible once the count is seen). True for the contributor that
-    completes the count: it finishes the tile (partial_sum). CTA p's partial of stream-K tile t goes to slot
-    t + p (the contributors of consecutive tiles never share a slot), or with DETERMINISTIC=False is added into
-    slot t with f32 atomics."""
-    slot = sk_tile + mgjit.program_id(0) if DETERMINISTIC else sk_tile
+    completes the count: it finishes the tile (partial_sum). Worker p's partial of stream-K item t goes to slot
+    t + p (the contributors of consecutive items never share a slot; with MULTICAST each of the cluster's two
+    tiles has its own, `cut_tile`), or with DETERMINISTIC=False is added into slot t with f32 atomics."""
+    worker, _ = workers(MULTICAST)
+    slot = cut_tile(sk_tile + worker if DETERMINISTIC else sk_tile, rank, MULTICAST)
     rows = mgjit.ds((slot * CONSUMERS + half) * 64, 64)
     if DETERMINISTIC:
         ws[rows, mgjit.ds(0, BN)] = acc
     else:
         mgjit.atomic_add(ws, (rows, mgjit.ds(0, BN)), acc)
-    first, last = contributors(sk_tile, k_tiles, iters)
-    return mgjit.atomic_add(locks, sk_tile * CONSUMERS + half, 1, sem="acq_rel") == last - first
+    first, last = contributors(sk_tile, k_tiles, iters, MULTICAST)
+    lock = cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half
+    return mgjit.atomic_add(locks, lock, 1, sem="acq_rel") == last - first
 
 
 @mgjit.device
-def contributors(sk_tile, k_tiles, iters):
-    """The first and last CTA whose iteration ranges cut stream-K tile `sk_tile` (CTA p < W holds iterations
-    [p * iters // W, (p + 1) * iters // W), W = stream_k_ctas(iters) <= iters, so no range is empty and
-    iteration i is CTA ((i + 1) * W - 1) // iters's); every CTA from the first to the last contributes."""
-    workers = stream_k_ctas(iters)
-    return ((sk_tile * k_tiles + 1) * workers - 1) // iters, ((sk_tile + 1) * k_tiles * workers - 1) // iters
+def contributors(sk_tile, k_tiles, iters, MULTICAST):
+    """The first and last worker whose iteration ranges cut stream-K item `sk_tile` (worker p < W holds
+    iterations [p * iters // W, (p + 1) * iters // W), W = stream_k_ctas(iters) <= iters, so no range is empty
+    and iteration i is worker ((i + 1) * W - 1) // iters's); every worker from the first to the last
+    contributes."""
+    count = stream_k_ctas(iters, MULTICAST)
+    return ((sk_tile * k_tiles + 1) * count - 1) // iters, ((sk_tile + 1) * k_tiles * count - 1) // iters
 
 
 @mgjit.device
 def finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters, BN, CONSUMERS,
-                    DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION):
+                    DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank):
     """Store the 64 rows of a cut tile from the published partials (added in k order with DETERMINISTIC), 64
     columns at a time so that a partial and the sum fit in registers beside each other (fewer where BN is not
     a multiple of 64: register arrays have power-of-two sides, and a swapped tile's BN is M rounded up to 8);
     reset the lock and the slot for the next launch."""
     CHUNK = min(64, BN & -BN)
-    first, last = contributors(sk_tile, k_tiles, iters)
+    first, last = contributors(sk_tile, k_tiles, iters, MULTICAST)
     for j in mgjit.static_range(BN // CHUNK):
         cols = mgjit.ds(j * CHUNK, CHUNK)
         if DETERMINISTIC:
-            acc = ws[mgjit.ds(((sk_tile + first) * CONSUMERS + half) * 64, 64), cols]
+            acc = ws[mgjit.ds((cut_tile(sk_tile + first, rank, MULTICAST) * CONSUMERS + half) * 64, 64), cols]
             for p in range(first + 1, last + 1):
-                acc = acc + ws[mgjit.ds(((sk_tile + p) * CONSUMERS + half) * 64, 64), cols]
+                acc = acc + ws[mgjit.ds((cut_tile(sk_tile + p, rank, MULTICAST) * CONSUMERS + half) * 64, 64), cols]
         else:
-            rows = mgjit.ds((sk_tile * CONSUMERS + half) * 64, 64)
+            rows = mgjit.ds((cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half) * 64, 64)
             acc = ws[rows, cols]
             ws[rows, cols] = mgjit.zeros((64, CHUNK), mgjit.float32)
         epilogue(acc, c, c, scale, bias, row0, n0 + j * CHUNK, half, CHUNK, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
                  False)
-    locks[sk_tile * CONSUMERS + half] = 0
+    locks[cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half] = 0
 
 
 @mgjit.device
@@ -217,7 +233,6 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     CTAs of a cluster take two M-neighbour tiles that share their B tile (or N-neighbours sharing A), each
     copying half of the shared tile into both CTAs' slot (TMA multicast); data-parallel only."""
     assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster of two CTAs shares: a or b"
-    assert not (MULTICAST and STREAM_K), "MULTICAST schedules whole tiles (STREAM_K=0)"
     CONSUMERS = BM // 64
     # Work items: tiles, or with MULTICAST pairs of neighbour tiles (2 BM x BN sharing B, BM x 2 BN sharing A).
     tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM * (2 if MULTICAST == "b" else 1))
@@ -283,9 +298,10 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                     if STREAM_K:
                         if (k0 > 0) | (k1 < k_tiles):  # a cut tile: the last contributor to finish stores it
                             if publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS,
-                                               DETERMINISTIC):
+                                               DETERMINISTIC, MULTICAST, rank):
                                 finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters,
-                                                BN, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION)
+                                                BN, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
+                                                MULTICAST, rank)
                         else:
                             epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS,
                                      ACTIVATION, TMA_STORE)

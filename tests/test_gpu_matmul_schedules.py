@@ -44,6 +44,8 @@ CONFIGS = {
     "multicast-b-128x192": dict(BM=128, BN=192, MULTICAST="b"),
     "multicast-b-128x256": dict(BM=128, BN=256, MULTICAST="b"),
     "multicast-a-128x128": dict(BM=128, BN=128, MULTICAST="a"), "multicast-b-64x128": dict(BM=64, BN=128, MULTICAST="b"),
+    "multicast-b-split-k-4": dict(BM=128, BN=128, STREAM_K=1, SPLIT=4, MULTICAST="b"),
+    "multicast-a-stream-k": dict(BM=128, BN=64, STREAM_K=1, MULTICAST="a"),
 }
 
 

@@ -77,6 +77,12 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "multicast-a-odd-n": (200, 300, 136, dict(BM=128, BN=128, MULTICAST="a"), 4, {}),
     "multicast-a-transposed-b-kmajor": (200, 136, 200, dict(BM=128, BN=64, MULTICAST="a"), 2,
                                         dict(a_layout="t", b_layout="t")),
+    # Stream-K over clusters: 6 pairs on 4 clusters, 4 whole and 2 cut over the 4 (each CTA fixes up its tile);
+    # split-K on pairs whose second tile is partly past N (300 columns: tiles at 0, 128 | 256, 384); atomic
+    "multicast-b-stream-k": (300, 136, 520, dict(BM=128, BN=64, MULTICAST="b", STREAM_K=1), 8, {}),
+    "multicast-a-split-k-odd-n": (200, 300, 640, dict(BM=128, BN=128, MULTICAST="a", STREAM_K=1, SPLIT=4), 16, {}),
+    "multicast-b-stream-k-atomic": (300, 136, 520, dict(BM=64, BN=64, MULTICAST="b", STREAM_K=1,
+                                                        DETERMINISTIC=False), 8, {}),
 }
 
 
@@ -121,18 +127,24 @@ def test_multicast_in_f16_with_the_epilogue(multicast, interpreted):
     assert c.dtype == F16 and rel_err(c, ref) < 5e-3
 
 
+@pytest.mark.parametrize("stream_k", [0, 1], ids=["data-parallel", "split-k"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_multicast_under_a_random_schedule(seed, interpreted):
+def test_multicast_under_a_random_schedule(seed, stream_k, interpreted):
     """Each CTA's producer may run ahead of the peer's consumers: a slot is refilled (by both producers' halves)
-    only after the consumers of both CTAs released it, whatever the interleaving."""
+    only after the consumers of both CTAs released it, whatever the interleaving; split over K, the two CTAs of
+    a cluster fix up their own tiles, whoever finishes last."""
     a, b = operands(300, 136, 200)
     problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
-    cfg = schedules.normalize(problem, dict(BM=128, BN=64, MULTICAST="b", STAGES=2))
-    plan = schedules.launch_plan(problem, cfg, 4)
-    assert plan.grid == (4,) and plan.kernel_cfg["cluster"] == (2, 1, 1)
+    split = dict(STREAM_K=1, SPLIT=2) if stream_k else {}
+    cfg = schedules.normalize(problem, dict(BM=128, BN=64, MULTICAST="b", STAGES=2, **split))
+    plan = schedules.launch_plan(problem, cfg, 8 if stream_k else 4)
+    assert plan.grid == ((8,) if stream_k else (4,)) and plan.kernel_cfg["cluster"] == (2, 1, 1)
     c = torch.full((300, 136), float("nan"), dtype=BF16)
-    mh.matmul_kernel.interpret(policy="random", seed=seed)[plan.grid](a, b, c, c, c, c, c, **plan.kernel_cfg)
+    ws, locks = schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c)
+    mh.matmul_kernel.interpret(policy="random", seed=seed)[plan.grid](a, b, c, c, c, ws, locks, **plan.kernel_cfg)
     assert rel_err(c, a.float() @ b.float()) < 5e-3
+    if stream_k:
+        assert not locks.any(), "every lock is zero again for the next launch"
 
 
 def test_a_chosen_multicast_schedule_launches_again_on_its_cluster(interpreted, monkeypatch, tmp_path):
@@ -156,11 +168,9 @@ def test_a_chosen_multicast_schedule_launches_again_on_its_cluster(interpreted, 
     assert rel_err(first, a.float() @ b.float()) < 5e-3 and rel_err(again, a2.float() @ b2.float()) < 5e-3
 
 
-def test_multicast_refuses_stream_k_and_a_cluster_of_one():
+def test_multicast_refuses_a_cluster_of_one():
     x = torch.empty(256, 256, dtype=BF16)
     cfg = dict(BM=128, BN=128, BK=64, STAGES=2, GROUP_M=8, MULTICAST="b", num_warpgroups=3)
-    with pytest.raises(mgjit.CompileError, match="MULTICAST schedules whole tiles"):
-        mh.matmul_kernel.compile(x, x, x, x, x, x, x, **cfg, STREAM_K=1, cluster=(2, 1, 1), target="sm_90a")
     with pytest.raises(mgjit.CompileError, match="cluster"):
         mh.matmul_kernel.compile(x, x, x, x, x, x, x, **cfg, target="sm_90a")
 
@@ -234,9 +244,10 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
     ((64, 4096, 4096), dict(SWAP_AB=True, BN=64)),
     ((8192, 8192, 8192), dict(SWAP_AB=False, BM=128, BN=256, STREAM_K=0, TMA_STORE=True)),
     ((4096, 4096, 4096), dict(BM=128, BN=256, STREAM_K=2, TMA_STORE=False)),
-    ((1000, 3000, 2000), dict(BM=128, BN=256, STREAM_K=1)),
-    ((1024, 1024, 16384), dict(BM=128, BN=256, STREAM_K=1)),
-    ((128, 8192, 8192), dict(BM=128, BN=256, STREAM_K=1)),
+    ((1000, 3000, 2000), dict(BM=128, BN=128, STREAM_K=1)),
+    ((1024, 1024, 16384), dict(BM=128, BN=128, STREAM_K=1)),
+    ((256, 512, 65536), dict(BM=128, BN=64, STREAM_K=1, SPLIT=8, MULTICAST="a")),
+    ((128, 8192, 8192), dict(BM=128, BN=128, STREAM_K=1)),
     ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0))])
 def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
@@ -284,6 +295,8 @@ SPILL_CONFIGS = {
     "multicast-b-128x192": dict(BM=128, BN=192, STAGES=4, MULTICAST="b"),
     "multicast-b-128x256-kmajor": dict(BM=128, BN=256, STAGES=3, MULTICAST="b", B_KMAJOR=True),
     "multicast-a-a-mnmajor": dict(BM=128, BN=128, STAGES=5, MULTICAST="a", A_MNMAJOR=True),
+    "multicast-b-split-k": dict(BM=128, BN=128, STAGES=6, STREAM_K=1, MULTICAST="b"),
+    "multicast-a-split-k-128x64": dict(BM=128, BN=64, STAGES=8, STREAM_K=1, MULTICAST="a"),
 }
 
 
