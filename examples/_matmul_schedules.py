@@ -36,6 +36,9 @@ SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_byte
 SMEM_RESERVE = 2048   # mbarriers, scratch, alignment
 MAX_STAGES = 12
 MAX_CUTS = 8  # contributors per stream-K tile: the one that finishes it reads all of their partials
+# Below this many multiply-adds a problem takes a few microseconds whatever its K: the small problems' tiles, not
+# cuts of K (128 x 2048 x 1024 ran 10.5 us on its best long-K candidate, 8.7 on cuBLAS's 128 CTAs of 64 x 32).
+SMALL_WORK = 1 << 30
 TUNE = os.environ.get("MGJIT_MATMUL_TUNE", "1") != "0"  # 0: take the first candidate, time nothing
 # The candidates are timed round-robin, each by the median of its rounds: timed one after another, the GPU's
 # drift between them (clocks, heat) picked 128x64 tiles for 256 x 1024 x 512 (7.8 us against 8.1), which ran
@@ -134,7 +137,7 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
                 config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")]
-    if k_tiles >= 16:  # fewer tiles than SMs, K long enough to cut: stream-K spreads it over the SMs
+    if k_tiles >= 16 and m * n * problem.k >= SMALL_WORK:  # fewer tiles than SMs, K long enough to cut
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
         # their A tile, which halves the L2 traffic that limits this shape (57.9 us against 65.1 unshared; cuBLAS
         # 52.8 runs the same: 128 x 64 tiles, 1 x 2 clusters, split-K). The CTA that finishes a cut tile reads
@@ -154,9 +157,10 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                       config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 192, MULTICAST="b"),
                       config(problem, 128, 128), config(problem, 128, 64), config(problem, 128, 128, stream_k=1,
                                                                                           SPLIT=2)]
-    # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two.
+    # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two. (256 x 1024 x
+    # 512: cuBLAS runs 128 CTAs of 64 x 32 tiles in 5.3 us, ours 64 CTAs of 64 x 64 in 5.8, ncu.)
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
-            config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64)]
+            config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64), config(problem, 64, 32)]
 
 
 def _swap_allowed(problem: Problem) -> bool:

@@ -241,10 +241,12 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K, MULTICAST)
 
     a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
-    b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype, swizzle=128)
+    # An N-major B tile's rows, and the epilogue tile's, are BN wide: 32 columns of 16 bits fill a 64B swizzle.
+    b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype,
+                     swizzle=128 if B_KMAJOR else min(128, BN * 2))
     c_s = c  # each consumer's epilogue tile, with TMA_STORE
     if TMA_STORE:
-        c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=128)
+        c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=min(128, BN * 2))
     full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)  # the A parts and B fill a slot
     # Every consumer releases it; with MULTICAST those of both CTAs (the peer's copies write into this slot too).
     empty = mgjit.barrier(STAGES, arrivals=CONSUMERS * (2 if MULTICAST else 1))

@@ -36,6 +36,7 @@ SHAPES = [(1, 4096, 4096), (3, 4096, 4096), (16, 8192, 1024), (64, 1000, 2000), 
           (128, 8192, 8192)]
 CONFIGS = {
     "dp-128x256": dict(BM=128, BN=256), "dp-128x128": dict(BM=128, BN=128), "dp-64x128": dict(BM=64, BN=128),
+    "dp-64x32": dict(BM=64, BN=32),
     "stream-k-1": dict(BM=128, BN=256, STREAM_K=1), "stream-k-2": dict(BM=128, BN=128, STREAM_K=2),
     "stream-k-atomic": dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False),
     "split-k-4": dict(BM=128, BN=128, STREAM_K=1, SPLIT=4), "stream-k-m64": dict(BM=64, BN=256, STREAM_K=1),

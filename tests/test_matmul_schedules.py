@@ -46,6 +46,9 @@ def operands(m, n, k, dtype=BF16, a_layout="row", b_layout="row"):
 CASES = {  # (m, n, k, config, sms, operand layouts)
     "dp-128x256": (300, 304, 200, dict(BM=128, BN=256), 3, {}),
     "dp-m64-tile": (77, 200, 128, dict(BM=64, BN=128), 3, {}),
+    # 32 columns: the N-major B tile and the epilogue tile in a 64B swizzle
+    "dp-64x32": (77, 200, 192, dict(BM=64, BN=32), 5, {}),
+    "dp-64x32-b-kmajor": (77, 200, 192, dict(BM=64, BN=32), 5, dict(b_layout="t")),
     "stream-k-1": (200, 136, 320, dict(BM=128, BN=128, STREAM_K=1), 3, {}),
     "stream-k-2": (300, 200, 256, dict(BM=128, BN=64, STREAM_K=2), 4, {}),
     "stream-k-atomic": (200, 136, 320, dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False), 3, {}),
@@ -251,7 +254,8 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
     ((1024, 1024, 16384), dict(BM=128, BN=128, STREAM_K=1)),
     ((256, 512, 65536), dict(BM=128, BN=64, STREAM_K=1, SPLIT=8, MULTICAST="a")),
     ((128, 8192, 8192), dict(BM=128, BN=128, STREAM_K=1)),
-    ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0))])
+    ((512, 512, 512), dict(BM=128, BN=128, STREAM_K=0)),
+    ((128, 2048, 1024), dict(BM=128, BN=128, STREAM_K=0))])
 def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
     assert 1 <= len(options) <= 8  # each one is compiled and timed on a shape's first call
