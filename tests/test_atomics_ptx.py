@@ -60,9 +60,9 @@ def cut_tile_sums(parts, c, ws, locks, TILES: mgjit.constexpr, K_TILES: mgjit.co
         for k in range(k0, k1):
             acc = acc + parts[mgjit.ds((tile * K_TILES + k) * 64, 64), mgjit.ds(0, BN)]
         if (k0 > 0) | (k1 < K_TILES):
-            if mh.publish_partial(acc, ws, locks, sk_tile, 0, K_TILES, iters, BN, 1, DETERMINISTIC):
+            if mh.publish_partial(acc, ws, locks, sk_tile, 0, K_TILES, iters, BN, 1, DETERMINISTIC, None, 0):
                 mh.finish_cut_tile(ws, locks, c, c, c, sk_tile, 0, tile * 64, 0, K_TILES, iters, BN, 1, DETERMINISTIC,
-                                   False, False, False, None)
+                                   False, False, False, None, None, 0)
         else:
             mh.epilogue(acc, c, c, c, c, tile * 64, 0, 0, BN, False, False, False, None, False)
 
