@@ -231,7 +231,7 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     warpgroups. ws (f32) and locks (int32, zeros) serve stream-K's fix-up (examples/_matmul_schedules.py
     sizes them); other schedules never touch them. MULTICAST="b" (or "a"), launched with cluster=(2, 1, 1): the two
     CTAs of a cluster take two M-neighbour tiles that share their B tile (or N-neighbours sharing A), each
-    copying half of the shared tile into both CTAs' slot (TMA multicast); data-parallel only."""
+    copying half of the shared tile into both CTAs' slot (TMA multicast), data-parallel or stream-K."""
     assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster of two CTAs shares: a or b"
     CONSUMERS = BM // 64
     # Work items: tiles, or with MULTICAST pairs of neighbour tiles (2 BM x BN sharing B, BM x 2 BN sharing A).
@@ -243,10 +243,10 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
     # An N-major B tile's rows, and the epilogue tile's, are BN wide: 32 columns of 16 bits fill a 64B swizzle.
     b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype,
-                     swizzle=128 if B_KMAJOR else min(128, BN * 2))
+                     swizzle=128 if B_KMAJOR else min(128, BN * b.dtype.itemsize))
     c_s = c  # each consumer's epilogue tile, with TMA_STORE
     if TMA_STORE:
-        c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=min(128, BN * 2))
+        c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=min(128, BN * c.dtype.itemsize))
     full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)  # the A parts and B fill a slot
     # Every consumer releases it; with MULTICAST those of both CTAs (the peer's copies write into this slot too).
     empty = mgjit.barrier(STAGES, arrivals=CONSUMERS * (2 if MULTICAST else 1))
