@@ -37,6 +37,13 @@ class DType:
     def is_signed(self) -> bool:
         return self.kind == "int"
 
+    @property
+    def int_range(self) -> tuple[int, int]:
+        """The least and the greatest value of an integer or bool dtype."""
+        if self.is_signed:
+            return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+        return 0, (1 << self.bits) - 1
+
     def __repr__(self) -> str:
         return f"mgjit.{self.name}"
 

@@ -75,8 +75,8 @@ class Kernel:
         self.num_warpgroups = _warpgroups(num_warpgroups, 1)
         self.source = SourceFunction(fn)  # read once: an edited file changes nothing until it is re-imported
         self._plans: dict[tuple, Any] = {}
-        # Keyed by the specialization and its constexprs as launch.strict_constexpr gives them (1, 1.0 and True
-        # compare equal, as do -0.0 and 0.0).
+        # Keyed by the specialization and its constexprs as launch.strict_constexpr gives them: 1, 1.0 and True,
+        # or -0.0 and 0.0, equal under ==, get kernels of their own.
         self._compiled: dict[tuple[Specialization, tuple], Any] = {}
         self._source_key: str | None = None
         self._deps: deps.Dependencies | None = None

@@ -165,9 +165,10 @@ def build_dispatcher(name: str, arg_names: list[str], runtime_names: list[str], 
 
 
 def strict_constexpr(value: Any) -> tuple:
-    """A constexpr as dispatch keys compare it: with its type (1, 1.0 and True compare equal), floats by their bits
-    (-0.0 and 0.0 compare equal, and a NaN unequal to itself), tuples element by element. The C launcher compares
-    the same way (same_object in _launch_keys.c)."""
+    """A constexpr as dispatch keys compare it: with its type, so that 1, 1.0 and True (equal under ==) find
+    different plans; floats by their bits, so that -0.0 and 0.0 (equal under ==) do too and a NaN (unequal to
+    itself) finds its own; tuples element by element. The C launcher compares the same way (same_object in
+    _launch_keys.c)."""
     kind = type(value)
     if kind is float:
         return (float, value.hex())

@@ -79,7 +79,7 @@ def cast(x: torch.Tensor, src: DType, dst: DType) -> torch.Tensor:
 
 def _float_to_int(x: torch.Tensor, dst: DType) -> torch.Tensor:
     """cvt.rzi with saturation: toward zero, clamped to the destination's range, NaN to 0."""
-    lo, hi = (-(1 << (dst.bits - 1)), (1 << (dst.bits - 1)) - 1) if dst.is_signed else (0, (1 << dst.bits) - 1)
+    lo, hi = dst.int_range
     wide = torch.nan_to_num(x.to(torch.float64).trunc(), nan=0.0)
     out = wide.clamp(lo, hi).to(torch.int64) if dst.bits < 64 else wide.to(torch.int64)
     if dst.bits == 64:  # float64 cannot hold 2**63 - 1: saturate by comparison instead of clamping

@@ -26,9 +26,9 @@ class Constant(Op):
     def verify(self):
         dtype = self.result.dtype
         if dtype.is_int and dtype != dtypes.bool_:
-            lo, hi = (-(1 << (dtype.bits - 1)), 1 << (dtype.bits - 1)) if dtype.is_signed else (0, 1 << dtype.bits)
-            check(lo <= self.value < hi, self, f"the constant {self.value} does not fit in {dtype.name} "
-                  f"({lo}..{hi - 1}); use a wider type or a smaller value")
+            lo, hi = dtype.int_range
+            check(lo <= self.value <= hi, self, f"the constant {self.value} does not fit in {dtype.name} "
+                  f"({lo}..{hi}); use a wider type or a smaller value")
 
 
 class ProgramId(Op):

@@ -77,13 +77,7 @@ def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
         return float(other)
     if isinstance(other, float) and not other.is_integer():
         raise t.error(f"mgjit.load: other={other!r} is not a value of {ref.name}'s dtype {dtype.name}")
-    bits = dtype.storage_bits
-    if dtype == dtypes.bool_:
-        low, high = 0, 1
-    elif dtype.is_signed:
-        low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    else:
-        low, high = 0, (1 << bits) - 1
+    low, high = dtype.int_range
     if not low <= int(other) <= high:
         raise t.error(f"mgjit.load: other={other!r} is outside the range of {ref.name}'s dtype {dtype.name} "
                       f"({low} to {high})")
