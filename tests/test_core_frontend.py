@@ -412,3 +412,52 @@ def test_a_helper_waits_on_the_callers_barriers():
     out = torch.full((256,), float("nan"))
     helper_waits.interpret[(1,)](x, out)
     assert torch.equal(out, torch.cat([x, x * 2]))
+
+
+# ------------------------------------------------------------------------------------------ tuples carried
+
+@mgjit.kernel
+def k_carry_tuples(x, out):
+    """Running (sum, (count of positives, max)) over the rows of x, carried as a nested tuple."""
+    acc = (mgjit.zeros((128,), mgjit.float32), (0, mgjit.full((128,), -1e30, mgjit.float32)))
+    for i in range(x.shape[0]):
+        v = x[i, mgjit.ds(0, 128)]
+        acc = (acc[0] + v, (acc[1][0] + (v > 0.0).astype(mgjit.int32).sum(), mgjit.maximum(acc[1][1], v)))
+    out[0, mgjit.ds(0, 128)] = acc[0]
+    out[1, mgjit.ds(0, 128)] = acc[1][1]
+    out[2, 0] = acc[1][0].astype(mgjit.float32)
+
+
+@mgjit.kernel
+def k_tuple_grows(x, out):
+    acc = (mgjit.zeros((128,), mgjit.float32), 0.0)
+    for i in range(x.shape[0]):
+        acc = (acc[0], acc[1], 1.0)  # ERR
+    out[0, mgjit.ds(0, 128)] = acc[0]
+
+
+@mgjit.kernel
+def k_tuple_reshapes(x, out):
+    acc = (mgjit.zeros((128,), mgjit.float32), (0.0, 0.0))
+    for i in range(x.shape[0]):
+        acc = (acc[0], (acc[1][0], x[i, mgjit.ds(0, 128)]))  # ERR
+    out[0, mgjit.ds(0, 128)] = acc[0]
+
+
+def test_a_runtime_loop_carries_tuples():
+    """A tuple (nested, of arrays and numbers) assigned in a runtime loop is carried element by element: the
+    interpreter's result matches torch on fresh inputs, and its PTX compiles; a tuple that changes length or an
+    element that changes shape is an error naming the element and the loop's line."""
+    x = torch.randn(7, 128)
+    out = torch.full((3, 128), float("nan"))
+    k_carry_tuples.interpret[(1,)](x, out)
+    assert torch.allclose(out[0], x.sum(0), atol=1e-5)
+    assert torch.equal(out[1], x.max(0).values)
+    assert out[2, 0].item() == (x > 0).sum().item()
+    assert k_carry_tuples.compile(x, out, target="sm_90a").spills == 0
+    loop = err_line(k_tuple_grows) - 1
+    with pytest.raises(mgjit.CompileError, match=rf"{THIS_FILE}:{loop}.*`acc` is a tuple of 2 before the loop "
+                                                 r"but a tuple of 3 in it"):
+        k_tuple_grows.compile(x, out, target="sm_90a")
+    with pytest.raises(mgjit.CompileError, match=r"`acc\[1\]\[1\]` changes shape in the loop from \(\) to \(128,\)"):
+        k_tuple_reshapes.compile(x, out, target="sm_90a")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .. import dtypes, ir, language as lang, ops
 from .registry import loop
@@ -179,38 +179,43 @@ class ControlFlow(Semantics):
                      assigned: set[str]) -> None:
         """Trace `for target in range(*bounds): body(target)` as a For op, at `node` (with `target` None, the
         induction variable is not in scope). The variables of `assigned` (those the body assigns) that exist
-        before the loop are carried through it; the others end with it."""
+        before the loop are carried through it; the others end with it. A carried tuple (of numbers, arrays or
+        tuples) is carried element by element and must keep its structure."""
         carried = [n for n in sorted(assigned | hidden(self.scope)) if n in self.scope and n != target]
         inits = {n: self.scope[n] for n in carried}
-        for n, v in inits.items():
+        leaves = [leaf for n in carried for leaf in _leaves(n, inits[n])]
+        for label, v in leaves:
             if not isinstance(v, (Tensor, int, float, bool)):
-                raise self.error(f"`{n}` is reassigned in a runtime loop but holds a {type(v).__name__}; only "
-                                 "numbers and arrays can be carried through a loop")
-        init_types = {n: (v.dtype if isinstance(v, Tensor) else python_scalar_dtype(v)) for n, v in inits.items()}
+                raise self.error(f"`{label}` is reassigned in a runtime loop but holds a {type(v).__name__}; only "
+                                 "numbers, arrays and tuples of them can be carried through a loop")
+        init_types = {label: (v.dtype if isinstance(v, Tensor) else python_scalar_dtype(v)) for label, v in leaves}
         for _ in range(3):  # carried dtypes settle after a promotion or two (e.g. `acc = 0` then `acc += x_f32`)
             op, yielded = self._trace_loop(node, target, body, bounds, carried, inits, init_types)
-            new_types = {n: dtypes.promote(init_types[n], y.dtype) for n, y in zip(carried, yielded)}
+            new_types = {label: dtypes.promote(init_types[label], y.dtype) for label, y in yielded}
             if new_types == init_types:
                 break
             init_types = new_types
         else:
             raise self.error("loop-carried variables do not settle on a dtype")
-        for n, y in zip(carried, yielded):
-            init = inits[n]
+        for (label, init), (_, y) in zip(leaves, yielded):
             init_shape = init.shape if isinstance(init, Tensor) else ()
             if y.shape != init_shape:
-                raise self.error(f"`{n}` changes shape in the loop from {init_shape} to {y.shape}; initialise it "
+                raise self.error(f"`{label}` changes shape in the loop from {init_shape} to {y.shape}; initialise it "
                                  f"with the loop's shape (e.g. mgjit.zeros({y.shape}, ...))")
         self.builder.add(op)
         for n in assigned - set(carried):
             self.scope.pop(n, None)
         if target is not None:
             self.scope.pop(target, None)
-        for n, r in zip(carried, op.results):
-            self.scope[n] = Tensor(self, r)
+        results = iter(Tensor(self, r) for r in op.results)
+        for n in carried:
+            self.scope[n] = _rebuild(inits[n], results)
 
     def _trace_loop(self, node, target, body_fn, bounds, carried, inits, init_types):
-        init_values = [self.cast(self.to_tensor(inits[n], init_types[n]), init_types[n]) for n in carried]
+        """The For op of one trace of the loop and its yielded leaves, (label, Tensor) in the order of
+        `_leaves` over `carried`."""
+        init_values = [self.cast(self.to_tensor(v, init_types[label]), init_types[label])
+                       for n in carried for label, v in _leaves(n, inits[n])]
         op = ops.For(bounds[0].value, bounds[1].value, bounds[2].value, [v.value for v in init_values],
                      self.builder.loc)
         body = op.body
@@ -221,8 +226,9 @@ class ControlFlow(Semantics):
             induction = Tensor(self, body.args[0])
             if target is not None:
                 self.scope[target] = induction
-            for n, arg in zip(carried, body.args[1:]):
-                self.scope[n] = Tensor(self, arg)
+            args = iter(Tensor(self, arg) for arg in body.args[1:])
+            for n in carried:
+                self.scope[n] = _rebuild(inits[n], args)
             try:
                 body_fn(induction)
             except Return as r:
@@ -231,17 +237,53 @@ class ControlFlow(Semantics):
             yielded = []
             for n in carried:
                 v = self.scope[n]
-                if isinstance(v, Expanded):
-                    raise self.error(f"`{n}` is an expanded view and cannot be carried through a loop")
-                if not isinstance(v, (Tensor, int, float, bool)):
-                    raise self.error(f"`{n}` becomes a {type(v).__name__} in the loop; it must stay a number or array")
-                t = self.to_tensor(v, init_types[n])
-                yielded.append(t)
-            casted = [self.cast(t, dtypes.promote(init_types[n], t.dtype)) for n, t in zip(carried, yielded)]
+                changed = _changed_structure(n, inits[n], v)
+                if changed:
+                    label, before, after = changed
+                    raise self.error(f"`{label}` is {before} before the loop but {after} in it; a carried tuple "
+                                     "must keep its length")
+                for label, leaf in _leaves(n, v):
+                    if isinstance(leaf, Expanded):
+                        raise self.error(f"`{label}` is an expanded view and cannot be carried through a loop")
+                    if not isinstance(leaf, (Tensor, int, float, bool)):
+                        raise self.error(f"`{label}` becomes a {type(leaf).__name__} in the loop; it must stay a "
+                                         "number or array")
+                    yielded.append((label, self.to_tensor(leaf, init_types[label])))
+            casted = [self.cast(t, dtypes.promote(init_types[label], t.dtype)) for label, t in yielded]
             body.ops.append(ops.Yield([t.value for t in casted], self.builder.loc))
         finally:
             self.builder.block, self.scope = saved_block, saved_scope
         return op, yielded
+
+
+def _leaves(label: str, value: Any) -> list[tuple[str, Any]]:
+    """A carried variable's values, tuples flattened depth first, each labelled as the user would index it."""
+    if isinstance(value, tuple):
+        return [leaf for i, item in enumerate(value) for leaf in _leaves(f"{label}[{i}]", item)]
+    return [(label, value)]
+
+
+def _rebuild(template: Any, values: Iterator) -> Any:
+    """`template`'s tuple structure filled with the next values of the iterator `values`."""
+    if isinstance(template, tuple):
+        return tuple(_rebuild(item, values) for item in template)
+    return next(values)
+
+
+def _changed_structure(label: str, before: Any, after: Any) -> tuple[str, str, str] | None:
+    """The first place where `after`'s tuples differ from `before`'s: (its label, what it was, what it is)."""
+    def kind(v: Any) -> str:
+        return f"a tuple of {len(v)}" if isinstance(v, tuple) else "not a tuple"
+
+    if isinstance(before, tuple) and isinstance(after, tuple) and len(before) == len(after):
+        for i, (b, a) in enumerate(zip(before, after)):
+            changed = _changed_structure(f"{label}[{i}]", b, a)
+            if changed:
+                return changed
+        return None
+    if isinstance(before, tuple) or isinstance(after, tuple):
+        return label, kind(before), kind(after)
+    return None
 
 
 @loop(builtins.range)
