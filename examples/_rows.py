@@ -5,7 +5,7 @@ A mapping is a Config of five constexprs. Held rows (BLOCK=0) are read from memo
 a program (CTA) holds ROWS rows, or a segment of one row: a row too long for one warpgroup is split into
 segments of equal width, one per warpgroup of a cluster of CTAS CTAs with WGS warpgroups each, and the
 segments exchange their statistics once through distributed shared memory (`mgjit.cluster_gather`: one
-cluster barrier per row). Up to 8 CTAs of 4 warpgroups, 8192 columns each: rows of up to 262144 columns can
+mbarrier wait per row). Up to 8 CTAs of 4 warpgroups, 8192 columns each: rows of up to 262144 columns can
 be held. Streamed rows (BLOCK > 0): one program per row loops over BLOCK-wide chunks, each kernel's own way
 (cross-entropy reads the row once with an online logsumexp, the others twice); they are candidates for every
 row longer than one warpgroup holds (the mapping these examples used before rows were split over clusters, so

@@ -3,7 +3,7 @@
 The logits are read exactly once, by either of two mappings (autotuned per shape). Held rows, as in
 examples/_rows.py: short rows ROWS to a program; rows of up to 262144 split over the warpgroups of a cluster,
 each segment computing its maximum and its sum of exp(x - that maximum), which the segments swap once through
-distributed shared memory (one cluster barrier). Streamed rows (any row over
+distributed shared memory (one mbarrier wait). Streamed rows (any row over
 8192 columns, and the only way past 262144): one program per row loops over BLOCK-wide chunks with an online
 logsumexp (a running maximum, the sum rescaled when it grows). The target's logit is one scalar load per row
 (every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose

@@ -5,7 +5,7 @@ Every row is read once and held in registers (examples/_rows.py), the mapping au
   rounded up to 128 columns;
 - rows too long for one warpgroup: segments over the warpgroups of a cluster; each computes its sum and the
   sum of squared deviations from its own mean, the segments swap them once through distributed shared memory
-  (one cluster barrier) and merge them (Chan's parallel update: exact in f32, with no cancellation);
+  (one mbarrier wait) and merge them (Chan's parallel update: exact in f32, with no cancellation);
 - a loop over BLOCK-wide chunks, the mean and variance merged chunk by chunk (the same update), then a second
   pass that normalizes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192.
 Held rows are also tried with ptxas asked to fit OCC CTAs on an SM (`mgjit.min_ctas_per_sm`): the layernorm keeps

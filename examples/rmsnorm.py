@@ -5,7 +5,7 @@ The row length stays a runtime value (`x.shape[1]`): the padding beyond the row 
 the tensor read zeros) and contributes nothing. Every row is read once and held in registers (examples/_rows.py):
 short rows ROWS to a program, each as a few arrays whose widths add up to the row rounded up to 128 columns;
 rows too long for one warpgroup split over the warpgroups of a cluster, which add up their sums of squares
-through distributed shared memory (one cluster barrier). Rows can also take two passes over BLOCK-wide chunks
+through distributed shared memory (one mbarrier wait). Rows can also take two passes over BLOCK-wide chunks
 (the sum of squares, then the scaled row): the only way for rows longer than 262144 columns, and a candidate for
 any row over 8192. The mapping is autotuned per shape.
 

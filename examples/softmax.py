@@ -4,7 +4,7 @@ Rows are held in registers (examples/_rows.py): short rows ROWS to a program, ea
 whose widths add up to the row rounded up to 128 columns (4097 columns → 4096 + 128, so almost no work is
 wasted on padding); rows too long for one warpgroup split into segments over the warpgroups of a cluster.
 Each segment computes exp(x - its own maximum) and their sum; the segments swap (maximum, sum) pairs once
-(one cluster barrier) and rescale by exp(their maximum - the row's). The padding is masked to -inf so it adds
+(one mbarrier wait) and rescale by exp(their maximum - the row's). The padding is masked to -inf so it adds
 nothing. Reductions run across the 128 threads of a warpgroup: within each thread, then across lanes with
 butterfly shuffles, then across the 4 warps through shared memory. Rows can also stream through registers in
 BLOCK-wide chunks with an online softmax (a running maximum and a sum rescaled when it grows), then a second

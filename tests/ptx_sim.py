@@ -3,8 +3,9 @@ shuffling (byte permutes, predicated pieces, branches) and DSMEM exchanges are c
 CPU, instruction by instruction, as a GPU would run them.
 
 It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next
-instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns
-between cluster barriers. Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p
+instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns, each
+running until it waits: at a cluster barrier (which it passes once every CTA of the cluster is there) or on an
+mbarrier phase that has not completed (st.async counts its bytes on the receiving CTA's mbarrier). Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p
 pred, %rs b16, %r b32, %rd b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global
 memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
 tensor raises, as the hardware faults. `shfl.sync` must find every lane of its warp at the instruction,
@@ -68,6 +69,7 @@ class Program:
         self.params: list[str] = []
         self.code: list[tuple] = []
         self.labels: dict[str, int] = {}
+        self.predicates: set[str] = set()  # predicate registers an inline-asm block declares by name
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
         self.params = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", header)
@@ -79,19 +81,30 @@ class Program:
             if m:
                 self.labels[m.group(1)] = len(self.code)
                 continue
+            local: dict[str, str] = {}  # the labels of a one-line inline-asm block, scoped to it as in PTX
             for stmt in _split(line):
                 if stmt.startswith("{") or stmt.startswith("}"):
                     stmt = stmt.strip("{} ")
                     if not stmt:
                         continue
+                if stmt.startswith(".reg .pred "):
+                    self.predicates.update(n.strip() for n in stmt[len(".reg .pred "):].split(","))
+                    continue
+                m = re.match(r"^(\w+):\s+(.*)$", stmt)
+                if m:
+                    local[m.group(1)] = f"{m.group(1)}@{len(self.code)}"
+                    self.labels[local[m.group(1)]] = len(self.code)
+                    stmt = m.group(2)
                 guard = None
-                m = re.match(r"^@(!?)(%\w+)\s+(.*)$", stmt)
+                m = re.match(r"^@(!?)(%?\w+)\s+(.*)$", stmt)
                 if m:
                     guard = (m.group(1) == "!", m.group(2))
                     stmt = m.group(3)
                 parts = stmt.split(None, 1)
                 opcode = parts[0]
                 operands = _operands(parts[1]) if len(parts) > 1 else []
+                if opcode == "bra":
+                    operands = [local.get(operands[0], operands[0])]
                 self.code.append((guard, opcode, operands))
 
 
@@ -122,6 +135,7 @@ class CTA(Arithmetic):
         self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
         self.rank = rank
         self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
+        self.mbarriers: dict[int, MBarrier] = {}  # by SMEM offset
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(threads, dtype=np.uint32)
 
@@ -129,9 +143,9 @@ class CTA(Arithmetic):
     def reg(self, name: str) -> np.ndarray:
         if name not in self.regs:
             m = _REG.match(name)
-            if not m:
+            if not m and name not in self.prog.predicates:
                 raise SimError(f"unknown register {name}")
-            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1)])
+            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1)] if m else np.bool_)
         return self.regs[name]
 
     def value(self, op: str, dtype=None):
@@ -187,7 +201,8 @@ class CTA(Arithmetic):
 
     # -- running
     def run(self, max_steps: int = 10_000_000):
-        """A generator: it yields at each barrier.cluster.wait, where the cluster's CTAs meet."""
+        """A generator: it yields "cluster" at each barrier.cluster.wait, where the cluster's CTAs meet, and "spin"
+        where an mbarrier wait failed (another CTA must run first)."""
         pc = np.zeros(self.threads, dtype=np.int64)
         active = np.ones(self.threads, dtype=bool)
         steps = 0
@@ -205,8 +220,8 @@ class CTA(Arithmetic):
                 g = self.reg(guard[1])
                 run &= ~g if guard[0] else g
             nxt = self.step(opcode, operands, run, mask, active)
-            if nxt == "cluster":
-                yield
+            if nxt in ("cluster", "spin"):
+                yield nxt
                 nxt = None
             if nxt == "exit":
                 active &= ~run
@@ -232,9 +247,11 @@ class CTA(Arithmetic):
                     raise SimError(f"{opcode} {i}: {int((mask & (ids == i)).sum())} threads arrived, not {count}")
             return None
         if name == "barrier":
-            if not (mask == active).all():
+            if not (mask == active).all() or run.any() and not (run == active).all():
                 raise SimError(f"{opcode} reached by only some threads")
-            return "cluster" if opcode.startswith("barrier.cluster.wait") else None
+            return "cluster" if opcode.startswith("barrier.cluster.wait") and run.any() else None
+        if name == "mbarrier":
+            return self.mbarrier(parts, ops, run)
         if name == "shfl":
             self.shfl(parts, ops, run, mask)
             return None
@@ -289,6 +306,9 @@ class CTA(Arithmetic):
             self.write(o, val, run)
 
     def op_st(self, parts, ops, run):
+        if parts[1] == "async":
+            self.st_async(ops, run)
+            return
         parts = _unordered(parts)
         space = parts[1]
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
@@ -404,6 +424,55 @@ class CTA(Arithmetic):
         for j, o in enumerate(outs):
             self.write(o, olds[j], run)
 
+    def op_fence(self, parts, ops, run):
+        """Fences order memory; the simulator's accesses are already sequentially consistent."""
+
+    def mbarrier(self, parts, ops, run):
+        """mbarrier.init / arrive.expect_tx / try_wait.parity on this CTA's shared memory; "spin" where a wait
+        fails for a running thread."""
+        parts = _unordered(parts)
+        idx = np.nonzero(run)[0]
+        if parts[1] == "init":
+            for off in np.unique(self.address(ops[0])[idx]):
+                self.mbarriers[int(off)] = MBarrier(int(self.value(ops[1])))
+            return None
+        if parts[1] == "arrive" and parts[2] == "expect_tx":
+            addr = self.address(ops[1])
+            for lane in idx:
+                self._barrier(self, int(addr[lane])).arrive(int(self.value(ops[2])))
+            return None
+        if parts[1] == "try_wait" and parts[2] == "parity":
+            addr = self.address(ops[1])
+            parity = np.broadcast_to(np.asarray(self.value(ops[2])), (self.threads,))
+            done = np.zeros(self.threads, dtype=bool)
+            for lane in idx:
+                done[lane] = self._barrier(self, int(addr[lane])).completed % 2 != int(parity[lane]) % 2
+            self.write(ops[0], done, run)
+            return "spin" if not done[idx].all() else None
+        raise SimError(f"the simulator does not know {'.'.join(parts)}")
+
+    def _barrier(self, cta: "CTA", offset: int) -> "MBarrier":
+        if offset not in cta.mbarriers:
+            raise SimError(f"no mbarrier was initialised at shared offset {offset} of CTA rank {cta.rank}")
+        return cta.mbarriers[offset]
+
+    def st_async(self, ops, run) -> None:
+        """st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [addr], value, [bar]: the store, its bytes
+        counted on the receiving CTA's mbarrier."""
+        addr, bar = self.address(ops[0]), self.address(ops[2])
+        data = np.zeros((self.threads, 4), dtype=np.uint8)
+        val = np.broadcast_to(as_uint(self.value(ops[1]), 32), (self.threads,)).astype(np.uint64)
+        for b in range(4):
+            data[:, b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
+        for lane in np.nonzero(run)[0]:
+            if int(addr[lane]) >> 24 != int(bar[lane]) >> 24:
+                raise SimError("st.async to one CTA counted on another CTA's mbarrier")
+            one = np.zeros(self.threads, dtype=bool)
+            one[lane] = True
+            self._write("shared::cluster", addr, data, one)
+            peer = self.cluster[int(bar[lane]) >> 24]
+            self._barrier(peer, int(bar[lane]) & ((1 << 24) - 1)).complete_tx(4)
+
     def op_mapa(self, parts, ops, run):
         addr = as_uint(self.value(ops[1]), 32)
         rank = as_uint(self.value(ops[2]), 32)
@@ -446,6 +515,32 @@ def _to_float(bits: int, t: str) -> float:
     return float(np.array([bits], dtype=width).view(float_dtype(t))[0])
 
 
+class MBarrier:
+    """An mbarrier: a phase completes when all `count` arrivals came and the bytes expected (expect_tx) arrived
+    (complete_tx); bytes may arrive before they are expected, while the phase still waits for arrivals."""
+
+    def __init__(self, count: int):
+        self.count, self.pending, self.tx, self.completed = count, count, 0, 0
+
+    def arrive(self, expect_tx: int = 0) -> None:
+        self.tx += expect_tx
+        self.pending -= 1
+        if self.pending < 0:
+            raise SimError("more arrivals at an mbarrier than its count")
+        self._complete()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        self._complete()
+
+    def _complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.completed += 1
+            self.pending = self.count
+        elif self.pending == 0 and self.tx < 0:
+            raise SimError(f"{-self.tx} more bytes arrived at an mbarrier than its phase expected")
+
+
 def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
     off = addr.astype(np.int64)
     if (off % nbytes).any():
@@ -458,8 +553,7 @@ def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
            threads: int = 128) -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
-    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turn from one cluster barrier to the
-    next."""
+    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns (`_run_cluster`)."""
     prog = Program(ptx)
     if len(args) != len(prog.params):
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
@@ -473,18 +567,31 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
                 ctas: list[CTA] = []
                 for r in range(cluster):
                     ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads))
-                running = [c.run() for c in ctas]
-                while running:
-                    waiting = []
-                    for gen in running:
-                        try:
-                            next(gen)
-                            waiting.append(gen)
-                        except StopIteration:
-                            pass
-                    if waiting and len(waiting) != len(running):
-                        raise SimError("a CTA exited while the others of its cluster wait at a barrier")
-                    running = waiting
+                _run_cluster(ctas)
+
+
+def _run_cluster(ctas: list[CTA]) -> None:
+    """Run a cluster's CTAs in turns: each until it waits. Those at a cluster barrier go on once all are there;
+    those spinning on an mbarrier are tried again each turn, until a turn in which every CTA spins and none
+    completed an mbarrier phase (a deadlock)."""
+    running = {cta.rank: cta.run() for cta in ctas}
+    waits: dict[int, str | None] = {rank: None for rank in running}
+    while running:
+        before = [sum(b.completed for b in cta.mbarriers.values()) for cta in ctas]
+        for rank in list(running):
+            if waits[rank] == "cluster":
+                continue
+            try:
+                waits[rank] = next(running[rank])
+            except StopIteration:
+                del running[rank], waits[rank]
+        at_barrier = [r for r in running if waits[r] == "cluster"]
+        if at_barrier and len(at_barrier) == len(running):
+            if len(running) != len(ctas):
+                raise SimError("a CTA exited while the others of its cluster wait at a barrier")
+            waits = {r: None for r in running}
+        elif running and not at_barrier and before == [sum(b.completed for b in c.mbarriers.values()) for c in ctas]:
+            raise SimError("every CTA of the cluster waits on an mbarrier phase that cannot complete")
 
 
 class Device:

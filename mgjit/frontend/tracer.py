@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import math
 from typing import Any
 
 from .. import dtypes, ir, language as lang
@@ -17,6 +18,7 @@ from ..errors import CompileError
 from ..source import DeviceFunction, SourceFunction
 from . import registry
 from .builtins import debug, tcgen05  # importing builtins/ registers the builtins of every hardware unit
+from .builtins.clusters import EXCHANGES
 from .control import ControlFlow, Return, assigned_names, hidden
 from .values import Builder, Expanded, Ref, Shape, Tensor, Traced, WarpCondition, WarpIndex
 
@@ -430,6 +432,8 @@ def trace(source: SourceFunction, params: list[ir.Param], constexprs: dict[str, 
     tracer.num_warpgroups = num_warpgroups
     tracer.cluster = cluster
     tracer.profile = profile
+    if math.prod(cluster) > 1:
+        scope[EXCHANGES] = tracer.to_tensor(0)
     debug.start(tracer, source.loc(source.node))
     for i, p in enumerate(params):
         tracer.param_index[p.name] = i

@@ -6,9 +6,10 @@ and vector slots (a splat array holds one value). A tensor argument lowers to a 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from .. import ir, targets
 from ..dtypes import DType
@@ -60,6 +61,7 @@ class Context:
         self.smem_bytes = 0
         self.tmem: Any = None  # the kernel's tensor-memory allocation, made at its first TmemAlloc
         self.smem_arena: Any = None  # scoped SMEM's (arena offset, plan), made at the first (ops/smem_scopes.py)
+        self.exchange_barriers: int | None = None  # SMEM offset of the cluster exchanges' mbarriers (ops/clusters.py)
         e = emitter
         self.tid = e.tid_x()
         self.wg_tid = e.remui(self.tid, e.i32(THREADS_PER_WARPGROUP))
@@ -97,18 +99,26 @@ class Context:
                 stride *= size
         return coords
 
+    @contextlib.contextmanager
+    def at_entry(self) -> Iterator[None]:
+        """Emit at the kernel's entry (what every thread runs once, before anything else) instead of here."""
+        self.e.push(self._entry)
+        try:
+            yield
+        finally:
+            self.e.pop()
+
     def thread_index(self, layout: TiledLayout, shape: tuple[int, ...]) -> list[Any]:
         """Per array dimension, the part of an element's index that comes from which thread holds it."""
         key = (layout, shape)
         if key not in self._thread_index_cache:
             e = self.e
-            e.push(self._entry)
-            entries = layout.tiling.dim_strides(len(shape))
-            index = [e.i32(0) for _ in shape]
-            for d, c in self.thread_coords(layout).items():
-                dim, stride = entries[len(entries) + d]
-                index[dim] = e.addi(index[dim], e.muli(c, e.i32(stride)))
-            e.pop()
+            with self.at_entry():
+                entries = layout.tiling.dim_strides(len(shape))
+                index = [e.i32(0) for _ in shape]
+                for d, c in self.thread_coords(layout).items():
+                    dim, stride = entries[len(entries) + d]
+                    index[dim] = e.addi(index[dim], e.muli(c, e.i32(stride)))
             self._thread_index_cache[key] = index
         return self._thread_index_cache[key]
 

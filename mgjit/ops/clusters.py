@@ -3,9 +3,17 @@ every CTA of the cluster, with release/acquire ordering), ClusterReduce (a value
 warpgroup of the cluster, through distributed shared memory) and ClusterGather (values as every warpgroup of
 the cluster holds them, several in one exchange).
 
-An exchange costs one cluster barrier: every warpgroup writes its slot in every CTA, the cluster synchronises,
-and each reads its own CTA's copy. A second barrier, before the slots may be written again, is needed only
-where the same op runs again (in a loop): after the first, no CTA touches another's shared memory for this op.
+An exchange between the CTAs of a cluster costs no cluster barrier: every warpgroup writes its slot in every CTA
+with st.async, which counts its bytes on the receiving CTA's mbarrier, and each CTA waits on its own mbarrier for
+all of them. A barrier.cluster (whose release is a MEMBAR.ALL.GPU in SASS) would wait for every load and store the
+CTA has in flight: the stores of the last row and the loads of the next, in a kernel that prefetches. The
+exchanges of a kernel share two mbarriers and each has two slot buffers, picked by the parity of a counter of
+the exchanges run so far (a hidden variable of the trace, carried through loops: the `count` operand). Buffer
+and mbarrier k are written again two exchanges later, and a CTA gets there only after every CTA wrote its slots
+of the exchange between, which each does after a bar.sync of its CTA that follows its reads of exchange k. The
+mbarriers are initialised at the kernel's entry, followed by a relaxed cluster arrive; the first exchange waits
+on that barrier (where nothing else in the kernel uses cluster barriers), so the entry does not delay the
+kernel's first loads.
 """
 from __future__ import annotations
 
@@ -55,10 +63,14 @@ class ClusterReduce(Op):
     name = "cluster_reduce"
     requires = "cluster"
 
-    def __init__(self, kind: str, x: Value, ctas: int, loc: Loc | None):
-        super().__init__([x], [x.type], loc)
+    def __init__(self, kind: str, x: Value, ctas: int, loc: Loc | None, count: Value | None = None):
+        super().__init__([x] + ([count] if count is not None else []), [x.type], loc)
         self.kind = kind
         self.ctas = ctas  # CTAs in the cluster the kernel is compiled for
+
+    @property
+    def values(self) -> list[Value]:
+        return self.operands[:1]
 
     def attrs(self):
         return {"kind": self.kind, "ctas": self.ctas}
@@ -68,6 +80,7 @@ class ClusterReduce(Op):
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}; expected one of {REDUCE_KINDS}")
         check(x.dtype in (dtypes.float32, dtypes.int32), self,
               f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
+        _verify_count(self)
 
 
 class ClusterGather(Op):
@@ -78,10 +91,15 @@ class ClusterGather(Op):
     name = "cluster_gather"
     requires = "cluster"
 
-    def __init__(self, values: list[Value], ctas: int, warpgroups: int, loc: Loc | None):
-        super().__init__(values, [v.type for v in values for _ in range(ctas * warpgroups)], loc)
+    def __init__(self, values: list[Value], ctas: int, warpgroups: int, loc: Loc | None, count: Value | None = None):
+        super().__init__(values + ([count] if count is not None else []),
+                         [v.type for v in values for _ in range(ctas * warpgroups)], loc)
         self.ctas = ctas
         self.warpgroups = warpgroups
+
+    @property
+    def values(self) -> list[Value]:
+        return self.operands[:len(self.results) // self.slots]
 
     @property
     def slots(self) -> int:
@@ -91,10 +109,23 @@ class ClusterGather(Op):
         return {"ctas": self.ctas, "warpgroups": self.warpgroups}
 
     def verify(self):
-        check(bool(self.operands), self, "cluster_gather needs at least one value")
-        for x in self.operands:
+        check(bool(self.values), self, "cluster_gather needs at least one value")
+        for x in self.values:
             check(x.dtype in (dtypes.float32, dtypes.int32), self,
                   f"cluster_gather exchanges float32 or int32 values, got {x.dtype.name}; use .astype()")
+        _verify_count(self)
+
+
+def _verify_count(op: Op) -> None:
+    """An exchange between CTAs takes the count of exchanges run before it (an int32 scalar), and only it."""
+    counted = len(op.operands) > len(op.values)
+    check(counted == (op.ctas > 1), op,
+          f"an exchange over {op.ctas} CTAs expected {'a' if op.ctas > 1 else 'no'} count of earlier exchanges, "
+          f"got {'one' if counted else 'none'}")
+    if counted:
+        count = op.operands[-1]
+        check(not count.is_array and count.dtype == dtypes.int32, op,
+              f"the count of earlier exchanges is an int32 scalar, got {count.type}")
 
 
 infer.rule(ClusterRank, ClusterSync)(infer.no_arrays)
@@ -108,7 +139,7 @@ def _infer_cluster_reduce(op: ClusterReduce, inf: infer.Inference) -> None:
 
 @infer.rule(ClusterGather)
 def _infer_cluster_gather(op: ClusterGather, inf: infer.Inference) -> None:
-    for i, x in enumerate(op.operands):
+    for i, x in enumerate(op.values):
         if x.is_array:
             for r in op.results[i * op.slots:(i + 1) * op.slots]:
                 inf.set_layout(r, x.layout, op)
@@ -173,54 +204,105 @@ def _in_loop(kernel: ir.Kernel, op: Op) -> bool:
                for o in region.walk())
 
 
-def _exchange(ctx: lower.Context, op: Op, operands: list[Value], ctas: int) -> list[tuple[_Held, list[list]]]:
-    """Every warpgroup's elements of each operand, through a scratch buffer at the same offset in every CTA's
-    shared memory: for each operand, its _Held and, per element it holds, the element in every slot (slot order).
-
-    Each element's first holder writes it into its warpgroup's slot in every CTA (mapa + st.shared::cluster),
-    the cluster synchronises, and every thread reads the slots of the elements it holds. Compiled for one CTA,
-    the same goes through the CTA's own shared memory and bar.sync, with no cluster instruction."""
+def _exchange(ctx: lower.Context, op: Op) -> list[tuple[_Held, list[list]]]:
+    """Every warpgroup's elements of each of op's values: for each value, its _Held and, per element it holds,
+    the element in every slot (slot order). Each element's first holder writes it into its warpgroup's slot in
+    every CTA's shared memory, and every thread reads the slots of the elements it holds once all were written:
+    within one CTA after a bar.sync, between CTAs through st.async and an mbarrier (see the module's doc)."""
     e = ctx.e
-    i32 = e.int_type(32)
-    slots = ctas * ctx.kernel.num_warpgroups
-    held = [_held(ctx, x) for x in operands]
+    slots = op.ctas * ctx.kernel.num_warpgroups
+    held = [_held(ctx, x) for x in op.values]
     bases, total = [], 0
     for h in held:
         bases.append(total)
         total += slots * h.count
-    scratch = ctx.alloc_shared(total * 4, 16)
-    rank = cluster_ctarank(ctx) if ctas > 1 else e.i32(0)
-    mine = e.addi(e.muli(rank, e.i32(ctx.kernel.num_warpgroups)), ctx.wg_id)
-    barrier = cluster_barrier if ctas > 1 else (lambda ctx: ctx.e.asm_void("bar.sync 0;", "", []))
-
-    def address(h: _Held, base: int, slot, place):
-        return e.addi(e.i32(scratch + 4 * base), e.muli(e.addi(e.muli(slot, e.i32(h.count)), place), e.i32(4)))
-
-    if _in_loop(ctx.kernel, op):
-        barrier(ctx)  # every warpgroup has read what the last run of this op wrote
-    for h, base, x in zip(held, bases, operands):
-        for place, v in zip(h.places, h.values):
-            bits = e.bitcast(v, i32) if x.dtype.is_float else v
-            local = shared_address(ctx, address(h, base, mine, place))
-            if ctas == 1:
-                e.asm_void("@$0 st.shared.b32 [$1], $2;", "b,r,r", [h.writer, local, bits])
-                continue
-            for peer in range(ctas):
-                remote = e.asm("mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [local, e.i32(peer)], [i32])[0]
-                e.asm_void("@$0 st.shared::cluster.b32 [$1], $2;", "b,r,r", [h.writer, remote, bits])
-    barrier(ctx)
+    if op.ctas == 1:
+        buffer = e.i32(ctx.alloc_shared(total * 4, 16))
+        if _in_loop(ctx.kernel, op):
+            e.asm_void("bar.sync 0;", "", [])  # every warpgroup has read what the last run of this op wrote
+        _write_slots(ctx, op, held, bases, buffer, None)
+        e.asm_void("bar.sync 0;", "", [])
+    else:
+        count = ctx.get(op.operands[-1])
+        which = e.andi(count, e.i32(1))
+        buffer = e.addi(e.i32(ctx.alloc_shared(2 * total * 4, 16)), e.muli(which, e.i32(total * 4)))
+        barrier = shared_address(ctx, e.addi(e.i32(_exchange_barriers(ctx)), e.muli(which, e.i32(8))))
+        if _in_loop(ctx.kernel, op):
+            e.asm_void("bar.sync 0;", "", [])  # this CTA has read what exchange count - 2 wrote here
+        if _arrives_at_entry(ctx.kernel):  # the first exchange waits until every CTA initialised its mbarriers
+            e.asm_void("{ .reg .pred first; setp.eq.u32 first, $0, 0; @first barrier.cluster.wait.aligned; }",
+                       "r", [count])
+        e.asm_void(f"@$0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$1], {total * 4};", "b,r",
+                   [e.cmpi("eq", ctx.tid, e.i32(0)), barrier])
+        _write_slots(ctx, op, held, bases, buffer, barrier)
+        e.asm_void("{ .reg .pred done; WAIT: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [$0], $1; "
+                   "@!done bra WAIT; }", "r,r", [barrier, e.andi(e.divui(count, e.i32(2)), e.i32(1))])
     out = []
-    for h, base, x in zip(held, bases, operands):
+    for h, base, x in zip(held, bases, op.values):
         t = e.type(x.dtype)
-        out.append((h, [[e.smem_load(t, address(h, base, e.i32(s), place)) for s in range(slots)]
+        out.append((h, [[e.smem_load(t, _slot_address(ctx, h, buffer, base, e.i32(s), place)) for s in range(slots)]
                         for place in h.places]))
     return out
+
+
+def _slot_address(ctx: lower.Context, h: _Held, buffer: Any, base: int, slot: Any, place: Any) -> Any:
+    """The SMEM byte offset of element `place` of a value in `slot` of an exchange's buffer."""
+    e = ctx.e
+    return e.addi(buffer, e.muli(e.addi(e.i32(base), e.addi(e.muli(slot, e.i32(h.count)), place)), e.i32(4)))
+
+
+def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int], buffer: Any,
+                 barrier: Any) -> None:
+    """This warpgroup's elements into its slot: of this CTA's buffer (barrier None), or of every CTA's, each
+    write counted on that CTA's mbarrier (st.async)."""
+    e = ctx.e
+    i32 = e.int_type(32)
+    mine = e.addi(e.muli(cluster_ctarank(ctx) if op.ctas > 1 else e.i32(0), e.i32(ctx.kernel.num_warpgroups)),
+                  ctx.wg_id)
+    mapa = "mapa.shared::cluster.u32 $0, $1, $2;"
+    peers = [] if barrier is None else [(e.i32(p), e.asm(mapa, "=r,r,r", [barrier, e.i32(p)], [i32])[0])
+                                        for p in range(op.ctas)]
+    for h, base, x in zip(held, bases, op.values):
+        for place, v in zip(h.places, h.values):
+            bits = e.bitcast(v, i32) if x.dtype.is_float else v
+            local = shared_address(ctx, _slot_address(ctx, h, buffer, base, mine, place))
+            if barrier is None:
+                e.asm_void("@$0 st.shared.b32 [$1], $2;", "b,r,r", [h.writer, local, bits])
+            for peer, peer_barrier in peers:
+                remote = e.asm(mapa, "=r,r,r", [local, peer], [i32])[0]
+                e.asm_void("@$0 st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$1], $2, [$3];",
+                           "b,r,r,r", [h.writer, remote, bits, peer_barrier])
+
+
+def _arrives_at_entry(kernel: ir.Kernel) -> bool:
+    """Whether the entry only arrives at the cluster barrier after initialising the exchanges' mbarriers (and the
+    first exchange waits): where nothing else in the kernel uses the cluster barrier, whose arrivals and waits
+    must alternate. Otherwise the entry waits too."""
+    return kernel.cta_group == 1 and not any(isinstance(o, ClusterSync) for o in kernel.walk())
+
+
+def _exchange_barriers(ctx: lower.Context) -> int:
+    """The SMEM offset of the two mbarriers every exchange between CTAs counts its bytes on, initialised (one
+    arrival: the expect_tx) at the kernel's entry, made visible to the cluster, and arrived at."""
+    if ctx.exchange_barriers is None:
+        e = ctx.e
+        ctx.exchange_barriers = ctx.alloc_shared(16, 8)
+        with ctx.at_entry():
+            base = shared_address(ctx, e.i32(ctx.exchange_barriers))
+            first = e.cmpi("eq", ctx.tid, e.i32(0))
+            for k in range(2):
+                e.asm_void("@$0 mbarrier.init.shared::cta.b64 [$1], 1;", "b,r", [first, e.addi(base, e.i32(8 * k))])
+            e.asm_void("fence.mbarrier_init.release.cluster;", "", [])
+            e.asm_void("barrier.cluster.arrive.relaxed.aligned;", "", [])
+            if not _arrives_at_entry(ctx.kernel):
+                e.asm_void("barrier.cluster.wait.aligned;", "", [])
+    return ctx.exchange_barriers
 
 
 @lower.rule(ClusterReduce)
 def _cluster_reduce(op: ClusterReduce, ctx: lower.Context) -> None:
     """Each element combined over the slots in slot order."""
-    ((held, per_element),) = _exchange(ctx, op, [op.operands[0]], op.ctas)
+    ((held, per_element),) = _exchange(ctx, op)
     combined = []
     for slots in per_element:
         acc = slots[0]
@@ -232,7 +314,7 @@ def _cluster_reduce(op: ClusterReduce, ctx: lower.Context) -> None:
 
 @lower.rule(ClusterGather)
 def _cluster_gather(op: ClusterGather, ctx: lower.Context) -> None:
-    for i, (held, per_element) in enumerate(_exchange(ctx, op, list(op.operands), op.ctas)):
+    for i, (held, per_element) in enumerate(_exchange(ctx, op)):
         for s in range(op.slots):
             ctx.set(op.results[i * op.slots + s], held.rebuild([slots[s] for slots in per_element]))
 
@@ -256,7 +338,7 @@ def _interp_exchange(op: Op, wg: Warpgroup) -> Generator[Wait, None, list[list[t
     exchanges = _EXCHANGES.setdefault(wg.cluster, {})
     key = (id(op), sync.generation)
     box = exchanges.setdefault(key, {})
-    box[(wg.cta.rank, wg.index)] = [torch.as_tensor(wg.get(x, op)).clone() for x in op.operands]
+    box[(wg.cta.rank, wg.index)] = [torch.as_tensor(wg.get(x, op)).clone() for x in op.values]
     yield wg.rendezvous(op, sync)
     slots = [box[k] for k in sorted(k for k in box if k != "read")]
     box["read"] = box.get("read", 0) + 1
@@ -281,7 +363,7 @@ def _interp_cluster_reduce(op: ClusterReduce, wg: Warpgroup) -> Generator[Wait, 
 @interpret.rule(ClusterGather)
 def _interp_cluster_gather(op: ClusterGather, wg: Warpgroup) -> Generator[Wait, None, None]:
     slots = yield from _interp_exchange(op, wg)
-    for i in range(len(op.operands)):
+    for i in range(len(op.values)):
         for s, values in enumerate(slots):
             wg.set(op.results[i * op.slots + s], values[i])
 

@@ -2,10 +2,23 @@
 `mgjit.cluster_gather(x, ...)`."""
 from __future__ import annotations
 
-from ... import dtypes, language as lang, ops
+from ... import dtypes, ir, language as lang, ops
 from ..registry import builtin
 from ..semantics import Semantics
 from ..values import Tensor
+
+
+EXCHANGES = "$exchanges"  # the hidden count of the exchanges between CTAs run so far (ops/clusters.py says why)
+
+
+def exchange_count(t: Semantics, ctas: int) -> ir.Value | None:
+    """The count of exchanges between the CTAs of the cluster run before this one (None within one CTA), counted
+    up for the next. The trace starts it at 0 in every kernel compiled for a cluster."""
+    if ctas == 1:
+        return None
+    count = t.scope[EXCHANGES]
+    t.scope[EXCHANGES] = t.binary("add", count, 1)
+    return count.value
 
 
 @builtin(lang.cluster_rank, unit="cluster")
@@ -28,7 +41,7 @@ def cluster_reduce(t: Semantics, args: list, kwargs: dict) -> Tensor:
     if x.dtype not in (dtypes.float32, dtypes.int32):
         raise t.error(f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
     ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
-    return t.emit(ops.ClusterReduce(kind, x.value, ctas, t.builder.loc))
+    return t.emit(ops.ClusterReduce(kind, x.value, ctas, t.builder.loc, exchange_count(t, ctas)))
 
 
 @builtin(lang.cluster_gather, unit="cluster")
@@ -40,7 +53,7 @@ def cluster_gather(t: Semantics, args: list, kwargs: dict) -> tuple:
         if x.dtype not in (dtypes.float32, dtypes.int32):
             raise t.error(f"cluster_gather exchanges float32 or int32 values, got {x.dtype.name}; use .astype()")
     ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
-    op = ops.ClusterGather([x.value for x in values], ctas, t.num_warpgroups, t.builder.loc)
+    op = ops.ClusterGather([x.value for x in values], ctas, t.num_warpgroups, t.builder.loc, exchange_count(t, ctas))
     t.builder.add(op)
     slots = op.slots
     gathered = tuple(tuple(Tensor(t, r) for r in op.results[i * slots:(i + 1) * slots]) for i in range(len(values)))
