@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_gemv as gemv  # noqa: E402
 import _matmul_schedules as schedules  # noqa: E402
 from matmul import rel_err, triton_matmul  # noqa: E402
-from matmul_hopper import _sm_count, matmul  # noqa: E402
+from _device import sm_count  # noqa: E402
+from matmul_hopper import matmul  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (3, 4096, 4096), (4, 8192, 8192), (3, 4096, 14336), (3, 14336, 4096)]
 L2_BYTES = 50 * 2 ** 20  # H100 SXM
@@ -45,7 +46,7 @@ def run_shape(m: int, n: int, k: int, rounds: int, tmm) -> None:
     a, b = copies[0]
     ref = a.float() @ b.float()
     problem = schedules.Problem.of(a, b, False, torch.bfloat16, False, False, None)
-    options = schedules.candidates(problem, _sm_count(a.device.index))
+    options = schedules.candidates(problem, sm_count(a.device.index))
     fns = {"cuBLAS": lambda x, y: torch.matmul(x, y), "wrapper's pick": lambda x, y: matmul(x, y)}
     for cfg in options:
         if cfg.get("SWAP_AB") or cfg.get("GEMV") == "n-major":

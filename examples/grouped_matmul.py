@@ -27,7 +27,8 @@ import mgjit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
-from matmul_hopper import _sm_count, _tma_ready, tile_origin  # noqa: E402
+from _device import sm_count  # noqa: E402
+from matmul_hopper import _tma_ready, tile_origin  # noqa: E402
 
 TABLE_CHUNK = 128  # row tiles the table kernel resolves per step
 
@@ -157,7 +158,7 @@ def grouped_matmul(x, w, offs, *, scale_x=None, scale_w=None, out_dtype=None, co
     scaled = scale_x is not None
     cfg = {"BM": 128, "BN": column_tile(n), "BK": schedules.BK_FOR_BITS[bits], "GROUP_M": 8, **(config or {})}
     cfg.setdefault("STAGES", 3 if cfg["BN"] == 256 else 4)
-    sms = _sm_count(x.device.index) if x.is_cuda else 2
+    sms = sm_count(x.device.index) if x.is_cuda else 2
     rows_bound = -(-x.shape[0] // cfg["BM"]) + groups  # row tiles: at most one partial tile per group
     table = torch.empty(3, -(-rows_bound // TABLE_CHUNK) * TABLE_CHUNK, dtype=torch.int32, device=x.device)
     count = torch.empty(1, dtype=torch.int32, device=x.device)

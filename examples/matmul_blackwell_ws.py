@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from _device import sm_count
 
 import mgjit
 
@@ -199,7 +200,7 @@ def launch_shape(m: int, n: int, cfg: dict, clc: bool, sms: int) -> tuple[tuple[
 
 
 def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 148
+    return sm_count(device.index) if device.type == "cuda" else 148
 
 
 def matmul(a: torch.Tensor, b_t: torch.Tensor, a_scales: torch.Tensor | None = None,

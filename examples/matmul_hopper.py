@@ -34,7 +34,6 @@ Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few can
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
@@ -42,6 +41,7 @@ import mgjit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
+from _device import sm_count  # noqa: E402
 from _matmul_epilogue import ACTIVATIONS, activate  # noqa: E402
 from _matmul_gemv import gemv_kmajor, gemv_nmajor  # noqa: E402
 
@@ -319,12 +319,6 @@ DEFAULT_CONFIG = dict(BM=128, BN=256, BK=64, STAGES=3, GROUP_M=8)
 BK_FOR_BITS = schedules.BK_FOR_BITS
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: int) -> int:
-    import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _tma_aligned(t) -> bool:
     """Whether TMA can read t as it is: unit column stride, rows and address 16-byte aligned."""
     return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
@@ -369,7 +363,7 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if config is None and profile is None:
         key = _call_key(a, b, scale, bias, activation, out_dtype, b_kmajor)
         prepared = _PREPARED.get(key)
-        if prepared is not None and prepared.chosen is schedules._CHOSEN and prepared.sms == _sm_count(
+        if prepared is not None and prepared.chosen is schedules._CHOSEN and prepared.sms == sm_count(
                 key[-1].index):
             return prepared(a, b, scale, bias)
     k_b = b.shape[1] if b_kmajor else b.shape[0]
@@ -384,7 +378,7 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if bits != 16 and not problem.b_k:
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
                          f"transposed view of one)")
-    sms = _sm_count(a.device.index)
+    sms = sm_count(a.device.index)
     cfg = schedules.choose(problem, config, sms, lambda candidate, c: _launch(problem, candidate, c, scale, bias),
                            matmul_kernel, lambda: _output(problem.m, problem.n, out_dtype, a.device))
     c = _output(problem.m, problem.n, out_dtype, a.device)
@@ -462,7 +456,7 @@ class _Prepared:
 
 def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None) -> schedules.Plan:
     """One launch of matmul_kernel for `problem` with `cfg`, writing c (recording its spans in `profile`)."""
-    plan = schedules.launch_plan(problem, cfg, _sm_count(c.device.index))
+    plan = schedules.launch_plan(problem, cfg, sm_count(c.device.index))
     if plan.gemv:
         a = problem.a_op.t() if problem.a_mn else problem.a_op
         GEMV_KERNELS[plan.gemv][plan.grid](a, problem.b_op, c, scale if scale is not None else c,

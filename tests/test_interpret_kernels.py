@@ -276,7 +276,7 @@ def test_fused_bias_gelu_epilogue():
 def test_the_example_wrapper_under_mgjit_interpret(monkeypatch):
     """MGJIT_INTERPRET=1: the wrapper's own launch, `matmul_kernel[grid](...)`, runs on the CPU."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
-    monkeypatch.setattr(hopper, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 2)
     a, b = torch.randn(333, 100, dtype=BF16), torch.randn(100, 250, dtype=BF16)  # rows TMA cannot read: padded
     assert rel_err(hopper.matmul(a, b), a.float() @ b.float()) < 5e-3
 

@@ -21,7 +21,7 @@ BF16, F16 = torch.bfloat16, torch.float16
 @pytest.fixture
 def interpreted(monkeypatch):
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
-    monkeypatch.setattr(mh, "_sm_count", lambda device: 3)
+    monkeypatch.setattr(mh, "sm_count", lambda device: 3)
     monkeypatch.setattr(mh, "_PREPARED", {})
     monkeypatch.setattr(schedules, "_CHOSEN", {})
 
@@ -218,7 +218,7 @@ def test_gpu_nmajor_every_candidate_matches_torch(poison_empty, m, k, n, a_view)
     b = torch.randn(k, n, device="cuda", dtype=BF16)
     bias = torch.randn(n, device="cuda", dtype=BF16)
     ref = reference(a, b.t(), None, bias, "gelu")
-    for cfg in gemv.nmajor_candidates(m, n, k, mh._sm_count(0)):
+    for cfg in gemv.nmajor_candidates(m, n, k, mh.sm_count(0)):
         c = mh.matmul(a, b, config=cfg, bias=bias, activation="gelu")
         assert not c.isnan().any(), ("some of the poisoned output was never written", cfg)
         assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3, cfg
@@ -241,7 +241,7 @@ def test_gpu_chooser_times_the_nmajor_gemv(poison_empty, monkeypatch, m, k, n):
     assert not c.isnan().any() and ((c.double() - ref).norm() / ref.norm()).item() < 5e-3
     timed = schedules.timings(a, b)
     nmajor = [v for name, v in timed.items() if name.startswith("GEMV N-major")]
-    assert len(nmajor) == len(gemv.nmajor_candidates(m, n, k, mh._sm_count(0))) and all(
+    assert len(nmajor) == len(gemv.nmajor_candidates(m, n, k, mh.sm_count(0))) and all(
         v.endswith(" ms") for v in nmajor), timed
     print(f"{m}x{n}x{k}: picked {schedules.describe(schedules.chosen(a, b))}; {timed}")
 

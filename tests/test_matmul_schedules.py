@@ -25,7 +25,7 @@ def interpreted(monkeypatch, poison_empty):
     outputs poisoned with NaN."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     sms = {"count": 3}
-    monkeypatch.setattr(mh, "_sm_count", lambda device: sms["count"])
+    monkeypatch.setattr(mh, "sm_count", lambda device: sms["count"])
     monkeypatch.setattr(schedules, "_WORKSPACES", {})
     return sms
 
@@ -370,7 +370,7 @@ def test_swapped_tile_of_a_non_power_of_two_width_adds_its_bias(m, monkeypatch):
     """M = 24 or 40 swapped puts a 24- or 40-wide tile on the wgmma's N: the bias broadcast along its rows had no
     default layout (a side not a power of two) and was a CompileError; it takes the accumulator's layout."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
-    monkeypatch.setattr(mh, "_sm_count", lambda device: 8)
+    monkeypatch.setattr(mh, "sm_count", lambda device: 8)
     a, b = torch.randn(m, 256, dtype=BF16), torch.randn(256, 128, dtype=BF16)
     bias = torch.randn(128, dtype=BF16)
     c = mh.matmul(a, b, {"SWAP_AB": True, "BM": 64, "BN": -(-m // 8) * 8, "STREAM_K": 1}, bias=bias)

@@ -30,7 +30,7 @@ def gpu(monkeypatch, tmp_path):
     # The kernel's launch path is made afresh, on the stub's C launcher (an earlier test may have made it without)
     for attr, fresh in (("_entry", None), ("_native", None), ("_c_module", None), ("_dispatch", None), ("_plans", {})):
         monkeypatch.setattr(mh.matmul_kernel, attr, fresh)
-    monkeypatch.setattr(mh, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(mh, "sm_count", lambda device: 132)
     for table in ("_CHOSEN", "_PLANS", "_WORKSPACES"):
         monkeypatch.setattr(schedules, table, {})
     monkeypatch.setattr(mh, "_PREPARED", {})
@@ -149,7 +149,7 @@ def test_each_ingredient_of_the_call_key_takes_the_full_path(gpu, monkeypatch):
         stream.setattr(schedules, "current_stream", lambda device: 7)
         mh.matmul(a, b, bias=bias)
     assert gpu.full_calls == before + 1, "a call on another stream was served from the cache"
-    monkeypatch.setattr(mh, "_sm_count", lambda device: 66)
+    monkeypatch.setattr(mh, "sm_count", lambda device: 66)
     mh.matmul(a, b, bias=bias)
     assert gpu.full_calls == before + 2, "a call on a GPU of other SMs was served from the cache"
     monkeypatch.setattr(schedules, "_CHOSEN", {})
@@ -164,7 +164,7 @@ def test_cached_calls_compute_what_torch_does(monkeypatch, poison_empty):
     served from the cache, is right for a swapped decode shape with the whole epilogue and for a misaligned
     operand."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
-    monkeypatch.setattr(mh, "_sm_count", lambda device: 3)
+    monkeypatch.setattr(mh, "sm_count", lambda device: 3)
     monkeypatch.setattr(schedules, "_WORKSPACES", {})
     monkeypatch.setattr(mh, "_PREPARED", {})
     bias, scale = torch.randn(136, dtype=BF16), torch.tensor([0.5])
