@@ -137,13 +137,14 @@ cluster_sync = _builtin("cluster_sync", "cluster_sync(): a barrier for every thr
 cluster_reduce = _builtin("cluster_reduce", "cluster_reduce(x, kind): x (a float32 or int32 scalar or array) combined "
                                             "elementwise by kind ('sum', 'max' or 'min') over every warpgroup of "
                                             "every CTA in the cluster; each gets the same result. Every warpgroup "
-                                            "of the cluster must call it: it synchronises the cluster.")
+                                            "of the cluster must call it: each waits for every other's value. It "
+                                            "orders no other memory access (cluster_sync does).")
 cluster_gather = _builtin("cluster_gather", "cluster_gather(x, ...): x (a float32 or int32 scalar or array) as every "
                                             "warpgroup of every CTA in the cluster holds it: a tuple, slot = CTA "
                                             "rank x warpgroups + warpgroup index. Several values go in one exchange "
                                             "and give a tuple each. Every warpgroup of the cluster must call it: "
                                             "each waits for every other's values (through an mbarrier, not a "
-                                            "cluster barrier).")
+                                            "cluster barrier: it orders no other memory access).")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order the warpgroup's SMEM stores "

@@ -5,8 +5,9 @@ CPU, instruction by instruction, as a GPU would run them.
 It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next
 instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns, each
 running until it waits: at a cluster barrier (which it passes once every CTA of the cluster is there) or on an
-mbarrier phase that has not completed (st.async counts its bytes on the receiving CTA's mbarrier). Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p
-pred, %rs b16, %r b32, %rd b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global
+mbarrier phase that has not completed (st.async counts its bytes on the receiving CTA's mbarrier). Registers
+are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd b64, %f
+f32, %fd f64); a float instruction reads an integer register's bits. Global
 memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
 tensor raises, as the hardware faults. `shfl.sync` must find every lane of its warp at the instruction,
 `bar.sync` its count of threads, a cluster barrier every thread. Memory, shuffles and control flow are here;

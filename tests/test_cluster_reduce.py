@@ -212,3 +212,29 @@ def test_gather_on_the_gpu():
     torch.cuda.synchronize()
     got = out.cpu()
     assert torch.allclose(got, gathered_reference(x), rtol=1e-5, atol=1e-4) and (got == got[:, :1]).all()
+
+
+@mgjit.kernel
+def synced_sums(x, out, BLOCK: mgjit.constexpr, CTAS: mgjit.constexpr):
+    """A cluster_sync, then a reduction: the kernel's other cluster barrier decides how the exchanges' mbarriers
+    are published at the entry."""
+    rank = mgjit.cluster_rank()
+    mgjit.cluster_sync()
+    out[mgjit.program_id(0), 0] = mgjit.cluster_reduce(x[mgjit.ds(rank * BLOCK, BLOCK)].sum(), "sum")
+
+
+def test_a_kernel_with_cluster_syncs_waits_for_the_mbarriers_at_its_entry():
+    """Where the kernel has cluster barriers of its own, the entry arrives and waits after initialising the
+    mbarriers (a split arrive would pair with the kernel's own wait); the sums stay exact on the simulator."""
+    x = torch.randn(CTAS * BLOCK)
+    out = torch.full((CTAS, 1), float("nan"))
+    compiled = synced_sums.compile(x, out, BLOCK=BLOCK, CTAS=CTAS, cluster=(CTAS, 1, 1), target="sm_90a")
+    assert "@first barrier.cluster.wait" not in compiled.ptx
+    entry = compiled.ptx.index("fence.mbarrier_init.release.cluster")
+    own = compiled.ptx.index("barrier.cluster.arrive.release")  # the kernel's cluster_sync
+    assert compiled.ptx.index("barrier.cluster.wait.aligned", entry) < own
+    dev = ptx_sim.Device()
+    dev.place(x)
+    dev.place(out)
+    dev.run(compiled, (CTAS,), x, out, cluster=CTAS)
+    assert torch.allclose(dev.fetch(out), x.sum().expand(CTAS, 1), rtol=1e-5, atol=1e-4)

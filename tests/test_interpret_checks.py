@@ -473,3 +473,33 @@ def test_relaxed_needs_a_remote_arrival():
 
     with pytest.raises(mgjit.CompileError, match="relaxed=True is for an arrival on another CTA"):
         local.compile(torch.empty(4), target="sm_90a")
+
+
+# ---------------------------------------------------------------------------------------------- cluster exchanges
+
+@mgjit.kernel(num_warpgroups=2)
+def exchange_then_read(x, y, SYNC: mgjit.constexpr):
+    """Warpgroup 0 stores a tile; both warpgroups exchange a value over the cluster; warpgroup 1 reads the tile.
+    Between CTAs an exchange waits for the values alone (st.async and an mbarrier): it orders no store, so only
+    a cluster_sync makes the read safe."""
+    t = mgjit.smem((64, 64), x.dtype)
+    if mgjit.warpgroup_id() == 0:
+        t[...] = x[0:64, 0:64]
+    total = mgjit.cluster_reduce(mgjit.cluster_rank().astype(mgjit.float32), "sum")
+    if SYNC:
+        mgjit.cluster_sync()
+    if mgjit.warpgroup_id() == 1:
+        y[0:64, 0:64] = (t[...].astype(mgjit.float32) + total).astype(y.dtype)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_an_exchange_between_ctas_orders_no_stores(sync):
+    x, y = torch.randn(64, 64, dtype=BF16), torch.full((64, 64), float("nan"), dtype=BF16)
+    if sync:
+        exchange_then_read.interpret[(2,)](x, y, SYNC=True, cluster=(2, 1, 1))
+        assert torch.equal(y, (x.float() + 2.0).to(BF16))  # ranks 0, 0, 1, 1: one per warpgroup
+        return
+    with pytest.raises(InterpretError) as excinfo:
+        exchange_then_read.interpret[(2,)](x, y, SYNC=False, cluster=(2, 1, 1))
+    expect(excinfo, exchange_then_read, Check.SMEM_UNORDERED,
+           "y[0:64, 0:64] = (t[...].astype(mgjit.float32) + total).astype(y.dtype)", ("t[...] = x[0:64, 0:64]",))

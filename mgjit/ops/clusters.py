@@ -58,7 +58,8 @@ class ClusterSync(Op):
 
 class ClusterReduce(Op):
     """x (a scalar or an array) combined elementwise by `kind` (sum, max, min) over every warpgroup of every CTA
-    of the cluster; each gets the same bits. It synchronises the cluster (every warpgroup must reach it)."""
+    of the cluster; each gets the same bits. Every warpgroup must reach it: each waits for all the others' values
+    (and for nothing else: it is no memory barrier)."""
 
     name = "cluster_reduce"
     requires = "cluster"
@@ -86,7 +87,8 @@ class ClusterReduce(Op):
 class ClusterGather(Op):
     """Each of `values` (float32 or int32 scalars or arrays) as every warpgroup of every CTA of the cluster holds
     it, exchanged in one round: the results are value 0 in every slot, then value 1 in every slot, ...; slot =
-    CTA rank × warpgroups + warpgroup index. Every warpgroup gets the same bits. It synchronises the cluster."""
+    CTA rank × warpgroups + warpgroup index. Every warpgroup gets the same bits. Every warpgroup must reach it
+    (it waits for all the others' values, and for nothing else)."""
 
     name = "cluster_gather"
     requires = "cluster"
@@ -333,13 +335,17 @@ _EXCHANGES: "weakref.WeakKeyDictionary[Cluster, dict]" = weakref.WeakKeyDictiona
 
 def _interp_exchange(op: Op, wg: Warpgroup) -> Generator[Wait, None, list[list[torch.Tensor]]]:
     """Every warpgroup's values of op's operands, in slot order (CTA rank, then warpgroup), once every
-    warpgroup of the cluster has given its own."""
+    warpgroup of the cluster has given its own. Between CTAs it orders nothing else (the lowering waits on an
+    mbarrier for the values alone): each warpgroup leaves with the clock it came with, not the cluster's join."""
     sync = wg.cluster.sync
     exchanges = _EXCHANGES.setdefault(wg.cluster, {})
     key = (id(op), sync.generation)
     box = exchanges.setdefault(key, {})
     box[(wg.cta.rank, wg.index)] = [torch.as_tensor(wg.get(x, op)).clone() for x in op.values]
+    clock = dict(wg.clock)
     yield wg.rendezvous(op, sync)
+    if op.ctas > 1:
+        wg.clock = clock
     slots = [box[k] for k in sorted(k for k in box if k != "read")]
     box["read"] = box.get("read", 0) + 1
     if box["read"] == len(slots):  # the last reader of this execution's values
