@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from ptx_arith import INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype, from_float
+from ptx_cluster import MBarrier, run_cluster
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$")
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64}
@@ -516,32 +517,6 @@ def _to_float(bits: int, t: str) -> float:
     return float(np.array([bits], dtype=width).view(float_dtype(t))[0])
 
 
-class MBarrier:
-    """An mbarrier: a phase completes when all `count` arrivals came and the bytes expected (expect_tx) arrived
-    (complete_tx); bytes may arrive before they are expected, while the phase still waits for arrivals."""
-
-    def __init__(self, count: int):
-        self.count, self.pending, self.tx, self.completed = count, count, 0, 0
-
-    def arrive(self, expect_tx: int = 0) -> None:
-        self.tx += expect_tx
-        self.pending -= 1
-        if self.pending < 0:
-            raise SimError("more arrivals at an mbarrier than its count")
-        self._complete()
-
-    def complete_tx(self, nbytes: int) -> None:
-        self.tx -= nbytes
-        self._complete()
-
-    def _complete(self) -> None:
-        if self.pending == 0 and self.tx == 0:
-            self.completed += 1
-            self.pending = self.count
-        elif self.pending == 0 and self.tx < 0:
-            raise SimError(f"{-self.tx} more bytes arrived at an mbarrier than its phase expected")
-
-
 def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
     off = addr.astype(np.int64)
     if (off % nbytes).any():
@@ -554,7 +529,7 @@ def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
            threads: int = 128) -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
-    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns (`_run_cluster`)."""
+    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns (ptx_cluster.run_cluster)."""
     prog = Program(ptx)
     if len(args) != len(prog.params):
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
@@ -568,31 +543,7 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
                 ctas: list[CTA] = []
                 for r in range(cluster):
                     ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads))
-                _run_cluster(ctas)
-
-
-def _run_cluster(ctas: list[CTA]) -> None:
-    """Run a cluster's CTAs in turns: each until it waits. Those at a cluster barrier go on once all are there;
-    those spinning on an mbarrier are tried again each turn, until a turn in which every CTA spins and none
-    completed an mbarrier phase (a deadlock)."""
-    running = {cta.rank: cta.run() for cta in ctas}
-    waits: dict[int, str | None] = {rank: None for rank in running}
-    while running:
-        before = [sum(b.completed for b in cta.mbarriers.values()) for cta in ctas]
-        for rank in list(running):
-            if waits[rank] == "cluster":
-                continue
-            try:
-                waits[rank] = next(running[rank])
-            except StopIteration:
-                del running[rank], waits[rank]
-        at_barrier = [r for r in running if waits[r] == "cluster"]
-        if at_barrier and len(at_barrier) == len(running):
-            if len(running) != len(ctas):
-                raise SimError("a CTA exited while the others of its cluster wait at a barrier")
-            waits = {r: None for r in running}
-        elif running and not at_barrier and before == [sum(b.completed for b in c.mbarriers.values()) for c in ctas]:
-            raise SimError("every CTA of the cluster waits on an mbarrier phase that cannot complete")
+                run_cluster(ctas)
 
 
 class Device:
