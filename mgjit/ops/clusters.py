@@ -218,10 +218,10 @@ def _exchange(ctx: lower.Context, op: Op) -> list[tuple[_Held, list[list]]]:
     for h in held:
         bases.append(total)
         total += slots * h.count
+    if _in_loop(ctx.kernel, op):  # this CTA has read what the last run (one CTA) or the one before (a cluster) wrote
+        e.asm_void("bar.sync 0;", "", [])
     if op.ctas == 1:
         buffer = e.i32(ctx.alloc_shared(total * 4, 16))
-        if _in_loop(ctx.kernel, op):
-            e.asm_void("bar.sync 0;", "", [])  # every warpgroup has read what the last run of this op wrote
         _write_slots(ctx, op, held, bases, buffer, None)
         e.asm_void("bar.sync 0;", "", [])
     else:
@@ -229,8 +229,6 @@ def _exchange(ctx: lower.Context, op: Op) -> list[tuple[_Held, list[list]]]:
         which = e.andi(count, e.i32(1))
         buffer = e.addi(e.i32(ctx.alloc_shared(2 * total * 4, 16)), e.muli(which, e.i32(total * 4)))
         barrier = shared_address(ctx, e.addi(e.i32(_exchange_barriers(ctx)), e.muli(which, e.i32(8))))
-        if _in_loop(ctx.kernel, op):
-            e.asm_void("bar.sync 0;", "", [])  # this CTA has read what exchange count - 2 wrote here
         if _arrives_at_entry(ctx.kernel):  # the first exchange waits until every CTA initialised its mbarriers
             e.asm_void("{ .reg .pred first; setp.eq.u32 first, $0, 0; @first barrier.cluster.wait.aligned; }",
                        "r", [count])
