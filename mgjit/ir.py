@@ -112,7 +112,10 @@ class Op:
       at the same index), `free_anchor` (the result can be produced in any register layout at no cost, so a
       conflict moves the anchor instead of inserting a relayout), `index_only` (a free anchor that carries
       indices, not data: data layouts win over it), `free_with_operand` (the result can take any layout at no
-      cost when its operand can take the corresponding one: a broadcast of an iota).
+      cost when its operand can take the corresponding one: a broadcast of an iota);
+    - a trait read by the lowering: `thread_smem` ("store": the op's threads write an SMEM tile from registers;
+      "load": its threads read one into registers, after the warpgroup's earlier such stores), so that a read
+      meets the warpgroup (a barrier) only where a store came since it last met.
     """
 
     name: ClassVar[str] = "?"
@@ -121,6 +124,7 @@ class Op:
     free_anchor: ClassVar[bool] = False
     index_only: ClassVar[bool] = False
     free_with_operand: ClassVar[bool] = False
+    thread_smem: ClassVar[str | None] = None
 
     def __init__(self, operands: Sequence[Value], result_types: Sequence[Type], loc: Loc | None,
                  regions: Sequence["Block"] = ()):

@@ -370,3 +370,76 @@ def test_stores_into_views_land_where_reads_find_them():
     want[128:136] = x[:8] + 1.0
     assert torch.equal(out, want)
     assert stores_into_views.compile(x, out, target="sm_90a").spills == 0
+
+
+# ---------------------------------------------------------------------------------------------- read barriers
+
+@mgjit.kernel
+def staged_once_read_often(x, out, n):
+    buf = mgjit.smem((2, 256), mgjit.float32)
+    buf[0][...] = x[mgjit.ds(0, 256)]
+    buf[1][...] = x[mgjit.ds(256, 256)] * 2.0
+    acc = buf[0][...]
+    for k in mgjit.static_range(1, 2):
+        acc = acc + buf[k][...]
+    for i in range(n):
+        acc = acc + buf[0][...]
+    for i in range(n):
+        acc = acc - buf[1][...]
+    out[mgjit.ds(0, 256)] = acc
+
+
+@mgjit.kernel
+def restaged_every_iteration(x, out, n):
+    buf = mgjit.smem((256,), mgjit.float32)
+    acc = x[mgjit.ds(0, 256)]
+    for i in range(n):
+        buf[...] = acc
+        acc = buf[...] + 1.0
+    out[mgjit.ds(0, 256)] = acc
+
+
+@mgjit.kernel
+def staged_in_a_branch(x, out, n):
+    buf = mgjit.smem((256,), mgjit.float32)
+    buf[...] = x[mgjit.ds(0, 256)]
+    acc = buf[...]
+    if n > 0:
+        buf[...] = acc * 3.0
+    out[mgjit.ds(0, 256)] = buf[...] + acc
+
+
+def loop_bodies(ptx: str) -> list[list[str]]:
+    """The lines of each loop of a PTX listing: from a label to the branch back to it."""
+    lines = ptx.splitlines()
+    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if line.strip().endswith(":")}
+    bodies = []
+    for i, line in enumerate(lines):
+        target = line.split("bra")[-1].strip(" ;.uni\t") if "bra" in line else None
+        if target in labels and labels[target] < i:
+            bodies.append(lines[labels[target]:i])
+    return bodies
+
+
+def test_a_warpgroup_meets_before_a_tile_read_only_where_a_store_may_precede_it():
+    """An SMEM read into registers needs a warpgroup barrier (bar.sync 1+wg, 128) only where one of the
+    warpgroup's threads may have stored to SMEM since the warpgroup last met. A segment staged once and read in
+    loops (the row examples' chunked rows) meets once, before the first read, not in every loop; a loop that
+    stores before each read meets in its body; a store in a branch makes the read after the branch meet. Each
+    kernel also runs under the interpreter against torch."""
+    x = torch.randn(512)
+    once = staged_once_read_often.compile(x, x, 5, target="sm_90a").ptx
+    assert once.count("bar.sync") == 1
+    assert loop_bodies(once) and not any("bar.sync" in "".join(b) for b in loop_bodies(once))
+    every = restaged_every_iteration.compile(x, x, 5, target="sm_90a").ptx
+    assert loop_bodies(every) and all("bar.sync" in "".join(b) for b in loop_bodies(every))
+    branch = staged_in_a_branch.compile(x, x, 5, target="sm_90a").ptx
+    assert branch.count("bar.sync") == 2  # after the first store, and after the branch that may store
+    for n in (0, 3):
+        out = torch.full((256,), float("nan"))
+        staged_once_read_often.interpret[(1,)](x, out, n)
+        torch.testing.assert_close(out, x[:256] + 2 * x[256:] + n * (x[:256] - 2 * x[256:]))
+        restaged_every_iteration.interpret[(1,)](x, out, n)
+        torch.testing.assert_close(out, x[:256] + n)
+        staged_in_a_branch.interpret[(1,)](x, out, n)
+        torch.testing.assert_close(out, x[:256] * (4.0 if n > 0 else 2.0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .. import ir, targets
 from ..dtypes import DType
@@ -72,6 +72,9 @@ class Context:
         # asks for them: a value cached from inside a loop or branch would not dominate its later uses.
         self._entry = e.ir.InsertionPoint(e.i32(0).owner)
         self._thread_index_cache: dict[tuple, list[Any]] = {}
+        # Whether a thread of this warpgroup may have stored to an SMEM tile (an op whose `thread_smem` is
+        # "store") since the warpgroup last met: a read of a tile meets it first only then (smem_read_barrier).
+        self.smem_stored = False
 
     # -- values
     def get(self, v: ir.Value) -> Any:
@@ -156,6 +159,39 @@ class Context:
     def warpgroup_barrier(self) -> None:
         """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index)."""
         self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
+        self.smem_stored = False
+
+    def smem_read_barrier(self) -> None:
+        """Before this warpgroup's threads read an SMEM tile into registers: meet, so that each sees what the
+        others stored, where one may have stored since the warpgroup last met. Reads of a tile staged once and
+        read many times (a loop over chunks held in SMEM) then meet once, not once per read."""
+        if self.smem_stored:
+            self.warpgroup_barrier()
+
+    def enter_loop(self, body: ir.Block) -> bool:
+        """Where a loop is about to be emitted: whether a store may precede its body's first iteration. The
+        body starts as if it had stored when it stores anywhere (the back edge brings its stores round); a body
+        that reads tiles but stores none meets the warpgroup once here, rather than at each iteration.
+        After the loop, `smem_stored |=` the value returned (the body may run no iteration)."""
+        kinds = {op.thread_smem for op in body.walk()}
+        if self.smem_stored and "load" in kinds and "store" not in kinds:
+            self.warpgroup_barrier()
+        entry = self.smem_stored
+        self.smem_stored = entry or "store" in kinds
+        return entry
+
+    @contextlib.contextmanager
+    def branches(self) -> Iterator[Callable[[], None]]:
+        """Lower the regions of a branch (an if, or warp roles): each starts in the state before it (call the
+        yielded function before each), and after them a store may have come if one may have on any path."""
+        entry, stored = self.smem_stored, [False]
+
+        def start() -> None:
+            stored[0] |= self.smem_stored
+            self.smem_stored = entry
+
+        yield start
+        self.smem_stored = stored[0] or self.smem_stored
 
 
 def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:

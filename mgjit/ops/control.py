@@ -134,6 +134,7 @@ def _for(op: For, ctx: lower.Context) -> None:
     scf = e.m.scf
     inits = [x for v in op.inits for x in lower.flatten(ctx.get(v))]
     start, stop, step = (ctx.get(v) for v in op.operands[:3])
+    stored_before = ctx.enter_loop(op.body)
     loop = scf.ForOp(start, stop, step, inits)
     body = loop.body
     e.push(e.ir.InsertionPoint(body))
@@ -143,6 +144,7 @@ def _for(op: For, ctx: lower.Context) -> None:
         scf.yield_(lower.lower_block(ctx, op.body))
     finally:
         e.pop()
+    ctx.smem_stored |= stored_before
     _assign(ctx, op.results, list(loop.results))
 
 
@@ -157,12 +159,14 @@ def _if(op: If, ctx: lower.Context) -> None:
         t = e.type(r.dtype)
         result_types.extend([t] * (num_elems(r.layout, r.type.shape) if r.is_array else 1))
     if_op = scf.IfOp(ctx.get(op.operands[0]), result_types, has_else=True)
-    for region, block in ((then_region, if_op.then_block), (else_region, if_op.else_block)):
-        e.push(e.ir.InsertionPoint(block))
-        try:
-            scf.yield_(lower.lower_block(ctx, region))
-        finally:
-            e.pop()
+    with ctx.branches() as start:
+        for region, block in ((then_region, if_op.then_block), (else_region, if_op.else_block)):
+            start()
+            e.push(e.ir.InsertionPoint(block))
+            try:
+                scf.yield_(lower.lower_block(ctx, region))
+            finally:
+                e.pop()
     _assign(ctx, op.results, list(if_op.results))
 
 

@@ -149,6 +149,7 @@ class SmemStore(Op):
     """Write a register array into a whole SMEM tile (swizzled as the tile is), for TMA or MMA to read."""
 
     name = "smem_store"
+    thread_smem = "store"
 
     def __init__(self, tile: Value, value: Value, loc: Loc | None):
         super().__init__([tile, value], [], loc)
@@ -169,11 +170,12 @@ class SmemStore(Op):
 class SmemLoad(Op):
     """Read a whole SMEM tile (or a transposed view of one) into a register array. Any register layout can be
     read, so the array takes the layout its users need (a free anchor for inference). It sees what the
-    warpgroup's threads stored before it (a warpgroup barrier comes first), and what TMA copies completed on a
-    barrier the warpgroup waited on."""
+    warpgroup's threads stored before it (a warpgroup barrier comes first, where a store may have come since the
+    warpgroup last met), and what TMA copies completed on a barrier the warpgroup waited on."""
 
     name = "smem_load"
     free_anchor = True
+    thread_smem = "load"
 
     def __init__(self, tile: Value, loc: Loc | None):
         super().__init__([tile], [ArrayType(tuple(tile.type.shape), tile.dtype)], loc)
@@ -428,6 +430,7 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
         srcs = ", ".join(f"${j + 1}" for j in range(n))
         e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
                    [addr, *words])
+    ctx.smem_stored = True
 
 
 @lower.rule(SmemLoad)
@@ -439,7 +442,7 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
     warn_bank_conflicts(op, tile.type, layout, shape, "this SMEM read")
     bits = dtype.storage_bits
     elems: list[Any] = []
-    ctx.warpgroup_barrier()  # elements other threads of the warpgroup stored
+    ctx.smem_read_barrier()  # elements other threads of the warpgroup stored
     for addr, i, w in _accesses(ctx, tile, layout, shape):
         if w * bits < 32:
             half = e.asm(f"ld.shared.{'b16' if bits == 16 else 'u8'} $0, [$1];", "=h,r", [addr], [e.int_type(16)])[0]

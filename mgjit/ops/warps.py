@@ -80,14 +80,16 @@ def _warp_split(op: WarpSplit, ctx: lower.Context) -> None:
     group_tid = ctx.wg_tid
     try:
         ctx.wg_tid = ctx.lane
-        for warp, region in op.roles:
-            if_op = scf.IfOp(e.cmpi("eq", ctx.warp, e.i32(warp)), [], has_else=False)
-            e.push(e.ir.InsertionPoint(if_op.then_block))
-            try:
-                lower.lower_ops(ctx, region.ops[:-1])
-                scf.yield_([])
-            finally:
-                e.pop()
+        with ctx.branches() as start:
+            for warp, region in op.roles:
+                start()
+                if_op = scf.IfOp(e.cmpi("eq", ctx.warp, e.i32(warp)), [], has_else=False)
+                e.push(e.ir.InsertionPoint(if_op.then_block))
+                try:
+                    lower.lower_ops(ctx, region.ops[:-1])
+                    scf.yield_([])
+                finally:
+                    e.pop()
     finally:
         ctx.wg_tid = group_tid
 
