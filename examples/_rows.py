@@ -1,15 +1,21 @@
 """What the row examples (softmax, rmsnorm, layernorm, cross_entropy) share: how rows are mapped to programs,
 how a row is held in registers, the device helpers that load, reduce and store it, and the autotuned launch.
 
-A mapping is a Config of five constexprs. Held rows (BLOCK=0) are read from memory once and kept in registers:
+A mapping is a Config of six constexprs. Held rows (BLOCK=0) are read from memory once and kept in registers:
 a program (CTA) holds ROWS rows, or a segment of one row: a row too long for one warpgroup is split into
 segments of equal width, one per warpgroup of a cluster of CTAS CTAs with WGS warpgroups each, and the
 segments exchange their statistics once through distributed shared memory (`mgjit.cluster_gather`: one
 mbarrier wait per row). Up to 8 CTAs of 4 warpgroups, 8192 columns each: rows of up to 262144 columns can
-be held. Streamed rows (BLOCK > 0): one program per row loops over BLOCK-wide chunks, each kernel's own way
-(cross-entropy reads the row once with an online logsumexp, the others twice); they are candidates for every
-row longer than one warpgroup holds (the mapping these examples used before rows were split over clusters, so
-the autotuner never does worse than that) and the only mapping of longer rows.
+be held. Chunked rows (BLOCK > 0, CHUNKS > 0): a row is split into segments of CHUNKS chunks of BLOCK columns,
+one per CTA of a cluster of CTAS (one warpgroup each); each CTA reads its segment once, chunk by chunk, and
+the kernels that read a row twice (softmax, the norms) keep it in shared memory meanwhile (a (CHUNKS, BLOCK)
+buffer in the input's dtype): a thread holds one chunk at a time, not its whole segment, so many CTAs fit on
+an SM and their loads overlap each other's arithmetic and exchanges (layernorm, bf16 rows of 100000 on an
+H100: 0.86 of copy bandwidth, where the held mapping reached 0.53). Streamed rows (BLOCK > 0, CHUNKS = 0):
+one program per row loops over BLOCK-wide chunks, each kernel's own way (cross-entropy reads the row once
+with an online logsumexp, the others twice); they are candidates for every row longer than one warpgroup
+holds (the mapping these examples used before rows were split over clusters, so the autotuner never does
+worse than that) and the only mapping of longer rows.
 
 A register array's dimensions are powers of two, so a row of n columns rounded up to one array would waste up
 to half the work (4097 columns would compute 8192). A row (or segment) is held as a few arrays whose widths
@@ -31,6 +37,8 @@ SEGMENT = 8192  # the widest segment one warpgroup holds in registers (64 float3
 MAX_CTAS, MAX_WGS = 8, 4  # a portable cluster; warpgroups per CTA
 MAX_SPLIT_ROW = SEGMENT * MAX_CTAS * MAX_WGS  # 262144: longer rows stream
 STREAM = 4096  # the chunk width of streamed rows
+CHUNK_SEGMENT = 16384  # chunked rows: the fewest CTAs (a power of two) whose segments are at most this wide
+CHUNK_WIDTHS = (1024, 2048)  # chunked rows: the chunk widths tried (and 4096 where a segment is wider)
 
 
 def parts(n: int) -> tuple[int, ...]:
@@ -52,13 +60,35 @@ def _segment_parts(width: int) -> tuple[int, ...]:
 def hold(rows: int, widths: tuple[int, ...], ctas: int = 1, wgs: int = 1) -> mgjit.Config:
     """The mapping that holds `rows` rows, or a segment of `widths` columns of one row per warpgroup of a
     cluster of `ctas` CTAs with `wgs` warpgroups each, in registers."""
-    return mgjit.Config(ROWS=rows, PARTS=widths, CTAS=ctas, WGS=wgs, BLOCK=0, num_warpgroups=wgs if wgs > 1 else None,
-                        cluster=(ctas, 1, 1) if ctas > 1 else None)
+    return mgjit.Config(ROWS=rows, PARTS=widths, CTAS=ctas, WGS=wgs, BLOCK=0, CHUNKS=0,
+                        num_warpgroups=wgs if wgs > 1 else None, cluster=(ctas, 1, 1) if ctas > 1 else None)
 
 
 def streaming(block: int = STREAM) -> mgjit.Config:
     """The mapping that streams each row through one program in `block`-wide chunks."""
-    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=block)
+    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=block, CHUNKS=0)
+
+
+def chunked(ctas: int, block: int, chunks: int) -> mgjit.Config:
+    """The mapping that splits each row over a cluster of `ctas` CTAs, `chunks` chunks of `block` columns each."""
+    return mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=block, CHUNKS=chunks,
+                        cluster=(ctas, 1, 1) if ctas > 1 else None)
+
+
+def chunkings(n: int) -> list[mgjit.Config]:
+    """The chunked mappings of rows of n columns: over the fewest CTAs (a power of two, at most MAX_CTAS) whose
+    segments are at most CHUNK_SEGMENT wide, in chunks of each width of CHUNK_WIDTHS (and 4096 when segments
+    are wider), where no CTA's segment lies wholly past the row's end."""
+    ctas = 1
+    while ctas < MAX_CTAS and -(-n // ctas) > CHUNK_SEGMENT:
+        ctas *= 2
+    widths = CHUNK_WIDTHS + ((4096,) if -(-n // ctas) > CHUNK_SEGMENT else ())
+    configs = []
+    for block in widths:
+        chunks = -(-n // (ctas * block))
+        if (ctas - 1) * chunks * block < n:
+            configs.append(chunked(ctas, block, chunks))
+    return configs
 
 
 def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
@@ -67,7 +97,8 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     Short rows: ROWS rows per program, about 4096 elements (half and twice that too). Rows of 4097 to 8192 also
     as two warpgroups. Longer rows: segments of 8192 or 4096 columns over a cluster, the fewest CTAs and
     warpgroups that cover the row, more CTAs first (they spread the row over more SMs); and the row streamed in
-    `stream`-wide chunks. Rows longer than MAX_SPLIT_ROW: streamed only."""
+    `stream`-wide chunks; and chunked over a cluster (`chunkings`). Rows longer than MAX_SPLIT_ROW: streamed
+    only."""
     if n > MAX_SPLIT_ROW:
         return [streaming(stream)]
     configs: list[mgjit.Config] = []
@@ -87,7 +118,7 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
                          if need <= c * g < need + g), key=lambda s: s[:2])
         for _, _, ctas, wgs in splits[:2]:
             configs.append(hold(1, _segment_parts(-(-n // (ctas * wgs))), ctas, wgs))
-    return configs + [streaming(stream)]
+    return configs + [streaming(stream)] + chunkings(n)
 
 
 def grid(rows: int, config: mgjit.Config) -> tuple[int]:
@@ -326,3 +357,37 @@ def store_row(out, rows, c0, held, PARTS):
     for p in mgjit.static_range(len(PARTS)):
         out[rows, mgjit.ds(c, PARTS[p])] = held[p].astype(out.dtype)
         c += PARTS[p]
+
+
+# ---- chunked rows (BLOCK > 0, CHUNKS > 0)
+
+@mgjit.device
+def chunked_segment(CTAS, BLOCK, CHUNKS):
+    """The row this CTA reads a segment of, and the segment's first column."""
+    if CTAS == 1:
+        return mgjit.program_id(0), 0
+    return mgjit.program_id(0) // CTAS, mgjit.cluster_rank() * (CHUNKS * BLOCK)
+
+
+@mgjit.device
+def stage(x, buf, row, c0, BLOCK, CHUNKS, fill, KIND):
+    """Read columns c0.. of x's row into buf (CHUNKS chunks of BLOCK), `fill` past the row's end, and return the
+    chunks' elementwise float32 maximum (KIND "max"), sum ("sum") or sum of squares ("squares"). The loop is
+    unrolled: ptxas issues every chunk's loads before the first arrives, so a CTA has its whole segment in
+    flight at once."""
+    if KIND == "max":
+        acc = mgjit.full((BLOCK,), -float("inf"), mgjit.float32)
+    else:
+        acc = mgjit.zeros((BLOCK,), mgjit.float32)
+    for k in mgjit.static_range(CHUNKS):
+        v = mgjit.load(x, (row, mgjit.ds(c0 + k * BLOCK, BLOCK)), other=fill)
+        buf[k][...] = v
+        f = v.astype(mgjit.float32)
+        if KIND == "max":
+            acc = mgjit.maximum(acc, f)
+        elif KIND == "sum":
+            acc = acc + f
+        else:
+            acc = mgjit.fma(f, f, acc)
+    return acc
+

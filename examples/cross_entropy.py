@@ -1,19 +1,21 @@
 """Cross-entropy forward: loss[r] = logsumexp(logits[r, :]) - logits[r, target[r]], for any vocabulary size.
 
-The logits are read exactly once, by either of two mappings (autotuned per shape). Held rows, as in
+The logits are read exactly once, by one of three mappings (autotuned per shape). Held rows, as in
 examples/_rows.py: short rows ROWS to a program; rows of up to 262144 split over the warpgroups of a cluster,
 each segment computing its maximum and its sum of exp(x - that maximum), which the segments swap once through
 distributed shared memory (one mbarrier wait). Streamed rows (any row over
 8192 columns, and the only way past 262144): one program per row loops over BLOCK-wide chunks with an online
-logsumexp (a running maximum, the sum rescaled when it grows). The target's logit is one scalar load per row
+logsumexp (a running maximum, the sum rescaled when it grows). Chunked rows (any row over 8192): a segment of
+the row per CTA of a cluster, read once into shared memory with its maximum, then its sum of exp(x - that
+maximum) from shared memory; the segments swap them once. The target's logit is one scalar load per row
 (every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose
 target is `ignore_index` get a loss of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import (columns, exp_segment, first_row, held_width, launch, load_row, mapping as rows_mapping,
-                   merge_exp, segment, segment_sum, store_stat)
+from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
+                   mapping as rows_mapping, merge_exp, segment, segment_sum, stage, store_stat)
 
 import mgjit
 
@@ -26,8 +28,10 @@ GATHER_WIDTH = 1024
 
 @mgjit.kernel
 def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    if BLOCK:
+                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr):
+    if BLOCK and CHUNKS:
+        cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS)
+    elif BLOCK:
         cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
@@ -75,6 +79,30 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
     picked = logits[row, t].astype(mgjit.float32)
     lse[row] = row_lse
     loss[row] = mgjit.where(t == ignore_index, 0.0, row_lse - picked)
+
+
+@mgjit.device
+def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS):
+    """A segment of CHUNKS chunks of one row per CTA of a cluster: its maximum as it is read into shared memory,
+    then its sum of exp(x - that maximum) from there (one exp an element; an online sum read once would take
+    two)."""
+    row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
+    buf = mgjit.smem((CHUNKS, BLOCK), logits.dtype)
+    m = stage(logits, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max").max()
+    shift = mgjit.where(m == -float("inf"), 0.0, m)  # a segment wholly past the row's end sums to 0, not NaN
+    e = mgjit.zeros((BLOCK,), mgjit.float32)
+    for k in range(CHUNKS):
+        e = e + mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True)
+    s = e.sum()
+    if CTAS == 1:
+        top, total = m, s
+    else:
+        top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS)
+    row_lse = top + mgjit.log(total)
+    t = target[row]
+    picked = logits[row, t].astype(mgjit.float32)
+    store_stat(lse, row, row_lse, c0, CTAS)
+    store_stat(loss, row, mgjit.where(t == ignore_index, 0.0, row_lse - picked), c0, CTAS)
 
 
 def block_for(n: int) -> int:

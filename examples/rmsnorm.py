@@ -7,20 +7,24 @@ short rows ROWS to a program, each as a few arrays whose widths add up to the ro
 rows too long for one warpgroup split over the warpgroups of a cluster, which add up their sums of squares
 through distributed shared memory (one mbarrier wait). Rows can also take two passes over BLOCK-wide chunks
 (the sum of squares, then the scaled row): the only way for rows longer than 262144 columns, and a candidate for
-any row over 8192. The mapping is autotuned per shape.
+any row over 8192. Or a row is split over a cluster in chunks kept in shared memory (chunked rows): each CTA
+reads its segment once, the CTAs add up their sums of squares, and each writes its segment from shared memory.
+The mapping is autotuned per shape.
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import launch, load_row, load_vector, mapping, row_sum, segment, store_row
+from _rows import chunked_segment, launch, load_row, load_vector, mapping, row_sum, segment, stage, store_row
 
 import mgjit
 
 
 @mgjit.kernel
 def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    if BLOCK:
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr):
+    if BLOCK and CHUNKS:
+        rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
+    elif BLOCK:
         rmsnorm_stream(x, w, out, eps, BLOCK)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
@@ -49,6 +53,21 @@ def rmsnorm_stream(x, w, out, eps, BLOCK):
     for c0 in range(0, n, BLOCK):
         v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
         out[row, mgjit.ds(c0, BLOCK)] = (v * scale * w[mgjit.ds(c0, BLOCK)].astype(mgjit.float32)).astype(out.dtype)
+
+
+@mgjit.device
+def rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS):
+    """A segment of CHUNKS chunks of one row per CTA of a cluster, kept in shared memory between the passes."""
+    row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
+    buf = mgjit.smem((CHUNKS, BLOCK), x.dtype)
+    squares = stage(x, buf, row, c0, BLOCK, CHUNKS, 0.0, "squares").sum()
+    if CTAS > 1:
+        squares = mgjit.cluster_reduce(squares, "sum")
+    scale = mgjit.rsqrt(squares / x.shape[1] + eps)
+    for k in range(CHUNKS):
+        c = c0 + k * BLOCK
+        y = buf[k][...].astype(mgjit.float32) * scale * w[mgjit.ds(c, BLOCK)].astype(mgjit.float32)
+        out[row, mgjit.ds(c, BLOCK)] = y.astype(out.dtype)
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,

@@ -8,21 +8,26 @@ Each segment computes exp(x - its own maximum) and their sum; the segments swap 
 nothing. Reductions run across the 128 threads of a warpgroup: within each thread, then across lanes with
 butterfly shuffles, then across the 4 warps through shared memory. Rows can also stream through registers in
 BLOCK-wide chunks with an online softmax (a running maximum and a sum rescaled when it grows), then a second
-pass writes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192. bf16/f16
-inputs are computed in float32 and rounded once at the store. The mapping is autotuned per shape.
+pass writes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192. Or a row
+is split over a cluster in chunks kept in shared memory (chunked rows): each CTA reads its segment once
+(its maximum on the way), sums exp(x - its maximum) from shared memory, swaps (maximum, sum) once, and writes
+from shared memory. bf16/f16 inputs are computed in float32 and rounded once at the store. The mapping is
+autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import exp_segment, launch, load_row, mapping, merge_exp, segment, store_row
+from _rows import chunked_segment, exp_segment, launch, load_row, mapping, merge_exp, segment, stage, store_row
 
 import mgjit
 
 
 @mgjit.kernel
 def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
-                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr):
-    if BLOCK:
+                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr):
+    if BLOCK and CHUNKS:
+        softmax_chunked(x, out, CTAS, BLOCK, CHUNKS)
+    elif BLOCK:
         softmax_stream(x, out, BLOCK)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)        # ROWS rows, or a segment of one
@@ -55,6 +60,27 @@ def softmax_stream(x, out, BLOCK):
     for c0 in range(0, n, BLOCK):
         v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
         out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m, ftz=True) * scale).astype(out.dtype)
+
+
+@mgjit.device
+def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
+    """A segment of CHUNKS chunks of one row per CTA of a cluster, kept in shared memory between the passes."""
+    row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
+    buf = mgjit.smem((CHUNKS, BLOCK), x.dtype)
+    m = stage(x, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max").max()
+    shift = mgjit.where(m == -float("inf"), 0.0, m)  # a segment wholly past the row's end sums to 0, not NaN
+    e = mgjit.zeros((BLOCK,), mgjit.float32)
+    for k in range(CHUNKS):
+        e = e + mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True)
+    s = e.sum()
+    if CTAS == 1:
+        scale = 1.0 / s
+    else:
+        top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS)
+        scale = mgjit.exp(m - top) / total
+    for k in range(CHUNKS):
+        y = mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True) * scale
+        out[row, mgjit.ds(c0 + k * BLOCK, BLOCK)] = y.astype(out.dtype)
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:

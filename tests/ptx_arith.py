@@ -166,14 +166,24 @@ class Arithmetic:
         self.write(ops[0], np.array(out, dtype=np.uint64), run)
 
     def op_min(self, parts, ops, run):
+        if parts[-1] in ("f16", "bf16"):
+            return self._narrow_float(parts, ops, run, fmin_nan if "NaN" in parts else np.fmin)
         if parts[-1].startswith("f"):
             return self._float(parts, ops, run, fmin_nan)
         self._int_binary(parts, ops, run, np.minimum)
 
     def op_max(self, parts, ops, run):
+        if parts[-1] in ("f16", "bf16"):
+            return self._narrow_float(parts, ops, run, fmax_nan if "NaN" in parts else np.fmax)
         if parts[-1].startswith("f"):
             return self._float(parts, ops, run, fmax_nan)
         self._int_binary(parts, ops, run, np.maximum)
+
+    def _narrow_float(self, parts, ops, run, fn):
+        """A 16-bit float instruction (LLVM narrows max(f32(a), f32(b)) of bf16 a and b to max.bf16): computed
+        in f32, where min and max are exact, and rounded back."""
+        a, b = (narrow_to_f32(self.value(o), parts[-1]) for o in ops[1:3])
+        self.write(ops[0], from_float(fn(a, b), parts[-1], parts), run)
 
     def op_setp(self, parts, ops, run):
         cmp, t = parts[1], parts[-1]
@@ -220,12 +230,7 @@ class Arithmetic:
         dst, src = types[0], types[1]
         x = self.value(ops[1])
         if src.startswith("f") or src.startswith("bf"):
-            if src == "bf16":
-                xf = (np.asarray(x).astype(np.uint32) << np.uint32(16)).view(np.float32)
-            elif src == "f16":
-                xf = np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32)
-            else:
-                xf = self.fvalue(ops[1], src)
+            xf = narrow_to_f32(x, src) if src in ("f16", "bf16") else self.fvalue(ops[1], src)
             self.write(ops[0], from_float(xf, dst, parts), run)
             return
         bits = int(src[1:])
@@ -371,6 +376,13 @@ def convert_bits(v: np.ndarray, dtype) -> np.ndarray:
         return as_uint(v, bits).astype(INT[bits][0]).view(dtype)
     bits = np.dtype(dtype).itemsize * 8
     return as_uint(v, bits).astype(dtype)
+
+
+def narrow_to_f32(x, t: str) -> np.ndarray:
+    """The f32 value of 16-bit float bits (t: "f16" or "bf16")."""
+    if t == "bf16":
+        return (np.asarray(x).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 def from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:

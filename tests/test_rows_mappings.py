@@ -58,12 +58,16 @@ def kernels(x, dtype):
 # A cluster of 2 CTAs of 2 warpgroups holding 8192 columns each: its last segment lies wholly past a row of
 # 20000 (its maximum is -inf, its count 0), which must add nothing to the row's statistics.
 PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
+# Rows of 9000 chunked over 2 CTAs of 6 chunks of 1024: the second CTA's third chunk crosses the row's end and
+# its last three lie wholly past it (masked out of layernorm's deviations, -inf in the softmaxes).
+CHUNKS_PAST_THE_END = _rows.chunked(2, 1024, 6)
 
 
 @pytest.mark.parametrize("n", [3, 77, 4097, 9000, 20000])
 def test_every_candidate_interpreted(n):
     x = torch.randn(5, n) * 3
-    for config in _rows.candidates(n) + ([PAST_THE_END] if n == 20000 else []):
+    extra = {20000: [PAST_THE_END], 9000: [CHUNKS_PAST_THE_END]}.get(n, [])
+    for config in _rows.candidates(n) + extra:
         for kernel, args, constexprs, checks in kernels(x, torch.float32):
             kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
             for got, ref, tol in checks:
@@ -72,32 +76,45 @@ def test_every_candidate_interpreted(n):
 
 def test_candidates_cover_every_length():
     """Held mappings cover the row; every row longer than one warpgroup holds can also stream (the mapping used
-    before rows were split over clusters: the autotuner can always fall back to it); longer rows only stream."""
-    for n in [1, 2, 127, 128, 129, 4096, 4097, 8192, 8193, 32000, 100000, 131072, 262144]:
+    before rows were split over clusters: the autotuner can always fall back to it) and be chunked over a
+    cluster, with no CTA's segment wholly past the row's end and at most 128 KB of shared memory a CTA in f32;
+    longer rows only stream."""
+    for n in [1, 2, 127, 128, 129, 4096, 4097, 8192, 8193, 32000, 50257, 100000, 131072, 262144]:
         configs = _rows.candidates(n)
         assert configs, n
         assert (_rows.streaming() in configs) == (n > _rows.SEGMENT), n
+        chunked = [c for c in configs if c.kwargs["CHUNKS"]]
+        assert bool(chunked) == (n > _rows.SEGMENT), n
         for c in configs:
             k = c.kwargs
             segments = k["CTAS"] * k["WGS"]
             assert k["BLOCK"] > 0 or sum(k["PARTS"]) * segments >= n and k["ROWS"] >= 1
             assert k["CTAS"] <= 8 and k["WGS"] <= 4 and (c.num_warpgroups or 1) == k["WGS"]
             assert (c.cluster or (1, 1, 1))[0] == k["CTAS"]
+        for c in chunked:
+            k = c.kwargs
+            width = k["CHUNKS"] * k["BLOCK"]
+            assert k["ROWS"] == k["WGS"] == 1 and k["CTAS"] * width >= n > (k["CTAS"] - 1) * width, (n, k)
+            assert width * 4 <= 128 * 1024, (n, k)
     assert _rows.mapping(262145) == (_rows.streaming(),)
     assert _rows.mapping(262145, stream=8192) == (_rows.streaming(8192),)
 
 
 # From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a word) as one and as two
-# warpgroups, 9000-wide f16 rows over a cluster of 2 and streamed, 20000-wide bf16 rows over 3 CTAs of 2
-# warpgroups.
-SIMULATED = [(4097, BF16, 0), (4097, BF16, 2), (9000, torch.float16, 0), (9000, torch.float16, -1), (20000, BF16, 3)]
+# warpgroups, 9000-wide f16 rows over a cluster of 2, streamed and chunked in one CTA, 20000-wide bf16 rows
+# over 3 CTAs of 2 warpgroups and chunked over 2 CTAs (the second's last chunk crosses the row's end). Softmax
+# and cross-entropy; chunked rows all four kernels (layernorm masks the chunks that cross the row's end).
+SIMULATED = [(4097, BF16, _rows.candidates(4097)[0]), (4097, BF16, _rows.candidates(4097)[2]),
+             (9000, torch.float16, _rows.candidates(9000)[0]), (9000, torch.float16, _rows.streaming()),
+             (9000, torch.float16, _rows.chunkings(9000)[0]), (20000, BF16, _rows.candidates(20000)[3]),
+             (20000, BF16, _rows.chunkings(20000)[1])]
 
 
-@pytest.mark.parametrize("n,dtype,which", SIMULATED)
-def test_ptx_of_candidates_simulated(n, dtype, which):
-    config = _rows.candidates(n)[which]
+@pytest.mark.parametrize("n,dtype,config", SIMULATED, ids=lambda v: v.short() if isinstance(v, mgjit.Config) else str(v))
+def test_ptx_of_candidates_simulated(n, dtype, config):
     x = (torch.randn(3, n) * 3).to(dtype)
-    for kernel, args, constexprs, checks in kernels(x, dtype)[::3]:  # softmax and cross-entropy
+    every = kernels(x, dtype)
+    for kernel, args, constexprs, checks in every if config.kwargs["CHUNKS"] else every[::3]:
         compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
         dev = ptx_sim.Device()
         for a in args:
