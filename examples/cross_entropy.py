@@ -19,6 +19,9 @@ from _rows import (chunked_segment, columns, exp_segment, first_row, held_width,
 
 import mgjit
 
+# Chunked rows are read in groups of this many columns (_rows.stage); as softmax's, whose registers it shares.
+STAGE_GROUP = 4096
+
 
 # Held rows at least this wide gather their target logits (two dependent scalar loads a row, the same for every
 # thread); narrower ones take a masked sum. On an H100, bf16: the gather took rows of 1000 (2 to a program) from
@@ -88,7 +91,7 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     two)."""
     row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
     buf = mgjit.smem((CHUNKS, BLOCK), logits.dtype)
-    m = stage(logits, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max").max()
+    m = stage(logits, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max", STAGE_GROUP).max()
     shift = mgjit.where(m == -float("inf"), 0.0, m)  # a segment wholly past the row's end sums to 0, not NaN
     e = mgjit.zeros((BLOCK,), mgjit.float32)
     for k in range(CHUNKS):

@@ -18,6 +18,9 @@ from _rows import chunked_segment, launch, load_row, load_vector, mapping, row_s
 
 import mgjit
 
+# Chunked rows are read in groups of this many columns, each group's loads issued together (_rows.stage).
+STAGE_GROUP = 8192
+
 
 @mgjit.kernel
 def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
@@ -60,7 +63,7 @@ def rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS):
     """A segment of CHUNKS chunks of one row per CTA of a cluster, kept in shared memory between the passes."""
     row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
     buf = mgjit.smem((CHUNKS, BLOCK), x.dtype)
-    squares = stage(x, buf, row, c0, BLOCK, CHUNKS, 0.0, "squares").sum()
+    squares = stage(x, buf, row, c0, BLOCK, CHUNKS, 0.0, "squares", STAGE_GROUP).sum()
     if CTAS > 1:
         squares = mgjit.cluster_reduce(squares, "sum")
     scale = mgjit.rsqrt(squares / x.shape[1] + eps)
