@@ -492,3 +492,42 @@ def test_a_keepdims_reduction_stores_into_a_window_of_its_shape():
     keepdims_stores.interpret[(1,)](x, out)
     torch.testing.assert_close(out[:, 0], x.sum(dim=1))
     torch.testing.assert_close(out[:, 1], x.max(dim=1).values)
+
+
+# ---------------------------------------------------------------------------------------------- branches
+
+@mgjit.kernel
+def same_value_on_both_branches(x, out, s, flag, inner):
+    v = 5
+    a = x[0:128]
+    b = a + 1.0
+    u = a
+    if flag:
+        v = s
+        u = b
+    else:
+        if inner:
+            v = s
+        else:
+            v = s
+        u = b
+    out[0:128] = u + v
+
+
+@pytest.mark.parametrize("flag,inner", [(True, False), (False, True), (False, False)])
+def test_a_variable_given_the_same_value_on_both_branches_keeps_it(flag, inner):
+    """`if c: v = s` / `else: v = s` left v at what it held before the `if` (seed 770526): the branches' scopes
+    held one object, taken for "unchanged", and the kernel stored 5 where it should have stored s. A silently
+    wrong result, in the interpreter and in the compiled kernel alike (the IR stored the constant)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ptx_sim
+    x = torch.randn(128)
+    out = torch.full((128,), float("nan"))
+    same_value_on_both_branches.interpret[(1,)](x, out, 2, flag, inner)
+    torch.testing.assert_close(out, x + 3.0)
+    compiled = compile_both(same_value_on_both_branches, x, out, 2, flag, inner)[0]
+    dev = ptx_sim.Device()
+    for t in (x, out):
+        dev.place(t)
+    dev.run(compiled, (1,), x, out, 2, flag, inner)
+    torch.testing.assert_close(dev.fetch(out), x + 3.0)

@@ -96,7 +96,8 @@ class ControlFlow(Semantics):
             if not (name in then_scope and name in else_scope):
                 continue  # defined on one path only: not visible after the if
             a, b = then_scope[name], else_scope[name]
-            if a is b:
+            if a is b:  # unchanged, or both branches assigned the same value (`v = s` on each)
+                self.scope[name] = a
                 continue
             if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):
                 if a == b:
