@@ -157,21 +157,23 @@ def test_load_other_fills_what_lies_outside(case):
         assert torch.equal(interpreted.view(torch.uint8), want.view(torch.uint8)), f"interpreted at ({r0}, {c0})"
 
 
-@pytest.mark.parametrize("other", [-float("inf"), -0.0, 0.0, float("nan")], ids=str)
-def test_load_other_scalars_and_signed_zero(other):
-    """A scalar index outside the tensor reads `other` (-0.0 and NaN included: a select, not zeros left by the
-    predicated access); 0.0 compiles to what x[i] compiles to."""
-    x = torch.randn(5)
-    out = torch.full((7,), 3.0)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
+@pytest.mark.parametrize("other", [-float("inf"), -0.0, 0.0, float("nan"), 0.1], ids=str)
+def test_load_other_scalars_and_signed_zero(other, dtype):
+    """A scalar index outside the tensor reads `other` (-0.0 and NaN included: the register holds its bits before
+    the predicated access, not zeros; 0.1 rounded to bf16 as torch rounds it); no select follows the load, and
+    0.0 compiles to what x[i] compiles to."""
+    x = torch.randn(5).to(dtype)
+    out = torch.full((7,), 3.0, dtype=dtype)
     compiled = fill_scalars.compile(x, out, OTHER=other, target="sm_90a")
     dev = ptx_sim.Device()
     dev.place(x)
     dev.place(out)
     dev.run(compiled, (7,), x, out)
-    want = torch.cat([torch.tensor([other]), x, torch.tensor([other])])
-    assert torch.equal(dev.fetch(out).view(torch.int32), want.view(torch.int32))
-    if other == 0.0 and str(other) == "0.0":
-        assert "selp" not in compiled.ptx
+    want = torch.cat([torch.tensor([other], dtype=dtype), x, torch.tensor([other], dtype=dtype)])
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(dev.fetch(out).view(bits), want.view(bits))
+    assert "selp" not in compiled.ptx
 
 
 @mgjit.kernel

@@ -35,7 +35,7 @@ from .control import For
 from .elementwise import Binary, Cast
 from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
-                          _word_loads)
+                          _word_loads, fill_bits)
 from .program import Constant
 
 
@@ -299,10 +299,10 @@ def _load(op: Load, ctx: lower.Context) -> None:
     dtype = ref.dtype
     e = ctx.e
     fill = e.const(op.other, dtype)  # what elements outside read as
+    bits = 0 if op.fills_zero else fill_bits(op.other, dtype)  # its bits, which a predicated-off access reads
     if not out.is_array:
         (el,) = _element_addresses(ctx, op, ref, None, ())
-        value = _load_access(ctx, el.addr, el.inside, dtype, 1)[0]
-        ctx.set(out, value if op.fills_zero else e.select(el.inside, value, fill))
+        ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1, bits)[0])
         return
     layout, shape = out.layout, out.type.shape
     w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
@@ -313,19 +313,16 @@ def _load(op: Load, ctx: lower.Context) -> None:
     def plain(checked: bool) -> list:
         elems = []
         for i in range(0, len(els), w):
-            vals = _load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w)
-            if checked and (ragged or not op.fills_zero):  # zeros past the row's end, or what is not the fill
-                vals = [v if op.fills_zero and not k else e.select(els[i + k].inside, v, fill)
-                        for k, v in enumerate(vals)]
+            vals = _load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w, bits)
+            if checked and ragged:  # an access whose first element is inside may reach past the row's end
+                vals = [v if not k else e.select(els[i + k].inside, v, fill) for k, v in enumerate(vals)]
             elems.extend(vals)
         return elems
 
-    def shifted(checked: bool) -> list:  # elements outside read as zero
+    def shifted(checked: bool) -> list:
         if checked and w * dtype.itemsize <= 4:  # one word an access: element by element (see _store)
-            vals = [_load_access(ctx, el.addr, el.inside, dtype, 1)[0] for el in els]
-        else:
-            vals = _word_loads(ctx, ref, w, els, checked)
-        return vals if op.fills_zero or not checked else [e.select(el.inside, v, fill) for el, v in zip(els, vals)]
+            return [_load_access(ctx, el.addr, el.inside, dtype, 1, bits)[0] for el in els]
+        return _word_loads(ctx, ref, w, els, checked, fill)
 
     emit = shifted if unaligned else plain
     # Bounds tests per word or element, or a fill to select: skip them where the window is inside.
