@@ -206,6 +206,8 @@ def test_load_other_errors(kernel, message):
     (torch.int8, 300, "outside the range of x's dtype int8 \\(-128 to 127\\)"),
     (torch.int32, 0.5, "not a value of x's dtype int32"),
     (torch.int32, -float("inf"), "not a value of x's dtype int32"),
+    (torch.float4_e2m1fn_x2, 1.0, "only other=0 fills it"),
+    (torch.float8_e8m0fnu, -float("inf"), "only other=0 fills it"),
 ])
 def test_load_other_must_fit_the_dtype(dtype, other, message):
     x = torch.zeros(4, dtype=dtype)

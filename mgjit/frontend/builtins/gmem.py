@@ -73,6 +73,9 @@ def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
         raise t.error(f"mgjit.load: other must be a static number (a Python int or float, or a constexpr), got "
                       f"{getattr(other, 'kind', type(other).__name__)}")
     dtype = ref.dtype
+    if dtype.storage_only and other != 0:
+        raise t.error(f"mgjit.load: other={other!r} for {ref.name}, a {dtype.name} reference: its elements are moved "
+                      f"as bytes, not numbers, so only other=0 fills it")
     if dtype.is_float:
         return float(other)
     if isinstance(other, float) and not other.is_integer():
