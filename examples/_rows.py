@@ -13,9 +13,10 @@ buffer in the input's dtype): a thread holds one chunk at a time, not its whole 
 an SM and their loads overlap each other's arithmetic and exchanges (layernorm, bf16 rows of 100000 on an
 H100: 0.86 of copy bandwidth, where the held mapping reached 0.53). Streamed rows (BLOCK > 0, CHUNKS = 0):
 one program per row loops over BLOCK-wide chunks, each kernel's own way (cross-entropy reads the row once
-with an online logsumexp, the others twice); they are candidates for every row longer than one warpgroup
-holds (the mapping these examples used before rows were split over clusters, so the autotuner never does
-worse than that) and the only mapping of longer rows.
+with an online logsumexp, the others twice); they are candidates for every row longer than 4096 columns (the
+mapping these examples used before rows were split over clusters, so the autotuner never does worse than that)
+and the only mapping of rows longer than a cluster holds. Chunked rows are candidates for rows longer than 4096
+columns too.
 
 A register array's dimensions are powers of two, so a row of n columns rounded up to one array would waste up
 to half the work (4097 columns would compute 8192). A row (or segment) is held as a few arrays whose widths
@@ -95,10 +96,13 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     """The mappings tried for rows of n columns, the heuristic's pick first.
 
     Short rows: ROWS rows per program, about 4096 elements (half and twice that too). Rows of 4097 to 8192 also
-    as two warpgroups. Longer rows: segments of 8192 or 4096 columns over a cluster, the fewest CTAs and
-    warpgroups that cover the row, more CTAs first (they spread the row over more SMs); and the row streamed in
-    `stream`-wide chunks; and chunked over a cluster (`chunkings`). Rows longer than MAX_SPLIT_ROW: streamed
-    only."""
+    as two warpgroups, streamed and chunked (`chunkings`): a warpgroup holding such a row holds 64 values a
+    thread, and where its one array crosses the row's end (8065 to 8191 columns) every access is bounds-checked
+    (H100, bf16 rows of 8191: the held mappings ran softmax at 0.41-0.54 of copy bandwidth, cross-entropy at
+    0.56-0.65, where chunks of 2048 ran rows of 8193 at 0.79 and 0.81). Longer rows: segments of 8192 or 4096
+    columns over a cluster, the fewest CTAs and warpgroups that cover the row, more CTAs first (they spread the
+    row over more SMs); and the row streamed in `stream`-wide chunks; and chunked over a cluster. Rows longer
+    than MAX_SPLIT_ROW: streamed only."""
     if n > MAX_SPLIT_ROW:
         return [streaming(stream)]
     configs: list[mgjit.Config] = []
@@ -109,8 +113,8 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
         for rows in dict.fromkeys((best, best * 2, best // 2)):
             if 1 <= rows <= 512 and rows * width <= 16384:
                 configs.append(hold(rows, widths))
-        if n > 4096:
-            configs.append(hold(1, _segment_parts(-(-n // 2)), wgs=2))
+        if n > SEGMENT // 2:
+            configs += [hold(1, _segment_parts(-(-n // 2)), wgs=2), streaming(stream), *chunkings(n)]
         return configs
     for segment in (SEGMENT, SEGMENT // 2):
         need = -(-n // segment)

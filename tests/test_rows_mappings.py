@@ -75,16 +75,17 @@ def test_every_candidate_interpreted(n):
 
 
 def test_candidates_cover_every_length():
-    """Held mappings cover the row; every row longer than one warpgroup holds can also stream (the mapping used
-    before rows were split over clusters: the autotuner can always fall back to it) and be chunked over a
-    cluster, with no CTA's segment wholly past the row's end and at most 128 KB of shared memory a CTA in f32;
-    longer rows only stream."""
-    for n in [1, 2, 127, 128, 129, 4096, 4097, 8192, 8193, 32000, 50257, 100000, 131072, 262144]:
+    """Held mappings cover the row; every row longer than 4096 columns can also stream (the mapping used before
+    rows were split over clusters: the autotuner can always fall back to it) and be chunked (over a cluster
+    where it is longer than CHUNK_SEGMENT), with no CTA's segment wholly past the row's end and at most
+    128 KB of shared memory a CTA in f32; rows longer than a cluster holds only stream."""
+    for n in [1, 2, 127, 128, 129, 4095, 4096, 4097, 8191, 8192, 8193, 32000, 50257, 100000, 131072, 262144]:
         configs = _rows.candidates(n)
         assert configs, n
-        assert (_rows.streaming() in configs) == (n > _rows.SEGMENT), n
+        assert (_rows.streaming() in configs) == (n > _rows.SEGMENT // 2), n
         chunked = [c for c in configs if c.kwargs["CHUNKS"]]
-        assert bool(chunked) == (n > _rows.SEGMENT), n
+        assert bool(chunked) == (n > _rows.SEGMENT // 2), n
+        assert any(c.kwargs["CTAS"] > 1 for c in chunked) == (n > _rows.CHUNK_SEGMENT), n
         for c in configs:
             k = c.kwargs
             segments = k["CTAS"] * k["WGS"]
