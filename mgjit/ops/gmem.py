@@ -35,7 +35,7 @@ from .control import For
 from .elementwise import Binary, Cast
 from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
-                          _word_loads, fill_bits)
+                          _word_loads, _WordBases, fill_bits)
 from .program import Constant
 
 
@@ -264,7 +264,8 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
             rows_inside[ks[:-1]] = _all(e, [inside[(d, k)] for d, k in enumerate(ks[:-1])])
         rows, last = rows_inside[ks[:-1]], (rank - 1, ks[-1])
         out.append(_Element(e.addi(addr, e.i64(constant)) if constant else addr,
-                            inside[last] if rows is None else e.andi(rows, inside[last]), rows, index[last]))
+                            inside[last] if rows is None else e.andi(rows, inside[last]), rows, index[last],
+                            addr, constant))
     return out
 
 
@@ -359,13 +360,15 @@ def _store(op: Store, ctx: lower.Context) -> None:
     unaligned = w > 1 and align < w * isz
     ragged = ref.spec.size_div < w  # a row may end inside an access
 
-    def whole(el: _Element, words: list, pred) -> None:
-        if unaligned:
-            _store_unaligned_access(e, el, words, pred, isz)
-        else:
-            _store_bytes(e, el.addr, pred, words, w * isz)
-
     def emit(checked: bool) -> list:
+        bases = _WordBases(e)  # one per branch: what it computes lives in the branch
+
+        def whole(el: _Element, words: list, pred) -> None:
+            if unaligned:
+                _store_unaligned_access(e, el, words, pred, isz, bases)
+            else:
+                _store_bytes(e, el.addr, pred, words, w * isz)
+
         if not checked:  # the window is inside the tensor: every access is whole
             replicas = any(isinstance(d, Replicated) for d in (*layout.warp_dims, *layout.lane_dims))
             only = primary if replicas else None

@@ -22,6 +22,38 @@ class _Element:
     inside: Any  # i1: the element is inside the tensor
     rows: Any  # i1: every index but the last is inside the tensor; None when there is none
     col: Any  # i32 index along the last dimension
+    root: Any = None  # i64: addr less a constant `offset` of bytes, shared by the elements of one row of the window
+    offset: int = 0
+
+
+class _WordBases:
+    """Where an access that may start anywhere in a 32-bit word finds its words: the 4-byte boundary at or before
+    its first byte, the byte it starts at after that boundary (its skew) and the first boundary at or after it.
+    Accesses whose addresses differ from a shared root by a constant multiple of 4 bytes share the root's, plus
+    their constant, which ptxas folds into each access: computed per access, `addr & ~3` hid that the accesses
+    were one base apart, and every access kept an address register pair of its own (softmax over rows of 8191
+    bf16 in one 8192-wide window: 32 pairs for its loads, 32 for its stores)."""
+
+    def __init__(self, e):
+        self.e = e
+        self.roots: dict[int, tuple[Any, Any, Any]] = {}  # id(root) -> (floor, skew, ceiling)
+
+    def _of_address(self, addr) -> tuple[Any, Any, Any]:
+        e = self.e
+        floor, skew = e.andi(addr, e.i64(-4)), e.andi(e.trunc(addr, 32), e.i32(3))
+        return floor, skew, e.addi(floor, e.ext_i64(e.andi(e.addi(skew, e.i32(3)), e.i32(4))))
+
+    def of(self, el: _Element) -> tuple[Any, Any, Any]:
+        """(i64 floor, i32 skew in 0..3, i64 ceiling) of el's address."""
+        e = self.e
+        if el.root is None or el.offset % 4:
+            return self._of_address(el.addr)
+        if id(el.root) not in self.roots:
+            self.roots[id(el.root)] = self._of_address(el.root)
+        floor, skew, ceiling = self.roots[id(el.root)]
+        if not el.offset:
+            return floor, skew, ceiling
+        return e.addi(floor, e.i64(el.offset)), skew, e.addi(ceiling, e.i64(el.offset))
 
 
 def _all(e, preds: Sequence[Any]) -> Any:
@@ -163,11 +195,11 @@ def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element]
     e = ctx.e
     dtype, isz, n = ref.dtype, ref.dtype.itemsize, ref.sizes[-1]
     nw, per_word = w * isz // 4, 4 // isz
+    bases = _WordBases(e)
     out = []
     for i in range(0, len(els), w):
         el = els[i]
-        skew = e.andi(e.trunc(el.addr, 32), e.i32(3))
-        base = e.andi(el.addr, e.i64(-4))
+        base, skew, _ = bases.of(el)
         if checked:
             lo, hi = _span(e, el, n)
             lead = e.m.arith.shrui(skew, e.i32(isz.bit_length() - 1))  # elements of the first word before el
@@ -185,13 +217,12 @@ def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element]
     return out
 
 
-def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int) -> None:
+def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int, bases: _WordBases) -> None:
     """One access (its bytes packed in `words`) that may start anywhere in a 32-bit word, where pred holds: the
     words wholly inside its bytes (the bytes shifted into them by prmt), then a head and a tail."""
     nbytes = 4 * len(words)
-    tail = e.andi(e.trunc(el.addr, 32), e.i32(3))  # bytes past the last 4-byte boundary
-    head = e.andi(e.subi(e.i32(4), tail), e.i32(3))  # bytes before the first one
-    body = e.andi(e.addi(el.addr, e.i64(3)), e.i64(-4))  # the first 4-byte boundary
+    end, tail, body = bases.of(el)  # the boundaries before and after its first byte; the bytes past the first
+    head = e.andi(e.subi(e.i32(4), tail), e.i32(3))  # bytes before the first boundary
     selector = _bytes_from(e, head)
     for j in range(len(words) - 1):  # bytes head + 4j .. head + 4j + 3
         _store_bytes(e, e.addi(body, e.i64(4 * j)), pred, [_prmt(e, words[j], words[j + 1], selector)], 4)
@@ -209,7 +240,6 @@ def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int) -> Non
         pair, end_pair = e.trunc(first, 16), e.trunc(e.m.arith.shrui(last, e.i32(16)), 16)
     _store_bytes(e, e.addi(el.addr, e.ext_i64(odd)) if isz == 1 else el.addr, _all(e, [pred, _bit_set(e, head, 2)]),
                  [pair], 2)
-    end = e.andi(el.addr, e.i64(-4))  # + nbytes: the last 4-byte boundary
     _store_bytes(e, e.addi(end, e.i64(nbytes)), _all(e, [pred, _bit_set(e, tail, 2)]), [end_pair], 2)
 
 
