@@ -29,18 +29,18 @@ class Arithmetic:
             self.write(ops[0], wrap(fn(a, b), bits), run)
 
     def op_add(self, parts, ops, run):
-        if parts[-1].startswith("f"):
+        if is_float(parts[-1]):
             return self._float(parts, ops, run, lambda a, b: a + b)
         self._int_binary(parts, ops, run, lambda a, b: a + b)
 
     def op_sub(self, parts, ops, run):
-        if parts[-1].startswith("f"):
+        if is_float(parts[-1]):
             return self._float(parts, ops, run, lambda a, b: a - b)
         self._int_binary(parts, ops, run, lambda a, b: a - b)
 
     def op_mul(self, parts, ops, run):
         t = parts[-1]
-        if t.startswith("f"):
+        if is_float(t):
             return self._float(parts, ops, run, lambda a, b: a * b)
         bits = int(t[1:])
         signed = t[0] == "s"
@@ -55,7 +55,7 @@ class Arithmetic:
 
     def op_mad(self, parts, ops, run):
         t = parts[-1]
-        if t.startswith("f"):
+        if is_float(t):
             return self.op_fma(parts, ops, run)
         bits = int(t[1:])
         signed = t[0] == "s"
@@ -87,8 +87,9 @@ class Arithmetic:
 
     def op_neg(self, parts, ops, run):
         t = parts[-1]
-        if t.startswith("f"):
-            self.write(ops[0], -self.fvalue(ops[1], t), run)
+        if is_float(t):
+            x = -self.fvalue(ops[1], t)
+            self.write(ops[0], from_float(x, t, parts) if t == "bf16" else x, run)
             return
         bits = int(t[1:])
         self.write(ops[0], wrap(-as_int(self.value(ops[1]), bits, True), bits), run)
@@ -168,14 +169,14 @@ class Arithmetic:
     def op_min(self, parts, ops, run):
         if parts[-1] in ("f16", "bf16"):
             return self._narrow_float(parts, ops, run, fmin_nan if "NaN" in parts else np.fmin)
-        if parts[-1].startswith("f"):
+        if is_float(parts[-1]):
             return self._float(parts, ops, run, fmin_nan)
         self._int_binary(parts, ops, run, np.minimum)
 
     def op_max(self, parts, ops, run):
         if parts[-1] in ("f16", "bf16"):
             return self._narrow_float(parts, ops, run, fmax_nan if "NaN" in parts else np.fmax)
-        if parts[-1].startswith("f"):
+        if is_float(parts[-1]):
             return self._float(parts, ops, run, fmax_nan)
         self._int_binary(parts, ops, run, np.maximum)
 
@@ -188,7 +189,7 @@ class Arithmetic:
     def op_setp(self, parts, ops, run):
         cmp, t = parts[1], parts[-1]
         outs = ops[0].split("|")
-        if t.startswith("f"):
+        if is_float(t):
             a, b = (self.fvalue(o, t) for o in ops[1:3])
             unordered = np.isnan(a) | np.isnan(b)
             base = cmp[:-1] if cmp.endswith("u") and cmp not in ("nu",) else cmp
@@ -221,6 +222,17 @@ class Arithmetic:
         self.write(ops[0], np.where(c, a, b), run)
 
     def op_cvt(self, parts, ops, run):
+        if parts[-2] in FP8_PAIRS:  # cvt.rn.satfinite.e4m3x2.f32 d, a, b: a to the upper byte, b to the lower
+            hi, lo = (to_fp8(self.fvalue(o, "f32"), parts[-2][:-2]) for o in ops[1:3])
+            self.write(ops[0], (hi << np.uint16(8)) | lo, run)
+            return
+        if parts[-1] in FP8_PAIRS:  # cvt.rn.f16x2.e4m3x2 d, a: the upper byte to the upper half
+            pair = as_uint(self.value(ops[1]), 16)
+            hi, lo = (from_fp8((pair >> np.uint64(k)) & np.uint64(255), parts[-1][:-2]) for k in (8, 0))
+            narrow = parts[-2][:-2]
+            hi, lo = (from_float(v, narrow, parts).astype(np.uint32) for v in (hi, lo))
+            self.write(ops[0], (hi << np.uint32(16)) | lo, run)
+            return
         if parts[-2] in ("f16x2", "bf16x2"):  # cvt.rn.f16x2.f32 d, a, b: a to the upper half, b to the lower
             narrow = parts[-2][:-2]
             hi, lo = (from_float(self.fvalue(o, "f32"), narrow, parts).astype(np.uint32) for o in ops[1:3])
@@ -241,13 +253,18 @@ class Arithmetic:
         self.write(ops[0], wrap(xi, int(dst[1:])), run)
 
     def _float(self, parts, ops, run, fn):
+        if parts[-1] == "bf16":  # computed in f64 (a sum or product of two bf16 is exact there), rounded once
+            a, b = (self.fvalue(o, "bf16").astype(np.float64) for o in ops[1:3])
+            with np.errstate(all="ignore"):
+                self.write(ops[0], from_float(fn(a, b), "bf16", parts), run)
+            return
         dt = float_dtype(parts[-1])
         a, b = (self.fvalue(o, parts[-1]) for o in ops[1:3])
         with np.errstate(all="ignore"):
             self.write(ops[0], fn(a, b).astype(dt), run)
 
     def op_div(self, parts, ops, run):
-        if not parts[-1].startswith("f"):
+        if not is_float(parts[-1]):
             return self._int_division(parts, ops, run, remainder=False)
         self._float(parts, ops, run, lambda a, b: a / b)
 
@@ -266,9 +283,11 @@ class Arithmetic:
         self.write(ops[0], wrap(np.array(out, dtype=np.uint64), bits), run)
 
     def op_fma(self, parts, ops, run):
-        dt = float_dtype(parts[-1])
         a, b, c = (self.fvalue(o, parts[-1]).astype(np.float64) for o in ops[1:4])
-        self.write(ops[0], (a * b + c).astype(dt), run)
+        with np.errstate(all="ignore"):
+            y = a * b + c
+        self.write(ops[0], from_float(y, "bf16", parts) if parts[-1] == "bf16" else y.astype(float_dtype(parts[-1])),
+                   run)
 
     def _unary(self, ops, run, fn):
         x = self.fvalue(ops[1], "f32")
@@ -299,7 +318,7 @@ class Arithmetic:
         self._unary(ops, run, np.sqrt)
 
     def op_abs(self, parts, ops, run):
-        if parts[-1].startswith("f"):
+        if is_float(parts[-1]):
             self.write(ops[0], np.abs(self.fvalue(ops[1], parts[-1])), run)
         else:
             bits = int(parts[-1][1:])
@@ -308,6 +327,21 @@ class Arithmetic:
     def op_cvta(self, parts, ops, run):
         self.write(ops[0], self.value(ops[1]), run)
 
+    def op_clz(self, parts, ops, run):
+        bits = int(parts[-1][1:])
+        x = np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,))
+        self.write(ops[0], np.array([bits - int(v).bit_length() for v in x], dtype=np.uint32), run)
+
+    def op_popc(self, parts, ops, run):
+        bits = int(parts[-1][1:])
+        x = np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,))
+        self.write(ops[0], np.array([bin(int(v)).count("1") for v in x], dtype=np.uint32), run)
+
+    def op_copysign(self, parts, ops, run):
+        """copysign.f32 d, a, b: b with the sign of a (PTX's operand order is C's reversed)."""
+        a, b = (self.fvalue(o, parts[-1]) for o in ops[1:3])
+        self.write(ops[0], np.copysign(b, a), run)
+
 
 def fmin_nan(a, b):
     return np.where(np.isnan(a) | np.isnan(b), np.nan, np.minimum(a, b))
@@ -315,6 +349,33 @@ def fmin_nan(a, b):
 
 def fmax_nan(a, b):
     return np.where(np.isnan(a) | np.isnan(b), np.nan, np.maximum(a, b))
+
+
+FP8_PAIRS = ("e4m3x2", "e5m2x2")
+
+
+def _fp8_dtype(kind: str):
+    import torch
+    return {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[kind]
+
+
+def to_fp8(x: np.ndarray, kind: str) -> np.ndarray:
+    """f32 values as fp8 bits, rounded to nearest even, finite overflow and infinities saturated (satfinite)."""
+    import torch
+    t = torch.from_numpy(np.array(x, dtype=np.float32))
+    big = torch.finfo(_fp8_dtype(kind)).max
+    t = torch.where(t.isnan(), t, t.clamp(-big, big))
+    return t.to(_fp8_dtype(kind)).view(torch.uint8).numpy().astype(np.uint16)
+
+
+def from_fp8(bits: np.ndarray, kind: str) -> np.ndarray:
+    import torch
+    raw = torch.from_numpy(np.ascontiguousarray(bits, dtype=np.uint8))
+    return raw.view(_fp8_dtype(kind)).float().numpy()
+
+
+def is_float(t: str) -> bool:
+    return t.startswith("f") or t == "bf16"
 
 
 def float_dtype(t: str):
@@ -385,7 +446,14 @@ def narrow_to_f32(x, t: str) -> np.ndarray:
     return np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+_TO_INTEGRAL = {"rni": np.rint, "rmi": np.floor, "rpi": np.ceil, "rzi": np.trunc}
+
+
 def from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:
+    integral = [_TO_INTEGRAL[p] for p in parts if p in _TO_INTEGRAL]  # cvt.rmi.f32.f32: floor, in the float type
+    if integral and dst in ("f32", "f64"):
+        with np.errstate(all="ignore"):
+            x = integral[0](x)
     if dst == "f32":
         return x.astype(np.float32)
     if dst == "f64":
@@ -398,7 +466,7 @@ def from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:
             torch.int16).numpy().view(np.uint16)
     bits = int(dst[1:])
     with np.errstate(all="ignore"):
-        r = np.trunc(x) if "rzi" in parts or not any(p in parts for p in ("rni", "rmi", "rpi")) else np.rint(x)
+        r = (integral[0] if integral else np.trunc)(x)
     lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dst[0] == "s" else (0, (1 << bits) - 1)
     # NaN: the most negative integer (H100, cvt.rzi.s32.f64 and cvt.rzi.s64.f32, seen by the GPU fuzzer).
     r = np.where(np.isnan(r), float(lo), r)

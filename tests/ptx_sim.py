@@ -23,41 +23,13 @@ import struct
 from typing import Any
 
 import numpy as np
-from ptx_arith import INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype, from_float
+from ptx_arith import (INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype, from_float,
+                       narrow_to_f32)
 from ptx_cluster import MBarrier, run_cluster
+from ptx_memory import Memory, shared_offsets
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$")
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64}
-
-
-class Memory:
-    """Global memory: a byte arena at address `base`."""
-
-    def __init__(self, size: int, base: int = 1 << 32, fill: int = 0xA5):
-        self.base = base
-        self.bytes = np.full(size, fill, dtype=np.uint8)
-        self.allocations: list[tuple[int, int]] = []  # offsets [lo, hi) a load may touch; none: anywhere
-        self.writes = np.zeros(size, dtype=np.int32)  # how many stores wrote each byte
-
-    def offsets(self, addrs: np.ndarray, nbytes: int) -> np.ndarray:
-        addrs = addrs.astype(np.uint64)
-        if (addrs % np.uint64(nbytes)).any():
-            raise SimError(f"a {nbytes}-byte access at a misaligned address {hex(int(addrs[addrs % nbytes != 0][0]))}")
-        off = addrs.astype(np.int64) - self.base
-        if (off < 0).any() or (off + nbytes > len(self.bytes)).any():
-            raise SimError("an access outside global memory")
-        return off
-
-    def place(self, t, offset: int) -> int:
-        """Copy a CPU tensor's storage to arena offset `offset` (its first element there); its address."""
-        raw = t.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy() if t.is_contiguous() else None
-        if raw is None:
-            raise SimError("place() takes contiguous tensors; make views of a placed base")
-        self.bytes[offset:offset + len(raw)] = raw
-        return self.base + offset
-
-    def read(self, addr: int, nbytes: int) -> np.ndarray:
-        return self.bytes[addr - self.base:addr - self.base + nbytes].copy()
 
 
 def _split(line: str) -> list[str]:
@@ -173,7 +145,10 @@ class CTA(Arithmetic):
         return n
 
     def fvalue(self, op: str, t: str) -> np.ndarray:
-        """An operand of a floating-point instruction of type t: integer registers hold its bits."""
+        """An operand of a floating-point instruction of type t: integer registers hold its bits (bf16 read as
+        f32)."""
+        if t == "bf16":
+            return narrow_to_f32(as_uint(np.asarray(self.value(op)), 16), "bf16")
         dt = float_dtype(t)
         x = np.asarray(self.value(op))
         if x.dtype.kind in "ui":
@@ -207,21 +182,33 @@ class CTA(Arithmetic):
         where an mbarrier wait failed (another CTA must run first)."""
         pc = np.zeros(self.threads, dtype=np.int64)
         active = np.ones(self.threads, dtype=bool)
+        waiting = np.zeros(self.threads, dtype=bool)  # at a shfl.sync or bar.sync for threads still elsewhere
         steps = 0
         while active.any():
             steps += 1
             if steps > max_steps:
                 raise SimError("too many steps (a hang?)")
-            at = int(pc[active].min())
+            free = active & ~waiting
+            at = int(pc[free if free.any() else active].min())
             mask = active & (pc == at)
             if at >= len(self.prog.code):
                 raise SimError("ran off the end of the kernel")
             guard, opcode, operands = self.prog.code[at]
+            if free.any() and self._joins_later(opcode, mask, active, pc, at):
+                waiting |= mask
+                continue
+            waiting &= ~mask
             run = mask.copy()
             if guard is not None:
                 g = self.reg(guard[1])
                 run &= ~g if guard[0] else g
-            nxt = self.step(opcode, operands, run, mask, active)
+            try:
+                nxt = self.step(opcode, operands, run, mask, active)
+            except SimError:
+                raise
+            except Exception as e:  # an operand form or type the arithmetic does not cover
+                raise SimError(f"the simulator does not know {opcode} {', '.join(map(str, operands))} "
+                               f"({type(e).__name__}: {e})") from e
             if nxt in ("cluster", "spin"):
                 yield nxt
                 nxt = None
@@ -233,6 +220,15 @@ class CTA(Arithmetic):
                 pc[mask & ~run] = at + 1
             else:
                 pc[mask] = at + 1
+
+    def _joins_later(self, opcode: str, mask, active, pc, at: int) -> bool:
+        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync for the active
+        lanes of its warps (a divergent branch left them behind, as when a loop's body ends with stores by one lane
+        and the others take the back edge first; the hardware makes them meet)."""
+        if not opcode.startswith("shfl.sync"):
+            return False
+        warps = np.repeat(mask.reshape(-1, 32).any(axis=1), 32)
+        return bool((active & warps & (pc != at)).any())
 
     def step(self, opcode: str, ops: list, run: np.ndarray, mask: np.ndarray, active: np.ndarray):
         parts = opcode.split(".")
@@ -290,6 +286,8 @@ class CTA(Arithmetic):
         if space in ("param", "param::entry"):  # from PTX ISA 8.3, LLVM loads kernel parameters as ld.param::entry
             v = self.params[ops[1][1:-1]]
             t = parts[-1]
+            if isinstance(v, float) and not t.startswith("f"):  # a float parameter read as its bits (ld.b32)
+                v = int(np.array(v, dtype=np.float32 if t.endswith("32") else np.float64).view(INT[int(t[1:])][0]))
             self.write(ops[0], np.array(v, dtype=float_dtype(t)) if t.startswith("f") else
                        np.uint64(int(v) & (2**64 - 1)), run)
             return
@@ -342,10 +340,10 @@ class CTA(Arithmetic):
         elif space == "shared::cluster":
             for lane, a in zip(idx, addr[idx].astype(np.int64)):
                 peer = self.cluster[int(a) >> 24].smem
-                o = int(_shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
+                o = int(shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
                 out[lane] = peer[o:o + nbytes]
         else:
-            off = _shared_offsets(addr[idx], nbytes, len(self.smem))
+            off = shared_offsets(addr[idx], nbytes, len(self.smem))
             out[idx] = self.smem[off[:, None] + np.arange(nbytes)]
         return out
 
@@ -357,12 +355,12 @@ class CTA(Arithmetic):
         if space == "shared::cluster":
             for lane, a in zip(idx, addr[idx].astype(np.int64)):
                 peer = self.cluster[int(a) >> 24].smem
-                o = int(_shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
+                o = int(shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
                 peer[o:o + nbytes] = data[lane]
             return
         target = self.mem.bytes if space == "global" else self.smem
         off = self.mem.offsets(addr[idx], nbytes) if space == "global" else \
-            _shared_offsets(addr[idx], nbytes, len(self.smem))
+            shared_offsets(addr[idx], nbytes, len(self.smem))
         for lane, o in zip(idx, off):  # in lane order: the last writer of a byte wins, as the hardware picks one
             target[o:o + nbytes] = data[lane]
             if space == "global":
@@ -515,15 +513,6 @@ def _to_float(bits: int, t: str) -> float:
         return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
     width = {"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[t]
     return float(np.array([bits], dtype=width).view(float_dtype(t))[0])
-
-
-def _shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
-    off = addr.astype(np.int64)
-    if (off % nbytes).any():
-        raise SimError("a misaligned shared-memory access")
-    if (off < 0).any() or (off + nbytes > size).any():
-        raise SimError("an access outside shared memory")
-    return off
 
 
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,

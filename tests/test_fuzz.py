@@ -1,6 +1,7 @@
 """A seeded, bounded run of the differential fuzzer (tools/fuzz.py; issue 10, item 4): random valid kernels
-compiled for sm_90a and sm_100a, interpreted, and compared with the reference semantics of the same program.
-Longer runs, minimized reproductions and the GPU comparison: `python tools/fuzz.py --help`."""
+compiled for sm_90a and sm_100a, interpreted, and compared with the reference semantics of the same program; and
+their PTX run on the PTX simulator against the interpreter. Longer runs, minimized reproductions and the GPU
+comparison: `python tools/fuzz.py --help`."""
 import os
 import sys
 
@@ -51,6 +52,31 @@ def test_the_gpu_comparison_with_the_interpreter_standing_in(tmp_path, monkeypat
     monkeypatch.setattr(fuzz, "tensors", lambda p, device="cpu": cpu_tensors(p, "cpu"))
     outcomes = [fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k", gpu=True) for seed in range(4)]
     assert all(o.status in ("ok", "uncertain") for o in outcomes), [o.detail for o in outcomes]
+
+
+def test_seeded_kernels_run_from_their_ptx_on_the_simulator_match_the_interpreter(tmp_path):
+    """--ptx: the sm_90a PTX of each kernel run by tests/ptx_sim.py agrees with the interpreter (the lowering's
+    numbers, checked without a GPU); most seeds are within the simulator's reach."""
+    failures, simulated = [], 0
+    for seed in SEEDS:
+        outcome = fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k", ptx=True)
+        simulated += outcome.status == "ok"
+        if outcome.status == "fail":
+            failures.append(f"seed {seed}: {outcome.category}\n{outcome.detail}")
+    assert not failures, "\n\n".join(failures) + "\n(reproduce: python tools/fuzz.py --ptx --seed N --count 1)"
+    assert simulated >= len(SEEDS) // 2
+
+
+def test_the_ptx_comparison_finds_a_planted_lowering_bug(tmp_path, monkeypatch):
+    """A wrong lowering (float addition emitted as subtraction) shows as a mismatch of the simulated PTX against
+    the interpreter within a few kernels: the comparison can fail."""
+    from mgjit.lower.emit import Emitter
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path / "cache"))  # compiled afresh, with the planted rule
+    fbinary = Emitter.fbinary
+    monkeypatch.setattr(Emitter, "fbinary", lambda self, kind, a, b: fbinary(self, "sub" if kind == "add" else kind, a, b))
+    outcomes = [fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k", ptx=True) for seed in range(12)]
+    assert any(o.category == "mismatch: PTX simulator against interpreter" for o in outcomes), \
+        [o.category or o.status for o in outcomes]
 
 
 @pytest.mark.gpu

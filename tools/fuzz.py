@@ -3,9 +3,12 @@
 Random valid kernels (tests/fuzz_gen.py) are compiled for sm_90a and sm_100a, run in the interpreter and
 compared with the reference semantics of the same program (tests/fuzz_ref.py); with --gpu they are also
 launched, and the GPU's outputs compared with the interpreter's (bit-exact where the reference says exact,
-else within twice the reference's error bound).
+else within twice the reference's error bound); with --ptx their sm_90a PTX is run on the CPU by the PTX
+simulator (tests/ptx_sim.py) and compared the same way: the lowering's numbers checked without a GPU (kernels
+using instructions or types the simulator does not cover are counted apart, as unsimulated).
 
     python tools/fuzz.py --seed 1 --count 2000 --jobs 2
+    python tools/fuzz.py --ptx --seed 1 --count 2000 --jobs 2
     python3 tools/fuzz.py --gpu --seed 1 --count 1000
 
 Prints the kernels run and the failures by category; each category's first failures are minimized and written
@@ -46,7 +49,7 @@ TARGETS = ("sm_90a", "sm_100a")
 
 @dataclasses.dataclass
 class Outcome:
-    status: str  # "ok", "uncertain" (the reference cannot follow its control flow) or "fail"
+    status: str  # "ok", "uncertain" (the reference cannot follow its control flow), "unsimulated" or "fail"
     category: str = ""
     detail: str = ""
 
@@ -102,8 +105,9 @@ def classify(e: Exception, launch: Launch, stage: str) -> Outcome:
     return Outcome("fail", f"{stage}: {type(e).__name__}: {normalize(message)}", detail)
 
 
-def check(p: fuzz_program.Program, directory: str, tag: str, gpu: bool = False) -> Outcome:
-    """Compile for both targets, interpret, evaluate the reference and compare (and on the GPU, launch)."""
+def check(p: fuzz_program.Program, directory: str, tag: str, gpu: bool = False, ptx: bool = False) -> Outcome:
+    """Compile for both targets, interpret, evaluate the reference and compare (and on the GPU, launch; with
+    `ptx`, run the sm_90a PTX on the simulator)."""
     try:
         launch = Launch(p, directory, tag)
     except Exception as e:  # the generator made a program Python cannot import: a generator bug
@@ -131,6 +135,8 @@ def check(p: fuzz_program.Program, directory: str, tag: str, gpu: bool = False) 
         return Outcome("fail", "mismatch: interpreter against reference", bad)
     if gpu:
         return check_gpu(launch, outputs, expected)
+    if ptx:
+        return check_ptx(launch, outputs, expected)
     return Outcome("ok")
 
 
@@ -158,6 +164,29 @@ def check_gpu(launch: Launch, interpreted: dict, expected: dict) -> Outcome:
     bounds = {n: (interpreted[n], err) for n, (_, err) in expected.items()}
     bad = compare(outputs, bounds, 2.0)
     return Outcome("fail", "mismatch: GPU against interpreter", bad) if bad else Outcome("ok")
+
+
+def check_ptx(launch: Launch, interpreted: dict, expected: dict) -> Outcome:
+    import ptx_sim
+    inputs, outputs = launch.tensors()
+    args = launch.args(inputs, outputs)
+    compiled = launch.kernel.compile(*args, target="sm_90a", **launch.consts)
+    dev = ptx_sim.Device()
+    bases = {name: t if t._base is None else t._base for name, t in {**inputs, **outputs}.items()}
+    for base in bases.values():
+        dev.place(base)
+    try:
+        dev.run(compiled, (launch.p.grid,), *args)
+    except ptx_sim.SimError as e:  # what the hardware would fault on (a misaligned or stray access, a hang)
+        if str(e).startswith("the simulator does not know"):
+            return Outcome("unsimulated", detail=str(e))
+        return classify(e, launch, "ptx-sim-error")
+    got = {name: dev.fetch(bases[name]).as_strided(t.shape, t.stride(),
+                                                   t.storage_offset() - bases[name].storage_offset())
+           for name, t in outputs.items()}
+    bounds = {n: (interpreted[n], err) for n, (_, err) in expected.items()}
+    bad = compare(got, bounds, 2.0)
+    return Outcome("fail", "mismatch: PTX simulator against interpreter", bad) if bad else Outcome("ok")
 
 
 # ---------------------------------------------------------------------------------------------- minimizing
@@ -232,7 +261,8 @@ def _prune(p: fuzz_program.Program) -> None:
     p.helpers = [h for h in p.helpers if h.name in called]
 
 
-def minimize(p: fuzz_program.Program, category: str, directory: str, gpu: bool, budget_s: float) -> fuzz_program.Program:
+def minimize(p: fuzz_program.Program, category: str, directory: str, gpu: bool, budget_s: float,
+             ptx: bool = False) -> fuzz_program.Program:
     """Greedily shrink p while it still fails with the same category."""
     assert category, "only failures are minimized"
     deadline = time.time() + budget_s
@@ -250,7 +280,7 @@ def minimize(p: fuzz_program.Program, category: str, directory: str, gpu: bool, 
                 i += 1
                 continue
             attempt += 1
-            if check(q, directory, f"min{attempt}", gpu).category == category:
+            if check(q, directory, f"min{attempt}", gpu, ptx).category == category:
                 p, edits, progress = q, _candidates(q), True  # the edits before i failed already: go on from i
             else:
                 i += 1
@@ -307,12 +337,12 @@ def _timeout(signum, frame):
     raise TimeoutError(f"over {KERNEL_SECONDS} s")
 
 
-def run_seed(seed: int, gpu: bool) -> tuple[int, Outcome]:
+def run_seed(seed: int, gpu: bool, ptx: bool = False) -> tuple[int, Outcome]:
     signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(KERNEL_SECONDS)
     try:
         with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
-            return seed, check(fuzz_gen.generate(seed), d, "k", gpu)
+            return seed, check(fuzz_gen.generate(seed), d, "k", gpu, ptx)
     except TimeoutError as e:
         return seed, Outcome("fail", "timeout", str(e))
     finally:
@@ -332,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--count", type=int, default=100)
     ap.add_argument("--gpu", action="store_true", help="also launch on the GPU and compare with the interpreter")
+    ap.add_argument("--ptx", action="store_true",
+                    help="also run the sm_90a PTX on the PTX simulator and compare with the interpreter")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default="fuzz-failures", help="folder for minimized reproductions")
     ap.add_argument("--minimize", type=int, default=2, help="failures minimized per category")
@@ -357,26 +389,27 @@ def main(argv: list[str] | None = None) -> int:
 
     if jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(jobs, initializer=_init_worker) as pool:
-            for seed, outcome in pool.map(run_seed, seeds, [args.gpu] * len(seeds), chunksize=4):
+            for seed, outcome in pool.map(run_seed, seeds, [args.gpu] * len(seeds), [args.ptx] * len(seeds),
+                                          chunksize=4):
                 record(seed, outcome)
     else:
         _init_worker()
         for seed in seeds:
-            outcome = run_seed(seed, args.gpu)[1]
+            outcome = run_seed(seed, args.gpu, args.ptx)[1]
             record(seed, outcome)
             if outcome.category.startswith("gpu-error"):  # a failed launch may leave the CUDA context unusable
                 print(f"stopping at seed {seed}: the launch failed\n{outcome.detail}")
                 break
     print(f"\n{sum(counts.values())} kernels in {time.time() - start:.0f} s: {counts['ok']} ok, "
           f"{counts['uncertain']} with control flow the reference cannot follow (compiled and interpreted only), "
-          f"{counts['fail']} failing")
+          + (f"{counts['unsimulated']} beyond the PTX simulator, " if args.ptx else "") + f"{counts['fail']} failing")
     for category, items in sorted(failures.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(items):5d}  {category}   (seeds {', '.join(str(s) for s, _ in items[:6])})")
     with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-min-") as d:
         for category, items in failures.items():
             for seed, outcome in items[:args.minimize]:
-                small = minimize(fuzz_gen.generate(seed), category, d, args.gpu, args.minimize_seconds)
-                final = check(small, d, "final", args.gpu)
+                small = minimize(fuzz_gen.generate(seed), category, d, args.gpu, args.minimize_seconds, args.ptx)
+                final = check(small, d, "final", args.gpu, args.ptx)
                 print(f"  minimized seed {seed} -> {write_repro(small, final if final.status == 'fail' else outcome, args.out)}")
     return 1 if counts["fail"] else 0
 
