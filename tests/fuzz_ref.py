@@ -295,8 +295,9 @@ def unary(kind: str, v: V) -> V:
         y = -w if kind == "neg" or d.is_signed else w
         return V(wrap(torch.where((w < 0) | torch.tensor(kind == "neg"), y, w), d), d, v.err.clone())
     w = compute(v)
-    if kind == "sqrt":  # IEEE in f32 (f64), then rounded
-        x = round_to(torch.sqrt(w), d)
+    if kind == "sqrt":  # IEEE in f32 (f64), then rounded. torch's f32 sqrt on the CPU is not always correctly
+        # rounded (99.20155334472656: 9.959997177, where sqrt.rn.f32 gives 9.959998131); f64's, rounded to f32, is
+        x = round_to(torch.sqrt(w.to(F64T)).to(w.dtype), d)
         y64 = x.to(F64T)
     else:
         y64 = MATH[kind](w.to(F64T))

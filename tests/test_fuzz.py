@@ -32,6 +32,13 @@ def test_seeded_kernels_compile_interpret_and_match_the_reference(tmp_path):
     assert uncertain < len(SEEDS) // 4  # most kernels are compared, not only compiled
 
 
+def test_the_reference_rounds_sqrt_correctly(tmp_path):
+    """Seed 990677 takes the square root of 99.20155334472656 in f32: torch's CPU sqrt gave 9.959997177, the
+    interpreter (and sqrt.rn.f32) 9.959998131, the correctly rounded one; the reference took torch's and reported a
+    mismatch."""
+    assert fuzz.check(fuzz_gen.generate(990677), str(tmp_path), "k").status != "fail"
+
+
 def test_the_fuzzer_finds_a_planted_bug(tmp_path, monkeypatch):
     """A wrong rule in the interpreter (float addition that subtracts) shows as a mismatch within a few kernels:
     the comparison can fail."""
