@@ -250,7 +250,7 @@ class Arithmetic:
         if dst.startswith("f") or dst.startswith("bf"):
             self.write(ops[0], from_float(xi.astype(np.float64), dst, parts), run)
             return
-        self.write(ops[0], wrap(xi, int(dst[1:])), run)
+        self.write(ops[0], _extended(wrap(xi, int(dst[1:])), dst), run)
 
     def _float(self, parts, ops, run, fn):
         if parts[-1] == "bf16":  # computed in f64 (a sum or product of two bf16 is exact there), rounded once
@@ -474,4 +474,10 @@ def from_float(x: np.ndarray, dst: str, parts) -> np.ndarray:
     # float(hi) of 64 bits rounds up to 2**63 (2**64), past the integer type: the top saturates apart.
     top = r >= float(hi)
     clipped = np.where(top, 0.0, np.clip(r, lo, hi)).astype(kind)
-    return wrap(np.where(top, np.array(hi, dtype=kind), clipped), bits)
+    return _extended(wrap(np.where(top, np.array(hi, dtype=kind), clipped), bits), dst)
+
+
+def _extended(x: np.ndarray, dst: str) -> np.ndarray:
+    """A conversion's integer result as the register receives it: a signed type narrower than the register
+    (cvt.s8.s32 into a 16-bit register) sign-extended, as PTX extends it; an unsigned one zero-extended."""
+    return as_int(x, int(dst[1:]), True) if dst[0] == "s" else x
