@@ -222,10 +222,10 @@ class CTA(Arithmetic):
                 pc[mask] = at + 1
 
     def _joins_later(self, opcode: str, mask, active, pc, at: int) -> bool:
-        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync for the active
-        lanes of its warps (a divergent branch left them behind, as when a loop's body ends with stores by one lane
-        and the others take the back edge first; the hardware makes them meet)."""
-        if not opcode.startswith("shfl.sync"):
+        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync or bar.sync (both
+        warp-synchronous) for the active lanes of its warps (a divergent branch left them behind, as when a loop's
+        body ends with stores by one lane and the others take the back edge first; the hardware makes them meet)."""
+        if not opcode.startswith(("shfl.sync", "bar.sync", "barrier.sync")):
             return False
         warps = np.repeat(mask.reshape(-1, 32).any(axis=1), 32)
         return bool((active & warps & (pc != at)).any())
