@@ -289,33 +289,36 @@ class Arithmetic:
         self.write(ops[0], from_float(y, "bf16", parts) if parts[-1] == "bf16" else y.astype(float_dtype(parts[-1])),
                    run)
 
-    def _unary(self, ops, run, fn):
-        x = self.fvalue(ops[1], "f32")
+    def _unary(self, parts, ops, run, fn):
+        """A float instruction of one operand in its type (f32, or f64: rsqrt.approx.f64, sqrt.rn.f64, rcp.rn.f64),
+        computed in f64."""
+        t = "f64" if parts[-1] == "f64" else "f32"
+        x = self.fvalue(ops[1], t)
         with np.errstate(all="ignore"):
-            self.write(ops[0], fn(x.astype(np.float64)).astype(np.float32), run)
+            self.write(ops[0], fn(x.astype(np.float64)).astype(float_dtype(t)), run)
 
     def op_ex2(self, parts, ops, run):
         if "ftz" not in parts:
-            self._unary(ops, run, np.exp2)
+            self._unary(parts, ops, run, np.exp2)
             return
         tiny = np.finfo(np.float32).tiny
 
         def ex2_ftz(x):  # subnormal inputs and results flush to zero
             y = np.exp2(np.where(np.abs(x) < tiny, 0.0, x))
             return np.where(y < tiny, 0.0, y)
-        self._unary(ops, run, ex2_ftz)
+        self._unary(parts, ops, run, ex2_ftz)
 
     def op_lg2(self, parts, ops, run):
-        self._unary(ops, run, np.log2)
+        self._unary(parts, ops, run, np.log2)
 
     def op_rcp(self, parts, ops, run):
-        self._unary(ops, run, lambda x: 1.0 / x)
+        self._unary(parts, ops, run, lambda x: 1.0 / x)
 
     def op_rsqrt(self, parts, ops, run):
-        self._unary(ops, run, lambda x: 1.0 / np.sqrt(x))
+        self._unary(parts, ops, run, lambda x: 1.0 / np.sqrt(x))
 
     def op_sqrt(self, parts, ops, run):
-        self._unary(ops, run, np.sqrt)
+        self._unary(parts, ops, run, np.sqrt)
 
     def op_abs(self, parts, ops, run):
         if is_float(parts[-1]):

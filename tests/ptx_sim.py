@@ -194,7 +194,7 @@ class CTA(Arithmetic):
             if at >= len(self.prog.code):
                 raise SimError("ran off the end of the kernel")
             guard, opcode, operands = self.prog.code[at]
-            if free.any() and self._joins_later(opcode, mask, active, pc, at):
+            if free.any() and self._joins_later(opcode, operands, mask, active, pc, at):
                 waiting |= mask
                 continue
             waiting &= ~mask
@@ -221,14 +221,20 @@ class CTA(Arithmetic):
             else:
                 pc[mask] = at + 1
 
-    def _joins_later(self, opcode: str, mask, active, pc, at: int) -> bool:
+    def _joins_later(self, opcode: str, ops: list, mask, active, pc, at: int) -> bool:
         """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync or bar.sync (both
-        warp-synchronous) for the active lanes of its warps (a divergent branch left them behind, as when a loop's
-        body ends with stores by one lane and the others take the back edge first; the hardware makes them meet)."""
+        warp-synchronous) for the active lanes of its warps, a bar.sync also for its count of threads (a divergent
+        branch left them behind, as when a loop's body ends with stores by one lane or warp and the others take the
+        back edge first; the hardware makes them meet)."""
         if not opcode.startswith(("shfl.sync", "bar.sync", "barrier.sync")):
             return False
         warps = np.repeat(mask.reshape(-1, 32).any(axis=1), 32)
-        return bool((active & warps & (pc != at)).any())
+        if (active & warps & (pc != at)).any():
+            return True
+        if opcode.startswith("shfl"):
+            return False
+        count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
+        return int(mask.sum()) < count
 
     def step(self, opcode: str, ops: list, run: np.ndarray, mask: np.ndarray, active: np.ndarray):
         parts = opcode.split(".")
