@@ -20,7 +20,7 @@ import random
 from typing import Any
 
 from fuzz_program import (ALL, BOOL, F32, I8, I32, I64, LOOP_ROWS, MAX_HELPERS, MAX_INPUTS, MAX_OUTPUTS, PY_DTYPES,
-                          REDUCIBLE,
+                          REDUCIBLE, fill_value,
                           U8, UNARY_MATH, Helper, Node, Program, Stmt, Tensor, Ty, broadcast, buffer_elems, binop,
                           lit, literal, promote, random_values, var, weak)
 from mgjit.dtypes import DType
@@ -32,6 +32,7 @@ class Generator:
 
     def __init__(self, seed: int, max_depth: int = 3, max_stmts: int = 10):
         self.rng = random.Random(seed)
+        self.fills = random.Random(f"{seed} fills")  # loads' other=, drawn apart: a seed's program is as before
         self.seed = seed
         self.max_depth = max_depth
         self.max_stmts = max_stmts
@@ -285,7 +286,10 @@ class Generator:
         sizes = [None] * (len(t.shape) - len(shape)) + list(shape)  # None: an integer index (the axis squeezed)
         if sizes == [None, shape[0] if shape else None] and shape and self.rng.random() < 0.3:
             sizes = [shape[0], None]  # a column: elements a row stride apart
-        return Node("load", ty, [self.index_expr() for _ in sizes], {"ref": t.name, "sizes": sizes})
+        attrs = {"ref": t.name, "sizes": sizes}
+        if self.fills.random() < 0.25:  # mgjit.load(x, index, other=v): what lies outside reads v
+            attrs["other"] = fill_value(self.fills, t.dtype)
+        return Node("load", ty, [self.index_expr() for _ in sizes], attrs)
 
     def index_expr(self, typed: bool = False) -> Node:
         """A small integer scalar: program or warpgroup id, loop variables, launch ints, sizes, literals, and

@@ -9,6 +9,7 @@ two threads ever write one element: the GPU's result is deterministic.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from typing import Any
 
@@ -180,6 +181,19 @@ def literal(rng: random.Random, py: type, dtype: DType | None = None) -> Any:
     return rng.randint(lo, hi)
 
 
+def fill_value(rng: random.Random, dtype: DType) -> Any:
+    """A value for mgjit.load's other= that `dtype` holds: infinities, NaN and signed zeros among the floats
+    (finite ones for fp8, which saturates them where the language rounds), any in range for the integers."""
+    if dtype == BOOL:
+        return rng.random() < 0.5
+    if dtype.is_int:
+        low, high = dtype.int_range
+        return rng.choice([low, high, -1 if low < 0 else 1, 7])
+    if dtype in (E4M3, E5M2):
+        return rng.choice([-1.5, 0.5, -0.0, 2.0])
+    return rng.choice([-math.inf, math.inf, math.nan, -0.0, 0.5, -1.5])
+
+
 def lit(value: Any) -> Node:
     return Node("lit", weak(type(value)), attrs={"value": value})
 
@@ -245,7 +259,12 @@ def expr_source(n: Node) -> str:
         return f"mgjit.arange({size})" if at["start"] == 0 else f"mgjit.arange({at['start']}, {at['start']} + {size})"
     if op == "load":
         items = [s if size is None else f"mgjit.ds({s}, {_size_source(size)})" for s, size in zip(a, at["sizes"])]
-        return f"{at['ref']}[{', '.join(items)}]"
+        if "other" not in at:
+            return f"{at['ref']}[{', '.join(items)}]"
+        index = items[0] if len(items) == 1 else f"({', '.join(items)})"
+        other = at["other"]
+        fill = f"float('{other}')" if isinstance(other, float) and not math.isfinite(other) else repr(other)
+        return f"mgjit.load({at['ref']}, {index}, other={fill})"
     if op == "cast":
         return f"({a[0]}).{n.attrs.get('form', 'astype')}({dtype_source(n.ty.dtype)})"
     if op == "unary":

@@ -519,13 +519,14 @@ class Run:
         raise ValueError(op)
 
     def load(self, n: Node, env: dict[str, Any]) -> V:
-        return self.load_window(n.attrs["ref"], n.args, n.attrs["sizes"], n.ty.shape, env)
+        return self.load_window(n.attrs["ref"], n.args, n.attrs["sizes"], n.ty.shape, env, n.attrs.get("other", 0))
 
-    def load_window(self, name: str, starts: list[Node], sizes: list, shape: tuple, env: dict[str, Any]) -> V:
-        """The window of a tensor at `starts` (elements outside it read as zero; err: what is known of them)."""
+    def load_window(self, name: str, starts: list[Node], sizes: list, shape: tuple, env: dict[str, Any],
+                    other: Any = 0) -> V:
+        """The window of a tensor at `starts` (elements outside it read as `other`; err: what is known of them)."""
         ref = self.refs[name]
         inner, outer, _ = self.window(ref, starts, sizes, env)
-        x = torch.zeros([1 if s is None else s for s in sizes], dtype=ref.dtype)
+        x = torch.full([1 if s is None else s for s in sizes], other, dtype=ref.dtype)
         err = torch.zeros(x.shape, dtype=F64T)
         if inner is not None:
             x[outer] = ref[inner]
