@@ -484,3 +484,30 @@ def _extended(x: np.ndarray, dst: str) -> np.ndarray:
     """A conversion's integer result as the register receives it: a signed type narrower than the register
     (cvt.s8.s32 into a 16-bit register) sign-extended, as PTX extends it; an unsigned one zero-extended."""
     return as_int(x, int(dst[1:]), True) if dst[0] == "s" else x
+
+
+def atomic_result(kind: str, t: str, old: int, value: int, compare: int | None) -> int:
+    """The bits an atomic of `kind` on type t (u32, s64, f32, noftz f16/bf16, b16...) leaves in memory; floats add
+    exactly and round once."""
+    bits = int(t.lstrip("bfus"))
+    mask = (1 << bits) - 1
+    if kind == "exch":
+        return value
+    if kind == "cas":
+        return value if old == compare else old
+    if t[0] in "us" and kind == "add":
+        return (old + value) & mask
+    if t[0] in "us" and kind in ("min", "max"):
+        a, b = (x - (1 << bits) if t[0] == "s" and x >> (bits - 1) else x for x in (old, value))
+        return (min(a, b) if kind == "min" else max(a, b)) & mask
+    if t[0] != "f" and t != "bf16" or kind != "add":
+        raise SimError(f"the simulator does not know atom.{kind}.{t}")
+    total = np.array([_to_float(old, t) + _to_float(value, t)])
+    return int(as_uint(from_float(total, t, ()) if t in ("f16", "bf16") else total.astype(float_dtype(t)), bits)[0])
+
+
+def _to_float(bits: int, t: str) -> float:
+    if t == "bf16":
+        return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+    width = {"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[t]
+    return float(np.array([bits], dtype=width).view(float_dtype(t))[0])

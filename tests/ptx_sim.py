@@ -23,13 +23,14 @@ import struct
 from typing import Any
 
 import numpy as np
-from ptx_arith import (INT, Arithmetic, SimError, as_uint, bits_dtype, convert_bits, float_dtype, from_float,
+from ptx_arith import (INT, Arithmetic, SimError, as_uint, atomic_result, bits_dtype, convert_bits, float_dtype,
                        narrow_to_f32)
 from ptx_cluster import MBarrier, run_cluster
 from ptx_memory import Memory, shared_offsets
 
-_REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$")
-_REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64}
+_REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
+_REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
+              "SP": np.uint64, "SPL": np.uint64}
 
 
 def _split(line: str) -> list[str]:
@@ -47,6 +48,12 @@ class Program:
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
         self.params = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", header)
+        # A thread's local memory (arrays LLVM keeps on the stack): each depot at its offset in one arena.
+        self.depots: dict[str, int] = {}
+        self.local_bytes = 0
+        for name, size in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+(\w+)\[(\d+)\]", rest):
+            self.depots[name] = self.local_bytes
+            self.local_bytes += -(-int(size) // 16) * 16
         for line in rest.splitlines():
             line = line.split("//")[0].strip()
             if not line or line in ("{", "}") or line.startswith("."):
@@ -109,6 +116,7 @@ class CTA(Arithmetic):
         self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
         self.rank = rank
         self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
+        self.local = np.zeros((threads, max(prog.local_bytes, 16)), dtype=np.uint8)  # each thread's own
         self.mbarriers: dict[int, MBarrier] = {}  # by SMEM offset
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(threads, dtype=np.uint32)
@@ -119,7 +127,7 @@ class CTA(Arithmetic):
             m = _REG.match(name)
             if not m and name not in self.prog.predicates:
                 raise SimError(f"unknown register {name}")
-            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1)] if m else np.bool_)
+            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1) or m.group(3)] if m else np.bool_)
         return self.regs[name]
 
     def value(self, op: str, dtype=None):
@@ -139,6 +147,8 @@ class CTA(Arithmetic):
             return np.frombuffer(struct.pack("<Q", int(op[2:], 16)), dtype=np.float64)[0]
         if op.startswith("__mgjit_smem"):
             return np.uint64(int(op[len("__mgjit_smem"):].lstrip("+") or 0))
+        if op in self.prog.depots:  # mov.b64 %SPL, __local_depot0: an address in the local space
+            return np.uint64(self.prog.depots[op])
         n = int(op.rstrip("U"), 0)
         if dtype is not None:
             return np.array(n).astype(np.int64).astype(dtype) if n < 0 else np.array(n, dtype=np.uint64).astype(dtype)
@@ -348,6 +358,9 @@ class CTA(Arithmetic):
                 peer = self.cluster[int(a) >> 24].smem
                 o = int(shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
                 out[lane] = peer[o:o + nbytes]
+        elif space == "local":
+            off = shared_offsets(addr[idx], nbytes, self.local.shape[1])
+            out[idx] = self.local[idx[:, None], off[:, None] + np.arange(nbytes)]
         else:
             off = shared_offsets(addr[idx], nbytes, len(self.smem))
             out[idx] = self.smem[off[:, None] + np.arange(nbytes)]
@@ -363,6 +376,10 @@ class CTA(Arithmetic):
                 peer = self.cluster[int(a) >> 24].smem
                 o = int(shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
                 peer[o:o + nbytes] = data[lane]
+            return
+        if space == "local":
+            for lane, o in zip(idx, shared_offsets(addr[idx], nbytes, self.local.shape[1])):
+                self.local[lane, o:o + nbytes] = data[lane]
             return
         target = self.mem.bytes if space == "global" else self.smem
         off = self.mem.offsets(addr[idx], nbytes) if space == "global" else \
@@ -423,7 +440,7 @@ class CTA(Arithmetic):
                 at = int(off) + j * nbytes
                 old = int.from_bytes(self.mem.bytes[at:at + nbytes].tobytes(), "little")
                 cmp = None if compare is None else int(compare[lane])
-                new = _atomic_result(kind, t, old, int(values[j][lane]), cmp)
+                new = atomic_result(kind, t, old, int(values[j][lane]), cmp)
                 self.mem.bytes[at:at + nbytes] = np.frombuffer(new.to_bytes(nbytes, "little"), dtype=np.uint8)
                 self.mem.writes[at:at + nbytes] += 1
                 olds[j, lane] = old
@@ -492,33 +509,6 @@ def _unordered(parts: list[str]) -> list[str]:
     """An instruction's name without its memory ordering and scope: one thread at a time, the simulator's
     accesses are all sequentially consistent."""
     return [p for p in parts if p not in _ORDERING]
-
-
-def _atomic_result(kind: str, t: str, old: int, value: int, compare: int | None) -> int:
-    """The bits an atomic of `kind` on type t (u32, s64, f32, noftz f16/bf16, b16...) leaves in memory; floats add
-    exactly and round once."""
-    bits = int(t.lstrip("bfus"))
-    mask = (1 << bits) - 1
-    if kind == "exch":
-        return value
-    if kind == "cas":
-        return value if old == compare else old
-    if t[0] in "us" and kind == "add":
-        return (old + value) & mask
-    if t[0] in "us" and kind in ("min", "max"):
-        a, b = (x - (1 << bits) if t[0] == "s" and x >> (bits - 1) else x for x in (old, value))
-        return (min(a, b) if kind == "min" else max(a, b)) & mask
-    if t[0] != "f" and t != "bf16" or kind != "add":
-        raise SimError(f"the simulator does not know atom.{kind}.{t}")
-    total = np.array([_to_float(old, t) + _to_float(value, t)])
-    return int(as_uint(from_float(total, t, ()) if t in ("f16", "bf16") else total.astype(float_dtype(t)), bits)[0])
-
-
-def _to_float(bits: int, t: str) -> float:
-    if t == "bf16":
-        return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
-    width = {"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[t]
-    return float(np.array([bits], dtype=width).view(float_dtype(t))[0])
 
 
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
