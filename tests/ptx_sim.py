@@ -244,7 +244,8 @@ class CTA(Arithmetic):
         if opcode.startswith("shfl"):
             return False
         count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
-        return int(mask.sum()) < count
+        ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
+        return any(int((mask & (ids == i)).sum()) < count for i in np.unique(ids[mask]))  # each barrier's own
 
     def step(self, opcode: str, ops: list, run: np.ndarray, mask: np.ndarray, active: np.ndarray):
         parts = opcode.split(".")
