@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from fuzz_program import (BF16, BOOL, E4M3, E5M2, F16, F32, F64, I32, I64, Helper, Node, Program, Stmt,
@@ -295,9 +296,10 @@ def unary(kind: str, v: V) -> V:
         y = -w if kind == "neg" or d.is_signed else w
         return V(wrap(torch.where((w < 0) | torch.tensor(kind == "neg"), y, w), d), d, v.err.clone())
     w = compute(v)
-    if kind == "sqrt":  # IEEE in f32 (f64), then rounded. torch's f32 sqrt on the CPU is not always correctly
-        # rounded (99.20155334472656: 9.959997177, where sqrt.rn.f32 gives 9.959998131); f64's, rounded to f32, is
-        x = round_to(torch.sqrt(w.to(F64T)).to(w.dtype), d)
+    if kind == "sqrt":  # IEEE in f32 (f64), then rounded. torch's sqrt on the CPU is not always correctly rounded
+        # (f32 99.20155334472656: 9.959997177, where sqrt.rn.f32 gives 9.959998131; f64 1953444704: one ulp off);
+        # numpy's f64 sqrt is, and rounded to f32 it is f32's
+        x = round_to(torch.from_numpy(np.sqrt(w.to(F64T).numpy())).to(w.dtype), d)
         y64 = x.to(F64T)
     else:
         y64 = MATH[kind](w.to(F64T))
