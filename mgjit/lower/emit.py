@@ -196,6 +196,13 @@ class Emitter:
         const = lambda v: arith.constant(t, v)  # noqa: E731
         if kind in ("shl", "shr"):
             width = self.ir.IntegerType(t).width
+            if width == 64:
+                # PTX's shl/shr.b64 take a 32-bit amount and clamp it to 64; LLVM folded the guard below into
+                # that clamp but truncated the amount first: 1 << (1 + INT64_MIN) shifted by 1. The amount is
+                # saturated at 64 in 64 bits here, and shifted by inline PTX that LLVM cannot rewrite.
+                amount = self.trunc(self.select(self.cmpi("uge", b, const(64)), const(64), b), 32)
+                op = "shl.b64" if kind == "shl" else "shr.s64" if signed else "shr.u64"
+                return self.asm(f"{op} $0, $1, $2;", "=l,l,r", [a, amount], [t])[0]
             out_of_range = self.cmpi("uge", b, const(width))
             amount = self.select(out_of_range, const(0), b)
             if kind == "shl":
