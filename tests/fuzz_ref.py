@@ -299,7 +299,7 @@ def unary(kind: str, v: V) -> V:
     if kind == "sqrt":  # IEEE in f32 (f64), then rounded. torch's sqrt on the CPU is not always correctly rounded
         # (f32 99.20155334472656: 9.959997177, where sqrt.rn.f32 gives 9.959998131; f64 1953444704: one ulp off);
         # numpy's f64 sqrt is, and rounded to f32 it is f32's
-        x = round_to(torch.from_numpy(np.sqrt(w.to(F64T).numpy())).to(w.dtype), d)
+        x = round_to(torch.from_numpy(np.asarray(np.sqrt(w.to(F64T).numpy()))).to(w.dtype), d)
         y64 = x.to(F64T)
     else:
         y64 = MATH[kind](w.to(F64T))
