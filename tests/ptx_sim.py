@@ -44,7 +44,7 @@ class Program:
         self.params: list[str] = []
         self.code: list[tuple] = []
         self.labels: dict[str, int] = {}
-        self.predicates: set[str] = set()  # predicate registers an inline-asm block declares by name
+        self.declared: dict[str, Any] = {}  # registers an inline-asm block declares by name: their dtypes
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
         self.params = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", header)
@@ -68,8 +68,10 @@ class Program:
                     stmt = stmt.strip("{} ")
                     if not stmt:
                         continue
-                if stmt.startswith(".reg .pred "):
-                    self.predicates.update(n.strip() for n in stmt[len(".reg .pred "):].split(","))
+                m = re.match(r"^\.reg\s+\.(pred|[bfsu]\d+)\s+(.*)$", stmt)
+                if m:
+                    dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(m.group(1).replace("s", "b").replace("u", "b"))
+                    self.declared.update((n.strip(), dtype) for n in m.group(2).split(","))
                     continue
                 m = re.match(r"^(\w+):\s+(.*)$", stmt)
                 if m:
@@ -125,9 +127,10 @@ class CTA(Arithmetic):
     def reg(self, name: str) -> np.ndarray:
         if name not in self.regs:
             m = _REG.match(name)
-            if not m and name not in self.prog.predicates:
+            if not m and name not in self.prog.declared:
                 raise SimError(f"unknown register {name}")
-            self.regs[name] = np.zeros(self.threads, dtype=_REG_DTYPE[m.group(1) or m.group(3)] if m else np.bool_)
+            dtype = _REG_DTYPE[m.group(1) or m.group(3)] if m else self.prog.declared[name]
+            self.regs[name] = np.zeros(self.threads, dtype=dtype)
         return self.regs[name]
 
     def value(self, op: str, dtype=None):
@@ -145,6 +148,8 @@ class CTA(Arithmetic):
             return np.frombuffer(struct.pack("<I", int(op[2:], 16)), dtype=np.float32)[0]
         if op.startswith("0d"):
             return np.frombuffer(struct.pack("<Q", int(op[2:], 16)), dtype=np.float64)[0]
+        if op in self.prog.declared:
+            return self.reg(op)
         if op.startswith("__mgjit_smem"):
             return np.uint64(int(op[len("__mgjit_smem"):].lstrip("+") or 0))
         if op in self.prog.depots:  # mov.b64 %SPL, __local_depot0: an address in the local space
