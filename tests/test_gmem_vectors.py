@@ -373,3 +373,26 @@ def test_aligned_rows_keep_plain_vectors():
     c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
     assert body_accesses(c.ptx) == {**dict.fromkeys(ACCESSES, 0), "ld.global.v4.b32": 4, "st.global.v4.b32": 4}
     assert "shfl" not in c.ptx and "bra" not in c.ptx
+
+
+@mgjit.kernel
+def window_at(x, out, c0, OTHER: mgjit.constexpr):
+    out[0, mgjit.ds(0, 64)] = mgjit.load(x, (0, mgjit.ds(c0, 64)), other=OTHER)
+    out[1, mgjit.ds(c0, 64)] = x[0, mgjit.ds(0, 64)]
+
+
+@pytest.mark.parametrize("c0", [2 ** 31 - 1, 2 ** 31 - 40, -2 ** 31])
+def test_windows_at_the_ends_of_the_int32_range_are_outside(c0):
+    """A window whose start is near 2**31 - 1: start + size wrapped and passed the inside test, and the load read
+    (the store wrote) far past the tensor (the fuzzer's --ptx, seed 30226, a start read from memory). Run from the
+    PTX on the simulator, which raises on an access outside every tensor."""
+    x = torch.randn(2, 100)
+    out = torch.full((2, 100), 7.0)
+    compiled = window_at.compile(x, out, c0, OTHER=-1.0, target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.place(x)
+    dev.place(out)
+    dev.run(compiled, (1,), x, out, c0)
+    want = torch.full((2, 100), 7.0)
+    want[0, :64] = -1.0
+    assert torch.equal(dev.fetch(out), want)

@@ -270,12 +270,14 @@ def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shap
 
 
 def _window_inside(ctx: lower.Context, op: Op, ref: LoweredRef) -> Any:
-    """i1, the same in every thread: the window lies wholly inside the tensor."""
+    """i1, the same in every thread: the window lies wholly inside the tensor. The end is compared as
+    start <= n - size: start + size wraps past 2**31 - 1 (a start read from memory, 2147483647, passed for a
+    window inside, and its unchecked loads read far past the tensor)."""
     e = ctx.e
     conds = []
     for start, size, n in zip(op.starts, op.sizes, ref.sizes):
         s = ctx.get(start)
-        conds += [e.cmpi("sge", s, e.i32(0)), e.cmpi("sle", e.addi(s, e.i32(size)), n)]
+        conds += [e.cmpi("sge", s, e.i32(0)), e.cmpi("sle", s, e.subi(n, e.i32(size)))]
     return _all(e, conds)
 
 
