@@ -322,7 +322,8 @@ class Arithmetic:
 
     def op_abs(self, parts, ops, run):
         if is_float(parts[-1]):
-            self.write(ops[0], np.abs(self.fvalue(ops[1], parts[-1])), run)
+            x = np.abs(self.fvalue(ops[1], parts[-1]))
+            self.write(ops[0], from_float(x, "bf16", parts) if parts[-1] == "bf16" else x, run)
         else:
             bits = int(parts[-1][1:])
             self.write(ops[0], wrap(np.abs(as_int(self.value(ops[1]), bits, True)), bits), run)
