@@ -70,7 +70,7 @@ class Program:
                         continue
                 m = re.match(r"^\.reg\s+\.(pred|[bfsu]\d+)\s+(.*)$", stmt)
                 if m:
-                    dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(m.group(1).replace("s", "b").replace("u", "b"))
+                    dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(re.sub("^[su]", "b", m.group(1)))
                     self.declared.update((n.strip(), dtype) for n in m.group(2).split(","))
                     continue
                 m = re.match(r"^(\w+):\s+(.*)$", stmt)

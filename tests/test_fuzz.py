@@ -81,7 +81,8 @@ def test_the_ptx_comparison_finds_a_planted_lowering_bug(tmp_path, monkeypatch):
     from mgjit.lower.emit import Emitter
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path / "cache"))  # compiled afresh, with the planted rule
     fbinary = Emitter.fbinary
-    monkeypatch.setattr(Emitter, "fbinary", lambda self, kind, a, b: fbinary(self, "sub" if kind == "add" else kind, a, b))
+    monkeypatch.setattr(Emitter, "fbinary",
+                        lambda self, kind, a, b: fbinary(self, "sub" if kind == "add" else kind, a, b))
     outcomes = [fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k", ptx=True) for seed in range(12)]
     assert any(o.category == "mismatch: PTX simulator against interpreter" for o in outcomes), \
         [o.category or o.status for o in outcomes]
