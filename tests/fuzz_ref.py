@@ -289,9 +289,9 @@ def unary(kind: str, v: V) -> V:
     if kind == "not":
         return V(~v.x, d, v.err.clone())
     if kind in ("neg", "abs"):
-        if d.is_float:
+        if d.is_float:  # the sign bit: exact, an fp8 infinity kept (not saturated as a rounding would)
             w = compute(v)
-            return V(round_to(-w if kind == "neg" else w.abs(), d), d, v.err.clone())
+            return V((-w if kind == "neg" else w.abs()).to(torch_dtype(d)), d, v.err.clone())
         w = compute(v)
         y = -w if kind == "neg" or d.is_signed else w
         return V(wrap(torch.where((w < 0) | torch.tensor(kind == "neg"), y, w), d), d, v.err.clone())
@@ -410,6 +410,10 @@ class Run:
         value = self.ev(s.attrs["value"], env)
         (name,) = s.attrs["names"]
         env[name] = binary(s.attrs["aug"], env[name], value) if s.attrs["aug"] else value
+
+    def stmt_smem(self, s: Stmt, env: dict[str, Any]) -> None:
+        """An array through SMEM and back is itself."""
+        env[s.attrs["name"]] = self.ev(s.attrs["value"], env)
 
     def stmt_store(self, s: Stmt, env: dict[str, Any]) -> None:
         at = s.attrs

@@ -552,3 +552,34 @@ def test_a_variable_given_the_same_value_on_both_branches_keeps_it(flag, inner):
         dev.place(t)
     dev.run(compiled, (1,), x, out, 2, flag, inner)
     torch.testing.assert_close(dev.fetch(out), x + 3.0)
+
+
+# ---------------------------------------------------------------------------------------------- fp8 signs
+
+@mgjit.kernel
+def fp8_signs(x, neg, mag):
+    v = x[0:128]
+    neg[0:128] = (-v).astype(mgjit.float32)
+    mag[0:128] = abs(v).astype(mgjit.float32)
+
+
+def test_the_sign_of_an_fp8_infinity_flips_and_clears_exactly():
+    """-x and abs(x) of e5m2 flip or clear the sign bit (the lowering's xor/and): an infinity stays one. The
+    interpreter went through a rounding to fp8, which saturates, and gave -57344 where the PTX gave -inf (the
+    fuzzer's --ptx, seed 83)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ptx_sim
+    x = (torch.randn(128) * 100).to(E5M2)
+    x[:4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0]).to(E5M2)
+    want = (-x.float(), x.float().abs())
+    outs = torch.empty(128), torch.empty(128)
+    fp8_signs.interpret[(1,)](x, *outs)
+    compiled = fp8_signs.compile(x, *outs, target="sm_90a")
+    dev = ptx_sim.Device()
+    simulated = torch.empty(128), torch.empty(128)
+    for t in (x, *simulated):
+        dev.place(t)
+    dev.run(compiled, (1,), x, *simulated)
+    for got, sim, ref in zip(outs, simulated, want):
+        torch.testing.assert_close(got, ref, equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(dev.fetch(sim), ref, equal_nan=True, rtol=0, atol=0)

@@ -402,9 +402,11 @@ _FLOAT_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": to
 
 
 def _float_unary_value(kind: str, x: torch.Tensor, dtype: DType, ftz: bool = False) -> torch.Tensor:
-    if kind in ("neg", "abs"):  # exact: in f32 for fp8, which torch has no arithmetic for
+    if kind in ("neg", "abs"):
+        # The sign bit, as the lowering flips or clears it: exact, an e5m2 infinity kept (not saturated as a
+        # rounding to fp8 is). fp8 goes through f32, which torch has arithmetic for.
         w = numerics.widen(x, dtype) if dtype.bits == 8 else x
-        return numerics.round_float(-w if kind == "neg" else w.abs(), dtype)
+        return (-w if kind == "neg" else w.abs()).to(numerics.torch_dtype(dtype))
     table = _F64_UNARY if dtype == dtypes.float64 else _F32_UNARY
     y = table[kind](numerics.widen(x, dtype))
     if ftz:  # ex2.approx.ftz: a subnormal f32 result is +0
