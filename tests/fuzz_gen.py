@@ -33,6 +33,7 @@ class Generator:
     def __init__(self, seed: int, max_depth: int = 3, max_stmts: int = 10):
         self.rng = random.Random(seed)
         self.fills = random.Random(f"{seed} fills")  # loads' other=, drawn apart: a seed's program is as before
+        self.smem_rng = random.Random(f"{seed} smem")  # where an array goes through SMEM: seeds without one keep theirs
         self.seed = seed
         self.max_depth = max_depth
         self.max_stmts = max_stmts
@@ -344,6 +345,8 @@ class Generator:
 
     def stmt(self, depth: int) -> list[Stmt]:
         r = self.rng
+        if not self.in_helper and self.smem_rng.random() < 0.08:
+            return [self.smem_stmt()]
         x = r.random()
         control = depth < 2
         if control and x < 0.12:
@@ -366,6 +369,17 @@ class Generator:
         value = self.expr(ty, 0)
         self.declare(name, ty)
         return [Stmt("assign", {"names": [name], "value": value, "aug": None})]
+
+    def smem_stmt(self) -> Stmt:
+        """`v = <array through SMEM>`: a buffer allocated where it stands (in loops and branches too), the array
+        stored into it and read back; a kernel of several warpgroups gives each its own slice of the buffer."""
+        shape = self.shape() or (self.C,)
+        ty = Ty(self.dtype(), shape)
+        value = self.expr(ty, 0)
+        name = self.fresh()
+        self.declare(name, ty)
+        return Stmt("smem", {"name": name, "buf": f"buf_{name}", "value": value,
+                             "warpgroups": self.num_warpgroups})
 
     def nested(self, depth: int, extra: dict[str, Ty] | None = None) -> list[Stmt]:
         self.scope.append(dict(extra or {}))

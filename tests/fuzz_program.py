@@ -310,6 +310,14 @@ def stmts_source(stmts: list[Stmt], indent: str) -> list[str]:
         if s.kind == "assign":
             op = f" {_OPS[at['aug']]}= " if at["aug"] else " = "
             lines.append(f"{indent}{', '.join(at['names'])}{op}{expr_source(at['value'])}")
+        elif s.kind == "smem":
+            ty = at["value"].ty
+            several = at["warpgroups"] > 1
+            shape = ((at["warpgroups"],) if several else ()) + ty.shape
+            cell = f"{at['buf']}[wg]" if several else at["buf"]
+            lines += [f"{indent}{at['buf']} = mgjit.smem({shape}, {dtype_source(ty.dtype)})",
+                      f"{indent}{cell}[...] = {expr_source(at['value'])}",
+                      f"{indent}{at['name']} = {cell}[...]"]
         elif s.kind == "store":
             items = [expr_source(x) if size is None else f"mgjit.ds({expr_source(x)}, {size})"
                      for x, size in zip(at["starts"], at["sizes"])]
