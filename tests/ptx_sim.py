@@ -23,8 +23,8 @@ import struct
 from typing import Any
 
 import numpy as np
-from ptx_arith import (INT, Arithmetic, SimError, as_uint, atomic_result, bits_dtype, convert_bits, float_dtype,
-                       narrow_to_f32)
+from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result, bits_dtype, convert_bits,
+                       float_dtype, narrow_to_f32)
 from ptx_cluster import MBarrier, run_cluster
 from ptx_memory import Memory, shared_offsets
 
@@ -325,7 +325,7 @@ class CTA(Arithmetic):
             val = np.zeros(self.threads, dtype=np.uint64)
             for b in range(bits // 8):
                 val |= part[:, b].astype(np.uint64) << np.uint64(8 * b)
-            self.write(o, val, run)
+            self.write(o, as_int(val, bits, True) if t[0] == "s" else val, run)  # ld.s8 sign-extends
 
     def op_st(self, parts, ops, run):
         if parts[1] == "async":
