@@ -34,6 +34,7 @@ class Generator:
         self.rng = random.Random(seed)
         self.fills = random.Random(f"{seed} fills")  # loads' other=, drawn apart: a seed's program is as before
         self.smem_rng = random.Random(f"{seed} smem")  # where an array goes through SMEM: seeds without one keep theirs
+        self.atomic_rng = random.Random(f"{seed} atomics")  # likewise for atomics
         self.seed = seed
         self.max_depth = max_depth
         self.max_stmts = max_stmts
@@ -347,6 +348,8 @@ class Generator:
         r = self.rng
         if not self.in_helper and self.smem_rng.random() < 0.08:
             return [self.smem_stmt()]
+        if not self.in_helper and self.atomic_rng.random() < 0.05 and len(self.outputs) < MAX_OUTPUTS:
+            return [self.atomic_stmt()]
         x = r.random()
         control = depth < 2
         if control and x < 0.12:
@@ -380,6 +383,21 @@ class Generator:
         self.declare(name, ty)
         return Stmt("smem", {"name": name, "buf": f"buf_{name}", "value": value,
                              "warpgroups": self.num_warpgroups})
+
+    def atomic_stmt(self) -> Stmt:
+        """`mgjit.atomic_add/min/max(out, window, value)` on an int32 output of its own, at a start shared by every
+        program and warpgroup (they contend), possibly ragged: the old values are not used (their order is the
+        schedule's), the result is (integer add, min and max commute)."""
+        r = self.rng
+        shape = self.shape()
+        value = self.expr(Ty(I32, shape), 0)
+        kind = r.choice(["add", "add", "min", "max"])
+        dims = [r.choice([n, n + r.randint(0, 5), max(1, n - r.randint(1, 5))]) for n in shape] or [r.randint(1, 3)]
+        sizes = list(shape) or [None]
+        starts = [r.choice([lit(r.randint(-2, 2)), var("s0"), lit(0)]) for _ in shape] or [lit(r.randrange(dims[0]))]
+        out = Tensor(f"out{len(self.outputs)}", I32, tuple(dims), r.choice(["contiguous", "offset"]))
+        self.outputs.append(out)
+        return Stmt("atomic", {"out": out.name, "kind": kind, "sizes": sizes, "starts": starts, "value": value})
 
     def nested(self, depth: int, extra: dict[str, Ty] | None = None) -> list[Stmt]:
         self.scope.append(dict(extra or {}))

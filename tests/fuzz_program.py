@@ -318,6 +318,11 @@ def stmts_source(stmts: list[Stmt], indent: str) -> list[str]:
             lines += [f"{indent}{at['buf']} = mgjit.smem({shape}, {dtype_source(ty.dtype)})",
                       f"{indent}{cell}[...] = {expr_source(at['value'])}",
                       f"{indent}{at['name']} = {cell}[...]"]
+        elif s.kind == "atomic":
+            items = [expr_source(x) if size is None else f"mgjit.ds({expr_source(x)}, {size})"
+                     for x, size in zip(at["starts"], at["sizes"])]
+            index = items[0] if len(items) == 1 else f"({', '.join(items)})"
+            lines.append(f"{indent}mgjit.atomic_{at['kind']}({at['out']}, {index}, {expr_source(at['value'])})")
         elif s.kind == "store":
             items = [expr_source(x) if size is None else f"mgjit.ds({expr_source(x)}, {size})"
                      for x, size in zip(at["starts"], at["sizes"])]

@@ -411,6 +411,20 @@ class Run:
         (name,) = s.attrs["names"]
         env[name] = binary(s.attrs["aug"], env[name], value) if s.attrs["aug"] else value
 
+    def stmt_atomic(self, s: Stmt, env: dict[str, Any]) -> None:
+        """An int32 atomic add, min or max on the part of the window inside the output (in any order: they commute)."""
+        at = s.attrs
+        v = self.ev(at["value"], env)
+        value_shape = tuple(n for n in at["sizes"] if n is not None)
+        ref = self.refs[at["out"]]
+        inner, outer, shape = self.window(ref, at["starts"], at["sizes"], env)
+        if inner is None:
+            return
+        new = v.x.to(torch.int64).expand(value_shape).reshape(shape)[outer]
+        old = ref[inner].to(torch.int64)
+        out = {"add": old + new, "min": torch.minimum(old, new), "max": torch.maximum(old, new)}[at["kind"]]
+        ref[inner] = wrap(out, I32)
+
     def stmt_smem(self, s: Stmt, env: dict[str, Any]) -> None:
         """An array through SMEM and back is itself."""
         env[s.attrs["name"]] = self.ev(s.attrs["value"], env)
