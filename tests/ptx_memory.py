@@ -43,3 +43,47 @@ def shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
     if (off < 0).any() or (off + nbytes > size).any():
         raise SimError("an access outside shared memory")
     return off
+
+
+class SmemRaces:
+    """Happens-before of a CTA's plain shared-memory accesses, as racecheck sees them: a thread reading a byte
+    that a thread of another warp stored, or storing a byte that one read, must have passed a bar.sync with it
+    since. (Lanes of one warp are taken as ordered; accesses through the async proxy, mbarriers or other CTAs are
+    not tracked: a kernel using them is not checked.)"""
+
+    def __init__(self, threads: int, size: int):
+        self.epoch = 0  # barrier instances so far
+        self.together = np.zeros((threads, threads), dtype=np.int64)  # the last instance both threads passed
+        self.writer = np.full(size, -1, dtype=np.int64)
+        self.written = np.zeros(size, dtype=np.int64)  # the epoch a byte was stored in
+        warps = -(-threads // 32)
+        self.reader = np.full((warps, size), -1, dtype=np.int32)  # a lane of each warp that read a byte
+        self.read = np.zeros((warps, size), dtype=np.int32)  # the epoch it read it in
+
+    def barrier(self, threads: np.ndarray) -> None:
+        """A barrier instance that `threads` (a mask) passed together."""
+        self.epoch += 1
+        idx = np.nonzero(threads)[0]
+        self.together[np.ix_(idx, idx)] = self.epoch
+
+    def store(self, lane: int, offset: int, nbytes: int) -> None:
+        readers = self.reader[:, offset:offset + nbytes]
+        others = (readers >= 0) & (np.arange(len(readers))[:, None] != lane // 32)
+        read = self.read[:, offset:offset + nbytes]
+        if others.any() and (self.together[lane, readers[others]] <= read[others]).any():
+            raise SimError(f"a shared-memory race: thread {int(lane)} stores bytes at {int(offset)} that thread "
+                           f"{int(readers[others][0])} read with no bar.sync between them")
+        self.writer[offset:offset + nbytes] = lane
+        self.written[offset:offset + nbytes] = self.epoch
+
+    def load(self, lanes: np.ndarray, offsets: np.ndarray, nbytes: int) -> None:
+        for lane, o in zip(lanes, offsets):
+            w = self.writer[o:o + nbytes]
+            stored = w >= 0
+            other = stored & (w // 32 != lane // 32)
+            if other.any() and (self.together[lane, w[other]] <= self.written[o:o + nbytes][other]).any():
+                first = int(w[other][0])
+                raise SimError(f"a shared-memory race: thread {int(lane)} reads bytes at {int(o)} that thread {first} "
+                               f"stored with no bar.sync between them")
+            self.reader[lane // 32, o:o + nbytes] = lane
+            self.read[lane // 32, o:o + nbytes] = self.epoch

@@ -26,7 +26,7 @@ import numpy as np
 from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result, bits_dtype, convert_bits,
                        float_dtype, narrow_to_f32)
 from ptx_cluster import MBarrier, run_cluster
-from ptx_memory import Memory, shared_offsets
+from ptx_memory import Memory, SmemRaces, shared_offsets
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
@@ -45,6 +45,9 @@ class Program:
         self.code: list[tuple] = []
         self.labels: dict[str, int] = {}
         self.declared: dict[str, Any] = {}  # registers an inline-asm block declares by name: their dtypes
+        # Shared memory reached by the async proxy, mbarriers or other CTAs: no race check (SmemRaces)
+        self.async_smem = bool(re.search(r"mbarrier|cp\.async|st\.async|wgmma|tcgen05|shared::cluster|barrier\.cluster",
+                                         ptx))
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
         self.params = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", header)
@@ -118,6 +121,7 @@ class CTA(Arithmetic):
         self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
         self.rank = rank
         self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
+        self.races = SmemRaces(threads, len(self.smem)) if not prog.async_smem else None
         self.local = np.zeros((threads, max(prog.local_bytes, 16)), dtype=np.uint8)  # each thread's own
         self.mbarriers: dict[int, MBarrier] = {}  # by SMEM offset
         self.regs: dict[str, np.ndarray] = {}
@@ -265,10 +269,14 @@ class CTA(Arithmetic):
             for i in np.unique(ids[mask]):
                 if int((mask & (ids == i)).sum()) != count:
                     raise SimError(f"{opcode} {i}: {int((mask & (ids == i)).sum())} threads arrived, not {count}")
+                if self.races:
+                    self.races.barrier(mask & (ids == i))
             return None
         if name == "barrier":
             if not (mask == active).all() or run.any() and not (run == active).all():
                 raise SimError(f"{opcode} reached by only some threads")
+            if self.races:  # barrier.sync: the CTA's threads meet
+                self.races.barrier(mask)
             return "cluster" if opcode.startswith("barrier.cluster.wait") and run.any() else None
         if name == "mbarrier":
             return self.mbarrier(parts, ops, run)
@@ -369,6 +377,8 @@ class CTA(Arithmetic):
             out[idx] = self.local[idx[:, None], off[:, None] + np.arange(nbytes)]
         else:
             off = shared_offsets(addr[idx], nbytes, len(self.smem))
+            if self.races:
+                self.races.load(idx, off, nbytes)
             out[idx] = self.smem[off[:, None] + np.arange(nbytes)]
         return out
 
@@ -394,6 +404,8 @@ class CTA(Arithmetic):
             target[o:o + nbytes] = data[lane]
             if space == "global":
                 self.mem.writes[o:o + nbytes] += 1
+            elif self.races:
+                self.races.store(lane, o, nbytes)
 
     def shfl(self, parts, ops, run, mask):
         mode = parts[2]
