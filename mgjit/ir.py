@@ -115,7 +115,8 @@ class Op:
       cost when its operand can take the corresponding one: a broadcast of an iota);
     - a trait read by the lowering: `thread_smem` ("store": the op's threads write an SMEM tile from registers;
       "load": its threads read one into registers, after the warpgroup's earlier such stores), so that a read
-      meets the warpgroup (a barrier) only where a store came since it last met.
+      meets the warpgroup (a barrier) only where a store came since it last met, and a store only where a read
+      did.
     """
 
     name: ClassVar[str] = "?"

@@ -583,3 +583,43 @@ def test_the_sign_of_an_fp8_infinity_flips_and_clears_exactly():
     for got, sim, ref in zip(outs, simulated, want):
         torch.testing.assert_close(got, ref, equal_nan=True, rtol=0, atol=0)
         torch.testing.assert_close(dev.fetch(sim), ref, equal_nan=True, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------- shared memory
+
+@mgjit.kernel
+def smem_rewritten(x, out, n):
+    v = x[0:256]
+    buf = mgjit.smem((256,), mgjit.float32)
+    buf[...] = v
+    first = buf[mgjit.ds(64, 64)][...]
+    buf[...] = v * 2.0
+    second = buf[mgjit.ds(64, 64)][...]
+    acc = first + second
+    for i in range(n):  # stored, read back in another layout, stored again next iteration
+        buf[...] = v + i
+        acc = acc + buf[mgjit.ds(64, 64)][...]
+    out[0:64] = acc
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4])
+def test_a_tile_stored_again_is_read_again_and_after_every_thread_read_it(n):
+    """Two bugs of SMEM tiles, run from the PTX on the simulator (which now reports a read or store that no
+    bar.sync orders after another warp's store or read):
+    - the tile reads were inline asm without side effects, which LLVM may merge or move: a loop unrolled by two
+      read the first iteration's values again in the second (the sum came out x + 2 short of x + 3);
+    - a store that follows reads of the warpgroup (the next iteration's store, another layout's reads) had no
+      barrier before it: a fast warp overwrote what a slow one had yet to read."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ptx_sim
+    x = torch.randn(256)
+    want = torch.empty(64)
+    smem_rewritten.interpret[(1,)](x, want, n)
+    torch.testing.assert_close(want, 3 * x[64:128] + sum(x[64:128] + i for i in range(n)), rtol=1e-5, atol=1e-5)
+    compiled = smem_rewritten.compile(x, want, n, target="sm_90a")
+    dev = ptx_sim.Device()
+    out = torch.full((64,), float("nan"))
+    for t in (x, out):
+        dev.place(t)
+    dev.run(compiled, (1,), x, out, n)
+    assert torch.equal(dev.fetch(out), want)

@@ -423,10 +423,13 @@ def loop_bodies(ptx: str) -> list[list[str]]:
 
 def test_a_warpgroup_meets_before_a_tile_read_only_where_a_store_may_precede_it():
     """An SMEM read into registers needs a warpgroup barrier (bar.sync 1+wg, 128) only where one of the
-    warpgroup's threads may have stored to SMEM since the warpgroup last met. A segment staged once and read in
-    loops (the row examples' chunked rows) meets once, before the first read, not in every loop; a loop that
-    stores before each read meets in its body; a store in a branch makes the read after the branch meet. Each
-    kernel also runs under the interpreter against torch."""
+    warpgroup's threads may have stored to SMEM since the warpgroup last met, and a store only where one may have
+    read its buffer in another tile or layout, or in a layout whose elements two threads hold. A segment staged
+    once and read in loops (the row examples' chunked rows) meets once, before the first read, not in every loop;
+    a loop that stores before each read meets in its body; a store in a branch makes the read after the branch
+    meet, and meets before it (warps 0-1 and 2-3 hold the same elements of a 256-wide f32 array: one's store
+    raced the other's read). Each kernel also runs under the interpreter against torch, and from its PTX on the
+    simulator, which reports a read or store that no bar.sync orders after another warp's store or read."""
     x = torch.randn(512)
     once = staged_once_read_often.compile(x, x, 5, target="sm_90a").ptx
     assert once.count("bar.sync") == 1
@@ -434,12 +437,19 @@ def test_a_warpgroup_meets_before_a_tile_read_only_where_a_store_may_precede_it(
     every = restaged_every_iteration.compile(x, x, 5, target="sm_90a").ptx
     assert loop_bodies(every) and all("bar.sync" in "".join(b) for b in loop_bodies(every))
     branch = staged_in_a_branch.compile(x, x, 5, target="sm_90a").ptx
-    assert branch.count("bar.sync") == 2  # after the first store, and after the branch that may store
+    assert branch.count("bar.sync") == 3  # after the first store, before and after the branch's store
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ptx_sim
     for n in (0, 3):
-        out = torch.full((256,), float("nan"))
-        staged_once_read_often.interpret[(1,)](x, out, n)
-        torch.testing.assert_close(out, x[:256] + 2 * x[256:] + n * (x[:256] - 2 * x[256:]))
-        restaged_every_iteration.interpret[(1,)](x, out, n)
-        torch.testing.assert_close(out, x[:256] + n)
-        staged_in_a_branch.interpret[(1,)](x, out, n)
-        torch.testing.assert_close(out, x[:256] * (4.0 if n > 0 else 2.0))
+        for kernel, want in ((staged_once_read_often, x[:256] + 2 * x[256:] + n * (x[:256] - 2 * x[256:])),
+                             (restaged_every_iteration, x[:256] + n),
+                             (staged_in_a_branch, x[:256] * (4.0 if n > 0 else 2.0))):
+            out = torch.full((256,), float("nan"))
+            kernel.interpret[(1,)](x, out, n)
+            torch.testing.assert_close(out, want)
+            dev = ptx_sim.Device()
+            simulated = torch.full((256,), float("nan"))
+            dev.place(x)
+            dev.place(simulated)
+            dev.run(kernel.compile(x, simulated, n, target="sm_90a"), (1,), x, simulated, n)
+            assert torch.equal(dev.fetch(simulated), out), kernel.name

@@ -73,8 +73,12 @@ class Context:
         self._entry = e.ir.InsertionPoint(e.i32(0).owner)
         self._thread_index_cache: dict[tuple, list[Any]] = {}
         # Whether a thread of this warpgroup may have stored to an SMEM tile (an op whose `thread_smem` is
-        # "store") since the warpgroup last met: a read of a tile meets it first only then (smem_read_barrier).
+        # "store") since the warpgroup last met: a read of a tile meets it first only then (smem_read_barrier);
+        # and what its threads may have read: (buffer (smem_root), tile, layout) of each read, where a store to
+        # that buffer meets it first unless every read of it was of the store's own tile in the store's own
+        # layout, no element held by two threads (smem_write_barrier).
         self.smem_stored = False
+        self.smem_read: frozenset[tuple] = frozenset()
 
     # -- values
     def get(self, v: ir.Value) -> Any:
@@ -159,7 +163,7 @@ class Context:
     def warpgroup_barrier(self) -> None:
         """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index)."""
         self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
-        self.smem_stored = False
+        self.smem_stored, self.smem_read = False, frozenset()
 
     def smem_read_barrier(self) -> None:
         """Before this warpgroup's threads read an SMEM tile into registers: meet, so that each sees what the
@@ -168,30 +172,78 @@ class Context:
         if self.smem_stored:
             self.warpgroup_barrier()
 
-    def enter_loop(self, body: ir.Block) -> bool:
-        """Where a loop is about to be emitted: whether a store may precede its body's first iteration. The
-        body starts as if it had stored when it stores anywhere (the back edge brings its stores round); a body
-        that reads tiles but stores none meets the warpgroup once here, rather than at each iteration.
-        After the loop, `smem_stored |=` the value returned (the body may run no iteration)."""
-        kinds = {op.thread_smem for op in body.walk()}
-        if self.smem_stored and "load" in kinds and "store" not in kinds:
+    def smem_write_barrier(self, tile: ir.Value, layout: Layout) -> None:
+        """Before this warpgroup's threads store to SMEM tile `tile` from registers in `layout`: meet, so that
+        none overwrites what another has yet to read, where one may have read its buffer since the warpgroup last
+        met in another tile or layout (a loop that stores a tile and reads it back in another layout: the next
+        iteration's store raced the last one's reads). Reads of the same tile in the same layout, each element
+        held by one thread, were each thread's own elements."""
+        root, own = smem_root(tile), smem_access(tile, layout)
+        if any(r == root and (access != own or not exclusive(layout)) for r, access in self.smem_read):
             self.warpgroup_barrier()
-        entry = self.smem_stored
-        self.smem_stored = entry or "store" in kinds
+
+    def enter_loop(self, body: ir.Block) -> tuple[bool, frozenset]:
+        """Where a loop is about to be emitted: whether a store may precede its body's first iteration, and which
+        buffers a read of may. The body starts as if it had stored (read them) when it stores (reads them)
+        anywhere: the back edge brings them round. A body that reads tiles but stores none meets the warpgroup
+        once here, if a store came before, rather than at each iteration; one that stores to buffers read before
+        but reads none, likewise. After the loop, `leave_loop` with the value returned (the body may run no
+        iteration)."""
+        ops = [op for op in body.walk() if op.thread_smem]
+        loads = frozenset(smem_read_of(op) for op in ops if op.thread_smem == "load")
+        stores = {smem_root(op.operands[0]) for op in ops if op.thread_smem == "store"}
+        if self.smem_stored and loads and not stores or not loads and any(r in stores for r, _ in self.smem_read):
+            self.warpgroup_barrier()
+        entry = self.smem_stored, self.smem_read
+        self.smem_stored = entry[0] or bool(stores)
+        self.smem_read = entry[1] | loads
         return entry
+
+    def leave_loop(self, entry: tuple[bool, frozenset]) -> None:
+        """After a loop: what may have come before it may still be unmet (it may have run no iteration)."""
+        self.smem_stored |= entry[0]
+        self.smem_read |= entry[1]
 
     @contextlib.contextmanager
     def branches(self) -> Iterator[Callable[[], None]]:
         """Lower the regions of a branch (an if, or warp roles): each starts in the state before it (call the
-        yielded function before each), and after them a store may have come if one may have on any path."""
-        entry, stored = self.smem_stored, [False]
+        yielded function before each), and after them a store (a read) may have come if one may have on any
+        path."""
+        entry, seen = (self.smem_stored, self.smem_read), [False, frozenset()]
 
         def start() -> None:
-            stored[0] |= self.smem_stored
-            self.smem_stored = entry
+            seen[0] |= self.smem_stored
+            seen[1] |= self.smem_read
+            self.smem_stored, self.smem_read = entry
 
         yield start
-        self.smem_stored = stored[0] or self.smem_stored
+        self.smem_stored = seen[0] or self.smem_stored
+        self.smem_read = seen[1] | self.smem_read
+
+
+def smem_root(tile: ir.Value) -> ir.Value:
+    """The buffer an SMEM tile is a view of (an index or a view of an index...): its allocation, or the
+    reference it came in as."""
+    owner = tile.owner
+    while isinstance(owner, ir.Op) and owner.operands and isinstance(owner.operands[0].type, ir.RefType):
+        tile, owner = owner.operands[0], owner.operands[0].owner
+    return tile
+
+
+def smem_access(tile: ir.Value, layout: Layout) -> tuple:
+    """What a read or store of an SMEM tile in a register layout touches, as smem_write_barrier compares them."""
+    return tile, layout
+
+
+def smem_read_of(op: ir.Op) -> tuple:
+    """The entry of `Context.smem_read` for an op that reads an SMEM tile into registers (thread_smem "load")."""
+    return smem_root(op.operands[0]), smem_access(op.operands[0], op.result.layout)
+
+
+def exclusive(layout: Layout) -> bool:
+    """Whether each element of an array in `layout` is held by one thread (no replicated warps or lanes)."""
+    return isinstance(layout, TiledLayout) and not any(isinstance(d, Replicated)
+                                                       for d in (*layout.warp_dims, *layout.lane_dims))
 
 
 def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:

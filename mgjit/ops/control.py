@@ -134,7 +134,7 @@ def _for(op: For, ctx: lower.Context) -> None:
     scf = e.m.scf
     inits = [x for v in op.inits for x in lower.flatten(ctx.get(v))]
     start, stop, step = (ctx.get(v) for v in op.operands[:3])
-    stored_before = ctx.enter_loop(op.body)
+    before = ctx.enter_loop(op.body)
     loop = scf.ForOp(start, stop, step, inits)
     body = loop.body
     e.push(e.ir.InsertionPoint(body))
@@ -144,7 +144,7 @@ def _for(op: For, ctx: lower.Context) -> None:
         scf.yield_(lower.lower_block(ctx, op.body))
     finally:
         e.pop()
-    ctx.smem_stored |= stored_before
+    ctx.leave_loop(before)
     _assign(ctx, op.results, list(loop.results))
 
 

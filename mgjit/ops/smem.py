@@ -28,7 +28,7 @@ from ..interpret.machine import CTA, BarrierRef
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, Value, check, is_int_scalar, is_ref
 from ..layouts import THREADS_PER_WARPGROUP, LANES_PER_WARP, SplatLayout, TiledLayout, blocked
-from ..lower.context import element_offsets, splat_to
+from ..lower.context import element_offsets, smem_read_of, splat_to
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
 from ..lower.words import from_bits, pack_words, unpack_words
@@ -417,6 +417,7 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
         frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
     warn_bank_conflicts(op, tile.type, frag.layout, shape, "this SMEM store")
     bits = frag.dtype.storage_bits
+    ctx.smem_write_barrier(op.operands[0], frag.layout)  # elements other threads of the warpgroup may yet read
     for addr, i, w in _accesses(ctx, tile, frag.layout, shape):
         words = pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
         if words is None:
@@ -445,15 +446,17 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
     ctx.smem_read_barrier()  # elements other threads of the warpgroup stored
     for addr, i, w in _accesses(ctx, tile, layout, shape):
         if w * bits < 32:
-            half = e.asm(f"ld.shared.{'b16' if bits == 16 else 'u8'} $0, [$1];", "=h,r", [addr], [e.int_type(16)])[0]
+            half = e.asm(f"ld.shared.{'b16' if bits == 16 else 'u8'} $0, [$1];", "=h,r", [addr], [e.int_type(16)],
+                         side_effects=True)[0]
             x = half if bits == 16 else e.trunc(half, 8)
             elems.append(from_bits(e, x, dtype))
             continue
         n = w * bits // 32
         outs = ", ".join(f"${j}" for j in range(n))
         words = e.asm(f"ld.shared{f'.v{n}' if n > 1 else ''}.b32 {'{' + outs + '}' if n > 1 else outs}, [${n}];",
-                      ",".join(["=r"] * n + ["r"]), [addr], [e.int_type(32)] * n)
+                      ",".join(["=r"] * n + ["r"]), [addr], [e.int_type(32)] * n, side_effects=True)
         elems.extend(unpack_words(e, words, dtype, w))
+    ctx.smem_read |= {smem_read_of(op)}
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 
