@@ -178,8 +178,8 @@ class Context:
         met in another tile or layout (a loop that stores a tile and reads it back in another layout: the next
         iteration's store raced the last one's reads). Reads of the same tile in the same layout, each element
         held by one thread, were each thread's own elements."""
-        root, own = smem_root(tile), smem_access(tile, layout)
-        if any(r == root and (access != own or not exclusive(layout)) for r, access in self.smem_read):
+        root = smem_root(tile)
+        if any(r == root and (access != (tile, layout) or not exclusive(layout)) for r, access in self.smem_read):
             self.warpgroup_barrier()
 
     def enter_loop(self, body: ir.Block) -> tuple[bool, frozenset]:
@@ -230,14 +230,10 @@ def smem_root(tile: ir.Value) -> ir.Value:
     return tile
 
 
-def smem_access(tile: ir.Value, layout: Layout) -> tuple:
-    """What a read or store of an SMEM tile in a register layout touches, as smem_write_barrier compares them."""
-    return tile, layout
-
-
 def smem_read_of(op: ir.Op) -> tuple:
-    """The entry of `Context.smem_read` for an op that reads an SMEM tile into registers (thread_smem "load")."""
-    return smem_root(op.operands[0]), smem_access(op.operands[0], op.result.layout)
+    """The entry of `Context.smem_read` for an op that reads an SMEM tile into registers (thread_smem "load"):
+    its buffer, and the tile and layout it read."""
+    return smem_root(op.operands[0]), (op.operands[0], op.result.layout)
 
 
 def exclusive(layout: Layout) -> bool:
