@@ -127,6 +127,11 @@ class TiledLayout:
             raise LayoutError(f"a tiled dimension is used twice in {self}")
 
     @property
+    def replicated(self) -> bool:
+        """Whether some element is held by more than one thread (a replicated warp or lane dimension)."""
+        return any(isinstance(d, Replicated) for d in (*self.warp_dims, *self.lane_dims))
+
+    @property
     def vector_length(self) -> int:
         if self.vector_dim is None:
             return 1

@@ -179,7 +179,8 @@ class Context:
         iteration's store raced the last one's reads). Reads of the same tile in the same layout, each element
         held by one thread, were each thread's own elements."""
         root = smem_root(tile)
-        if any(r == root and (access != (tile, layout) or not exclusive(layout)) for r, access in self.smem_read):
+        shared = not isinstance(layout, TiledLayout) or layout.replicated  # an element held by two threads
+        if any(r == root and (access != (tile, layout) or shared) for r, access in self.smem_read):
             self.warpgroup_barrier()
 
     def enter_loop(self, body: ir.Block) -> tuple[bool, frozenset]:
@@ -234,12 +235,6 @@ def smem_read_of(op: ir.Op) -> tuple:
     """The entry of `Context.smem_read` for an op that reads an SMEM tile into registers (thread_smem "load"):
     its buffer, and the tile and layout it read."""
     return smem_root(op.operands[0]), (op.operands[0], op.result.layout)
-
-
-def exclusive(layout: Layout) -> bool:
-    """Whether each element of an array in `layout` is held by one thread (no replicated warps or lanes)."""
-    return isinstance(layout, TiledLayout) and not any(isinstance(d, Replicated)
-                                                       for d in (*layout.warp_dims, *layout.lane_dims))
 
 
 def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -31,7 +31,7 @@ from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import ScalarType, Value, check
-from ..layouts import Replicated, SplatLayout, TiledLayout, blocked
+from ..layouts import SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, splat_to
 from ..lower.words import from_bits
 from .gmem import _element_addresses, _GmemAccess, _vector_width, _window
@@ -221,13 +221,9 @@ def _atomic(op: Atomic, ctx: lower.Context) -> None:
         first = elements[i]
         olds.extend(_atomic_access(ctx, op, e.andi(first.inside, primary), first.addr, values[i:i + w],
                                    compares[i:i + w] if compares is not None else None))
-    if _replicated(layout):
+    if layout.replicated:
         olds = _share_with_replicas(ctx, layout, shape, op.ref.dtype, olds, primary)
     ctx.set(op.result, lower.Frag(layout, shape, op.ref.dtype, olds))
-
-
-def _replicated(layout: TiledLayout) -> bool:
-    return any(isinstance(d, Replicated) for d in (*layout.warp_dims, *layout.lane_dims))
 
 
 def _share_with_replicas(ctx: lower.Context, layout: TiledLayout, shape, dtype: DType, olds: list, primary) -> list:

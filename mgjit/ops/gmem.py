@@ -27,7 +27,7 @@ from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
-from ..layouts import LayoutError, Replicated, SplatLayout, TiledLayout, blocked
+from ..layouts import LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
 from ..lower.words import pack_words
 from ..specialize import TensorSpec
@@ -372,8 +372,7 @@ def _store(op: Store, ctx: lower.Context) -> None:
                 _store_bytes(e, el.addr, pred, words, w * isz)
 
         if not checked:  # the window is inside the tensor: every access is whole
-            replicas = any(isinstance(d, Replicated) for d in (*layout.warp_dims, *layout.lane_dims))
-            only = primary if replicas else None
+            only = primary if layout.replicated else None
             for i in range(0, len(els), w):
                 whole(els[i], pack_words(e, frag.elems[i:i + w], dtype), only)
         elif unaligned and w * isz <= 4:
