@@ -167,18 +167,19 @@ class Arithmetic:
         self.write(ops[0], np.array(out, dtype=np.uint64), run)
 
     def op_min(self, parts, ops, run):
-        if parts[-1] in ("f16", "bf16"):
-            return self._narrow_float(parts, ops, run, fmin_nan if "NaN" in parts else np.fmin)
-        if is_float(parts[-1]):
-            return self._float(parts, ops, run, fmin_nan)
-        self._int_binary(parts, ops, run, np.minimum)
+        self._extremum(parts, ops, run, fmin_nan, np.fmin, np.minimum)
 
     def op_max(self, parts, ops, run):
+        self._extremum(parts, ops, run, fmax_nan, np.fmax, np.maximum)
+
+    def _extremum(self, parts, ops, run, nan_propagating, nan_ignoring, integer):
+        """min/max; `.relu` (LLVM folds max(x, 0) into it) also clamps the result at 0 (NaN kept)."""
+        relu = (lambda f: lambda a, b: _relu(f(a, b))) if "relu" in parts else (lambda f: f)
         if parts[-1] in ("f16", "bf16"):
-            return self._narrow_float(parts, ops, run, fmax_nan if "NaN" in parts else np.fmax)
+            return self._narrow_float(parts, ops, run, relu(nan_propagating if "NaN" in parts else nan_ignoring))
         if is_float(parts[-1]):
-            return self._float(parts, ops, run, fmax_nan)
-        self._int_binary(parts, ops, run, np.maximum)
+            return self._float(parts, ops, run, relu(nan_propagating))
+        self._int_binary(parts, ops, run, relu(integer))
 
     def _narrow_float(self, parts, ops, run, fn):
         """A 16-bit float instruction (LLVM narrows max(f32(a), f32(b)) of bf16 a and b to max.bf16): computed
@@ -345,6 +346,10 @@ class Arithmetic:
         """copysign.f32 d, a, b: b with the sign of a (PTX's operand order is C's reversed)."""
         a, b = (self.fvalue(o, parts[-1]) for o in ops[1:3])
         self.write(ops[0], np.copysign(b, a), run)
+
+
+def _relu(x):
+    return np.where(x < 0, np.zeros_like(x), x)
 
 
 def fmin_nan(a, b):
