@@ -258,10 +258,10 @@ def expr_source(n: Node) -> str:
         size = _size_source(n.ty.shape[0])
         return f"mgjit.arange({size})" if at["start"] == 0 else f"mgjit.arange({at['start']}, {at['start']} + {size})"
     if op == "load":
-        items = [s if size is None else f"mgjit.ds({s}, {_size_source(size)})" for s, size in zip(a, at["sizes"])]
+        items = _window_items(a, at["sizes"])
         if "other" not in at:
             return f"{at['ref']}[{', '.join(items)}]"
-        index = items[0] if len(items) == 1 else f"({', '.join(items)})"
+        index = _index_source(items)
         other = at["other"]
         fill = f"float('{other}')" if isinstance(other, float) and not math.isfinite(other) else repr(other)
         return f"mgjit.load({at['ref']}, {index}, other={fill})"
@@ -303,6 +303,16 @@ def _size_source(n: int) -> str:
     return str(n)
 
 
+def _window_items(starts: list[str], sizes: list) -> list[str]:
+    """The index items of a window: an integer where its size is None (the axis squeezed), else a mgjit.ds."""
+    return [s if size is None else f"mgjit.ds({s}, {_size_source(size)})" for s, size in zip(starts, sizes)]
+
+
+def _index_source(items: list[str]) -> str:
+    """An index as a call takes it (mgjit.load, mgjit.atomic_add): one item, or a tuple of them."""
+    return items[0] if len(items) == 1 else f"({', '.join(items)})"
+
+
 def stmts_source(stmts: list[Stmt], indent: str) -> list[str]:
     lines = []
     for s in stmts:
@@ -319,13 +329,10 @@ def stmts_source(stmts: list[Stmt], indent: str) -> list[str]:
                       f"{indent}{cell}[...] = {expr_source(at['value'])}",
                       f"{indent}{at['name']} = {cell}[...]"]
         elif s.kind == "atomic":
-            items = [expr_source(x) if size is None else f"mgjit.ds({expr_source(x)}, {size})"
-                     for x, size in zip(at["starts"], at["sizes"])]
-            index = items[0] if len(items) == 1 else f"({', '.join(items)})"
+            index = _index_source(_window_items([expr_source(x) for x in at["starts"]], at["sizes"]))
             lines.append(f"{indent}mgjit.atomic_{at['kind']}({at['out']}, {index}, {expr_source(at['value'])})")
         elif s.kind == "store":
-            items = [expr_source(x) if size is None else f"mgjit.ds({expr_source(x)}, {size})"
-                     for x, size in zip(at["starts"], at["sizes"])]
+            items = _window_items([expr_source(x) for x in at["starts"]], at["sizes"])
             op = f" {_OPS[at['aug']]}= " if at.get("aug") else " = "
             lines.append(f"{indent}{at['out']}[{', '.join(items)}]{op}{expr_source(at['value'])}")
         else:
