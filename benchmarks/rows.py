@@ -114,7 +114,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
-            picked = picked_mapping(rms_example.rmsnorm_kernel, _rows.mapping(n), (x, w, out), eps=1e-6)
+            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n), (x, w, out), eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
@@ -239,6 +239,7 @@ def main() -> int:
                 for config, frac in row["candidates"] if args.candidates else ():
                     print(f"{'':34} {'pruned' if frac is None else f'{frac:6.2f}'}  {config}", flush=True)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
     (out / "rows.md").write_text(markdown(rows))
     try:

@@ -12,11 +12,13 @@ Every row is read once and held in registers (examples/_rows.py), the mapping au
   squared deviations from its own mean (read back from shared memory), are swapped and merged as above, and
   each CTA writes its segment from shared memory. A thread holds one chunk at a time, not the row, the weight
   and the bias: this is the mapping of long rows (bf16 rows of 100000: 0.86 of copy bandwidth, held: 0.53).
-Held rows are also tried with ptxas asked to fit OCC CTAs on an SM (`mgjit.min_ctas_per_sm`): the layernorm keeps
-the row, its deviations, the weight and the bias live at once, and occupancy, not traffic, bounds it (rows of
-4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of copy bandwidth; without the bias, 125
-registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
-Statistics are computed in f32 and the output rounded once; the padding past a row's end reads as zero and is
+Held rows also run as persistent grids: PERSIST programs an SM, each looping over rows with its segments of w and
+b in shared memory, read from global memory once (per row they would triple what an SM reads, a round trip to L2
+after the row's statistics). Held rows are also tried with ptxas asked to fit OCC CTAs on an SM
+(`mgjit.min_ctas_per_sm`): the layernorm keeps the row, its deviations, the weight and the bias live at once, and
+occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of
+copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
+Statistics are computed in f32 and the output rounded once (x - mean first, then one fma with w and b); the padding past a row's end reads as zero and is
 masked out of the variance.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
@@ -24,8 +26,8 @@ masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, held_width, launch, load_row, load_vector, mapping, merge_moments,
-                   segment, segment_sum, stage, store_row)
+from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, persisting,
+                   row_groups, segment, segment_sum, stage, stash_vector, store_row, weights)
 
 import mgjit
 
@@ -40,41 +42,55 @@ OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
 @mgjit.kernel
 def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
                    CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
-                   OCC: mgjit.constexpr = 0):
-    """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program; or (BLOCK > 0) one row
-    streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster. OCC > 0:
-    registers capped so that OCC CTAs fit on an SM."""
+                   OCC: mgjit.constexpr = 0, PERSIST: mgjit.constexpr = 0):
+    """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
+    programs an SM, each looping over row groups with its segments of w and b in shared memory); or (BLOCK > 0)
+    one row streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster.
+    OCC > 0: registers capped so that OCC CTAs fit on an SM."""
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if BLOCK and CHUNKS:
         layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
         layernorm_stream(x, w, b, out, eps, BLOCK)
+    elif PERSIST:
+        mgjit.min_ctas_per_sm(PERSIST)
+        _, c0 = segment(ROWS, PARTS, CTAS, WGS)
+        w_bufs, b_bufs = stash_vector(w, c0, PARTS, WGS), stash_vector(b, c0, PARTS, WGS)
+        for g in range(mgjit.program_id(0), row_groups(x, ROWS), mgjit.num_programs(0)):
+            layernorm_held(x, w, b, w_bufs, b_bufs, out, mgjit.ds(g * ROWS, ROWS), c0, eps, PARTS, CTAS * WGS,
+                           PERSIST)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        n = x.shape[1]
-        cols = columns(c0, PARTS)
-        v = load_row(x, rows, c0, PARTS, 0.0)
-        if CTAS * WGS == 1:
-            mean = segment_sum(v) / n
-            d = centred(v, cols, mean, n)
-            rstd = mgjit.rsqrt(segment_sum(squares(d)) / n + eps)
-        else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
-            width = held_width(PARTS)
-            count = mgjit.minimum(mgjit.maximum(n - c0, 0), width).astype(mgjit.float32)
-            s = segment_sum(v)
-            deviations = segment_sum(squares(centred(v, cols, s / mgjit.maximum(count, 1.0), n)))
-            sums, all_deviations = mgjit.cluster_gather(s, deviations)
-            mean, m2 = merge_moments(sums, all_deviations, n, width, CTAS * WGS)
-            rstd = mgjit.rsqrt(m2 / n + eps)
-            d = ()
-            for p in mgjit.static_range(len(PARTS)):
-                d = d + (v[p] - mean[:, None],)  # the padding is not stored
-        wv, bv = load_vector(w, c0, PARTS), load_vector(b, c0, PARTS)
-        y = ()
-        for p in mgjit.static_range(len(PARTS)):
-            y = y + (d[p] * rstd[:, None] * wv[p] + bv[p],)
-        store_row(out, rows, c0, y, PARTS)
+        layernorm_held(x, w, b, w, b, out, rows, c0, eps, PARTS, CTAS * WGS, PERSIST)
+
+
+@mgjit.device
+def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, c0, eps, PARTS, SPLIT, PERSIST):
+    """The rows `rows` (a segment of them from column c0, of SPLIT segments) read once and held; w and b read
+    once the statistics are known (from w_bufs and b_bufs, PERSIST) so that they are not live meanwhile."""
+    n = x.shape[1]
+    cols = columns(c0, PARTS)
+    v = load_row(x, rows, c0, PARTS, 0.0)
+    if SPLIT == 1:
+        mean = segment_sum(v) / n
+        d = centred(v, cols, mean, n)
+        m2 = segment_sum(squares(d))
+    else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
+        width = held_width(PARTS)
+        count = mgjit.minimum(mgjit.maximum(n - c0, 0), width).astype(mgjit.float32)
+        s = segment_sum(v)
+        deviations = segment_sum(squares(centred(v, cols, s / mgjit.maximum(count, 1.0), n)))
+        sums, all_deviations = mgjit.cluster_gather(s, deviations)
+        mean, m2 = merge_moments(sums, all_deviations, n, width, SPLIT)
+        d = v  # less the mean below: the padding is not stored, so needs no mask
+    rstd = mgjit.rsqrt(m2 / n + eps)
+    wv, bv = weights(w, w_bufs, c0, PARTS, PERSIST), weights(b, b_bufs, c0, PARTS, PERSIST)
+    y = ()
+    for p in mgjit.static_range(len(PARTS)):  # (x - mean) first: exact where x is near a mean far from 0
+        centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
+        y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
+    store_row(out, rows, c0, y, PARTS)
 
 
 @mgjit.device
@@ -171,11 +187,11 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
 @functools.lru_cache(maxsize=None)
 def layernorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then each held one again at every OCCUPANCY that its
-    threads allow."""
-    configs = mapping(n, rows_per_program)
-    return tuple(mgjit.Config(**c.kwargs, OCC=occ, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
-                 for occ in (0, *OCCUPANCY) for c in configs
-                 if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
+    threads allow, then as persistent grids."""
+    configs = tuple(mgjit.Config(**c.kwargs, OCC=occ, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
+                    for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
+                    if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
+    return persisting(configs) if rows_per_program is None else configs
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference

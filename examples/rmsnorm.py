@@ -9,12 +9,16 @@ through distributed shared memory (one mbarrier wait). Rows can also take two pa
 (the sum of squares, then the scaled row): the only way for rows longer than 262144 columns, and a candidate for
 any row over 8192. Or a row is split over a cluster in chunks kept in shared memory (chunked rows): each CTA
 reads its segment once, the CTAs add up their sums of squares, and each writes its segment from shared memory.
-The mapping is autotuned per shape.
+Held rows also run as persistent grids (a few programs an SM, each looping over rows with its segment of w in
+shared memory, read from global memory once). The mapping is autotuned per shape.
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
+import functools
+
 import torch
-from _rows import chunked_segment, launch, load_row, load_vector, mapping, row_sum, segment, stage, store_row
+from _rows import (chunked_segment, launch, load_row, mapping, persisting, row_groups, row_sum, segment, stage,
+                   stash_vector, store_row, weights)
 
 import mgjit
 
@@ -24,23 +28,40 @@ STAGE_GROUP = 8192
 
 @mgjit.kernel
 def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr):
+                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
+                   PERSIST: mgjit.constexpr = 0):
+    """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
+    programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
+    streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster."""
     if BLOCK and CHUNKS:
         rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
         rmsnorm_stream(x, w, out, eps, BLOCK)
+    elif PERSIST:
+        mgjit.min_ctas_per_sm(PERSIST)
+        _, c0 = segment(ROWS, PARTS, CTAS, WGS)
+        bufs = stash_vector(w, c0, PARTS, WGS)
+        for g in range(mgjit.program_id(0), row_groups(x, ROWS), mgjit.num_programs(0)):
+            rmsnorm_held(x, w, bufs, out, mgjit.ds(g * ROWS, ROWS), c0, eps, PARTS, CTAS * WGS, PERSIST)
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        v = load_row(x, rows, c0, PARTS, 0.0)
-        squares = ()
-        for p in mgjit.static_range(len(PARTS)):
-            squares = squares + (v[p] * v[p],)
-        scale = mgjit.rsqrt(row_sum(squares, CTAS * WGS) / x.shape[1] + eps)
-        wv = load_vector(w, c0, PARTS)
-        y = ()
-        for p in mgjit.static_range(len(PARTS)):
-            y = y + (v[p] * scale[:, None] * wv[p],)
-        store_row(out, rows, c0, y, PARTS)
+        rmsnorm_held(x, w, w, out, rows, c0, eps, PARTS, CTAS * WGS, PERSIST)
+
+
+@mgjit.device
+def rmsnorm_held(x, w, bufs, out, rows, c0, eps, PARTS, SPLIT, PERSIST):
+    """The rows `rows` (a segment of them from column c0) read once and held; w's elements read after the sum
+    of squares (from `bufs`, PERSIST) so that they are not live while the row is reduced."""
+    v = load_row(x, rows, c0, PARTS, 0.0)
+    squares = ()
+    for p in mgjit.static_range(len(PARTS)):
+        squares = squares + (v[p] * v[p],)
+    scale = mgjit.rsqrt(row_sum(squares, SPLIT) / x.shape[1] + eps)
+    wv = weights(w, bufs, c0, PARTS, PERSIST)
+    y = ()
+    for p in mgjit.static_range(len(PARTS)):
+        y = y + (v[p] * scale[:, None] * wv[p],)
+    store_row(out, rows, c0, y, PARTS)
 
 
 @mgjit.device
@@ -80,8 +101,15 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out
-    launch(rmsnorm_kernel, mapping(x.shape[1], rows_per_program), (x, w, out), eps=eps)
+    launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program), (x, w, out), eps=eps)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def rmsnorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
+    """The row examples' mappings for rows of n columns, then the held ones again as persistent grids."""
+    configs = mapping(n, rows_per_program)
+    return persisting(configs) if rows_per_program is None else configs
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
@@ -98,7 +126,7 @@ def setup(device):
 
 
 def compile(x, w, out, target):
-    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
+    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **rmsnorm_mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x, w):

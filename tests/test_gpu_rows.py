@@ -86,7 +86,7 @@ def test_every_candidate_mapping(n, dtype):
     target = torch.randint(0, n, (m,), device="cuda")
     xd = x.double()
     for config in _rows.candidates(n):
-        opts, grid = config.launch_kwargs(), _rows.grid(m, config)
+        opts, grid = config.launch_kwargs(), _rows.grid(m, config, x.device)
         out = torch.full_like(x, float("nan"))
         sm.softmax_kernel[grid](x, out, **opts)
         assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
@@ -154,3 +154,25 @@ def test_rows_longer_than_a_cluster_stream(dtype):
     assert rel(out, torch.softmax(x.double(), 1)) < tol(dtype, n)
     ln.layernorm(x, w, b, 1e-5, out)
     assert rel(out, torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)) < tol(dtype, n)
+
+
+@pytest.mark.parametrize("n,dtype", [(77, torch.bfloat16), (4095, torch.bfloat16), (8191, torch.float16),
+                                     (4097, torch.float32)], ids=str)
+def test_persistent_norms(n, dtype):
+    """The norms' persistent grids forced: more row groups than programs (each loops over two or three, the last
+    program's partial), the weights read once per program into shared memory."""
+    x = torch.randn(1, n, device="cuda", dtype=dtype)
+    for index, mapping in ((0, rms.rmsnorm_mapping), (1, ln.layernorm_mapping)):
+        for config in [c for c in mapping(n) if c.kwargs["PERSIST"]]:
+            m = _rows.grid(1 << 30, config, x.device)[0] * config.kwargs["ROWS"] * 2 + 3
+            x = torch.randn(m, n, device="cuda", dtype=dtype) * 2 + 0.3
+            w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+            out = torch.full_like(x, float("nan"))
+            grid, opts = _rows.grid(m, config, x.device), config.launch_kwargs()
+            if index == 0:
+                rms.rmsnorm_kernel[grid](x, w, out, eps=1e-6, **opts)
+                ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
+            else:
+                ln.layernorm_rows[grid](x, w, b, out, eps=1e-5, **opts)
+                ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+            assert rel(out, ref) < tol(dtype, n), config

@@ -184,12 +184,12 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     except RuntimeError as e:  # no C compiler or no DLPack exchange API: nothing to test here
         pytest.skip(f"the C launcher is unavailable: {e}")
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
-    configs = _rows.mapping(n)
-    best = configs[1]
+    bests = {}
     misses = []
 
     def tuned(kernel, candidates, key):
-        t = mgjit.autotune(configs=list(candidates), key=[key], timer=PreferTimer(best), jobs=1)(kernel)
+        bests[kernel.name] = candidates[1]
+        t = mgjit.autotune(configs=list(candidates), key=[key], timer=PreferTimer(candidates[1]), jobs=1)(kernel)
         original = t._c_miss
         monkeypatch.setattr(t, "_c_miss", lambda *a, **k: misses.append(kernel.name) or original(*a, **k))
         return t
@@ -197,9 +197,12 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     monkeypatch.setattr(_rows, "_tuned", functools.lru_cache(maxsize=None)(tuned))
     monkeypatch.setattr(_rows, "tuning_enabled", lambda x: True)
     x, w = torch.randn(64, n), torch.randn(n)
-    for example, kernel, args, constexprs in ((sm.softmax, sm.softmax_kernel, (x,), {}),
-                                              (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6})):
+    for example, kernel, args, constexprs, configs in (
+            (sm.softmax, sm.softmax_kernel, (x,), {}, _rows.mapping(n)),
+            (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6}, rms.rmsnorm_mapping(n))):
         example(*args)
+        best = bests[kernel.name]
+        assert best == configs[1]
         first = len(gpu.launches)
         example(*args)
         example(*args)
@@ -212,19 +215,22 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
 
 def test_layernorm_also_tries_held_rows_at_higher_occupancy():
     """layernorm_mapping: the row examples' mappings (OCC=0), then each held one again asking ptxas to fit 3 and
-    4 CTAs an SM, where the threads allow it; every config sets the same constexprs (the tuner requires it)."""
+    4 CTAs an SM, where the threads allow it, then the persistent grids (_rows.persisting); every config sets the
+    same constexprs (the tuner requires it)."""
     for n in (16, 4097, 32000, 300000):
         configs = ln.layernorm_mapping(n)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
-        assert [{k: v for k, v in c.kwargs.items() if k != "OCC"} for c in configs if not c.kwargs["OCC"]] == \
-            [dict(c.kwargs) for c in _rows.mapping(n)], n
+        assert [{k: v for k, v in c.kwargs.items() if k not in ("OCC", "PERSIST")} for c in configs
+                if not c.kwargs["OCC"] and not c.kwargs["PERSIST"]] == [dict(c.kwargs) for c in _rows.mapping(n)], n
+        assert all(not c.kwargs["OCC"] for c in configs if c.kwargs["PERSIST"]), n
         held = [c for c in _rows.mapping(n) if not c.kwargs["BLOCK"]]
         capped = [c for c in configs if c.kwargs["OCC"]]
         assert len(capped) == sum(occ * 128 * c.kwargs["WGS"] <= 2048 for c in held for occ in ln.OCCUPANCY), n
         assert all(not c.kwargs["BLOCK"] for c in capped)
     # Rows of 4097 bf16 held by one warpgroup, capped for 4 CTAs an SM: at most 128 registers, no spill.
     x, w = torch.empty(8, 4097, dtype=BF16), torch.empty(4097, dtype=BF16)
-    one = [c for c in ln.layernorm_mapping(4097) if c.kwargs["ROWS"] == 1 and c.kwargs["WGS"] == 1]
+    one = [c for c in ln.layernorm_mapping(4097)
+           if c.kwargs["ROWS"] == 1 and c.kwargs["WGS"] == 1 and not c.kwargs["PERSIST"]]
     compiled = {c.kwargs["OCC"]: ln.layernorm_rows.compile(x, w, w, x, eps=1e-5, **c.launch_kwargs(), target="sm_90a")
                 for c in one}
     assert ".minnctapersm 1" in compiled[0].ptx and ".minnctapersm 3" in compiled[3].ptx
@@ -235,3 +241,42 @@ def test_layernorm_also_tries_held_rows_at_higher_occupancy():
         kernel.interpret[_rows.grid(xf.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
         for got, ref, tol in checks:
             assert rel_err(got, ref) < tol
+
+
+@pytest.mark.parametrize("n", [77, 4097, 8191])
+def test_persistent_norms_interpreted(n):
+    """The norms' persistent grids (_rows.persisting): fewer programs than row groups (2 SMs without a GPU), each
+    looping over its groups (the last one partial) with its segment of the weights read once into shared
+    memory."""
+    for index, mapping in ((1, rms.rmsnorm_mapping), (2, ln.layernorm_mapping)):
+        persistent = [c for c in mapping(n) if c.kwargs["PERSIST"]]
+        assert persistent and all(c.kwargs["PERSIST"] * c.kwargs["WGS"] == 4 for c in persistent), n
+        for config in persistent:
+            m = config.kwargs["ROWS"] * 9 - 1
+            assert _rows.grid(m, config)[0] == 2 * config.kwargs["PERSIST"] < 9, config
+            kernel, args, constexprs, checks = kernels(torch.randn(m, n) * 3, torch.float32)[index]
+            kernel.interpret[_rows.grid(m, config)](*args, **constexprs, **config.launch_kwargs())
+            for got, ref, tol in checks:
+                assert rel_err(got, ref) < tol, f"{kernel.name} {config}"
+
+
+@pytest.mark.parametrize("wgs,rows", [(2, 1), (1, 2)])
+def test_ptx_of_persistent_norms_simulated(wgs, rows):
+    """The persistent norms from their sm_90a PTX: bf16 rows of 4097 (each starting at another offset in a word),
+    two warpgroups each holding half a row and stashing half the weights, or two rows per group; each program
+    loops over 2 or 3 groups."""
+    n = 4097
+    for index, mapping in ((1, rms.rmsnorm_mapping), (2, ln.layernorm_mapping)):
+        config = [c for c in mapping(n) if c.kwargs["PERSIST"] and c.kwargs["WGS"] == wgs
+                  and c.kwargs["ROWS"] == rows][0]
+        m = 5 * rows
+        x = (torch.randn(m, n) * 3).to(BF16)
+        kernel, args, constexprs, checks = kernels(x, BF16)[index]
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        dev = ptx_sim.Device()
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                dev.place(a)
+        dev.run(compiled, _rows.grid(m, config), *args)
+        for got, ref, tol in checks:
+            assert rel_err(dev.fetch(got), ref) < tol, f"{kernel.name} {config}"
