@@ -36,6 +36,7 @@ import os
 from collections.abc import Sequence
 
 import mgjit
+from mgjit.targets import HOPPER
 
 SEGMENT = 8192  # the widest segment one warpgroup holds in registers (64 float32 per thread)
 MAX_CTAS, MAX_WGS = 8, 4  # a portable cluster; warpgroups per CTA
@@ -44,6 +45,7 @@ STREAM = 4096  # the chunk width of streamed rows
 CHUNK_SEGMENT = 16384  # chunked rows: the fewest CTAs (a power of two) whose segments are at most this wide
 CHUNK_WIDTHS = (1024, 2048)  # chunked rows: the chunk widths tried (and 4096 where a segment is wider)
 PERSIST_WARPGROUPS = 4  # persistent held rows (kernels with weights): the warpgroups an SM holds
+STASH_SLACK = 2048  # persistent held rows: shared memory a CTA uses beside its weights (reductions, reserved)
 
 
 def parts(n: int) -> tuple[int, ...]:
@@ -129,20 +131,25 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     return configs + [streaming(stream)] + chunkings(n)
 
 
-def persisting(configs: Sequence[mgjit.Config]) -> tuple[mgjit.Config, ...]:
+def persisting(configs: Sequence[mgjit.Config], weights: int) -> tuple[mgjit.Config, ...]:
     """`configs` (PERSIST=0), then their held one-CTA mappings without an occupancy cap (OCC) again as persistent
-    grids of PERSIST = PERSIST_WARPGROUPS / WGS CTAs an SM (ptxas capped to fit them), each looping over row
-    groups: a kernel with weights (the norms) reads its segment of them from global memory once per program into
-    shared memory, not once per row group from L2 after the row's statistics (a dependent round trip). On an
-    H100, bf16 rows: rmsnorm of 8191 held by two warpgroups 0.79 -> 0.85 of copy bandwidth, layernorm 0.72 ->
-    0.80, layernorm of 4095 0.84 -> 0.88 and of 4097 (two rows a group) 0.90 -> 0.92; one-warpgroup CTAs at 2
-    and 3 an SM ran 0.61 to 0.85 (fewer rows in flight). Aligned rows gain nothing (4096: 0.99 -> 0.95)."""
+    grids of PERSIST = PERSIST_WARPGROUPS / WGS CTAs an SM (ptxas capped to fit them), where PERSIST copies of
+    their `weights` vectors' segments fit an SM's shared memory as float32. Each program loops over row groups:
+    a kernel with weights (the norms) reads its segment of them from global memory once per program into shared
+    memory (`stash_vector`), not once per row group from L2 after the row's statistics (a dependent round trip,
+    with a bounds test and a conversion per element). On an H100, bf16 rows, weights kept as bf16: rmsnorm of
+    8191 held by two warpgroups 0.79 -> 0.85 of copy bandwidth, layernorm 0.72 -> 0.80, layernorm of 4095 0.84
+    -> 0.88 and of 4097 (two rows a group) 0.90 -> 0.92; one-warpgroup CTAs at 2 and 3 an SM ran 0.61 to 0.85
+    (fewer rows in flight). Aligned rows gain nothing (4096: 0.99 -> 0.95)."""
     def persist(c: mgjit.Config, p: int) -> mgjit.Config:
         return mgjit.Config(**{**c.kwargs, "PERSIST": p}, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
+    def fits(c: mgjit.Config) -> bool:
+        stash = weights * 4 * sum(c.kwargs["PARTS"]) * c.kwargs["WGS"]
+        return PERSIST_WARPGROUPS // c.kwargs["WGS"] * (stash + STASH_SLACK) <= HOPPER.smem_bytes
     return tuple(persist(c, 0) for c in configs) + tuple(
         persist(c, PERSIST_WARPGROUPS // c.kwargs["WGS"]) for c in configs
         if not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == 1 and not c.kwargs.get("OCC")
-        and c.kwargs["WGS"] <= PERSIST_WARPGROUPS)
+        and c.kwargs["WGS"] <= PERSIST_WARPGROUPS and fits(c))
 
 
 @functools.lru_cache(maxsize=None)
@@ -278,13 +285,14 @@ def row_groups(x, ROWS):
 
 @mgjit.device
 def stash_vector(w, c0, PARTS, WGS):
-    """Elements c0.. of a 1D tensor (a weight) split like a row, copied into shared memory (one buffer per
-    width of PARTS, a slot per warpgroup) for `weights` to read once per row group."""
+    """Elements c0.. of a 1D tensor (a weight) split like a row, copied into shared memory as float32 (one
+    buffer per width of PARTS, a slot per warpgroup) for `weights` to read once per row group: converted once,
+    not per row (layernorm over bf16 rows of 4095, PTX simulator: 27.4 -> 23.6 instructions an element)."""
     bufs = ()
     c = c0
     for p in mgjit.static_range(len(PARTS)):
-        buf = mgjit.smem((WGS, PARTS[p]), w.dtype)
-        buf[mgjit.warpgroup_id()][...] = w[mgjit.ds(c, PARTS[p])]
+        buf = mgjit.smem((WGS, PARTS[p]), mgjit.float32)
+        buf[mgjit.warpgroup_id()][...] = w[mgjit.ds(c, PARTS[p])].astype(mgjit.float32)
         bufs = bufs + (buf,)
         c += PARTS[p]
     return bufs
@@ -297,7 +305,7 @@ def weights(w, bufs, c0, PARTS, PERSIST):
     if PERSIST:
         held = ()
         for p in mgjit.static_range(len(PARTS)):
-            held = held + (bufs[p][mgjit.warpgroup_id()][...].astype(mgjit.float32),)
+            held = held + (bufs[p][mgjit.warpgroup_id()][...],)
         return held
     return load_vector(w, c0, PARTS)
 

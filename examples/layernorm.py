@@ -191,7 +191,7 @@ def layernorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgji
     configs = tuple(mgjit.Config(**c.kwargs, OCC=occ, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
                     for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
                     if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
-    return persisting(configs) if rows_per_program is None else configs
+    return persisting(configs, 2) if rows_per_program is None else configs
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference

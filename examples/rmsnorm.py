@@ -109,7 +109,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
 def rmsnorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the held ones again as persistent grids."""
     configs = mapping(n, rows_per_program)
-    return persisting(configs) if rows_per_program is None else configs
+    return persisting(configs, 1) if rows_per_program is None else configs
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import mgjit
+from mgjit.targets import HOPPER
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
@@ -280,3 +281,21 @@ def test_ptx_of_persistent_norms_simulated(wgs, rows):
         dev.run(compiled, _rows.grid(m, config), *args)
         for got, ref, tol in checks:
             assert rel_err(dev.fetch(got), ref) < tol, f"{kernel.name} {config}"
+
+
+def test_persistent_grids_fit_their_weights_in_shared_memory():
+    """PERSIST programs an SM each keep their weights' segments in shared memory as float32: a persistent mapping
+    is offered only where PERSIST of them fit (layernorm's w and b over 8192 columns a warpgroup do not fit 4
+    times), and the compiled kernels' shared memory says so."""
+    held = [c for c in ln.layernorm_mapping(8191) if c.kwargs["PERSIST"]]
+    assert [(c.kwargs["PARTS"], c.kwargs["WGS"]) for c in held] == [((4096,), 2)]
+    assert any(c.kwargs["PARTS"] == (8192,) and c.kwargs["ROWS"] == 1 for c in rms.rmsnorm_mapping(8191)
+               if c.kwargs["PERSIST"])
+    x = torch.empty(8, 8191, dtype=BF16)
+    w = torch.empty(8191, dtype=BF16)
+    for kernel, args, constexprs, configs in ((rms.rmsnorm_kernel, (x, w, x), {"eps": 1e-6}, rms.rmsnorm_mapping(8191)),
+                                              (ln.layernorm_rows, (x, w, w, x), {"eps": 1e-5}, held)):
+        for config in [c for c in configs if c.kwargs["PERSIST"] and c.kwargs["ROWS"] == 1]:
+            compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+            # an SM's 228 KB: what one CTA may use and the 1 KB it reserves
+            assert config.kwargs["PERSIST"] * (compiled.smem_bytes + 1024) <= HOPPER.smem_bytes + 1024, config

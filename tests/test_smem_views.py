@@ -16,6 +16,7 @@ from mgjit import tiles
 from mgjit.layouts import WGMMA, blocked
 from mgjit.ir import RefType
 from mgjit.ops.smem import bank_conflicts
+import ptx_sim
 import test_gpu_smem_views as gv
 
 torch = pytest.importorskip("torch")
@@ -124,6 +125,36 @@ def test_a_conflicting_read_is_a_warning_at_its_line_and_a_note_in_the_ir():
         warnings.simplefilter("error", mgjit.BankConflictWarning)
         c = conflicted.compile(x, out, SW=128, target="sm_90a")
     assert "bank_conflict" not in c.ir
+
+
+@mgjit.kernel
+def widened(w, x, out, N: mgjit.constexpr):
+    s = mgjit.smem((2, N), mgjit.float32)
+    s[1][...] = w[mgjit.ds(0, N)].astype(mgjit.float32) * 2.0
+    row = x[mgjit.ds(0, 4), mgjit.ds(1, N)].astype(mgjit.float32)
+    out[mgjit.ds(0, 4), mgjit.ds(0, N)] = row * s[1][...][None, :]
+
+
+@pytest.mark.parametrize("n", [256, 4096])
+def test_a_store_of_a_widened_load_takes_a_layout_without_conflicts(n):
+    """A bf16 load cast to float32 and stored into an unswizzled tile: in the load's own coalesced layout (16
+    bytes of bf16 a lane) each lane would store 32 bytes, two-way conflicts; inference places the load in 16
+    bytes of float32 a lane instead (8-byte loads). No warning, and the numbers hold (interpreter, PTX)."""
+    w, x = torch.randn(n).to(BF16), torch.randn(4, n + 1).to(BF16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mgjit.BankConflictWarning)
+        c = widened.compile(w, x, torch.empty(4, n), N=n, target="sm_90a")
+    assert "bank_conflict" not in c.ir and "ld.global.v2.b32" in c.ptx and "ld.global.v4.b32" not in c.ptx
+    ref = x[:, 1:].float() * (w.float() * 2)
+    out = torch.full((4, n), float("nan"))
+    widened.interpret[(1,)](w, x, out, N=n)
+    assert torch.equal(out, ref)
+    dev = ptx_sim.Device()
+    out.fill_(float("nan"))
+    for a in (w, x, out):
+        dev.place(a)
+    dev.run(c, (1,), w, x, out)
+    assert torch.equal(dev.fetch(out), ref)
 
 
 def test_a_conflicting_read_warns_again_when_another_process_loads_the_kernel_from_the_cache(tmp_path):

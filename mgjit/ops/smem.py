@@ -27,7 +27,7 @@ from ..interpret.checker import Access, check_read, check_write
 from ..interpret.machine import CTA, BarrierRef
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, Value, check, is_int_scalar, is_ref
-from ..layouts import THREADS_PER_WARPGROUP, LANES_PER_WARP, SplatLayout, TiledLayout, blocked
+from ..layouts import THREADS_PER_WARPGROUP, LANES_PER_WARP, LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, smem_read_of, splat_to
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
@@ -187,8 +187,31 @@ class SmemLoad(Op):
         check(is_ref(self.operands[0], "smem"), self, "smem_load reads an SMEM tile")
 
 
-infer.rule(SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore)(infer.no_arrays)
+infer.rule(SmemAlloc, RefIndex, RefSlice, RefTranspose)(infer.no_arrays)
 infer.rule(SmemLoad)(infer.free_anchor_layout)
+
+
+@infer.rule(SmemStore)
+def _infer_smem_store(op: SmemStore, inf: infer.Inference) -> None:
+    """No array of its own. Where the stored array's layout conflicts on the tile's banks and comes from free
+    anchors alone (a GMEM load, cast or scaled on the way), inference restarts with them in the coalesced layout
+    of the tile's dtype, if that one does not conflict: a bf16 load stored as float32 anchors 16 bytes of bf16 a
+    lane, 32 bytes of float32 (two-way conflicts); 16 bytes of float32 a lane have none."""
+    value, t = op.operands[1], op.operands[0].type
+    if not value.is_array or not isinstance(value.layout, TiledLayout):
+        return
+    shape = tuple(value.type.shape)
+    total, ideal = bank_conflicts(t, value.layout, shape)
+    anchors = infer.free_origins(value)
+    if total <= ideal or not anchors or any(id(a) in inf.overrides for a in anchors):
+        return
+    try:
+        coalesced = blocked(shape, t.dtype)
+    except LayoutError:
+        return
+    total, ideal = bank_conflicts(t, coalesced, shape)
+    if coalesced != value.layout and total <= ideal:
+        raise infer.Restart({id(a): coalesced for a in anchors})
 
 
 # ---------------------------------------------------------------------------------------------- addressing
