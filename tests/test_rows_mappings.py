@@ -176,21 +176,24 @@ class PreferTimer:
 @pytest.mark.parametrize("n", [1000, 20000], ids=["rows", "cluster"])
 def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(monkeypatch, tmp_path, n):
     """_rows.tuned_launch on a stub GPU (tests/launch_stub.py): the first call of a shape sweeps the candidates
-    (a fake timer prefers the second), later calls launch the chosen mapping in one C call, with the grid its
-    grid callable computes from the config's ROWS and CTAS, its cluster and its warpgroups; a constexpr passed
-    by name (rmsnorm's eps) takes the same path."""
+    (a fake timer prefers softmax's second and rmsnorm's last persistent one), later calls launch the chosen
+    mapping in one C call, with the grid its grid callable computes from the config's ROWS, CTAS and PERSIST (2
+    SMs for a CPU tensor), its cluster and its warpgroups; a constexpr passed by name (rmsnorm's eps) takes the
+    same path."""
     from launch_stub import StubGPU
     try:
         gpu = StubGPU(monkeypatch)
     except RuntimeError as e:  # no C compiler or no DLPack exchange API: nothing to test here
         pytest.skip(f"the C launcher is unavailable: {e}")
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
-    bests = {}
+    softmax_configs, rmsnorm_configs = _rows.mapping(n), rms.rmsnorm_mapping(n)
+    preferred = {sm.softmax_kernel.name: softmax_configs[1],
+                 rms.rmsnorm_kernel.name: [c for c in rmsnorm_configs if c.kwargs["PERSIST"]][-1]}
     misses = []
 
     def tuned(kernel, candidates, key):
-        bests[kernel.name] = candidates[1]
-        t = mgjit.autotune(configs=list(candidates), key=[key], timer=PreferTimer(candidates[1]), jobs=1)(kernel)
+        timer = PreferTimer(preferred[kernel.name])
+        t = mgjit.autotune(configs=list(candidates), key=[key], timer=timer, jobs=1)(kernel)
         original = t._c_miss
         monkeypatch.setattr(t, "_c_miss", lambda *a, **k: misses.append(kernel.name) or original(*a, **k))
         return t
@@ -199,17 +202,18 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     monkeypatch.setattr(_rows, "tuning_enabled", lambda x: True)
     x, w = torch.randn(64, n), torch.randn(n)
     for example, kernel, args, constexprs, configs in (
-            (sm.softmax, sm.softmax_kernel, (x,), {}, _rows.mapping(n)),
-            (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6}, rms.rmsnorm_mapping(n))):
+            (sm.softmax, sm.softmax_kernel, (x,), {}, softmax_configs),
+            (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6}, rmsnorm_configs)):
         example(*args)
-        best = bests[kernel.name]
-        assert best == configs[1]
+        best = preferred[kernel.name]
         first = len(gpu.launches)
         example(*args)
         example(*args)
         assert misses.count(kernel.name) == 1 and len(gpu.launches) == first + 2
         last = gpu.launches[-1]
-        assert last.path == "c" and last.grid == (64 // best.kwargs["ROWS"] * best.kwargs["CTAS"], 1, 1)
+        groups = 64 // best.kwargs["ROWS"]
+        grid = min(groups, 2 * best.kwargs["PERSIST"]) if best.kwargs.get("PERSIST") else groups * best.kwargs["CTAS"]
+        assert last.path == "c" and last.grid == (grid, 1, 1)
         assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
         assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), **constexprs) == best
 
