@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -114,8 +115,9 @@ def _operands(text: str) -> list:
 class CTA(Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
-                 threads: int = 128):
+                 threads: int = 128, counts: Counter | None = None):
         self.prog, self.params, self.mem = prog, params, mem
+        self.counts = counts  # opcode -> instructions issued (one step of the threads at one pc)
         self.threads = threads
         self.ctaid, self.nctaid = ctaid, nctaid
         self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
@@ -213,6 +215,8 @@ class CTA(Arithmetic):
             if at >= len(self.prog.code):
                 raise SimError("ran off the end of the kernel")
             guard, opcode, operands = self.prog.code[at]
+            if self.counts is not None:
+                self.counts[opcode] += 1
             if free.any() and self._joins_later(opcode, operands, mask, active, pc, at):
                 waiting |= mask
                 continue
@@ -530,9 +534,10 @@ def _unordered(parts: list[str]) -> list[str]:
 
 
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
-           threads: int = 128) -> None:
+           threads: int = 128, counts: Counter | None = None) -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
-    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns (ptx_cluster.run_cluster)."""
+    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns (ptx_cluster.run_cluster). `counts`
+    (if given) gathers the instructions issued, by opcode."""
     prog = Program(ptx)
     if len(args) != len(prog.params):
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
@@ -545,7 +550,7 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
             for x0 in range(0, grid[0], cluster):
                 ctas: list[CTA] = []
                 for r in range(cluster):
-                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads))
+                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads, counts))
                 run_cluster(ctas)
 
 
@@ -558,6 +563,7 @@ class Device:
         self.mem = Memory(size)
         self.bases: list[tuple[Any, int]] = []  # (CPU base tensor, arena offset)
         self.free = 0
+        self.counts: Counter | None = None  # set to a Counter: the instructions later runs issue, by opcode
 
     def place(self, base) -> None:
         if base.data_ptr() % 64 or not base.is_contiguous():
@@ -591,4 +597,4 @@ class Device:
                 values += [self.address(a), *a.shape, *a.stride()]
             else:
                 values.append(a)
-        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads)
+        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads, self.counts)

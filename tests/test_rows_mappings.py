@@ -303,3 +303,23 @@ def test_persistent_grids_fit_their_weights_in_shared_memory():
             compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
             # an SM's 228 KB: what one CTA may use and the 1 KB it reserves
             assert config.kwargs["PERSIST"] * (compiled.smem_bytes + 1024) <= HOPPER.smem_bytes + 1024, config
+
+
+def test_persistent_layernorm_issues_fewer_instructions_an_element():
+    """tools/ptx_profile.py from the PTX simulator: layernorm over bf16 rows of 4095 (each starting at another
+    offset in a word) issues about 33 PTX instructions an element held by one warpgroup, the persistent grid
+    with float32 weights in shared memory about 24 over 8 rows a program (it loads, bounds-tests and converts
+    no weight per row), and
+    an aligned row of 4096 about 21."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import ptx_profile
+    configs = ln.layernorm_mapping(4095)
+    held = [c for c in configs if c.kwargs["ROWS"] == 1 and not c.kwargs["OCC"] and not c.kwargs["PERSIST"]][0]
+    persistent = [c for c in configs if c.kwargs["ROWS"] == 1 and c.kwargs["PERSIST"]][0]
+    _, per_held, held_opcodes = ptx_profile.profile("layernorm", 4095, BF16, held, 16)
+    # 8 programs without a GPU (2 SMs), each over 8 rows: the one copy of the weights into shared memory is spread
+    _, per_persistent, by_opcode = ptx_profile.profile("layernorm", 4095, BF16, persistent, 64)
+    _, per_aligned, _ = ptx_profile.profile("layernorm", 4096, BF16, held, 16)
+    assert per_aligned < per_persistent < per_held * 0.8, (per_aligned, per_persistent, per_held)
+    # no weight converted from bf16 or bounds-tested per row: the row's elements' conversions and tests are left
+    assert by_opcode["cvt"] < held_opcodes["cvt"] * 0.6 and by_opcode["setp"] < held_opcodes["setp"] * 0.75

@@ -1,0 +1,93 @@
+"""Dynamic PTX instruction counts of the row examples' kernels, from the PTX simulator (tests/ptx_sim.py): the
+instructions a thread issues per element it holds, by opcode. This is the CPU's view of a memory-bound kernel's
+instruction budget: at copy bandwidth an H100 SM has about 40 thread-instructions per bf16 element of a row kernel
+(read and written once), an H200 about 28. PTX is not SASS (ptxas folds and expands), but mappings and lowerings
+compare: layernorm over bf16 rows of 4095, one row a warpgroup, issued 33.2 an element; persistent with float32
+weights in shared memory, 23.6; an aligned row of 4096, 20.8.
+
+    python tools/ptx_profile.py --kernel layernorm --n 4095                # the wrapper's first candidate
+    python tools/ptx_profile.py --kernel rmsnorm --n 8191 --list           # the candidates, numbered
+    python tools/ptx_profile.py --kernel rmsnorm --n 8191 --config 5 --rows 16
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "tests")]
+import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import layernorm as ln  # noqa: E402
+import ptx_sim  # noqa: E402
+import rmsnorm as rms  # noqa: E402
+import softmax as sm  # noqa: E402
+
+
+def launch_of(kernel: str, x: torch.Tensor):
+    """(kernel, arguments, constexprs, candidate mappings) of a row example over x."""
+    n = x.shape[1]
+    w, b, out = torch.randn(n).to(x.dtype), torch.randn(n).to(x.dtype), torch.empty_like(x)
+    if kernel == "softmax":
+        return sm.softmax_kernel, (x, out), {}, _rows.mapping(n)
+    if kernel == "rmsnorm":
+        return rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n)
+    if kernel == "layernorm":
+        return ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n)
+    target = torch.randint(0, n, (x.shape[0],))
+    loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
+    return ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n)
+
+
+def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0):
+    """(the compiled kernel, instructions a thread issues an element, those by opcode name) of a row example's
+    kernel under `config`, run from its sm_90a PTX over `rows` rows (default: one row group a program)."""
+    rows = rows or config.kwargs["ROWS"]
+    kernel, launch_args, constexprs, _ = launch_of(kernel_name, (torch.randn(rows, n) * 3).to(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = kernel.compile(*launch_args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+    dev = ptx_sim.Device()
+    for a in launch_args:
+        if isinstance(a, torch.Tensor):
+            dev.place(a)
+    dev.counts = collections.Counter()
+    dev.run(compiled, _rows.grid(rows, config), *launch_args, cluster=config.kwargs["CTAS"])
+    per_thread = rows * n / (128 * config.kwargs["WGS"] * config.kwargs["CTAS"])  # elements a thread holds
+    by_opcode: collections.Counter = collections.Counter()
+    for opcode, count in dev.counts.items():
+        by_opcode[opcode.split(".")[0]] += count / per_thread
+    return compiled, sum(dev.counts.values()) / per_thread, by_opcode
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", choices=["softmax", "rmsnorm", "layernorm", "cross_entropy"], required=True)
+    p.add_argument("--n", type=int, required=True, help="the row length")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--config", type=int, default=0, help="which candidate mapping (see --list)")
+    p.add_argument("--rows", type=int, default=0, help="rows to run (default: one row group a program)")
+    p.add_argument("--list", action="store_true", help="number the candidate mappings and stop")
+    p.add_argument("--top", type=int, default=16, help="opcodes to show")
+    args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    probe = launch_of(args.kernel, torch.empty(1, args.n, dtype=dtype))[3]
+    if args.list:
+        for i, config in enumerate(probe):
+            print(f"{i:3}  {config.short()}")
+        return 0
+    config = probe[args.config]
+    compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows)
+    print(f"{args.kernel} n={args.n} {args.dtype} {config.short()}: {compiled.registers} registers, "
+          f"{per_element:.1f} instructions an element")
+    print("  " + "  ".join(f"{name} {count:.1f}" for name, count in by_opcode.most_common(args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
