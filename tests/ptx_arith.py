@@ -59,6 +59,8 @@ class Arithmetic:
             return self.op_fma(parts, ops, run)
         bits = int(t[1:])
         signed = t[0] == "s"
+        if "hi" in parts or "cc" in parts:
+            return self._mad_carry(parts, ops, run, False)
         a, b = as_int(self.value(ops[1]), bits, signed), as_int(self.value(ops[2]), bits, signed)
         wide = "wide" in parts
         c = as_int(self.value(ops[3]), 2 * bits if wide else bits, signed)
@@ -67,6 +69,34 @@ class Arithmetic:
                 a, b, c = (np.asarray(v).astype(np.int64).view(np.uint64) if np.asarray(v).dtype.kind == "i"
                            else v for v in (a, b, c))
             self.write(ops[0], wrap(a * b + c, 2 * bits if wide else bits), run)
+
+    def op_madc(self, parts, ops, run):
+        self._mad_carry(parts, ops, run, True)
+
+    def _mad_carry(self, parts, ops, run, carry_in: bool):
+        """mad.lo/.hi with .cc (the carry out of the add into the threads' carry flag) and madc (the carry flag
+        added in): the multiword products of libdevice's argument reduction (sinf, cosf)."""
+        bits = int(parts[-1][1:])
+        signed = parts[-1][0] == "s"
+        a, b = (np.broadcast_to(as_int(self.value(o), bits, signed), (self.threads,)) for o in ops[1:3])
+        c = np.broadcast_to(as_uint(self.value(ops[3]), bits), (self.threads,))
+        flag = self.carry_flag()
+        mask = (1 << bits) - 1
+        out, carry = np.zeros(self.threads, dtype=np.uint64), flag.copy()
+        for i in np.flatnonzero(run):
+            product = int(a[i]) * int(b[i])
+            half = (product >> bits) & mask if "hi" in parts else product & mask
+            total = half + int(c[i]) + (int(flag[i]) if carry_in else 0)
+            out[i], carry[i] = total & mask, total >> bits
+        self.write(ops[0], out, run)
+        if "cc" in parts:
+            flag[run] = carry[run]
+
+    def carry_flag(self) -> np.ndarray:
+        """The threads' carry flags (CC.CF), set by .cc instructions and read by the c-suffixed ones."""
+        if getattr(self, "_carry", None) is None:
+            self._carry = np.zeros(self.threads, dtype=np.uint64)
+        return self._carry
 
     def op_and(self, parts, ops, run):
         self._int_binary(parts, ops, run, lambda a, b: a & b)
