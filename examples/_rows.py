@@ -24,7 +24,7 @@ are the binary digits of n rounded up to a multiple of 128 (4097 → 4096 + 128,
 constexpr tuple; a held row is a Python tuple of (ROWS, width) arrays.
 
 Persistent held rows (PERSIST > 0, the norms only): a grid of PERSIST one-CTA programs an SM, each looping over
-row groups with its segment of the weights copied into shared memory once (`persisting`).
+row groups with its segment of the weights copied into shared memory once, as float32 (`persisting`).
 
 Which mapping serves a row length is tuned: `candidates(n)` lists a few (the first is the heuristic's pick,
 used without a GPU), and `launch` times them with mgjit.autotune on the first call for a shape and dtype.
@@ -137,10 +137,11 @@ def persisting(configs: Sequence[mgjit.Config], weights: int) -> tuple[mgjit.Con
     their `weights` vectors' segments fit an SM's shared memory as float32. Each program loops over row groups:
     a kernel with weights (the norms) reads its segment of them from global memory once per program into shared
     memory (`stash_vector`), not once per row group from L2 after the row's statistics (a dependent round trip,
-    with a bounds test and a conversion per element). On an H100, bf16 rows, weights kept as bf16: rmsnorm of
-    8191 held by two warpgroups 0.79 -> 0.85 of copy bandwidth, layernorm 0.72 -> 0.80, layernorm of 4095 0.84
-    -> 0.88 and of 4097 (two rows a group) 0.90 -> 0.92; one-warpgroup CTAs at 2 and 3 an SM ran 0.61 to 0.85
-    (fewer rows in flight). Aligned rows gain nothing (4096: 0.99 -> 0.95)."""
+    with a bounds test and a conversion per element). The same mapping without and with persistence, bf16 rows:
+    layernorm of 8191 on two warpgroups 0.73 -> 0.80 of copy bandwidth on an H100, 0.59 -> 0.67 on an H200; of
+    4095, 0.85 -> 0.87 and 0.66 -> 0.73; of 4097 (two rows a group) 0.90 -> 0.90 and 0.70 -> 0.82; rmsnorm of 8191
+    0.79 -> 0.84 and 0.64 -> 0.73. One-warpgroup CTAs at 2 and 3 an SM ran 0.61 to 0.85 (fewer rows in flight);
+    aligned rows lose (4096: 0.99 -> 0.93), so the tuner keeps PERSIST=0 there."""
     def persist(c: mgjit.Config, p: int) -> mgjit.Config:
         return mgjit.Config(**{**c.kwargs, "PERSIST": p}, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
     def fits(c: mgjit.Config) -> bool:

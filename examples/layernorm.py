@@ -13,13 +13,13 @@ Every row is read once and held in registers (examples/_rows.py), the mapping au
   each CTA writes its segment from shared memory. A thread holds one chunk at a time, not the row, the weight
   and the bias: this is the mapping of long rows (bf16 rows of 100000: 0.86 of copy bandwidth, held: 0.53).
 Held rows also run as persistent grids: PERSIST programs an SM, each looping over rows with its segments of w and
-b in shared memory, read from global memory once (per row they would triple what an SM reads, a round trip to L2
-after the row's statistics). Held rows are also tried with ptxas asked to fit OCC CTAs on an SM
+b in shared memory as float32, read from global memory once (per row they would triple what an SM reads, a round
+trip to L2 after the row's statistics). Held rows are also tried with ptxas asked to fit OCC CTAs on an SM
 (`mgjit.min_ctas_per_sm`): the layernorm keeps the row, its deviations, the weight and the bias live at once, and
 occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of
 copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
-Statistics are computed in f32 and the output rounded once (x - mean first, then one fma with w and b); the padding past a row's end reads as zero and is
-masked out of the variance.
+Statistics are computed in f32 and the output rounded once (x - mean first, then one fma with w and b); the
+padding past a row's end reads as zero and is masked out of the variance.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """

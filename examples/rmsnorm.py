@@ -126,7 +126,8 @@ def setup(device):
 
 
 def compile(x, w, out, target):
-    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **rmsnorm_mapping(x.shape[1])[0].launch_kwargs(), target=target)
+    config = rmsnorm_mapping(x.shape[1])[0]
+    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **config.launch_kwargs(), target=target)
 
 
 def reference(x, w):
