@@ -323,3 +323,14 @@ def test_persistent_layernorm_issues_fewer_instructions_an_element():
     assert per_aligned < per_persistent < per_held * 0.8, (per_aligned, per_persistent, per_held)
     # no weight converted from bf16 or bounds-tested per row: the row's elements' conversions and tests are left
     assert by_opcode["cvt"] < held_opcodes["cvt"] * 0.6 and by_opcode["setp"] < held_opcodes["setp"] * 0.75
+
+
+def test_ptx_profile_counts_an_element_once_however_the_row_is_split():
+    """tools/ptx_profile.py: a row of 8192 bf16 held by one warpgroup, by two warpgroups of a CTA or by a cluster
+    of two CTAs costs about as many instructions an element (a split adds its exchange, not a factor of its
+    CTAs: each simulator step is one instruction of one CTA's threads)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import ptx_profile
+    per = [ptx_profile.profile("softmax", 8192, BF16, config, 2)[1]
+           for config in (_rows.hold(1, (8192,)), _rows.hold(1, (4096,), 1, 2), _rows.hold(1, (4096,), 2, 1))]
+    assert 9 < per[0] < per[1] < per[2] < per[0] * 1.4, per

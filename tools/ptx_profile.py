@@ -58,7 +58,8 @@ def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0)
             dev.place(a)
     dev.counts = collections.Counter()
     dev.run(compiled, _rows.grid(rows, config), *launch_args, cluster=config.kwargs["CTAS"])
-    per_thread = rows * n / (128 * config.kwargs["WGS"] * config.kwargs["CTAS"])  # elements a thread holds
+    # Each step is one instruction of every thread of one CTA: steps over all CTAs per element of one CTA's threads
+    per_thread = rows * n / (128 * config.kwargs["WGS"])
     by_opcode: collections.Counter = collections.Counter()
     for opcode, count in dev.counts.items():
         by_opcode[opcode.split(".")[0]] += count / per_thread
