@@ -88,6 +88,13 @@ class Config:
                              f"'cluster': [x, y, z]}}; got {data!r}")
         return cls(num_warpgroups=data.get("num_warpgroups"), cluster=data.get("cluster"), **data["kwargs"])
 
+    def replace(self, **changes: Any) -> Config:
+        """This config with `changes` set: constexprs by name (new ones added), or the launch options
+        `num_warpgroups` and `cluster`."""
+        options = {"num_warpgroups": self.num_warpgroups, "cluster": self.cluster}
+        options.update((k, changes.pop(k)) for k in list(changes) if k in options)
+        return Config(**options, **{**self.kwargs, **changes})
+
     def launch_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `Kernel.compile` and a launch: the constexprs plus the launch options set."""
         options = {**self.kwargs}

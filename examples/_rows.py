@@ -142,13 +142,11 @@ def persisting(configs: Sequence[mgjit.Config], weights: int) -> tuple[mgjit.Con
     4095, 0.85 -> 0.87 and 0.66 -> 0.73; of 4097 (two rows a group) 0.90 -> 0.90 and 0.70 -> 0.82; rmsnorm of 8191
     0.79 -> 0.84 and 0.64 -> 0.73. One-warpgroup CTAs at 2 and 3 an SM ran 0.61 to 0.85 (fewer rows in flight);
     aligned rows lose (4096: 0.99 -> 0.93), so the tuner keeps PERSIST=0 there."""
-    def persist(c: mgjit.Config, p: int) -> mgjit.Config:
-        return mgjit.Config(**{**c.kwargs, "PERSIST": p}, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
     def fits(c: mgjit.Config) -> bool:
         stash = weights * 4 * sum(c.kwargs["PARTS"]) * c.kwargs["WGS"]
         return PERSIST_WARPGROUPS // c.kwargs["WGS"] * (stash + STASH_SLACK) <= HOPPER.smem_bytes
-    return tuple(persist(c, 0) for c in configs) + tuple(
-        persist(c, PERSIST_WARPGROUPS // c.kwargs["WGS"]) for c in configs
+    return tuple(c.replace(PERSIST=0) for c in configs) + tuple(
+        c.replace(PERSIST=PERSIST_WARPGROUPS // c.kwargs["WGS"]) for c in configs
         if not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == 1 and not c.kwargs.get("OCC")
         and c.kwargs["WGS"] <= PERSIST_WARPGROUPS and fits(c))
 

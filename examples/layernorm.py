@@ -188,8 +188,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
 def layernorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then each held one again at every OCCUPANCY that its
     threads allow, then as persistent grids."""
-    configs = tuple(mgjit.Config(**c.kwargs, OCC=occ, num_warpgroups=c.num_warpgroups, cluster=c.cluster)
-                    for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
+    configs = tuple(c.replace(OCC=occ) for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
                     if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
     return persisting(configs, 2) if rows_per_program is None else configs
 

@@ -45,6 +45,15 @@ def test_config_json_and_pickle_round_trip():
                                       "num_warpgroups": 3, "cluster": (2, 1, 1)}
 
 
+def test_replace_sets_constexprs_and_launch_options_and_keeps_the_rest():
+    c = Config(BM=128, BN=256, num_warpgroups=2, cluster=(2, 1, 1))
+    assert c.replace(BN=64, STAGES=3) == Config(BM=128, BN=64, STAGES=3, num_warpgroups=2, cluster=(2, 1, 1))
+    assert c.replace(num_warpgroups=None, cluster=(4, 1, 1)) == Config(BM=128, BN=256, cluster=(4, 1, 1))
+    assert c == Config(BM=128, BN=256, num_warpgroups=2, cluster=(2, 1, 1))  # unchanged itself
+    with pytest.raises(ValueError, match="num_warpgroups"):
+        c.replace(num_warpgroups=0)
+
+
 def test_config_is_immutable():
     config = Config(BM=128)
     with pytest.raises(AttributeError, match="immutable"):
