@@ -133,12 +133,17 @@ class Inference:
             fn(op, self)
         self.current_block = outer
 
+    def placeable(self, anchors: set[ir.Op] | None) -> bool:
+        """Whether a restart may place free anchors `anchors` (free_origins' answer): there are some, and no
+        earlier restart placed any of them (each restart places a new one, so inference ends)."""
+        return bool(anchors) and all(id(a) not in self.overrides for a in anchors)
+
     def move_or_relayout(self, op: ir.Op, index: int, layout: Layout) -> None:
         """Make operand `index` of `op` arrive in `layout`: by restarting with its free anchors placed there
         when it comes from nothing else, else through a Relayout."""
         value = op.operands[index]
         anchors = free_origins(value) if isinstance(value.layout, TiledLayout) else None
-        if anchors and all(id(a) not in self.overrides for a in anchors):
+        if self.placeable(anchors):
             raise Restart({id(a): layout for a in anchors})
         self.relayout(self.current_block, op, index, layout)
 
@@ -161,7 +166,7 @@ class Inference:
             if op.operands[i].layout == target:
                 continue
             anchors = origins[i]
-            if anchors and all(id(a) not in self.overrides for a in anchors):
+            if self.placeable(anchors):
                 moves.update({id(a): target for a in anchors})
             else:
                 self.relayout(self.current_block, op, i, target)

@@ -202,8 +202,10 @@ def _infer_smem_store(op: SmemStore, inf: infer.Inference) -> None:
         return
     shape = tuple(value.type.shape)
     total, ideal = bank_conflicts(t, value.layout, shape)
+    if total <= ideal:
+        return
     anchors = infer.free_origins(value)
-    if total <= ideal or not anchors or any(id(a) in inf.overrides for a in anchors):
+    if not inf.placeable(anchors):
         return
     try:
         coalesced = blocked(shape, t.dtype)
