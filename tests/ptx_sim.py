@@ -573,12 +573,19 @@ class Device:
         self.mem.allocations.append((self.free, self.free + base.numel() * base.element_size()))
         self.free += -(-base.numel() * base.element_size() // 256) * 256 + 256  # a guard gap between tensors
 
-    def address(self, t) -> int:
+    def _holder(self, t) -> tuple[Any, int] | None:
+        """(placed base, its arena offset) whose storage holds tensor t, or None."""
         for base, offset in self.bases:
             start = base.data_ptr()
             if start <= t.data_ptr() < start + base.numel() * base.element_size() or t.data_ptr() == start:
-                return self.mem.base + offset + t.data_ptr() - start
-        raise SimError("a tensor that was not placed")
+                return base, offset
+        return None
+
+    def address(self, t) -> int:
+        holder = self._holder(t)
+        if holder is None:
+            raise SimError("a tensor that was not placed")
+        return self.mem.base + holder[1] + t.data_ptr() - holder[0].data_ptr()
 
     def fetch(self, base):
         import torch
@@ -589,11 +596,14 @@ class Device:
         raise SimError("a tensor that was not placed")
 
     def run(self, compiled, grid: tuple[int, ...], *args, cluster: int = 1) -> None:
-        """Launch a CompiledKernel on runtime arguments (placed tensors or their views, and scalars)."""
+        """Launch a CompiledKernel on runtime arguments (tensors or their views, and scalars). A tensor whose
+        storage is not placed yet is placed first (its base, where it is a view)."""
         import torch
         values: list = []
         for a in args:
             if isinstance(a, torch.Tensor):
+                if self._holder(a) is None:
+                    self.place(a if a._base is None else a._base)
                 values += [self.address(a), *a.shape, *a.stride()]
             else:
                 values.append(a)

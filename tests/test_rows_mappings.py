@@ -119,9 +119,6 @@ def test_ptx_of_candidates_simulated(n, dtype, config):
     for kernel, args, constexprs, checks in every if config.kwargs["CHUNKS"] else every[::3]:
         compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
         dev = ptx_sim.Device()
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                dev.place(a)
         dev.run(compiled, _rows.grid(x.shape[0], config), *args, cluster=config.kwargs["CTAS"])
         for got, ref, tol in checks:
             assert rel_err(dev.fetch(got), ref) < max(tol, TOL[dtype]), f"{kernel.name} {config}"
@@ -279,9 +276,6 @@ def test_ptx_of_persistent_norms_simulated(wgs, rows):
         kernel, args, constexprs, checks = kernels(x, BF16)[index]
         compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
         dev = ptx_sim.Device()
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                dev.place(a)
         dev.run(compiled, _rows.grid(m, config), *args)
         for got, ref, tol in checks:
             assert rel_err(dev.fetch(got), ref) < tol, f"{kernel.name} {config}"

@@ -151,8 +151,6 @@ def test_a_store_of_a_widened_load_takes_a_layout_without_conflicts(n):
     assert torch.equal(out, ref)
     dev = ptx_sim.Device()
     out.fill_(float("nan"))
-    for a in (w, x, out):
-        dev.place(a)
     dev.run(c, (1,), w, x, out)
     assert torch.equal(dev.fetch(out), ref)
 

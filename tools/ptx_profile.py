@@ -53,9 +53,6 @@ def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0)
         warnings.simplefilter("ignore")
         compiled = kernel.compile(*launch_args, **constexprs, **config.launch_kwargs(), target="sm_90a")
     dev = ptx_sim.Device()
-    for a in launch_args:
-        if isinstance(a, torch.Tensor):
-            dev.place(a)
     dev.counts = collections.Counter()
     dev.run(compiled, _rows.grid(rows, config), *launch_args, cluster=config.kwargs["CTAS"])
     # Each step is one instruction of every thread of one CTA: steps over all CTAs per element of one CTA's threads
