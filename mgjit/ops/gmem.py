@@ -316,10 +316,9 @@ def _load(op: Load, ctx: lower.Context) -> None:
     def plain(checked: bool) -> list:
         elems = []
         for i in range(0, len(els), w):
-            vals = _load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w, bits)
-            if checked and ragged:  # an access whose first element is inside may reach past the row's end
-                vals = [v if not k else e.select(els[i + k].inside, v, fill) for k, v in enumerate(vals)]
-            elems.extend(vals)
+            # an access whose first element is inside may reach past the row's end (ragged): the rest reads as fill
+            limit = _span(e, els[i], ref.sizes[-1])[1] if checked and ragged else None
+            elems.extend(_load_access(ctx, els[i].addr, els[i].inside if checked else None, dtype, w, bits, limit))
         return elems
 
     def shifted(checked: bool) -> list:

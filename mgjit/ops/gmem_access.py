@@ -112,10 +112,12 @@ def fill_bits(value: int | float, dtype: DType) -> int:
     return int.from_bytes(bytes(raw.tolist()), "little")
 
 
-def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int, fill: int = 0) -> list:
+def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int, fill: int = 0, limit=None) -> list:
     """`count` elements from addr; where pred is false (None: always loaded) each reads as the element whose bits
     are `fill` (fill_bits). The registers hold it before the predicated load, so no select per element follows
-    the load (softmax over rows of 4097 bf16 held by one warpgroup, SASS: 36 SEL and 163 PRMT -> 2 and 98)."""
+    the load (softmax over rows of 4097 bf16 held by one warpgroup, SASS: 36 SEL and 163 PRMT -> 2 and 98).
+    `limit` (an i32, or None): elements from index `limit` on read as `fill` too (past a row's end), the first
+    excepted (pred covers it)."""
     e = ctx.e
     bits = dtype.storage_bits
     total = count * bits
@@ -127,8 +129,43 @@ def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int, fill:
         else:
             half = e.asm(f"mov.b16 $0, {filled:#x}; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr],
                          [e.int_type(16)], side_effects=True)[0]
-        return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
-    return unpack_words(e, _load_words(e, addr, pred, total // 32, filled), dtype, count)
+        vals = _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
+        if limit is None:
+            return vals
+        other = from_bits(e, e.const(fill, _INT_OF_BITS[bits]), dtype)
+        return [v if not k else e.select(e.cmpi("slt", e.i32(k), limit), v, other) for k, v in enumerate(vals)]
+    words = _load_words(e, addr, pred, total // 32, filled)
+    return unpack_words(e, words if limit is None else _fill_past(e, words, limit, bits, count, fill), dtype, count)
+
+
+_INT_OF_BITS = {8: dtypes.int8, 16: dtypes.int16, 32: dtypes.int32, 64: dtypes.int64}
+
+
+def _fill_past(e, words: list, limit, bits: int, count: int, fill: int) -> list:
+    """The words of an access of `count` elements of `bits` bits with the elements from index `limit` on (an
+    i32; the first is always kept) replaced by the bits `fill`: a select of the word per element, which keeps the
+    elements packed until they are converted. Selecting the unpacked elements held each in a register of its own
+    meanwhile: layernorm over bf16 rows of 4095, whose weight vectors end inside an access, took 127 registers
+    (95 with weights 4096 long)."""
+    out = list(words)
+    for k in range(1, count):
+        keep = e.cmpi("slt", e.i32(k), limit)
+        if bits >= 32:
+            for part in range(bits // 32):
+                j = k * bits // 32 + part
+                out[j] = e.select(keep, out[j], _word_const(e, fill >> 32 * part))
+            continue
+        j, shift = divmod(k * bits, 32)
+        mask = ((1 << bits) - 1) << shift
+        replaced = e.ori(e.andi(out[j], _word_const(e, ~mask)), _word_const(e, fill << shift & mask))
+        out[j] = e.select(keep, out[j], replaced)
+    return out
+
+
+def _word_const(e, bits: int):
+    """An i32 constant of the low 32 bits of `bits`."""
+    bits &= 0xFFFFFFFF
+    return e.i32(bits - (1 << 32) if bits >> 31 else bits)
 
 
 def _unpack_narrow(e, word, dtype: DType, count: int) -> list:
