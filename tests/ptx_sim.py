@@ -117,7 +117,7 @@ class CTA(Arithmetic):
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
         self.prog, self.params, self.mem = prog, params, mem
-        self.counts = counts  # opcode -> instructions issued (one step of the threads at one pc)
+        self.counts = counts  # opcode -> instructions issued, in steps of all the CTA's warps (see run)
         self.threads = threads
         self.ctaid, self.nctaid = ctaid, nctaid
         self.cluster = cluster if cluster is not None else [self]  # the CTAs of its cluster, by rank
@@ -215,8 +215,8 @@ class CTA(Arithmetic):
             if at >= len(self.prog.code):
                 raise SimError("ran off the end of the kernel")
             guard, opcode, operands = self.prog.code[at]
-            if self.counts is not None:
-                self.counts[opcode] += 1
+            if self.counts is not None:  # in warps issuing it, a CTA's worth of them counting 1
+                self.counts[opcode] += int(mask.reshape(-1, 32).any(axis=1).sum()) / (self.threads // 32)
             if free.any() and self._joins_later(opcode, operands, mask, active, pc, at):
                 waiting |= mask
                 continue
