@@ -327,11 +327,8 @@ def _load(op: Load, ctx: lower.Context) -> None:
         return _word_loads(ctx, ref, w, els, checked, fill)
 
     emit = shifted if unaligned else plain
-    # Bounds tests per word or element, or a fill preset: skip them where the window is inside. Plain accesses
-    # that read zero outside test once per access and fill in the loaded words (`_load_access`), unbranched even
-    # where ragged: a branch between the two ways of loading a weight vector that ends inside an access took 31
-    # more registers (layernorm over bf16 rows of 8191 on two warpgroups, 127 -> 95; of 8193 over 2 CTAs 128 -> 115).
-    if unaligned or narrowed or not op.fills_zero:
+    # Bounds tests per word or element, or a fill to select: skip them where the window is inside.
+    if unaligned or narrowed or ragged or not op.fills_zero:
         elems = _inside_or_checked(ctx, op, ref, [e.type(dtype)] * len(els), emit)
     else:
         elems = emit(True)
