@@ -115,7 +115,8 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     if n <= SEGMENT:
         widths = parts(n)
         width = sum(widths)
-        best = max(1, min(512, 4096 // width))
+        # ROWS is an array dimension, so a power of two: the largest whose rows hold at most 4096 columns
+        best = 1 << max(0, min(9, (4096 // width).bit_length() - 1))
         for rows in dict.fromkeys((best, best * 2, best // 2)):
             if 1 <= rows <= 512 and rows * width <= 16384:
                 configs.append(hold(rows, widths))
@@ -171,6 +172,9 @@ def mapping(n: int, rows_per_program: int | None = None, stream: int = STREAM) -
     """The candidate mappings for rows of n columns (ROWS forced to rows_per_program for short rows). Made once
     per row length: building them costs hundreds of microseconds, more than a launch, and every call asks."""
     if rows_per_program is not None and n <= SEGMENT:
+        if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+            raise ValueError(f"rows_per_program must be a power of two (it is an array dimension), got "
+                             f"{rows_per_program}")
         return (hold(rows_per_program, parts(n)),)
     return tuple(candidates(n, stream))
 

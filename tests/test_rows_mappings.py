@@ -64,7 +64,7 @@ PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
 CHUNKS_PAST_THE_END = _rows.chunked(2, 1024, 6)
 
 
-@pytest.mark.parametrize("n", [3, 77, 4097, 9000, 20000])
+@pytest.mark.parametrize("n", [3, 77, 300, 1100, 4097, 9000, 20000])
 def test_every_candidate_interpreted(n):
     x = torch.randn(5, n) * 3
     extra = {20000: [PAST_THE_END], 9000: [CHUNKS_PAST_THE_END]}.get(n, [])
@@ -73,6 +73,20 @@ def test_every_candidate_interpreted(n):
             kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
             for got, ref, tol in checks:
                 assert rel_err(got, ref) < tol, f"{kernel.name} {config}"
+
+
+def test_rows_per_program_is_a_power_of_two_for_every_length():
+    """ROWS is a register array's dimension: for rows of 257 to 384 columns (held as 256 + 128) the candidates were
+    10, 20 and 5 rows, and every row example failed to compile on such rows. A rows_per_program that is not a
+    power of two is refused, naming the argument."""
+    for n in range(1, _rows.SEGMENT + 1):
+        for c in _rows.mapping(n):
+            rows = c.kwargs["ROWS"]
+            assert rows & (rows - 1) == 0 and rows * max(sum(c.kwargs["PARTS"]), 1) <= 16384, (n, c)
+    assert [c.kwargs["ROWS"] for c in _rows.mapping(300)] == [8, 16, 4]
+    for bad in (0, 3, 10):
+        with pytest.raises(ValueError, match=f"rows_per_program must be a power of two.*got {bad}"):
+            _rows.mapping(300, bad)
 
 
 def test_candidates_cover_every_length():
