@@ -36,8 +36,8 @@ import layernorm as ln_example  # noqa: E402
 import rmsnorm as rms_example  # noqa: E402
 import softmax as sm_example  # noqa: E402
 
-LENGTHS = [1, 3, 16, 100, 127, 128, 300, 1000, 1024, 1100, 2047, 4096, 4097, 5000, 8191, 8192, 8193, 16384, 32000, 50257,
-           65536, 100000, 128256, 262144]
+LENGTHS = [1, 3, 16, 100, 127, 128, 300, 1000, 1024, 1100, 2047, 4096, 4097, 5000, 8191, 8192, 8193, 16384, 32000,
+           50257, 65536, 100000, 128256, 262144]
 QUICK = [16, 1000, 4096, 4097, 32000, 100000]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TARGET_BYTES = 256 << 20

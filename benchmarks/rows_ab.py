@@ -5,10 +5,12 @@ either side, which hides the change).
     python benchmarks/rows_ab.py TREE KERNEL:N:INDEX ...
 
 TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
-KERNEL is softmax, rmsnorm or layernorm; INDEX numbers the wrapper's candidate mappings for rows of N
-(`python tools/ptx_profile.py --kernel KERNEL --n N --list`). Each line: the mapping, the relative error against
-torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16 rows, at least 256 MB moved, the
-median of three do_bench medians). Run one process per tree, both on one machine in one call.
+KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
+rows of N (`python tools/ptx_profile.py --kernel KERNEL --n N --list`); for fused, the flat kernel's block sizes
+(examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
+against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16, at least 256 MB moved
+as benchmarks/rows.py counts them, the median of three do_bench medians). Run one process per tree, both on one
+machine in one call.
 """
 import sys
 from pathlib import Path
@@ -20,6 +22,8 @@ import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import fused_elementwise as fe  # noqa: E402
 import layernorm as ln  # noqa: E402
 import mgjit  # noqa: E402
 import rmsnorm as rms  # noqa: E402
@@ -27,42 +31,63 @@ import softmax as sm  # noqa: E402
 
 assert Path(mgjit.__file__).resolve().is_relative_to(tree), f"mgjit from {mgjit.__file__}, not {tree}"
 
+TARGET_BYTES = 256 << 20
+
 
 def case(kernel: str, n: int, dev: torch.device):
-    """(kernel, its arguments, constexprs, candidate mappings, the torch reference) over bf16 rows of n."""
-    rows = max(1, (256 << 20) // (4 * n))
-    x = torch.randn(rows, n, device=dev, dtype=torch.bfloat16)
-    out = torch.full_like(x, float("nan"))
-    w, b = torch.randn(n, device=dev, dtype=x.dtype), torch.randn(n, device=dev, dtype=x.dtype)
+    """(kernel, its arguments, constexprs, candidate mappings, the grid of a mapping, the output, the torch
+    reference, bytes moved) over bf16 rows of n."""
+    bf16 = torch.bfloat16
+    tensors = {"cross_entropy": 1, "fused": 4}.get(kernel, 2)
+    rows = max(1, TARGET_BYTES // (2 * n * tensors))
+    x = torch.randn(rows, n, device=dev, dtype=bf16)
+    row_grid = lambda config: _rows.grid(rows, config, dev)  # noqa: E731
     if kernel == "softmax":
-        return sm.softmax_kernel, (x, out), {}, _rows.mapping(n), lambda: torch.softmax(x.float(), 1)
-    if kernel == "rmsnorm":
-        return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n),
-                lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6))
-    return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n),
-            lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5))
+        out = torch.full_like(x, float("nan"))
+        return (sm.softmax_kernel, (x, out), {}, _rows.mapping(n), row_grid, out,
+                lambda: torch.softmax(x.float(), 1), 4 * x.numel())
+    if kernel in ("rmsnorm", "layernorm"):
+        out = torch.full_like(x, float("nan"))
+        w, b = torch.randn(n, device=dev, dtype=bf16), torch.randn(n, device=dev, dtype=bf16)
+        if kernel == "rmsnorm":
+            return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n), row_grid, out,
+                    lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
+        return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n), row_grid, out,
+                lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
+                4 * x.numel() + 4 * n)
+    if kernel == "cross_entropy":
+        target = torch.randint(0, n, (rows,), device=dev)
+        loss, lse = (torch.full((rows,), float("nan"), device=dev) for _ in range(2))
+        return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
+                lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
+    if kernel == "fused":
+        y, z = torch.randn_like(x), torch.randn_like(x)
+        out = torch.full_like(x, float("nan"))
+        flat = tuple(t.view(-1) for t in (x, y, z, out))
+        return (fe.fused_flat, flat, {}, fe.BLOCKS, lambda config: (-(-x.numel() // config.kwargs["BLOCK"]),), out,
+                lambda: fe.reference(x, y, z), 8 * x.numel())
+    raise ValueError(f"unknown kernel {kernel!r}")
 
 
 def main() -> None:
     dev = torch.device("cuda")
-    sms = _rows.sm_count(dev)
     for spec in sys.argv[2:]:
         kernel, n, index = spec.split(":")
-        k, args, constexprs, configs, reference = case(kernel, int(n), dev)
+        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev)
         config = configs[int(index)]
-        x, out = args[0], args[-1]
-        grid = _rows.grid(x.shape[0], config, dev)
+        grid = grid_of(config)
         run = lambda: k[grid](*args, **constexprs, **config.launch_kwargs())  # noqa: E731
         run()
         torch.cuda.synchronize()
         ref = reference()
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-        src, dst = torch.empty_like(x), torch.empty_like(x)
+        src = torch.empty(max(nbytes // 2, 16), dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
         times, copies = [], []
         for _ in range(3):
             times.append(do_bench(run, warmup=10, rep=40, return_mode="median"))
             copies.append(do_bench(lambda: dst.copy_(src), warmup=10, rep=40, return_mode="median"))
-        print(f"{tree.name:8} {kernel:10} {n:>6} #{index:<3} {config.short():72} err {err:.1e}  "
+        print(f"{tree.name:8} {kernel:13} {n:>6} #{index:<3} {config.short():72} err {err:.1e}  "
               f"{sorted(copies)[1] / sorted(times)[1]:.3f}", flush=True)
 
 
