@@ -174,6 +174,31 @@ def test_load_other_fills_the_end_of_aligned_ragged_rows(dtype):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+@pytest.mark.parametrize("window", [True, False], ids=["window", "scalar"])
+@pytest.mark.parametrize("dtype,other", [(torch.float8_e4m3fn, -float("inf")), (torch.float8_e4m3fn, 1000.0),
+                                         (torch.float16, 1e6), (torch.float8_e5m2, -float("inf"))], ids=str)
+def test_load_other_past_the_dtypes_range_reads_as_torch_converts_it(dtype, other, window):
+    """A fill beyond its dtype's finite range (-inf of float8_e4m3fn, which has no infinity; 1e6 of float16) reads
+    as torch converts it, -448 and inf, on the GPU and in the interpreter alike (the interpreter had raised
+    torch.full's overflow error for a window: softmax over float8_e4m3fn rows crashed there)."""
+    x = torch.randn(2, 5).to(dtype)
+    fill = torch.tensor([other], dtype=dtype)
+    if window:  # a 2 x 16 window over 2 x 5
+        kernel, args, grid, constexprs = fill_window, [x, torch.zeros(2, 16, dtype=dtype), 0, 0], (1, 1), {"ROWS": 2,
+                                                                                                         "COLS": 16}
+        want = torch.cat([x, fill.expand(2, 11)], 1)
+    else:  # out[p] = x[p - 1] for p in 0..11: out[0] and out[11] lie outside x
+        kernel, args, grid, constexprs = fill_scalars, [x.view(-1), torch.zeros(12, dtype=dtype)], (12,), {}
+        want = torch.cat([fill, x.view(-1), fill])
+    dev = ptx_sim.Device()
+    dev.run(kernel.compile(*args, **constexprs, OTHER=other, target="sm_90a"), grid, *args)
+    assert torch.equal(dev.fetch(args[1]).view(torch.uint8), want.view(torch.uint8))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MGJIT_INTERPRET", "1")
+        kernel[grid](*args, **constexprs, OTHER=other)
+    assert torch.equal(args[1].view(torch.uint8), want.view(torch.uint8))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
 @pytest.mark.parametrize("other", [-float("inf"), -0.0, 0.0, float("nan"), 0.1], ids=str)
 def test_load_other_scalars_and_signed_zero(other, dtype):

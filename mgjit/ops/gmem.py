@@ -420,7 +420,10 @@ def _window(op: _GmemAccess, wg: Warpgroup) -> tuple[torch.Tensor, tuple | None]
 @interpret.rule(Load)
 def _interp_load(op: Load, wg: Warpgroup) -> None:
     ref, inside = _window(op, wg)
-    out = torch.full(op.sizes, op.other, dtype=numerics.torch_dtype(op.ref.dtype))
+    # The fill converted as fill_bits converts it for the GPU (torch.tensor rounds past the dtype's range, where
+    # torch.full raises: other=-inf of float8_e4m3fn is -448 on both, 1e6 of float16 inf).
+    fill = torch.tensor([op.other], dtype=numerics.torch_dtype(op.ref.dtype))
+    out = fill.expand(op.sizes).clone()
     if inside is not None:
         out[inside[1]] = ref[inside[0]]
     wg.set(op.result, out.reshape(op.window_shape))
