@@ -121,7 +121,9 @@ def mapping(n: int):
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row losses (reduction='none') and logsumexps of torch.nn.functional.cross_entropy(logits, target)."""
-    assert logits.ndim == 2 and target.shape == (logits.shape[0],)
+    if logits.ndim != 2 or target.shape != (logits.shape[0],):
+        raise ValueError(f"cross_entropy takes logits of shape (rows, n) and target of shape (rows,), got "
+                         f"{tuple(logits.shape)} and {tuple(target.shape)}")
     rows = logits.shape[0]
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device) if out is None else out
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)

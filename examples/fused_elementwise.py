@@ -45,7 +45,9 @@ def fused_2d(x, y, z, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
 
 def fused(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """gelu(x, approximate='tanh') * y + z for tensors of one shape and dtype."""
-    assert x.shape == y.shape == z.shape and x.dtype == y.dtype == z.dtype
+    if not (x.shape == y.shape == z.shape and x.dtype == y.dtype == z.dtype):
+        raise ValueError(f"fused takes x, y and z of one shape and dtype, got {tuple(x.shape)} {x.dtype}, "
+                         f"{tuple(y.shape)} {y.dtype} and {tuple(z.shape)} {z.dtype}")
     out = torch.empty_like(x) if out is None else out
     if x.numel() == 0:
         return out

@@ -176,7 +176,9 @@ def layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS):
 def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5,
               out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
     """torch.nn.functional.layer_norm(x, (n,), w, b, eps) for a 2D tensor with rows of any length."""
-    assert x.ndim == 2 and w.shape == b.shape == (x.shape[1],)
+    if x.ndim != 2 or not w.shape == b.shape == (x.shape[-1],):
+        raise ValueError(f"layernorm takes x of shape (rows, n), w and b of shape (n,), got {tuple(x.shape)}, "
+                         f"{tuple(w.shape)} and {tuple(b.shape)}")
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out

@@ -97,7 +97,9 @@ def rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS):
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
             rows_per_program: int | None = None) -> torch.Tensor:
     """RMSNorm over the last dimension of a 2D tensor, like torch.nn.functional.rms_norm(x, (n,), w, eps)."""
-    assert x.ndim == 2 and w.shape == (x.shape[1],)
+    if x.ndim != 2 or w.shape != (x.shape[-1],):
+        raise ValueError(f"rmsnorm takes x of shape (rows, n) and w of shape (n,), got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out

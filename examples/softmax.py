@@ -90,7 +90,8 @@ def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
     """torch.softmax(x, dim=1) for a 2D tensor with rows of any length."""
-    assert x.ndim == 2
+    if x.ndim != 2:
+        raise ValueError(f"softmax takes x of shape (rows, n), got {tuple(x.shape)}")
     out = torch.empty_like(x) if out is None else out
     if x.shape[0] == 0:
         return out

@@ -22,7 +22,9 @@ def add_kernel(x, y, out, BLOCK: mgjit.constexpr):
 
 def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x + y for two 1D tensors of one shape and dtype, like torch.add."""
-    assert x.ndim == 1 and x.shape == y.shape and x.dtype == y.dtype
+    if not (x.ndim == 1 and x.shape == y.shape and x.dtype == y.dtype):
+        raise ValueError(f"add takes x and y 1D of one shape and dtype, got {tuple(x.shape)} {x.dtype} and "
+                         f"{tuple(y.shape)} {y.dtype}")
     out = torch.empty_like(x) if out is None else out
     add_kernel[(triton_style_cdiv(x.numel(), BLOCK),)](x, y, out, BLOCK=BLOCK)
     return out

@@ -89,6 +89,21 @@ def test_rows_per_program_is_a_power_of_two_for_every_length():
             _rows.mapping(300, bad)
 
 
+def test_the_row_wrappers_refuse_bad_shapes_by_name():
+    """Bad inputs get a ValueError that names what was expected and what came (they were bare asserts)."""
+    import fused_elementwise as fe
+    x, w = torch.randn(2, 3, 64), torch.randn(64)
+    cases = [(lambda: sm.softmax(x), r"softmax takes x of shape \(rows, n\), got \(2, 3, 64\)"),
+             (lambda: rms.rmsnorm(x[0], w[:63]), r"rmsnorm takes .* got \(3, 64\) and \(63,\)"),
+             (lambda: ln.layernorm(x, w, w), r"layernorm takes .* got \(2, 3, 64\), \(64,\) and \(64,\)"),
+             (lambda: ce.cross_entropy(x[0], torch.zeros(2, dtype=torch.long)),
+              r"cross_entropy takes .* got \(3, 64\) and \(2,\)"),
+             (lambda: fe.fused(w, w, w.half()), r"fused takes x, y and z of one shape and dtype")]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 def test_candidates_cover_every_length():
     """Held mappings cover the row; every row longer than 4096 columns can also stream (the mapping used before
     rows were split over clusters: the autotuner can always fall back to it) and be chunked (over a cluster
