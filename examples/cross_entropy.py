@@ -9,7 +9,8 @@ logsumexp (a running maximum, the sum rescaled when it grows). Chunked rows (any
 the row per CTA of a cluster, read once into shared memory with its maximum, then its sum of exp(x - that
 maximum) from shared memory; the segments swap them once. The target's logit is one scalar load per row
 (every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose
-target is `ignore_index` get a loss of 0, as in torch. The logsumexp is returned too (what a backward pass needs).
+target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN (torch
+raises). The logsumexp is returned too (what a backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -39,7 +40,8 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.cons
     else:
         rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
         v = load_row(logits, rows, c0, PARTS, -float("inf"))
-        t = target[rows].astype(mgjit.int32)
+        targets = target[rows]
+        t = targets.astype(mgjit.int32)
         e, m, s = exp_segment(v, CTAS * WGS)
         if ROWS == 1 or held_width(PARTS) >= GATHER_WIDTH:
             # Each row's target logit: one scalar load per row (every thread reads the same address), placed in
@@ -62,7 +64,15 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.cons
             top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS * WGS)
         row_lse = top + mgjit.log(total)
         store_stat(lse, rows, row_lse, c0, CTAS * WGS)
-        store_stat(loss, rows, mgjit.where(t == ignore_index, 0.0, row_lse - hit), c0, CTAS * WGS)
+        store_stat(loss, rows, row_loss(targets, ignore_index, logits.shape[1], row_lse, hit), c0, CTAS * WGS)
+
+
+@mgjit.device
+def row_loss(t, ignore_index, n, row_lse, picked):
+    """A row's loss, lse - its target's logit: 0 where the target is ignore_index (as torch), NaN where it lies
+    outside [0, n) (torch raises; the target's logit would read as 0 there and the loss be a plausible number)."""
+    inside = mgjit.where(t < 0, False, t < n)
+    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, row_lse - picked, float("nan")))
 
 
 @mgjit.device
@@ -81,7 +91,7 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
     t = target[row]
     picked = logits[row, t].astype(mgjit.float32)
     lse[row] = row_lse
-    loss[row] = mgjit.where(t == ignore_index, 0.0, row_lse - picked)
+    loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
 
 
 @mgjit.device
@@ -105,7 +115,7 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     t = target[row]
     picked = logits[row, t].astype(mgjit.float32)
     store_stat(lse, row, row_lse, c0, CTAS)
-    store_stat(loss, row, mgjit.where(t == ignore_index, 0.0, row_lse - picked), c0, CTAS)
+    store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], row_lse, picked), c0, CTAS)
 
 
 def block_for(n: int) -> int:

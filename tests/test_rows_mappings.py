@@ -89,6 +89,27 @@ def test_rows_per_program_is_a_power_of_two_for_every_length():
             _rows.mapping(300, bad)
 
 
+@pytest.mark.parametrize("n", [10, 300, 5000, 20000])
+def test_cross_entropy_of_a_target_outside_the_row_is_nan(n):
+    """A target outside [0, n) that is not ignore_index: torch raises; every mapping gives a NaN loss (the target's
+    logit had read as 0 outside the row, and the loss was a plausible number), the PTX as the interpreter."""
+    x = torch.randn(6, n)
+    target = torch.tensor([0, 3, n, -100, -5, n - 1])
+    ref = torch.nn.functional.cross_entropy(x, target.clamp(0, n - 1), reduction="none")
+    want = torch.where((target >= 0) & (target < n), ref, torch.nan).where(target != -100, 0.0)
+    configs = ce.mapping(n)
+    for config in configs:
+        loss, lse = torch.full((6,), 7.0), torch.empty(6)
+        ce.cross_entropy_rows.interpret[_rows.grid(6, config)](x, target, loss, lse, -100, **config.launch_kwargs())
+        assert torch.allclose(loss, want, rtol=1e-5, atol=1e-5, equal_nan=True), config
+    compiled = ce.cross_entropy_rows.compile(x, target, loss, lse, -100, **configs[0].launch_kwargs(),
+                                             target="sm_90a")
+    loss = torch.full((6,), 7.0)
+    dev = ptx_sim.Device()
+    dev.run(compiled, _rows.grid(6, configs[0]), x, target, loss, lse, -100, cluster=configs[0].kwargs["CTAS"])
+    assert torch.allclose(dev.fetch(loss), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 def test_the_row_wrappers_refuse_bad_shapes_by_name():
     """Bad inputs get a ValueError that names what was expected and what came (they were bare asserts)."""
     import fused_elementwise as fe
