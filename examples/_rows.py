@@ -198,6 +198,18 @@ def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     return len(set(pointers)) < len(pointers)
 
 
+def output(out, shape: tuple, device, dtype, name: str):
+    """`out` checked, or a new tensor of `shape` and `dtype`: an out of another shape would be written in part
+    (each window stops at the tensor's edge), one of an integer dtype would be truncated; either is refused."""
+    import torch
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(out.shape) != tuple(shape) or not out.dtype.is_floating_point or out.device != torch.device(device):
+        raise ValueError(f"{name}: out must be a floating-point tensor of shape {tuple(shape)} on {device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    return out
+
+
 def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
     """The config `tuned_launch` launches for these arguments (tuned by an earlier launch)."""
     if _untuned(configs, args):

@@ -16,7 +16,7 @@ raises). The logsumexp is returned too (what a backward pass needs).
 """
 import torch
 from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
-                   mapping as rows_mapping, merge_exp, segment, segment_sum, stage, store_stat)
+                   mapping as rows_mapping, merge_exp, output, segment, segment_sum, stage, store_stat)
 
 import mgjit
 
@@ -135,7 +135,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         raise ValueError(f"cross_entropy takes logits of shape (rows, n) and target of shape (rows,), got "
                          f"{tuple(logits.shape)} and {tuple(target.shape)}")
     rows = logits.shape[0]
-    loss = torch.empty(rows, dtype=torch.float32, device=logits.device) if out is None else out
+    loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy")
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
         launch(cross_entropy_rows, mapping(logits.shape[1]), (logits, target, loss, lse, ignore_index))

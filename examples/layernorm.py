@@ -26,8 +26,8 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, persisting,
-                   row_groups, segment, segment_sum, stage, stash_vector, store_row, weights)
+from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, output,
+                   persisting, row_groups, segment, segment_sum, stage, stash_vector, store_row, weights)
 
 import mgjit
 
@@ -179,7 +179,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     if x.ndim != 2 or not w.shape == b.shape == (x.shape[-1],):
         raise ValueError(f"layernorm takes x of shape (rows, n), w and b of shape (n,), got {tuple(x.shape)}, "
                          f"{tuple(w.shape)} and {tuple(b.shape)}")
-    out = torch.empty_like(x) if out is None else out
+    out = output(out, x.shape, x.device, x.dtype, "layernorm")
     if x.shape[0] == 0:
         return out
     launch(layernorm_rows, layernorm_mapping(x.shape[1], rows_per_program), (x, w, b, out), eps=eps)

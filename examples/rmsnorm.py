@@ -17,8 +17,8 @@ shared memory, read from global memory once). The mapping is autotuned per shape
 import functools
 
 import torch
-from _rows import (chunked_segment, launch, load_row, mapping, persisting, row_groups, row_sum, segment, stage,
-                   stash_vector, store_row, weights)
+from _rows import (chunked_segment, launch, load_row, mapping, output, persisting, row_groups, row_sum, segment,
+                   stage, stash_vector, store_row, weights)
 
 import mgjit
 
@@ -100,7 +100,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     if x.ndim != 2 or w.shape != (x.shape[-1],):
         raise ValueError(f"rmsnorm takes x of shape (rows, n) and w of shape (n,), got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
-    out = torch.empty_like(x) if out is None else out
+    out = output(out, x.shape, x.device, x.dtype, "rmsnorm")
     if x.shape[0] == 0:
         return out
     launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program), (x, w, out), eps=eps)

@@ -17,7 +17,8 @@ autotuned per shape.
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import torch
-from _rows import chunked_segment, exp_segment, launch, load_row, mapping, merge_exp, segment, stage, store_row
+from _rows import (chunked_segment, exp_segment, launch, load_row, mapping, merge_exp, output, segment, stage,
+                   store_row)
 
 import mgjit
 
@@ -92,7 +93,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     """torch.softmax(x, dim=1) for a 2D tensor with rows of any length."""
     if x.ndim != 2:
         raise ValueError(f"softmax takes x of shape (rows, n), got {tuple(x.shape)}")
-    out = torch.empty_like(x) if out is None else out
+    out = output(out, x.shape, x.device, x.dtype, "softmax")
     if x.shape[0] == 0:
         return out
     launch(softmax_kernel, mapping(x.shape[1], rows_per_program), (x, out))

@@ -111,7 +111,8 @@ def test_cross_entropy_of_a_target_outside_the_row_is_nan(n):
 
 
 def test_the_row_wrappers_refuse_bad_shapes_by_name():
-    """Bad inputs get a ValueError that names what was expected and what came (they were bare asserts)."""
+    """Bad inputs get a ValueError that names what was expected and what came (they were bare asserts, or for out
+    nothing)."""
     import fused_elementwise as fe
     x, w = torch.randn(2, 3, 64), torch.randn(64)
     cases = [(lambda: sm.softmax(x), r"softmax takes x of shape \(rows, n\), got \(2, 3, 64\)"),
@@ -119,7 +120,13 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name():
              (lambda: ln.layernorm(x, w, w), r"layernorm takes .* got \(2, 3, 64\), \(64,\) and \(64,\)"),
              (lambda: ce.cross_entropy(x[0], torch.zeros(2, dtype=torch.long)),
               r"cross_entropy takes .* got \(3, 64\) and \(2,\)"),
-             (lambda: fe.fused(w, w, w.half()), r"fused takes x, y and z of one shape and dtype")]
+             (lambda: fe.fused(w, w, w.half()), r"fused takes x, y and z of one shape and dtype"),
+             # an out of another shape was written in part; an integer one truncated
+             (lambda: sm.softmax(x[0], out=torch.empty(2, 64)), r"softmax: out must be .* \(3, 64\) .* got \(2, 64\)"),
+             (lambda: rms.rmsnorm(x[0], w, out=torch.empty(3, 64, dtype=torch.int32)), r"rmsnorm: out .* torch.int32"),
+             (lambda: ce.cross_entropy(x[0], torch.zeros(3, dtype=torch.long), out=torch.empty(2)),
+              r"cross_entropy: out must be .* \(3,\) .* got \(2,\)"),
+             (lambda: fe.fused(w, w, w, out=torch.empty(63)), r"fused: out must be")]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
