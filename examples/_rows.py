@@ -204,7 +204,7 @@ def output(out, shape: tuple, device, dtype, name: str):
     import torch
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    if tuple(out.shape) != tuple(shape) or not out.dtype.is_floating_point or out.device != torch.device(device):
+    if out.shape != shape or not out.dtype.is_floating_point or out.device != device:
         raise ValueError(f"{name}: out must be a floating-point tensor of shape {tuple(shape)} on {device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
     return out
