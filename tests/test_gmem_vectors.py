@@ -61,6 +61,8 @@ def private_cache(tmp_path_factory):
 def random_like(t):
     if t.dtype.is_floating_point:
         return torch.randn(t.shape, dtype=torch.float32).to(t.dtype)
+    if t.dtype == torch.bool:
+        return torch.randint(0, 2, t.shape).bool()
     return torch.randint(-100, 100, t.shape, dtype=t.dtype)
 
 
@@ -157,17 +159,20 @@ def test_load_other_fills_what_lies_outside(case):
         assert torch.equal(interpreted.view(torch.uint8), want.view(torch.uint8)), f"interpreted at ({r0}, {c0})"
 
 
-@pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.int8, torch.float32, torch.float64], ids=str)
-def test_load_other_fills_the_end_of_aligned_ragged_rows(dtype):
-    """Rows aligned to 16 bytes whose length is not a multiple of the access (1001 of a base 1008 wide): the last
-    access of a row is loaded whole and the elements past the row's end (the base's next columns, which hold
-    data) read as `other`, written into a wider out where they show."""
-    other = fill_for(dtype)
-    x_base = random_like(torch.empty(5, 1008, dtype=dtype))
+@pytest.mark.parametrize("dtype,width,align", [(BF16, 1008, 16), (torch.float16, 1008, 16), (torch.int8, 1008, 16),
+                                               (torch.float32, 1008, 16), (torch.float64, 1008, 16),
+                                               (torch.int8, 1002, 2), (torch.bool, 1002, 2)], ids=str)
+def test_load_other_fills_the_end_of_aligned_ragged_rows(dtype, width, align):
+    """Rows aligned to 16 bytes whose length is not a multiple of the access (1001 of a base `width` wide): the
+    last access of a row is loaded whole and the elements past the row's end (the base's next columns, which hold
+    data) read as `other`, written into a wider out where they show. Rows aligned to 2 bytes load shifted words,
+    tested per element there."""
+    other = 1 if dtype == torch.bool else fill_for(dtype)
+    x_base = random_like(torch.empty(5, width, dtype=dtype))
     x = x_base[:, :1001]
     out = random_like(torch.empty(5, 1024, dtype=dtype))
     got, compiled = run_copy(fill_window, (3, 2), x_base, x, out, out, 0, 0, ROWS=2, COLS=512, OTHER=other)
-    assert re.search(r"x: \w+\[rank 2, align 16, unit-stride, last%1\]", compiled.meta["specialization"])
+    assert re.search(rf"x: \w+\[rank 2, align {align}, unit-stride, last%1\]", compiled.meta["specialization"])
     want = out.clone()
     want[:, :1001] = x
     want[:, 1001:] = other
