@@ -71,7 +71,7 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.cons
 def row_loss(t, ignore_index, n, row_lse, picked):
     """A row's loss, lse - its target's logit: 0 where the target is ignore_index (as torch), NaN where it lies
     outside [0, n) (torch raises; the target's logit would read as 0 there and the loss be a plausible number)."""
-    inside = mgjit.where(t < 0, False, t < n)
+    inside = (t >= 0) & (t < n)
     return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, row_lse - picked, float("nan")))
 
 
