@@ -129,16 +129,11 @@ def _load_access(ctx: lower.Context, addr, pred, dtype: DType, count: int, fill:
         else:
             half = e.asm(f"mov.b16 $0, {filled:#x}; @$1 ld.global{suffix} $0, [$2];", "=h,b,l", [pred, addr],
                          [e.int_type(16)], side_effects=True)[0]
-        vals = _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
-        if limit is None:
-            return vals
-        other = from_bits(e, e.const(fill, _INT_OF_BITS[bits]), dtype)
-        return [v if not k else e.select(e.cmpi("slt", e.i32(k), limit), v, other) for k, v in enumerate(vals)]
+        if limit is not None:  # the same fill, in the 16-bit register widened to a word and back
+            half = e.trunc(_fill_past(e, [e.zext(half, 32)], limit, bits, count, fill)[0], 16)
+        return _unpack_narrow(e, half if total == 16 else e.trunc(half, 8), dtype, count)
     words = _load_words(e, addr, pred, total // 32, filled)
     return unpack_words(e, words if limit is None else _fill_past(e, words, limit, bits, count, fill), dtype, count)
-
-
-_INT_OF_BITS = {8: dtypes.int8, 16: dtypes.int16, 32: dtypes.int32, 64: dtypes.int64}
 
 
 def _fill_past(e, words: list, limit, bits: int, count: int, fill: int) -> list:
