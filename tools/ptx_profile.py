@@ -2,8 +2,9 @@
 instructions a thread issues per element it holds, by opcode. This is the CPU's view of a memory-bound kernel's
 instruction budget: at copy bandwidth an H100 SM has about 40 thread-instructions per bf16 element of a row kernel
 (read and written once), an H200 about 28. PTX is not SASS (ptxas folds and expands), but mappings and lowerings
-compare: layernorm over bf16 rows of 4095, one row a warpgroup, issued 33.2 an element; persistent with float32
-weights in shared memory, 23.6; an aligned row of 4096, 20.8.
+compare: layernorm over bf16 rows of 4095, one row a warpgroup, issued 35.2 an element; persistent with float32
+weights in shared memory, 23.7 over 64 rows; an aligned row of 4096, 20.8. Registers decide as much: the same
+layernorm of 4095 went 127 -> 96 registers (0.85 -> 0.88 of copy bandwidth) for 2 more instructions an element.
 
     python tools/ptx_profile.py --kernel layernorm --n 4095                # the wrapper's first candidate
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --list           # the candidates, numbered
@@ -55,7 +56,8 @@ def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0)
     dev = ptx_sim.Device()
     dev.counts = collections.Counter()
     dev.run(compiled, _rows.grid(rows, config), *launch_args, cluster=config.kwargs["CTAS"])
-    # Each step is one instruction of every thread of one CTA: steps over all CTAs per element of one CTA's threads
+    # A count is one instruction of all a CTA's warps (a divergent one counts its warps' share): counts over all
+    # CTAs per element of one CTA's threads
     per_thread = rows * n / (128 * config.kwargs["WGS"])
     by_opcode: collections.Counter = collections.Counter()
     for opcode, count in dev.counts.items():
