@@ -28,6 +28,16 @@ def copy_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
 
 
 @mgjit.kernel
+def copy_stepped(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    """copy_window with the column start a loop's induction variable (one step), as a row's chunks are."""
+    r = r0 + mgjit.program_id(0) * ROWS
+    first = c0 + mgjit.program_id(1) * COLS
+    for c in range(first, first + COLS, COLS):
+        w = (mgjit.ds(r, ROWS), mgjit.ds(c, COLS))
+        out[w] = x[w]
+
+
+@mgjit.kernel
 def fill_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, OTHER: mgjit.constexpr):
     w = (mgjit.ds(r0 + mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(c0 + mgjit.program_id(1) * COLS, COLS))
     out[w] = mgjit.load(x, w, other=OTHER)
@@ -127,6 +137,28 @@ def test_copy_window_any_alignment(case):
         got, compiled = run_copy(copy_window, grid, x_base, x, out_base, out, r0, c0, ROWS=rows, COLS=cols)
         want = expected_window(out_base, out, x, range(r0, r0 + rows * grid[0]), range(c0, c0 + cols * grid[1]))
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"window at ({r0}, {c0})"
+
+
+@pytest.mark.parametrize("dtype,pad", [(BF16, 1), (BF16, 0), (torch.float32, 1), (torch.int8, 3)],
+                         ids=["bf16-shifted", "bf16", "f32-narrowed", "int8"])
+@pytest.mark.parametrize("n", [1023, 897, 895, 769, 767, 513, 511, 301])
+def test_window_head_inside_or_checked_at_every_row_end(dtype, pad, n):
+    """A window of 1024 columns over rows of n: unchecked where it lies inside the rows, its first 896 columns
+    unchecked and the rest checked where those lie inside, else all checked. Rows end on either side of 896 and
+    far from it, and windows start before, at and after the row's start."""
+    x_base = random_like(torch.empty(3, n + pad, dtype=dtype))
+    x = x_base[:, pad:]
+    out_base = random_like(torch.empty(3, n + 2, dtype=dtype))
+    out = out_base[:, 1:n + 1]
+    branches = {}
+    for c0 in (0, 3, -2):
+        for kernel in (copy_stepped, copy_window):  # with a head path, and (a start from arguments) without
+            got, compiled = run_copy(kernel, (3, 1), x_base, x, out_base, out, 0, c0, ROWS=1, COLS=1024)
+            want = expected_window(out_base, out, x, range(0, 3), range(c0, c0 + 1024))
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{kernel.name} at column {c0}"
+            branches[kernel.name] = len(re.findall(r"bra\.uni", compiled.ptx))
+    # a branch between each two paths of the load and of the store (and copy_stepped's loop's back edge)
+    assert branches == {"copy_stepped": 5, "copy_window": 2}
 
 
 def fill_for(dtype) -> float | int:
@@ -364,21 +396,22 @@ def body_accesses(ptx: str) -> dict[str, int]:
     return {k: len(re.findall(re.escape(k) + r"\b", ptx)) for k in ACCESSES}
 
 
-def unchecked_blocks(ptx: str) -> list[str]:
-    """The PTX of each window's unchecked path: from the branch on the window being inside the tensor to the
-    branch past the checked path."""
-    return re.findall(r"@%p\d+ bra\s+\S+;(.*?)bra\.uni", ptx, re.S)
+def unchecked_paths(ptx: str) -> tuple[str, str]:
+    """The PTX of a load's and then a store's unchecked path: from the branch on the window being inside the
+    tensor to the branch past the other paths (each access's first)."""
+    blocks = re.findall(r"@%p\d+ bra\s+\S+;(.*?)bra\.uni", ptx, re.S)
+    return blocks[0], next(b for b in blocks if "st.global" in b)
 
 
 def test_ragged_bf16_rows_get_word_accesses():
     """x[row, ds(0, 4096)] on rows of 4097 bf16 (every row starts 2 bytes further into a word). The load anchors a
     layout of 32-bit accesses, lanes side by side, so each instruction of a warp moves 128 contiguous bytes. Where
-    the window is inside the tensor (one test for the CTA): per 2 elements, 2 aligned word loads (the second only
-    when the access starts inside a word) shifted into place by one prmt, and a word store (when it does not) or
-    a 2-byte head and tail; no bounds test, no shuffle, no element-by-element access."""
+    a column group of the window is inside the tensor (one test for the CTA): per 2 elements, 2 aligned word
+    loads (the second only when the access starts inside a word) shifted into place by one prmt, and a word store
+    (when it does not) or a 2-byte head and tail; no bounds test, no shuffle, no element-by-element access."""
     x = torch.empty(100, 4097, dtype=BF16)
     c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
-    load, store = unchecked_blocks(c.ptx)
+    load, store = unchecked_paths(c.ptx)
     accesses = 16  # of 4 bytes per thread
     assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 2 * accesses, "prmt.b32": accesses}
     assert len(re.findall(r"@%p\d+ ld", load)) == accesses and "setp.lt" not in load
@@ -409,7 +442,7 @@ def test_misaligned_f32_rows_get_4_byte_accesses():
     bounds test where the window is inside the tensor."""
     x = torch.empty(100, 4097)
     c = copy_window.compile(x, x, 0, 0, ROWS=1, COLS=4096, target="sm_90a")
-    load, store = unchecked_blocks(c.ptx)
+    load, store = unchecked_paths(c.ptx)
     assert body_accesses(load) == {**dict.fromkeys(ACCESSES, 0), "ld.global.b32": 32}
     assert body_accesses(store) == {**dict.fromkeys(ACCESSES, 0), "st.global.b32": 32}
     assert "prmt" not in c.ptx and "shfl" not in c.ptx and "setp.lt" not in load

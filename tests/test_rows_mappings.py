@@ -183,7 +183,8 @@ def test_ptx_of_candidates_simulated(n, dtype, config):
 
 def test_examples_read_rows_in_whole_words():
     """The PTX of the examples' heuristic picks: 4097-wide bf16 rows (every one starting at another offset in a
-    32-bit word) loaded and stored as aligned words shifted by prmt, with no bounds test, where a window is inside
+    32-bit word) loaded and stored as aligned words shifted by prmt, with no bounds test, where a window's column
+    group is inside
     the tensor (tests/test_gmem_vectors.py counts them), and element by element (each 2-byte access behind its
     own bound) only where it is not; cross-entropy's aligned
     bf16 logits loaded 16 bytes at a time, with no relayout through shared memory (what made it slow), and
@@ -205,6 +206,32 @@ def test_examples_read_rows_in_whole_words():
         assert c.smem_bytes <= 256, n  # the reductions' scratch only (a relayout took 1216 and 4144 bytes)
 
 
+@pytest.mark.parametrize("n,index,head", [(4095, 0, True), (8191, 0, True), (8191, 3, True), (50257, 0, False)],
+                         ids=["4095", "8191", "8191-chunks", "50257-cluster"])
+def test_softmax_windows_take_a_head_path_where_their_start_is_fixed_or_stepped(monkeypatch, n, index, head):
+    """Rows of odd bf16 length (shifted words): a window at a constant start (a row's part) or at a loop's
+    induction variable (a row's chunks) takes a third path, its first 7/8 of columns unchecked and the rest
+    checked, beside all unchecked and all checked; one whose start comes from the CTA's place in a cluster does
+    not (a third path cost 32 registers there, and no row ends in its head)."""
+    from mgjit.cache import store
+    from mgjit.ops import gmem
+    monkeypatch.setattr(store, "default_store", lambda: None)  # compiled twice, the second without heads
+    x = torch.empty(64, n, dtype=BF16)
+    config = _rows.mapping(n)[index]
+    split = gmem.column_split
+
+    def headless(*args):
+        hi, head, tail = split(*args)
+        return hi, tuple(sorted(head + tail)), ()
+    branches = []
+    for column_split in (split, headless):
+        monkeypatch.setattr(gmem, "column_split", column_split)
+        monkeypatch.setattr(sm.softmax_kernel, "_compiled", {})
+        ptx = sm.softmax_kernel.compile(x, x, **config.launch_kwargs(), target="sm_90a").ptx
+        branches.append(ptx.count("bra.uni"))
+    assert (branches[0] > branches[1]) == head, branches
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
 def test_fused_candidates_do_not_spill(dtype):
     """Every block size the fused elementwise example may pick, on a flat size that is not a multiple of the
@@ -219,9 +246,8 @@ NORMS = {"rmsnorm": (rms.rmsnorm_kernel, rms.rmsnorm_mapping, {"eps": 1e-6}, 1),
          "layernorm": (ln.layernorm_rows, ln.layernorm_mapping, {"eps": 1e-5}, 2)}
 
 
-# Not layernorm over 8191 on two warpgroups: 127 registers against 96, from the inside/checked branch around its
-# weights' loads (95 unbranched; not kept: benchmarks/RESULTS.md, tenth session).
 @pytest.mark.parametrize("name,n,segments", [("rmsnorm", 4095, 1), ("layernorm", 4095, 1), ("rmsnorm", 8191, 2),
+                                             ("layernorm", 8191, 2), ("rmsnorm", 8193, 2), ("layernorm", 8193, 2),
                                              ("rmsnorm", 50257, 7), ("layernorm", 50257, 7)])
 def test_ragged_weights_cost_no_register_per_element(name, n, segments):
     """The norms' weight vectors end inside an access where n is odd: their last access's elements past the end

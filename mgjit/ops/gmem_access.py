@@ -34,9 +34,14 @@ class _WordBases:
     were one base apart, and every access kept an address register pair of its own (softmax over rows of 8191
     bf16 in one 8192-wide window: 32 pairs for its loads, 32 for its stores)."""
 
-    def __init__(self, e):
+    def __init__(self, e, els: Sequence[_Element | None] = ()):
+        """Roots of `els` computed here, where they dominate the paths that follow (a window's, its head's and
+        the checked one: mgjit/ops/gmem.py); others where first asked for."""
         self.e = e
         self.roots: dict[int, tuple[Any, Any, Any]] = {}  # id(root) -> (floor, skew, ceiling)
+        for el in els:
+            if el is not None and el.root is not None and not el.offset % 4 and id(el.root) not in self.roots:
+                self.roots[id(el.root)] = self._of_address(el.root)
 
     def _of_address(self, addr) -> tuple[Any, Any, Any]:
         e = self.e
@@ -141,7 +146,25 @@ def _fill_past(e, words: list, limit, bits: int, count: int, fill: int) -> list:
     i32; the first is always kept) replaced by the bits `fill`: a select of the word per element, which keeps the
     elements packed until they are converted. Selecting the unpacked elements held each in a register of its own
     meanwhile: layernorm over bf16 rows of 4095, whose weight vectors end inside an access, took 127 registers
-    (95 with weights 4096 long)."""
+    (95 with weights 4096 long). The selects sit behind a branch on the access reaching past the row's end, which
+    every access but a row's last skips: unbranched, the fused elementwise example's flat ragged loads, no longer
+    behind a branch on their window being inside, issued 50.7 PTX instructions an element, 44.7 so (42.7 with the
+    window's branch)."""
+    if_op = e.m.scf.IfOp(e.cmpi("slt", limit, e.i32(count)), [w.type for w in words], has_else=True)
+    e.push(e.ir.InsertionPoint(if_op.then_block))
+    try:
+        e.m.scf.yield_(_filled_words(e, words, limit, bits, count, fill))
+    finally:
+        e.pop()
+    e.push(e.ir.InsertionPoint(if_op.else_block))
+    try:
+        e.m.scf.yield_(list(words))
+    finally:
+        e.pop()
+    return list(if_op.results)
+
+
+def _filled_words(e, words: list, limit, bits: int, count: int, fill: int) -> list:
     out = list(words)
     for k in range(1, count):
         keep = e.cmpi("slt", e.i32(k), limit)
@@ -203,7 +226,8 @@ def _only_if(e, cond, emit: Callable[[], None]) -> None:
 # shifts them into place with one byte permute (prmt) per word; a store writes the words wholly inside its
 # bytes and a head and a tail of 1 to 3 bytes. Elements partly outside the tensor are stored one by one,
 # behind a branch. Where bounds go per word or element (these accesses, narrowed or ragged ones), a window
-# wholly inside the tensor (one test, the same for every thread) skips them all. (Aligned 16-byte chunks
+# wholly inside the tensor (one test, the same for every thread) skips them all, and one whose first 7/8 of
+# columns are inside skips them there. (Aligned 16-byte chunks
 # shifted between lanes cost 3 to 6 times the instructions: the shift is a runtime value, so every word goes
 # through a tree of selects. The words take more L1 wavefronts, which a memory-bound kernel can spare: 4 to 5
 # per 16 bytes, as 4-byte elements take.)
@@ -219,7 +243,8 @@ def _bytes_from(e, skew) -> Any:
     return e.addi(e.i32(0x3210), e.muli(skew, e.i32(0x1111)))
 
 
-def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], checked: bool, fill) -> list:
+def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], checked: bool, fill,
+                bases: _WordBases) -> list:
     """Each access as the nw + 1 words from the one its first byte is in, shifted by prmt. Unchecked (the window
     is inside the tensor), only the last word is predicated: on the access starting inside a word (else it is
     the next access's). Checked, a word is loaded when it holds an element inside the tensor (of this row, or
@@ -227,7 +252,6 @@ def _word_loads(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element]
     e = ctx.e
     dtype, isz, n = ref.dtype, ref.dtype.itemsize, ref.sizes[-1]
     nw, per_word = w * isz // 4, 4 // isz
-    bases = _WordBases(e)
     out = []
     for i in range(0, len(els), w):
         el = els[i]
