@@ -35,7 +35,7 @@ from ..lower.words import pack_words
 from ..specialize import TensorSpec
 from .control import For
 from .elementwise import Binary, Cast
-from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes,
+from .gmem_access import (_all, _Element, _if_else, _load_access, _span, _store_access, _store_bytes,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits)
 from .program import Constant
@@ -308,29 +308,20 @@ def column_split(layout: TiledLayout, shape: tuple[int, ...], w: int, window_col
     return max(offsets[i][-1] + last for i in head), head, tail
 
 
-def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, split, emit: Callable[[bool, tuple], list],
-                       types: list) -> list:
-    """What `emit(checked, accesses)` yields for every access (in Frag order), under one branch that every thread
-    takes alike: unchecked (no bounds test per access or element) where the whole window lies inside the tensor;
-    else, where the head of `split` (column_split) does, the head unchecked and the tail checked; else all
-    checked. One branch, not one per group of columns: ptxas waits for a branch's loads where it joins, so loads
-    under consecutive branches took a memory latency each (branches for columns up to 1/2, 3/4 and 7/8 of a
-    window of 4096 and the rest: softmax over rows of 4097 0.94 -> 0.70 of copy bandwidth, H200)."""
+def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...],
+                       w: int, emit: Callable[[bool, tuple], list], types: list) -> list:
+    """What `emit(checked, accesses)` yields for every access of `w` elements of an array in `layout` (in Frag
+    order), under one branch that every thread takes alike: unchecked (no bounds test per access or element)
+    where the whole window lies inside the tensor; else, where the head of its column_split does (a window at a
+    fixed or stepped start), the head unchecked and the tail checked; else all checked. One branch, not one per
+    group of columns: ptxas waits for a branch's loads where it joins, so loads under consecutive branches took a
+    memory latency each (branches for columns up to 1/2, 3/4 and 7/8 of a window of 4096 and the rest: softmax
+    over rows of 4097 0.94 -> 0.70 of copy bandwidth, H200)."""
     e = ctx.e
-    hi, head, tail = split
+    hi, head, tail = column_split(layout, shape, w, op.sizes[-1], bool(op.squeeze[-1]))
     every = tuple(sorted(head + tail))
     if not _fixed_or_stepped(op.starts[-1]):
         tail = ()
-
-    def branch(cond, then: Callable[[], list], otherwise: Callable[[], list]) -> list:
-        if_op = e.m.scf.IfOp(cond, types, has_else=True)
-        for block, body in ((if_op.then_block, then), (if_op.else_block, otherwise)):
-            e.push(e.ir.InsertionPoint(block))
-            try:
-                e.m.scf.yield_(body())
-            finally:
-                e.pop()
-        return list(if_op.results)
 
     def split_checked() -> list:
         values = dict(zip(head, _per_access(emit(False, head), len(head))))
@@ -340,9 +331,9 @@ def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, split, emit:
     def checked() -> list:
         if not tail:
             return emit(True, every)
-        return branch(_window_inside(ctx, op, ref, (0, hi)), split_checked, lambda: emit(True, every))
+        return _if_else(e, _window_inside(ctx, op, ref, (0, hi)), types, split_checked, lambda: emit(True, every))
 
-    return branch(_window_inside(ctx, op, ref, (0, op.sizes[-1])), lambda: emit(False, every), checked)
+    return _if_else(e, _window_inside(ctx, op, ref, (0, op.sizes[-1])), types, lambda: emit(False, every), checked)
 
 
 def _fixed_or_stepped(start: Value) -> bool:
@@ -400,8 +391,7 @@ def _load(op: Load, ctx: lower.Context) -> None:
     # access, took 127 registers against 95 (layernorm over bf16 rows of 8191 on two warpgroups; 8193 over 2 CTAs
     # 128 -> 101, RMSNorm 0.68 -> 0.75 of copy bandwidth on an H200).
     if unaligned or narrowed or not op.fills_zero:
-        split = column_split(layout, shape, w, op.sizes[-1], bool(op.squeeze[-1]))
-        elems = _inside_or_checked(ctx, op, ref, split, emit, [e.type(dtype)] * len(els))
+        elems = _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [e.type(dtype)] * len(els))
     else:
         elems = emit(True, range(0, len(els), w))
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
@@ -465,8 +455,7 @@ def _store(op: Store, ctx: lower.Context) -> None:
         return []
 
     if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
-        split = column_split(layout, shape, w, op.sizes[-1], bool(op.squeeze[-1]))
-        _inside_or_checked(ctx, op, ref, split, emit, [])
+        _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
     else:
         emit(True, range(0, len(els), w))
 
