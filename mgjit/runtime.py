@@ -9,11 +9,12 @@ descriptors with the arguments `tensormap_arguments` gives it, which are those `
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 import threading
 from typing import Any, Sequence
 
-from . import abi, dtypes
+from . import abi, dtypes, targets
 from .errors import LaunchError
 
 _driver = None
@@ -88,6 +89,9 @@ class Launcher:
             if self.smem_bytes > _MAX_STATIC_SMEM:
                 check(d.cuFuncSetAttribute(
                     f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem_bytes))
+            if math.prod(self.cluster) > targets.PORTABLE_CLUSTER_CTAS:
+                check(d.cuFuncSetAttribute(
+                    f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
             self.functions[device] = f
         return f
 

@@ -48,6 +48,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (HOPPER, BLACKWELL)}
 REGISTERS_PER_SM = 65536
 THREADS_PER_SM = 2048
 CTAS_PER_SM = 32
+# The CTAs a cluster may have without opting in (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED): a
+# cluster of 9 to max_cluster_ctas fails its launch with CUDA_ERROR_INVALID_CLUSTER_SIZE otherwise.
+PORTABLE_CLUSTER_CTAS = 8
 DEFAULT = HOPPER
 
 

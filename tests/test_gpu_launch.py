@@ -35,6 +35,24 @@ def _expected(x, y, alpha=2.0, beta=-1.0):
     return (x.float() * alpha + y.float() * beta).to(x.dtype)
 
 
+@mgjit.kernel
+def cluster_sums(x, out, BLOCK: mgjit.constexpr, CTAS: mgjit.constexpr):
+    """out[row, rank] = the sum of x's row, each CTA of a cluster summing its BLOCK columns of it."""
+    rank = mgjit.cluster_rank()
+    rows = mgjit.ds(mgjit.program_id(0) // CTAS, 1)
+    out[rows, rank] = mgjit.cluster_reduce(x[rows, mgjit.ds(rank * BLOCK, BLOCK)].sum(axis=1), "sum")
+
+
+@pytest.mark.parametrize("ctas", [8, 12, 16])
+def test_clusters_past_the_portable_size_launch(ctas):
+    """Clusters of 9 to 16 CTAs (Hopper's non-portable limit, which mgjit accepts) launch: without the function's
+    opt-in they failed with CUDA_ERROR_INVALID_CLUSTER_SIZE."""
+    x = torch.randn(6, ctas * 256, device="cuda")
+    out = torch.full((6, ctas), float("nan"), device="cuda")
+    cluster_sums[(6 * ctas,)](x, out, BLOCK=256, CTAS=ctas, cluster=(ctas, 1, 1))
+    torch.testing.assert_close(out, x.sum(1, keepdim=True).expand(-1, ctas), rtol=1e-5, atol=1e-4)
+
+
 def test_the_c_launcher_is_in_use():
     from mgjit import fastlaunch
     assert fastlaunch.load() is not None, fastlaunch.failure()
