@@ -157,6 +157,31 @@ def test_2d_reductions_and_broadcast(bm, bn):
     torch.testing.assert_close(centered.float(), xf - xf.mean(1, keepdim=True), rtol=1e-2, atol=1e-2)
 
 
+@mgjit.kernel
+def where_broadcasts(x, out, G: mgjit.constexpr):
+    """where(cond, a, b) with values that broadcast along the condition's dimensions: a row view, a column
+    view, a scalar (a running maximum over a square, and its column-wise twin)."""
+    g = mgjit.arange(G)
+    v = x[mgjit.ds(0, G)]
+    out[0, mgjit.ds(0, G)] = mgjit.where(g[None, :] <= g[:, None], v[None, :], -1000.0).max(axis=1)
+    out[1, mgjit.ds(0, G)] = mgjit.where(g[None, :] >= g[:, None], v[:, None], v[None, :]).min(axis=0)
+    out[2, mgjit.ds(0, G)] = mgjit.where(v[:, None] > v[None, :], 1.0, 0.0).sum(axis=1)
+
+
+def test_where_broadcasts_its_values_along_the_condition():
+    """A size-1 view of a value broadcast against the condition's shape: `where(square, v[None, :], 0)` was
+    refused with "cannot broadcast shape (1, 16) to (16, 16)" (the values were broadcast to each other's shape
+    first, and that materialised size-1 dimension then could not broadcast)."""
+    x = torch.randn(16)
+    out = poisoned(3, 16)
+    where_broadcasts.interpret[(1,)](x, out, G=16)
+    i = torch.arange(16)
+    assert torch.equal(out[0], torch.where(i[None, :] <= i[:, None], x[None, :], -1000.0).amax(1))
+    assert torch.equal(out[1], torch.where(i[None, :] >= i[:, None], x[:, None], x[None, :]).amin(0))
+    assert torch.equal(out[2], (x[:, None] > x[None, :]).float().sum(1))
+    assert where_broadcasts.compile(x, out, G=16, target="sm_90a").spills == 0
+
+
 def test_loops_helpers_if():
     rows, n = 7, 1300
     x = torch.randn(rows, n)

@@ -148,9 +148,9 @@ class Semantics:
                 raise self.error(f"cannot broadcast shape {own} to {shape}")
         return self.emit(ops.Broadcast(src.value, shape, tuple(d for _, d in keep), self.builder.loc))
 
-    def _operands(self, *xs: Any) -> list[Tensor]:
-        """Promote operands to one dtype and one shape (numpy broadcasting; Python numbers are weak: they take
-        the dtype of the runtime operands)."""
+    def _operands(self, *xs: Any, within: tuple[int, ...] = ()) -> list[Tensor]:
+        """Promote operands to one dtype and one shape (numpy broadcasting, also against the shape `within`;
+        Python numbers are weak: they take the dtype of the runtime operands)."""
         typed = [x for x in xs if isinstance(x, (Tensor, Expanded))]
         if not typed:
             raise self.error("internal error: no runtime operand")
@@ -159,7 +159,7 @@ class Semantics:
         dtype = functools.reduce(dtypes.promote, (x.dtype for x in xs))
         shapes = [tuple(x.shape) for x in xs]
         try:
-            shape = functools.reduce(broadcast_shape, shapes)
+            shape = functools.reduce(broadcast_shape, shapes, within)
         except ValueError:
             raise self.error(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
         return [self.cast(self.broadcast_to(x, shape) if (s != shape or isinstance(x, Expanded)) else x, dtype)
@@ -240,15 +240,17 @@ class Semantics:
         if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):
             dtype = dtypes.promote(python_scalar_dtype(a), python_scalar_dtype(b))
             a, b = self.to_tensor(a, dtype), self.to_tensor(b, dtype)
-        a, b = self._operands(a, b)
         cond = cond if isinstance(cond, (Tensor, Expanded)) else self.to_tensor(bool(cond))
         if cond.dtype != dtypes.bool_:
             raise self.error(f"the condition of where must be a bool array, got {cond.dtype.name}")
+        # One shape for all three, so that a size-1 view of a value (v[None, :]) broadcasts along the
+        # condition's dimensions too, not only the other value's.
+        values = [tuple(x.shape) for x in (a, b) if isinstance(x, (Tensor, Expanded))]
         try:
-            shape = broadcast_shape(tuple(cond.shape), a.shape)
+            shape = functools.reduce(broadcast_shape, values, tuple(cond.shape))
         except ValueError:
             raise self.error(f"the condition of where has shape {tuple(cond.shape)}, which does not broadcast "
-                             f"with {a.shape}") from None
+                             f"with {' and '.join(map(str, values))}") from None
+        a, b = self._operands(a, b, within=shape)
         cond = self.broadcast_to(cond, shape) if (tuple(cond.shape) != shape or isinstance(cond, Expanded)) else cond
-        a, b = self.broadcast_to(a, shape), self.broadcast_to(b, shape)
         return self.emit(ops.Select(cond.value, a.value, b.value, self.builder.loc))
