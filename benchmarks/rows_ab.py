@@ -6,8 +6,9 @@ either side, which hides the change).
 
 TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
 KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
-rows of N (`python tools/ptx_profile.py --kernel KERNEL --n N --list`); for fused, the flat kernel's block sizes
-(examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
+rows of N (`python tools/ptx_profile.py --kernel KERNEL --n N --list`), or is a mapping written as an expression
+over _rows (`softmax:50257:_rows.hold(1,(4096,128),12,1)`, no spaces or colons); for fused, the flat kernel's
+block sizes (examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
 against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16, at least 256 MB moved
 as benchmarks/rows.py counts them, the median of three do_bench medians). Run one process per tree, both on one
 machine in one call.
@@ -69,12 +70,19 @@ def case(kernel: str, n: int, dev: torch.device):
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
+def mapping_of(expression: str, like: mgjit.Config) -> mgjit.Config:
+    """A mapping written as an expression over _rows (`_rows.hold(1,(4096,128),12,1)`), with the constexprs the
+    wrapper's mappings have beside it (OCC, PERSIST) at 0."""
+    config = eval(expression, {"_rows": _rows})  # noqa: S307 (a benchmark's command line)
+    return config.replace(**{k: 0 for k in like.kwargs if k not in config.kwargs})
+
+
 def main() -> None:
     dev = torch.device("cuda")
     for spec in sys.argv[2:]:
         kernel, n, index = spec.split(":")
         k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev)
-        config = configs[int(index)]
+        config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         grid = grid_of(config)
         run = lambda: k[grid](*args, **constexprs, **config.launch_kwargs())  # noqa: E731
         run()

@@ -21,7 +21,9 @@ columns too.
 A register array's dimensions are powers of two, so a row of n columns rounded up to one array would waste up
 to half the work (4097 columns would compute 8192). A row (or segment) is held as a few arrays whose widths
 are the binary digits of n rounded up to a multiple of 128 (4097 → 4096 + 128, 5000 → 4096 + 1024): PARTS, a
-constexpr tuple; a held row is a Python tuple of (ROWS, width) arrays.
+constexpr tuple; a held row is a Python tuple of (ROWS, width) arrays. A split row's segments take their
+parts part-major (`part_starts`): the widest parts of all segments first, so that only the narrow ones reach
+the row's end.
 
 Persistent held rows (PERSIST > 0, the norms only): a grid of PERSIST one-CTA programs an SM, each looping over
 row groups with its segment of the weights copied into shared memory once, as float32 (`persisting`).
@@ -107,8 +109,10 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     (H100, bf16 rows of 8191: the held mappings ran softmax at 0.41-0.54 of copy bandwidth, cross-entropy at
     0.56-0.65, where chunks of 2048 ran rows of 8193 at 0.79 and 0.81). Longer rows: segments of 8192 or 4096
     columns over a cluster, the fewest CTAs and warpgroups that cover the row, more CTAs first (they spread the
-    row over more SMs); and the row streamed in `stream`-wide chunks; and chunked over a cluster. Rows longer
-    than MAX_SPLIT_ROW: streamed only."""
+    row over more SMs); or one CTA per whole 4096 columns, the rest spread over them (12289: 4096 + 128 columns
+    on each of 3 CTAs, not 4096 on 4, the last holding one column: softmax 0.70 -> 0.79 of copy bandwidth on an
+    H200); and the row streamed in `stream`-wide chunks; and chunked over a cluster. Rows longer than
+    MAX_SPLIT_ROW: streamed only."""
     if n > MAX_SPLIT_ROW:
         return [streaming(stream)]
     configs: list[mgjit.Config] = []
@@ -129,6 +133,10 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
                          if need <= c * g < need + g), key=lambda s: s[:2])
         for _, _, ctas, wgs in splits[:2]:
             configs.append(hold(1, _segment_parts(-(-n // (ctas * wgs))), ctas, wgs))
+    ctas = n // (SEGMENT // 2)
+    spread = hold(1, _segment_parts(-(-n // ctas)), ctas)
+    if ctas <= MAX_CTAS and spread.kwargs["PARTS"][0] == SEGMENT // 2 and spread not in configs:
+        configs.append(spread)
     return configs + [streaming(stream)] + chunkings(n)
 
 
@@ -282,13 +290,37 @@ def first_row(ROWS, CTAS):
 
 @mgjit.device
 def segment(ROWS, PARTS, CTAS, WGS):
-    """The rows this program holds (a mgjit.ds) and the first column of its segment of them."""
+    """The rows this program holds (a mgjit.ds) and the first column of each of its parts (`part_starts`)."""
     rows = mgjit.ds(first_row(ROWS, CTAS), ROWS)
     if CTAS * WGS == 1:
-        return rows, 0
+        return rows, part_starts(0, PARTS, 1)
     if CTAS == 1:
-        return rows, mgjit.warpgroup_id() * held_width(PARTS)
-    return rows, (mgjit.cluster_rank() * WGS + mgjit.warpgroup_id()) * held_width(PARTS)
+        return rows, part_starts(mgjit.warpgroup_id(), PARTS, WGS)
+    return rows, part_starts(mgjit.cluster_rank() * WGS + mgjit.warpgroup_id(), PARTS, CTAS * WGS)
+
+
+@mgjit.device
+def part_starts(k, PARTS, SPLIT):
+    """The first column of each part of segment k of SPLIT. Part-major: the SPLIT segments' parts of width
+    PARTS[0] tile the row's first SPLIT * PARTS[0] columns, then those of PARTS[1], and so on, so that only the
+    narrow parts reach the row's end. Segment-major (segment k from column k * held_width), a row of 8193 over
+    2 CTAs of 4096 + 128 columns had its second CTA's 4096-wide array cross the row's end, and every one of its
+    accesses was bounds-checked."""
+    starts = ()
+    before = 0
+    for p in mgjit.static_range(len(PARTS)):
+        starts = starts + (before * SPLIT + k * PARTS[p],)
+        before += PARTS[p]
+    return starts
+
+
+@mgjit.device
+def segment_count(n, starts, PARTS):
+    """The columns of a row of n that a segment with parts from `starts` holds."""
+    count = 0
+    for p in mgjit.static_range(len(PARTS)):
+        count = count + mgjit.minimum(mgjit.maximum(n - starts[p], 0), PARTS[p])
+    return count
 
 
 @mgjit.device
@@ -299,66 +331,60 @@ def row_groups(x, ROWS):
 
 
 @mgjit.device
-def stash_vector(w, c0, PARTS, WGS):
-    """Elements c0.. of a 1D tensor (a weight) split like a row, copied into shared memory as float32 (one
-    buffer per width of PARTS, a slot per warpgroup) for `weights` to read once per row group: converted once,
-    not per row (layernorm over bf16 rows of 4095, PTX simulator: 27.4 -> 23.6 instructions an element)."""
+def stash_vector(w, starts, PARTS, WGS):
+    """A 1D tensor's (a weight's) elements of a segment's parts (from `starts`), copied into shared memory as
+    float32 (one buffer per width of PARTS, a slot per warpgroup) for `weights` to read once per row group:
+    converted once, not per row (layernorm over bf16 rows of 4095, PTX simulator: 27.4 -> 23.6 instructions an
+    element)."""
     bufs = ()
-    c = c0
     for p in mgjit.static_range(len(PARTS)):
         buf = mgjit.smem((WGS, PARTS[p]), mgjit.float32)
-        buf[mgjit.warpgroup_id()][...] = w[mgjit.ds(c, PARTS[p])].astype(mgjit.float32)
+        buf[mgjit.warpgroup_id()][...] = w[mgjit.ds(starts[p], PARTS[p])].astype(mgjit.float32)
         bufs = bufs + (buf,)
-        c += PARTS[p]
     return bufs
 
 
 @mgjit.device
-def weights(w, bufs, c0, PARTS, PERSIST):
-    """A weight's elements c0.. split like a row, as float32 arrays: read from the shared-memory copy
+def weights(w, bufs, starts, PARTS, PERSIST):
+    """A weight's elements of a segment's parts (from `starts`), as float32 arrays: read from the shared-memory copy
     `stash_vector` made (PERSIST), else from global memory."""
     if PERSIST:
         held = ()
         for p in mgjit.static_range(len(PARTS)):
             held = held + (bufs[p][mgjit.warpgroup_id()][...],)
         return held
-    return load_vector(w, c0, PARTS)
+    return load_vector(w, starts, PARTS)
 
 
 @mgjit.device
-def columns(c0, PARTS):
-    """The column indices of a segment starting at c0, one int32 array per width of PARTS. Kernels use these
+def columns(starts, PARTS):
+    """The column indices of a segment's parts (from `starts`), one int32 array per width of PARTS. Kernels use these
     same arrays for every mask and comparison: one set of index arrays takes the layout of the data it is
     compared with (a second `arange` would bring a layout of its own that the loads would follow)."""
     cols = ()
-    c = c0
     for p in mgjit.static_range(len(PARTS)):
-        cols = cols + (c + mgjit.arange(PARTS[p]),)
-        c += PARTS[p]
+        cols = cols + (starts[p] + mgjit.arange(PARTS[p]),)
     return cols
 
 
 @mgjit.device
-def load_row(x, rows, c0, PARTS, fill):
-    """Columns c0.. of the rows `rows` (a mgjit.ds) of x as float32 arrays, one per width of PARTS; what lies
+def load_row(x, rows, starts, PARTS, fill):
+    """A segment's parts (from `starts`) of the rows `rows` (a mgjit.ds) of x as float32 arrays, one per width
+    of PARTS; what lies
     outside x (columns past the row's end) holds `fill`. The load fills them: a mask on the loaded values would
     cost an index, a compare and a select per element, where the fill costs nothing in windows wholly inside."""
     held = ()
-    c = c0
     for p in mgjit.static_range(len(PARTS)):
-        held = held + (mgjit.load(x, (rows, mgjit.ds(c, PARTS[p])), other=fill).astype(mgjit.float32),)
-        c += PARTS[p]
+        held = held + (mgjit.load(x, (rows, mgjit.ds(starts[p], PARTS[p])), other=fill).astype(mgjit.float32),)
     return held
 
 
 @mgjit.device
-def load_vector(w, c0, PARTS):
-    """Elements c0.. of a 1D tensor (a weight) split like a row, as float32 arrays."""
+def load_vector(w, starts, PARTS):
+    """A 1D tensor's (a weight's) elements of a segment's parts (from `starts`), as float32 arrays."""
     held = ()
-    c = c0
     for p in mgjit.static_range(len(PARTS)):
-        held = held + (w[mgjit.ds(c, PARTS[p])].astype(mgjit.float32),)
-        c += PARTS[p]
+        held = held + (w[mgjit.ds(starts[p], PARTS[p])].astype(mgjit.float32),)
     return held
 
 
@@ -419,39 +445,37 @@ def merge_exp(maxima, sums, SPLIT):
 
 
 @mgjit.device
-def merge_moments(sums, deviations, n, width, SPLIT):
+def merge_moments(sums, deviations, n, PARTS, SPLIT):
     """The row's mean and sum of squared deviations from it, from each segment's sum and sum of squared
-    deviations from its own mean (tuples over the SPLIT segments; segment k holds columns k * width onwards of a
-    row of n): Chan's parallel update, exact where the sums of squares about one mean would cancel."""
+    deviations from its own mean (tuples over the SPLIT segments of a row of n, parts of the widths PARTS laid
+    out by `part_starts`): Chan's parallel update, exact where the sums of squares about one mean would cancel."""
     total = sums[0]
     for k in mgjit.static_range(1, SPLIT):
         total = total + sums[k]
     mean = total / n
     m2 = 0.0
     for k in mgjit.static_range(SPLIT):
-        count = mgjit.minimum(mgjit.maximum(n - k * width, 0), width).astype(mgjit.float32)
+        count = segment_count(n, part_starts(k, PARTS, SPLIT), PARTS).astype(mgjit.float32)
         d = sums[k] - count * mean
         m2 = m2 + deviations[k] + d * d / mgjit.maximum(count, 1.0)
     return mean, m2
 
 
 @mgjit.device
-def store_stat(out, rows, value, c0, SPLIT):
+def store_stat(out, rows, value, starts, SPLIT):
     """out[rows] = value (one float per row), stored once per row: by the segment that holds its first column."""
     if SPLIT == 1:
         out[rows] = value
     else:
         if mgjit.warpgroup_id() == 0:
-            if c0 == 0:
+            if starts[0] == 0:
                 out[rows] = value
 
 
 @mgjit.device
-def store_row(out, rows, c0, held, PARTS):
-    c = c0
+def store_row(out, rows, starts, held, PARTS):
     for p in mgjit.static_range(len(PARTS)):
-        out[rows, mgjit.ds(c, PARTS[p])] = held[p].astype(out.dtype)
-        c += PARTS[p]
+        out[rows, mgjit.ds(starts[p], PARTS[p])] = held[p].astype(out.dtype)
 
 
 # ---- chunked rows (BLOCK > 0, CHUNKS > 0)

@@ -38,8 +38,8 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.cons
     elif BLOCK:
         cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK)
     else:
-        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        v = load_row(logits, rows, c0, PARTS, -float("inf"))
+        rows, starts = segment(ROWS, PARTS, CTAS, WGS)
+        v = load_row(logits, rows, starts, PARTS, -float("inf"))
         targets = target[rows]
         t = targets.astype(mgjit.int32)
         e, m, s = exp_segment(v, CTAS * WGS)
@@ -53,7 +53,7 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.cons
                 logit = logits[row0 + r, target[row0 + r].astype(mgjit.int32)].astype(mgjit.float32)
                 hit = mgjit.where(which == r, logit, hit)
         else:  # many short rows: a masked sum (a compare, a select and an add per element, and a reduction)
-            cols = columns(c0, PARTS)
+            cols = columns(starts, PARTS)
             hits = ()
             for p in mgjit.static_range(len(PARTS)):
                 hits = hits + (mgjit.where(cols[p][None, :] == t[:, None], v[p], 0.0),)
@@ -63,8 +63,9 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, ROWS: mgjit.cons
         else:  # one exchange of (max, sum) between the segments
             top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS * WGS)
         row_lse = top + mgjit.log(total)
-        store_stat(lse, rows, row_lse, c0, CTAS * WGS)
-        store_stat(loss, rows, row_loss(targets, ignore_index, logits.shape[1], row_lse, hit), c0, CTAS * WGS)
+        store_stat(lse, rows, row_lse, starts, CTAS * WGS)
+        row_losses = row_loss(targets, ignore_index, logits.shape[1], row_lse, hit)
+        store_stat(loss, rows, row_losses, starts, CTAS * WGS)
 
 
 @mgjit.device
@@ -114,8 +115,8 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     row_lse = top + mgjit.log(total)
     t = target[row]
     picked = logits[row, t].astype(mgjit.float32)
-    store_stat(lse, row, row_lse, c0, CTAS)
-    store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], row_lse, picked), c0, CTAS)
+    store_stat(lse, row, row_lse, (c0,), CTAS)
+    store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], row_lse, picked), (c0,), CTAS)
 
 
 def block_for(n: int) -> int:

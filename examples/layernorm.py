@@ -26,8 +26,8 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, output,
-                   persisting, row_groups, segment, segment_sum, stage, stash_vector, store_row, weights)
+from _rows import (chunked_segment, columns, launch, load_row, mapping, merge_moments, output, persisting,
+                   row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
 
 import mgjit
 
@@ -55,42 +55,41 @@ def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PA
         layernorm_stream(x, w, b, out, eps, BLOCK)
     elif PERSIST:
         mgjit.min_ctas_per_sm(PERSIST)
-        _, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        w_bufs, b_bufs = stash_vector(w, c0, PARTS, WGS), stash_vector(b, c0, PARTS, WGS)
+        _, starts = segment(ROWS, PARTS, CTAS, WGS)
+        w_bufs, b_bufs = stash_vector(w, starts, PARTS, WGS), stash_vector(b, starts, PARTS, WGS)
         for g in range(mgjit.program_id(0), row_groups(x, ROWS), mgjit.num_programs(0)):
-            layernorm_held(x, w, b, w_bufs, b_bufs, out, mgjit.ds(g * ROWS, ROWS), c0, eps, PARTS, CTAS * WGS,
+            layernorm_held(x, w, b, w_bufs, b_bufs, out, mgjit.ds(g * ROWS, ROWS), starts, eps, PARTS, CTAS * WGS,
                            PERSIST)
     else:
-        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        layernorm_held(x, w, b, w, b, out, rows, c0, eps, PARTS, CTAS * WGS, PERSIST)
+        rows, starts = segment(ROWS, PARTS, CTAS, WGS)
+        layernorm_held(x, w, b, w, b, out, rows, starts, eps, PARTS, CTAS * WGS, PERSIST)
 
 
 @mgjit.device
-def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, c0, eps, PARTS, SPLIT, PERSIST):
-    """The rows `rows` (a segment of them from column c0, of SPLIT segments) read once and held; w and b read
-    once the statistics are known (from w_bufs and b_bufs, PERSIST) so that they are not live meanwhile."""
+def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
+    """The rows `rows` (a segment of them, of SPLIT segments, its parts from `starts`) read once and held; w and
+    b read once the statistics are known (from w_bufs and b_bufs, PERSIST) so that they are not live meanwhile."""
     n = x.shape[1]
-    cols = columns(c0, PARTS)
-    v = load_row(x, rows, c0, PARTS, 0.0)
+    cols = columns(starts, PARTS)
+    v = load_row(x, rows, starts, PARTS, 0.0)
     if SPLIT == 1:
         mean = segment_sum(v) / n
         d = centred(v, cols, mean, n)
         m2 = segment_sum(squares(d))
     else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
-        width = held_width(PARTS)
-        count = mgjit.minimum(mgjit.maximum(n - c0, 0), width).astype(mgjit.float32)
+        count = segment_count(n, starts, PARTS).astype(mgjit.float32)
         s = segment_sum(v)
         deviations = segment_sum(squares(centred(v, cols, s / mgjit.maximum(count, 1.0), n)))
         sums, all_deviations = mgjit.cluster_gather(s, deviations)
-        mean, m2 = merge_moments(sums, all_deviations, n, width, SPLIT)
+        mean, m2 = merge_moments(sums, all_deviations, n, PARTS, SPLIT)
         d = v  # less the mean below: the padding is not stored, so needs no mask
     rstd = mgjit.rsqrt(m2 / n + eps)
-    wv, bv = weights(w, w_bufs, c0, PARTS, PERSIST), weights(b, b_bufs, c0, PARTS, PERSIST)
+    wv, bv = weights(w, w_bufs, starts, PARTS, PERSIST), weights(b, b_bufs, starts, PARTS, PERSIST)
     y = ()
     for p in mgjit.static_range(len(PARTS)):  # (x - mean) first: exact where x is near a mean far from 0
         centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
         y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
-    store_row(out, rows, c0, y, PARTS)
+    store_row(out, rows, starts, y, PARTS)
 
 
 @mgjit.device
@@ -162,7 +161,7 @@ def layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS):
         mean, m2 = s / n, deviations
     else:
         sums, all_deviations = mgjit.cluster_gather(s, deviations)
-        mean, m2 = merge_moments(sums, all_deviations, n, width, CTAS)
+        mean, m2 = merge_moments(sums, all_deviations, n, (width,), CTAS)
     rstd = mgjit.rsqrt(m2 / n + eps)
     shift = -mean * rstd
     for k in range(CHUNKS):

@@ -39,29 +39,29 @@ def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS
         rmsnorm_stream(x, w, out, eps, BLOCK)
     elif PERSIST:
         mgjit.min_ctas_per_sm(PERSIST)
-        _, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        bufs = stash_vector(w, c0, PARTS, WGS)
+        _, starts = segment(ROWS, PARTS, CTAS, WGS)
+        bufs = stash_vector(w, starts, PARTS, WGS)
         for g in range(mgjit.program_id(0), row_groups(x, ROWS), mgjit.num_programs(0)):
-            rmsnorm_held(x, w, bufs, out, mgjit.ds(g * ROWS, ROWS), c0, eps, PARTS, CTAS * WGS, PERSIST)
+            rmsnorm_held(x, w, bufs, out, mgjit.ds(g * ROWS, ROWS), starts, eps, PARTS, CTAS * WGS, PERSIST)
     else:
-        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)
-        rmsnorm_held(x, w, w, out, rows, c0, eps, PARTS, CTAS * WGS, PERSIST)
+        rows, starts = segment(ROWS, PARTS, CTAS, WGS)
+        rmsnorm_held(x, w, w, out, rows, starts, eps, PARTS, CTAS * WGS, PERSIST)
 
 
 @mgjit.device
-def rmsnorm_held(x, w, bufs, out, rows, c0, eps, PARTS, SPLIT, PERSIST):
-    """The rows `rows` (a segment of them from column c0) read once and held; w's elements read after the sum
-    of squares (from `bufs`, PERSIST) so that they are not live while the row is reduced."""
-    v = load_row(x, rows, c0, PARTS, 0.0)
+def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
+    """The rows `rows` (a segment of them, its parts from `starts`) read once and held; w's elements read after
+    the sum of squares (from `bufs`, PERSIST) so that they are not live while the row is reduced."""
+    v = load_row(x, rows, starts, PARTS, 0.0)
     squares = ()
     for p in mgjit.static_range(len(PARTS)):
         squares = squares + (v[p] * v[p],)
     scale = mgjit.rsqrt(row_sum(squares, SPLIT) / x.shape[1] + eps)
-    wv = weights(w, bufs, c0, PARTS, PERSIST)
+    wv = weights(w, bufs, starts, PARTS, PERSIST)
     y = ()
     for p in mgjit.static_range(len(PARTS)):
         y = y + (v[p] * scale[:, None] * wv[p],)
-    store_row(out, rows, c0, y, PARTS)
+    store_row(out, rows, starts, y, PARTS)
 
 
 @mgjit.device

@@ -36,8 +36,8 @@ def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: 
     elif BLOCK:
         softmax_stream(x, out, BLOCK)
     else:
-        rows, c0 = segment(ROWS, PARTS, CTAS, WGS)        # ROWS rows, or a segment of one
-        v = load_row(x, rows, c0, PARTS, -float("inf"))  # into registers, padding at -inf
+        rows, starts = segment(ROWS, PARTS, CTAS, WGS)        # ROWS rows, or a segment of one
+        v = load_row(x, rows, starts, PARTS, -float("inf"))  # into registers, padding at -inf
         e, m, s = exp_segment(v, CTAS * WGS)              # exp(v - the segment's max), and their sum
         if CTAS * WGS == 1:
             scale = 1.0 / s
@@ -47,7 +47,7 @@ def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: 
         y = ()
         for p in mgjit.static_range(len(PARTS)):
             y = y + (e[p] * scale[:, None],)
-        store_row(out, rows, c0, y, PARTS)
+        store_row(out, rows, starts, y, PARTS)
 
 
 @mgjit.device
