@@ -47,6 +47,7 @@ CONFIGS = {
     "multicast-a-128x128": dict(BM=128, BN=128, MULTICAST="a"), "multicast-b-64x128": dict(BM=64, BN=128, MULTICAST="b"),
     "multicast-b-split-k-4": dict(BM=128, BN=128, STREAM_K=1, SPLIT=4, MULTICAST="b"),
     "multicast-a-stream-k": dict(BM=128, BN=64, STREAM_K=1, MULTICAST="a"),
+    "multicast-a-split-k-2": dict(BM=128, BN=128, STREAM_K=1, SPLIT=2, MULTICAST="a"),
 }
 
 

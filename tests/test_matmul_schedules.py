@@ -271,7 +271,7 @@ def test_the_heuristics_favourite_per_shape_class(shape, expected):
 def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
     """The larger shapes also time their data-parallel tiles on clusters of two sharing B; small and decode
     shapes do not (a pair of tiles per cluster leaves SMs idle there)."""
-    multicast = [o for o in first_choice(*shape) if o.get("MULTICAST")]
+    multicast = [o for o in first_choice(*shape) if o.get("MULTICAST") and not o["STREAM_K"]]
     assert [(o["BM"], o["BN"]) for o in multicast] == tiles
     for option in multicast:
         assert option["MULTICAST"] == "b" and not option["STREAM_K"] and "multicast B" in schedules.describe(option)
@@ -280,6 +280,21 @@ def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
                                                           False, False, None), option, 132)
         pairs = -(-shape[0] // (2 * option["BM"])) * -(-shape[1] // option["BN"])
         assert plan.grid == (2 * min(pairs, 66),) and plan.kernel_cfg["cluster"] == (2, 1, 1)
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 16384), (1000, 3000, 2000)])
+def test_long_k_with_few_tiles_also_splits_over_clusters_sharing_a(shape):
+    """Fewer tiles than SMs and a long K: the two-way split of 128 x 128 tiles is timed over clusters of two
+    N-neighbours sharing their A tile (H200, 1024 x 1024 x 16384: 58.4 us against 61.0 unshared), each
+    cluster's pair of tiles cut in two: 2 x 2 CTAs a pair."""
+    problem = schedules.Problem.of(torch.empty(shape[0], shape[2], dtype=BF16),
+                                   torch.empty(shape[2], shape[1], dtype=BF16), False, BF16, False, False, None)
+    (option,) = [o for o in first_choice(*shape) if o.get("MULTICAST") == "a" and o.get("SPLIT") == 2]
+    assert (option["BM"], option["BN"], option["STREAM_K"]) == (128, 128, 1)
+    assert "split 2 multicast A" in schedules.describe(option)
+    plan = schedules.launch_plan(problem, option, 132)
+    pairs = -(-shape[0] // 128) * -(-shape[1] // 256)
+    assert plan.grid == (2 * min(66, 2 * pairs),) and plan.kernel_cfg["cluster"] == (2, 1, 1)
 
 
 # One config of each kind the heuristics propose (tile, schedule, epilogue, operand majors); each must compile
