@@ -34,18 +34,21 @@ TABLE_CHUNK = 128  # row tiles the table kernel resolves per step
 
 
 @mgjit.kernel
-def group_tiles(offs, tile_group, tile_row, tile_end, count, BM: mgjit.constexpr, GROUPS: mgjit.constexpr):
-    """The row-tile table of groups with cumulative row ends `offs` (GROUPS: a power of two >= len(offs)).
-    Prefix sums and lookups are masked sums over a (rows, GROUPS) square: no loop over the groups."""
+def group_tiles(offs, rows, tile_group, tile_row, tile_end, count, BM: mgjit.constexpr, GROUPS: mgjit.constexpr):
+    """The row-tile table of groups with cumulative row ends `offs` (GROUPS: a power of two >= len(offs)) over
+    `rows` rows. Prefix sums and lookups are masked sums over a (rows, GROUPS) square: no loop over the groups.
+    offs live on the device, so the wrapper cannot check them without a sync: each group's rows are clamped to
+    0..rows (none where its end is below its start) and the tile count to the table's length, so that offs that
+    are not cumulative row ends give wrong rows of c but no tile past x or c, nor a read past the table. (A
+    running maximum over the ends would need one more (GROUPS, GROUPS) square: at 128 groups it spilled.)"""
     g = mgjit.arange(GROUPS)
-    real = g < offs.shape[0]
-    ends = offs[mgjit.ds(0, GROUPS)]
-    starts = offs[mgjit.ds(-1, GROUPS)]  # starts[0] reads past the front: zero
-    row_tiles = mgjit.where(real, (ends - starts + BM - 1) // BM, 0)
+    ends = mgjit.minimum(mgjit.maximum(offs[mgjit.ds(0, GROUPS)], 0), rows)
+    starts = mgjit.minimum(mgjit.maximum(offs[mgjit.ds(-1, GROUPS)], 0), rows)  # starts[0] reads past the front: 0
+    row_tiles = mgjit.where((g < offs.shape[0]) & (ends > starts), (ends - starts + BM - 1) // BM, 0)
     before = (g[None, :] <= g[:, None]).astype(mgjit.int32)
     tiles_end = mgjit.sum(row_tiles[None, :] * before, axis=1)  # inclusive prefix sum
     tiles_start = tiles_end - row_tiles
-    count[0] = mgjit.sum(row_tiles)
+    count[0] = mgjit.minimum(mgjit.sum(row_tiles), tile_group.shape[0])
     for chunk in range(mgjit.cdiv(tile_group.shape[0], TABLE_CHUNK)):
         r = chunk * TABLE_CHUNK + mgjit.arange(TABLE_CHUNK)
         group = mgjit.sum((tiles_end[None, :] <= r[:, None]).astype(mgjit.int32), axis=1)  # groups ending by r
@@ -142,11 +145,16 @@ def column_tile(n: int) -> int:
 def grouped_matmul(x, w, offs, *, scale_x=None, scale_w=None, out_dtype=None, config: dict | None = None):
     """out (M, N) with out[offs[g-1]:offs[g]] = x[offs[g-1]:offs[g]] @ w[g] for w (E, K, N), as torch._grouped_mm:
     K-major (w[g] the transpose of an (N, K) weight, the usual storage) or N-major. fp8 (K-major): scale_x (M,)
-    and scale_w (E, N) f32 scale the rows and columns, bf16 out."""
+    and scale_w (E, N) f32 scale the rows and columns, bf16 out. offs (int32, on x's device) should be
+    non-decreasing and at most M (rows past the last end are not written); where they are not, the result is
+    wrong but nothing is read or written out of bounds (`group_tiles`)."""
     import torch
     if x.dim() != 2 or w.dim() != 3 or offs.dim() != 1 or offs.shape[0] != w.shape[0] or w.shape[1] != x.shape[1]:
         raise ValueError(f"grouped_matmul takes x (M, K), w (E, K, N) and offs (E,), got {tuple(x.shape)}, "
                          f"{tuple(w.shape)}, {tuple(offs.shape)}")
+    if offs.dtype != torch.int32 or offs.device != x.device or w.device != x.device:
+        raise ValueError(f"grouped_matmul takes offs as int32 cumulative row ends and w on x's device ({x.device}), "
+                         f"got offs {offs.dtype} on {offs.device}, w on {w.device}")
     groups, k, n = w.shape
     bits = x.element_size() * 8
     w_kmajor = w.stride(1) == 1 or (bits != 16 and w.stride(2) != 1)
@@ -162,7 +170,7 @@ def grouped_matmul(x, w, offs, *, scale_x=None, scale_w=None, out_dtype=None, co
     rows_bound = -(-x.shape[0] // cfg["BM"]) + groups  # row tiles: at most one partial tile per group
     table = torch.empty(3, -(-rows_bound // TABLE_CHUNK) * TABLE_CHUNK, dtype=torch.int32, device=x.device)
     count = torch.empty(1, dtype=torch.int32, device=x.device)
-    group_tiles[(1,)](offs, table[0], table[1], table[2], count, BM=cfg["BM"],
+    group_tiles[(1,)](offs, x.shape[0], table[0], table[1], table[2], count, BM=cfg["BM"],
                       GROUPS=max(16, 1 << (groups - 1).bit_length()))
     c = _tma_ready(torch.empty(x.shape[0], n, dtype=out_dtype, device=x.device), copy=False)
     consumers = cfg["BM"] // 64

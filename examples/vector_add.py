@@ -25,7 +25,12 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
     if not (x.ndim == 1 and x.shape == y.shape and x.dtype == y.dtype):
         raise ValueError(f"add takes x and y 1D of one shape and dtype, got {tuple(x.shape)} {x.dtype} and "
                          f"{tuple(y.shape)} {y.dtype}")
-    out = torch.empty_like(x) if out is None else out
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        # a shorter out would be written in part (each window stops at its edge), another dtype truncated
+        raise ValueError(f"add: out must be {tuple(x.shape)} {x.dtype} on {x.device} like x, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
     add_kernel[(triton_style_cdiv(x.numel(), BLOCK),)](x, y, out, BLOCK=BLOCK)
     return out
 

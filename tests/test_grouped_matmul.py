@@ -35,14 +35,35 @@ def rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+def group_table(offs, rows, length=256):
+    table, count = torch.full((3, length), -7, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    gm.group_tiles.interpret[(1,)](offs, rows, table[0], table[1], table[2], count, BM=64, GROUPS=16)
+    assert (table[0, count.item():] == -1).all()
+    return [tuple(table[:, r].tolist()) for r in range(count.item())]
+
+
 def test_the_group_table(interpreted):
     offs = torch.tensor([0, 130, 130, 131, 400, 400], dtype=torch.int32)  # sizes 0, 130, 0, 1, 269, 0
-    table, count = torch.full((3, 256), -7, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    gm.group_tiles.interpret[(1,)](offs, table[0], table[1], table[2], count, BM=64, GROUPS=16)
     tiles = [(1, 0, 130), (1, 64, 130), (1, 128, 130), (3, 130, 131)] + [(4, 131 + 64 * i, 400) for i in range(5)]
-    assert count.item() == len(tiles)
-    assert [tuple(table[:, r].tolist()) for r in range(len(tiles))] == tiles
-    assert (table[0, len(tiles):] == -1).all()
+    assert group_table(offs, 400) == tiles
+
+
+def test_offs_that_are_not_cumulative_row_ends_give_no_tile_past_x(interpreted):
+    """offs are on the device, unchecked: each group's rows are clamped to x's (none where its end is below its
+    start), and the tile count to the table's length, so that garbage offs give no tile past x (its store would
+    land past c's rows) and no read past the table."""
+    offs = torch.tensor([100, 60, 900, -5, 300], dtype=torch.int32)  # over 250 rows
+    assert group_table(offs, 250) == [(0, 0, 100), (0, 64, 100), (2, 60, 250), (2, 124, 250), (2, 188, 250)] + \
+        [(4, 64 * i, 250) for i in range(4)]
+    up_and_down = torch.tensor([250, 0] * 8, dtype=torch.int32)  # 8 groups of all 250 rows: 32 tiles
+    tiles = group_table(up_and_down, 250, length=16)
+    assert len(tiles) == 16 and all(0 <= row < end <= 250 for _, row, end in tiles)
+
+
+def test_grouped_matmul_refuses_offs_of_another_dtype_by_name():
+    x, w, offs = groups([3, 5], 64, 64)
+    with pytest.raises(ValueError, match="offs as int32"):
+        gm.grouped_matmul(x, w, offs.long())
 
 
 @pytest.mark.parametrize("sizes,k,n,layout,config", [
@@ -114,8 +135,8 @@ def test_ptxas_reports_no_spills(dtype, config):
                                          torch.empty(2048, dtype=torch.uint8), N=2048, BM=128, GROUP_M=8, **config,
                                          target="sm_90a")
     assert c.spills == 0, c.ptxas_report
-    table = gm.group_tiles.compile(torch.empty(128, dtype=torch.int32), i32, i32, i32, i32, BM=128, GROUPS=128,
-                                   target="sm_90a")
+    table = gm.group_tiles.compile(torch.empty(128, dtype=torch.int32), 4096, i32, i32, i32, i32, BM=128,
+                                   GROUPS=128, target="sm_90a")
     assert table.spills == 0, table.ptxas_report
 
 

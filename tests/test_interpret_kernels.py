@@ -71,6 +71,15 @@ def test_vector_add(dtype, n):
     assert torch.equal(out, x + y)  # one rounding of the f32 sum, as torch rounds it
 
 
+def test_vector_add_refuses_an_out_unlike_x_by_name():
+    """An out shorter than x was written in part (each window stops at the tensor's edge), one of another dtype
+    converted: both refused, naming the argument."""
+    x = torch.randn(100)
+    for out in (torch.empty(99), torch.empty(100, dtype=BF16), torch.empty(10, 10)):
+        with pytest.raises(ValueError, match="add: out must be"):
+            vector_add.add(x, x, out)
+
+
 ROW_TOL = {torch.float32: 2e-6, BF16: 5e-3, F16: 1e-3}
 # Every mapping of the row examples: many short rows per program, a row split into parts (4097 = 4096 + 128),
 # and rows streamed in chunks (over 8192 columns).
