@@ -75,6 +75,41 @@ def test_every_candidate_interpreted(n):
                 assert rel_err(got, ref) < tol, f"{kernel.name} {config}"
 
 
+@mgjit.kernel
+def part_starts_of(out, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr):
+    """out[cta, warpgroup, p] = the first column of part p of the segment _rows.segment gives this warpgroup."""
+    _, starts = _rows.segment(1, PARTS, CTAS, WGS)
+    for p in mgjit.static_range(len(PARTS)):
+        out[mgjit.program_id(0), mgjit.warpgroup_id(), p] = starts[p]
+
+
+def test_split_rows_put_only_their_narrowest_parts_past_the_row_end():
+    """Every held mapping that splits a row (over the CTAs of a cluster or warpgroups), interpreted: its segments'
+    parts tile the columns it covers, the parts of each width side by side (part-major: all segments' widest
+    parts first), so every part but the narrowest lies wholly inside the row and takes no bounds test (segment-
+    major, a row of 8193 over 2 CTAs of 4096 + 128 had the second CTA's 4096-wide array cross the row's end)."""
+    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    lengths = [4097, 5000, 8193, 9000, 12289, 20000, 50257, 100000, 262144]
+    lengths += torch.randint(4097, 262145, (6,), generator=generator).tolist()
+    for n in lengths:
+        for config in _rows.candidates(n):
+            k = config.kwargs
+            split, parts = k["CTAS"] * k["WGS"], k["PARTS"]
+            if k["BLOCK"] or split == 1:
+                continue
+            out = torch.full((k["CTAS"], k["WGS"], len(parts)), -1, dtype=torch.int32)
+            part_starts_of.interpret[(k["CTAS"],)](out, PARTS=parts, CTAS=k["CTAS"], WGS=k["WGS"],
+                                                   num_warpgroups=config.num_warpgroups, cluster=config.cluster)
+            starts = out.view(split, len(parts))
+            before = 0
+            for p, width in enumerate(parts):
+                assert sorted(starts[:, p].tolist()) == [split * before + s * width for s in range(split)], (n, k)
+                before += width
+                if p < len(parts) - 1:
+                    assert split * before <= n, (n, k)  # these parts' windows end inside the row
+            assert split * before >= n, (n, k)
+
+
 def test_rows_per_program_is_a_power_of_two_for_every_length():
     """ROWS is a register array's dimension: for rows of 257 to 384 columns (held as 256 + 128) the candidates were
     10, 20 and 5 rows, and every row example failed to compile on such rows. A rows_per_program that is not a
