@@ -1,7 +1,10 @@
-"""The cluster side of tests/ptx_sim.py: mbarriers, and the turns a cluster's CTAs take."""
+"""The cluster side of tests/ptx_sim.py: mbarriers, the instructions that reach another CTA's shared memory
+(mapa, st.async), and the turns a cluster's CTAs take."""
 from __future__ import annotations
 
-from ptx_arith import SimError
+import numpy as np
+from ptx_arith import SimError, as_uint
+from ptx_memory import unordered
 
 
 class MBarrier:
@@ -52,3 +55,60 @@ def run_cluster(ctas: list) -> None:
             waits = {r: None for r in running}
         elif running and not at_barrier and before == [sum(b.completed for b in c.mbarriers.values()) for c in ctas]:
             raise SimError("every CTA of the cluster waits on an mbarrier phase that cannot complete")
+
+
+class ClusterOps:
+    """The CTA's (tests/ptx_sim.py) mbarrier, st.async and mapa instructions: its registers, memory and cluster
+    are the CTA's own."""
+
+    def mbarrier(self, parts, ops, run):
+        """mbarrier.init / arrive.expect_tx / try_wait.parity on this CTA's shared memory; "spin" where a wait
+        fails for a running thread."""
+        parts = unordered(parts)
+        idx = np.nonzero(run)[0]
+        if parts[1] == "init":
+            for off in np.unique(self.address(ops[0])[idx]):
+                self.mbarriers[int(off)] = MBarrier(int(self.value(ops[1])))
+            return None
+        if parts[1] == "arrive" and parts[2] == "expect_tx":
+            addr = self.address(ops[1])
+            for lane in idx:
+                self._barrier(self, int(addr[lane])).arrive(int(self.value(ops[2])))
+            return None
+        if parts[1] == "try_wait" and parts[2] == "parity":
+            addr = self.address(ops[1])
+            parity = np.broadcast_to(np.asarray(self.value(ops[2])), (self.threads,))
+            done = np.zeros(self.threads, dtype=bool)
+            for lane in idx:
+                done[lane] = self._barrier(self, int(addr[lane])).completed % 2 != int(parity[lane]) % 2
+            self.write(ops[0], done, run)
+            return "spin" if not done[idx].all() else None
+        raise SimError(f"the simulator does not know {'.'.join(parts)}")
+
+    def _barrier(self, cta: "ClusterOps", offset: int) -> MBarrier:
+        if offset not in cta.mbarriers:
+            raise SimError(f"no mbarrier was initialised at shared offset {offset} of CTA rank {cta.rank}")
+        return cta.mbarriers[offset]
+
+    def st_async(self, ops, run) -> None:
+        """st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [addr], value, [bar]: the store, its bytes
+        counted on the receiving CTA's mbarrier."""
+        addr, bar = self.address(ops[0]), self.address(ops[2])
+        data = np.zeros((self.threads, 4), dtype=np.uint8)
+        val = np.broadcast_to(as_uint(self.value(ops[1]), 32), (self.threads,)).astype(np.uint64)
+        for b in range(4):
+            data[:, b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
+        for lane in np.nonzero(run)[0]:
+            if int(addr[lane]) >> 24 != int(bar[lane]) >> 24:
+                raise SimError("st.async to one CTA counted on another CTA's mbarrier")
+            one = np.zeros(self.threads, dtype=bool)
+            one[lane] = True
+            self._write("shared::cluster", addr, data, one)
+            peer = self.cluster[int(bar[lane]) >> 24]
+            self._barrier(peer, int(bar[lane]) & ((1 << 24) - 1)).complete_tx(4)
+
+    def op_mapa(self, parts, ops, run):
+        addr = as_uint(self.value(ops[1]), 32)
+        rank = as_uint(self.value(ops[2]), 32)
+        self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
+

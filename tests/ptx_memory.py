@@ -87,3 +87,12 @@ class SmemRaces:
                                f"stored with no bar.sync between them")
             self.reader[lane // 32, o:o + nbytes] = lane
             self.read[lane // 32, o:o + nbytes] = self.epoch
+
+
+ORDERING = {"weak", "relaxed", "acquire", "release", "acq_rel", "volatile", "cta", "cluster", "gpu", "sys"}
+
+
+def unordered(parts: list[str]) -> list[str]:
+    """An instruction's name without its memory ordering and scope: one thread at a time, the simulator's
+    accesses are all sequentially consistent."""
+    return [p for p in parts if p not in ORDERING]

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result, bits_dtype, convert_bits,
                        float_dtype, narrow_to_f32)
-from ptx_cluster import MBarrier, run_cluster
-from ptx_memory import Memory, SmemRaces, shared_offsets
+from ptx_cluster import ClusterOps, MBarrier, run_cluster
+from ptx_memory import Memory, SmemRaces, shared_offsets, unordered
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
@@ -112,7 +112,7 @@ def _operands(text: str) -> list:
     return out
 
 
-class CTA(Arithmetic):
+class CTA(ClusterOps, Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
@@ -315,7 +315,7 @@ class CTA(Arithmetic):
         self.write(ops[0], src, run)
 
     def op_ld(self, parts, ops, run):
-        parts = _unordered(parts)
+        parts = unordered(parts)
         space = parts[1]
         if space in ("param", "param::entry"):  # from PTX ISA 8.3, LLVM loads kernel parameters as ld.param::entry
             v = self.params[ops[1][1:-1]]
@@ -343,7 +343,7 @@ class CTA(Arithmetic):
         if parts[1] == "async":
             self.st_async(ops, run)
             return
-        parts = _unordered(parts)
+        parts = unordered(parts)
         space = parts[1]
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
         t = parts[-1]
@@ -443,7 +443,7 @@ class CTA(Arithmetic):
         """atom[.sem][.scope].global.op.type d, [a], b[, c] and the vector f32 add atom.global.vN.f32.add: thread
         by thread in thread order, element by element, each read-modify-write indivisible; d gets the old
         values. (The threads of one instruction are unordered on a GPU: a test must accept any order.)"""
-        parts = _unordered(parts)
+        parts = unordered(parts)
         if parts[1] != "global":
             raise SimError(f"{'.'.join(parts)}: only global atomics")
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
@@ -471,66 +471,6 @@ class CTA(Arithmetic):
 
     def op_fence(self, parts, ops, run):
         """Fences order memory; the simulator's accesses are already sequentially consistent."""
-
-    def mbarrier(self, parts, ops, run):
-        """mbarrier.init / arrive.expect_tx / try_wait.parity on this CTA's shared memory; "spin" where a wait
-        fails for a running thread."""
-        parts = _unordered(parts)
-        idx = np.nonzero(run)[0]
-        if parts[1] == "init":
-            for off in np.unique(self.address(ops[0])[idx]):
-                self.mbarriers[int(off)] = MBarrier(int(self.value(ops[1])))
-            return None
-        if parts[1] == "arrive" and parts[2] == "expect_tx":
-            addr = self.address(ops[1])
-            for lane in idx:
-                self._barrier(self, int(addr[lane])).arrive(int(self.value(ops[2])))
-            return None
-        if parts[1] == "try_wait" and parts[2] == "parity":
-            addr = self.address(ops[1])
-            parity = np.broadcast_to(np.asarray(self.value(ops[2])), (self.threads,))
-            done = np.zeros(self.threads, dtype=bool)
-            for lane in idx:
-                done[lane] = self._barrier(self, int(addr[lane])).completed % 2 != int(parity[lane]) % 2
-            self.write(ops[0], done, run)
-            return "spin" if not done[idx].all() else None
-        raise SimError(f"the simulator does not know {'.'.join(parts)}")
-
-    def _barrier(self, cta: "CTA", offset: int) -> "MBarrier":
-        if offset not in cta.mbarriers:
-            raise SimError(f"no mbarrier was initialised at shared offset {offset} of CTA rank {cta.rank}")
-        return cta.mbarriers[offset]
-
-    def st_async(self, ops, run) -> None:
-        """st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [addr], value, [bar]: the store, its bytes
-        counted on the receiving CTA's mbarrier."""
-        addr, bar = self.address(ops[0]), self.address(ops[2])
-        data = np.zeros((self.threads, 4), dtype=np.uint8)
-        val = np.broadcast_to(as_uint(self.value(ops[1]), 32), (self.threads,)).astype(np.uint64)
-        for b in range(4):
-            data[:, b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
-        for lane in np.nonzero(run)[0]:
-            if int(addr[lane]) >> 24 != int(bar[lane]) >> 24:
-                raise SimError("st.async to one CTA counted on another CTA's mbarrier")
-            one = np.zeros(self.threads, dtype=bool)
-            one[lane] = True
-            self._write("shared::cluster", addr, data, one)
-            peer = self.cluster[int(bar[lane]) >> 24]
-            self._barrier(peer, int(bar[lane]) & ((1 << 24) - 1)).complete_tx(4)
-
-    def op_mapa(self, parts, ops, run):
-        addr = as_uint(self.value(ops[1]), 32)
-        rank = as_uint(self.value(ops[2]), 32)
-        self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
-
-
-_ORDERING = {"weak", "relaxed", "acquire", "release", "acq_rel", "volatile", "cta", "cluster", "gpu", "sys"}
-
-
-def _unordered(parts: list[str]) -> list[str]:
-    """An instruction's name without its memory ordering and scope: one thread at a time, the simulator's
-    accesses are all sequentially consistent."""
-    return [p for p in parts if p not in _ORDERING]
 
 
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
