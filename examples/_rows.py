@@ -370,9 +370,9 @@ def columns(starts, PARTS):
 @mgjit.device
 def load_row(x, rows, starts, PARTS, fill):
     """A segment's parts (from `starts`) of the rows `rows` (a mgjit.ds) of x as float32 arrays, one per width
-    of PARTS; what lies
-    outside x (columns past the row's end) holds `fill`. The load fills them: a mask on the loaded values would
-    cost an index, a compare and a select per element, where the fill costs nothing in windows wholly inside."""
+    of PARTS; what lies outside x (columns past the row's end) holds `fill`. The load fills them: a mask on the
+    loaded values would cost an index, a compare and a select per element, where the fill costs nothing in
+    windows wholly inside."""
     held = ()
     for p in mgjit.static_range(len(PARTS)):
         held = held + (mgjit.load(x, (rows, mgjit.ds(starts[p], PARTS[p])), other=fill).astype(mgjit.float32),)
