@@ -134,9 +134,10 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
         for _, _, ctas, wgs in splits[:2]:
             configs.append(hold(1, _segment_parts(-(-n // (ctas * wgs))), ctas, wgs))
     ctas = n // (SEGMENT // 2)
-    spread = hold(1, _segment_parts(-(-n // ctas)), ctas)
-    if ctas <= MAX_CTAS and spread.kwargs["PARTS"][0] == SEGMENT // 2 and spread not in configs:
-        configs.append(spread)
+    if ctas <= MAX_CTAS:
+        spread = hold(1, _segment_parts(-(-n // ctas)), ctas)
+        if spread.kwargs["PARTS"][0] == SEGMENT // 2 and spread not in configs:
+            configs.append(spread)
     return configs + [streaming(stream)] + chunkings(n)
 
 
