@@ -84,11 +84,11 @@ def relerr(out, ref) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def picked_mapping(kernel, configs: list, args: tuple, **constexprs):
+def picked_mapping(kernel, configs: list, args: tuple, views: tuple = (), **constexprs):
     """A function giving the mapping mgjit's wrapper launched for these arguments and the autotuner's time of
     every candidate (call it after a launch)."""
-    return lambda: (repr(_rows.picked(kernel, configs, args, **constexprs)),
-                    _rows.timings(kernel, configs, args, **constexprs))
+    return lambda: (repr(_rows.picked(kernel, configs, args, views, **constexprs)),
+                    _rows.timings(kernel, configs, args, views, **constexprs))
 
 
 def case(kernel: str, n: int, dtype: torch.dtype):
@@ -102,7 +102,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
         runs = {"mgjit": lambda: sm_example.softmax(x, out), "torch": lambda: torch.softmax(x, 1),
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
-        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel, _rows.mapping(n), (x, out))
+        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel, sm_example.mapping(n, None, isz), (x, out), views=(x, out))
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
         x = torch.randn(m, n, device="cuda", dtype=dtype)

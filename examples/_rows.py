@@ -219,20 +219,21 @@ def output(out, shape: tuple, device, dtype, name: str):
     return out
 
 
-def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> mgjit.Config:
+def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:
     """The config `tuned_launch` launches for these arguments (tuned by an earlier launch)."""
     if _untuned(configs, args):
         return configs[0]
-    named = {**dict(zip(kernel.arg_names, args)), **constexprs}
+    named = {**dict(zip(kernel.arg_names, (*args, *views))), **constexprs}
     return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(named)
 
 
-def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> list[tuple[mgjit.Config, float | None]]:
+def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (),
+            **constexprs) -> list[tuple[mgjit.Config, float | None]]:
     """Each config's time in ms (None: pruned) in the sweep `tuned_launch` ran (or read from the store) for these
     arguments in this process; empty when it launched without tuning."""
     if _untuned(configs, args):
         return []
-    named = {**dict(zip(kernel.arg_names, args)), **constexprs}
+    named = {**dict(zip(kernel.arg_names, (*args, *views))), **constexprs}
     try:
         report = _tuned(kernel, tuple(configs), kernel.arg_names[0]).tuning_report(named)
     except LookupError:
@@ -240,33 +241,36 @@ def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) 
     return [(row.config, row.ms) for row in report.rows]
 
 
-def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, **constexprs) -> None:
-    """Launch `kernel` with the fastest of `configs` for the shape of args[0] and the arguments' dtypes (timed on
-    the first call, remembered on disk), or with the first config without a GPU or when two arguments are one
-    tensor (timing would run the kernel on its own output). grid_of(rows of args[0], constexprs and options)
-    gives the grid."""
+def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, views: tuple = (),
+                 **constexprs) -> None:
+    """Launch `kernel` on args and then `views` (views of args, which the check below skips) with the fastest of
+    `configs` for the shape of args[0] and the arguments' dtypes (timed on the first call, remembered on disk), or
+    with the first config without a GPU or when two of args are one tensor (timing would run the kernel on its own
+    output). grid_of(rows of args[0], constexprs and options) gives the grid."""
     x = args[0]
     if _untuned(configs, args):
         options = configs[0].launch_kwargs()
-        kernel[grid_of(x.shape[0], options)](*args, **constexprs, **options)
+        kernel[grid_of(x.shape[0], options)](*args, *views, **constexprs, **options)
         return
     key = kernel.arg_names[0]
-    _tuned(kernel, tuple(configs), key)[lambda named: grid_of(named[key].shape[0], named)](*args, **constexprs)
+    _tuned(kernel, tuple(configs), key)[lambda named: grid_of(named[key].shape[0], named)](*args, *views,
+                                                                                            **constexprs)
 
 
-def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, **constexprs) -> None:
+def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> None:
     """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
     sms = sm_count(args[0].device)
-    tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, sms), args, **constexprs)
+    tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, sms), args, views, **constexprs)
 
 
 def _row_grid(rows: int, config, sms: int) -> tuple[int]:
     """A row kernel's grid from its constexprs (a Config's kwargs, or a launch's named arguments): CTAS programs
-    (a cluster) per ROWS rows, or (PERSIST) PERSIST programs on each of `sms` SMs, each looping over groups of
-    ROWS rows."""
+    (a cluster) per ROWS rows, or (PERSIST, PIPE) that many programs on each of `sms` SMs, each looping over
+    groups of ROWS rows."""
     groups = -(-rows // config["ROWS"])
-    if config.get("PERSIST"):
-        return (min(groups, sms * config["PERSIST"]),)
+    persist = config.get("PERSIST") or config.get("PIPE")
+    if persist:
+        return (min(groups, sms * persist),)
     return (groups * config["CTAS"],)
 
 

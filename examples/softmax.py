@@ -16,9 +16,12 @@ autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
+import functools
+
 import torch
-from _rows import (chunked_segment, exp_segment, launch, load_row, mapping, merge_exp, output, segment, stage,
-                   store_row)
+from _rows import (chunked_segment, exp_segment, held_width, launch, load_row, mapping as rows_mapping, merge_exp,
+                   output, segment, stage, store_row)
+from _rows_piped import envelope, lines, pipeable, piping, read_lines, refill, ring, store_envelope, write_lines
 
 import mgjit
 
@@ -29,9 +32,13 @@ STAGE_GROUP = 4096
 
 
 @mgjit.kernel
-def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
-                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr):
-    if BLOCK and CHUNKS:
+def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
+                   WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0,
+                   PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0):
+    """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only."""
+    if PIPE:
+        softmax_piped(x, out, xl, outl, PIPE, PL, STAGES)
+    elif BLOCK and CHUNKS:
         softmax_chunked(x, out, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
         softmax_stream(x, out, BLOCK)
@@ -48,6 +55,33 @@ def softmax_kernel(x, out, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: 
         for p in mgjit.static_range(len(PARTS)):
             y = y + (e[p] * scale[:, None],)
         store_row(out, rows, starts, y, PARTS)
+
+
+@mgjit.device
+def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES):
+    """PIPE programs an SM, each streaming its rows through STAGES shared-memory slots (examples/_rows_piped.py)."""
+    mgjit.min_ctas_per_sm(PIPE)
+    buf, full, count = ring(x, xl, held_width(PL), STAGES)
+    for i in range(count):
+        row, a, s = envelope(x, xl, buf, full, i, -float("inf"))
+        env = buf[i % STAGES]
+        v = read_lines(env, PL)
+        m = v[0].max()
+        for p in mgjit.static_range(1, len(PL)):
+            m = mgjit.maximum(m, v[p].max())
+        e = ()
+        total = 0.0
+        for p in mgjit.static_range(len(PL)):
+            e = e + (mgjit.exp(v[p] - m, ftz=True),)
+            total = total + e[p].sum()
+        scale = 1.0 / total
+        y = ()
+        for p in mgjit.static_range(len(PL)):
+            y = y + (e[p] * scale,)
+        write_lines(env, y, PL)
+        refill(x, xl, buf, full, i, count)
+        store_envelope(out, outl, env, row, a, s)
+    mgjit.store_async_wait(0)
 
 
 @mgjit.device
@@ -96,8 +130,18 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     out = output(out, x.shape, x.device, x.dtype, "softmax")
     if x.shape[0] == 0:
         return out
-    launch(softmax_kernel, mapping(x.shape[1], rows_per_program), (x, out))
+    pipe = rows_per_program is None and pipeable(x, out)
+    configs = mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0)
+    launch(softmax_kernel, configs, (x, out), views=(lines(x), lines(out)) if pipe else (x, out))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
+    """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes
+    (0: none; they need contiguous, aligned tensors, `_rows_piped.pipeable`)."""
+    configs = rows_mapping(n, rows_per_program)
+    return piping(configs, n if rows_per_program is None else 0, itemsize)
 
 
 # softmax as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
@@ -113,7 +157,7 @@ def setup(device):
 
 
 def compile(x, out, target):
-    return softmax_kernel.compile(x, out, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
+    return softmax_kernel.compile(x, out, x, out, **mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x):

@@ -88,7 +88,7 @@ def test_every_candidate_mapping(n, dtype):
     for config in _rows.candidates(n):
         opts, grid = config.launch_kwargs(), _rows.grid(m, config, x.device)
         out = torch.full_like(x, float("nan"))
-        sm.softmax_kernel[grid](x, out, **opts)
+        sm.softmax_kernel[grid](x, out, x, out, **opts)
         assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
         out.fill_(float("nan"))
         ln.layernorm_rows[grid](x, w, b, out, eps=1e-5, **opts)
@@ -135,6 +135,28 @@ def test_strided_rows_and_empty_batches(n):
                         torch.ones(9000, device="cuda")).shape == (0, 9000)
     loss, lse = ce.cross_entropy(torch.empty(0, 5, device="cuda"), torch.empty(0, dtype=torch.long, device="cuda"))
     assert loss.shape == lse.shape == (0,)
+
+
+# Piped rows (examples/_rows_piped.py): every candidate forced, over more rows than the programs' rings hold (each
+# slot reused), rows starting anywhere in a line, and a tensor whose last line is partial (its last row's envelope
+# patched from the tensor).
+PIPED = [(4097, torch.bfloat16), (5000, torch.float16), (8191, torch.float32), (8193, torch.bfloat16),
+         (12289, torch.bfloat16), (16385, torch.bfloat16), (6001, torch.float32)]
+
+
+@pytest.mark.parametrize("n,dtype", PIPED, ids=str)
+def test_every_piped_mapping(n, dtype):
+    from _rows_piped import lines
+    m = 3001
+    x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
+    assert (m * n) % 256
+    xd = x.double()
+    configs = [c for c in sm.mapping(n, None, x.element_size()) if c.kwargs["PIPE"]]
+    assert configs
+    for config in configs:
+        out = torch.full_like(x, float("nan"))
+        sm.softmax_kernel[_rows.grid(m, config, x.device)](x, out, lines(x), lines(out), **config.launch_kwargs())
+        assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
 
 
 def test_in_place_softmax_is_not_tuned_on_its_own_output():

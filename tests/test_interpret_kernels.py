@@ -80,7 +80,9 @@ def test_vector_add_refuses_an_out_unlike_x_by_name():
             vector_add.add(x, x, out)
 
 
-ROW_TOL = {torch.float32: 2e-6, BF16: 5e-3, F16: 1e-3}
+# float32: exp runs as ex2.approx(x * log2(e)), whose relative error grows with |x| (the rounding of the product):
+# rows of 9000 values of 3 * randn reached 2.2e-6 in 1 of 25 draws.
+ROW_TOL = {torch.float32: 5e-6, BF16: 5e-3, F16: 1e-3}
 # Every mapping of the row examples: many short rows per program, a row split into parts (4097 = 4096 + 128),
 # and rows streamed in chunks (over 8192 columns).
 ROW_COLS = [5, 77, 1000, 4097, 9000]

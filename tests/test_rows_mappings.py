@@ -45,7 +45,7 @@ def kernels(x, dtype):
     out = [torch.full_like(x, float("nan")) for _ in range(3)]
     loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
     return [
-        (sm.softmax_kernel, (x, out[0]), {}, [(out[0], torch.softmax(xd, 1), TOL[dtype] * scale)]),
+        (sm.softmax_kernel, (x, out[0], x, out[0]), {}, [(out[0], torch.softmax(xd, 1), TOL[dtype] * scale)]),
         (rms.rmsnorm_kernel, (x, w, out[1]), {"eps": 1e-6},
          [(out[1], torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6), TOL[dtype] * scale)]),
         (ln.layernorm_rows, (x, w, b, out[2]), {"eps": 1e-5},
@@ -262,7 +262,7 @@ def test_softmax_windows_take_a_head_path_where_their_start_is_fixed_or_stepped(
     for column_split in (split, headless):
         monkeypatch.setattr(gmem, "column_split", column_split)
         monkeypatch.setattr(sm.softmax_kernel, "_compiled", {})
-        ptx = sm.softmax_kernel.compile(x, x, **config.launch_kwargs(), target="sm_90a").ptx
+        ptx = sm.softmax_kernel.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").ptx
         branches.append(ptx.count("bra.uni"))
     assert (branches[0] > branches[1]) == head, branches
 
@@ -327,7 +327,9 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     except RuntimeError as e:  # no C compiler or no DLPack exchange API: nothing to test here
         pytest.skip(f"the C launcher is unavailable: {e}")
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
-    softmax_configs, rmsnorm_configs = _rows.mapping(n), rms.rmsnorm_mapping(n)
+    for kernel in (sm.softmax_kernel, rms.rmsnorm_kernel):  # an entry made before the stub has no C launcher
+        monkeypatch.setattr(kernel, "_entry", None)
+    softmax_configs, rmsnorm_configs = sm.mapping(n, None, 4), rms.rmsnorm_mapping(n)
     preferred = {sm.softmax_kernel.name: softmax_configs[1],
                  rms.rmsnorm_kernel.name: [c for c in rmsnorm_configs if c.kwargs["PERSIST"]][-1]}
     misses = []
@@ -345,6 +347,7 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     for example, kernel, args, constexprs, configs in (
             (sm.softmax, sm.softmax_kernel, (x,), {}, softmax_configs),
             (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6}, rmsnorm_configs)):
+        views = (x, x) if kernel is sm.softmax_kernel else ()  # softmax's lines views: any tensors of x's dtype
         example(*args)
         best = preferred[kernel.name]
         first = len(gpu.launches)
@@ -356,7 +359,7 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
         grid = min(groups, 2 * best.kwargs["PERSIST"]) if best.kwargs.get("PERSIST") else groups * best.kwargs["CTAS"]
         assert last.path == "c" and last.grid == (grid, 1, 1)
         assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
-        assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), **constexprs) == best
+        assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), views, **constexprs) == best
 
 
 def test_layernorm_also_tries_held_rows_at_higher_occupancy():

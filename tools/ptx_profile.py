@@ -28,6 +28,7 @@ import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
+from _rows_piped import lines  # noqa: E402
 
 
 def launch_of(kernel: str, x: torch.Tensor):
@@ -35,7 +36,7 @@ def launch_of(kernel: str, x: torch.Tensor):
     n = x.shape[1]
     w, b, out = torch.randn(n).to(x.dtype), torch.randn(n).to(x.dtype), torch.empty_like(x)
     if kernel == "softmax":
-        return sm.softmax_kernel, (x, out), {}, _rows.mapping(n)
+        return sm.softmax_kernel, (x, out, lines(x), lines(out)), {}, sm.mapping(n, None, x.element_size())
     if kernel == "rmsnorm":
         return rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n)
     if kernel == "layernorm":

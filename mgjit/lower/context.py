@@ -79,6 +79,11 @@ class Context:
         # layout, no element held by two threads (smem_write_barrier).
         self.smem_stored = False
         self.smem_read: frozenset[tuple] = frozenset()
+        # Whether a thread of this warpgroup may have stored to an SMEM tile since the warpgroup last fenced the
+        # async proxy and met (fence_async): a TMA store fences first only then, so that a run of stores of
+        # tiles written once costs one fence and one meeting, not one each (a row staged in SMEM goes out in
+        # dozens of boxes).
+        self.async_unfenced = False
 
     # -- values
     def get(self, v: ir.Value) -> Any:
@@ -165,6 +170,13 @@ class Context:
         self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
         self.smem_stored, self.smem_read = False, frozenset()
 
+    def fence_async(self) -> None:
+        """Make what this warpgroup's threads stored to SMEM visible to the async proxy (TMA, wgmma) that one of
+        them drives next: each thread fences, then the warpgroup meets."""
+        self.e.asm_void("fence.proxy.async.shared::cta;", "", [])
+        self.warpgroup_barrier()
+        self.async_unfenced = False
+
     def smem_read_barrier(self) -> None:
         """Before this warpgroup's threads read an SMEM tile into registers: meet, so that each sees what the
         others stored, where one may have stored since the warpgroup last met. Reads of a tile staged once and
@@ -195,31 +207,35 @@ class Context:
         stores = {smem_root(op.operands[0]) for op in ops if op.thread_smem == "store"}
         if self.smem_stored and loads and not stores or not loads and any(r in stores for r, _ in self.smem_read):
             self.warpgroup_barrier()
-        entry = self.smem_stored, self.smem_read
+        entry = self.smem_stored, self.smem_read, self.async_unfenced
         self.smem_stored = entry[0] or bool(stores)
         self.smem_read = entry[1] | loads
+        self.async_unfenced = entry[2] or bool(stores)
         return entry
 
-    def leave_loop(self, entry: tuple[bool, frozenset]) -> None:
+    def leave_loop(self, entry: tuple[bool, frozenset, bool]) -> None:
         """After a loop: what may have come before it may still be unmet (it may have run no iteration)."""
         self.smem_stored |= entry[0]
         self.smem_read |= entry[1]
+        self.async_unfenced |= entry[2]
 
     @contextlib.contextmanager
     def branches(self) -> Iterator[Callable[[], None]]:
         """Lower the regions of a branch (an if, or warp roles): each starts in the state before it (call the
         yielded function before each), and after them a store (a read) may have come if one may have on any
         path."""
-        entry, seen = (self.smem_stored, self.smem_read), [False, frozenset()]
+        entry, seen = (self.smem_stored, self.smem_read, self.async_unfenced), [False, frozenset(), False]
 
         def start() -> None:
             seen[0] |= self.smem_stored
             seen[1] |= self.smem_read
-            self.smem_stored, self.smem_read = entry
+            seen[2] |= self.async_unfenced
+            self.smem_stored, self.smem_read, self.async_unfenced = entry
 
         yield start
         self.smem_stored = seen[0] or self.smem_stored
         self.smem_read = seen[1] | self.smem_read
+        self.async_unfenced = seen[2] or self.async_unfenced
 
 
 def smem_root(tile: ir.Value) -> ir.Value:

@@ -150,8 +150,7 @@ def _barrier_wait(op: BarrierWait, ctx: lower.Context) -> None:
 
 @lower.rule(FenceAsyncShared)
 def _fence(op: FenceAsyncShared, ctx: lower.Context) -> None:
-    ctx.e.asm_void("fence.proxy.async.shared::cta;", "", [])
-    ctx.warpgroup_barrier()
+    ctx.fence_async()
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

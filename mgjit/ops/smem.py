@@ -456,7 +456,7 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
         srcs = ", ".join(f"${j + 1}" for j in range(n))
         e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
                    [addr, *words])
-    ctx.smem_stored = True
+    ctx.smem_stored = ctx.async_unfenced = True
 
 
 @lower.rule(SmemLoad)

@@ -142,11 +142,11 @@ TMA_SMEM_ALIGN = 128
 
 def check_boxes(op: Op, tile: Value) -> None:
     """The SMEM side of a TMA copy: whole rows of each box stored one right after the other (not a view of some
-    columns of an unswizzled tile, whose rows keep the pitch of the tile they were cut from), each box starting
-    on 128 bytes."""
+    columns of several rows of an unswizzled tile, whose rows keep the pitch of the tile they were cut from; a
+    view of one row has no pitch), each box starting on 128 bytes."""
     t = tile.type
     stored = tile_of(t)
-    if not stored.dense:
+    if not stored.dense and stored.rows > 1:
         raise op.error(f"TMA moves whole rows of a box, stored one after the other; this view of {t.shape[-1]} of "
                        f"the {t.storage[1]} columns of an unswizzled tile keeps their pitch: copy through a tile of "
                        f"its own, or a swizzled one (whose column blocks are boxes)", rule=Rule.SMEM_SLICE)
@@ -302,8 +302,8 @@ def _tma_store(op: TmaStore, ctx: lower.Context) -> None:
     desc = ctx.get(op.cut) if op.cut is not None else ctx.tma_descriptors[op.descriptor]
     rank = len(src.type.shape)
     # Every thread's ordinary SMEM writes must be visible to the TMA engine before one thread issues it.
-    e.asm_void("fence.proxy.async.shared::cta;", "", [])
-    ctx.warpgroup_barrier()
+    if ctx.async_unfenced:
+        ctx.fence_async()
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     coords = [ctx.get(c) for c in op.coords]
     src_addr = shared_address(ctx, src.offset)

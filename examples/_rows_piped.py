@@ -1,0 +1,173 @@
+"""Piped rows: a persistent program streams rows through a ring of shared-memory slots, one TMA copy per row,
+and computes one row while the copies of the next ones are in flight (the row examples' mapping for rows of
+4097 to 16385 columns, beside those of examples/_rows.py).
+
+A held row (examples/_rows.py) is loaded into registers, reduced, exchanged, computed and stored by one CTA, and
+nothing of that CTA's is in flight between its load and its stores: the bytes in flight an SM are bounded by the
+registers of the CTAs it holds, and rows over 8192 columns, which one warpgroup cannot hold, are split over a
+cluster that waits on itself. Here a CTA's registers hold one row while its STAGES slots hold the next ones,
+landing.
+
+TMA boxes must start on 16 bytes, and an odd row does not. So a row is copied as its envelope: the rows taken
+flat, as lines of LINE elements (a 2D view of the contiguous tensor, `lines`), and the NL whole lines that hold
+row r's columns, from the line holding its first element (the row starts s elements into its envelope). One box
+copies a row, one box stores the lines wholly inside it (lines 1 to NL - 3, whatever s), and its first line and
+last two go out through register stores whose windows drop the columns of the neighbouring rows. Before the
+row is read, the envelope's columns outside the row are overwritten with the kernel's fill (-inf for a
+maximum, 0 for a sum), so that it is read with no mask. The lines view leaves out a last partial line: the row
+whose envelope reaches it reads it from the tensor (`patch_tail`).
+
+One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
+view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
+one box a row runs it at 0.51. Two CTAs an SM of three slots each: softmax 8193 0.94 (held: 0.85), 12289 0.93
+(0.79), 16385 0.95 (0.78), 8191 0.94 (0.92); 4097 0.91 (0.94, so held rows keep that).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mgjit
+from mgjit.targets import HOPPER
+
+LINE = 256  # elements of one line: the widest box dimension a TMA copy takes
+MIN_ROW = 4097  # rows this long and longer are piped candidates (below, a held row runs at 0.93-0.98)
+MAX_LINES = 65  # one warpgroup holds a row of up to 65 lines (130 float32 a thread; 16385 columns)
+SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
+# (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
+# of four slots and two of two within 0.02 of it at 16385.
+SHAPES = ((3, 2), (4, 1), (2, 3), (3, 4))
+
+
+def line_count(n: int) -> int:
+    """The lines of a row's envelope: enough for n columns starting anywhere in a line."""
+    return -(-(n + LINE - 1) // LINE)
+
+
+def piped(n: int, stages: int, per_sm: int) -> mgjit.Config:
+    """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM. PL: the row's lines
+    as powers of two, widest first (33 lines -> (32, 1)), each read into one register array."""
+    nl = line_count(n)
+    lines = tuple(1 << b for b in range(nl.bit_length() - 1, -1, -1) if nl >> b & 1)
+    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines, STAGES=stages)
+
+
+def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int) -> tuple[mgjit.Config, ...]:
+    """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements whose slots
+    fit an SM's shared memory (none for itemsize 0)."""
+    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0) for c in configs)
+    nl = line_count(n)
+    if n < MIN_ROW or nl > MAX_LINES or not itemsize:
+        return plain
+    return plain + tuple(piped(n, stages, per_sm) for stages, per_sm in SHAPES
+                         if per_sm * (stages * nl * LINE * itemsize + SLACK) <= HOPPER.smem_bytes)
+
+
+def pipeable(*tensors) -> bool:
+    """Whether piped mappings may run on these tensors: contiguous (a row's envelope is its neighbours' bytes),
+    16-byte aligned (TMA), and with their element indices within int32."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.numel() < 2 ** 31 for t in tensors)
+
+
+def lines(t):
+    """The contiguous tensor t as whole lines of LINE elements (its last partial line left out)."""
+    flat = t.view(-1)
+    return flat[:flat.numel() // LINE * LINE].view(-1, LINE)
+
+
+# ---- device helpers
+
+@mgjit.device
+def ring(x, xl, NL, STAGES):
+    """This program's ring of STAGES slots of NL lines, one barrier per slot, its rows' count, and the copies of
+    its first STAGES rows issued."""
+    buf = mgjit.smem((STAGES, NL, LINE), x.dtype)
+    full = mgjit.barrier(STAGES)
+    programs = mgjit.num_programs(0)
+    count = (x.shape[0] - mgjit.program_id(0) + programs - 1) // programs
+    for j in mgjit.static_range(STAGES):
+        if j < count:
+            copy_row(x, xl, buf, full, j)
+    return buf, full, count
+
+
+@mgjit.device
+def copy_row(x, xl, buf, full, i):
+    """Issue the copy of this program's i-th row's envelope into its slot."""
+    row = mgjit.program_id(0) + i * mgjit.num_programs(0)
+    slot = i % buf.shape[0]
+    mgjit.copy_async(xl, (row * x.shape[1] // LINE, 0), buf[slot], barrier=full[slot])
+
+
+@mgjit.device
+def envelope(x, xl, buf, full, i, fill):
+    """Wait for this program's i-th row; return (its row index, the first element of its envelope in the flat
+    tensor, the row's start within it), its envelope's columns outside the row overwritten with `fill`."""
+    n = x.shape[1]
+    slot = i % buf.shape[0]
+    row = mgjit.program_id(0) + i * mgjit.num_programs(0)
+    a = row * n // LINE * LINE
+    s = row * n - a
+    full[slot].wait()
+    env = buf[slot]
+    patch_tail(x, env, a, xl.shape[0])
+    nl = buf.shape[1]
+    head = env[mgjit.ds(0, 1), :]
+    head[...] = mgjit.where(mgjit.arange(LINE)[None, :] < s, fill, head[...])
+    tail = env[mgjit.ds(nl - 2, 2), :]
+    cols = (nl - 2) * LINE + mgjit.arange(2)[:, None] * LINE + mgjit.arange(LINE)[None, :]
+    tail[...] = mgjit.where(cols >= s + n, fill, tail[...])
+    mgjit.cta_sync()
+    return row, a, s
+
+
+@mgjit.device
+def patch_tail(x, env, a, full_lines):
+    """The flat tensor's last partial line (past the lines view, so zero-filled by the copy) read into the
+    envelope from the last row, where the envelope reaches it."""
+    if a + env.shape[0] * LINE > full_lines * LINE:
+        n = x.shape[1]
+        rest = x.shape[0] * n - full_lines * LINE
+        env[mgjit.ds(full_lines - a // LINE, 1), :][...] = mgjit.load(
+            x, (mgjit.ds(x.shape[0] - 1, 1), mgjit.ds(n - rest, LINE)), other=0)
+
+
+@mgjit.device
+def read_lines(env, PL):
+    """The envelope's lines as float32 arrays, one per count of PL."""
+    held = ()
+    first = 0
+    for p in mgjit.static_range(len(PL)):
+        held = held + (env[mgjit.ds(first, PL[p]), :][...].astype(mgjit.float32),)
+        first += PL[p]
+    return held
+
+
+@mgjit.device
+def refill(x, xl, buf, full, i, count):
+    """After row i's results are in its slot: once the stores of row i - 1 have read their slot, copy row
+    i - 1 + STAGES into it."""
+    mgjit.store_async_wait(0)
+    stages = buf.shape[0]
+    if i >= 1:
+        if i - 1 + stages < count:
+            copy_row(x, xl, buf, full, i - 1 + stages)
+
+
+@mgjit.device
+def write_lines(env, y, PL):
+    """The row's results (arrays as `read_lines` gave) into its envelope, in place."""
+    first = 0
+    for p in mgjit.static_range(len(PL)):
+        env[mgjit.ds(first, PL[p]), :][...] = y[p].astype(env.dtype)
+        first += PL[p]
+
+
+@mgjit.device
+def store_envelope(out, outl, env, row, a, s):
+    """Store the row from its envelope: its lines 1 to NL - 3 (wholly inside the row) with one TMA store, the
+    first line and the last two through register windows that drop what lies outside the row."""
+    nl = env.shape[0]
+    mgjit.store_async(outl, (a // LINE + 1, 0), env[mgjit.ds(1, nl - 3), :])
+    out[mgjit.ds(row, 1), mgjit.ds(-s, LINE)] = env[mgjit.ds(0, 1), :][...]
+    for k in mgjit.static_range(nl - 2, nl):
+        out[mgjit.ds(row, 1), mgjit.ds(k * LINE - s, LINE)] = env[mgjit.ds(k, 1), :][...]
