@@ -330,3 +330,42 @@ def test_scratch_shared_memory_counts_in_the_budget():
     with pytest.raises(mgjit.CompileError) as info:
         scratch_heavy.compile(x, torch.empty(8192), R=128, target="sm_90a")
     assert info.value.rule == "smem-budget" and info.value.loc.line == _line_of(scratch_heavy.fn, "big = mgjit.smem")
+
+
+@mgjit.kernel
+def _staged_stores(x, out, SECOND_WRITE: mgjit.constexpr, LOOP: mgjit.constexpr):
+    """A tile written from registers once, then stored by TMA in four boxes (and, SECOND_WRITE, written again
+    before the last two); or (LOOP) written and stored at each iteration of a loop."""
+    buf = mgjit.smem((4, 64, 64), x.dtype)
+    if LOOP:
+        for i in range(x.shape[0] // 64):
+            buf[0][...] = x[mgjit.ds(i * 64, 64), mgjit.ds(0, 64)]
+            mgjit.store_async(out, (i * 64, 0), buf[0])
+            mgjit.store_async_wait(0)
+    else:
+        for k in mgjit.static_range(4):
+            buf[k][...] = x[mgjit.ds(k * 64, 64), mgjit.ds(0, 64)]
+        for k in mgjit.static_range(4):
+            if SECOND_WRITE and k == 2:
+                buf[3][...] = x[mgjit.ds(0, 64), mgjit.ds(0, 64)]
+            mgjit.store_async(out, (k * 64, 0), buf[k])
+    mgjit.store_async_wait(0)
+
+
+@pytest.mark.parametrize("second_write,loop,fences", [(False, False, 1), (True, False, 2), (False, True, 1)])
+def test_tma_stores_fence_only_after_smem_writes(second_write, loop, fences):
+    """A TMA store fences the async proxy and meets the warpgroup where a thread may have written SMEM since the
+    last fence: once before a run of stores of a tile written once (a piped row's lines went out after a fence
+    and a bar.sync each), again after a write between them, and at each iteration of a loop that writes."""
+    x = torch.empty(256, 64, dtype=BF16)
+    ptx = _staged_stores.compile(x, x, SECOND_WRITE=second_write, LOOP=loop, target="sm_90a").ptx
+    assert ptx.count("fence.proxy.async.shared::cta") == fences
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") == (1 if loop else 4)
+
+
+def test_tma_stores_run_interpreted_after_one_fence():
+    x = torch.randn(256, 64).to(BF16)
+    for loop in (False, True):
+        out = torch.zeros_like(x)
+        _staged_stores.interpret[(1,)](x, out, SECOND_WRITE=False, LOOP=loop)
+        assert torch.equal(out, x)
