@@ -114,7 +114,8 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
-            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n), (x, w, out), eps=1e-6)
+            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, isz, isz), (x, w, out),
+                                    views=(x, out, w.view(1, -1)), eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
@@ -131,8 +132,8 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "torch": lambda: torch.nn.functional.cross_entropy(logits, target, reduction="none"),
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
-        picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n),
-                                (logits, target, loss, torch.empty_like(loss), -100))
+        picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n, isz),
+                                (logits, target, loss, torch.empty_like(loss), -100), views=(logits,))
         return runs, loss, ref, logits.numel() * isz + m * 12, picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)

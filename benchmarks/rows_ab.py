@@ -55,6 +55,11 @@ def case(kernel: str, n: int, dev: torch.device):
         out = torch.full_like(x, float("nan"))
         w, b = torch.randn(n, device=dev, dtype=bf16), torch.randn(n, device=dev, dtype=bf16)
         if kernel == "rmsnorm":
+            if "wv" in rms.rmsnorm_kernel.arg_names:  # piped rows (examples/_rows_piped.py)
+                from _rows_piped import lines
+                return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), w.view(1, -1)), {"eps": 1e-6},
+                        rms.rmsnorm_mapping(n, None, 2, 2), row_grid, out,
+                        lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
             return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n), row_grid, out,
                     lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
         return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n), row_grid, out,
@@ -63,7 +68,11 @@ def case(kernel: str, n: int, dev: torch.device):
     if kernel == "cross_entropy":
         target = torch.randint(0, n, (rows,), device=dev)
         loss, lse = (torch.full((rows,), float("nan"), device=dev) for _ in range(2))
-        return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
+        if "xl" not in ce.cross_entropy_rows.arg_names:  # a tree from before piped rows
+            return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
+                    lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
+        from _rows_piped import lines
+        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x)), {}, ce.mapping(n, 2), row_grid, loss,
                 lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
     if kernel == "fused":
         y, z = torch.randn_like(x), torch.randn_like(x)

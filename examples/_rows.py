@@ -266,9 +266,11 @@ def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = 
 def _row_grid(rows: int, config, sms: int) -> tuple[int]:
     """A row kernel's grid from its constexprs (a Config's kwargs, or a launch's named arguments): CTAS programs
     (a cluster) per ROWS rows, or (PERSIST, PIPE) that many programs on each of `sms` SMs, each looping over
-    groups of ROWS rows."""
+    groups of ROWS rows (STASH: as many, rounded to a multiple of STASH, at least STASH)."""
     groups = -(-rows // config["ROWS"])
     persist = config.get("PERSIST") or config.get("PIPE")
+    if config.get("STASH"):  # a multiple of STASH programs (examples/_rows_piped.py, stash_lines)
+        return (min(groups, max(1, sms * persist // config["STASH"]) * config["STASH"]),)
     if persist:
         return (min(groups, sms * persist),)
     return (groups * config["CTAS"],)

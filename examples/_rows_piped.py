@@ -1,6 +1,6 @@
 """Piped rows: a persistent program streams rows through a ring of shared-memory slots, one TMA copy per row,
-and computes one row while the copies of the next ones are in flight (the row examples' mapping for rows of
-4097 to 16385 columns, beside those of examples/_rows.py).
+and computes one row while the copies of the next ones are in flight (a mapping of softmax, cross-entropy and
+rmsnorm for rows of 4097 to 16385 columns, beside those of examples/_rows.py; the tuner picks).
 
 A held row (examples/_rows.py) is loaded into registers, reduced, exchanged, computed and stored by one CTA, and
 nothing of that CTA's is in flight between its load and its stores: the bytes in flight an SM are bounded by the
@@ -17,10 +17,17 @@ row is read, the envelope's columns outside the row are overwritten with the ker
 maximum, 0 for a sum), so that it is read with no mask. The lines view leaves out a last partial line: the row
 whose envelope reaches it reads it from the tensor (`patch_tail`).
 
+A weight vector (rmsnorm's) must meet each element at its column, but rows start anywhere in their envelopes.
+With a grid of a multiple of LINE programs, though, each program's rows all start where its first does, so a
+program lays the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned.
+Layernorm is not piped yet: the fill (zeros) would enter its sum of squared deviations, and masking it out
+costs a compare and a select an element (or an inexact correction, for rows whose mean is far from 0).
+
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
 one box a row runs it at 0.51. Two CTAs an SM of three slots each: softmax 8193 0.94 (held: 0.85), 12289 0.93
-(0.79), 16385 0.95 (0.78), 8191 0.94 (0.92); 4097 0.91 (0.94, so held rows keep that).
+(0.79), 16385 0.95 (0.78), 8191 0.94 (0.92); 4097 0.91 (0.94, so held rows keep that). Tuned, bf16:
+cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.78 (0.76), 6001 0.84.
 """
 from __future__ import annotations
 
@@ -36,6 +43,8 @@ SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barri
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
 # of four slots and two of two within 0.02 of it at 16385.
 SHAPES = ((3, 2), (4, 1), (2, 3), (3, 4))
+# Kernels with weights (`stash_lines`) run a multiple of LINE programs (about 2 or 4 an SM).
+STASH_SHAPES = ((2, 2), (3, 2), (4, 2), (2, 4))
 
 
 def line_count(n: int) -> int:
@@ -43,23 +52,31 @@ def line_count(n: int) -> int:
     return -(-(n + LINE - 1) // LINE)
 
 
-def piped(n: int, stages: int, per_sm: int) -> mgjit.Config:
-    """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM. PL: the row's lines
-    as powers of two, widest first (33 lines -> (32, 1)), each read into one register array."""
+def piped(n: int, stages: int, per_sm: int, stash: bool = False) -> mgjit.Config:
+    """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with `stash`, a
+    multiple of LINE programs: _rows.grid). PL: the row's lines as powers of two, widest first (33 lines ->
+    (32, 1)), each read into one register array."""
     nl = line_count(n)
     lines = tuple(1 << b for b in range(nl.bit_length() - 1, -1, -1) if nl >> b & 1)
-    return mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines, STAGES=stages)
+    config = mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines, STAGES=stages)
+    return config.replace(STASH=LINE) if stash else config
 
 
-def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int) -> tuple[mgjit.Config, ...]:
-    """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements whose slots
-    fit an SM's shared memory (none for itemsize 0)."""
-    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0) for c in configs)
+def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int = 0) -> tuple[mgjit.Config, ...]:
+    """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements (none for
+    itemsize 0) whose slots, and the vectors stashed by `stash_lines` (`weights` bytes an element in all; the
+    configs then set STASH too), fit an SM's shared memory."""
+    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, **({"STASH": 0} if weights else {})) for c in configs)
     nl = line_count(n)
     if n < MIN_ROW or nl > MAX_LINES or not itemsize:
         return plain
-    return plain + tuple(piped(n, stages, per_sm) for stages, per_sm in SHAPES
-                         if per_sm * (stages * nl * LINE * itemsize + SLACK) <= HOPPER.smem_bytes)
+    per_line = LINE * weights
+    shapes = [(stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
+              if per_sm * (stages * nl * LINE * itemsize + nl * per_line + SLACK) <= HOPPER.smem_bytes]
+    others = {k: 0 for k in plain[0].kwargs if k not in ("PIPE", "PL", "STAGES", "STASH")}
+    return plain + tuple(piped(n, stages, per_sm, weights > 0).replace(**{**others, "ROWS": 1, "PARTS": (),
+                                                                           "CTAS": 1, "WGS": 1})
+                         for stages, per_sm in shapes)
 
 
 def pipeable(*tensors) -> bool:
@@ -88,6 +105,21 @@ def ring(x, xl, NL, STAGES):
         if j < count:
             copy_row(x, xl, buf, full, j)
     return buf, full, count
+
+
+@mgjit.device
+def stash_lines(v, x, NL):
+    """A weight vector `v` (given as a (1, n) view) laid out as this program's rows' envelopes are, in shared
+    memory in its own dtype (float32 weights over bf16 rows, read in the rows' layout, conflict 2-way on the
+    banks): zero outside the row. Every row of a program starts as many elements into its envelope as its first
+    does where the grid is a multiple of LINE programs (row r + k * LINE starts k * LINE * n elements, whole
+    lines, further on), so the weights are read once per program, and per row as aligned as its elements."""
+    buf = mgjit.smem((NL, LINE), v.dtype)
+    start = mgjit.program_id(0) * x.shape[1]
+    s = start - start // LINE * LINE
+    for k in range(NL):
+        buf[mgjit.ds(k, 1), :][...] = mgjit.load(v, (mgjit.ds(0, 1), mgjit.ds(k * LINE - s, LINE)), other=0)
+    return buf
 
 
 @mgjit.device

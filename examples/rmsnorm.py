@@ -17,8 +17,9 @@ shared memory, read from global memory once). The mapping is autotuned per shape
 import functools
 
 import torch
-from _rows import (chunked_segment, launch, load_row, mapping, output, persisting, row_groups, row_sum, segment,
-                   stage, stash_vector, store_row, weights)
+from _rows import (chunked_segment, held_width, launch, load_row, mapping, output, persisting, row_groups, row_sum,
+                   segment, stage, stash_vector, store_row, weights)
+from _rows_piped import envelope, lines, pipeable, piping, read_lines, refill, ring, stash_lines, store_envelope
 
 import mgjit
 
@@ -27,13 +28,18 @@ STAGE_GROUP = 8192
 
 
 @mgjit.kernel
-def rmsnorm_kernel(x, w, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
+def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
                    CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
-                   PERSIST: mgjit.constexpr = 0):
+                   PERSIST: mgjit.constexpr = 0, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
+                   STAGES: mgjit.constexpr = 0, STASH: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
-    streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster."""
-    if BLOCK and CHUNKS:
+    streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster; or
+    (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w as
+    a (1, n) view; read by piped mappings only)."""
+    if PIPE:
+        rmsnorm_piped(x, out, xl, outl, wv, eps, PIPE, PL, STAGES)
+    elif BLOCK and CHUNKS:
         rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
         rmsnorm_stream(x, w, out, eps, BLOCK)
@@ -62,6 +68,32 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
     for p in mgjit.static_range(len(PARTS)):
         y = y + (v[p] * scale[:, None] * wv[p],)
     store_row(out, rows, starts, y, PARTS)
+
+
+@mgjit.device
+def rmsnorm_piped(x, out, xl, outl, wv, eps, PIPE, PL, STAGES):
+    """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
+    with w in shared memory laid out as its rows' envelopes (examples/_rows_piped.py, stash_lines)."""
+    mgjit.min_ctas_per_sm(PIPE)
+    buf, full, count = ring(x, xl, held_width(PL), STAGES)
+    w_env = stash_lines(wv, x, held_width(PL))
+    for i in range(count):
+        row, a, s = envelope(x, xl, buf, full, i, 0.0)
+        env = buf[i % STAGES]
+        v = read_lines(env, PL)
+        squares = 0.0
+        for p in mgjit.static_range(len(PL)):
+            squares = squares + (v[p] * v[p]).sum()
+        scale = mgjit.rsqrt(squares / x.shape[1] + eps)
+        first = 0
+        for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
+            lines_p = mgjit.ds(first, PL[p])
+            y = v[p] * scale * w_env[lines_p, :][...].astype(mgjit.float32)
+            env[lines_p, :][...] = y.astype(out.dtype)
+            first += PL[p]
+        refill(x, xl, buf, full, i, count)
+        store_envelope(out, outl, env, row, a, s)
+    mgjit.store_async_wait(0)
 
 
 @mgjit.device
@@ -103,15 +135,21 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     out = output(out, x.shape, x.device, x.dtype, "rmsnorm")
     if x.shape[0] == 0:
         return out
-    launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program), (x, w, out), eps=eps)
+    pipe = rows_per_program is None and pipeable(x, out) and w.is_contiguous()
+    configs = rmsnorm_mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0, w.element_size())
+    views = (lines(x), lines(out), w.view(1, -1)) if pipe else (x, out, x)
+    launch(rmsnorm_kernel, configs, (x, w, out), views, eps=eps)
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def rmsnorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
-    """The row examples' mappings for rows of n columns, then the held ones again as persistent grids."""
-    configs = mapping(n, rows_per_program)
-    return persisting(configs, 1) if rows_per_program is None else configs
+def rmsnorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
+                    weight_size: int = 4) -> tuple[mgjit.Config, ...]:
+    """The row examples' mappings for rows of n columns, then the held ones again as persistent grids, then the
+    piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_size`."""
+    if rows_per_program is not None:
+        return piping(mapping(n, rows_per_program), 0, 0, weights=weight_size)
+    return piping(persisting(mapping(n), 1), n, itemsize, weights=weight_size)
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.
@@ -129,7 +167,7 @@ def setup(device):
 
 def compile(x, w, out, target):
     config = rmsnorm_mapping(x.shape[1])[0]
-    return rmsnorm_kernel.compile(x, w, out, eps=1e-6, **config.launch_kwargs(), target=target)
+    return rmsnorm_kernel.compile(x, w, out, x, out, x, eps=1e-6, **config.launch_kwargs(), target=target)
 
 
 def reference(x, w):

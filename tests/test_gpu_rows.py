@@ -94,10 +94,10 @@ def test_every_candidate_mapping(n, dtype):
         ln.layernorm_rows[grid](x, w, b, out, eps=1e-5, **opts)
         assert rel(out, torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)) < tol(dtype, n), config
         out.fill_(float("nan"))
-        rms.rmsnorm_kernel[grid](x, w, out, eps=1e-6, **opts)
+        rms.rmsnorm_kernel[grid](x, w, out, x, out, x, eps=1e-6, **opts)
         assert rel(out, torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)) < tol(dtype, n), config
         loss, lse = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
-        ce.cross_entropy_rows[grid](x, target, loss, lse, -100, **opts)
+        ce.cross_entropy_rows[grid](x, target, loss, lse, -100, x, **opts)
         assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5, config
 
 
@@ -118,7 +118,7 @@ def test_fused_elementwise_on_strided_rows():
     assert rel(out, fe.reference(x, y, z)) < 2e-2
 
 
-@pytest.mark.parametrize("n", [4000, 40000])
+@pytest.mark.parametrize("n", [4000, 8193, 40000])
 def test_strided_rows_and_empty_batches(n):
     base = torch.randn(64, n + 1000, device="cuda", dtype=torch.bfloat16)
     x = base[:, 3:3 + n]  # rows n + 1000 elements apart, starting 6 bytes in: nothing is 16-byte aligned
@@ -137,7 +137,8 @@ def test_strided_rows_and_empty_batches(n):
     assert loss.shape == lse.shape == (0,)
 
 
-# Piped rows (examples/_rows_piped.py): every candidate forced, over more rows than the programs' rings hold (each
+# Piped rows (examples/_rows_piped.py), softmax, cross-entropy and rmsnorm: every candidate forced, over more rows than the
+# programs' rings hold (each
 # slot reused), rows starting anywhere in a line, and a tensor whose last line is partial (its last row's envelope
 # patched from the tensor).
 PIPED = [(4097, torch.bfloat16), (5000, torch.float16), (8191, torch.float32), (8193, torch.bfloat16),
@@ -151,12 +152,29 @@ def test_every_piped_mapping(n, dtype):
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
     assert (m * n) % 256
     xd = x.double()
+    target = torch.randint(0, n, (m,), device="cuda")
+    target[::7] = -100
+    ref_loss = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
     configs = [c for c in sm.mapping(n, None, x.element_size()) if c.kwargs["PIPE"]]
     assert configs
     for config in configs:
+        grid = _rows.grid(m, config, x.device)
         out = torch.full_like(x, float("nan"))
-        sm.softmax_kernel[_rows.grid(m, config, x.device)](x, out, lines(x), lines(out), **config.launch_kwargs())
+        sm.softmax_kernel[grid](x, out, lines(x), lines(out), **config.launch_kwargs())
         assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
+        loss, lse = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
+        ce.cross_entropy_rows[grid](x, target, loss, lse, -100, lines(x), **config.launch_kwargs())
+        assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5, config
+        assert rel(loss, ref_loss) < 1e-4 * max(1.0, n / 8192) ** 0.5, config
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    ref = torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)
+    for config in rms.rmsnorm_mapping(n, None, x.element_size(), w.element_size()):
+        if not config.kwargs["PIPE"]:
+            continue
+        out = torch.full_like(x, float("nan"))
+        rms.rmsnorm_kernel[_rows.grid(m, config, x.device)](x, w, out, lines(x), lines(out), w.view(1, -1), eps=1e-6,
+                                                            **config.launch_kwargs())
+        assert rel(out, ref) < tol(dtype, n), config
 
 
 def test_in_place_softmax_is_not_tuned_on_its_own_output():
@@ -192,7 +210,7 @@ def test_persistent_norms(n, dtype):
             out = torch.full_like(x, float("nan"))
             grid, opts = _rows.grid(m, config, x.device), config.launch_kwargs()
             if index == 0:
-                rms.rmsnorm_kernel[grid](x, w, out, eps=1e-6, **opts)
+                rms.rmsnorm_kernel[grid](x, w, out, x, out, x, eps=1e-6, **opts)
                 ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
             else:
                 ln.layernorm_rows[grid](x, w, b, out, eps=1e-5, **opts)

@@ -22,6 +22,7 @@ import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
+from _rows_piped import lines  # noqa: E402
 
 BF16 = torch.bfloat16
 TOL = {torch.float32: 2e-6, BF16: 5e-3, torch.float16: 1e-3}
@@ -46,11 +47,11 @@ def kernels(x, dtype):
     loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
     return [
         (sm.softmax_kernel, (x, out[0], x, out[0]), {}, [(out[0], torch.softmax(xd, 1), TOL[dtype] * scale)]),
-        (rms.rmsnorm_kernel, (x, w, out[1]), {"eps": 1e-6},
+        (rms.rmsnorm_kernel, (x, w, out[1], x, out[1], x), {"eps": 1e-6},
          [(out[1], torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6), TOL[dtype] * scale)]),
         (ln.layernorm_rows, (x, w, b, out[2]), {"eps": 1e-5},
          [(out[2], torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), TOL[dtype] * scale)]),
-        (ce.cross_entropy_rows, (x, target, loss, lse, -100), {},
+        (ce.cross_entropy_rows, (x, target, loss, lse, -100, x), {},
          [(loss, torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100), 1e-5 * scale),
           (lse, torch.logsumexp(xd, 1), 1e-6 * scale)]),
     ]
@@ -132,16 +133,17 @@ def test_cross_entropy_of_a_target_outside_the_row_is_nan(n):
     target = torch.tensor([0, 3, n, -100, -5, n - 1])
     ref = torch.nn.functional.cross_entropy(x, target.clamp(0, n - 1), reduction="none")
     want = torch.where((target >= 0) & (target < n), ref, torch.nan).where(target != -100, 0.0)
-    configs = ce.mapping(n)
+    configs = ce.mapping(n, 4)  # piped ones too, from 4097 columns
     for config in configs:
         loss, lse = torch.full((6,), 7.0), torch.empty(6)
-        ce.cross_entropy_rows.interpret[_rows.grid(6, config)](x, target, loss, lse, -100, **config.launch_kwargs())
+        ce.cross_entropy_rows.interpret[_rows.grid(6, config)](x, target, loss, lse, -100, lines(x),
+                                                               **config.launch_kwargs())
         assert torch.allclose(loss, want, rtol=1e-5, atol=1e-5, equal_nan=True), config
-    compiled = ce.cross_entropy_rows.compile(x, target, loss, lse, -100, **configs[0].launch_kwargs(),
+    compiled = ce.cross_entropy_rows.compile(x, target, loss, lse, -100, x, **configs[0].launch_kwargs(),
                                              target="sm_90a")
     loss = torch.full((6,), 7.0)
     dev = ptx_sim.Device()
-    dev.run(compiled, _rows.grid(6, configs[0]), x, target, loss, lse, -100, cluster=configs[0].kwargs["CTAS"])
+    dev.run(compiled, _rows.grid(6, configs[0]), x, target, loss, lse, -100, x, cluster=configs[0].kwargs["CTAS"])
     assert torch.allclose(dev.fetch(loss), want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
@@ -277,8 +279,8 @@ def test_fused_candidates_do_not_spill(dtype):
         assert fe.fused_flat.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").spills == 0, config
 
 
-NORMS = {"rmsnorm": (rms.rmsnorm_kernel, rms.rmsnorm_mapping, {"eps": 1e-6}, 1),
-         "layernorm": (ln.layernorm_rows, ln.layernorm_mapping, {"eps": 1e-5}, 2)}
+NORMS = {"rmsnorm": (rms.rmsnorm_kernel, rms.rmsnorm_mapping, {"eps": 1e-6}, 1, 3),  # weights, views
+         "layernorm": (ln.layernorm_rows, ln.layernorm_mapping, {"eps": 1e-5}, 2, 0)}
 
 
 @pytest.mark.parametrize("name,n,segments", [("rmsnorm", 4095, 1), ("layernorm", 4095, 1), ("rmsnorm", 8191, 2),
@@ -290,14 +292,14 @@ def test_ragged_weights_cost_no_register_per_element(name, n, segments):
     register each: layernorm over bf16 rows of 4095 took 127 registers, 95 with weights 4096 long (on an H100,
     rmsnorm over rows of 8191 on two warpgroups ran 0.79 of copy bandwidth so, 0.94 filled in the words). So
     ragged weights compile to about as many registers as whole ones."""
-    kernel, mapping, constexprs, weights = NORMS[name]
+    kernel, mapping, constexprs, weights, views = NORMS[name]
     x = torch.empty(64, n, dtype=BF16)
     config = [c for c in mapping(n) if sum(c.kwargs["PARTS"]) and c.kwargs["CTAS"] * c.kwargs["WGS"] == segments
               and not c.kwargs.get("OCC") and not c.kwargs["PERSIST"]][0]
     registers = []
     for length in (n, -(-n // 8) * 8):
         w = torch.empty(length, dtype=BF16)
-        registers.append(kernel.compile(x, *[w] * weights, x, **constexprs, **config.launch_kwargs(),
+        registers.append(kernel.compile(x, *[w] * weights, x, *[x] * views, **constexprs, **config.launch_kwargs(),
                                         target="sm_90a").registers)
     assert registers[0] <= registers[1] + 8, (config, registers)
 
@@ -329,7 +331,7 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
     for kernel in (sm.softmax_kernel, rms.rmsnorm_kernel):  # an entry made before the stub has no C launcher
         monkeypatch.setattr(kernel, "_entry", None)
-    softmax_configs, rmsnorm_configs = sm.mapping(n, None, 4), rms.rmsnorm_mapping(n)
+    softmax_configs, rmsnorm_configs = sm.mapping(n, None, 4), rms.rmsnorm_mapping(n, None, 4)
     preferred = {sm.softmax_kernel.name: softmax_configs[1],
                  rms.rmsnorm_kernel.name: [c for c in rmsnorm_configs if c.kwargs["PERSIST"]][-1]}
     misses = []
@@ -347,7 +349,7 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     for example, kernel, args, constexprs, configs in (
             (sm.softmax, sm.softmax_kernel, (x,), {}, softmax_configs),
             (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6}, rmsnorm_configs)):
-        views = (x, x) if kernel is sm.softmax_kernel else ()  # softmax's lines views: any tensors of x's dtype
+        views = (x, x) if kernel is sm.softmax_kernel else (x, x, x)  # the wrappers' views: any of x's dtype
         example(*args)
         best = preferred[kernel.name]
         first = len(gpu.launches)
@@ -438,7 +440,8 @@ def test_persistent_grids_fit_their_weights_in_shared_memory():
                if c.kwargs["PERSIST"])
     x = torch.empty(8, 8191, dtype=BF16)
     w = torch.empty(8191, dtype=BF16)
-    for kernel, args, constexprs, configs in ((rms.rmsnorm_kernel, (x, w, x), {"eps": 1e-6}, rms.rmsnorm_mapping(8191)),
+    for kernel, args, constexprs, configs in ((rms.rmsnorm_kernel, (x, w, x, x, x, x), {"eps": 1e-6},
+                                               rms.rmsnorm_mapping(8191)),
                                               (ln.layernorm_rows, (x, w, w, x), {"eps": 1e-5}, held)):
         for config in [c for c in configs if c.kwargs["PERSIST"] and c.kwargs["ROWS"] == 1]:
             compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")

@@ -1,4 +1,4 @@
-"""Piped rows (examples/_rows_piped.py) without a GPU: every piped mapping of softmax interpreted over more rows
+"""Piped rows (examples/_rows_piped.py) without a GPU: every piped mapping of softmax and cross-entropy interpreted over more rows
 than the programs' rings hold (a grid of 2 SMs), rows starting anywhere in a line of the flattened tensor and a
 last partial line; which mappings are offered, for which tensors; registers at sm_90a."""
 import os
@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import _rows  # noqa: E402
 import _rows_piped as piped  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -33,6 +35,35 @@ def test_every_piped_mapping_interpreted(n, dtype):
         out = torch.full_like(x, float("nan"))
         sm.softmax_kernel.interpret[(programs,)](x, out, piped.lines(x), piped.lines(out), **config.launch_kwargs())
         assert rel_err(out, torch.softmax(x.double(), 1)) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
+        target = torch.randint(0, n, (rows,))
+        target[::4] = -100
+        loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x),
+                                                     **config.launch_kwargs())
+        xd = x.double()
+        assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
+        ref = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
+        assert rel_err(loss, ref) < 1e-5, config
+
+
+@pytest.mark.parametrize("n,dtype", [(4097, BF16), (5000, torch.float32)], ids=str)
+def test_every_piped_rmsnorm_interpreted(n, dtype):
+    """rmsnorm's piped grids are a multiple of 256 programs (the weights stashed once per program, laid out as its
+    rows' envelopes): 3 more rows than programs, so that three programs take a second row, which starts as far
+    into its envelope as their first."""
+    itemsize = torch.finfo(dtype).bits // 8
+    configs = [c for c in rms.rmsnorm_mapping(n, None, itemsize, itemsize) if c.kwargs["PIPE"]]
+    assert configs and all(c.kwargs["STASH"] == piped.LINE for c in configs)
+    rows = piped.LINE + 3
+    x = (torch.randn(rows, n) + 0.3).to(dtype)
+    w = torch.randn(n).to(dtype)
+    ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
+    for config in configs[:2]:
+        assert _rows.grid(rows, config) == (piped.LINE,)
+        out = torch.full_like(x, float("nan"))
+        rms.rmsnorm_kernel.interpret[(piped.LINE,)](x, w, out, piped.lines(x), piped.lines(out), w.view(1, -1),
+                                                    eps=1e-6, **config.launch_kwargs())
+        assert rel_err(out, ref) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
 
 
 def test_piped_softmax_through_the_wrapper(monkeypatch):
@@ -47,6 +78,18 @@ def test_piped_softmax_through_the_wrapper(monkeypatch):
     assert rel_err(out, torch.softmax(x.double(), 1)) < 1e-6
 
 
+def test_piped_cross_entropy_through_the_wrapper(monkeypatch):
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    n = 5003
+    first = [c for c in ce.mapping(n, 2) if c.kwargs["PIPE"]][0]
+    monkeypatch.setattr(ce, "mapping", lambda *args: (first,))
+    logits = (torch.randn(9, n) * 4).to(BF16)
+    target = torch.randint(0, n, (9,))
+    loss, lse = ce.cross_entropy(logits, target)
+    assert rel_err(lse, torch.logsumexp(logits.double(), 1)) < 1e-6
+    assert rel_err(loss, torch.nn.functional.cross_entropy(logits.double(), target, reduction="none")) < 1e-5
+
+
 def test_which_rows_are_piped():
     """Piped mappings are offered from 4097 columns to the 65 lines one warpgroup holds (16385), where their
     slots fit shared memory, and every config of the kernel sets the same constexprs."""
@@ -54,6 +97,8 @@ def test_which_rows_are_piped():
                                 (16385, 4, 0), (100000, 2, 0)):
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
+        assert [c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"]] == [
+            c.kwargs for c in configs if c.kwargs["PIPE"]], n
         got = [c for c in configs if c.kwargs["PIPE"]]
         assert len(got) == expect, (n, itemsize, got)
         for c in got:

@@ -38,12 +38,13 @@ def launch_of(kernel: str, x: torch.Tensor):
     if kernel == "softmax":
         return sm.softmax_kernel, (x, out, lines(x), lines(out)), {}, sm.mapping(n, None, x.element_size())
     if kernel == "rmsnorm":
-        return rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n)
+        return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), w.view(1, -1)), {"eps": 1e-6},
+                rms.rmsnorm_mapping(n, None, x.element_size(), w.element_size()))
     if kernel == "layernorm":
         return ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n)
     target = torch.randint(0, n, (x.shape[0],))
     loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
-    return ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n)
+    return ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x)), {}, ce.mapping(n, x.element_size())
 
 
 def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0):
