@@ -193,6 +193,37 @@ def test_where_broadcasts_its_values_along_the_condition():
     assert where_broadcasts.compile(x, out, G=16, target="sm_90a").spills == 0
 
 
+@mgjit.kernel
+def real_size_one_broadcasts(x, out, G: mgjit.constexpr):
+    """Arrays loaded with a real size-1 dimension stretched to a square: a (1, G) row, a (G, 1) column, a (1, 1)
+    corner, in float32 and as a bool mask."""
+    row = x[mgjit.ds(0, 1), mgjit.ds(0, G)]
+    col = x[mgjit.ds(0, G), mgjit.ds(1, 1)]
+    corner = x[mgjit.ds(2, 1), mgjit.ds(3, 1)]
+    square = x[mgjit.ds(0, G), mgjit.ds(0, G)]
+    out[mgjit.ds(0, G), mgjit.ds(0, G)] = square * row + col - corner
+    out[mgjit.ds(G, G), mgjit.ds(0, G)] = mgjit.where(row > 0, square, col)
+
+
+def test_real_size_one_dimensions_broadcast():
+    """A genuine (1, G) array (not a view made by indexing with None) stretched to (G, G) was refused with "cannot
+    broadcast shape (1, 16) to (16, 16)": Broadcast maps dimensions of equal size. It is squeezed first (no
+    arithmetic: the same elements), then broadcast. Exact against torch, in the interpreter and from the PTX."""
+    import ptx_sim
+    x = torch.randn(16, 16)
+    out = poisoned(32, 16)
+    real_size_one_broadcasts.interpret[(1,)](x, out, G=16)
+    row, col, corner = x[0:1, :], x[:, 1:2], x[2, 3]
+    want = torch.cat([x * row + col - corner, torch.where(row > 0, x, col)])
+    assert torch.equal(out, want)
+    compiled = real_size_one_broadcasts.compile(x, out, G=16, target="sm_90a")
+    assert compiled.spills == 0 and "squeeze" in str(real_size_one_broadcasts.inspect(x, out, G=16))
+    out = poisoned(32, 16)
+    dev = ptx_sim.Device()
+    dev.run(compiled, (1,), x, out)
+    assert torch.equal(dev.fetch(out), want)
+
+
 def test_loops_helpers_if():
     rows, n = 7, 1300
     x = torch.randn(rows, n)

@@ -139,14 +139,17 @@ class Semantics:
             dims = tuple(range(len(shape) - len(own), len(shape)))
         if own == shape and not isinstance(x, Expanded):
             return src
+        # The operand's size-1 dimensions that stretch are squeezed out; the rest map to result dims.
+        stretched = tuple(i for i, d in enumerate(dims) if src.shape[i] == 1 and shape[d] != 1)
+        if stretched:
+            src = self.emit(ops.Squeeze(src.value, stretched, self.builder.loc))
+            dims = tuple(d for i, d in enumerate(dims) if i not in stretched)
         if not src.shape:
             return self.emit(ops.Splat(src.value, shape, self.builder.loc))
-        # Drop the size-1 dimensions of the operand that broadcast; the rest map to result dims.
-        keep = [(i, d) for i, d in enumerate(dims)]
-        for i, d in keep:
-            if src.shape[i] != shape[d]:
+        for n, d in zip(src.shape, dims):
+            if n != shape[d]:
                 raise self.error(f"cannot broadcast shape {own} to {shape}")
-        return self.emit(ops.Broadcast(src.value, shape, tuple(d for _, d in keep), self.builder.loc))
+        return self.emit(ops.Broadcast(src.value, shape, dims, self.builder.loc))
 
     def _operands(self, *xs: Any, within: tuple[int, ...] = ()) -> list[Tensor]:
         """Promote operands to one dtype and one shape (numpy broadcasting, also against the shape `within`;

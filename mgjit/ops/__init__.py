@@ -7,7 +7,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | program | Constant, ProgramId, NumPrograms, RefDim |
 | elementwise | Unary, Binary, Fma, Compare, Select, Cast |
 | arrays | Splat, Iota, Broadcast, Relayout |
-| reductions | Reduce |
+| reductions | Reduce, Squeeze |
 | control | For, If, Yield |
 | gmem | Load, Store |
 | atomics | Atomic, SemaphoreWait |
@@ -35,7 +35,7 @@ from .debug import Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
-from .reductions import Reduce
+from .reductions import Reduce, Squeeze
 from .smem import RefIndex, RefSlice, RefTranspose, SmemAlloc, SmemLoad, SmemStore
 from .smem_scopes import ScopedSmemAlloc, SmemFree
 from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
@@ -52,7 +52,7 @@ __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "B
            "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
            "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout",
            "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad",
-           "SmemStore", "Splat", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut",
+           "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut",
            "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc",
            "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId",
            "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

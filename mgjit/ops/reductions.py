@@ -1,4 +1,5 @@
-"""Reductions over axes of a register array: Reduce (sum, max, min).
+"""Reductions over axes of a register array: Reduce (sum, max, min), and Squeeze (dropping axes of size 1: the
+same layout rule, no arithmetic).
 
 The result's layout is the operand's with the reduced axes removed (the threads that held different parts
 of them now hold copies). Lowering combines, in order: the elements one thread holds that differ only along
@@ -50,8 +51,29 @@ class Reduce(Op):
                              f"{-rank}..{rank - 1}")
 
 
+class Squeeze(Op):
+    """`x` without its axes `axes`, each of size 1: what a real (1, n) array broadcast to (m, n) becomes first
+    (Broadcast maps operand dimensions to result dimensions of the same size)."""
+
+    name = "squeeze"
+
+    def __init__(self, x: Value, axes: tuple[int, ...], loc: Loc | None):
+        shape = tuple(d for i, d in enumerate(x.type.shape) if i not in axes)
+        super().__init__([x], [ArrayType(shape, x.dtype) if shape else ScalarType(x.dtype)], loc)
+        self.axes = tuple(sorted(axes))
+
+    def attrs(self):
+        return {"axes": self.axes}
+
+    def verify(self):
+        shape = self.operands[0].type.shape
+        check(all(0 <= a < len(shape) and shape[a] == 1 for a in self.axes), self,
+              f"squeeze drops axes of size 1; axes {self.axes} of shape {shape}")
+
+
 @infer.rule(Reduce)
-def _infer_reduce(op: Reduce, inf: infer.Inference) -> None:
+@infer.rule(Squeeze)
+def _infer_reduce(op: Reduce | Squeeze, inf: infer.Inference) -> None:
     src = op.operands[0]
     if not op.result.is_array:
         return
@@ -176,6 +198,30 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- interpreter
+
+@lower.rule(Squeeze)
+def _squeeze(op: Squeeze, ctx: lower.Context) -> None:
+    """Each result element is the one element the thread holds at the same offsets along the kept axes."""
+    src = ctx.frag(op.operands[0])
+    out = op.result
+    if src.is_splat:
+        x = src.elems[0]
+        ctx.set(out, lower.Frag(out.layout, out.type.shape, src.dtype, [x]) if out.is_array else x)
+        return
+    keep = [d for d in range(len(src.shape)) if d not in op.axes]
+    held = {tuple(off[d] for d in keep): x for off, x in zip(element_offsets(src.layout, src.shape), src.elems)}
+    if not out.is_array:
+        ctx.set(out, held[()])
+        return
+    elems = [held[off] for off in element_offsets(out.layout, out.type.shape)]
+    ctx.set(out, lower.Frag(out.layout, out.type.shape, src.dtype, elems))
+
+
+@interpret.rule(Squeeze)
+def _interp_squeeze(op: Squeeze, wg: Warpgroup) -> None:
+    x = wg.get(op.operands[0], op)
+    wg.set(op.result, x.reshape(op.result.type.shape if op.result.is_array else ()))
+
 
 @interpret.rule(Reduce)
 def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
