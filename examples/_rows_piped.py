@@ -73,16 +73,15 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int 
     per_line = LINE * weights
     shapes = [(stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
               if per_sm * (stages * nl * LINE * itemsize + nl * per_line + SLACK) <= HOPPER.smem_bytes]
-    others = {k: 0 for k in plain[0].kwargs if k not in ("PIPE", "PL", "STAGES", "STASH")}
-    return plain + tuple(piped(n, stages, per_sm, weights > 0).replace(**{**others, "ROWS": 1, "PARTS": (),
-                                                                           "CTAS": 1, "WGS": 1})
-                         for stages, per_sm in shapes)
+    widened = (piped(n, stages, per_sm, weights > 0) for stages, per_sm in shapes)  # every config sets all keys
+    return plain + tuple(c.replace(**{k: 0 for k in plain[0].kwargs if k not in c.kwargs}) for c in widened)
 
 
 def pipeable(*tensors) -> bool:
     """Whether piped mappings may run on these tensors: contiguous (a row's envelope is its neighbours' bytes),
-    16-byte aligned (TMA), and with their element indices within int32."""
-    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.numel() < 2 ** 31 for t in tensors)
+    16-byte aligned (TMA), and with their element indices, and an envelope past the last, within int32."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.numel() < 2 ** 31 - MAX_LINES * LINE
+               for t in tensors)
 
 
 def lines(t):

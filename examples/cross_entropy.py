@@ -1,13 +1,15 @@
 """Cross-entropy forward: loss[r] = logsumexp(logits[r, :]) - logits[r, target[r]], for any vocabulary size.
 
-The logits are read exactly once, by one of three mappings (autotuned per shape). Held rows, as in
+The logits are read exactly once, by one of four mappings (autotuned per shape). Held rows, as in
 examples/_rows.py: short rows ROWS to a program; rows of up to 262144 split over the warpgroups of a cluster,
 each segment computing its maximum and its sum of exp(x - that maximum), which the segments swap once through
 distributed shared memory (one mbarrier wait). Streamed rows (any row over
 8192 columns, and the only way past 262144): one program per row loops over BLOCK-wide chunks with an online
 logsumexp (a running maximum, the sum rescaled when it grows). Chunked rows (any row over 8192): a segment of
 the row per CTA of a cluster, read once into shared memory with its maximum, then its sum of exp(x - that
-maximum) from shared memory; the segments swap them once. The target's logit is one scalar load per row
+maximum) from shared memory; the segments swap them once. Piped rows (4097 to 16385 columns, contiguous logits:
+examples/_rows_piped.py): persistent programs stream their rows through shared-memory slots by TMA, and read
+the target's logit from the slot. Elsewhere the target's logit is one scalar load per row
 (every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose
 target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN (torch
 raises). The logsumexp is returned too (what a backward pass needs).

@@ -11,7 +11,9 @@ BLOCK-wide chunks with an online softmax (a running maximum and a sum rescaled w
 pass writes: the only way for rows longer than 262144 columns, and a candidate for any row over 8192. Or a row
 is split over a cluster in chunks kept in shared memory (chunked rows): each CTA reads its segment once
 (its maximum on the way), sums exp(x - its maximum) from shared memory, swaps (maximum, sum) once, and writes
-from shared memory. bf16/f16 inputs are computed in float32 and rounded once at the store. The mapping is
+from shared memory. Or (piped rows, 4097 to 16385 columns, contiguous tensors: examples/_rows_piped.py) a few
+persistent programs an SM each stream their rows through shared-memory slots, one TMA copy a row, computing one
+while the next ones land. bf16/f16 inputs are computed in float32 and rounded once at the store. The mapping is
 autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
