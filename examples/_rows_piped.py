@@ -20,8 +20,10 @@ whose envelope reaches it reads it from the tensor (`patch_tail`).
 A weight vector (rmsnorm's) must meet each element at its column, but rows start anywhere in their envelopes.
 With a grid of a multiple of LINE programs, though, each program's rows all start where its first does, so a
 program lays the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned.
-Layernorm is not piped yet: the fill (zeros) would enter its sum of squared deviations, and masking it out
-costs a compare and a select an element (or an inexact correction, for rows whose mean is far from 0).
+Layernorm is not piped yet: the fill (zeros) would enter its sum of squared deviations. Masking it with a
+compare and a select costs two instructions an element, a correction by the fills' count times the squared mean
+loses precision where the mean is far from 0; what would cost nothing is a third stashed vector, 1 inside the
+row and 0 outside, so that d = fma(-mean, inside, v) is exactly 0 at the fill.
 
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
