@@ -66,6 +66,17 @@ def test_every_piped_rmsnorm_interpreted(n, dtype):
         assert rel_err(out, ref) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
 
 
+@pytest.mark.parametrize("n,rows", [(8193, 1), (4352, 2)])
+def test_fewer_rows_than_slots(n, rows):
+    """A program with fewer rows than slots (the prologue copies only those), and a tensor of whole lines (the last
+    envelope reaches past the end: nothing to patch, zeros filled)."""
+    x = torch.randn(rows, n) * 3
+    config = [c for c in sm.mapping(n, None, 4) if c.kwargs["PIPE"] and c.kwargs["STAGES"] >= 3][0]
+    out = torch.full_like(x, float("nan"))
+    sm.softmax_kernel.interpret[(1,)](x, out, piped.lines(x), piped.lines(out), **config.launch_kwargs())
+    assert rel_err(out, torch.softmax(x.double(), 1)) < 1e-6
+
+
 def test_piped_softmax_through_the_wrapper(monkeypatch):
     """The wrapper launches a piped mapping the tuner picked (here forced first) with the lines views."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
