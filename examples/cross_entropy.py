@@ -119,8 +119,8 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
 
 @mgjit.device
 def pick(env, e):
-    """Element e of a row's envelope (a piped slot) as float32: the 16-byte run holding it read, the element
-    selected."""
+    """Element e of a row's envelope (a piped slot) as float32: the 8 elements around it read (whole 16-byte
+    runs: a view of an unswizzled tile starts on one), the element selected."""
     line = env[mgjit.ds(e // LINE, 1), mgjit.ds(e % LINE // 8 * 8, 8)][...].astype(mgjit.float32)
     return mgjit.where(mgjit.arange(8)[None, :] == e % 8, line, 0.0).sum()
 
