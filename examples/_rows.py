@@ -223,8 +223,12 @@ def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = 
     """The config `tuned_launch` launches for these arguments (tuned by an earlier launch)."""
     if _untuned(configs, args):
         return configs[0]
-    named = {**dict(zip(kernel.arg_names, (*args, *views))), **constexprs}
-    return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(named)
+    return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(_named(kernel, args, views, constexprs))
+
+
+def _named(kernel, args: tuple, views: tuple, constexprs: dict) -> dict:
+    """A launch's arguments by name, as the tuner binds them."""
+    return {**dict(zip(kernel.arg_names, (*args, *views))), **constexprs}
 
 
 def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (),
@@ -233,9 +237,9 @@ def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple =
     arguments in this process; empty when it launched without tuning."""
     if _untuned(configs, args):
         return []
-    named = {**dict(zip(kernel.arg_names, (*args, *views))), **constexprs}
     try:
-        report = _tuned(kernel, tuple(configs), kernel.arg_names[0]).tuning_report(named)
+        report = _tuned(kernel, tuple(configs), kernel.arg_names[0]).tuning_report(_named(kernel, args, views,
+                                                                                          constexprs))
     except LookupError:
         return []
     return [(row.config, row.ms) for row in report.rows]

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from _rows import part_starts
+
 import mgjit
 from mgjit.targets import HOPPER
 
@@ -116,30 +118,44 @@ def stash_lines(v, x, NL):
     does where the grid is a multiple of LINE programs (row r + k * LINE starts k * LINE * n elements, whole
     lines, further on), so the weights are read once per program, and per row as aligned as its elements."""
     buf = mgjit.smem((NL, LINE), v.dtype)
-    start = mgjit.program_id(0) * x.shape[1]
-    s = start - start // LINE * LINE
+    _, s = envelope_start(x, mgjit.program_id(0))
     for k in range(NL):
         buf[mgjit.ds(k, 1), :][...] = mgjit.load(v, (mgjit.ds(0, 1), mgjit.ds(k * LINE - s, LINE)), other=0)
     return buf
 
 
 @mgjit.device
+def program_row(i):
+    """The row index of this program's i-th row (programs take rows in turn)."""
+    return mgjit.program_id(0) + i * mgjit.num_programs(0)
+
+
+@mgjit.device
+def envelope_start(x, row):
+    """(a, s): the flat index of the first element of row `row`'s envelope (a whole line), and how far into it
+    the row starts."""
+    first = row * x.shape[1]
+    a = first // LINE * LINE
+    return a, first - a
+
+
+@mgjit.device
 def copy_row(x, xl, buf, full, i):
     """Issue the copy of this program's i-th row's envelope into its slot."""
-    row = mgjit.program_id(0) + i * mgjit.num_programs(0)
+    a, _ = envelope_start(x, program_row(i))
     slot = i % buf.shape[0]
-    mgjit.copy_async(xl, (row * x.shape[1] // LINE, 0), buf[slot], barrier=full[slot])
+    mgjit.copy_async(xl, (a // LINE, 0), buf[slot], barrier=full[slot])
 
 
 @mgjit.device
 def envelope(x, xl, buf, full, i, fill):
-    """Wait for this program's i-th row; return (its row index, the first element of its envelope in the flat
-    tensor, the row's start within it), its envelope's columns outside the row overwritten with `fill`."""
+    """Wait for this program's i-th row; return (its slot, its row index, the first element of its envelope in
+    the flat tensor, the row's start within it), its envelope's columns outside the row overwritten with
+    `fill`."""
     n = x.shape[1]
+    row = program_row(i)
+    a, s = envelope_start(x, row)
     slot = i % buf.shape[0]
-    row = mgjit.program_id(0) + i * mgjit.num_programs(0)
-    a = row * n // LINE * LINE
-    s = row * n - a
     full[slot].wait()
     env = buf[slot]
     patch_tail(x, env, a, xl.shape[0])
@@ -150,7 +166,7 @@ def envelope(x, xl, buf, full, i, fill):
     cols = (nl - 2) * LINE + mgjit.arange(2)[:, None] * LINE + mgjit.arange(LINE)[None, :]
     tail[...] = mgjit.where(cols >= s + n, fill, tail[...])
     mgjit.cta_sync()
-    return row, a, s
+    return env, row, a, s
 
 
 @mgjit.device
@@ -165,14 +181,38 @@ def patch_tail(x, env, a, full_lines):
 
 
 @mgjit.device
+def line_parts(env, PL):
+    """Views of the envelope's lines, one per count of PL (`part_starts` lays them out)."""
+    starts = part_starts(0, PL, 1)
+    views = ()
+    for p in mgjit.static_range(len(PL)):
+        views = views + (env[mgjit.ds(starts[p], PL[p]), :],)
+    return views
+
+
+@mgjit.device
 def read_lines(env, PL):
     """The envelope's lines as float32 arrays, one per count of PL."""
+    parts = line_parts(env, PL)
     held = ()
-    first = 0
     for p in mgjit.static_range(len(PL)):
-        held = held + (env[mgjit.ds(first, PL[p]), :][...].astype(mgjit.float32),)
-        first += PL[p]
+        held = held + (parts[p][...].astype(mgjit.float32),)
     return held
+
+
+@mgjit.device
+def exp_lines(v):
+    """(e, m, total) of a row's lines v (float32 arrays): m their maximum, e = exp(v - m) per array, total the
+    sum of e (the fill, -inf, adds nothing)."""
+    m = v[0].max()
+    for p in mgjit.static_range(1, len(v)):
+        m = mgjit.maximum(m, v[p].max())
+    e = ()
+    total = 0.0
+    for p in mgjit.static_range(len(v)):
+        e = e + (mgjit.exp(v[p] - m, ftz=True),)
+        total = total + e[p].sum()
+    return e, m, total
 
 
 @mgjit.device
@@ -189,10 +229,9 @@ def refill(x, xl, buf, full, i, count):
 @mgjit.device
 def write_lines(env, y, PL):
     """The row's results (arrays as `read_lines` gave) into its envelope, in place."""
-    first = 0
+    parts = line_parts(env, PL)
     for p in mgjit.static_range(len(PL)):
-        env[mgjit.ds(first, PL[p]), :][...] = y[p].astype(env.dtype)
-        first += PL[p]
+        parts[p][...] = y[p].astype(env.dtype)
 
 
 @mgjit.device

@@ -21,7 +21,7 @@ import functools
 import torch
 from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
                    mapping as rows_mapping, merge_exp, output, segment, segment_sum, stage, store_stat)
-from _rows_piped import LINE, copy_row, envelope, lines, pipeable, piping, read_lines, ring
+from _rows_piped import LINE, copy_row, envelope, exp_lines, lines, pipeable, piping, program_row, read_lines, ring
 
 import mgjit
 
@@ -94,24 +94,18 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
     mgjit.min_ctas_per_sm(PIPE)
     n = logits.shape[1]
     buf, full, count = ring(logits, xl, held_width(PL), STAGES)
-    programs = mgjit.num_programs(0)
-    t_next = target[mgjit.minimum(mgjit.program_id(0), logits.shape[0] - 1)]
+    last = logits.shape[0] - 1
+    t_next = target[mgjit.minimum(program_row(0), last)]
     for i in range(count):
         t = t_next
-        row, _, s = envelope(logits, xl, buf, full, i, -float("inf"))
-        t_next = target[mgjit.minimum(row + programs, logits.shape[0] - 1)]
-        env = buf[i % STAGES]
+        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"))
+        t_next = target[mgjit.minimum(program_row(i + 1), last)]
         v = read_lines(env, PL)
         picked = pick(env, s + mgjit.minimum(mgjit.maximum(t.astype(mgjit.int32), 0), n - 1))
         mgjit.cta_sync()
         if i + STAGES < count:
             copy_row(logits, xl, buf, full, i + STAGES)
-        m = v[0].max()
-        for p in mgjit.static_range(1, len(PL)):
-            m = mgjit.maximum(m, v[p].max())
-        total = 0.0
-        for p in mgjit.static_range(len(PL)):
-            total = total + mgjit.exp(v[p] - m, ftz=True).sum()
+        _, m, total = exp_lines(v)
         row_lse = m + mgjit.log(total)
         lse[row] = row_lse
         loss[row] = row_loss(t, ignore_index, n, row_lse, picked)

@@ -21,7 +21,8 @@ import functools
 import torch
 from _rows import (chunked_segment, held_width, launch, load_row, mapping, output, persisting, row_groups, row_sum,
                    segment, stage, stash_vector, store_row, weights)
-from _rows_piped import envelope, lines, pipeable, piping, read_lines, refill, ring, stash_lines, store_envelope
+from _rows_piped import (envelope, line_parts, lines, pipeable, piping, read_lines, refill, ring, stash_lines,
+                         store_envelope)
 
 import mgjit
 
@@ -80,19 +81,15 @@ def rmsnorm_piped(x, out, xl, outl, wv, eps, PIPE, PL, STAGES):
     buf, full, count = ring(x, xl, held_width(PL), STAGES)
     w_env = stash_lines(wv, x, held_width(PL))
     for i in range(count):
-        row, a, s = envelope(x, xl, buf, full, i, 0.0)
-        env = buf[i % STAGES]
+        env, row, a, s = envelope(x, xl, buf, full, i, 0.0)
         v = read_lines(env, PL)
         squares = 0.0
         for p in mgjit.static_range(len(PL)):
             squares = squares + (v[p] * v[p]).sum()
         scale = mgjit.rsqrt(squares / x.shape[1] + eps)
-        first = 0
+        w_parts, parts = line_parts(w_env, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
-            lines_p = mgjit.ds(first, PL[p])
-            y = v[p] * scale * w_env[lines_p, :][...].astype(mgjit.float32)
-            env[lines_p, :][...] = y.astype(out.dtype)
-            first += PL[p]
+            parts[p][...] = (v[p] * scale * w_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
         refill(x, xl, buf, full, i, count)
         store_envelope(out, outl, env, row, a, s)
     mgjit.store_async_wait(0)

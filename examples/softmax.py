@@ -23,7 +23,8 @@ import functools
 import torch
 from _rows import (chunked_segment, exp_segment, held_width, launch, load_row, mapping as rows_mapping, merge_exp,
                    output, segment, stage, store_row)
-from _rows_piped import envelope, lines, pipeable, piping, read_lines, refill, ring, store_envelope, write_lines
+from _rows_piped import (envelope, exp_lines, lines, pipeable, piping, read_lines, refill, ring, store_envelope,
+                         write_lines)
 
 import mgjit
 
@@ -65,17 +66,8 @@ def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES):
     mgjit.min_ctas_per_sm(PIPE)
     buf, full, count = ring(x, xl, held_width(PL), STAGES)
     for i in range(count):
-        row, a, s = envelope(x, xl, buf, full, i, -float("inf"))
-        env = buf[i % STAGES]
-        v = read_lines(env, PL)
-        m = v[0].max()
-        for p in mgjit.static_range(1, len(PL)):
-            m = mgjit.maximum(m, v[p].max())
-        e = ()
-        total = 0.0
-        for p in mgjit.static_range(len(PL)):
-            e = e + (mgjit.exp(v[p] - m, ftz=True),)
-            total = total + e[p].sum()
+        env, row, a, s = envelope(x, xl, buf, full, i, -float("inf"))
+        e, _, total = exp_lines(read_lines(env, PL))
         scale = 1.0 / total
         y = ()
         for p in mgjit.static_range(len(PL)):
