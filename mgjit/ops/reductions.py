@@ -197,8 +197,6 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     ctx.set(out, lower.Frag(out.layout, out.type.shape, dtype, elems))
 
 
-# ---------------------------------------------------------------------------------------------- interpreter
-
 @lower.rule(Squeeze)
 def _squeeze(op: Squeeze, ctx: lower.Context) -> None:
     """Each result element is the one element the thread holds at the same offsets along the kept axes."""
@@ -216,6 +214,8 @@ def _squeeze(op: Squeeze, ctx: lower.Context) -> None:
     elems = [held[off] for off in element_offsets(out.layout, out.type.shape)]
     ctx.set(out, lower.Frag(out.layout, out.type.shape, src.dtype, elems))
 
+
+# ---------------------------------------------------------------------------------------------- interpreter
 
 @interpret.rule(Squeeze)
 def _interp_squeeze(op: Squeeze, wg: Warpgroup) -> None:
