@@ -115,13 +115,15 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
             picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, isz, isz), (x, w, out),
-                                    views=(x, out, w.view(1, -1)), eps=1e-6)
+                                    views=(x, out, rms_example.weight_rows(w)), eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
-            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n), (x, w, b, out), eps=1e-5)
+            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n, None, isz, 2 * isz),
+                                    (x, w, b, out), views=(x, out, ln_example.weight_rows(w), ln_example.weight_rows(b)),
+                                    eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)

@@ -1,6 +1,6 @@
 """Piped rows: a persistent program streams rows through a ring of shared-memory slots, one TMA copy per row,
-and computes one row while the copies of the next ones are in flight (a mapping of softmax, cross-entropy and
-rmsnorm for rows of 4097 to 16385 columns, beside those of examples/_rows.py; the tuner picks).
+and computes one row while the copies of the next ones are in flight (a mapping of softmax, cross-entropy,
+rmsnorm and layernorm for rows of 4097 to 16385 columns, beside those of examples/_rows.py; the tuner picks).
 
 A held row (examples/_rows.py) is loaded into registers, reduced, exchanged, computed and stored by one CTA, and
 nothing of that CTA's is in flight between its load and its stores: the bytes in flight an SM are bounded by the
@@ -17,25 +17,24 @@ row is read, the envelope's columns outside the row are overwritten with the ker
 maximum, 0 for a sum), so that it is read with no mask. The lines view leaves out a last partial line: the row
 whose envelope reaches it reads it from the tensor (`patch_tail`).
 
-A weight vector (rmsnorm's) must meet each element at its column, but rows start anywhere in their envelopes.
-With a grid of a multiple of LINE programs, though, each program's rows all start where its first does, so a
-program lays the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned.
-Layernorm is not piped yet: the fill (zeros) would enter its sum of squared deviations. Masking it with a
-compare and a select costs two instructions an element, a correction by the fills' count times the squared mean
-loses precision where the mean is far from 0; what would cost nothing is a third stashed vector, 1 inside the
-row and 0 outside, so that d = fma(-mean, inside, v) is exactly 0 at the fill.
+A weight vector (rmsnorm's, layernorm's two) must meet each element at its column, but rows start anywhere in
+their envelopes. With a grid of a multiple of LINE programs, though, each program's rows all start where its
+first does, so a program lays the weights out once, as its rows' envelopes are (`stash_lines`), and reads them
+per row aligned. Layernorm refills the envelope's outside with the row's mean before it reads the row for its
+deviations (`fill_outside`; examples/layernorm.py says why).
 
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
 one box a row runs it at 0.51. Two CTAs an SM of three slots each: softmax 8193 0.94 (held: 0.85), 12289 0.93
 (0.79), 16385 0.95 (0.78), 8191 0.94 (0.92); 4097 0.91 (0.94, so held rows keep that). Tuned, bf16:
-cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.78 (0.76), 6001 0.84.
+cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.88 (0.76), 12289 0.90 (0.76),
+16385 0.88 (0.70); layernorm 8193 0.74 (0.60), 12289 0.74 (0.60).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from _rows import part_starts
+from _rows import held_width, part_starts
 
 import mgjit
 from mgjit.targets import HOPPER
@@ -111,17 +110,36 @@ def ring(x, xl, NL, STAGES):
 
 
 @mgjit.device
-def stash_lines(v, x, NL):
-    """A weight vector `v` (given as a (1, n) view) laid out as this program's rows' envelopes are, in shared
-    memory in its own dtype (float32 weights over bf16 rows, read in the rows' layout, conflict 2-way on the
-    banks): zero outside the row. Every row of a program starts as many elements into its envelope as its first
-    does where the grid is a multiple of LINE programs (row r + k * LINE starts k * LINE * n elements, whole
-    lines, further on), so the weights are read once per program, and per row as aligned as its elements."""
-    buf = mgjit.smem((NL, LINE), v.dtype)
+def stash_lines(v, rows, x, PL):
+    """A weight vector `v` laid out as this program's rows' envelopes are, in shared memory in its own dtype (zero
+    outside the row; `rows`: v as `weight_rows` views it). Every row of a program starts as many elements into its
+    envelope as its first does where the grid is a multiple of LINE programs (row r + k * LINE starts
+    k * LINE * n elements, whole lines, further on), so the weights are read once per program, and per row as
+    aligned as its elements. Envelope line k is v[k * LINE - s:][:LINE], columns LINE - s on of row k - 1 of
+    `rows`: one load per part of PL brings lines 1 to NL - 3, then the first line and the last two (beyond `rows`)
+    come from v. A load a line (33 for rows of 8193) waited for each load where its bounds check's branch joined:
+    rmsnorm 8193 ran at 0.79 of copy bandwidth for 0.93 without the weights."""
+    nl = held_width(PL)
+    buf = mgjit.smem((nl, LINE), v.dtype)
     _, s = envelope_start(x, mgjit.program_id(0))
-    for k in range(NL):
-        buf[mgjit.ds(k, 1), :][...] = mgjit.load(v, (mgjit.ds(0, 1), mgjit.ds(k * LINE - s, LINE)), other=0)
+    starts = part_starts(0, PL, 1)
+    for p in mgjit.static_range(len(PL)):
+        buf[mgjit.ds(starts[p], PL[p]), :][...] = mgjit.load(
+            rows, (mgjit.ds(starts[p] - 1, PL[p]), mgjit.ds(LINE - s, LINE)), other=0)
+    mgjit.cta_sync()  # the lines below overwrite what other threads stored
+    for k in mgjit.static_range(3):
+        line = (nl - 3 + k) * (k > 0)  # 0, nl - 2, nl - 1
+        buf[line][...] = mgjit.load(v, mgjit.ds(line * LINE - s, LINE), other=0)
     return buf
+
+
+def weight_rows(v):
+    """A contiguous weight vector as rows of 2 * LINE elements starting LINE apart (rows overlap), for
+    `stash_lines`: any LINE elements from a row's first LINE on lie in that row, whatever their start. A vector
+    shorter than 2 * LINE (rows no piped mapping takes) as one row of its own length."""
+    if v.numel() < 2 * LINE:
+        return v.view(1, -1)
+    return v.as_strided(((v.numel() - 2 * LINE) // LINE + 1, 2 * LINE), (LINE, 1))
 
 
 @mgjit.device
@@ -159,14 +177,20 @@ def envelope(x, xl, buf, full, i, fill):
     full[slot].wait()
     env = buf[slot]
     patch_tail(x, env, a, xl.shape[0])
-    nl = buf.shape[1]
+    fill_outside(env, s, n, fill)
+    mgjit.cta_sync()
+    return env, row, a, s
+
+
+@mgjit.device
+def fill_outside(env, s, n, fill):
+    """The envelope's columns outside its row (of n columns from column s) overwritten with `fill`."""
+    nl = env.shape[0]
     head = env[mgjit.ds(0, 1), :]
     head[...] = mgjit.where(mgjit.arange(LINE)[None, :] < s, fill, head[...])
     tail = env[mgjit.ds(nl - 2, 2), :]
     cols = (nl - 2) * LINE + mgjit.arange(2)[:, None] * LINE + mgjit.arange(LINE)[None, :]
     tail[...] = mgjit.where(cols >= s + n, fill, tail[...])
-    mgjit.cta_sync()
-    return env, row, a, s
 
 
 @mgjit.device

@@ -12,6 +12,9 @@ Every row is read once and held in registers (examples/_rows.py), the mapping au
   squared deviations from its own mean (read back from shared memory), are swapped and merged as above, and
   each CTA writes its segment from shared memory. A thread holds one chunk at a time, not the row, the weight
   and the bias: this is the mapping of long rows (bf16 rows of 100000: 0.86 of copy bandwidth, held: 0.53).
+- piped rows (4097 to 12289 columns, contiguous tensors: examples/_rows_piped.py): 256 or 512 persistent
+  programs stream their rows through shared-memory slots by TMA, each with w and b laid out once as its rows'
+  envelopes are (bf16 rows of 8193 and 12289: 0.74 of copy bandwidth, 0.60 before).
 Held rows also run as persistent grids: PERSIST programs an SM, each looping over rows with its segments of w and
 b in shared memory as float32, read from global memory once (per row they would triple what an SM reads, a round
 trip to L2 after the row's statistics). Held rows are also tried with ptxas asked to fit OCC CTAs on an SM
@@ -26,8 +29,10 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, launch, load_row, mapping, merge_moments, output, persisting,
+from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, output, persisting,
                    row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
+from _rows_piped import (envelope, fill_outside, line_parts, lines, pipeable, piping, read_lines, refill, ring,
+                         stash_lines, store_envelope, weight_rows)
 
 import mgjit
 
@@ -40,16 +45,22 @@ OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
 
 
 @mgjit.kernel
-def layernorm_rows(x, w, b, out, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                   CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
-                   OCC: mgjit.constexpr = 0, PERSIST: mgjit.constexpr = 0):
+def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: mgjit.constexpr,
+                   PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
+                   CHUNKS: mgjit.constexpr, OCC: mgjit.constexpr = 0, PERSIST: mgjit.constexpr = 0,
+                   PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0,
+                   STASH: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segments of w and b in shared memory); or (BLOCK > 0)
-    one row streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster.
-    OCC > 0: registers capped so that OCC CTAs fit on an SM."""
+    one row streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster;
+    or (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv,
+    bv: w and b as `weight_rows`; read by piped mappings only). OCC > 0: registers capped so that OCC CTAs fit
+    on an SM."""
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
-    if BLOCK and CHUNKS:
+    if PIPE:
+        layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES)
+    elif BLOCK and CHUNKS:
         layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
         layernorm_stream(x, w, b, out, eps, BLOCK)
@@ -90,6 +101,47 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
         centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
         y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
     store_row(out, rows, starts, y, PARTS)
+
+
+@mgjit.device
+def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES):
+    """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
+    with w and b laid out as its rows' envelopes (examples/_rows_piped.py). A row is read twice from its slot: for
+    its mean (the columns outside it filled with 0), then, those columns filled with the mean rounded to x's
+    dtype (m), for its deviations d = v - m, which are exactly 0 there. The variance is sum(d^2) / n less
+    (mean - m)^2, a shift within a rounding of the mean (no cancellation); a mask on the deviations would cost an
+    index, two compares and a select an element and held 255 registers at 8193 columns (167 this way)."""
+    mgjit.min_ctas_per_sm(PIPE)
+    n = x.shape[1]
+    buf, full, count = ring(x, xl, held_width(PL), STAGES)
+    w_env, b_env = stash_lines(w, wv, x, PL), stash_lines(b, bv, x, PL)
+    for i in range(count):
+        env, row, a, s = envelope(x, xl, buf, full, i, 0.0)
+        v = read_lines(env, PL)
+        total = 0.0
+        for p in mgjit.static_range(len(PL)):
+            total = total + v[p].sum()
+        mean = total / n
+        fill = mean.astype(x.dtype)
+        fill_outside(env, s, n, fill)
+        mgjit.cta_sync()
+        v = read_lines(env, PL)
+        m = fill.astype(mgjit.float32)
+        d = ()
+        m2 = 0.0
+        for p in mgjit.static_range(len(PL)):
+            d = d + (v[p] - m,)
+            m2 = m2 + (d[p] * d[p]).sum()
+        shift = mean - m
+        rstd = mgjit.rsqrt(m2 / n - shift * shift + eps)
+        offset = -shift * rstd
+        w_parts, b_parts, parts = line_parts(w_env, PL), line_parts(b_env, PL), line_parts(env, PL)
+        for p in mgjit.static_range(len(PL)):
+            parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(mgjit.float32),
+                                      b_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
+        refill(x, xl, buf, full, i, count)
+        store_envelope(out, outl, env, row, a, s)
+    mgjit.store_async_wait(0)
 
 
 @mgjit.device
@@ -181,17 +233,25 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     out = output(out, x.shape, x.device, x.dtype, "layernorm")
     if x.shape[0] == 0:
         return out
-    launch(layernorm_rows, layernorm_mapping(x.shape[1], rows_per_program), (x, w, b, out), eps=eps)
+    pipe = rows_per_program is None and pipeable(x, out) and w.is_contiguous() and b.is_contiguous()
+    configs = layernorm_mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0,
+                                w.element_size() + b.element_size())
+    views = (lines(x), lines(out), weight_rows(w), weight_rows(b)) if pipe else (x, out, x, x)
+    launch(layernorm_rows, configs, (x, w, b, out), views, eps=eps)
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def layernorm_mapping(n: int, rows_per_program: int | None = None) -> tuple[mgjit.Config, ...]:
+def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
+                      weight_size: int = 8) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then each held one again at every OCCUPANCY that its
-    threads allow, then as persistent grids."""
+    threads allow, then as persistent grids, then the piped ones for elements of `itemsize` bytes (0: none) and
+    weights and biases of `weight_size` together."""
     configs = tuple(c.replace(OCC=occ) for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
                     if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
-    return persisting(configs, 2) if rows_per_program is None else configs
+    if rows_per_program is not None:
+        return piping(configs, 0, 0, weights=weight_size)
+    return piping(persisting(configs, 2), n, itemsize, weights=weight_size)
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference
@@ -204,8 +264,8 @@ def setup(device):
 
 
 def compile(x, w, b, out, target):
-    return layernorm_rows.compile(x, w, b, out, eps=1e-5, **layernorm_mapping(x.shape[1])[0].launch_kwargs(),
-                                  target=target)
+    return layernorm_rows.compile(x, w, b, out, x, out, x, x, eps=1e-5,
+                                  **layernorm_mapping(x.shape[1])[0].launch_kwargs(), target=target)
 
 
 def reference(x, w, b):

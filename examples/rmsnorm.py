@@ -22,7 +22,7 @@ import torch
 from _rows import (chunked_segment, held_width, launch, load_row, mapping, output, persisting, row_groups, row_sum,
                    segment, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, line_parts, lines, pipeable, piping, read_lines, refill, ring, stash_lines,
-                         store_envelope)
+                         store_envelope, weight_rows)
 
 import mgjit
 
@@ -38,10 +38,10 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
     streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster; or
-    (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w as
-    a (1, n) view; read by piped mappings only)."""
+    (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w
+    as `weight_rows`; read by piped mappings only)."""
     if PIPE:
-        rmsnorm_piped(x, out, xl, outl, wv, eps, PIPE, PL, STAGES)
+        rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES)
     elif BLOCK and CHUNKS:
         rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -74,12 +74,12 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
 
 
 @mgjit.device
-def rmsnorm_piped(x, out, xl, outl, wv, eps, PIPE, PL, STAGES):
+def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES):
     """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
     with w in shared memory laid out as its rows' envelopes (examples/_rows_piped.py, stash_lines)."""
     mgjit.min_ctas_per_sm(PIPE)
     buf, full, count = ring(x, xl, held_width(PL), STAGES)
-    w_env = stash_lines(wv, x, held_width(PL))
+    w_env = stash_lines(w, wv, x, PL)
     for i in range(count):
         env, row, a, s = envelope(x, xl, buf, full, i, 0.0)
         v = read_lines(env, PL)
@@ -136,7 +136,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
         return out
     pipe = rows_per_program is None and pipeable(x, out) and w.is_contiguous()
     configs = rmsnorm_mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0, w.element_size())
-    views = (lines(x), lines(out), w.view(1, -1)) if pipe else (x, out, x)
+    views = (lines(x), lines(out), weight_rows(w)) if pipe else (x, out, x)
     launch(rmsnorm_kernel, configs, (x, w, out), views, eps=eps)
     return out
 

@@ -91,7 +91,7 @@ def test_every_candidate_mapping(n, dtype):
         sm.softmax_kernel[grid](x, out, x, out, **opts)
         assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
         out.fill_(float("nan"))
-        ln.layernorm_rows[grid](x, w, b, out, eps=1e-5, **opts)
+        ln.layernorm_rows[grid](x, w, b, out, x, out, x, x, eps=1e-5, **opts)
         assert rel(out, torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)) < tol(dtype, n), config
         out.fill_(float("nan"))
         rms.rmsnorm_kernel[grid](x, w, out, x, out, x, eps=1e-6, **opts)
@@ -137,7 +137,7 @@ def test_strided_rows_and_empty_batches(n):
     assert loss.shape == lse.shape == (0,)
 
 
-# Piped rows (examples/_rows_piped.py), softmax, cross-entropy and rmsnorm: every candidate forced, over more rows
+# Piped rows (examples/_rows_piped.py), softmax, cross-entropy, rmsnorm and layernorm: every candidate forced, over more rows
 # than the programs' rings hold (each slot reused), rows starting anywhere in a line, and a tensor whose last line
 # is partial (its last row's envelope patched from the tensor); up to the longest piped row (16385).
 PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (12289, torch.bfloat16),
@@ -146,7 +146,7 @@ PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (
 
 @pytest.mark.parametrize("n,dtype", PIPED, ids=str)
 def test_every_piped_mapping(n, dtype):
-    from _rows_piped import lines
+    from _rows_piped import lines, weight_rows
     m = 3001
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
     assert (m * n) % 256
@@ -171,8 +171,18 @@ def test_every_piped_mapping(n, dtype):
         if not config.kwargs["PIPE"]:
             continue
         out = torch.full_like(x, float("nan"))
-        rms.rmsnorm_kernel[_rows.grid(m, config, x.device)](x, w, out, lines(x), lines(out), w.view(1, -1), eps=1e-6,
+        rms.rmsnorm_kernel[_rows.grid(m, config, x.device)](x, w, out, lines(x), lines(out), weight_rows(w), eps=1e-6,
                                                             **config.launch_kwargs())
+        assert rel(out, ref) < tol(dtype, n), config
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    x = x + 20  # deviations from a mean far from 0: the envelope's fill must leave nothing in the variance
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    for config in ln.layernorm_mapping(n, None, x.element_size(), 2 * w.element_size()):
+        if not config.kwargs["PIPE"]:
+            continue
+        out = torch.full_like(x, float("nan"))
+        ln.layernorm_rows[_rows.grid(m, config, x.device)](x, w, b, out, lines(x), lines(out), weight_rows(w),
+                                                           weight_rows(b), eps=1e-5, **config.launch_kwargs())
         assert rel(out, ref) < tol(dtype, n), config
 
 
@@ -212,6 +222,6 @@ def test_persistent_norms(n, dtype):
                 rms.rmsnorm_kernel[grid](x, w, out, x, out, x, eps=1e-6, **opts)
                 ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
             else:
-                ln.layernorm_rows[grid](x, w, b, out, eps=1e-5, **opts)
+                ln.layernorm_rows[grid](x, w, b, out, x, out, x, x, eps=1e-5, **opts)
                 ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
             assert rel(out, ref) < tol(dtype, n), config

@@ -49,7 +49,7 @@ def kernels(x, dtype):
         (sm.softmax_kernel, (x, out[0], x, out[0]), {}, [(out[0], torch.softmax(xd, 1), TOL[dtype] * scale)]),
         (rms.rmsnorm_kernel, (x, w, out[1], x, out[1], x), {"eps": 1e-6},
          [(out[1], torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6), TOL[dtype] * scale)]),
-        (ln.layernorm_rows, (x, w, b, out[2]), {"eps": 1e-5},
+        (ln.layernorm_rows, (x, w, b, out[2], x, out[2], x, x), {"eps": 1e-5},
          [(out[2], torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), TOL[dtype] * scale)]),
         (ce.cross_entropy_rows, (x, target, loss, lse, -100, x), {},
          [(loss, torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100), 1e-5 * scale),
@@ -280,7 +280,7 @@ def test_fused_candidates_do_not_spill(dtype):
 
 
 NORMS = {"rmsnorm": (rms.rmsnorm_kernel, rms.rmsnorm_mapping, {"eps": 1e-6}, 1, 3),  # weights, views
-         "layernorm": (ln.layernorm_rows, ln.layernorm_mapping, {"eps": 1e-5}, 2, 0)}
+         "layernorm": (ln.layernorm_rows, ln.layernorm_mapping, {"eps": 1e-5}, 2, 4)}
 
 
 @pytest.mark.parametrize("name,n,segments", [("rmsnorm", 4095, 1), ("layernorm", 4095, 1), ("rmsnorm", 8191, 2),
@@ -366,12 +366,15 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
 
 def test_layernorm_also_tries_held_rows_at_higher_occupancy():
     """layernorm_mapping: the row examples' mappings (OCC=0), then each held one again asking ptxas to fit 3 and
-    4 CTAs an SM, where the threads allow it, then the persistent grids (_rows.persisting); every config sets the
-    same constexprs (the tuner requires it)."""
+    4 CTAs an SM, where the threads allow it, then the persistent grids (_rows.persisting), then (for elements of
+    a known size) the piped ones; every config sets the same constexprs (the tuner requires it)."""
+    piped_keys = ("PIPE", "PL", "STAGES", "STASH")
+    assert [c.kwargs["PIPE"] for c in ln.layernorm_mapping(8193, None, 2, 4)][-3:] == [2, 2, 2]
     for n in (16, 4097, 32000, 300000):
         configs = ln.layernorm_mapping(n)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
-        assert [{k: v for k, v in c.kwargs.items() if k not in ("OCC", "PERSIST")} for c in configs
+        assert not any(c.kwargs["PIPE"] for c in configs), n
+        assert [{k: v for k, v in c.kwargs.items() if k not in ("OCC", "PERSIST", *piped_keys)} for c in configs
                 if not c.kwargs["OCC"] and not c.kwargs["PERSIST"]] == [dict(c.kwargs) for c in _rows.mapping(n)], n
         assert all(not c.kwargs["OCC"] for c in configs if c.kwargs["PERSIST"]), n
         held = [c for c in _rows.mapping(n) if not c.kwargs["BLOCK"]]
@@ -382,7 +385,7 @@ def test_layernorm_also_tries_held_rows_at_higher_occupancy():
     x, w = torch.empty(8, 4097, dtype=BF16), torch.empty(4097, dtype=BF16)
     one = [c for c in ln.layernorm_mapping(4097)
            if c.kwargs["ROWS"] == 1 and c.kwargs["WGS"] == 1 and not c.kwargs["PERSIST"]]
-    compiled = {c.kwargs["OCC"]: ln.layernorm_rows.compile(x, w, w, x, eps=1e-5, **c.launch_kwargs(), target="sm_90a")
+    compiled = {c.kwargs["OCC"]: ln.layernorm_rows.compile(x, w, w, x, x, x, x, x, eps=1e-5, **c.launch_kwargs(), target="sm_90a")
                 for c in one}
     assert ".minnctapersm 1" in compiled[0].ptx and ".minnctapersm 3" in compiled[3].ptx
     assert compiled[4].registers <= 128 and compiled[4].spills == 0 and ".minnctapersm 4" in compiled[4].ptx
@@ -442,7 +445,7 @@ def test_persistent_grids_fit_their_weights_in_shared_memory():
     w = torch.empty(8191, dtype=BF16)
     for kernel, args, constexprs, configs in ((rms.rmsnorm_kernel, (x, w, x, x, x, x), {"eps": 1e-6},
                                                rms.rmsnorm_mapping(8191)),
-                                              (ln.layernorm_rows, (x, w, w, x), {"eps": 1e-5}, held)):
+                                              (ln.layernorm_rows, (x, w, w, x, x, x, x, x), {"eps": 1e-5}, held)):
         for config in [c for c in configs if c.kwargs["PERSIST"] and c.kwargs["ROWS"] == 1]:
             compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
             # an SM's 228 KB: what one CTA may use and the 1 KB it reserves

@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import _rows  # noqa: E402
 import _rows_piped as piped  # noqa: E402
 import cross_entropy as ce  # noqa: E402
+import layernorm as ln  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
 
@@ -61,9 +62,32 @@ def test_every_piped_rmsnorm_interpreted(n, dtype):
     for config in configs[:2]:
         assert _rows.grid(rows, config) == (piped.LINE,)
         out = torch.full_like(x, float("nan"))
-        rms.rmsnorm_kernel.interpret[(piped.LINE,)](x, w, out, piped.lines(x), piped.lines(out), w.view(1, -1),
+        rms.rmsnorm_kernel.interpret[(piped.LINE,)](x, w, out, piped.lines(x), piped.lines(out), piped.weight_rows(w),
                                                     eps=1e-6, **config.launch_kwargs())
         assert rel_err(out, ref) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
+
+
+@pytest.mark.parametrize("n,dtype,mean", [(4097, BF16, 0.3), (5000, torch.float32, 40.0), (6001, torch.float16, -7.0)],
+                         ids=str)
+def test_every_piped_layernorm_interpreted(n, dtype, mean):
+    """layernorm's piped mappings: weights and biases stashed per program (as rmsnorm's), each row's deviations
+    taken from the mean rounded to x's dtype, written over the envelope's columns outside the row, so that they
+    are exactly 0 there. Rows whose mean is far from 0 (40 standard deviations) check that the fill leaves
+    nothing in the variance: with zeros there, 768 of them would add 768 * 40**2 to a sum of squares of 5000."""
+    itemsize = torch.finfo(dtype).bits // 8
+    configs = [c for c in ln.layernorm_mapping(n, None, itemsize, 2 * itemsize) if c.kwargs["PIPE"]]
+    assert configs and all(c.kwargs["STASH"] == piped.LINE for c in configs)
+    rows = piped.LINE + 3
+    x = (torch.randn(rows, n) + mean).to(dtype)
+    w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    for config in configs[:2]:
+        out = torch.full_like(x, float("nan"))
+        ln.layernorm_rows.interpret[(piped.LINE,)](x, w, b, out, piped.lines(x), piped.lines(out),
+                                                   piped.weight_rows(w), piped.weight_rows(b), eps=1e-5,
+                                                   **config.launch_kwargs())
+        # float32 at a mean of 40: torch's own layer_norm is 1.5e-6 off, the held mapping 1.75e-6
+        assert rel_err(out, ref) < {torch.float32: 4e-6}.get(dtype, 5e-3), config
 
 
 @pytest.mark.parametrize("n,rows", [(8193, 1), (4352, 2)])
@@ -99,6 +123,34 @@ def test_piped_cross_entropy_through_the_wrapper(monkeypatch):
     loss, lse = ce.cross_entropy(logits, target)
     assert rel_err(lse, torch.logsumexp(logits.double(), 1)) < 1e-6
     assert rel_err(loss, torch.nn.functional.cross_entropy(logits.double(), target, reduction="none")) < 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 100, 511, 512, 5003])
+def test_piped_norms_through_the_wrappers(monkeypatch, n):
+    """The norm wrappers on tensors piped mappings may take, with any row length: from 4097 columns the tuner's
+    pick (here forced to a piped one) gets w and b as `weight_rows`; below, the held mappings run, and the views
+    the wrapper builds for piped ones must still be made (a weight of one element once failed to)."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    if n > 4096:
+        rms_first = [c for c in rms.rmsnorm_mapping(n, None, 4, 4) if c.kwargs["PIPE"]][0]
+        ln_first = [c for c in ln.layernorm_mapping(n, None, 4, 8) if c.kwargs["PIPE"]][0]
+        monkeypatch.setattr(rms, "rmsnorm_mapping", lambda *args: (rms_first,))
+        monkeypatch.setattr(ln, "layernorm_mapping", lambda *args: (ln_first,))
+    x = torch.randn(5, n) + 2
+    w, b = torch.randn(n), torch.randn(n)
+    xd = x.double()
+    assert rel_err(rms.rmsnorm(x, w), torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)) < 1e-6
+    ref = torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)
+    assert rel_err(ln.layernorm(x, w, b), ref) < 4e-6
+
+
+def test_weight_rows():
+    """Rows of 2 * LINE elements LINE apart, over the vector's own storage; a short vector as one row."""
+    w = torch.arange(5003.0)
+    rows = piped.weight_rows(w)
+    assert rows.shape == ((5003 - 512) // 256 + 1, 512) and rows.data_ptr() == w.data_ptr()
+    assert rows[3, 0] == 3 * 256 and rows[-1, -1] == (rows.shape[0] + 1) * 256 - 1 <= 5002
+    assert piped.weight_rows(w[:100]).shape == (1, 100)
 
 
 def test_which_rows_are_piped():

@@ -28,7 +28,7 @@ import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
-from _rows_piped import lines  # noqa: E402
+from _rows_piped import lines, weight_rows  # noqa: E402
 
 
 def launch_of(kernel: str, x: torch.Tensor):
@@ -38,10 +38,11 @@ def launch_of(kernel: str, x: torch.Tensor):
     if kernel == "softmax":
         return sm.softmax_kernel, (x, out, lines(x), lines(out)), {}, sm.mapping(n, None, x.element_size())
     if kernel == "rmsnorm":
-        return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), w.view(1, -1)), {"eps": 1e-6},
+        return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), weight_rows(w)), {"eps": 1e-6},
                 rms.rmsnorm_mapping(n, None, x.element_size(), w.element_size()))
     if kernel == "layernorm":
-        return ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n)
+        return (ln.layernorm_rows, (x, w, b, out, lines(x), lines(out), weight_rows(w), weight_rows(b)), {"eps": 1e-5},
+                ln.layernorm_mapping(n, None, x.element_size(), w.element_size() + b.element_size()))
     target = torch.randint(0, n, (x.shape[0],))
     loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
     return ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x)), {}, ce.mapping(n, x.element_size())
