@@ -203,3 +203,47 @@ def test_piped_softmax_compiles_without_spills(n):
             c = sm.softmax_kernel.compile(x, x, piped.lines(x), piped.lines(x), **config.launch_kwargs(),
                                           target="sm_90a")
             assert c.spills == 0, (n, config)
+
+
+@pytest.mark.parametrize("draw", range(4))
+def test_piped_rows_fuzzed(draw):
+    """Each piped kernel, interpreted under a piped mapping drawn at random for a row length, dtype and row count
+    drawn at random (fresh every run; the seed is in the failure message): rows start anywhere in their lines, and
+    how the last lines fall is whatever the draw makes it."""
+    seed = int(torch.randint(0, 2**31, ()))
+    gen = torch.Generator().manual_seed(seed)
+    pick = lambda k: int(torch.randint(0, k, (), generator=gen))  # noqa: E731
+    n = 4097 + pick(16385 - 4097 + 1)
+    dtype = (torch.float32, BF16, torch.float16)[pick(3)]
+    itemsize = torch.finfo(dtype).bits // 8
+    tol = {torch.float32: 4e-6}.get(dtype, 5e-3)
+    what = f"seed {seed}: n {n}, {dtype}"
+    x = (torch.randn(piped.LINE + 1 + pick(40), n, generator=gen) * 2 + pick(9) - 4).to(dtype)
+    xd = x.double()
+    configs = [c for c in sm.mapping(n, None, itemsize) if c.kwargs["PIPE"]]
+    if configs:  # float32 rows over 12288 columns have none: two slots do not fit
+        config = configs[pick(len(configs))]
+        programs = 2 * config.kwargs["PIPE"]
+        out = torch.full_like(x, float("nan"))
+        sm.softmax_kernel.interpret[(programs,)](x, out, piped.lines(x), piped.lines(out), **config.launch_kwargs())
+        assert rel_err(out, torch.softmax(xd, 1)) < max(tol, 1e-6), (what, config)
+        target = torch.randint(0, n, (x.shape[0],), generator=gen)
+        loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
+        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x),
+                                                     **config.launch_kwargs())
+        assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, (what, config)
+    w, b = torch.randn(n, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
+    for kernel, mapping, vectors, ref in (
+            (rms.rmsnorm_kernel, rms.rmsnorm_mapping(n, None, itemsize, itemsize), (w,),
+             torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)),
+            (ln.layernorm_rows, ln.layernorm_mapping(n, None, itemsize, 2 * itemsize), (w, b),
+             torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5))):
+        configs = [c for c in mapping if c.kwargs["PIPE"]]
+        if not configs:
+            continue
+        config = configs[pick(len(configs))]
+        out = torch.full_like(x, float("nan"))
+        kernel.interpret[(piped.LINE,)](x, *vectors, out, piped.lines(x), piped.lines(out),
+                                        *map(piped.weight_rows, vectors), eps=1e-6 if len(vectors) == 1 else 1e-5,
+                                        **config.launch_kwargs())
+        assert rel_err(out, ref) < tol, (what, kernel.name, config)
