@@ -99,6 +99,9 @@ def lines(t):
 def ring(x, xl, NL, STAGES):
     """This program's ring of STAGES slots of NL lines, one barrier per slot, its rows' count, and the copies of
     its first STAGES rows issued."""
+    span = x.shape[1] + LINE - 1  # what a row's envelope spans, wherever in a line the row starts
+    mgjit.device_assert((span <= NL * LINE) & (span > (NL - 1) * LINE), "a piped mapping made for rows of another "
+                        "length (x's rows need other lines than PL's): its stores would write into neighbouring rows")
     buf = mgjit.smem((STAGES, NL, LINE), x.dtype)
     full = mgjit.barrier(STAGES)
     programs = mgjit.num_programs(0)
@@ -119,6 +122,9 @@ def stash_lines(v, rows, x, PL):
     `rows`: one load per part of PL brings lines 1 to NL - 3, then the first line and the last two (beyond `rows`)
     come from v. A load a line (33 for rows of 8193) waited for each load where its bounds check's branch joined:
     rmsnorm 8193 ran at 0.79 of copy bandwidth for 0.93 without the weights."""
+    programs = mgjit.num_programs(0)
+    mgjit.device_assert((programs % LINE == 0) | (programs >= x.shape[0]), "stashed weights need a grid of a "
+                        "multiple of LINE programs (_rows.grid with STASH), or a row a program")
     nl = held_width(PL)
     buf = mgjit.smem((nl, LINE), v.dtype)
     _, s = envelope_start(x, mgjit.program_id(0))

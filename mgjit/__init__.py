@@ -25,7 +25,7 @@ from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, c
 from .language import clc_query, clc_try_cancel, tcgen05_commit, tcgen05_copy, tcgen05_mma, tmem  # Blackwell (sm_100a)
 from .tmem_layouts import blocked_scales
 from .language import cluster_gather, cluster_reduce
-from .language import print, trace  # debugging and profiling
+from .language import device_assert, print, trace  # debugging and profiling
 from .profiler import Profile
 from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
 from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, load, semaphore_signal,  # GMEM

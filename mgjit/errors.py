@@ -96,6 +96,7 @@ class Check(str, enum.Enum):
     ASYNC_AT_EXIT = "async-at-exit"          # a CTA exits while an async copy or MMA still uses its memory
     REGISTERS = "registers"                  # set_max_registers beyond what the register file can give
     CLC_AFTER_FAILURE = "clc-after-failure"  # a try_cancel after the CTA read a failed response
+    DEVICE_ASSERT = "device-assert"          # an mgjit.device_assert whose condition was false
 
     __str__ = str.__str__
     __format__ = str.__format__

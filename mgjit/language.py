@@ -198,6 +198,11 @@ print = _builtin("print", "print(fmt, *values, where=\"cta\"): print scalars and
                           "(where=\"thread\"). The text shows when the launch completes.")
 trace = _builtin("trace", "with trace(name): a span of this warpgroup, recorded when a launch profiles "
                           "(kernel[grid](..., profile=mgjit.Profile())); nothing at all otherwise.")
+device_assert = _builtin("device_assert", "device_assert(cond, message): stop the launch where the scalar cond is "
+                                          "false: on the GPU the kernel traps (the launch fails with an illegal "
+                                          "instruction, and the CUDA context with it), the interpreter raises "
+                                          "InterpretError naming the line and the message; a cond known when the "
+                                          "kernel is traced is checked then (a CompileError where false).")
 
 UNARY_BUILTINS = {exp: "exp", exp2: "exp2", log: "log", log2: "log2", sqrt: "sqrt", rsqrt: "rsqrt",
                   tanh: "tanh", erf: "erf", sin: "sin", cos: "cos", abs: "abs", clz: "clz", popc: "popc"}

@@ -267,6 +267,10 @@ class CTA(ClusterOps, Arithmetic):
             return self.prog.labels[ops[0]]
         if name in ("ret", "exit"):
             return "exit"
+        if name == "trap":  # a failed mgjit.device_assert: the launch fails
+            if run.any():
+                raise SimError(f"trap in {int(run.sum())} threads")
+            return None
         if name == "bar":  # bar.sync id[, count]: count threads (default: all) meet at barrier id
             ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
             count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())

@@ -90,6 +90,30 @@ def test_every_piped_layernorm_interpreted(n, dtype, mean):
         assert rel_err(out, ref) < {torch.float32: 4e-6}.get(dtype, 5e-3), config
 
 
+def test_a_piped_mapping_refuses_other_rows():
+    """A piped mapping holds its rows' lines (PL) as made for one row length: on rows of another, its one store of
+    lines 1 to NL - 3 would write into the neighbouring rows, so the kernel stops (mgjit.device_assert: the
+    interpreter raises, the GPU traps). Stashed weights refuse a grid whose programs' rows start at different
+    columns of their envelopes."""
+    from mgjit.errors import Check, InterpretError
+    config = [c for c in sm.mapping(8193, None, 4) if c.kwargs["PIPE"]][0]
+    for n in (8193 - 449, 8193 + 256):  # rows needing 32 and 34 lines, not 33
+        x = torch.randn(4, n)
+        with pytest.raises(InterpretError, match="rows of another length") as info:
+            sm.softmax_kernel.interpret[(2,)](x, x, piped.lines(x), piped.lines(x), **config.launch_kwargs())
+        assert info.value.check == Check.DEVICE_ASSERT
+    x = torch.randn(4, 8000)  # 33 lines, as 8193: the same mapping holds
+    out = torch.full_like(x, float("nan"))
+    sm.softmax_kernel.interpret[(2,)](x, out, piped.lines(x), piped.lines(out), **config.launch_kwargs())
+    assert rel_err(out, torch.softmax(x.double(), 1)) < 1e-6
+    n = 5000
+    config = [c for c in rms.rmsnorm_mapping(n, None, 4, 4) if c.kwargs["PIPE"]][0]
+    x, w = torch.randn(9, n), torch.randn(n)
+    with pytest.raises(InterpretError, match="multiple of LINE programs"):
+        rms.rmsnorm_kernel.interpret[(4,)](x, w, x, piped.lines(x), piped.lines(x), piped.weight_rows(w), eps=1e-6,
+                                           **config.launch_kwargs())
+
+
 @pytest.mark.parametrize("n,rows", [(8193, 1), (4352, 2)])
 def test_fewer_rows_than_slots(n, rows):
     """A program with fewer rows than slots (the prologue copies only those), and a tensor of whole lines (the last

@@ -23,7 +23,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | clc | ClcTryCancel, ClcQuery (cluster launch control) |
 | tmem | TmemAlloc, TmemIndex, TmemSlice, TmemLoad, TmemStore, TmemDealloc |
 | tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
-| debug | Print, ProfileStart, ProfileEvent |
+| debug | Print, ProfileStart, ProfileEvent, DeviceAssert |
 """
 from .arrays import Broadcast, Iota, Relayout, Splat
 from .atomics import Atomic, SemaphoreWait
@@ -31,7 +31,7 @@ from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, Barrier
 from .clc import ClcQuery, ClcTryCancel
 from .clusters import ClusterGather, ClusterRank, ClusterReduce, ClusterSync
 from .control import For, If, Yield
-from .debug import Print, ProfileEvent, ProfileStart
+from .debug import DeviceAssert, Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
@@ -48,7 +48,7 @@ from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
            "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
-           "Compare", "Constant", "CtaSync", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
+           "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
            "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
            "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout",
            "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad",

@@ -1,6 +1,8 @@
-"""Debugging and profiling inside kernels: Print (`mgjit.print`) and the profiler's ProfileStart and ProfileEvent
-(`with mgjit.trace(name):`). Each writes into a hidden buffer the launcher allocates and reads back: the
-formats are printing.py's and profiler.py's, where the host decodes them.
+"""Debugging and profiling inside kernels: Print (`mgjit.print`), the profiler's ProfileStart and ProfileEvent
+(`with mgjit.trace(name):`), and DeviceAssert (`mgjit.device_assert`). The first three write into a hidden buffer
+the launcher allocates and reads back: the formats are printing.py's and profiler.py's, where the host decodes
+them. A failed DeviceAssert traps, which ends the CUDA context too, so it leaves no record the host could read;
+the interpreter names its line and message.
 
 Print: a warpgroup's thread 0 reserves the records with one atomic add on the buffer's cursor and hands the
 position to the other threads through shared memory (between two warpgroup barriers); then every thread writes
@@ -18,7 +20,7 @@ import torch
 
 from .. import dtypes, infer, interpret, lower, printing, profiler
 from ..dtypes import DType
-from ..errors import Loc
+from ..errors import Check, InterpretError, Loc
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import Op, RefType, Value, check, is_ref
@@ -90,7 +92,26 @@ class ProfileEvent(Op):
         check(_is_buffer(self.operands[0]), self, "internal error: a profile event goes to a profile region")
 
 
-infer.rule(Print, ProfileStart, ProfileEvent)(infer.no_arrays)
+class DeviceAssert(Op):
+    """Trap where a scalar condition is false (`mgjit.device_assert`): a launch fails rather than write wrong
+    results."""
+
+    name = "device_assert"
+
+    def __init__(self, cond: Value, message: str, loc: Loc | None):
+        super().__init__([cond], [], loc)
+        self.message = message
+
+    def attrs(self):
+        return {"message": repr(self.message)}
+
+    def verify(self):
+        cond = self.operands[0]
+        check(not cond.is_array and not isinstance(cond.type, RefType) and cond.dtype == dtypes.bool_, self,
+              f"device_assert's condition is a bool scalar, got {cond.type}")
+
+
+infer.rule(Print, ProfileStart, ProfileEvent, DeviceAssert)(infer.no_arrays)
 
 
 def print_layout(v: Value) -> Layout:
@@ -210,6 +231,11 @@ def _print(op: Print, ctx: lower.Context) -> None:
             pos += math.prod(shape) * w
 
 
+@lower.rule(DeviceAssert)
+def _device_assert(op: DeviceAssert, ctx: lower.Context) -> None:
+    ctx.e.asm_void("@!$0 trap;", "b", [ctx.get(op.operands[0])])
+
+
 @lower.rule(ProfileStart)
 def _profile_start(op: ProfileStart, ctx: lower.Context) -> None:
     e = ctx.e
@@ -315,6 +341,13 @@ def _interp_print(op: Print, wg: Warpgroup) -> None:
             else:
                 parts.append(_as_words(x, v.dtype))
         buf[record:record + words] = torch.cat(parts)
+
+
+@interpret.rule(DeviceAssert)
+def _interp_device_assert(op: DeviceAssert, wg: Warpgroup) -> None:
+    if not bool(wg.scalar(op.operands[0], op)):
+        raise InterpretError(f"device_assert failed in CTA {_cta_index(wg)}, warpgroup {wg.index}: {op.message}",
+                             op.loc, Check.DEVICE_ASSERT)
 
 
 @interpret.rule(ProfileStart)

@@ -1,4 +1,5 @@
-"""Debugging and profiling: `mgjit.print(fmt, *values, where=...)` and `with mgjit.trace("name"):`.
+"""Debugging and profiling: `mgjit.print(fmt, *values, where=...)`, `with mgjit.trace("name"):` and
+`mgjit.device_assert(cond, message)`.
 
 Both write into buffers the compiler appends to the kernel's parameters (`Kernel.hidden_buffers`; the launcher
 allocates them, mgjit/hidden.py): "print" as soon as a kernel prints, "profile" when the compile records spans
@@ -8,7 +9,7 @@ kernel is the one it would be without the block.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 from ... import dtypes, ir, language as lang, ops, printing
 from ...errors import Loc
@@ -93,3 +94,21 @@ def trace(t: Semantics, args: list, kwargs: dict) -> tuple[None, Callable[[], No
     loc = t.builder.loc
     t.builder.add(ops.ProfileEvent(buf.region, span, name, False, loc))
     return None, lambda: t.builder.add(ops.ProfileEvent(buf.region, span, name, True, loc))
+
+
+@builtin(lang.device_assert)
+def device_assert(t: Semantics, args: list, kwargs: dict) -> None:
+    if kwargs or len(args) != 2 or not isinstance(args[1], str):
+        raise t.error("mgjit.device_assert takes a condition and a message: mgjit.device_assert(n > 0, \"empty rows\")")
+    cond, message = args
+    if isinstance(cond, (bool, int)):  # known when traced (constexprs, static shapes)
+        if not cond:
+            raise t.error(f"device_assert fails for every launch of this specialization: {message}")
+        return
+    cond = t.to_tensor(cond)
+    if cond.shape:
+        raise t.error(f"mgjit.device_assert takes a scalar condition, got an array of shape {cond.shape}; reduce it "
+                      f"first ((x >= 0).min(), a count > 0)")
+    if cond.dtype != dtypes.bool_:
+        cond = t.to_tensor(cond != 0)
+    t.builder.add(ops.DeviceAssert(cond.value, message, t.builder.loc))
