@@ -5,7 +5,7 @@ use; the driver links libdevice into exactly the kernels that declared one.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import dtypes
 from ..dtypes import DType
@@ -32,6 +32,29 @@ class Emitter:
 
     def pop(self) -> None:
         self.ip.pop().__exit__(None, None, None)
+
+    # -- structured branches
+    def if_else(self, cond, types: list, then: Callable[[], list], otherwise: Callable[[], list]) -> list:
+        """The values (of `types`) that `then()` yields where cond holds and `otherwise()` yields elsewhere, each
+        emitted in its own block of one scf.if."""
+        if_op = self.m.scf.IfOp(cond, types, has_else=True)
+        for block, body in ((if_op.then_block, then), (if_op.else_block, otherwise)):
+            self.push(self.ir.InsertionPoint(block))
+            try:
+                self.m.scf.yield_(body())
+            finally:
+                self.pop()
+        return list(if_op.results)
+
+    def only_if(self, cond, emit: Callable[[], None]) -> None:
+        """Emit what `emit` emits inside `if cond` (a branch: threads for which it is false skip it)."""
+        if_op = self.m.scf.IfOp(cond, [], has_else=False)
+        self.push(self.ir.InsertionPoint(if_op.then_block))
+        try:
+            emit()
+            self.m.scf.yield_([])
+        finally:
+            self.pop()
 
     # -- types
     def type(self, dtype: DType):

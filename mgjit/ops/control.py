@@ -151,23 +151,19 @@ def _for(op: For, ctx: lower.Context) -> None:
 @lower.rule(If)
 def _if(op: If, ctx: lower.Context) -> None:
     e = ctx.e
-    scf = e.m.scf
     then_region, else_region = op.regions
     # The result types are those of the flat yielded values; lower the then-branch to learn them.
     result_types = []
     for r in op.results:
         t = e.type(r.dtype)
         result_types.extend([t] * (num_elems(r.layout, r.type.shape) if r.is_array else 1))
-    if_op = scf.IfOp(ctx.get(op.operands[0]), result_types, has_else=True)
     with ctx.branches() as start:
-        for region, block in ((then_region, if_op.then_block), (else_region, if_op.else_block)):
+        def branch(region):
             start()
-            e.push(e.ir.InsertionPoint(block))
-            try:
-                scf.yield_(lower.lower_block(ctx, region))
-            finally:
-                e.pop()
-    _assign(ctx, op.results, list(if_op.results))
+            return lower.lower_block(ctx, region)
+        results = e.if_else(ctx.get(op.operands[0]), result_types, lambda: branch(then_region),
+                            lambda: branch(else_region))
+    _assign(ctx, op.results, results)
 
 
 @lower.rule(Yield)

@@ -35,7 +35,7 @@ from ..lower.words import pack_words
 from ..specialize import TensorSpec
 from .control import For
 from .elementwise import Binary, Cast
-from .gmem_access import (_all, _Element, _if_else, _load_access, _span, _store_access, _store_bytes,
+from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits)
 from .program import Constant
@@ -331,9 +331,9 @@ def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, layout: Tile
     def checked() -> list:
         if not tail:
             return emit(True, every)
-        return _if_else(e, _window_inside(ctx, op, ref, (0, hi)), types, split_checked, lambda: emit(True, every))
+        return e.if_else(_window_inside(ctx, op, ref, (0, hi)), types, split_checked, lambda: emit(True, every))
 
-    return _if_else(e, _window_inside(ctx, op, ref, (0, op.sizes[-1])), types, lambda: emit(False, every), checked)
+    return e.if_else(_window_inside(ctx, op, ref, (0, op.sizes[-1])), types, lambda: emit(False, every), checked)
 
 
 def _fixed_or_stepped(start: Value) -> bool:

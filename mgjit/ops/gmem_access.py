@@ -150,7 +150,7 @@ def _fill_past(e, words: list, limit, bits: int, count: int, fill: int) -> list:
     every access but a row's last skips: unbranched, the fused elementwise example's flat ragged loads, no longer
     behind a branch on their window being inside, issued 50.7 PTX instructions an element, 44.7 so (42.7 with the
     window's branch)."""
-    return _if_else(e, e.cmpi("slt", limit, e.i32(count)), [w.type for w in words],
+    return e.if_else(e.cmpi("slt", limit, e.i32(count)), [w.type for w in words],
                     lambda: _filled_words(e, words, limit, bits, count, fill), lambda: list(words))
 
 
@@ -196,30 +196,6 @@ def _store_access(ctx: lower.Context, addr, pred, elems, dtype: DType) -> None:
     e = ctx.e
     total = len(elems) * dtype.storage_bits
     _store_bytes(e, addr, pred, pack_words(e, elems, dtype), total // 8)
-
-
-def _if_else(e, cond, types: list, then: Callable[[], list], otherwise: Callable[[], list]) -> list:
-    """The values (of `types`) that `then()` yields where cond holds and `otherwise()` yields elsewhere, each
-    emitted in its own block of one branch."""
-    if_op = e.m.scf.IfOp(cond, types, has_else=True)
-    for block, body in ((if_op.then_block, then), (if_op.else_block, otherwise)):
-        e.push(e.ir.InsertionPoint(block))
-        try:
-            e.m.scf.yield_(body())
-        finally:
-            e.pop()
-    return list(if_op.results)
-
-
-def _only_if(e, cond, emit: Callable[[], None]) -> None:
-    """Emit what `emit` emits inside `if cond` (a branch: threads for which it is false skip it)."""
-    if_op = e.m.scf.IfOp(cond, [], has_else=False)
-    e.push(e.ir.InsertionPoint(if_op.then_block))
-    try:
-        emit()
-        e.m.scf.yield_([])
-    finally:
-        e.pop()
 
 
 # -- accesses below 4-byte alignment
@@ -321,7 +297,7 @@ def _store_whole_or_elementwise(ctx: lower.Context, ref: LoweredRef, w: int, els
     def elementwise():
         for a, i in enumerate(range(0, len(els), w)):
             _store_elementwise(e, els[i], spans[a], loose[a], packed[a], w, isz)
-    _only_if(e, functools.reduce(e.ori, loose), elementwise)
+    e.only_if(functools.reduce(e.ori, loose), elementwise)
 
 
 def _span(e, first: _Element, n) -> tuple[Any, Any]:

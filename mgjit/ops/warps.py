@@ -76,20 +76,13 @@ def _warp_split(op: WarpSplit, ctx: lower.Context) -> None:
     """One scf.if per role on the warp index. While a role lowers, ctx.wg_tid is the thread's lane: the ops
     that let one thread issue for its group (thread 0 of `wg_tid`) then elect the warp's lane 0."""
     e = ctx.e
-    scf = e.m.scf
     group_tid = ctx.wg_tid
     try:
         ctx.wg_tid = ctx.lane
         with ctx.branches() as start:
             for warp, region in op.roles:
                 start()
-                if_op = scf.IfOp(e.cmpi("eq", ctx.warp, e.i32(warp)), [], has_else=False)
-                e.push(e.ir.InsertionPoint(if_op.then_block))
-                try:
-                    lower.lower_ops(ctx, region.ops[:-1])
-                    scf.yield_([])
-                finally:
-                    e.pop()
+                e.only_if(e.cmpi("eq", ctx.warp, e.i32(warp)), lambda: lower.lower_ops(ctx, region.ops[:-1]))
     finally:
         ctx.wg_tid = group_tid
 
