@@ -35,6 +35,7 @@ import fused_elementwise as fe_example  # noqa: E402
 import layernorm as ln_example  # noqa: E402
 import rmsnorm as rms_example  # noqa: E402
 import softmax as sm_example  # noqa: E402
+from _rows_piped import piped_views  # noqa: E402
 
 LENGTHS = [1, 3, 16, 100, 127, 128, 300, 1000, 1024, 1100, 2047, 4096, 4097, 5000, 8191, 8192, 8193, 16384, 32000,
            50257, 65536, 100000, 128256, 262144]
@@ -102,7 +103,9 @@ def case(kernel: str, n: int, dtype: torch.dtype):
         runs = {"mgjit": lambda: sm_example.softmax(x, out), "torch": lambda: torch.softmax(x, 1),
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
-        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel, sm_example.mapping(n, None, isz), (x, out), views=(x, out))
+        itemsize, views = piped_views((x, out))
+        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel,
+                                                                   sm_example.mapping(n, None, itemsize), (x, out), views)
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
         x = torch.randn(m, n, device="cuda", dtype=dtype)
@@ -114,16 +117,17 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
-            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, isz, isz), (x, w, out),
-                                    views=(x, out, rms_example.weight_rows(w)), eps=1e-6)
+            itemsize, views = piped_views((x, out), (w,))
+            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, itemsize, isz),
+                                    (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
-            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n, None, isz, 2 * isz),
-                                    (x, w, b, out), views=(x, out, ln_example.weight_rows(w), ln_example.weight_rows(b)),
-                                    eps=1e-5)
+            itemsize, views = piped_views((x, out), (w, b))
+            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n, None, itemsize, 2 * isz),
+                                    (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)
@@ -134,8 +138,9 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "torch": lambda: torch.nn.functional.cross_entropy(logits, target, reduction="none"),
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
-        picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n, isz),
-                                (logits, target, loss, torch.empty_like(loss), -100), views=(logits,))
+        itemsize, views = piped_views((logits,))
+        picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n, itemsize),
+                                (logits, target, loss, torch.empty_like(loss), -100), views)
         return runs, loss, ref, logits.numel() * isz + m * 12, picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)

@@ -7,8 +7,8 @@ either side, which hides the change).
 TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
 KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
 rows of N (`python tools/ptx_profile.py --kernel KERNEL --n N --list`), or is a mapping written as an expression
-over _rows or _rows_piped (`softmax:50257:_rows.hold(1,(4096,128),12,1)`, `rmsnorm:8193:_rows_piped.piped(8193,3,2,True)`,
-no spaces or colons); for fused, the flat kernel's
+over _rows or _rows_piped (`softmax:50257:_rows.hold(1,(4096,128),12,1)`,
+`rmsnorm:8193:_rows_piped.piped(8193,3,2,True)`, no spaces or colons); for fused, the flat kernel's
 block sizes (examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
 against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16, at least 256 MB moved
 as benchmarks/rows.py counts them, the median of three do_bench medians). Run one process per tree, both on one

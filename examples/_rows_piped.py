@@ -87,6 +87,16 @@ def pipeable(*tensors) -> bool:
                for t in tensors)
 
 
+def piped_views(tensors: Sequence, weights: Sequence = (), rows_per_program: int | None = None) -> tuple[int, tuple]:
+    """What a row example's wrapper launches beside its arguments, for its row tensors (inputs and outputs of one
+    shape) and weight vectors: (the element size `piping` offers piped mappings for, 0 where they may not run:
+    rows per program forced, tensors not `pipeable`, weights not contiguous; the views the piped mappings read:
+    each tensor as `lines`, each weight as `weight_rows`, or, where none runs, tensors[0] in their places)."""
+    if rows_per_program is None and pipeable(*tensors) and all(w.is_contiguous() for w in weights):
+        return tensors[0].element_size(), (*map(lines, tensors), *map(weight_rows, weights))
+    return 0, (*tensors, *[tensors[0]] * len(weights))
+
+
 def lines(t):
     """The contiguous tensor t as whole lines of LINE elements (its last partial line left out)."""
     flat = t.view(-1)

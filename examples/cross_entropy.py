@@ -21,7 +21,7 @@ import functools
 import torch
 from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
                    mapping as rows_mapping, merge_exp, output, segment, segment_sum, stage, store_stat)
-from _rows_piped import LINE, copy_row, envelope, exp_lines, lines, pipeable, piping, program_row, read_lines, ring
+from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_row, read_lines, ring
 
 import mgjit
 
@@ -184,9 +184,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy")
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
-        pipe = pipeable(logits)
-        launch(cross_entropy_rows, mapping(logits.shape[1], logits.element_size() if pipe else 0),
-               (logits, target, loss, lse, ignore_index), views=(lines(logits) if pipe else logits,))
+        itemsize, views = piped_views((logits,))
+        launch(cross_entropy_rows, mapping(logits.shape[1], itemsize), (logits, target, loss, lse, ignore_index),
+               views)
     return loss, lse
 
 

@@ -31,8 +31,8 @@ import functools
 import torch
 from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, output, persisting,
                    row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
-from _rows_piped import (envelope, fill_outside, line_parts, lines, pipeable, piping, read_lines, refill, ring,
-                         stash_lines, store_envelope, weight_rows)
+from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
+                         stash_lines, store_envelope)
 
 import mgjit
 
@@ -233,10 +233,8 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     out = output(out, x.shape, x.device, x.dtype, "layernorm")
     if x.shape[0] == 0:
         return out
-    pipe = rows_per_program is None and pipeable(x, out) and w.is_contiguous() and b.is_contiguous()
-    configs = layernorm_mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0,
-                                w.element_size() + b.element_size())
-    views = (lines(x), lines(out), weight_rows(w), weight_rows(b)) if pipe else (x, out, x, x)
+    itemsize, views = piped_views((x, out), (w, b), rows_per_program)
+    configs = layernorm_mapping(x.shape[1], rows_per_program, itemsize, w.element_size() + b.element_size())
     launch(layernorm_rows, configs, (x, w, b, out), views, eps=eps)
     return out
 

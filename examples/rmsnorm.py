@@ -21,8 +21,8 @@ import functools
 import torch
 from _rows import (chunked_segment, held_width, launch, load_row, mapping, output, persisting, row_groups, row_sum,
                    segment, stage, stash_vector, store_row, weights)
-from _rows_piped import (envelope, line_parts, lines, pipeable, piping, read_lines, refill, ring, stash_lines,
-                         store_envelope, weight_rows)
+from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
+                         store_envelope)
 
 import mgjit
 
@@ -134,10 +134,9 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     out = output(out, x.shape, x.device, x.dtype, "rmsnorm")
     if x.shape[0] == 0:
         return out
-    pipe = rows_per_program is None and pipeable(x, out) and w.is_contiguous()
-    configs = rmsnorm_mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0, w.element_size())
-    views = (lines(x), lines(out), weight_rows(w)) if pipe else (x, out, x)
-    launch(rmsnorm_kernel, configs, (x, w, out), views, eps=eps)
+    itemsize, views = piped_views((x, out), (w,), rows_per_program)
+    launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program, itemsize, w.element_size()), (x, w, out),
+           views, eps=eps)
     return out
 
 

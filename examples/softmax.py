@@ -23,7 +23,7 @@ import functools
 import torch
 from _rows import (chunked_segment, exp_segment, held_width, launch, load_row, mapping as rows_mapping, merge_exp,
                    output, segment, stage, store_row)
-from _rows_piped import (envelope, exp_lines, lines, pipeable, piping, read_lines, refill, ring, store_envelope,
+from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 
 import mgjit
@@ -124,16 +124,15 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     out = output(out, x.shape, x.device, x.dtype, "softmax")
     if x.shape[0] == 0:
         return out
-    pipe = rows_per_program is None and pipeable(x, out)
-    configs = mapping(x.shape[1], rows_per_program, x.element_size() if pipe else 0)
-    launch(softmax_kernel, configs, (x, out), views=(lines(x), lines(out)) if pipe else (x, out))
+    itemsize, views = piped_views((x, out), rows_per_program=rows_per_program)
+    launch(softmax_kernel, mapping(x.shape[1], rows_per_program, itemsize), (x, out), views)
     return out
 
 
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes
-    (0: none; they need contiguous, aligned tensors, `_rows_piped.pipeable`)."""
+    (0: none; they need contiguous, aligned tensors, `_rows_piped.piped_views`)."""
     configs = rows_mapping(n, rows_per_program)
     return piping(configs, n if rows_per_program is None else 0, itemsize)
 

@@ -137,8 +137,8 @@ def test_strided_rows_and_empty_batches(n):
     assert loss.shape == lse.shape == (0,)
 
 
-# Piped rows (examples/_rows_piped.py), softmax, cross-entropy, rmsnorm and layernorm: every candidate forced, over more rows
-# than the programs' rings hold (each slot reused), rows starting anywhere in a line, and a tensor whose last line
+# Piped rows (examples/_rows_piped.py), softmax, cross-entropy, rmsnorm and layernorm: every candidate forced, over
+# more rows than the programs' rings hold (each slot reused), rows starting anywhere in a line, and a tensor whose last line
 # is partial (its last row's envelope patched from the tensor); up to the longest piped row (16385).
 PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (12289, torch.bfloat16),
          (16385, torch.bfloat16)]

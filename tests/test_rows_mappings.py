@@ -385,7 +385,8 @@ def test_layernorm_also_tries_held_rows_at_higher_occupancy():
     x, w = torch.empty(8, 4097, dtype=BF16), torch.empty(4097, dtype=BF16)
     one = [c for c in ln.layernorm_mapping(4097)
            if c.kwargs["ROWS"] == 1 and c.kwargs["WGS"] == 1 and not c.kwargs["PERSIST"]]
-    compiled = {c.kwargs["OCC"]: ln.layernorm_rows.compile(x, w, w, x, x, x, x, x, eps=1e-5, **c.launch_kwargs(), target="sm_90a")
+    compiled = {c.kwargs["OCC"]: ln.layernorm_rows.compile(x, w, w, x, x, x, x, x, eps=1e-5, **c.launch_kwargs(),
+                                                           target="sm_90a")
                 for c in one}
     assert ".minnctapersm 1" in compiled[0].ptx and ".minnctapersm 3" in compiled[3].ptx
     assert compiled[4].registers <= 128 and compiled[4].spills == 0 and ".minnctapersm 4" in compiled[4].ptx

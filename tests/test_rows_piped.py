@@ -205,6 +205,19 @@ def test_pipeable_tensors():
     assert lines.shape == (30000 // piped.LINE, piped.LINE) and lines.data_ptr() == x.data_ptr()
 
 
+def test_piped_views():
+    """What the wrappers launch beside their arguments: the row tensors as lines and the weights as overlapping
+    rows where piped mappings may run, else x in their places and no element size to offer piped mappings for."""
+    x, out, w = torch.randn(6, 5000).to(BF16), torch.empty(6, 5000, dtype=BF16), torch.randn(5000)
+    itemsize, views = piped.piped_views((x, out), (w, w))
+    assert itemsize == 2 and [v.shape for v in views] == [(117, 256), (117, 256), (18, 512), (18, 512)]
+    assert [v.data_ptr() for v in views] == [x.data_ptr(), out.data_ptr(), w.data_ptr(), w.data_ptr()]
+    for itemsize, views in (piped.piped_views((x, out), (w,), rows_per_program=2),
+                            piped.piped_views((x, out), (torch.randn(2, 5000)[:, 0],)),
+                            piped.piped_views((x[:, 1:], out[:, 1:]), (w,))):
+        assert itemsize == 0 and views[-1] is views[0] and len(views) == 3
+
+
 def test_one_copy_one_store_and_one_fence_a_row():
     """The PTX of piped softmax: a row comes in as one TMA copy (STAGES in the prologue, one in the loop) and goes
     out as one TMA store, behind one async-proxy fence (in 256-element boxes of a 1D view, a row of 8193 took 63

@@ -28,7 +28,7 @@ import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
-from _rows_piped import lines, weight_rows  # noqa: E402
+from _rows_piped import piped_views  # noqa: E402
 
 
 def launch_of(kernel: str, x: torch.Tensor):
@@ -36,16 +36,20 @@ def launch_of(kernel: str, x: torch.Tensor):
     n = x.shape[1]
     w, b, out = torch.randn(n).to(x.dtype), torch.randn(n).to(x.dtype), torch.empty_like(x)
     if kernel == "softmax":
-        return sm.softmax_kernel, (x, out, lines(x), lines(out)), {}, sm.mapping(n, None, x.element_size())
+        itemsize, views = piped_views((x, out))
+        return sm.softmax_kernel, (x, out, *views), {}, sm.mapping(n, None, itemsize)
     if kernel == "rmsnorm":
-        return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), weight_rows(w)), {"eps": 1e-6},
-                rms.rmsnorm_mapping(n, None, x.element_size(), w.element_size()))
+        itemsize, views = piped_views((x, out), (w,))
+        return (rms.rmsnorm_kernel, (x, w, out, *views), {"eps": 1e-6},
+                rms.rmsnorm_mapping(n, None, itemsize, w.element_size()))
     if kernel == "layernorm":
-        return (ln.layernorm_rows, (x, w, b, out, lines(x), lines(out), weight_rows(w), weight_rows(b)), {"eps": 1e-5},
-                ln.layernorm_mapping(n, None, x.element_size(), w.element_size() + b.element_size()))
+        itemsize, views = piped_views((x, out), (w, b))
+        return (ln.layernorm_rows, (x, w, b, out, *views), {"eps": 1e-5},
+                ln.layernorm_mapping(n, None, itemsize, w.element_size() + b.element_size()))
     target = torch.randint(0, n, (x.shape[0],))
     loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
-    return ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x)), {}, ce.mapping(n, x.element_size())
+    itemsize, views = piped_views((x,))
+    return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views), {}, ce.mapping(n, itemsize)
 
 
 def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0):
