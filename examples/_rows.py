@@ -171,9 +171,18 @@ def sm_count(device=None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def resident_clusters(device, ctas: int, per_sm: int) -> int:
+    """The clusters of `ctas` CTAs that run at once, `per_sm` CTAs an SM: a persistent grid of more would run the
+    rest in a second wave (mgjit.max_active_clusters). Without a GPU, as many as `sm_count` SMs hold, at least 1."""
+    if device is None or device.type != "cuda":
+        return max(1, sm_count(device) * per_sm // ctas)
+    return mgjit.max_active_clusters(ctas, per_sm, device=device.index or 0)
+
+
 def grid(rows: int, config: mgjit.Config, device=None) -> tuple[int]:
     """The grid of a row kernel's launch over `rows` rows on `device` (a torch.device; None: no GPU)."""
-    return _row_grid(rows, config.kwargs, sm_count(device))
+    return _row_grid(rows, config.kwargs, device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,18 +272,22 @@ def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, 
 
 def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> None:
     """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
-    sms = sm_count(args[0].device)
-    tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, sms), args, views, **constexprs)
+    device = args[0].device
+    tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, device), args, views, **constexprs)
 
 
-def _row_grid(rows: int, config, sms: int) -> tuple[int]:
+def _row_grid(rows: int, config, device) -> tuple[int]:
     """A row kernel's grid from its constexprs (a Config's kwargs, or a launch's named arguments): CTAS programs
-    (a cluster) per ROWS rows, or (PERSIST, PIPE) that many programs on each of `sms` SMs, each looping over
-    groups of ROWS rows (STASH: as many, rounded to a multiple of STASH, at least STASH)."""
+    (a cluster) per ROWS rows, or (PERSIST, PIPE) that many programs on each SM of `device`, each looping over
+    groups of ROWS rows (STASH: as many, rounded to a multiple of STASH, at least STASH; piped over clusters of
+    CTAS: as many clusters as run at once, `resident_clusters`)."""
     groups = -(-rows // config["ROWS"])
     persist = config.get("PERSIST") or config.get("PIPE")
+    sms = sm_count(device)
     if config.get("STASH"):  # a multiple of STASH programs (examples/_rows_piped.py, stash_lines)
         return (min(groups, max(1, sms * persist // config["STASH"]) * config["STASH"]),)
+    if config.get("PIPE") and config["CTAS"] > 1:
+        return (min(groups, resident_clusters(device, config["CTAS"], persist)) * config["CTAS"],)
     if persist:
         return (min(groups, sms * persist),)
     return (groups * config["CTAS"],)

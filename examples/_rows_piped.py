@@ -1,6 +1,7 @@
 """Piped rows: a persistent program streams rows through a ring of shared-memory slots, one TMA copy per row,
 and computes one row while the copies of the next ones are in flight (a mapping of softmax, cross-entropy,
-rmsnorm and layernorm for rows of 4097 to 16385 columns, beside those of examples/_rows.py; the tuner picks).
+rmsnorm and layernorm for rows of 4097 to 16385 columns, and of softmax for rows of up to about 130000 over a
+cluster, beside those of examples/_rows.py; the tuner picks).
 
 A held row (examples/_rows.py) is loaded into registers, reduced, exchanged, computed and stored by one CTA, and
 nothing of that CTA's is in flight between its load and its stores: the bytes in flight an SM are bounded by the
@@ -23,6 +24,14 @@ first does, so a program lays the weights out once, as its rows' envelopes are (
 per row aligned. Layernorm refills the envelope's outside with the row's mean before it reads the row for its
 deviations (`fill_outside`; examples/layernorm.py says why).
 
+A row longer than one warpgroup's registers hold (65 lines) is split over a cluster of CTAS by whole lines of its
+envelope (`segment_lines`): each CTA pipes its segment of every row of its cluster through slots of its own, and
+the segments swap their statistics once a row (`mgjit.cluster_gather`). Only the first segment holds columns
+before the row and only the last (LAST lines, the others' count or fewer) columns past it; the lines of the
+segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
+run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Softmax,
+bf16, H200: rows of 50257 at 0.91 of copy bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79).
+
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
 one box a row runs it at 0.51. Two CTAs an SM of three slots each: softmax 8193 0.94 (held: 0.85), 12289 0.93
@@ -37,11 +46,16 @@ from collections.abc import Sequence
 from _rows import held_width, part_starts
 
 import mgjit
-from mgjit.targets import HOPPER
+from mgjit.targets import HOPPER, PORTABLE_CLUSTER_CTAS
 
 LINE = 256  # elements of one line: the widest box dimension a TMA copy takes
 MIN_ROW = 4097  # rows this long and longer are piped candidates (below, a held row runs at 0.93-0.98)
 MAX_LINES = 65  # one warpgroup holds a row of up to 65 lines (130 float32 a thread; 16385 columns)
+MIN_LINES = 16  # rows piped over a cluster: the fewest lines a CTA's segment holds
+# Rows piped over a cluster: (stages, programs an SM) tried, and the most lines a CTA holds in registers with that
+# many an SM (128, 170 or 256 registers a thread; 65 lines took 168 registers and spilled a few).
+CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
+REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
 # of four slots and two of two within 0.02 of it at 16385.
@@ -55,28 +69,67 @@ def line_count(n: int) -> int:
     return -(-(n + LINE - 1) // LINE)
 
 
-def piped(n: int, stages: int, per_sm: int, stash: bool = False) -> mgjit.Config:
+def piped(n: int, stages: int, per_sm: int, stash: bool = False, ctas: int = 1) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with `stash`, a
-    multiple of LINE programs: _rows.grid). PL: the row's lines as powers of two, widest first (33 lines ->
-    (32, 1)), each read into one register array."""
+    multiple of LINE programs: _rows.grid), each row's envelope split over a cluster of `ctas` CTAs by whole lines
+    (`segment_lines`): LAST, the lines of the last CTA's segment. PL: a segment's lines as powers of two, widest
+    first (33 lines -> (32, 1)), each read into one register array."""
     nl = line_count(n)
-    lines = tuple(1 << b for b in range(nl.bit_length() - 1, -1, -1) if nl >> b & 1)
-    config = mgjit.Config(ROWS=1, PARTS=(), CTAS=1, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines, STAGES=stages)
+    k = -(-nl // ctas)
+    lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
+    config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
+                          STAGES=stages, LAST=nl - (ctas - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
     return config.replace(STASH=LINE) if stash else config
 
 
-def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int = 0) -> tuple[mgjit.Config, ...]:
+def cluster_splits(n: int, itemsize: int) -> list[tuple[int, int, int]]:
+    """How a row of n columns of `itemsize`-byte elements, too long for one CTA's registers, may be piped over a
+    cluster: (CTAs, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
+    cluster's 8) whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory of that many
+    programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where there is such a
+    split, else three (each register array costs a row its own reductions); the last one at least 4 (its first and last two go out through registers),
+    and the cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows of 50257 on
+    an H200: 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87,
+    one program an SM 0.42-0.50, where held and chunked rows ran 0.67; clusters of 10 to 16 CTAs (rows of
+    100000 and longer) ran 0.40-0.63, and so did cross-entropy's (0.57-0.76 where its streamed rows ran
+    0.72-0.84)."""
+    nl = line_count(n)
+
+    def fits(c: int, stages: int, per_sm: int) -> int | None:
+        """The register arrays of a segment of this split (None: it does not fit)."""
+        k = -(-nl // c)
+        if (MIN_LINES <= k <= REGISTER_LINES[per_sm] and nl - (c - 1) * k >= 4 and 10 * nl >= 9 * c * k
+                and per_sm * (stages * k * LINE * itemsize + SLACK) <= HOPPER.smem_bytes):
+            return bin(k).count("1")
+        return None
+    splits = []
+    for stages, per_sm in CLUSTER_SHAPES if nl > MAX_LINES else ():
+        arrays = {c: fits(c, stages, per_sm) for c in range(2, PORTABLE_CLUSTER_CTAS + 1)}
+        for most in (2, 3):
+            c = next((c for c, count in arrays.items() if count is not None and count <= most), None)
+            if c is not None:
+                splits.append((c, stages, per_sm))
+                break
+    return splits
+
+
+def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int = 0,
+           clusters: bool = False) -> tuple[mgjit.Config, ...]:
     """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements (none for
     itemsize 0) whose slots, and the vectors stashed by `stash_lines` (`weights` bytes an element in all; the
-    configs then set STASH too), fit an SM's shared memory."""
-    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, **({"STASH": 0} if weights else {})) for c in configs)
+    configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows longer than one CTA
+    holds, with `clusters`, over a cluster (`cluster_splits`)."""
+    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {})) for c in configs)
     nl = line_count(n)
-    if n < MIN_ROW or nl > MAX_LINES or not itemsize:
+    if n < MIN_ROW or not itemsize:
         return plain
-    per_line = LINE * weights
-    shapes = [(stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
-              if per_sm * (stages * nl * LINE * itemsize + nl * per_line + SLACK) <= HOPPER.smem_bytes]
-    widened = (piped(n, stages, per_sm, weights > 0) for stages, per_sm in shapes)  # every config sets all keys
+    if nl > MAX_LINES:
+        splits = cluster_splits(n, itemsize) if clusters and not weights else []
+    else:
+        per_line = LINE * weights
+        splits = [(1, stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
+                  if per_sm * (stages * nl * LINE * itemsize + nl * per_line + SLACK) <= HOPPER.smem_bytes]
+    widened = (piped(n, stages, per_sm, weights > 0, ctas) for ctas, stages, per_sm in splits)
     return plain + tuple(c.replace(**{k: 0 for k in plain[0].kwargs if k not in c.kwargs}) for c in widened)
 
 
@@ -106,19 +159,21 @@ def lines(t):
 # ---- device helpers
 
 @mgjit.device
-def ring(x, xl, NL, STAGES):
-    """This program's ring of STAGES slots of NL lines, one barrier per slot, its rows' count, and the copies of
-    its first STAGES rows issued."""
+def ring(x, xl, PL, STAGES, CTAS, LAST):
+    """This program's ring of STAGES slots of a segment's lines (PL), one barrier per slot, its rows' count, and
+    the copies of its first STAGES rows issued."""
+    k = held_width(PL)
     span = x.shape[1] + LINE - 1  # what a row's envelope spans, wherever in a line the row starts
-    mgjit.device_assert((span <= NL * LINE) & (span > (NL - 1) * LINE), "a piped mapping made for rows of another "
+    nl = (CTAS - 1) * k + LAST
+    mgjit.device_assert((span <= nl * LINE) & (span > (nl - 1) * LINE), "a piped mapping made for rows of another "
                         "length (x's rows need other lines than PL's): its stores would write into neighbouring rows")
-    buf = mgjit.smem((STAGES, NL, LINE), x.dtype)
+    buf = mgjit.smem((STAGES, k, LINE), x.dtype)
     full = mgjit.barrier(STAGES)
-    programs = mgjit.num_programs(0)
-    count = (x.shape[0] - mgjit.program_id(0) + programs - 1) // programs
+    programs = mgjit.num_programs(0) // CTAS
+    count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs
     for j in mgjit.static_range(STAGES):
         if j < count:
-            copy_row(x, xl, buf, full, j)
+            copy_row(x, xl, buf, full, j, CTAS)
     return buf, full, count
 
 
@@ -159,9 +214,11 @@ def weight_rows(v):
 
 
 @mgjit.device
-def program_row(i):
-    """The row index of this program's i-th row (programs take rows in turn)."""
-    return mgjit.program_id(0) + i * mgjit.num_programs(0)
+def program_row(i, CTAS):
+    """The row index of this program's i-th row (programs, or clusters of CTAS, take rows in turn)."""
+    if CTAS == 1:
+        return mgjit.program_id(0) + i * mgjit.num_programs(0)
+    return mgjit.program_id(0) // CTAS + i * (mgjit.num_programs(0) // CTAS)
 
 
 @mgjit.device
@@ -174,45 +231,96 @@ def envelope_start(x, row):
 
 
 @mgjit.device
-def copy_row(x, xl, buf, full, i):
-    """Issue the copy of this program's i-th row's envelope into its slot."""
-    a, _ = envelope_start(x, program_row(i))
+def segment_lines(k, CTAS):
+    """The first line, within a row's envelope, of this CTA's segment of k lines: a row piped over a cluster is
+    split by whole lines, CTA r taking lines r * k to r * k + k - 1 (the last CTA fewer: LAST), so that no two
+    CTAs store into one line and only the first and the last CTA's segments hold columns outside the row."""
+    if CTAS == 1:
+        return 0
+    return mgjit.cluster_rank() * k
+
+
+@mgjit.device
+def first_segment(CTAS):
+    """Whether this CTA holds the first segment of its rows."""
+    if CTAS == 1:
+        return True
+    return mgjit.cluster_rank() == 0
+
+
+@mgjit.device
+def segment_start(x, row, k, CTAS):
+    """(a, s): the flat index of the first element of this CTA's segment of row `row`'s envelope, and the row's
+    first element relative to it (negative in every segment but the first)."""
+    a, s = envelope_start(x, row)
+    first = segment_lines(k, CTAS) * LINE
+    return a + first, s - first
+
+
+@mgjit.device
+def copy_row(x, xl, buf, full, i, CTAS):
+    """Issue the copy of this CTA's segment of its program's i-th row's envelope into its slot."""
+    a, _ = segment_start(x, program_row(i, CTAS), buf.shape[1], CTAS)
     slot = i % buf.shape[0]
     mgjit.copy_async(xl, (a // LINE, 0), buf[slot], barrier=full[slot])
 
 
 @mgjit.device
-def envelope(x, xl, buf, full, i, fill):
-    """Wait for this program's i-th row; return (its slot, its row index, the first element of its envelope in
-    the flat tensor, the row's start within it), its envelope's columns outside the row overwritten with
-    `fill`."""
+def envelope(x, xl, buf, full, i, fill, CTAS, LAST):
+    """Wait for this program's i-th row; return (its slot, its row index, the first element of this CTA's segment
+    of its envelope in the flat tensor, the row's start relative to it: `segment_start`), the segment's columns
+    outside the row overwritten with `fill`."""
     n = x.shape[1]
-    row = program_row(i)
-    a, s = envelope_start(x, row)
+    row = program_row(i, CTAS)
+    a, s = segment_start(x, row, buf.shape[1], CTAS)
     slot = i % buf.shape[0]
     full[slot].wait()
     env = buf[slot]
     patch_tail(x, env, a, xl.shape[0])
-    fill_outside(env, s, n, fill)
+    fill_outside(env, s, n, fill, CTAS, LAST)
     mgjit.cta_sync()
     return env, row, a, s
 
 
 @mgjit.device
-def fill_outside(env, s, n, fill):
-    """The envelope's columns outside its row (of n columns from column s) overwritten with `fill`."""
-    nl = env.shape[0]
+def fill_outside(env, s, n, fill, CTAS, LAST):
+    """The segment's columns outside its row (of n columns from column s) overwritten with `fill`: in the first
+    line of the first segment, and from line LAST - 2 of the last (past LAST, lines of the next row, or past the
+    tensor)."""
+    if CTAS == 1:
+        fill_head(env, s, fill)
+        fill_tail(env, s, n, fill, LAST)
+    else:
+        if first_segment(CTAS):
+            fill_head(env, s, fill)
+        if mgjit.cluster_rank() == CTAS - 1:
+            fill_tail(env, s, n, fill, LAST)
+
+
+@mgjit.device
+def fill_head(env, s, fill):
     head = env[mgjit.ds(0, 1), :]
     head[...] = mgjit.where(mgjit.arange(LINE)[None, :] < s, fill, head[...])
-    tail = env[mgjit.ds(nl - 2, 2), :]
-    cols = (nl - 2) * LINE + mgjit.arange(2)[:, None] * LINE + mgjit.arange(LINE)[None, :]
-    tail[...] = mgjit.where(cols >= s + n, fill, tail[...])
+
+
+@mgjit.device
+def fill_tail(env, s, n, fill, LAST):
+    """Lines LAST - 2 on: as one array where they are a power of two (a row's last two lines), else line by line."""
+    count = env.shape[0] - LAST + 2
+    if count & (count - 1) == 0:
+        tail = env[mgjit.ds(LAST - 2, count), :]
+        cols = (LAST - 2) * LINE + mgjit.arange(count)[:, None] * LINE + mgjit.arange(LINE)[None, :]
+        tail[...] = mgjit.where(cols >= s + n, fill, tail[...])
+    else:
+        for k in mgjit.static_range(LAST - 2, env.shape[0]):
+            line = env[mgjit.ds(k, 1), :]
+            line[...] = mgjit.where(k * LINE + mgjit.arange(LINE)[None, :] >= s + n, fill, line[...])
 
 
 @mgjit.device
 def patch_tail(x, env, a, full_lines):
     """The flat tensor's last partial line (past the lines view, so zero-filled by the copy) read into the
-    envelope from the last row, where the envelope reaches it."""
+    segment from the last row, where the segment (from flat element a) reaches it."""
     if a + env.shape[0] * LINE > full_lines * LINE:
         n = x.shape[1]
         rest = x.shape[0] * n - full_lines * LINE
@@ -256,14 +364,14 @@ def exp_lines(v):
 
 
 @mgjit.device
-def refill(x, xl, buf, full, i, count):
+def refill(x, xl, buf, full, i, count, CTAS):
     """After row i's results are in its slot: once the stores of row i - 1 have read their slot, copy row
     i - 1 + STAGES into it."""
     mgjit.store_async_wait(0)
     stages = buf.shape[0]
     if i >= 1:
         if i - 1 + stages < count:
-            copy_row(x, xl, buf, full, i - 1 + stages)
+            copy_row(x, xl, buf, full, i - 1 + stages, CTAS)
 
 
 @mgjit.device
@@ -275,11 +383,25 @@ def write_lines(env, y, PL):
 
 
 @mgjit.device
-def store_envelope(out, outl, env, row, a, s):
-    """Store the row from its envelope: its lines 1 to NL - 3 (wholly inside the row) with one TMA store, the
-    first line and the last two through register windows that drop what lies outside the row."""
-    nl = env.shape[0]
-    mgjit.store_async(outl, (a // LINE + 1, 0), env[mgjit.ds(1, nl - 3), :])
+def store_envelope(out, outl, env, row, a, s, CTAS, LAST):
+    """Store this CTA's segment of the row (`envelope`'s a and s): the lines wholly inside the row with one TMA
+    store, the first line and, in the last segment, the last two through register windows that drop what lies
+    outside the row."""
+    if CTAS == 1:
+        store_segment(out, outl, env, row, a, s, LAST, True)
+    else:
+        if mgjit.cluster_rank() == CTAS - 1:
+            store_segment(out, outl, env, row, a, s, LAST, True)
+        else:
+            store_segment(out, outl, env, row, a, s, env.shape[0], False)
+
+
+@mgjit.device
+def store_segment(out, outl, env, row, a, s, LINES, LAST_SEGMENT):
+    """`store_envelope` of a segment of LINES lines (the last segment: its last two lines hold the row's end)."""
+    inside = LINES - 1 - 2 * LAST_SEGMENT
+    mgjit.store_async(outl, (a // LINE + 1, 0), env[mgjit.ds(1, inside), :])
     out[mgjit.ds(row, 1), mgjit.ds(-s, LINE)] = env[mgjit.ds(0, 1), :][...]
-    for k in mgjit.static_range(nl - 2, nl):
-        out[mgjit.ds(row, 1), mgjit.ds(k * LINE - s, LINE)] = env[mgjit.ds(k, 1), :][...]
+    if LAST_SEGMENT:
+        for k in mgjit.static_range(LINES - 2, LINES):
+            out[mgjit.ds(row, 1), mgjit.ds(k * LINE - s, LINE)] = env[mgjit.ds(k, 1), :][...]

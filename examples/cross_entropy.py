@@ -38,10 +38,12 @@ GATHER_WIDTH = 1024
 @mgjit.kernel
 def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
                        CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
-                       PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0):
+                       PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0,
+                       LAST: mgjit.constexpr = 0):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only."""
     if PIPE:
-        cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES)
+        mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
+        cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST)
     elif BLOCK and CHUNKS:
         cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -86,25 +88,25 @@ def row_loss(t, ignore_index, n, row_lse, picked):
 
 
 @mgjit.device
-def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES):
+def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST):
     """PIPE programs an SM, each streaming its rows through STAGES shared-memory slots (examples/_rows_piped.py).
     A slot is copied into again as soon as its row is in registers: nothing is stored from it. The target's logit
     is read from the slot, the target one row ahead: a row's two dependent global loads (its target, then that
     logit) cost a memory latency each, every row (H200, bf16 rows of 8193: 0.80 -> 0.85 of copy bandwidth)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = logits.shape[1]
-    buf, full, count = ring(logits, xl, held_width(PL), STAGES)
+    buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST)
     last = logits.shape[0] - 1
-    t_next = target[mgjit.minimum(program_row(0), last)]
+    t_next = target[mgjit.minimum(program_row(0, 1), last)]
     for i in range(count):
         t = t_next
-        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"))
-        t_next = target[mgjit.minimum(program_row(i + 1), last)]
+        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST)
+        t_next = target[mgjit.minimum(program_row(i + 1, 1), last)]
         v = read_lines(env, PL)
         picked = pick(env, s + mgjit.minimum(mgjit.maximum(t.astype(mgjit.int32), 0), n - 1))
         mgjit.cta_sync()
         if i + STAGES < count:
-            copy_row(logits, xl, buf, full, i + STAGES)
+            copy_row(logits, xl, buf, full, i + STAGES, 1)
         _, m, total = exp_lines(v)
         row_lse = m + mgjit.log(total)
         lse[row] = row_lse

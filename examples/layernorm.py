@@ -29,7 +29,7 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, held_width, launch, load_row, mapping, merge_moments, output, persisting,
+from _rows import (chunked_segment, columns, launch, load_row, mapping, merge_moments, output, persisting,
                    row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope)
@@ -49,7 +49,7 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
                    PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                    CHUNKS: mgjit.constexpr, OCC: mgjit.constexpr = 0, PERSIST: mgjit.constexpr = 0,
                    PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0,
-                   STASH: mgjit.constexpr = 0):
+                   STASH: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segments of w and b in shared memory); or (BLOCK > 0)
     one row streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster;
@@ -59,7 +59,8 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if PIPE:
-        layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES)
+        mgjit.device_assert(CTAS == 1, "layernorm pipes each row through one CTA (examples/_rows_piped.py, piping)")
+        layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, LAST)
     elif BLOCK and CHUNKS:
         layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -104,7 +105,7 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
 
 
 @mgjit.device
-def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES):
+def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, LAST):
     """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
     with w and b laid out as its rows' envelopes (examples/_rows_piped.py). A row is read twice from its slot: for
     its mean (the columns outside it filled with 0), then, those columns filled with the mean rounded to x's
@@ -113,17 +114,17 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES):
     index, two compares and a select an element and held 255 registers at 8193 columns (167 this way)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = x.shape[1]
-    buf, full, count = ring(x, xl, held_width(PL), STAGES)
+    buf, full, count = ring(x, xl, PL, STAGES, 1, LAST)
     w_env, b_env = stash_lines(w, wv, x, PL), stash_lines(b, bv, x, PL)
     for i in range(count):
-        env, row, a, s = envelope(x, xl, buf, full, i, 0.0)
+        env, row, a, s = envelope(x, xl, buf, full, i, 0.0, 1, LAST)
         v = read_lines(env, PL)
         total = 0.0
         for p in mgjit.static_range(len(PL)):
             total = total + v[p].sum()
         mean = total / n
         fill = mean.astype(x.dtype)
-        fill_outside(env, s, n, fill)
+        fill_outside(env, s, n, fill, 1, LAST)
         mgjit.cta_sync()
         v = read_lines(env, PL)
         m = fill.astype(mgjit.float32)
@@ -139,8 +140,8 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES):
         for p in mgjit.static_range(len(PL)):
             parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(mgjit.float32),
                                       b_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
-        refill(x, xl, buf, full, i, count)
-        store_envelope(out, outl, env, row, a, s)
+        refill(x, xl, buf, full, i, count, 1)
+        store_envelope(out, outl, env, row, a, s, 1, LAST)
     mgjit.store_async_wait(0)
 
 

@@ -19,7 +19,7 @@ each with w laid out once as its rows' envelopes are. The mapping is autotuned p
 import functools
 
 import torch
-from _rows import (chunked_segment, held_width, launch, load_row, mapping, output, persisting, row_groups, row_sum,
+from _rows import (chunked_segment, launch, load_row, mapping, output, persisting, row_groups, row_sum,
                    segment, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope)
@@ -34,14 +34,16 @@ STAGE_GROUP = 8192
 def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
                    CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
                    PERSIST: mgjit.constexpr = 0, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
-                   STAGES: mgjit.constexpr = 0, STASH: mgjit.constexpr = 0):
+                   STAGES: mgjit.constexpr = 0, STASH: mgjit.constexpr = 0,
+                   LAST: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
     streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster; or
     (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w
     as `weight_rows`; read by piped mappings only)."""
     if PIPE:
-        rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES)
+        mgjit.device_assert(CTAS == 1, "rmsnorm pipes each row through one CTA (examples/_rows_piped.py, piping)")
+        rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, LAST)
     elif BLOCK and CHUNKS:
         rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -74,14 +76,14 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
 
 
 @mgjit.device
-def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES):
+def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, LAST):
     """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
     with w in shared memory laid out as its rows' envelopes (examples/_rows_piped.py, stash_lines)."""
     mgjit.min_ctas_per_sm(PIPE)
-    buf, full, count = ring(x, xl, held_width(PL), STAGES)
+    buf, full, count = ring(x, xl, PL, STAGES, 1, LAST)
     w_env = stash_lines(w, wv, x, PL)
     for i in range(count):
-        env, row, a, s = envelope(x, xl, buf, full, i, 0.0)
+        env, row, a, s = envelope(x, xl, buf, full, i, 0.0, 1, LAST)
         v = read_lines(env, PL)
         squares = 0.0
         for p in mgjit.static_range(len(PL)):
@@ -90,8 +92,8 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES):
         w_parts, parts = line_parts(w_env, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
             parts[p][...] = (v[p] * scale * w_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
-        refill(x, xl, buf, full, i, count)
-        store_envelope(out, outl, env, row, a, s)
+        refill(x, xl, buf, full, i, count, 1)
+        store_envelope(out, outl, env, row, a, s, 1, LAST)
     mgjit.store_async_wait(0)
 
 

@@ -13,7 +13,7 @@ is split over a cluster in chunks kept in shared memory (chunked rows): each CTA
 (its maximum on the way), sums exp(x - its maximum) from shared memory, swaps (maximum, sum) once, and writes
 from shared memory. Or (piped rows, 4097 to 16385 columns, contiguous tensors: examples/_rows_piped.py) a few
 persistent programs an SM each stream their rows through shared-memory slots, one TMA copy a row, computing one
-while the next ones land. bf16/f16 inputs are computed in float32 and rounded once at the store. The mapping is
+while the next ones land; longer rows, to about 130000 columns, split over the CTAs of a cluster the same way. bf16/f16 inputs are computed in float32 and rounded once at the store. The mapping is
 autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
@@ -21,7 +21,7 @@ autotuned per shape.
 import functools
 
 import torch
-from _rows import (chunked_segment, exp_segment, held_width, launch, load_row, mapping as rows_mapping, merge_exp,
+from _rows import (chunked_segment, exp_segment, launch, load_row, mapping as rows_mapping, merge_exp,
                    output, segment, stage, store_row)
 from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
@@ -37,10 +37,10 @@ STAGE_GROUP = 4096
 @mgjit.kernel
 def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
                    WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0,
-                   PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0):
+                   PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0):
     """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only."""
     if PIPE:
-        softmax_piped(x, out, xl, outl, PIPE, PL, STAGES)
+        softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
         softmax_chunked(x, out, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -61,20 +61,25 @@ def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constex
 
 
 @mgjit.device
-def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES):
-    """PIPE programs an SM, each streaming its rows through STAGES shared-memory slots (examples/_rows_piped.py)."""
+def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST):
+    """PIPE programs an SM, each streaming its rows (or, over a cluster of CTAS, its segments of them) through
+    STAGES shared-memory slots (examples/_rows_piped.py); the segments of a row swap (maximum, sum) once."""
     mgjit.min_ctas_per_sm(PIPE)
-    buf, full, count = ring(x, xl, held_width(PL), STAGES)
+    buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
     for i in range(count):
-        env, row, a, s = envelope(x, xl, buf, full, i, -float("inf"))
-        e, _, total = exp_lines(read_lines(env, PL))
-        scale = 1.0 / total
+        env, row, a, s = envelope(x, xl, buf, full, i, -float("inf"), CTAS, LAST)
+        e, m, total = exp_lines(read_lines(env, PL))
+        if CTAS == 1:
+            scale = 1.0 / total
+        else:
+            top, row_total = merge_exp(*mgjit.cluster_gather(m, total), CTAS)
+            scale = mgjit.exp(m - top) / row_total
         y = ()
         for p in mgjit.static_range(len(PL)):
             y = y + (e[p] * scale,)
         write_lines(env, y, PL)
-        refill(x, xl, buf, full, i, count)
-        store_envelope(out, outl, env, row, a, s)
+        refill(x, xl, buf, full, i, count, CTAS)
+        store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
 
 
@@ -134,7 +139,7 @@ def mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0) -> t
     """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes
     (0: none; they need contiguous, aligned tensors, `_rows_piped.piped_views`)."""
     configs = rows_mapping(n, rows_per_program)
-    return piping(configs, n if rows_per_program is None else 0, itemsize)
+    return piping(configs, n if rows_per_program is None else 0, itemsize, clusters=True)
 
 
 # softmax as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

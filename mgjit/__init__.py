@@ -27,6 +27,7 @@ from .tmem_layouts import blocked_scales
 from .language import cluster_gather, cluster_reduce
 from .language import device_assert, print, trace  # debugging and profiling
 from .profiler import Profile
+from .runtime import max_active_clusters
 from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
 from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, load, semaphore_signal,  # GMEM
                        semaphore_wait)

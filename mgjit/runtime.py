@@ -58,6 +58,52 @@ def ensure_context(device: int) -> int:
     return int(ctx)
 
 
+# An empty kernel, JIT-compiled by the driver for whatever GPU is current (PTX for sm_90 runs on every later one):
+# `max_active_clusters` asks the occupancy calculator about it with the shared memory of the CTAs it stands for.
+_PROBE_PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry mgjit_cluster_probe() { ret; }
+"""
+_probes: dict[int, Any] = {}
+
+
+def max_active_clusters(ctas: int, ctas_per_sm: int = 1, threads: int = 128, device: int = 0) -> int:
+    """How many clusters of `ctas` CTAs of `threads` threads can run at once on CUDA device `device` when an SM
+    holds at most `ctas_per_sm` of them (`mgjit.min_ctas_per_sm`): the grid of a persistent clustered kernel. A
+    cluster's CTAs share a GPC, and GPCs do not all hold a multiple of a cluster: on an H200 (132 SMs), 2 CTAs an
+    SM fit 62 clusters of 4 (not 66), 30 of 8 and 14 of 16, and a grid one cluster larger runs that cluster after
+    the others, in a second wave."""
+    if ctas < 1 or ctas > targets.HOPPER.max_cluster_ctas or ctas_per_sm < 1:
+        raise ValueError(f"max_active_clusters: expected 1 <= ctas <= {targets.HOPPER.max_cluster_ctas} and "
+                         f"ctas_per_sm >= 1, got ctas={ctas}, ctas_per_sm={ctas_per_sm}")
+    d = driver()
+    check(d.cuInit(0))
+    ensure_context(device)
+    f = _probes.get(device)
+    if f is None:
+        f = _probes[device] = check(d.cuModuleGetFunction(check(d.cuModuleLoadData(_PROBE_PTX)),
+                                                          b"mgjit_cluster_probe"))
+        check(d.cuFuncSetAttribute(f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+    attr = d.CUdevice_attribute
+    per_sm = check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, device))
+    reserved = check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, device))
+    # shared memory that lets exactly ctas_per_sm CTAs share an SM
+    smem = max(0, per_sm // ctas_per_sm - reserved - 1024)
+    check(d.cuFuncSetAttribute(f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    config = d.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = ctas, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem
+    cluster = d.CUlaunchAttribute()
+    cluster.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    cluster.value.clusterDim.x, cluster.value.clusterDim.y, cluster.value.clusterDim.z = ctas, 1, 1
+    config.attrs = [cluster]
+    config.numAttrs = 1
+    return check(d.cuOccupancyMaxActiveClusters(f, config))
+
+
 class Launcher:
     def __init__(self, cubin: bytes, name: str, fields: Sequence[abi.Field], smem_bytes: int, threads: int,
                  cluster: tuple[int, int, int] = (1, 1, 1)):

@@ -139,17 +139,21 @@ def test_strided_rows_and_empty_batches(n):
 
 # Piped rows (examples/_rows_piped.py), softmax, cross-entropy, rmsnorm and layernorm: every candidate forced, over
 # more rows than the programs' rings hold (each slot reused), rows starting anywhere in a line, and a tensor whose last line
-# is partial (its last row's envelope patched from the tensor); up to the longest piped row (16385).
+# is partial (its last row's envelope patched from the tensor); up to the longest row one CTA pipes (16385).
 PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (12289, torch.bfloat16),
          (16385, torch.bfloat16)]
 
 
-@pytest.mark.parametrize("n,dtype", PIPED, ids=str)
-def test_every_piped_mapping(n, dtype):
+# Softmax rows piped over clusters of 2 to 8 CTAs, the last segment shorter than the others where the lines allow.
+PIPED_CLUSTERS = [(16386, torch.float32, 1001), (20000, torch.float16, 1001), (50257, torch.bfloat16, 701),
+                  (65536, torch.float32, 301), (100000 - 7, torch.bfloat16, 301)]
+
+
+@pytest.mark.parametrize("n,dtype,m", [(n, dtype, 3001) for n, dtype in PIPED] + PIPED_CLUSTERS, ids=str)
+def test_every_piped_mapping(n, dtype, m):
     from _rows_piped import lines, weight_rows
-    m = 3001
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
-    assert (m * n) % 256
+    assert (m * n) % 256 or n % 256 == 0
     xd = x.double()
     target = torch.randint(0, n, (m,), device="cuda")
     target[::7] = -100
@@ -161,6 +165,10 @@ def test_every_piped_mapping(n, dtype):
         out = torch.full_like(x, float("nan"))
         sm.softmax_kernel[grid](x, out, lines(x), lines(out), **config.launch_kwargs())
         assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
+    for config in ce.mapping(n, x.element_size()):
+        if not config.kwargs["PIPE"]:
+            continue
+        grid = _rows.grid(m, config, x.device)
         loss, lse = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
         ce.cross_entropy_rows[grid](x, target, loss, lse, -100, lines(x), **config.launch_kwargs())
         assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5, config

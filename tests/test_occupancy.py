@@ -108,3 +108,22 @@ def test_errors_name_the_line(kernel, args, text, phrase):
     with pytest.raises(mgjit.CompileError) as info:
         kernel.compile(torch.empty(128), *positional, **named, target="sm_90a")
     assert info.value.loc.line == line_of(kernel, text) and phrase in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("args", [(0, 1), (17, 1), (4, 0)])
+def test_max_active_clusters_refuses_impossible_clusters(args):
+    with pytest.raises(ValueError, match="expected 1 <= ctas <= 16 and ctas_per_sm >= 1"):
+        mgjit.max_active_clusters(*args)
+
+
+@pytest.mark.gpu
+def test_max_active_clusters_on_the_gpu():
+    """No more clusters than the SMs hold at ctas_per_sm CTAs each, all of them for clusters of one CTA, and a
+    cluster of 16 CTAs fitting at least once."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for per_sm in (1, 2, 4):
+        assert mgjit.max_active_clusters(1, per_sm) == sms * per_sm
+        got = [mgjit.max_active_clusters(c, per_sm) for c in (2, 4, 8, 16)]
+        assert all(1 <= g <= sms * per_sm // c for g, c in zip(got, (2, 4, 8, 16))), got

@@ -15,6 +15,8 @@ import layernorm as ln  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
 
+import mgjit  # noqa: E402
+
 BF16 = torch.bfloat16
 
 
@@ -179,9 +181,9 @@ def test_weight_rows():
 
 def test_which_rows_are_piped():
     """Piped mappings are offered from 4097 columns to the 65 lines one warpgroup holds (16385), where their
-    slots fit shared memory, and every config of the kernel sets the same constexprs."""
-    for n, itemsize, expect in ((4096, 2, 0), (4097, 2, 4), (16385, 2, 3), (16386, 2, 0), (8193, 4, 3),
-                                (16385, 4, 0), (100000, 2, 0)):
+    slots fit shared memory, and every config of the kernel sets the same constexprs; softmax's longer rows over
+    a cluster (`test_rows_piped_over_a_cluster`), cross-entropy's not."""
+    for n, itemsize, expect in ((4096, 2, 0), (4097, 2, 4), (16385, 2, 3), (8193, 4, 3), (16385, 4, 0)):
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         assert [c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"]] == [
@@ -190,10 +192,56 @@ def test_which_rows_are_piped():
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
             nl = sum(c.kwargs["PL"])
-            assert nl == piped.line_count(n) and (nl - 1) * piped.LINE < n + piped.LINE - 1 <= nl * piped.LINE
+            assert nl == piped.line_count(n) == c.kwargs["LAST"]
+            assert (nl - 1) * piped.LINE < n + piped.LINE - 1 <= nl * piped.LINE
             assert c.kwargs["PIPE"] * c.kwargs["STAGES"] * nl * piped.LINE * itemsize <= 227 * 1024
+    for n in (16386, 50257, 100000):
+        assert not any(c.kwargs["PIPE"] for c in ce.mapping(n, 2)), n
     assert not any(c.kwargs["PIPE"] for c in sm.mapping(8193, None, 0))
     assert not any(c.kwargs["PIPE"] for c in sm.mapping(8193, 4, 2))
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_rows_piped_over_a_cluster(itemsize):
+    """Softmax rows longer than one CTA holds, split by whole lines over a cluster of at most 8 CTAs: each CTA's
+    segment fits its registers and its slots the shared memory at its programs an SM, the last segment is
+    shorter by less than a tenth of the cluster's lines and holds at least 4, and together the segments are the
+    row's envelope. None where that takes more than 8 CTAs (rows of 100000 on: clusters of 10 to 16 ran slower
+    than held and streamed rows)."""
+    offered = {}
+    for n in range(16386, 140000, 997):
+        nl = piped.line_count(n)
+        configs = [c for c in sm.mapping(n, None, itemsize) if c.kwargs["PIPE"]]
+        assert len({tuple(sorted(c.kwargs)) for c in sm.mapping(n, None, itemsize)}) == 1, n
+        for c in configs:
+            kw, ctas = c.kwargs, c.kwargs["CTAS"]
+            k = sum(kw["PL"])
+            assert 2 <= ctas <= 8 and c.launch_kwargs()["cluster"] == (ctas, 1, 1), c
+            assert (ctas - 1) * k + kw["LAST"] == nl and 4 <= kw["LAST"] <= k and 10 * nl >= 9 * ctas * k, (n, c)
+            assert len(kw["PL"]) <= 3 and k <= piped.REGISTER_LINES[kw["PIPE"]], (n, c)
+            assert kw["PIPE"] * (kw["STAGES"] * k * piped.LINE * itemsize + piped.SLACK) <= 232448, (n, c)
+        offered[n] = len(configs)
+    assert all(offered[n] for n in offered if n <= 70000) and not offered[139017], offered
+
+
+@pytest.mark.parametrize("n,dtype", [(16386, torch.float32), (20000, torch.float16), (50257, BF16),
+                                     (65536, torch.float32)], ids=str)
+def test_every_cluster_piped_mapping_interpreted(n, dtype):
+    """Each CTA of a cluster pipes its segment of each of its cluster's rows and the segments swap (maximum,
+    sum) once a row: over more rows than the rings hold (one cluster without a GPU), rows starting anywhere in
+    a line, the last line partial where the rows' length allows."""
+    configs = [c for c in sm.mapping(n, None, torch.finfo(dtype).bits // 8) if c.kwargs["PIPE"]]
+    assert configs and all(c.kwargs["CTAS"] > 1 for c in configs)
+    for config in configs:
+        ctas, clusters = config.kwargs["CTAS"], max(1, 2 * config.kwargs["PIPE"] // config.kwargs["CTAS"])
+        rows = clusters * (config.kwargs["STAGES"] + 1) + 1
+        assert _rows.grid(rows, config) == (clusters * ctas,)
+        x = (torch.randn(rows, n) * 3).to(dtype)
+        assert (rows * n) % piped.LINE or n % piped.LINE == 0
+        out = torch.full_like(x, float("nan"))
+        sm.softmax_kernel.interpret[(clusters * ctas,)](x, out, piped.lines(x), piped.lines(out),
+                                                         **config.launch_kwargs())
+        assert rel_err(out, torch.softmax(x.double(), 1)) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
 
 
 def test_pipeable_tensors():
@@ -284,3 +332,21 @@ def test_piped_rows_fuzzed(draw):
                                         *map(piped.weight_rows, vectors), eps=1e-6 if len(vectors) == 1 else 1e-5,
                                         **config.launch_kwargs())
         assert rel_err(out, ref) < tol, (what, kernel.name, config)
+
+
+def test_kernels_without_cluster_pipes_refuse_a_cluster_mapping():
+    """Cross-entropy and the norms pipe a row through one CTA: a softmax mapping over a cluster launched on them
+    fails to compile, naming the line, where it would have run each CTA of the cluster as a program of its own."""
+    n = 50257
+    config = [c for c in sm.mapping(n, None, 2) if c.kwargs["PIPE"]][0]
+    assert config.kwargs["CTAS"] > 1
+    x, w = torch.empty(8, n, dtype=BF16), torch.empty(n, dtype=BF16)
+    lx = piped.lines(x)
+    launches = [
+        (ce.cross_entropy_rows, (x, torch.empty(8, dtype=torch.int64), torch.empty(8), torch.empty(8), -100, lx), {}),
+        (rms.rmsnorm_kernel, (x, w, x, lx, lx, piped.weight_rows(w)), {"eps": 1e-6, "STASH": 0}),
+        (ln.layernorm_rows, (x, w, w, x, lx, lx, piped.weight_rows(w), piped.weight_rows(w)), {"eps": 1e-5, "STASH": 0}),
+    ]
+    for kernel, args, extra in launches:
+        with pytest.raises(mgjit.CompileError, match=r"\.py:\d+ .*pipes each row through one CTA"):
+            kernel.compile(*args, **extra, **config.launch_kwargs(), target="sm_90a")
