@@ -59,3 +59,41 @@ def test_ops_in_any_pair_of_regions_compile(tmp_path, first, second):
     x = torch.zeros(4096)
     c = module.k.compile(x, x, 5, B=256, target="sm_90a")
     assert ".entry k(" in c.ptx and c.spills == 0
+
+
+@mgjit.kernel
+def tuple_through_if(x, out, flag):
+    v = x[mgjit.ds(0, 128)]
+    pair = (v, v.sum(), 2.0)
+    if flag > 0:
+        w = x[mgjit.ds(128, 128)]
+        pair = (w * 3.0, w.max(), 2.0)
+    out[mgjit.ds(0, 128)] = pair[0] + pair[1] * pair[2]
+
+
+@mgjit.kernel
+def tuple_shrinks_in_if(x, out, flag):
+    pair = (x[mgjit.ds(0, 128)], 1.0)
+    if flag > 0:
+        pair = (x[mgjit.ds(0, 128)],)
+    out[mgjit.ds(0, 128)] = pair[0]
+
+
+@pytest.mark.parametrize("flag", [0, 1])
+def test_a_tuple_reassigned_in_a_runtime_if(flag):
+    """A tuple of arrays and scalars leaves a runtime `if` leaf by leaf (the leaves both branches share stay
+    constants), and compiles for sm_90a."""
+    x = torch.randn(256)
+    out = torch.full((128,), float("nan"))
+    tuple_through_if.interpret[(1,)](x, out, flag)
+    v, w = x[:128], x[128:]
+    want = w * 3 + w.max() * 2 if flag else v + v.sum() * 2
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert "scf.if" in tuple_through_if.compile(x, out, flag, target="sm_90a").mlir
+
+
+def test_a_tuple_that_changes_length_in_a_runtime_if_is_refused():
+    x = torch.randn(128)
+    with pytest.raises(mgjit.CompileError, match=r"`pair` is a tuple of 1 after one branch of a runtime `if` and "
+                                                 r"a tuple of 2 after the other"):
+        tuple_shrinks_in_if.compile(x, x, 1, target="sm_90a")

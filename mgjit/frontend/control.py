@@ -91,19 +91,26 @@ class ControlFlow(Semantics):
 
         if_loc = self.src.loc(node)
         (then_block, then_scope), (else_block, else_scope) = trace_branch(then), trace_branch(orelse)
-        results = []
+        results = []  # (label, then value, else value) of each leaf the branches leave different
+        joined = []  # (name, its value on the then branch, each leaf: its value, or None for the next result)
         for name in names:
             if not (name in then_scope and name in else_scope):
                 continue  # defined on one path only: not visible after the if
             a, b = then_scope[name], else_scope[name]
-            if a is b:  # unchanged, or both branches assigned the same value (`v = s` on each)
-                self.scope[name] = a
-                continue
-            if not isinstance(a, (Tensor, Expanded)) and not isinstance(b, (Tensor, Expanded)):
-                if a == b:
-                    self.scope[name] = a
-                    continue
-            results.append((name, a, b))
+            changed = _changed_structure(name, a, b)
+            if changed:
+                label, then_kind, else_kind = changed
+                raise self.error(f"`{label}` is {then_kind} after one branch of a runtime `if` and {else_kind} "
+                                 "after the other; a tuple must keep its length on both", node)
+            leaves = []
+            for (label, la), (_, lb) in zip(_leaves(name, a), _leaves(name, b)):
+                # unchanged, or both branches assigned the same value (`v = s` on each)
+                same = la is lb or (not isinstance(la, (Tensor, Expanded)) and not isinstance(lb, (Tensor, Expanded))
+                                    and la == lb)
+                leaves.append(la if same else None)
+                if not same:
+                    results.append((label, la, lb))
+            joined.append((name, a, leaves))
         types = []
         for i, (name, a, b) in enumerate(results):
             a, b = self._join_branch_values(name, a, b, then_block, else_block)
@@ -115,8 +122,9 @@ class ControlFlow(Semantics):
         op.regions[0].ops.append(ops.Yield([a.value for _, a, _ in results], if_loc))
         op.regions[1].ops.append(ops.Yield([b.value for _, _, b in results], if_loc))
         self.builder.add(op)
-        for (name, _, _), r in zip(results, op.results):
-            self.scope[name] = Tensor(self, r)
+        out = iter(Tensor(self, r) for r in op.results)
+        for name, template, leaves in joined:
+            self.scope[name] = _rebuild(template, iter(next(out) if leaf is None else leaf for leaf in leaves))
 
     def warp_role(self, warp: int, node: ast.If) -> None:
         """`if mgjit.warp_id() == w:`: the body is warp w's role, a region of the WarpSplit that ends this block
