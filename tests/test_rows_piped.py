@@ -75,12 +75,16 @@ def test_every_piped_layernorm_interpreted(n, dtype, mean):
     """layernorm's piped mappings: weights and biases stashed per program (as rmsnorm's), each row's deviations
     taken from the mean rounded to x's dtype, written over the envelope's columns outside the row, so that they
     are exactly 0 there. Rows whose mean is far from 0 (40 standard deviations) check that the fill leaves
-    nothing in the variance: with zeros there, 768 of them would add 768 * 40**2 to a sum of squares of 5000."""
+    nothing in the variance: with zeros there, 768 of them would add 768 * 40**2 to a sum of squares of 5000.
+    Each program's rows take the fill from their predecessor's mean and are read once, or, where their own mean
+    lies 60 standard deviations away from it (a program's third row here, and its first where the mean is far
+    from 0), read again with their own."""
     itemsize = torch.finfo(dtype).bits // 8
     configs = [c for c in ln.layernorm_mapping(n, None, itemsize, 2 * itemsize) if c.kwargs["PIPE"]]
     assert configs and all(c.kwargs["STASH"] == piped.LINE for c in configs)
-    rows = piped.LINE + 3
-    x = (torch.randn(rows, n) + mean).to(dtype)
+    rows = 3 * piped.LINE + 3
+    jump = 60.0 * (torch.arange(rows) >= 2 * piped.LINE)[:, None]
+    x = (torch.randn(rows, n) + mean + jump).to(dtype)
     w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
     for config in configs[:2]:
