@@ -279,15 +279,17 @@ def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = 
 def _row_grid(rows: int, config, device) -> tuple[int]:
     """A row kernel's grid from its constexprs (a Config's kwargs, or a launch's named arguments): CTAS programs
     (a cluster) per ROWS rows, or (PERSIST, PIPE) that many programs on each SM of `device`, each looping over
-    groups of ROWS rows (STASH: as many, rounded to a multiple of STASH, at least STASH; piped over clusters of
-    CTAS: as many clusters as run at once, `resident_clusters`)."""
+    groups of ROWS rows (piped over clusters of CTAS: as many clusters as run at once, `resident_clusters`; STASH:
+    as many programs or clusters, rounded down to a multiple of STASH, at least STASH)."""
     groups = -(-rows // config["ROWS"])
     persist = config.get("PERSIST") or config.get("PIPE")
     sms = sm_count(device)
-    if config.get("STASH"):  # a multiple of STASH programs (examples/_rows_piped.py, stash_lines)
-        return (min(groups, max(1, sms * persist // config["STASH"]) * config["STASH"]),)
+    stash = config.get("STASH") or 1  # a multiple of STASH programs or clusters (examples/_rows_piped.py, stash_lines)
     if config.get("PIPE") and config["CTAS"] > 1:
-        return (min(groups, resident_clusters(device, config["CTAS"], persist)) * config["CTAS"],)
+        clusters = max(1, resident_clusters(device, config["CTAS"], persist) // stash) * stash
+        return (min(groups, clusters) * config["CTAS"],)
+    if config.get("STASH"):
+        return (min(groups, max(1, sms * persist // stash) * stash),)
     if persist:
         return (min(groups, sms * persist),)
     return (groups * config["CTAS"],)

@@ -19,9 +19,9 @@ maximum, 0 for a sum), so that it is read with no mask. The lines view leaves ou
 whose envelope reaches it reads it from the tensor (`patch_tail`).
 
 A weight vector (rmsnorm's, layernorm's two) must meet each element at its column, but rows start anywhere in
-their envelopes. With a grid of a multiple of LINE programs, though, each program's rows all start where its
-first does, so a program lays the weights out once, as its rows' envelopes are (`stash_lines`), and reads them
-per row aligned. Layernorm refills the envelope's outside with the row's mean before it reads the row for its
+their envelopes. With a grid of a multiple of LINE programs (LINE / gcd(n, LINE) where rows of n start at
+fewer places: `stash_multiple`), though, each program's rows all start where its first does, so a program lays
+the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned. Layernorm refills the envelope's outside with the row's mean before it reads the row for its
 deviations (`fill_outside`; examples/layernorm.py says why).
 
 A row longer than one warpgroup's registers hold (65 lines) is split over a cluster of CTAS by whole lines of its
@@ -31,6 +31,8 @@ before the row and only the last (LAST lines, the others' count or fewer) column
 segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
 run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Softmax,
 bf16, H200: rows of 50257 at 0.91 of copy bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79).
+The norms take clusters too where rows start at few places in a line (each CTA stashes its segment of the
+weights; rows of odd length would need 256 clusters): rmsnorm 100000 0.89 (0.80), layernorm 32000 0.84.
 
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
@@ -41,6 +43,7 @@ cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.88
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from _rows import held_width, part_starts
@@ -56,6 +59,7 @@ MIN_LINES = 16  # rows piped over a cluster: the fewest lines a CTA's segment ho
 # many an SM (128, 170 or 256 registers a thread; 65 lines took 168 registers and spilled a few).
 CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
 REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
+MAX_STASH_CLUSTERS = 16  # rows piped over clusters with weights: the largest multiple of clusters a grid may need
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
 # of four slots and two of two within 0.02 of it at 16385.
@@ -71,20 +75,28 @@ def line_count(n: int) -> int:
 
 def piped(n: int, stages: int, per_sm: int, stash: bool = False, ctas: int = 1) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with `stash`, a
-    multiple of LINE programs: _rows.grid), each row's envelope split over a cluster of `ctas` CTAs by whole lines
-    (`segment_lines`): LAST, the lines of the last CTA's segment. PL: a segment's lines as powers of two, widest
-    first (33 lines -> (32, 1)), each read into one register array."""
+    multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid), each row's envelope split over a
+    cluster of `ctas` CTAs by whole lines (`segment_lines`): LAST, the lines of the last CTA's segment. PL: a
+    segment's lines as powers of two, widest first (33 lines -> (32, 1)), each read into one register array."""
     nl = line_count(n)
     k = -(-nl // ctas)
     lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
     config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
                           STAGES=stages, LAST=nl - (ctas - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
-    return config.replace(STASH=LINE) if stash else config
+    return config.replace(STASH=stash_multiple(n)) if stash else config
 
 
-def cluster_splits(n: int, itemsize: int) -> list[tuple[int, int, int]]:
-    """How a row of n columns of `itemsize`-byte elements, too long for one CTA's registers, may be piped over a
-    cluster: (CTAs, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
+def stash_multiple(n: int) -> int:
+    """The fewest programs (clusters) whose rows of n columns all start where their first does within a line
+    (`stash_lines`): program p takes rows p, p + P, ..., which start P * n elements apart, a whole number of lines
+    where P is a multiple of LINE / gcd(n, LINE)."""
+    return LINE // math.gcd(n, LINE)
+
+
+def cluster_splits(n: int, itemsize: int, weights: int = 0) -> list[tuple[int, int, int]]:
+    """How a row of n columns of `itemsize`-byte elements, too long for one CTA (its registers, or its shared
+    memory), may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all
+    stashed: (CTAs, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
     cluster's 8) whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory of that many
     programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where there is such a
     split, else three (each register array costs a row its own reductions); the last one at least 4 (its first and last two go out through registers),
@@ -99,11 +111,11 @@ def cluster_splits(n: int, itemsize: int) -> list[tuple[int, int, int]]:
         """The register arrays of a segment of this split (None: it does not fit)."""
         k = -(-nl // c)
         if (MIN_LINES <= k <= REGISTER_LINES[per_sm] and nl - (c - 1) * k >= 4 and 10 * nl >= 9 * c * k
-                and per_sm * (stages * k * LINE * itemsize + SLACK) <= HOPPER.smem_bytes):
+                and per_sm * ((stages * itemsize + weights) * k * LINE + SLACK) <= HOPPER.smem_bytes):
             return bin(k).count("1")
         return None
     splits = []
-    for stages, per_sm in CLUSTER_SHAPES if nl > MAX_LINES else ():
+    for stages, per_sm in CLUSTER_SHAPES:
         arrays = {c: fits(c, stages, per_sm) for c in range(2, PORTABLE_CLUSTER_CTAS + 1)}
         for most in (2, 3):
             c = next((c for c, count in arrays.items() if count is not None and count <= most), None)
@@ -117,18 +129,17 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int 
            clusters: bool = False) -> tuple[mgjit.Config, ...]:
     """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements (none for
     itemsize 0) whose slots, and the vectors stashed by `stash_lines` (`weights` bytes an element in all; the
-    configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows longer than one CTA
-    holds, with `clusters`, over a cluster (`cluster_splits`)."""
+    configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows one CTA does not
+    hold, with `clusters`, over a cluster (`cluster_splits`; with weights, only where a grid of a multiple of
+    `stash_multiple` clusters, at most MAX_STASH_CLUSTERS, keeps each cluster's rows at one start in a line)."""
     plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {})) for c in configs)
     nl = line_count(n)
     if n < MIN_ROW or not itemsize:
         return plain
-    if nl > MAX_LINES:
-        splits = cluster_splits(n, itemsize) if clusters and not weights else []
-    else:
-        per_line = LINE * weights
-        splits = [(1, stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
-                  if per_sm * (stages * nl * LINE * itemsize + nl * per_line + SLACK) <= HOPPER.smem_bytes]
+    splits = [(1, stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
+              if nl <= MAX_LINES and per_sm * ((stages * itemsize + weights) * nl * LINE + SLACK) <= HOPPER.smem_bytes]
+    if not splits and clusters and (not weights or stash_multiple(n) <= MAX_STASH_CLUSTERS):
+        splits = cluster_splits(n, itemsize, weights)
     widened = (piped(n, stages, per_sm, weights > 0, ctas) for ctas, stages, per_sm in splits)
     return plain + tuple(c.replace(**{k: 0 for k in plain[0].kwargs if k not in c.kwargs}) for c in widened)
 
@@ -178,29 +189,33 @@ def ring(x, xl, PL, STAGES, CTAS, LAST):
 
 
 @mgjit.device
-def stash_lines(v, rows, x, PL):
-    """A weight vector `v` laid out as this program's rows' envelopes are, in shared memory in its own dtype (zero
-    outside the row; `rows`: v as `weight_rows` views it). Every row of a program starts as many elements into its
-    envelope as its first does where the grid is a multiple of LINE programs (row r + k * LINE starts
-    k * LINE * n elements, whole lines, further on), so the weights are read once per program, and per row as
-    aligned as its elements. Envelope line k is v[k * LINE - s:][:LINE], columns LINE - s on of row k - 1 of
-    `rows`: one load per part of PL brings lines 1 to NL - 3, then the first line and the last two (beyond `rows`)
-    come from v. A load a line (33 for rows of 8193) waited for each load where its bounds check's branch joined:
-    rmsnorm 8193 ran at 0.79 of copy bandwidth for 0.93 without the weights."""
-    programs = mgjit.num_programs(0)
-    mgjit.device_assert((programs % LINE == 0) | (programs >= x.shape[0]), "stashed weights need a grid of a "
-                        "multiple of LINE programs (_rows.grid with STASH), or a row a program")
-    nl = held_width(PL)
-    buf = mgjit.smem((nl, LINE), v.dtype)
-    _, s = envelope_start(x, mgjit.program_id(0))
+def stash_lines(v, rows, x, PL, CTAS, LAST):
+    """A weight vector `v` laid out as this CTA's segment of its program's rows' envelopes is, in shared memory in
+    its own dtype (zero outside the row; `rows`: v as `weight_rows` views it). Every row of a program (or cluster)
+    starts as many elements into its envelope as its first does where the grid is a multiple of `stash_multiple`
+    programs (LINE for rows of odd length: row r + k * LINE starts k * LINE * n elements, whole lines, further
+    on), so the weights are read once per program, and per row as aligned as its elements. Envelope line L is
+    v[L * LINE - s:][:LINE], columns LINE - s on of row L - 1 of `rows`: one load per part of PL brings the
+    segment's lines, then its first line and its lines LAST - 2 and LAST - 1 (the envelope's first and last two,
+    beyond `rows`, in the segments that hold them) come from v. A load a line (33 for rows of 8193) waited for
+    each load where its bounds check's branch joined: rmsnorm 8193 ran at 0.79 of copy bandwidth for 0.93
+    without the weights."""
+    clusters = mgjit.num_programs(0) // CTAS
+    mgjit.device_assert((clusters * x.shape[1] % LINE == 0) | (clusters >= x.shape[0]), "stashed weights need a "
+                        "grid of a multiple of _rows_piped.stash_multiple programs or clusters (_rows.grid with "
+                        "STASH), or a row a program")
+    k = held_width(PL)
+    buf = mgjit.smem((k, LINE), v.dtype)
+    _, s = envelope_start(x, program_row(0, CTAS))
+    line0 = segment_lines(k, CTAS)  # the envelope line of the segment's first
     starts = part_starts(0, PL, 1)
     for p in mgjit.static_range(len(PL)):
         buf[mgjit.ds(starts[p], PL[p]), :][...] = mgjit.load(
-            rows, (mgjit.ds(starts[p] - 1, PL[p]), mgjit.ds(LINE - s, LINE)), other=0)
+            rows, (mgjit.ds(line0 + starts[p] - 1, PL[p]), mgjit.ds(LINE - s, LINE)), other=0)
     mgjit.cta_sync()  # the lines below overwrite what other threads stored
-    for k in mgjit.static_range(3):
-        line = (nl - 3 + k) * (k > 0)  # 0, nl - 2, nl - 1
-        buf[line][...] = mgjit.load(v, mgjit.ds(line * LINE - s, LINE), other=0)
+    for j in mgjit.static_range(3):
+        line = (LAST - 3 + j) * (j > 0)  # 0, LAST - 2, LAST - 1
+        buf[line][...] = mgjit.load(v, mgjit.ds((line0 + line) * LINE - s, LINE), other=0)
     return buf
 
 

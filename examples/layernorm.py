@@ -59,8 +59,7 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if PIPE:
-        mgjit.device_assert(CTAS == 1, "layernorm pipes each row through one CTA (examples/_rows_piped.py, piping)")
-        layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, LAST)
+        layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
         layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -105,32 +104,34 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
 
 
 @mgjit.device
-def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, LAST):
-    """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
-    with w and b laid out as its rows' envelopes (examples/_rows_piped.py). The envelope's columns outside the row
-    are filled with f, the previous row's mean rounded to x's dtype, so that the deviations d = v - f are exactly
-    0 there and one read of the slot gives the mean, f + sum(d) / n, and the variance, sum(d^2) / n less
-    (mean - f)^2. That shift costs the variance no precision where the mean lies within 4 standard deviations of
-    f; a row further from its predecessor (the first row, rows of differing means) is read again with the outside
-    filled with its own mean rounded (`deviations` twice: the H200 ran rows of 8193 at 0.74 of copy bandwidth
-    reading every row twice). A mask on the deviations would cost an index, two compares and a select an element
-    and held 255 registers at 8193 columns (167 this way)."""
+def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS, LAST):
+    """A multiple of STASH programs (about PIPE an SM), each streaming its rows (or, over a cluster of CTAS, its
+    segments of them) through STAGES shared-memory slots with w and b laid out as its rows' envelopes
+    (examples/_rows_piped.py). The envelope's columns outside the row are filled with f, the previous row's mean
+    rounded to x's dtype, so that the deviations d = v - f are exactly 0 there and one read of the slot gives the
+    mean, f + sum(d) / n, and the variance, sum(d^2) / n less (mean - f)^2 (the segments of a row add their sums,
+    swapped once: every CTA of a cluster has the same f). That shift costs the variance no precision where the
+    mean lies within 4 standard deviations of f; a row further from its predecessor (the first row, rows of
+    differing means) is read again with the outside filled with its own mean rounded (`deviations` twice: the
+    H200 ran rows of 8193 at 0.74 of copy bandwidth reading every row twice, 0.84 once). A mask on the
+    deviations would cost an index, two compares and a select an element and held 255 registers at 8193 columns
+    (167 this way)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = x.shape[1]
-    buf, full, count = ring(x, xl, PL, STAGES, 1, LAST)
-    w_env, b_env = stash_lines(w, wv, x, PL), stash_lines(b, bv, x, PL)
+    buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
+    w_env, b_env = stash_lines(w, wv, x, PL, CTAS, LAST), stash_lines(b, bv, x, PL, CTAS, LAST)
     guess = 0.0
     for i in range(count):
         fill = guess.astype(x.dtype)
-        env, row, a, s = envelope(x, xl, buf, full, i, fill, 1, LAST)
+        env, row, a, s = envelope(x, xl, buf, full, i, fill, CTAS, LAST)
         f = fill.astype(mgjit.float32)
-        d, shift, m2 = deviations(env, f, n, PL)
+        d, shift, m2 = deviations(env, f, n, PL, CTAS)
         if 17.0 * shift * shift * n > 16.0 * m2:  # the mean more than 4 standard deviations from f
             fill = (f + shift).astype(x.dtype)
-            fill_outside(env, s, n, fill, 1, LAST)
+            fill_outside(env, s, n, fill, CTAS, LAST)
             mgjit.cta_sync()
             f = fill.astype(mgjit.float32)
-            d, shift, m2 = deviations(env, f, n, PL)
+            d, shift, m2 = deviations(env, f, n, PL, CTAS)
         guess = f + shift
         rstd = mgjit.rsqrt(m2 / n - shift * shift + eps)
         offset = -shift * rstd
@@ -138,15 +139,15 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, LAST)
         for p in mgjit.static_range(len(PL)):
             parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(mgjit.float32),
                                       b_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
-        refill(x, xl, buf, full, i, count, 1)
-        store_envelope(out, outl, env, row, a, s, 1, LAST)
+        refill(x, xl, buf, full, i, count, CTAS)
+        store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
 
 
 @mgjit.device
-def deviations(env, f, n, PL):
-    """(d, shift, m2): a row's envelope read as float32 lines less f (d, one array per count of PL), the row's
-    mean less f, and the sum of d^2."""
+def deviations(env, f, n, PL, CTAS):
+    """(d, shift, m2): a segment of a row's envelope read as float32 lines less f (d, one array per count of PL),
+    the row's mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped)."""
     v = read_lines(env, PL)
     d = ()
     total = 0.0
@@ -155,6 +156,11 @@ def deviations(env, f, n, PL):
         d = d + (v[p] - f,)
         total = total + d[p].sum()
         m2 = m2 + (d[p] * d[p]).sum()
+    if CTAS > 1:
+        totals, squares = mgjit.cluster_gather(total, m2)
+        total, m2 = totals[0], squares[0]
+        for k in mgjit.static_range(1, CTAS):
+            total, m2 = total + totals[k], m2 + squares[k]
     return d, total / n, m2
 
 
@@ -263,7 +269,7 @@ def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int
                     if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
     if rows_per_program is not None:
         return piping(configs, 0, 0, weights=weight_size)
-    return piping(persisting(configs, 2), n, itemsize, weights=weight_size)
+    return piping(persisting(configs, 2), n, itemsize, weights=weight_size, clusters=True)
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference

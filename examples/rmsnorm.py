@@ -42,8 +42,7 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
     (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w
     as `weight_rows`; read by piped mappings only)."""
     if PIPE:
-        mgjit.device_assert(CTAS == 1, "rmsnorm pipes each row through one CTA (examples/_rows_piped.py, piping)")
-        rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, LAST)
+        rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
         rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -76,24 +75,27 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
 
 
 @mgjit.device
-def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, LAST):
-    """A multiple of 256 programs (about PIPE an SM), each streaming its rows through STAGES shared-memory slots
-    with w in shared memory laid out as its rows' envelopes (examples/_rows_piped.py, stash_lines)."""
+def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
+    """A multiple of STASH programs (about PIPE an SM), each streaming its rows (or, over a cluster of CTAS, its
+    segments of them: the segments swap their sums of squares once a row) through STAGES shared-memory slots with
+    w in shared memory laid out as its rows' envelopes (examples/_rows_piped.py, stash_lines)."""
     mgjit.min_ctas_per_sm(PIPE)
-    buf, full, count = ring(x, xl, PL, STAGES, 1, LAST)
-    w_env = stash_lines(w, wv, x, PL)
+    buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
+    w_env = stash_lines(w, wv, x, PL, CTAS, LAST)
     for i in range(count):
-        env, row, a, s = envelope(x, xl, buf, full, i, 0.0, 1, LAST)
+        env, row, a, s = envelope(x, xl, buf, full, i, 0.0, CTAS, LAST)
         v = read_lines(env, PL)
         squares = 0.0
         for p in mgjit.static_range(len(PL)):
             squares = squares + (v[p] * v[p]).sum()
+        if CTAS > 1:
+            squares = mgjit.cluster_reduce(squares, "sum")
         scale = mgjit.rsqrt(squares / x.shape[1] + eps)
         w_parts, parts = line_parts(w_env, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
             parts[p][...] = (v[p] * scale * w_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
-        refill(x, xl, buf, full, i, count, 1)
-        store_envelope(out, outl, env, row, a, s, 1, LAST)
+        refill(x, xl, buf, full, i, count, CTAS)
+        store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
 
 
@@ -149,7 +151,7 @@ def rmsnorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int =
     piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_size`."""
     if rows_per_program is not None:
         return piping(mapping(n, rows_per_program), 0, 0, weights=weight_size)
-    return piping(persisting(mapping(n), 1), n, itemsize, weights=weight_size)
+    return piping(persisting(mapping(n), 1), n, itemsize, weights=weight_size, clusters=True)
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

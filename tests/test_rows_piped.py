@@ -1,6 +1,7 @@
 """Piped rows (examples/_rows_piped.py) without a GPU: every piped mapping of softmax and cross-entropy interpreted over more rows
 than the programs' rings hold (a grid of 2 SMs), rows starting anywhere in a line of the flattened tensor and a
 last partial line; which mappings are offered, for which tensors; registers at sm_90a."""
+import math
 import os
 import sys
 
@@ -51,18 +52,19 @@ def test_every_piped_mapping_interpreted(n, dtype):
 
 @pytest.mark.parametrize("n,dtype", [(4097, BF16), (5000, torch.float32)], ids=str)
 def test_every_piped_rmsnorm_interpreted(n, dtype):
-    """rmsnorm's piped grids are a multiple of 256 programs (the weights stashed once per program, laid out as its
-    rows' envelopes): 3 more rows than programs, so that three programs take a second row, which starts as far
-    into its envelope as their first."""
+    """rmsnorm's piped grids are a multiple of stash_multiple programs (the weights stashed once per program, laid
+    out as its rows' envelopes; 256 for rows of odd length, 32 for 5000, whose rows start 8 elements apart in a
+    line): 3 more rows than 256 programs, so that three programs take a second row, which starts as far into its
+    envelope as their first."""
     itemsize = torch.finfo(dtype).bits // 8
     configs = [c for c in rms.rmsnorm_mapping(n, None, itemsize, itemsize) if c.kwargs["PIPE"]]
-    assert configs and all(c.kwargs["STASH"] == piped.LINE for c in configs)
+    assert configs and all(c.kwargs["STASH"] == {4097: 256, 5000: 32}[n] for c in configs)
     rows = piped.LINE + 3
     x = (torch.randn(rows, n) + 0.3).to(dtype)
     w = torch.randn(n).to(dtype)
     ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
     for config in configs[:2]:
-        assert _rows.grid(rows, config) == (piped.LINE,)
+        assert _rows.grid(rows, config)[0] % config.kwargs["STASH"] == 0
         out = torch.full_like(x, float("nan"))
         rms.rmsnorm_kernel.interpret[(piped.LINE,)](x, w, out, piped.lines(x), piped.lines(out), piped.weight_rows(w),
                                                     eps=1e-6, **config.launch_kwargs())
@@ -81,7 +83,7 @@ def test_every_piped_layernorm_interpreted(n, dtype, mean):
     from 0), read again with their own."""
     itemsize = torch.finfo(dtype).bits // 8
     configs = [c for c in ln.layernorm_mapping(n, None, itemsize, 2 * itemsize) if c.kwargs["PIPE"]]
-    assert configs and all(c.kwargs["STASH"] == piped.LINE for c in configs)
+    assert configs and all(c.kwargs["STASH"] == piped.stash_multiple(n) for c in configs)
     rows = 3 * piped.LINE + 3
     jump = 60.0 * (torch.arange(rows) >= 2 * piped.LINE)[:, None]
     x = (torch.randn(rows, n) + mean + jump).to(dtype)
@@ -115,7 +117,7 @@ def test_a_piped_mapping_refuses_other_rows():
     n = 5000
     config = [c for c in rms.rmsnorm_mapping(n, None, 4, 4) if c.kwargs["PIPE"]][0]
     x, w = torch.randn(9, n), torch.randn(n)
-    with pytest.raises(InterpretError, match="multiple of LINE programs"):
+    with pytest.raises(InterpretError, match="multiple of _rows_piped.stash_multiple programs"):
         rms.rmsnorm_kernel.interpret[(4,)](x, w, x, piped.lines(x), piped.lines(x), piped.weight_rows(w), eps=1e-6,
                                            **config.launch_kwargs())
 
@@ -185,14 +187,13 @@ def test_weight_rows():
 
 def test_which_rows_are_piped():
     """Piped mappings are offered from 4097 columns to the 65 lines one warpgroup holds (16385), where their
-    slots fit shared memory, and every config of the kernel sets the same constexprs; softmax's longer rows over
-    a cluster (`test_rows_piped_over_a_cluster`), cross-entropy's not."""
+    slots fit shared memory, and every config of the kernel sets the same constexprs; softmax's rows that one CTA
+    does not hold over a cluster (`test_rows_piped_over_a_cluster`), cross-entropy's not."""
     for n, itemsize, expect in ((4096, 2, 0), (4097, 2, 4), (16385, 2, 3), (8193, 4, 3), (16385, 4, 0)):
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
-        assert [c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"]] == [
-            c.kwargs for c in configs if c.kwargs["PIPE"]], n
-        got = [c for c in configs if c.kwargs["PIPE"]]
+        got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
+        assert [c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"]] == [c.kwargs for c in got], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
             nl = sum(c.kwargs["PL"])
@@ -338,19 +339,47 @@ def test_piped_rows_fuzzed(draw):
         assert rel_err(out, ref) < tol, (what, kernel.name, config)
 
 
-def test_kernels_without_cluster_pipes_refuse_a_cluster_mapping():
-    """Cross-entropy and the norms pipe a row through one CTA: a softmax mapping over a cluster launched on them
-    fails to compile, naming the line, where it would have run each CTA of the cluster as a program of its own."""
+def test_cross_entropy_refuses_a_cluster_mapping():
+    """Cross-entropy pipes a row through one CTA: a softmax mapping over a cluster launched on it fails to compile,
+    naming the line, where it would have run each CTA of the cluster as a program of its own."""
     n = 50257
     config = [c for c in sm.mapping(n, None, 2) if c.kwargs["PIPE"]][0]
     assert config.kwargs["CTAS"] > 1
-    x, w = torch.empty(8, n, dtype=BF16), torch.empty(n, dtype=BF16)
-    lx = piped.lines(x)
-    launches = [
-        (ce.cross_entropy_rows, (x, torch.empty(8, dtype=torch.int64), torch.empty(8), torch.empty(8), -100, lx), {}),
-        (rms.rmsnorm_kernel, (x, w, x, lx, lx, piped.weight_rows(w)), {"eps": 1e-6, "STASH": 0}),
-        (ln.layernorm_rows, (x, w, w, x, lx, lx, piped.weight_rows(w), piped.weight_rows(w)), {"eps": 1e-5, "STASH": 0}),
-    ]
-    for kernel, args, extra in launches:
-        with pytest.raises(mgjit.CompileError, match=r"\.py:\d+ .*pipes each row through one CTA"):
-            kernel.compile(*args, **extra, **config.launch_kwargs(), target="sm_90a")
+    x = torch.empty(8, n, dtype=BF16)
+    with pytest.raises(mgjit.CompileError, match=r"cross_entropy\.py:\d+ .*pipes each row through one CTA"):
+        ce.cross_entropy_rows.compile(x, torch.empty(8, dtype=torch.int64), torch.empty(8), torch.empty(8), -100,
+                                      piped.lines(x), **config.launch_kwargs(), target="sm_90a")
+
+
+@pytest.mark.parametrize("n,dtype", [(20000, BF16), (32000, torch.float32), (65536, torch.float16)], ids=str)
+def test_norms_piped_over_a_cluster_interpreted(n, dtype):
+    """rmsnorm and layernorm rows too long for one CTA, over a cluster, each CTA with its segments of w (and b)
+    stashed: the grid a multiple of stash_multiple clusters (8 for rows of 20000, whose rows start 32 elements
+    apart in a line; 1 for 32000 and 65536, whole lines), so every row of a cluster starts where its first does.
+    Layernorm's rows jump in mean halfway through each cluster's rows, which its segments see alike (the read
+    again is taken or not by every CTA of the cluster)."""
+    itemsize = torch.finfo(dtype).bits // 8
+    w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
+    for kernel, mapping, weights in ((rms.rmsnorm_kernel, rms.rmsnorm_mapping, 1), (ln.layernorm_rows,
+                                                                                   ln.layernorm_mapping, 2)):
+        configs = [c for c in mapping(n, None, itemsize, weights * itemsize) if c.kwargs["PIPE"]]
+        assert configs and all(c.kwargs["CTAS"] > 1 for c in configs), configs
+        for config in configs[:2]:
+            kw = config.kwargs
+            assert kw["STASH"] == piped.stash_multiple(n) == piped.LINE // math.gcd(n, piped.LINE)
+            grid = _rows.grid(10 ** 6, config)
+            clusters = grid[0] // kw["CTAS"]
+            assert clusters % kw["STASH"] == 0 and grid == _rows.grid(clusters * 3 + 1, config)
+            rows = clusters * 3 + 1
+            jump = 40.0 * (torch.arange(rows) >= rows // 2)[:, None]
+            x = (torch.randn(rows, n) + 3 + jump).to(dtype)
+            out = torch.full_like(x, float("nan"))
+            xd, args = x.double(), (x, w, out, piped.lines(x), piped.lines(out), piped.weight_rows(w))
+            if weights == 1:
+                ref = torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)
+                kernel.interpret[grid](*args, eps=1e-6, **config.launch_kwargs())
+            else:
+                ref = torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)
+                kernel.interpret[grid](x, w, b, out, piped.lines(x), piped.lines(out), piped.weight_rows(w),
+                                       piped.weight_rows(b), eps=1e-5, **config.launch_kwargs())
+            assert rel_err(out, ref) < {torch.float32: 4e-6}.get(dtype, 5e-3), (kernel, config)
