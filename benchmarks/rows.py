@@ -140,7 +140,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
         ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
         itemsize, views = piped_views((logits,))
         picked = picked_mapping(ce_example.cross_entropy_rows, ce_example.mapping(n, itemsize),
-                                (logits, target, loss, torch.empty_like(loss), -100), views)
+                                (logits, target, loss, torch.empty_like(loss), -100), (*views, loss))
         return runs, loss, ref, logits.numel() * isz + m * 12, picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)

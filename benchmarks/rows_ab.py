@@ -79,8 +79,9 @@ def case(kernel: str, n: int, dev: torch.device):
             return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
                     lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
         from _rows_piped import lines
-        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x)), {}, ce.mapping(n, 2), row_grid, loss,
-                lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
+        parts = (loss,) if "parts" in ce.cross_entropy_rows.arg_names else ()  # a dummy: no mapping here splits rows
+        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x), *parts), {}, ce.mapping(n, 2), row_grid,
+                loss, lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
     if kernel == "fused":
         y, z = torch.randn_like(x), torch.randn_like(x)
         out = torch.full_like(x, float("nan"))

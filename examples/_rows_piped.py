@@ -25,7 +25,7 @@ the weights out once, as its rows' envelopes are (`stash_lines`), and reads them
 deviations (`fill_outside`; examples/layernorm.py says why).
 
 A row longer than one warpgroup's registers hold (65 lines) is split over a cluster of CTAS by whole lines of its
-envelope (`segment_lines`): each CTA pipes its segment of every row of its cluster through slots of its own, and
+envelope (`segment_start`): each CTA pipes its segment of every row of its cluster through slots of its own, and
 the segments swap their statistics once a row (`mgjit.cluster_gather`). Only the first segment holds columns
 before the row and only the last (LAST lines, the others' count or fewer) columns past it; the lines of the
 segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
@@ -33,6 +33,8 @@ run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at 
 bf16, H200: rows of 50257 at 0.91 of copy bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79).
 The norms take clusters too where rows start at few places in a line (each CTA stashes its segment of the
 weights; rows of odd length would need 256 clusters): rmsnorm 100000 0.89 (0.80), layernorm 32000 0.84.
+Cross-entropy splits such rows into SEGS segments that programs take as rows, with no exchange: each writes its
+segment's statistics, and a second kernel merges them (examples/cross_entropy.py).
 
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
@@ -60,6 +62,7 @@ MIN_LINES = 16  # rows piped over a cluster: the fewest lines a CTA's segment ho
 CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
 REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
 MAX_STASH_CLUSTERS = 16  # rows piped over clusters with weights: the largest multiple of clusters a grid may need
+MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
 # of four slots and two of two within 0.02 of it at 16385.
@@ -73,16 +76,19 @@ def line_count(n: int) -> int:
     return -(-(n + LINE - 1) // LINE)
 
 
-def piped(n: int, stages: int, per_sm: int, stash: bool = False, ctas: int = 1) -> mgjit.Config:
+def piped(n: int, stages: int, per_sm: int, stash: bool = False, ctas: int = 1, segs: int = 1) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with `stash`, a
     multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid), each row's envelope split over a
-    cluster of `ctas` CTAs by whole lines (`segment_lines`): LAST, the lines of the last CTA's segment. PL: a
-    segment's lines as powers of two, widest first (33 lines -> (32, 1)), each read into one register array."""
+    cluster of `ctas` CTAs, or into `segs` segments that programs take as rows (SEGS), by whole lines
+    (`segment_start`): LAST, the lines of the last segment. PL: a segment's lines as powers of two, widest first
+    (33 lines -> (32, 1)), each read into one register array."""
     nl = line_count(n)
-    k = -(-nl // ctas)
+    k = -(-nl // (ctas * segs))
     lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
     config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
-                          STAGES=stages, LAST=nl - (ctas - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
+                          STAGES=stages, LAST=nl - (ctas * segs - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
+    if segs > 1:
+        config = config.replace(SEGS=segs)
     return config.replace(STASH=stash_multiple(n)) if stash else config
 
 
@@ -93,14 +99,17 @@ def stash_multiple(n: int) -> int:
     return LINE // math.gcd(n, LINE)
 
 
-def cluster_splits(n: int, itemsize: int, weights: int = 0) -> list[tuple[int, int, int]]:
+def cluster_splits(n: int, itemsize: int, weights: int = 0,
+                   most: int = PORTABLE_CLUSTER_CTAS) -> list[tuple[int, int, int]]:
     """How a row of n columns of `itemsize`-byte elements, too long for one CTA (its registers, or its shared
     memory), may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all
-    stashed: (CTAs, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
+    stashed (or, `most` > 8, split into up to that many segments, which programs take as rows: SEGS): (CTAs or
+    segments, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
     cluster's 8) whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory of that many
     programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where there is such a
-    split, else three (each register array costs a row its own reductions); the last one at least 4 (its first and last two go out through registers),
-    and the cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows of 50257 on
+    split, else three (each register array costs a row its own reductions); the last one at least 4 (its first
+    and last two go out through registers), and the cluster wastes at most a tenth of its lines (it waits for its
+    widest segment). Bf16 rows of 50257 on
     an H200: 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87,
     one program an SM 0.42-0.50, where held and chunked rows ran 0.67; clusters of 10 to 16 CTAs (rows of
     100000 and longer) ran 0.40-0.63, and so did cross-entropy's (0.57-0.76 where its streamed rows ran
@@ -116,23 +125,26 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0) -> list[tuple[int, i
         return None
     splits = []
     for stages, per_sm in CLUSTER_SHAPES:
-        arrays = {c: fits(c, stages, per_sm) for c in range(2, PORTABLE_CLUSTER_CTAS + 1)}
-        for most in (2, 3):
-            c = next((c for c, count in arrays.items() if count is not None and count <= most), None)
+        arrays = {c: fits(c, stages, per_sm) for c in range(2, most + 1)}
+        for widest in (2, 3):
+            c = next((c for c, count in arrays.items() if count is not None and count <= widest), None)
             if c is not None:
                 splits.append((c, stages, per_sm))
                 break
     return splits
 
 
-def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int = 0,
-           clusters: bool = False) -> tuple[mgjit.Config, ...]:
+def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int = 0, clusters: bool = False,
+           segments: bool | None = None) -> tuple[mgjit.Config, ...]:
     """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements (none for
     itemsize 0) whose slots, and the vectors stashed by `stash_lines` (`weights` bytes an element in all; the
     configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows one CTA does not
     hold, with `clusters`, over a cluster (`cluster_splits`; with weights, only where a grid of a multiple of
-    `stash_multiple` clusters, at most MAX_STASH_CLUSTERS, keeps each cluster's rows at one start in a line)."""
-    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {})) for c in configs)
+    `stash_multiple` clusters, at most MAX_STASH_CLUSTERS, keeps each cluster's rows at one start in a line), or,
+    with `segments`, split into segments that programs take as rows (SEGS, which every config sets where
+    `segments` is not None; a kernel without weights that merges its segments' statistics afterwards)."""
+    plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {}),
+                            **({"SEGS": 0} if segments is not None else {})) for c in configs)
     nl = line_count(n)
     if n < MIN_ROW or not itemsize:
         return plain
@@ -140,7 +152,11 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int 
               if nl <= MAX_LINES and per_sm * ((stages * itemsize + weights) * nl * LINE + SLACK) <= HOPPER.smem_bytes]
     if not splits and clusters and (not weights or stash_multiple(n) <= MAX_STASH_CLUSTERS):
         splits = cluster_splits(n, itemsize, weights)
-    widened = (piped(n, stages, per_sm, weights > 0, ctas) for ctas, stages, per_sm in splits)
+    if not splits and segments:
+        widened = (piped(n, stages, per_sm, segs=segs) for segs, stages, per_sm in
+                   cluster_splits(n, itemsize, most=MAX_SEGMENTS))
+    else:
+        widened = (piped(n, stages, per_sm, weights > 0, ctas) for ctas, stages, per_sm in splits)
     return plain + tuple(c.replace(**{k: 0 for k in plain[0].kwargs if k not in c.kwargs}) for c in widened)
 
 
@@ -170,21 +186,24 @@ def lines(t):
 # ---- device helpers
 
 @mgjit.device
-def ring(x, xl, PL, STAGES, CTAS, LAST):
-    """This program's ring of STAGES slots of a segment's lines (PL), one barrier per slot, its rows' count, and
-    the copies of its first STAGES rows issued."""
+def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
+    """This program's ring of STAGES slots of a segment's lines (PL), one barrier per slot, its rows' (segments')
+    count, and the copies of its first STAGES rows issued."""
     k = held_width(PL)
     span = x.shape[1] + LINE - 1  # what a row's envelope spans, wherever in a line the row starts
-    nl = (CTAS - 1) * k + LAST
+    nl = (CTAS * SEGS - 1) * k + LAST
     mgjit.device_assert((span <= nl * LINE) & (span > (nl - 1) * LINE), "a piped mapping made for rows of another "
                         "length (x's rows need other lines than PL's): its stores would write into neighbouring rows")
     buf = mgjit.smem((STAGES, k, LINE), x.dtype)
     full = mgjit.barrier(STAGES)
     programs = mgjit.num_programs(0) // CTAS
-    count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs
+    if SEGS == 1:
+        count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs
+    else:
+        count = (x.shape[0] * SEGS - mgjit.program_id(0) + programs - 1) // programs
     for j in mgjit.static_range(STAGES):
         if j < count:
-            copy_row(x, xl, buf, full, j, CTAS)
+            copy_row(x, xl, buf, full, j, CTAS, SEGS)
     return buf, full, count
 
 
@@ -206,8 +225,9 @@ def stash_lines(v, rows, x, PL, CTAS, LAST):
                         "STASH), or a row a program")
     k = held_width(PL)
     buf = mgjit.smem((k, LINE), v.dtype)
-    _, s = envelope_start(x, program_row(0, CTAS))
-    line0 = segment_lines(k, CTAS)  # the envelope line of the segment's first
+    row, seg = program_segment(0, CTAS, 1)
+    _, s = envelope_start(x, row)
+    line0 = seg * k  # the envelope line of the segment's first
     starts = part_starts(0, PL, 1)
     for p in mgjit.static_range(len(PL)):
         buf[mgjit.ds(starts[p], PL[p]), :][...] = mgjit.load(
@@ -237,6 +257,19 @@ def program_row(i, CTAS):
 
 
 @mgjit.device
+def program_segment(i, CTAS, SEGS):
+    """(row, segment) of this program's i-th row: a whole row (segment 0); over a cluster of CTAS, the segment of
+    the CTA's rank; split into SEGS segments, the i-th segment this program takes (programs take segments in turn,
+    a row's one after another)."""
+    if SEGS > 1:
+        item = mgjit.program_id(0) + i * mgjit.num_programs(0)
+        return item // SEGS, item % SEGS
+    if CTAS == 1:
+        return program_row(i, CTAS), 0
+    return program_row(i, CTAS), mgjit.cluster_rank()
+
+
+@mgjit.device
 def envelope_start(x, row):
     """(a, s): the flat index of the first element of row `row`'s envelope (a whole line), and how far into it
     the row starts."""
@@ -246,70 +279,61 @@ def envelope_start(x, row):
 
 
 @mgjit.device
-def segment_lines(k, CTAS):
-    """The first line, within a row's envelope, of this CTA's segment of k lines: a row piped over a cluster is
-    split by whole lines, CTA r taking lines r * k to r * k + k - 1 (the last CTA fewer: LAST), so that no two
-    CTAs store into one line and only the first and the last CTA's segments hold columns outside the row."""
-    if CTAS == 1:
-        return 0
-    return mgjit.cluster_rank() * k
-
-
-@mgjit.device
-def first_segment(CTAS):
-    """Whether this CTA holds the first segment of its rows."""
-    if CTAS == 1:
-        return True
-    return mgjit.cluster_rank() == 0
-
-
-@mgjit.device
-def segment_start(x, row, k, CTAS):
-    """(a, s): the flat index of the first element of this CTA's segment of row `row`'s envelope, and the row's
-    first element relative to it (negative in every segment but the first)."""
+def segment_start(x, row, seg, k):
+    """(a, s): the flat index of the first element of segment `seg` (of k lines) of row `row`'s envelope, and the
+    row's first element relative to it (negative in every segment but the first). A row split into segments
+    (over a cluster, or SEGS) is split by whole lines of its envelope, segment j taking lines j * k to
+    j * k + k - 1 (the last fewer: LAST), so that no two segments store into one line and only the first and the
+    last hold columns outside the row."""
     a, s = envelope_start(x, row)
-    first = segment_lines(k, CTAS) * LINE
-    return a + first, s - first
+    return a + seg * k * LINE, s - seg * k * LINE
 
 
 @mgjit.device
-def copy_row(x, xl, buf, full, i, CTAS):
+def copy_row(x, xl, buf, full, i, CTAS, SEGS=1):
     """Issue the copy of this CTA's segment of its program's i-th row's envelope into its slot."""
-    a, _ = segment_start(x, program_row(i, CTAS), buf.shape[1], CTAS)
+    row, seg = program_segment(i, CTAS, SEGS)
+    a, _ = segment_start(x, row, seg, buf.shape[1])
     slot = i % buf.shape[0]
     mgjit.copy_async(xl, (a // LINE, 0), buf[slot], barrier=full[slot])
 
 
 @mgjit.device
-def envelope(x, xl, buf, full, i, fill, CTAS, LAST):
+def envelope(x, xl, buf, full, i, fill, CTAS, LAST, SEGS=1):
     """Wait for this program's i-th row; return (its slot, its row index, the first element of this CTA's segment
     of its envelope in the flat tensor, the row's start relative to it: `segment_start`), the segment's columns
     outside the row overwritten with `fill`."""
     n = x.shape[1]
-    row = program_row(i, CTAS)
-    a, s = segment_start(x, row, buf.shape[1], CTAS)
+    row, seg = program_segment(i, CTAS, SEGS)
+    a, s = segment_start(x, row, seg, buf.shape[1])
     slot = i % buf.shape[0]
     full[slot].wait()
     env = buf[slot]
     patch_tail(x, env, a, xl.shape[0])
-    fill_outside(env, s, n, fill, CTAS, LAST)
+    fill_outside(env, s, n, fill, CTAS * SEGS, LAST)
     mgjit.cta_sync()
     return env, row, a, s
 
 
 @mgjit.device
-def fill_outside(env, s, n, fill, CTAS, LAST):
+def fill_outside(env, s, n, fill, SPLIT, LAST):
     """The segment's columns outside its row (of n columns from column s) overwritten with `fill`: in the first
-    line of the first segment, and from line LAST - 2 of the last (past LAST, lines of the next row, or past the
-    tensor)."""
-    if CTAS == 1:
+    line of the first segment (s >= 0), and from line LAST - 2 of the last (where the row ends: past LAST, lines
+    of the next row, or past the tensor). A row split into SPLIT segments."""
+    if SPLIT == 1:
         fill_head(env, s, fill)
         fill_tail(env, s, n, fill, LAST)
     else:
-        if first_segment(CTAS):
+        if s > 0:
             fill_head(env, s, fill)
-        if mgjit.cluster_rank() == CTAS - 1:
+        if last_segment(env, s, n):
             fill_tail(env, s, n, fill, LAST)
+
+
+@mgjit.device
+def last_segment(env, s, n):
+    """Whether the segment in `env` (of a split row of n columns starting at s) is the row's last."""
+    return s + n <= env.shape[0] * LINE
 
 
 @mgjit.device
@@ -405,7 +429,7 @@ def store_envelope(out, outl, env, row, a, s, CTAS, LAST):
     if CTAS == 1:
         store_segment(out, outl, env, row, a, s, LAST, True)
     else:
-        if mgjit.cluster_rank() == CTAS - 1:
+        if last_segment(env, s, out.shape[1]):
             store_segment(out, outl, env, row, a, s, LAST, True)
         else:
             store_segment(out, outl, env, row, a, s, env.shape[0], False)

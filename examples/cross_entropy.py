@@ -9,7 +9,8 @@ logsumexp (a running maximum, the sum rescaled when it grows). Chunked rows (any
 the row per CTA of a cluster, read once into shared memory with its maximum, then its sum of exp(x - that
 maximum) from shared memory; the segments swap them once. Piped rows (4097 to 16385 columns, contiguous logits:
 examples/_rows_piped.py): persistent programs stream their rows through shared-memory slots by TMA, and read
-the target's logit from the slot. Elsewhere the target's logit is one scalar load per row
+the target's logit from the slot; longer rows that do not start on 16 bytes, in segments of whole lines that
+programs take as rows, each segment's statistics merged by a second kernel (`cross_entropy_combine`). Elsewhere the target's logit is one scalar load per row
 (every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose
 target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN (torch
 raises). The logsumexp is returned too (what a backward pass needs).
@@ -20,7 +21,8 @@ import functools
 
 import torch
 from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
-                   mapping as rows_mapping, merge_exp, output, segment, segment_sum, stage, store_stat)
+                   grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment, segment_sum,
+                   stage, store_stat)
 from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_row, read_lines, ring
 
 import mgjit
@@ -36,14 +38,18 @@ GATHER_WIDTH = 1024
 
 
 @mgjit.kernel
-def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr,
-                       CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
-                       PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0,
-                       LAST: mgjit.constexpr = 0):
-    """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only."""
+def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, ROWS: mgjit.constexpr,
+                       PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
+                       CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
+                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0):
+    """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
+    least rows * SEGS) float32, each segment's statistics, written by piped segments (SEGS > 1) only."""
     if PIPE:
         mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
-        cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST)
+        if SEGS > 1:
+            cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SEGS)
+        else:
+            cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST)
     elif BLOCK and CHUNKS:
         cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS)
     elif BLOCK:
@@ -114,6 +120,51 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
 
 
 @mgjit.device
+def cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SEGS):
+    """Rows too long for one CTA, split into SEGS segments of whole lines that programs take in turn as piped rows
+    (examples/_rows_piped.py, segment_start): each segment's maximum, sum of exp(x - that maximum) and its
+    target's logit (0 where the target lies in another segment) go to parts[:, row * SEGS + segment], which
+    `cross_entropy_combine` merges. Over a cluster, the segments' one exchange a row ran 0.57-0.76 of copy
+    bandwidth (H200, bf16 rows of 20000 and 50257), below streamed rows (0.72-0.84)."""
+    mgjit.min_ctas_per_sm(PIPE)
+    n = logits.shape[1]
+    k = held_width(PL)
+    buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
+    for i in range(count):
+        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS)
+        v = read_lines(env, PL)
+        e = s + mgjit.minimum(mgjit.maximum(target[row].astype(mgjit.int32), 0), n - 1)  # the target, in the segment
+        mine = (e >= 0) & (e < k * LINE)
+        picked = mgjit.where(mine, pick(env, mgjit.where(mine, e, 0)), 0.0)
+        mgjit.cta_sync()
+        if i + STAGES < count:
+            copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS)
+        _, m, total = exp_lines(v)
+        item = mgjit.program_id(0) + i * mgjit.num_programs(0)
+        parts[0, item] = m
+        parts[1, item] = total
+        parts[2, item] = picked
+
+
+@mgjit.kernel
+def cross_entropy_combine(maxima, sums, picks, target, loss, lse, ignore_index, n, ROWS: mgjit.constexpr,
+                          WIDTH: mgjit.constexpr):
+    """The rows' losses and logsumexps from their segments' statistics (`cross_entropy_segments`; each of maxima,
+    sums, picks: (rows, segments)), ROWS rows a program, the segments read as WIDTH columns (a power of two)."""
+    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
+    m = mgjit.load(maxima, (rows, mgjit.ds(0, WIDTH)), other=-float("inf"))
+    top = m.max(axis=1)
+    total = (mgjit.load(sums, (rows, mgjit.ds(0, WIDTH))) * mgjit.exp(m - top[:, None])).sum(axis=1)
+    picked = mgjit.load(picks, (rows, mgjit.ds(0, WIDTH))).sum(axis=1)
+    row_lse = top + mgjit.log(total)
+    lse[rows] = row_lse
+    loss[rows] = row_loss(target[rows], ignore_index, n, row_lse, picked)
+
+
+COMBINE_ROWS = 128  # rows a program of cross_entropy_combine merges
+
+
+@mgjit.device
 def pick(env, e):
     """Element e of a row's envelope (a piped slot) as float32: the 8 elements around it read (whole 16-byte
     runs: a view of an unswizzled tile starts on one), the element selected."""
@@ -172,8 +223,11 @@ def block_for(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n); then the piped ones
-    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none)."""
-    return piping(rows_mapping(n, stream=block_for(n)), n, itemsize)
+    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none), whole rows or, longer, segments where
+    rows do not start on 16 bytes. Segments cost a second launch (`merge`) that the tuner does not time, about
+    4% of copy bandwidth: bf16 rows of 32000 ran 0.88 without it, 0.84 with it, where streamed rows, aligned,
+    ran 0.87; of 50257 (each row starting elsewhere in a word, which streamed rows pay for), 0.82 against 0.72."""
+    return piping(rows_mapping(n, stream=block_for(n)), n, itemsize, segments=n * itemsize % 16 != 0)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -185,11 +239,46 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     rows = logits.shape[0]
     loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy")
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    if rows:
-        itemsize, views = piped_views((logits,))
-        launch(cross_entropy_rows, mapping(logits.shape[1], itemsize), (logits, target, loss, lse, ignore_index),
-               views)
+    if not rows:
+        return loss, lse
+    itemsize, views = piped_views((logits,))
+    configs = mapping(logits.shape[1], itemsize)
+    parts = workspace(logits, configs)
+    args = (logits, target, loss, lse, ignore_index)
+    launch(cross_entropy_rows, configs, args, (*views, parts))
+    if parts.shape[1] > 1:  # some config splits rows: merge after the one the tuner picked
+        merge(picked_config(cross_entropy_rows, configs, args, (*views, parts)), parts, target, loss, lse,
+              ignore_index, logits.shape[1])
     return loss, lse
+
+
+def run_mapping(config: mgjit.Config, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor,
+                lse: torch.Tensor, ignore_index: int = -100) -> None:
+    """Launch one mapping of cross_entropy_rows as `cross_entropy` launches the tuner's pick: on its grid, with
+    the views piped mappings read, its segments merged (for tests and benchmarks that force a mapping)."""
+    _, views = piped_views((logits,))
+    parts = workspace(logits, (config,))
+    cross_entropy_rows[grid(logits.shape[0], config, logits.device)](logits, target, loss, lse, ignore_index, *views,
+                                                                     parts, **config.launch_kwargs())
+    merge(config, parts, target, loss, lse, ignore_index, logits.shape[1])
+
+
+def workspace(logits: torch.Tensor, configs) -> torch.Tensor:
+    """The statistics of the rows' segments (`cross_entropy_segments`) for the largest SEGS of `configs` (one
+    column where none splits rows)."""
+    most = max(c.kwargs["SEGS"] for c in configs)
+    return torch.empty(3, max(1, logits.shape[0] * most), dtype=torch.float32, device=logits.device)
+
+
+def merge(config: mgjit.Config, parts: torch.Tensor, target, loss, lse, ignore_index: int, n: int) -> None:
+    """Merge the segments' statistics into the rows' losses and logsumexps, after a launch of `config` that split
+    its rows into segments (SEGS > 1)."""
+    segs = config.kwargs["SEGS"]
+    if segs > 1:
+        rows = loss.shape[0]
+        planes = (parts[j, :rows * segs].view(rows, segs) for j in range(3))
+        cross_entropy_combine[(-(-rows // COMBINE_ROWS),)](*planes, target, loss, lse, ignore_index, n,
+                                                          ROWS=COMBINE_ROWS, WIDTH=1 << (segs - 1).bit_length())
 
 
 # ---- what the harness needs
@@ -203,7 +292,7 @@ def setup(device):
 
 
 def compile(logits, labels, out, target):
-    return cross_entropy_rows.compile(logits, labels, out, out, -100, logits,
+    return cross_entropy_rows.compile(logits, labels, out, out, -100, logits, out,
                                       **mapping(logits.shape[1])[0].launch_kwargs(), target=target)
 
 

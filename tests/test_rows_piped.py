@@ -42,7 +42,7 @@ def test_every_piped_mapping_interpreted(n, dtype):
         target = torch.randint(0, n, (rows,))
         target[::4] = -100
         loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
-        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x),
+        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x), loss,
                                                      **config.launch_kwargs())
         xd = x.double()
         assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
@@ -188,12 +188,14 @@ def test_weight_rows():
 def test_which_rows_are_piped():
     """Piped mappings are offered from 4097 columns to the 65 lines one warpgroup holds (16385), where their
     slots fit shared memory, and every config of the kernel sets the same constexprs; softmax's rows that one CTA
-    does not hold over a cluster (`test_rows_piped_over_a_cluster`), cross-entropy's not."""
+    does not hold over a cluster (`test_rows_piped_over_a_cluster`), cross-entropy's as segments
+    (`test_cross_entropy_segments_interpreted`)."""
     for n, itemsize, expect in ((4096, 2, 0), (4097, 2, 4), (16385, 2, 3), (8193, 4, 3), (16385, 4, 0)):
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
-        assert [c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"]] == [c.kwargs for c in got], n
+        assert [{**c.kwargs, "SEGS": 0} for c in got] == [
+            c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"] and not c.kwargs["SEGS"]], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
             nl = sum(c.kwargs["PL"])
@@ -201,7 +203,7 @@ def test_which_rows_are_piped():
             assert (nl - 1) * piped.LINE < n + piped.LINE - 1 <= nl * piped.LINE
             assert c.kwargs["PIPE"] * c.kwargs["STAGES"] * nl * piped.LINE * itemsize <= 227 * 1024
     for n in (16386, 50257, 100000):
-        assert not any(c.kwargs["PIPE"] for c in ce.mapping(n, 2)), n
+        assert not any(c.kwargs["PIPE"] and c.kwargs["CTAS"] > 1 for c in ce.mapping(n, 2)), n
     assert not any(c.kwargs["PIPE"] for c in sm.mapping(8193, None, 0))
     assert not any(c.kwargs["PIPE"] for c in sm.mapping(8193, 4, 2))
 
@@ -319,7 +321,7 @@ def test_piped_rows_fuzzed(draw):
         assert rel_err(out, torch.softmax(xd, 1)) < max(tol, 1e-6), (what, config)
         target = torch.randint(0, n, (x.shape[0],), generator=gen)
         loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
-        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x),
+        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x), loss,
                                                      **config.launch_kwargs())
         assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, (what, config)
     w, b = torch.randn(n, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
@@ -348,7 +350,7 @@ def test_cross_entropy_refuses_a_cluster_mapping():
     x = torch.empty(8, n, dtype=BF16)
     with pytest.raises(mgjit.CompileError, match=r"cross_entropy\.py:\d+ .*pipes each row through one CTA"):
         ce.cross_entropy_rows.compile(x, torch.empty(8, dtype=torch.int64), torch.empty(8), torch.empty(8), -100,
-                                      piped.lines(x), **config.launch_kwargs(), target="sm_90a")
+                                      piped.lines(x), x, **config.launch_kwargs(), target="sm_90a")
 
 
 @pytest.mark.parametrize("n,dtype", [(20000, BF16), (32000, torch.float32), (65536, torch.float16)], ids=str)
@@ -383,3 +385,36 @@ def test_norms_piped_over_a_cluster_interpreted(n, dtype):
                 kernel.interpret[grid](x, w, b, out, piped.lines(x), piped.lines(out), piped.weight_rows(w),
                                        piped.weight_rows(b), eps=1e-5, **config.launch_kwargs())
             assert rel_err(out, ref) < {torch.float32: 4e-6}.get(dtype, 5e-3), (kernel, config)
+
+
+@pytest.mark.parametrize("n,dtype", [(20001, BF16), (50257, torch.float32), (300001, torch.float16)], ids=str)
+def test_cross_entropy_segments_interpreted(monkeypatch, n, dtype):
+    """Cross-entropy rows too long for one CTA, not starting on 16 bytes, split into segments of whole lines that
+    programs take as rows, each segment's statistics merged by a second kernel (cross_entropy_combine): every
+    such mapping, through `run_mapping`, over more segments than the programs' rings hold, targets on either
+    side of the boundaries between segments and ignored; and the wrapper with one forced. Rows longer than a
+    cluster holds (300001) take segments too; aligned rows none (streamed rows serve them as fast, without
+    the second launch)."""
+    assert not any(c.kwargs["SEGS"] for c in ce.mapping(n - n % 4, 4))
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    itemsize = torch.finfo(dtype).bits // 8
+    configs = [c for c in ce.mapping(n, itemsize) if c.kwargs["SEGS"] > 1]
+    assert configs and all(c.kwargs["CTAS"] == 1 for c in configs)
+    rows = 7
+    x = (torch.randn(rows, n) * 4).to(dtype)
+    target = torch.randint(0, n, (rows,))
+    target[0], target[1], target[3] = 0, n - 1, -100
+    xd = x.double()
+    for config in configs[:3]:
+        assert _rows.grid(rows, config) == (min(rows * config.kwargs["SEGS"], 2 * config.kwargs["PIPE"]),)
+        width = sum(config.kwargs["PL"]) * piped.LINE  # a segment's columns; the first starts s into row r's lines
+        for r, before in ((2, 1), (4, 0), (5, 1), (6, 0)):  # a target on either side of a boundary between segments
+            target[r] = (r % (config.kwargs["SEGS"] - 1) + 1) * width - r * n % piped.LINE - before
+        ref = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
+        loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+        ce.run_mapping(config, x, target, loss, lse)
+        assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
+        assert rel_err(loss, ref) < 1e-5, config
+    monkeypatch.setattr(ce, "mapping", lambda *args: (configs[0],))
+    loss, lse = ce.cross_entropy(x, target)
+    assert rel_err(loss, ref) < 1e-5
