@@ -62,7 +62,7 @@ def attention_fwd(q, k, v, o, lse, scale_log2, D: mgjit.constexpr, BN: mgjit.con
     lse (B, H, Sq) fp32; launched with num_warpgroups = 1 + CONSUMERS on a grid (cdiv(Sq, 64 * CONSUMERS), B * H)."""
     assert not PINGPONG or OVERLAP, "PINGPONG takes turns on the overlapped GEMMs: it needs OVERLAP"
     BM = 64 * CONSUMERS
-    Sq, Sk, H = q.shape[2], k.shape[2], q.shape[1]
+    Sk, H = k.shape[2], q.shape[1]
     b, h = mgjit.program_id(1) // H, mgjit.program_id(1) % H
     hk = h // (H // k.shape[1])  # GQA: the KV head this query head reads
     m_block = mgjit.num_programs(0) - 1 - mgjit.program_id(0) if CAUSAL else mgjit.program_id(0)  # longest first
