@@ -298,32 +298,40 @@ def test_piped_softmax_compiles_without_spills(n):
 
 
 @pytest.mark.parametrize("draw", range(4))
-def test_piped_rows_fuzzed(draw):
-    """Each piped kernel, interpreted under a piped mapping drawn at random for a row length, dtype and row count
-    drawn at random (fresh every run; the seed is in the failure message): rows start anywhere in their lines, and
-    how the last lines fall is whatever the draw makes it."""
+def test_piped_rows_fuzzed(monkeypatch, draw):
+    """Each piped kernel, interpreted under one of its piped mappings drawn at random for a row length (one draw in
+    two past 16385: over a cluster, or cross-entropy's segments), dtype and row count drawn at random (fresh every
+    run; the seed is in the failure message), on the grid its wrapper launches: rows start anywhere in their
+    lines, and how the last lines fall is whatever the draw makes it."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
     seed = int(torch.randint(0, 2**31, ()))
     gen = torch.Generator().manual_seed(seed)
     pick = lambda k: int(torch.randint(0, k, (), generator=gen))  # noqa: E731
-    n = 4097 + pick(16385 - 4097 + 1)
+    long = pick(2)
+    n = 16386 + pick(140000 - 16386) if long else 4097 + pick(16385 - 4097 + 1)
+    rows = 9 + pick(24) if long else piped.LINE + 1 + pick(40)
     dtype = (torch.float32, BF16, torch.float16)[pick(3)]
     itemsize = torch.finfo(dtype).bits // 8
     tol = {torch.float32: 4e-6}.get(dtype, 5e-3)
-    what = f"seed {seed}: n {n}, {dtype}"
-    x = (torch.randn(piped.LINE + 1 + pick(40), n, generator=gen) * 2 + pick(9) - 4).to(dtype)
+    what = f"seed {seed}: n {n}, {rows} rows, {dtype}"
+    x = (torch.randn(rows, n, generator=gen) * 2 + pick(9) - 4).to(dtype)
     xd = x.double()
     configs = [c for c in sm.mapping(n, None, itemsize) if c.kwargs["PIPE"]]
-    if configs:  # float32 rows over 12288 columns have none: two slots do not fit
+    if configs:  # none where slots do not fit, or a row would take more than 8 CTAs
         config = configs[pick(len(configs))]
-        programs = 2 * config.kwargs["PIPE"]
         out = torch.full_like(x, float("nan"))
-        sm.softmax_kernel.interpret[(programs,)](x, out, piped.lines(x), piped.lines(out), **config.launch_kwargs())
+        sm.softmax_kernel.interpret[_rows.grid(rows, config)](x, out, piped.lines(x), piped.lines(out),
+                                                               **config.launch_kwargs())
         assert rel_err(out, torch.softmax(xd, 1)) < max(tol, 1e-6), (what, config)
-        target = torch.randint(0, n, (x.shape[0],), generator=gen)
-        loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
-        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x), loss,
-                                                     **config.launch_kwargs())
+    configs = [c for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"]]
+    if configs:
+        config = configs[pick(len(configs))]
+        target = torch.randint(0, n, (rows,), generator=gen)
+        loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+        ce.run_mapping(config, x, target, loss, lse)
         assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, (what, config)
+        ref = torch.nn.functional.cross_entropy(xd, target, reduction="none")
+        assert rel_err(loss, ref) < 1e-5, (what, config)
     w, b = torch.randn(n, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
     for kernel, mapping, vectors, ref in (
             (rms.rmsnorm_kernel, rms.rmsnorm_mapping(n, None, itemsize, itemsize), (w,),
@@ -335,9 +343,9 @@ def test_piped_rows_fuzzed(draw):
             continue
         config = configs[pick(len(configs))]
         out = torch.full_like(x, float("nan"))
-        kernel.interpret[(piped.LINE,)](x, *vectors, out, piped.lines(x), piped.lines(out),
-                                        *map(piped.weight_rows, vectors), eps=1e-6 if len(vectors) == 1 else 1e-5,
-                                        **config.launch_kwargs())
+        kernel.interpret[_rows.grid(rows, config)](x, *vectors, out, piped.lines(x), piped.lines(out),
+                                                   *map(piped.weight_rows, vectors),
+                                                   eps=1e-6 if len(vectors) == 1 else 1e-5, **config.launch_kwargs())
         assert rel_err(out, ref) < tol, (what, kernel.name, config)
 
 
