@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .layouts import LANES_PER_WARP, WARPS_PER_WARPGROUP, LayoutError, TiledLayout, Tiling
 from .mma_descriptors import Tcgen05Kind
+
+if TYPE_CHECKING:  # blocked_scales takes and returns tensors; importing mgjit does not import torch
+    import torch
 
 TMEM_LANES = 128
 TMEM_COLUMNS = 512
@@ -426,7 +429,7 @@ def chunk_byte(row, scale):
     return 16 * (row % LANES_PER_WARP) + 4 * (row // LANES_PER_WARP) + scale
 
 
-def blocked_scales(scales: "torch.Tensor") -> "torch.Tensor":
+def blocked_scales(scales: torch.Tensor) -> torch.Tensor:
     """A (rows, cols) matrix of block scales (a torch tensor; rows a multiple of 128, cols of 4) laid out as
     tcgen05_copy reads it: shape (rows // 128, cols // 4 * 32, 16), 128 x 4 chunks of 512 bytes in `chunk_byte`
     order, a row tile's chunks in K order. A kernel's TMA box of (T, G * 32, 16) at (t, 32 * g, 0) brings the

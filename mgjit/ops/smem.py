@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import infer, interpret, ir, lower, tiles
+from .. import infer, interpret, lower, tiles
 from .. import mma_descriptors as md
 from ..dtypes import DType
 from ..errors import BankConflictWarning, Check, InterpretError, Loc, Rule, compile_warning

@@ -37,7 +37,7 @@ from ..ir import Op, ScalarType, Value, check, is_ref
 from ..mma_descriptors import (BlockScaling, Major, SmemDescriptor, SmemSwizzle, Tcgen05InstrDescriptor,
                                Tcgen05ScaledInstrDescriptor, block_scaling, tcgen05_kind, tcgen05_smem_descriptor)
 from ..layouts import LANES_PER_WARP, WARPS_PER_WARPGROUP
-from ..tmem_layouts import CHUNK_BYTES, MMAPiece, ScaleLayout, TMEMLayoutError, check_tcgen05_shape, mma_data_path
+from ..tmem_layouts import MMAPiece, TMEMLayoutError, check_tcgen05_shape, mma_data_path
 from .clusters import cluster_ctarank, pair_leader_rank
 from .smem import (SmemTile, descriptor_at, mma_operand, operand_descriptor, shared_address, stored_k_major,
                    tile_ranges)
