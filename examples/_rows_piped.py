@@ -21,8 +21,9 @@ whose envelope reaches it reads it from the tensor (`patch_tail`).
 A weight vector (rmsnorm's, layernorm's two) must meet each element at its column, but rows start anywhere in
 their envelopes. With a grid of a multiple of LINE programs (LINE / gcd(n, LINE) where rows of n start at
 fewer places: `stash_multiple`), though, each program's rows all start where its first does, so a program lays
-the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned. Layernorm refills the envelope's outside with the row's mean before it reads the row for its
-deviations (`fill_outside`; examples/layernorm.py says why).
+the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned. Layernorm
+fills the envelope's outside with the previous row's mean, so that one read gives its statistics
+(examples/layernorm.py says why).
 
 A row longer than one warpgroup's registers hold (65 lines) is split over a cluster of CTAS by whole lines of its
 envelope (`segment_start`): each CTA pipes its segment of every row of its cluster through slots of its own, and
@@ -41,7 +42,7 @@ view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwid
 one box a row runs it at 0.51. Two CTAs an SM of three slots each: softmax 8193 0.94 (held: 0.85), 12289 0.93
 (0.79), 16385 0.95 (0.78), 8191 0.94 (0.92); 4097 0.91 (0.94, so held rows keep that). Tuned, bf16:
 cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.88 (0.76), 12289 0.90 (0.76),
-16385 0.88 (0.70); layernorm 8193 0.74 (0.60), 12289 0.74 (0.60).
+16385 0.88 (0.70); layernorm 8193 0.84 (0.60), 12289 0.78 (0.60).
 """
 from __future__ import annotations
 
@@ -109,11 +110,10 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where there is such a
     split, else three (each register array costs a row its own reductions); the last one at least 4 (its first
     and last two go out through registers), and the cluster wastes at most a tenth of its lines (it waits for its
-    widest segment). Bf16 rows of 50257 on
-    an H200: 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87,
-    one program an SM 0.42-0.50, where held and chunked rows ran 0.67; clusters of 10 to 16 CTAs (rows of
-    100000 and longer) ran 0.40-0.63, and so did cross-entropy's (0.57-0.76 where its streamed rows ran
-    0.72-0.84)."""
+    widest segment). Bf16 rows of 50257 on an H200: 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy
+    bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program an SM 0.42-0.50, where held and chunked rows ran 0.67;
+    clusters of 10 to 16 CTAs (rows of 100000 and longer) ran 0.17-0.63, and cross-entropy's clusters 0.23-0.76
+    (its streamed rows 0.72-0.84)."""
     nl = line_count(n)
 
     def fits(c: int, stages: int, per_sm: int) -> int | None:

@@ -10,10 +10,11 @@ the row per CTA of a cluster, read once into shared memory with its maximum, the
 maximum) from shared memory; the segments swap them once. Piped rows (4097 to 16385 columns, contiguous logits:
 examples/_rows_piped.py): persistent programs stream their rows through shared-memory slots by TMA, and read
 the target's logit from the slot; longer rows that do not start on 16 bytes, in segments of whole lines that
-programs take as rows, each segment's statistics merged by a second kernel (`cross_entropy_combine`). Elsewhere the target's logit is one scalar load per row
-(every thread reads the same address), or a masked sum over many short rows held by one program. Rows whose
-target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN (torch
-raises). The logsumexp is returned too (what a backward pass needs).
+programs take as rows, each segment's statistics merged by a second kernel (`cross_entropy_combine`).
+Elsewhere the target's logit is one scalar load per row (every thread reads the same address), or a masked sum
+over many short rows held by one program. Rows whose target is `ignore_index` get a loss of 0, as in torch; a
+target outside [0, n) otherwise gets a loss of NaN (torch raises). The logsumexp is returned too (what a
+backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -109,7 +110,7 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
         env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST)
         t_next = target[mgjit.minimum(program_row(i + 1, 1), last)]
         v = read_lines(env, PL)
-        picked = pick(env, s + mgjit.minimum(mgjit.maximum(t.astype(mgjit.int32), 0), n - 1))
+        picked = target_logit(env, s, t, n, 1)
         mgjit.cta_sync()
         if i + STAGES < count:
             copy_row(logits, xl, buf, full, i + STAGES, 1)
@@ -128,14 +129,11 @@ def cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SE
     bandwidth (H200, bf16 rows of 20000 and 50257), below streamed rows (0.72-0.84)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = logits.shape[1]
-    k = held_width(PL)
     buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
     for i in range(count):
         env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS)
         v = read_lines(env, PL)
-        e = s + mgjit.minimum(mgjit.maximum(target[row].astype(mgjit.int32), 0), n - 1)  # the target, in the segment
-        mine = (e >= 0) & (e < k * LINE)
-        picked = mgjit.where(mine, pick(env, mgjit.where(mine, e, 0)), 0.0)
+        picked = target_logit(env, s, target[row], n, SEGS)
         mgjit.cta_sync()
         if i + STAGES < count:
             copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS)
@@ -162,6 +160,18 @@ def cross_entropy_combine(maxima, sums, picks, target, loss, lse, ignore_index, 
 
 
 COMBINE_ROWS = 128  # rows a program of cross_entropy_combine merges
+
+
+@mgjit.device
+def target_logit(env, s, t, n, SEGS):
+    """The logit of target t (clamped to the row: an ignored or invalid target's loss is set apart, `row_loss`)
+    from the row's envelope (or, SEGS > 1, its segment) in a slot, the row starting at s in it; 0 where the target
+    lies in another segment."""
+    e = s + mgjit.minimum(mgjit.maximum(t.astype(mgjit.int32), 0), n - 1)
+    if SEGS == 1:
+        return pick(env, e)
+    mine = (e >= 0) & (e < env.shape[0] * LINE)
+    return mgjit.where(mine, pick(env, mgjit.where(mine, e, 0)), 0.0)
 
 
 @mgjit.device
