@@ -95,7 +95,9 @@ semaphore_wait = _builtin("semaphore_wait", "semaphore_wait(x, index, value, sco
 smem = _builtin("smem", "smem(shape, dtype, swizzle=None): a shared-memory buffer for the whole kernel. buf[slot] "
                         "is a stage; buf[a:b], buf[s, :, mgjit.ds(i, 64)] are views of the same bytes (a "
                         "swizzled tile is sliced in 8-row atoms and whole column blocks, an unswizzled one in "
-                        "16-byte runs of columns); buf[...] reads it into registers, buf[...] = x writes it.")
+                        "16-byte runs of columns); buf.window(start, shape) views an unswizzled tile's elements "
+                        "in storage order from element start (on 16 bytes) as a tile of shape; buf[...] reads "
+                        "it into registers, buf[...] = x writes it.")
 scoped_smem = _builtin("scoped_smem", "with scoped_smem(shape, dtype, swizzle=None) as buf: a shared-memory "
                                       "buffer for the `with` block only; later blocks reuse its bytes, so the "
                                       "kernel needs the most that is open at once. Every warpgroup must be done "

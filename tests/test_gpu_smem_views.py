@@ -1,8 +1,9 @@
 """SMEM views, scoped SMEM and the TMA extras on the GPU, against torch on fresh random inputs with poisoned
 outputs: static and runtime slices of swizzled tiles feeding wgmma (K-major and MN-major operands), TMA into
 views, two scoped buffers that together exceed the SMEM budget sharing their bytes, an L2 prefetch before a copy,
-and row gathers (embedding lookups; gathered tokens times a weight) against torch.index_select. The same kernels
-run under the interpreter in test_smem_views.py."""
+row gathers (embedding lookups; gathered tokens times a weight) against torch.index_select, and windows (a tile's
+elements in storage order from a runtime start, read and written). The same kernels run under the interpreter in
+test_smem_views.py."""
 import pytest
 
 import mgjit
@@ -154,3 +155,36 @@ def test_gathered_tokens_times_weight():
     out = torch.full((256, 64), float("nan"), device="cuda", dtype=torch.float32)
     gathered_matmul[(4,)](x, ids, w, out, R=64, K=128, N=64)
     torch.testing.assert_close(out, x[ids.long()].float() @ w.float(), rtol=1e-2, atol=1e-2)
+
+
+@mgjit.kernel
+def windows(x, out, start, R: mgjit.constexpr, C: mgjit.constexpr):
+    """out[:R] = the elements of x's first 2R rows (staged as two tiles) from flat element `start` on, as (R, C);
+    out[R:] = x's first 2R rows, those of a window from `start` doubled in place."""
+    t = mgjit.smem((2, R, C), x.dtype)
+    t[0][...] = x[mgjit.ds(0, R), mgjit.ds(0, C)]
+    t[1][...] = x[mgjit.ds(R, R), mgjit.ds(0, C)]
+    mgjit.cta_sync()
+    out[mgjit.ds(0, R), mgjit.ds(0, C)] = t.window(start, (R, C))[...]
+    u = mgjit.smem((2 * R, C), x.dtype)
+    u[...] = x[mgjit.ds(0, 2 * R), mgjit.ds(0, C)]
+    mgjit.cta_sync()
+    w = u.window(start, (R // 2, 2 * C))
+    w[...] = w[...] * 2.0
+    mgjit.cta_sync()
+    out[mgjit.ds(R, 2 * R), mgjit.ds(0, C)] = u[...]
+
+
+def windows_reference(x, start, R, C):
+    flat = x[:2 * R, :C].reshape(-1)
+    doubled = flat.clone()
+    doubled[start:start + R * C] *= 2
+    return torch.cat([flat[start:start + R * C].view(R, C), doubled.view(2 * R, C)])
+
+
+@pytest.mark.parametrize("start", [0, 8, 200, 256 + 24, 16 * 256])
+def test_windows_read_and_write_a_tile_in_storage_order(start):
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((48, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    windows[(1,)](x, out, start, R=16, C=256)
+    torch.testing.assert_close(out, windows_reference(x, start, 16, 256), rtol=0, atol=0)

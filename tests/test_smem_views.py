@@ -245,6 +245,65 @@ def test_a_runtime_start_off_the_atom_is_an_interpreter_error():
     assert info.value.check == "out-of-bounds"
 
 
+@mgjit.kernel
+def bad_window(x, start, WHICH: mgjit.constexpr):
+    t = mgjit.smem((64, 128), x.dtype, swizzle=128)
+    u = mgjit.smem((2, 64, 128), x.dtype)
+    if WHICH == 0:
+        v = t.window(0, (64, 128))
+    if WHICH == 1:
+        v = u[0][:, 0:64].window(0, (8, 64))
+    if WHICH == 2:
+        v = u.window(4, (8, 128))
+    if WHICH == 3:
+        v = u.window(128 * 127, (2, 128))
+    if WHICH == 4:
+        v = u.window(0, (x.shape[0], 128))
+    if WHICH == 5:
+        v = u[0].T.window(0, (8, 64))
+
+
+@pytest.mark.parametrize("which,text,phrase", [
+    (0, "t.window", "which needs them stored as one run"),
+    (1, "u[0][:, 0:64]", "which needs them stored as one run"),
+    (2, "u.window(4", "a window starts on 16 bytes, a multiple of 8 bfloat16, got start 4"),
+    (3, "128 * 127", "the window of 256 elements from 16256 is outside the SMEM tile's 16384"),
+    (4, "x.shape[0]", "a window has a static shape of positive ints"),
+    (5, ".T.window", "which needs them stored as one run"),
+])
+def test_windows_the_storage_does_not_allow_are_errors_at_their_line(which, text, phrase):
+    x = torch.empty(64, 64, dtype=BF16)
+    with pytest.raises(mgjit.CompileError) as info:
+        bad_window.compile(x, 0, WHICH=which, target="sm_90a")
+    assert info.value.loc.line == line_of(bad_window, text), str(info.value)
+    assert phrase in str(info.value)
+
+
+@pytest.mark.parametrize("start", [0, 8, 200, 256 + 24, 16 * 256])
+def test_windows_read_and_write_a_tile_in_storage_order(start):
+    x = torch.randn(64, 256, dtype=BF16)
+    out = torch.full((48, 256), float("nan"), dtype=BF16)
+    gv.windows.interpret[(1,)](x, out, start, R=16, C=256)
+    assert torch.equal(out, gv.windows_reference(x, start, 16, 256))
+
+
+def test_a_window_off_16_bytes_or_past_its_tile_is_an_interpreter_error():
+    x = torch.randn(64, 256, dtype=BF16)
+    out = torch.full((48, 256), float("nan"), dtype=BF16)
+    with pytest.raises(mgjit.InterpretError) as info:
+        gv.windows.interpret[(1,)](x, out, 4, R=16, C=256)
+    assert info.value.check == "smem-slice" and "this runtime start is 4" in str(info.value)
+    with pytest.raises(mgjit.InterpretError) as info:
+        gv.windows.interpret[(1,)](x, out, 16 * 256 + 8, R=16, C=256)
+    assert info.value.check == "out-of-bounds" and "outside the SMEM tile" in str(info.value)
+
+
+def test_a_window_compiles_to_vector_accesses_at_its_runtime_start():
+    ptx = gv.windows.compile(torch.empty(64, 256, dtype=BF16), torch.empty(48, 256, dtype=BF16), 8, R=16, C=256,
+                             target="sm_90a").ptx
+    assert "ld.shared.v4.b32" in ptx and "st.shared.v4.b32" in ptx
+
+
 # ---------------------------------------------------------------------------------------------- the GPU kernels
 
 def poisoned(*shape, dtype=torch.float32):

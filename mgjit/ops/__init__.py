@@ -11,7 +11,8 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | control | For, If, Yield |
 | gmem | Load, Store |
 | atomics | Atomic, SemaphoreWait |
-| smem | SmemAlloc, RefIndex, RefSlice, RefTranspose, SmemStore, SmemLoad |
+| smem | SmemAlloc, SmemStore, SmemLoad |
+| smem_views | RefIndex, RefSlice, RefTranspose, RefWindow |
 | smem_scopes | ScopedSmemAlloc, SmemFree |
 | barriers | BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared |
 | tma | TmaLoad, TmaLoadCollective, TmaStore, TmaStoreWait, TmaPrefetch, TmaDescriptorCut |
@@ -36,8 +37,9 @@ from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce, Squeeze
-from .smem import RefIndex, RefSlice, RefTranspose, SmemAlloc, SmemLoad, SmemStore
+from .smem import SmemAlloc, SmemLoad, SmemStore
 from .smem_scopes import ScopedSmemAlloc, SmemFree
+from .smem_views import RefIndex, RefSlice, RefTranspose, RefWindow
 from .tcgen05 import Tcgen05Commit, Tcgen05Copy, Tcgen05Mma
 from .tma import TmaDescriptorCut, TmaLoad, TmaLoadCollective, TmaPrefetch, TmaStore, TmaStoreWait
 from .tma_gather import TmaGather
@@ -50,9 +52,9 @@ __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "B
            "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
            "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
            "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
-           "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "Relayout",
-           "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree", "SmemLoad",
-           "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut",
-           "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait", "TmemAlloc",
-           "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit", "WarpgroupId",
-           "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+           "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "RefWindow",
+           "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree",
+           "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma",
+           "TmaDescriptorCut", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait",
+           "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit",
+           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

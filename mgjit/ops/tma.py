@@ -31,7 +31,8 @@ from ..ir import Op, RefType, ScalarType, Value, check, is_int_scalar, is_ref
 from ..lower.context import LoweredRef
 from .clusters import cluster_ctarank, pair_leader_rank
 from .gmem import window_slices
-from .smem import SmemTile, base_alignment, shared_address, tile_of, tile_ranges
+from .smem import SmemTile, shared_address, tile_of, tile_ranges
+from .smem_views import base_alignment
 
 
 class TmaLoad(Op):

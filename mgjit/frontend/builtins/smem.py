@@ -1,6 +1,6 @@
 """Shared memory: `mgjit.smem(shape, dtype, swizzle)` buffers, `with mgjit.scoped_smem(...) as buf:` buffers
-of one block, a stage of one (`buf[slot]`), views of the same bytes (`buf[s, a:b]`, `tile[:, mgjit.ds(i, 64)]`),
-its transpose (`tile.T`), and whole-tile moves between registers and SMEM (`tile[...] = x`, `x = tile[...]`)."""
+of one block, a stage of one (`buf[slot]`), views of the same bytes (`buf[s, a:b]`, `tile[:, mgjit.ds(i, 64)]`,
+`tile.window(start, shape)`), its transpose (`tile.T`), and whole-tile moves between registers and SMEM (`tile[...] = x`, `x = tile[...]`)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -107,6 +107,27 @@ def _slice(t: Semantics, entry: slice | lang.ds, extent: int) -> tuple[Any, int]
     if not isinstance(start, int) or isinstance(start, bool):
         raise t.error(usage, rule=Rule.SMEM_SLICE)
     return start, size
+
+
+@method(SmemRef, "window")
+def window(t: Semantics, ref: SmemRef, args: list, kwargs: dict) -> SmemRef:
+    """`tile.window(start, shape)`: the tile's elements in storage order from element `start` (an int, or a
+    runtime scalar on 16 bytes) as a tile of the static `shape` (smem_views.RefWindow)."""
+    if len(args) + len(kwargs) != 2 or set(kwargs) - {"start", "shape"} or len(args) > 2:
+        raise t.error("bad call: tile.window(start, shape)", rule=Rule.SMEM_SLICE)
+    start = args[0] if args else kwargs["start"]
+    shape = args[1] if len(args) > 1 else kwargs["shape"]
+    shape = (shape,) if isinstance(shape, int) else tuple(shape) if isinstance(shape, (tuple, list)) else None
+    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise t.error(f"a window has a static shape of positive ints, got {args[1:] or kwargs.get('shape')!r}",
+                      rule=Rule.SMEM_SLICE)
+    if isinstance(start, (Tensor, Expanded)):
+        if start.shape:
+            raise t.error("a window starts at a scalar", rule=Rule.SMEM_SLICE)
+        start = t.cast(t.to_tensor(start), dtypes.int32).value
+    elif not isinstance(start, int) or isinstance(start, bool):
+        raise t.error(f"a window starts at an int or a runtime scalar, got {start!r}", rule=Rule.SMEM_SLICE)
+    return SmemRef(t, t.builder.add(ops.RefWindow(ref.value, start, shape, t.builder.loc)).result, ref.scope)
 
 
 @method(SmemRef, "__setitem__")
