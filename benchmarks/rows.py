@@ -118,7 +118,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, itemsize, isz),
+            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, itemsize, (isz,)),
                                     (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -126,7 +126,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
-            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n, None, itemsize, 2 * isz),
+            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n, None, itemsize, (isz, isz)),
                                     (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
     if kernel == "cross_entropy":

@@ -59,14 +59,14 @@ def case(kernel: str, n: int, dev: torch.device):
             if "wv" in rms.rmsnorm_kernel.arg_names:  # piped rows (examples/_rows_piped.py)
                 from _rows_piped import lines, weight_rows
                 return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), weight_rows(w)), {"eps": 1e-6},
-                        rms.rmsnorm_mapping(n, None, 2, 2), row_grid, out,
+                        rms.rmsnorm_mapping(n, None, 2, (2,)), row_grid, out,
                         lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
             return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n), row_grid, out,
                     lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
         if "wv" in ln.layernorm_rows.arg_names:  # piped rows (examples/_rows_piped.py)
             from _rows_piped import lines, weight_rows
             return (ln.layernorm_rows, (x, w, b, out, lines(x), lines(out), weight_rows(w), weight_rows(b)),
-                    {"eps": 1e-5}, ln.layernorm_mapping(n, None, 2, 4), row_grid, out,
+                    {"eps": 1e-5}, ln.layernorm_mapping(n, None, 2, (2, 2)), row_grid, out,
                     lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
                     4 * x.numel() + 4 * n)
         return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n), row_grid, out,

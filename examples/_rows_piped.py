@@ -19,9 +19,11 @@ maximum, 0 for a sum), so that it is read with no mask. The lines view leaves ou
 whose envelope reaches it reads it from the tensor (`patch_tail`).
 
 A weight vector (rmsnorm's, layernorm's two) must meet each element at its column, but rows start anywhere in
-their envelopes. With a grid of a multiple of LINE programs (LINE / gcd(n, LINE) where rows of n start at
-fewer places: `stash_multiple`), though, each program's rows all start where its first does, so a program lays
-the weights out once, as its rows' envelopes are (`stash_lines`), and reads them per row aligned. Layernorm
+their envelopes. A program lays the weights out once in shared memory, as the envelope of a row starting within
+the first 16 bytes of a line (`stash_lines`), and reads each row's weights through a window that starts the
+row's start, less that, further back (`weight_lines`): a multiple of 16 bytes wherever all the program's rows
+start in one place within 16 bytes, which a grid of a multiple of `stash_multiple` programs (8 for bf16 rows of
+odd length; 1 where rows start on 16 bytes) makes so. Layernorm
 fills the envelope's outside with the previous row's mean, so that one read gives its statistics
 (examples/layernorm.py says why).
 
@@ -32,8 +34,8 @@ before the row and only the last (LAST lines, the others' count or fewer) column
 segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
 run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Softmax,
 bf16, H200: rows of 50257 at 0.91 of copy bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79).
-The norms take clusters too where rows start at few places in a line (each CTA stashes its segment of the
-weights; rows of odd length would need 256 clusters): rmsnorm 100000 0.89 (0.80), layernorm 32000 0.84.
+The norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 100000 0.89 (0.80), layernorm
+32000 0.84.
 Cross-entropy splits such rows into SEGS segments that programs take as rows, with no exchange: each writes its
 segment's statistics, and a second kernel merges them (examples/cross_entropy.py).
 
@@ -61,25 +63,32 @@ MIN_LINES = 16  # rows piped over a cluster: the fewest lines a CTA's segment ho
 # Rows piped over a cluster: (stages, programs an SM) tried, and the most lines a CTA holds in registers with that
 # many an SM (128, 170 or 256 registers a thread; 65 lines took 168 registers and spilled a few).
 CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
+# With weights stashed too, two programs an SM of two slots hold a segment that three slots would not (layernorm
+# rows of 100000: 8 CTAs of 49 lines).
+STASH_CLUSTER_SHAPES = CLUSTER_SHAPES + ((2, 2),)
 REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
-MAX_STASH_CLUSTERS = 16  # rows piped over clusters with weights: the largest multiple of clusters a grid may need
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
 # of four slots and two of two within 0.02 of it at 16385.
 SHAPES = ((3, 2), (4, 1), (2, 3), (3, 4))
-# Kernels with weights (`stash_lines`) run a multiple of LINE programs (about 2 or 4 an SM).
+# Kernels with weights (`stash_lines`): the slots share an SM's shared memory with the stashed weights; one
+# program an SM (LONE_SHAPE) where two do not fit (layernorm rows of 16385: two slots, w and b take 136 KB).
 STASH_SHAPES = ((2, 2), (3, 2), (4, 2), (2, 4))
+LONE_SHAPE = (4, 1)
 
 
 def line_count(n: int) -> int:
-    """The lines of a row's envelope: enough for n columns starting anywhere in a line."""
-    return -(-(n + LINE - 1) // LINE)
+    """The lines of a row's envelope: enough for n columns starting wherever a row of n starts in a line (at a
+    multiple of gcd(n, LINE): rows of a multiple of LINE fill whole lines, 256 of them at 65536 columns, not
+    257)."""
+    return -(-(n + LINE - math.gcd(n, LINE)) // LINE)
 
 
-def piped(n: int, stages: int, per_sm: int, stash: bool = False, ctas: int = 1, segs: int = 1) -> mgjit.Config:
-    """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with `stash`, a
-    multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid), each row's envelope split over a
+def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs: int = 1) -> mgjit.Config:
+    """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with weights of
+    `stash` bytes an element stashed, a multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid),
+    each row's envelope split over a
     cluster of `ctas` CTAs, or into `segs` segments that programs take as rows (SEGS), by whole lines
     (`segment_start`): LAST, the lines of the last segment. PL: a segment's lines as powers of two, widest first
     (33 lines -> (32, 1)), each read into one register array."""
@@ -90,21 +99,22 @@ def piped(n: int, stages: int, per_sm: int, stash: bool = False, ctas: int = 1, 
                           STAGES=stages, LAST=nl - (ctas * segs - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
     if segs > 1:
         config = config.replace(SEGS=segs)
-    return config.replace(STASH=stash_multiple(n)) if stash else config
+    return config.replace(STASH=stash_multiple(n, stash)) if stash else config
 
 
-def stash_multiple(n: int) -> int:
-    """The fewest programs (clusters) whose rows of n columns all start where their first does within a line
-    (`stash_lines`): program p takes rows p, p + P, ..., which start P * n elements apart, a whole number of lines
-    where P is a multiple of LINE / gcd(n, LINE)."""
-    return LINE // math.gcd(n, LINE)
+def stash_multiple(n: int, itemsize: int) -> int:
+    """The fewest programs (clusters) whose rows of n columns all start in one place within 16 bytes of weights
+    of `itemsize` bytes (`stash_lines`): program p takes rows p, p + P, ..., which start P * n elements apart, a
+    whole number of 16 bytes where P is a multiple of q / gcd(n, q), q = 16 / itemsize."""
+    q = 16 // itemsize
+    return q // math.gcd(n, q)
 
 
 def cluster_splits(n: int, itemsize: int, weights: int = 0,
                    most: int = PORTABLE_CLUSTER_CTAS) -> list[tuple[int, int, int]]:
     """How a row of n columns of `itemsize`-byte elements, too long for one CTA (its registers, or its shared
     memory), may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all
-    stashed (or, `most` > 8, split into up to that many segments, which programs take as rows: SEGS): (CTAs or
+    stashed (`stash_lines`: a line more than the segment) (or, `most` > 8, split into up to that many segments, which programs take as rows: SEGS): (CTAs or
     segments, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
     cluster's 8) whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory of that many
     programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where there is such a
@@ -120,11 +130,11 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
         """The register arrays of a segment of this split (None: it does not fit)."""
         k = -(-nl // c)
         if (MIN_LINES <= k <= REGISTER_LINES[per_sm] and nl - (c - 1) * k >= 4 and 10 * nl >= 9 * c * k
-                and per_sm * ((stages * itemsize + weights) * k * LINE + SLACK) <= HOPPER.smem_bytes):
+                and per_sm * (((stages * itemsize + weights) * k + weights) * LINE + SLACK) <= HOPPER.smem_bytes):
             return bin(k).count("1")
         return None
     splits = []
-    for stages, per_sm in CLUSTER_SHAPES:
+    for stages, per_sm in STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES:
         arrays = {c: fits(c, stages, per_sm) for c in range(2, most + 1)}
         for widest in (2, 3):
             c = next((c for c, count in arrays.items() if count is not None and count <= widest), None)
@@ -134,29 +144,32 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     return splits
 
 
-def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: int = 0, clusters: bool = False,
-           segments: bool | None = None) -> tuple[mgjit.Config, ...]:
+def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),
+           clusters: bool = False, segments: bool | None = None) -> tuple[mgjit.Config, ...]:
     """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements (none for
-    itemsize 0) whose slots, and the vectors stashed by `stash_lines` (`weights` bytes an element in all; the
+    itemsize 0) whose slots, and the vectors stashed by `stash_lines` (of the element sizes `weights`; the
     configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows one CTA does not
-    hold, with `clusters`, over a cluster (`cluster_splits`; with weights, only where a grid of a multiple of
-    `stash_multiple` clusters, at most MAX_STASH_CLUSTERS, keeps each cluster's rows at one start in a line), or,
+    hold, with `clusters`, over a cluster (`cluster_splits`), or,
     with `segments`, split into segments that programs take as rows (SEGS, which every config sets where
     `segments` is not None; a kernel without weights that merges its segments' statistics afterwards)."""
+    stash = sum(weights)  # bytes an element
     plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {}),
                             **({"SEGS": 0} if segments is not None else {})) for c in configs)
     nl = line_count(n)
     if n < MIN_ROW or not itemsize:
         return plain
-    splits = [(1, stages, per_sm) for stages, per_sm in (STASH_SHAPES if weights else SHAPES)
-              if nl <= MAX_LINES and per_sm * ((stages * itemsize + weights) * nl * LINE + SLACK) <= HOPPER.smem_bytes]
-    if not splits and clusters and (not weights or stash_multiple(n) <= MAX_STASH_CLUSTERS):
-        splits = cluster_splits(n, itemsize, weights)
+    splits = [(1, stages, per_sm) for stages, per_sm in (STASH_SHAPES + (LONE_SHAPE,) if weights else SHAPES)
+              if nl <= MAX_LINES
+              and per_sm * (((stages * itemsize + stash) * nl + stash) * LINE + SLACK) <= HOPPER.smem_bytes]
+    if weights and len(splits) > 1:
+        splits = [split for split in splits if split[1:] != LONE_SHAPE]
+    if not splits and clusters:
+        splits = cluster_splits(n, itemsize, stash)
     if not splits and segments:
         widened = (piped(n, stages, per_sm, segs=segs) for segs, stages, per_sm in
                    cluster_splits(n, itemsize, most=MAX_SEGMENTS))
     else:
-        widened = (piped(n, stages, per_sm, weights > 0, ctas) for ctas, stages, per_sm in splits)
+        widened = (piped(n, stages, per_sm, min(weights, default=0), ctas) for ctas, stages, per_sm in splits)
     return plain + tuple(c.replace(**{k: 0 for k in plain[0].kwargs if k not in c.kwargs}) for c in widened)
 
 
@@ -190,7 +203,8 @@ def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
     """This program's ring of STAGES slots of a segment's lines (PL), one barrier per slot, its rows' (segments')
     count, and the copies of its first STAGES rows issued."""
     k = held_width(PL)
-    span = x.shape[1] + LINE - 1  # what a row's envelope spans, wherever in a line the row starts
+    n = x.shape[1]
+    span = n + LINE - mgjit.minimum(n & (0 - n), LINE)  # the envelope's columns: rows start at multiples of gcd(n, LINE)
     nl = (CTAS * SEGS - 1) * k + LAST
     mgjit.device_assert((span <= nl * LINE) & (span > (nl - 1) * LINE), "a piped mapping made for rows of another "
                         "length (x's rows need other lines than PL's): its stores would write into neighbouring rows")
@@ -209,34 +223,46 @@ def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
 
 @mgjit.device
 def stash_lines(v, rows, x, PL, CTAS, LAST):
-    """A weight vector `v` laid out as this CTA's segment of its program's rows' envelopes is, in shared memory in
-    its own dtype (zero outside the row; `rows`: v as `weight_rows` views it). Every row of a program (or cluster)
-    starts as many elements into its envelope as its first does where the grid is a multiple of `stash_multiple`
-    programs (LINE for rows of odd length: row r + k * LINE starts k * LINE * n elements, whole lines, further
-    on), so the weights are read once per program, and per row as aligned as its elements. Envelope line L is
-    v[L * LINE - s:][:LINE], columns LINE - s on of row L - 1 of `rows`: one load per part of PL brings the
-    segment's lines, then its first line and its lines LAST - 2 and LAST - 1 (the envelope's first and last two,
-    beyond `rows`, in the segments that hold them) come from v. A load a line (33 for rows of 8193) waited for
-    each load where its bounds check's branch joined: rmsnorm 8193 ran at 0.79 of copy bandwidth for 0.93
-    without the weights."""
+    """A weight vector `v` laid out in shared memory, in its own dtype, as this CTA's segment of the envelope of a
+    row starting r elements into a line, with the line before (zero outside the row; `rows`: v as `weight_rows`
+    views it): its rows start s elements into their lines, and where the grid is a multiple of `stash_multiple`
+    programs (clusters), every s is r more than a multiple of 16 bytes of v (row i + P starts P * n elements after
+    row i), so that `weight_lines` reads a row's weights through a window on 16 bytes. Stash line j + 1 is
+    envelope line j, v[j * LINE - r:][:LINE], columns LINE - r on of row j - 1 of `rows`: one load per part of PL
+    brings the segment's lines, one the line before, then its first line and its lines LAST - 2 and LAST - 1 (the
+    envelope's first and last two, beyond `rows`, in the segments that hold them) come from v. A load a line (33
+    for rows of 8193) waited for each load where its bounds check's branch joined: rmsnorm 8193 ran at 0.79 of
+    copy bandwidth for 0.93 without the weights."""
+    q = 128 // v.dtype.bits  # elements of 16 bytes
     clusters = mgjit.num_programs(0) // CTAS
-    mgjit.device_assert((clusters * x.shape[1] % LINE == 0) | (clusters >= x.shape[0]), "stashed weights need a "
+    mgjit.device_assert((clusters * x.shape[1] % q == 0) | (clusters >= x.shape[0]), "stashed weights need a "
                         "grid of a multiple of _rows_piped.stash_multiple programs or clusters (_rows.grid with "
                         "STASH), or a row a program")
     k = held_width(PL)
-    buf = mgjit.smem((k, LINE), v.dtype)
+    buf = mgjit.smem((k + 1, LINE), v.dtype)
     row, seg = program_segment(0, CTAS, 1)
     _, s = envelope_start(x, row)
+    r = s % q
     line0 = seg * k  # the envelope line of the segment's first
     starts = part_starts(0, PL, 1)
     for p in mgjit.static_range(len(PL)):
-        buf[mgjit.ds(starts[p], PL[p]), :][...] = mgjit.load(
-            rows, (mgjit.ds(line0 + starts[p] - 1, PL[p]), mgjit.ds(LINE - s, LINE)), other=0)
+        buf[mgjit.ds(starts[p] + 1, PL[p]), :][...] = mgjit.load(
+            rows, (mgjit.ds(line0 + starts[p] - 1, PL[p]), mgjit.ds(LINE - r, LINE)), other=0)
+    buf[mgjit.ds(0, 1), :][...] = mgjit.load(rows, (mgjit.ds(line0 - 2, 1), mgjit.ds(LINE - r, LINE)), other=0)
     mgjit.cta_sync()  # the lines below overwrite what other threads stored
     for j in mgjit.static_range(3):
         line = (LAST - 3 + j) * (j > 0)  # 0, LAST - 2, LAST - 1
-        buf[line][...] = mgjit.load(v, mgjit.ds((line0 + line) * LINE - s, LINE), other=0)
+        buf[line + 1][...] = mgjit.load(v, mgjit.ds((line0 + line) * LINE - r, LINE), other=0)
     return buf
+
+
+@mgjit.device
+def weight_lines(stash, s, PL):
+    """The weights of a row starting s elements into its envelope (`stash_lines`' r, and a multiple of 16 bytes
+    more; or into this segment's, `segment_start`, which is whole lines of it less), as views of `stash` one per
+    count of PL: a window from s - r elements before its second line."""
+    q = 128 // stash.dtype.bits
+    return line_parts(stash.window(LINE - (s & (LINE - q)), (held_width(PL), LINE)), PL)
 
 
 def weight_rows(v):

@@ -32,7 +32,7 @@ import torch
 from _rows import (chunked_segment, columns, launch, load_row, mapping, merge_moments, output, persisting,
                    row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
-                         stash_lines, store_envelope)
+                         stash_lines, store_envelope, weight_lines)
 
 import mgjit
 
@@ -135,7 +135,7 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
         guess = f + shift
         rstd = mgjit.rsqrt(m2 / n - shift * shift + eps)
         offset = -shift * rstd
-        w_parts, b_parts, parts = line_parts(w_env, PL), line_parts(b_env, PL), line_parts(env, PL)
+        w_parts, b_parts, parts = weight_lines(w_env, s, PL), weight_lines(b_env, s, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):
             parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(mgjit.float32),
                                       b_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
@@ -254,22 +254,22 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     if x.shape[0] == 0:
         return out
     itemsize, views = piped_views((x, out), (w, b), rows_per_program)
-    configs = layernorm_mapping(x.shape[1], rows_per_program, itemsize, w.element_size() + b.element_size())
+    configs = layernorm_mapping(x.shape[1], rows_per_program, itemsize, (w.element_size(), b.element_size()))
     launch(layernorm_rows, configs, (x, w, b, out), views, eps=eps)
     return out
 
 
 @functools.lru_cache(maxsize=None)
 def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
-                      weight_size: int = 8) -> tuple[mgjit.Config, ...]:
+                      weight_sizes: tuple[int, ...] = (4, 4)) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then each held one again at every OCCUPANCY that its
     threads allow, then as persistent grids, then the piped ones for elements of `itemsize` bytes (0: none) and
-    weights and biases of `weight_size` together."""
+    weights and biases of `weight_sizes` bytes."""
     configs = tuple(c.replace(OCC=occ) for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
                     if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
     if rows_per_program is not None:
-        return piping(configs, 0, 0, weights=weight_size)
-    return piping(persisting(configs, 2), n, itemsize, weights=weight_size, clusters=True)
+        return piping(configs, 0, 0, weights=weight_sizes)
+    return piping(persisting(configs, 2), n, itemsize, weights=weight_sizes, clusters=True)
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference

@@ -22,7 +22,7 @@ import torch
 from _rows import (chunked_segment, launch, load_row, mapping, output, persisting, row_groups, row_sum,
                    segment, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
-                         store_envelope)
+                         store_envelope, weight_lines)
 
 import mgjit
 
@@ -91,7 +91,7 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
         if CTAS > 1:
             squares = mgjit.cluster_reduce(squares, "sum")
         scale = mgjit.rsqrt(squares / x.shape[1] + eps)
-        w_parts, parts = line_parts(w_env, PL), line_parts(env, PL)
+        w_parts, parts = weight_lines(w_env, s, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
             parts[p][...] = (v[p] * scale * w_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
         refill(x, xl, buf, full, i, count, CTAS)
@@ -139,19 +139,19 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     if x.shape[0] == 0:
         return out
     itemsize, views = piped_views((x, out), (w,), rows_per_program)
-    launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program, itemsize, w.element_size()), (x, w, out),
+    launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program, itemsize, (w.element_size(),)), (x, w, out),
            views, eps=eps)
     return out
 
 
 @functools.lru_cache(maxsize=None)
 def rmsnorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
-                    weight_size: int = 4) -> tuple[mgjit.Config, ...]:
+                    weight_sizes: tuple[int, ...] = (4,)) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the held ones again as persistent grids, then the
-    piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_size`."""
+    piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_sizes` bytes."""
     if rows_per_program is not None:
-        return piping(mapping(n, rows_per_program), 0, 0, weights=weight_size)
-    return piping(persisting(mapping(n), 1), n, itemsize, weights=weight_size, clusters=True)
+        return piping(mapping(n, rows_per_program), 0, 0, weights=weight_sizes)
+    return piping(persisting(mapping(n), 1), n, itemsize, weights=weight_sizes, clusters=True)
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

@@ -144,8 +144,8 @@ PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (
          (16385, torch.bfloat16)]
 
 
-# Rows piped over clusters of 2 to 8 CTAs, the last segment shorter than the others where the lines allow (the
-# norms where rows start at one of few places in a line: 20000, 32000, 65536).
+# Rows piped over clusters of 2 to 8 CTAs, the last segment shorter than the others where the lines allow (the norms
+# too, each CTA with its segment of the weights stashed, read through windows that follow each row's start).
 PIPED_CLUSTERS = [(16386, torch.float32, 1001), (20000, torch.float16, 1001), (32000, torch.bfloat16, 1001),
                   (50257, torch.bfloat16, 701), (65536, torch.float32, 301), (100000 - 7, torch.bfloat16, 301)]
 
@@ -175,7 +175,7 @@ def test_every_piped_mapping(n, dtype, m):
         assert rel(loss, ref_loss) < 1e-4 * max(1.0, n / 8192) ** 0.5, config
     w = torch.randn(n, device="cuda", dtype=dtype)
     ref = torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)
-    for config in rms.rmsnorm_mapping(n, None, x.element_size(), w.element_size()):
+    for config in rms.rmsnorm_mapping(n, None, x.element_size(), (w.element_size(),)):
         if not config.kwargs["PIPE"]:
             continue
         out = torch.full_like(x, float("nan"))
@@ -187,7 +187,7 @@ def test_every_piped_mapping(n, dtype, m):
     # mean 60 higher: it and the next are read twice (their fill, the previous row's mean, is far from theirs).
     x = x + 20 + 60 * (torch.arange(m, device="cuda") % 5 == 0)[:, None]
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
-    for config in ln.layernorm_mapping(n, None, x.element_size(), 2 * w.element_size()):
+    for config in ln.layernorm_mapping(n, None, x.element_size(), (w.element_size(),) * 2):
         if not config.kwargs["PIPE"]:
             continue
         out = torch.full_like(x, float("nan"))

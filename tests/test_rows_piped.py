@@ -1,7 +1,6 @@
 """Piped rows (examples/_rows_piped.py) without a GPU: every piped mapping of softmax and cross-entropy interpreted over more rows
 than the programs' rings hold (a grid of 2 SMs), rows starting anywhere in a line of the flattened tensor and a
 last partial line; which mappings are offered, for which tensors; registers at sm_90a."""
-import math
 import os
 import sys
 
@@ -53,21 +52,23 @@ def test_every_piped_mapping_interpreted(n, dtype):
 @pytest.mark.parametrize("n,dtype", [(4097, BF16), (5000, torch.float32)], ids=str)
 def test_every_piped_rmsnorm_interpreted(n, dtype):
     """rmsnorm's piped grids are a multiple of stash_multiple programs (the weights stashed once per program, laid
-    out as its rows' envelopes; 256 for rows of odd length, 32 for 5000, whose rows start 8 elements apart in a
-    line): 3 more rows than 256 programs, so that three programs take a second row, which starts as far into its
-    envelope as their first."""
+    out as the envelope of a row starting within 16 bytes of a line, and read per row through a window: 8 programs
+    for bf16 rows of odd length, whose rows then start a multiple of 8 elements apart; 1 for float32 rows of 5000,
+    which start on 16 bytes): a program's rows start at 3 or 4 places in their envelopes (4097 * 8 = 8 elements
+    past whole lines, 5000 * 3 = 152), each read through its own window."""
     itemsize = torch.finfo(dtype).bits // 8
-    configs = [c for c in rms.rmsnorm_mapping(n, None, itemsize, itemsize) if c.kwargs["PIPE"]]
-    assert configs and all(c.kwargs["STASH"] == {4097: 256, 5000: 32}[n] for c in configs)
-    rows = piped.LINE + 3
+    configs = [c for c in rms.rmsnorm_mapping(n, None, itemsize, (itemsize,)) if c.kwargs["PIPE"]]
+    assert configs and all(c.kwargs["STASH"] == {4097: 8, 5000: 1}[n] for c in configs)
+    programs = {4097: 8, 5000: 3}[n]
+    rows = 3 * programs + 2
     x = (torch.randn(rows, n) + 0.3).to(dtype)
     w = torch.randn(n).to(dtype)
     ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
     for config in configs[:2]:
         assert _rows.grid(rows, config)[0] % config.kwargs["STASH"] == 0
         out = torch.full_like(x, float("nan"))
-        rms.rmsnorm_kernel.interpret[(piped.LINE,)](x, w, out, piped.lines(x), piped.lines(out), piped.weight_rows(w),
-                                                    eps=1e-6, **config.launch_kwargs())
+        rms.rmsnorm_kernel.interpret[(programs,)](x, w, out, piped.lines(x), piped.lines(out), piped.weight_rows(w),
+                                                  eps=1e-6, **config.launch_kwargs())
         assert rel_err(out, ref) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
 
 
@@ -80,20 +81,21 @@ def test_every_piped_layernorm_interpreted(n, dtype, mean):
     nothing in the variance: with zeros there, 768 of them would add 768 * 40**2 to a sum of squares of 5000.
     Each program's rows take the fill from their predecessor's mean and are read once, or, where their own mean
     lies 60 standard deviations away from it (a program's third row here, and its first where the mean is far
-    from 0), read again with their own."""
+    from 0), read again with their own. Each program's rows start at three places in their envelopes."""
     itemsize = torch.finfo(dtype).bits // 8
-    configs = [c for c in ln.layernorm_mapping(n, None, itemsize, 2 * itemsize) if c.kwargs["PIPE"]]
-    assert configs and all(c.kwargs["STASH"] == piped.stash_multiple(n) for c in configs)
-    rows = 3 * piped.LINE + 3
-    jump = 60.0 * (torch.arange(rows) >= 2 * piped.LINE)[:, None]
+    configs = [c for c in ln.layernorm_mapping(n, None, itemsize, (itemsize, itemsize)) if c.kwargs["PIPE"]]
+    assert configs and all(c.kwargs["STASH"] == piped.stash_multiple(n, itemsize) for c in configs)
+    programs = 8
+    rows = 3 * programs + 3
+    jump = 60.0 * (torch.arange(rows) >= 2 * programs)[:, None]
     x = (torch.randn(rows, n) + mean + jump).to(dtype)
     w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
     for config in configs[:2]:
         out = torch.full_like(x, float("nan"))
-        ln.layernorm_rows.interpret[(piped.LINE,)](x, w, b, out, piped.lines(x), piped.lines(out),
-                                                   piped.weight_rows(w), piped.weight_rows(b), eps=1e-5,
-                                                   **config.launch_kwargs())
+        ln.layernorm_rows.interpret[(programs,)](x, w, b, out, piped.lines(x), piped.lines(out),
+                                                 piped.weight_rows(w), piped.weight_rows(b), eps=1e-5,
+                                                 **config.launch_kwargs())
         # float32 at a mean of 40: torch's own layer_norm is 1.5e-6 off, the held mapping 1.75e-6
         assert rel_err(out, ref) < {torch.float32: 4e-6}.get(dtype, 5e-3), config
 
@@ -110,13 +112,13 @@ def test_a_piped_mapping_refuses_other_rows():
         with pytest.raises(InterpretError, match="rows of another length") as info:
             sm.softmax_kernel.interpret[(2,)](x, x, piped.lines(x), piped.lines(x), **config.launch_kwargs())
         assert info.value.check == Check.DEVICE_ASSERT
-    x = torch.randn(4, 8000)  # 33 lines, as 8193: the same mapping holds
+    x = torch.randn(4, 8001)  # 33 lines, as 8193: the same mapping holds
     out = torch.full_like(x, float("nan"))
     sm.softmax_kernel.interpret[(2,)](x, out, piped.lines(x), piped.lines(out), **config.launch_kwargs())
     assert rel_err(out, torch.softmax(x.double(), 1)) < 1e-6
-    n = 5000
-    config = [c for c in rms.rmsnorm_mapping(n, None, 4, 4) if c.kwargs["PIPE"]][0]
-    x, w = torch.randn(9, n), torch.randn(n)
+    n = 5001
+    config = [c for c in rms.rmsnorm_mapping(n, None, 2, (2,)) if c.kwargs["PIPE"]][0]
+    x, w = torch.randn(9, n, dtype=BF16), torch.randn(n, dtype=BF16)
     with pytest.raises(InterpretError, match="multiple of _rows_piped.stash_multiple programs"):
         rms.rmsnorm_kernel.interpret[(4,)](x, w, x, piped.lines(x), piped.lines(x), piped.weight_rows(w), eps=1e-6,
                                            **config.launch_kwargs())
@@ -164,8 +166,8 @@ def test_piped_norms_through_the_wrappers(monkeypatch, n):
     the wrapper builds for piped ones must still be made (a weight of one element once failed to)."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     if n > 4096:
-        rms_first = [c for c in rms.rmsnorm_mapping(n, None, 4, 4) if c.kwargs["PIPE"]][0]
-        ln_first = [c for c in ln.layernorm_mapping(n, None, 4, 8) if c.kwargs["PIPE"]][0]
+        rms_first = [c for c in rms.rmsnorm_mapping(n, None, 4, (4,)) if c.kwargs["PIPE"]][0]
+        ln_first = [c for c in ln.layernorm_mapping(n, None, 4, (4, 4)) if c.kwargs["PIPE"]][0]
         monkeypatch.setattr(rms, "rmsnorm_mapping", lambda *args: (rms_first,))
         monkeypatch.setattr(ln, "layernorm_mapping", lambda *args: (ln_first,))
     x = torch.randn(5, n) + 2
@@ -216,7 +218,7 @@ def test_rows_piped_over_a_cluster(itemsize):
     row's envelope. None where that takes more than 8 CTAs (rows of 100000 on: clusters of 10 to 16 ran slower
     than held and streamed rows)."""
     offered = {}
-    for n in range(16386, 140000, 997):
+    for n in range(16387, 140000, 997):
         nl = piped.line_count(n)
         configs = [c for c in sm.mapping(n, None, itemsize) if c.kwargs["PIPE"]]
         assert len({tuple(sorted(c.kwargs)) for c in sm.mapping(n, None, itemsize)}) == 1, n
@@ -228,7 +230,7 @@ def test_rows_piped_over_a_cluster(itemsize):
             assert len(kw["PL"]) <= 3 and k <= piped.REGISTER_LINES[kw["PIPE"]], (n, c)
             assert kw["PIPE"] * (kw["STAGES"] * k * piped.LINE * itemsize + piped.SLACK) <= 232448, (n, c)
         offered[n] = len(configs)
-    assert all(offered[n] for n in offered if n <= 70000) and not offered[139017], offered
+    assert all(offered[n] for n in offered if n <= 70000) and not offered[139018], offered
 
 
 @pytest.mark.parametrize("n,dtype", [(16386, torch.float32), (20000, torch.float16), (50257, BF16),
@@ -334,9 +336,9 @@ def test_piped_rows_fuzzed(monkeypatch, draw):
         assert rel_err(loss, ref) < 1e-5, (what, config)
     w, b = torch.randn(n, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
     for kernel, mapping, vectors, ref in (
-            (rms.rmsnorm_kernel, rms.rmsnorm_mapping(n, None, itemsize, itemsize), (w,),
+            (rms.rmsnorm_kernel, rms.rmsnorm_mapping(n, None, itemsize, (itemsize,)), (w,),
              torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)),
-            (ln.layernorm_rows, ln.layernorm_mapping(n, None, itemsize, 2 * itemsize), (w, b),
+            (ln.layernorm_rows, ln.layernorm_mapping(n, None, itemsize, (itemsize, itemsize)), (w, b),
              torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5))):
         configs = [c for c in mapping if c.kwargs["PIPE"]]
         if not configs:
@@ -361,22 +363,24 @@ def test_cross_entropy_refuses_a_cluster_mapping():
                                       piped.lines(x), x, **config.launch_kwargs(), target="sm_90a")
 
 
-@pytest.mark.parametrize("n,dtype", [(20000, BF16), (32000, torch.float32), (65536, torch.float16)], ids=str)
+@pytest.mark.parametrize("n,dtype", [(20000, BF16), (20001, BF16), (32000, torch.float32), (65536, torch.float16)],
+                         ids=str)
 def test_norms_piped_over_a_cluster_interpreted(n, dtype):
     """rmsnorm and layernorm rows too long for one CTA, over a cluster, each CTA with its segments of w (and b)
-    stashed: the grid a multiple of stash_multiple clusters (8 for rows of 20000, whose rows start 32 elements
-    apart in a line; 1 for 32000 and 65536, whole lines), so every row of a cluster starts where its first does.
+    stashed: the grid a multiple of stash_multiple clusters (8 for bf16 rows of 20001, whose rows start 8 elements
+    apart on such a grid; 1 for 20000, whose rows start 32 elements apart, and for 32000 and 65536, whole lines),
+    so that every row of a cluster reads its weights through a window on 16 bytes.
     Layernorm's rows jump in mean halfway through each cluster's rows, which its segments see alike (the read
     again is taken or not by every CTA of the cluster)."""
     itemsize = torch.finfo(dtype).bits // 8
     w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
     for kernel, mapping, weights in ((rms.rmsnorm_kernel, rms.rmsnorm_mapping, 1), (ln.layernorm_rows,
                                                                                    ln.layernorm_mapping, 2)):
-        configs = [c for c in mapping(n, None, itemsize, weights * itemsize) if c.kwargs["PIPE"]]
+        configs = [c for c in mapping(n, None, itemsize, (itemsize,) * weights) if c.kwargs["PIPE"]]
         assert configs and all(c.kwargs["CTAS"] > 1 for c in configs), configs
         for config in configs[:2]:
             kw = config.kwargs
-            assert kw["STASH"] == piped.stash_multiple(n) == piped.LINE // math.gcd(n, piped.LINE)
+            assert kw["STASH"] == piped.stash_multiple(n, itemsize) == {20001: 8}.get(n, 1)
             grid = _rows.grid(10 ** 6, config)
             clusters = grid[0] // kw["CTAS"]
             assert clusters % kw["STASH"] == 0 and grid == _rows.grid(clusters * 3 + 1, config)

@@ -41,11 +41,11 @@ def launch_of(kernel: str, x: torch.Tensor):
     if kernel == "rmsnorm":
         itemsize, views = piped_views((x, out), (w,))
         return (rms.rmsnorm_kernel, (x, w, out, *views), {"eps": 1e-6},
-                rms.rmsnorm_mapping(n, None, itemsize, w.element_size()))
+                rms.rmsnorm_mapping(n, None, itemsize, (w.element_size(),)))
     if kernel == "layernorm":
         itemsize, views = piped_views((x, out), (w, b))
         return (ln.layernorm_rows, (x, w, b, out, *views), {"eps": 1e-5},
-                ln.layernorm_mapping(n, None, itemsize, w.element_size() + b.element_size()))
+                ln.layernorm_mapping(n, None, itemsize, (w.element_size(), b.element_size())))
     target = torch.randint(0, n, (x.shape[0],))
     loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
     itemsize, views = piped_views((x,))
