@@ -32,10 +32,10 @@ envelope (`segment_start`): each CTA pipes its segment of every row of its clust
 the segments swap their statistics once a row (`mgjit.cluster_gather`). Only the first segment holds columns
 before the row and only the last (LAST lines, the others' count or fewer) columns past it; the lines of the
 segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
-run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Softmax,
-bf16, H200: rows of 50257 at 0.91 of copy bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79).
-The norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 100000 0.89 (0.80), layernorm
-32000 0.84.
+run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Rows no
+portable cluster holds take up to 16 CTAs (`cluster_splits`). Softmax, bf16, H200: rows of 50257 at 0.91 of copy
+bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79), 128256 0.88 (0.86), 262144 0.87 (0.64). The
+norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 50257 0.90, 100000 0.92 (0.80).
 Cross-entropy splits such rows into SEGS segments that programs take as rows, with no exchange: each writes its
 segment's statistics, and a second kernel merges them (examples/cross_entropy.py).
 
@@ -85,15 +85,17 @@ def line_count(n: int) -> int:
     return -(-(n + LINE - math.gcd(n, LINE)) // LINE)
 
 
-def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs: int = 1) -> mgjit.Config:
+def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs: int = 1,
+          lines: int = 0) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with weights of
     `stash` bytes an element stashed, a multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid),
     each row's envelope split over a
     cluster of `ctas` CTAs, or into `segs` segments that programs take as rows (SEGS), by whole lines
-    (`segment_start`): LAST, the lines of the last segment. PL: a segment's lines as powers of two, widest first
-    (33 lines -> (32, 1)), each read into one register array."""
+    (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by default as few as
+    cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read into one register
+    array."""
     nl = line_count(n)
-    k = -(-nl // (ctas * segs))
+    k = lines or -(-nl // (ctas * segs))
     lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
     config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
                           STAGES=stages, LAST=nl - (ctas * segs - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
@@ -111,37 +113,47 @@ def stash_multiple(n: int, itemsize: int) -> int:
 
 
 def cluster_splits(n: int, itemsize: int, weights: int = 0,
-                   most: int = PORTABLE_CLUSTER_CTAS) -> list[tuple[int, int, int]]:
+                   segments: bool = False) -> list[tuple[int, int, int, int]]:
     """How a row of n columns of `itemsize`-byte elements, too long for one CTA (its registers, or its shared
     memory), may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all
-    stashed (`stash_lines`: a line more than the segment) (or, `most` > 8, split into up to that many segments, which programs take as rows: SEGS): (CTAs or
-    segments, stages, programs an SM), for each shape of CLUSTER_SHAPES the fewest CTAs (at most a portable
-    cluster's 8) whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory of that many
-    programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where there is such a
-    split, else three (each register array costs a row its own reductions); the last one at least 4 (its first
-    and last two go out through registers), and the cluster wastes at most a tenth of its lines (it waits for its
-    widest segment). Bf16 rows of 50257 on an H200: 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy
-    bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program an SM 0.42-0.50, where held and chunked rows ran 0.67;
-    clusters of 10 to 16 CTAs (rows of 100000 and longer) ran 0.17-0.63, and cross-entropy's clusters 0.23-0.76
-    (its streamed rows 0.72-0.84)."""
+    stashed (`stash_lines`: a line more than the segment), or, with `segments`, split into up to MAX_SEGMENTS
+    segments which programs take as rows (SEGS): (CTAs or segments, stages, programs an SM, lines a segment),
+    for each shape of CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and
+    slots the shared memory of that many programs an SM. A segment is at least MIN_LINES lines, of at most two
+    powers of two where a portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds
+    take clusters of 9 to 16 CTAs of one power of two. Each register array costs a row its own reductions, and
+    a segment takes more lines than the fewest where those are fewer powers of two (rows of 128256, 501 lines,
+    over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers), and the
+    cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257
+    over 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one
+    program an SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked:
+    0.86); 262144 over 16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62 and
+    clusters of 10 to 16 CTAs of other shapes 0.17-0.63; cross-entropy's clusters 0.23-0.76 (its streamed rows
+    0.72-0.84)."""
     nl = line_count(n)
 
-    def fits(c: int, stages: int, per_sm: int) -> int | None:
-        """The register arrays of a segment of this split (None: it does not fit)."""
-        k = -(-nl // c)
-        if (MIN_LINES <= k <= REGISTER_LINES[per_sm] and nl - (c - 1) * k >= 4 and 10 * nl >= 9 * c * k
-                and per_sm * (((stages * itemsize + weights) * k + weights) * LINE + SLACK) <= HOPPER.smem_bytes):
-            return bin(k).count("1")
-        return None
-    splits = []
-    for stages, per_sm in STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES:
-        arrays = {c: fits(c, stages, per_sm) for c in range(2, most + 1)}
-        for widest in (2, 3):
-            c = next((c for c, count in arrays.items() if count is not None and count <= widest), None)
-            if c is not None:
-                splits.append((c, stages, per_sm))
-                break
-    return splits
+    def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
+        return (MIN_LINES <= k <= REGISTER_LINES[per_sm] and nl - (c - 1) * k >= 4 and 10 * nl >= 9 * c * k
+                and per_sm * (((stages * itemsize + weights) * k + weights) * LINE + SLACK) <= HOPPER.smem_bytes)
+
+    def segment(c: int, stages: int, per_sm: int, widest: int) -> int | None:
+        """The fewest lines, of at most `widest` powers of two, of a segment of a split over c."""
+        return next((k for k in range(-(-nl // c), REGISTER_LINES[per_sm] + 1)
+                     if bin(k).count("1") <= widest and fits(c, k, stages, per_sm)), None)
+
+    def fewest(counts: range, widths: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+        splits = []
+        for stages, per_sm in STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES:
+            for widest in widths:
+                found = next(((c, k) for c in counts if (k := segment(c, stages, per_sm, widest)) is not None), None)
+                if found:
+                    splits.append((found[0], stages, per_sm, found[1]))
+                    break
+        return splits
+    if segments:
+        return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
+    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3))
+            or fewest(range(PORTABLE_CLUSTER_CTAS + 1, HOPPER.max_cluster_ctas + 1), (1,)))
 
 
 def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),
@@ -158,18 +170,19 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     nl = line_count(n)
     if n < MIN_ROW or not itemsize:
         return plain
-    splits = [(1, stages, per_sm) for stages, per_sm in (STASH_SHAPES + (LONE_SHAPE,) if weights else SHAPES)
+    splits = [(1, stages, per_sm, nl) for stages, per_sm in (STASH_SHAPES + (LONE_SHAPE,) if weights else SHAPES)
               if nl <= MAX_LINES
               and per_sm * (((stages * itemsize + stash) * nl + stash) * LINE + SLACK) <= HOPPER.smem_bytes]
     if weights and len(splits) > 1:
-        splits = [split for split in splits if split[1:] != LONE_SHAPE]
+        splits = [split for split in splits if split[1:3] != LONE_SHAPE]
     if not splits and clusters:
         splits = cluster_splits(n, itemsize, stash)
     if not splits and segments:
-        widened = (piped(n, stages, per_sm, segs=segs) for segs, stages, per_sm in
-                   cluster_splits(n, itemsize, most=MAX_SEGMENTS))
+        widened = (piped(n, stages, per_sm, segs=segs, lines=k) for segs, stages, per_sm, k in
+                   cluster_splits(n, itemsize, segments=True))
     else:
-        widened = (piped(n, stages, per_sm, min(weights, default=0), ctas) for ctas, stages, per_sm in splits)
+        widened = (piped(n, stages, per_sm, min(weights, default=0), ctas, lines=k)
+                   for ctas, stages, per_sm, k in splits)
     return plain + tuple(c.replace(**{k: 0 for k in plain[0].kwargs if k not in c.kwargs}) for c in widened)
 
 

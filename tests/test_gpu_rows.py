@@ -144,10 +144,11 @@ PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (
          (16385, torch.bfloat16)]
 
 
-# Rows piped over clusters of 2 to 8 CTAs, the last segment shorter than the others where the lines allow (the norms
+# Rows piped over clusters of 2 to 16 CTAs, the last segment shorter than the others where the lines allow (the norms
 # too, each CTA with its segment of the weights stashed, read through windows that follow each row's start).
 PIPED_CLUSTERS = [(16386, torch.float32, 1001), (20000, torch.float16, 1001), (32000, torch.bfloat16, 1001),
-                  (50257, torch.bfloat16, 701), (65536, torch.float32, 301), (100000 - 7, torch.bfloat16, 301)]
+                  (50257, torch.bfloat16, 701), (65536, torch.float32, 301), (100000 - 7, torch.bfloat16, 301),
+                  (128256, torch.bfloat16, 101), (262144, torch.bfloat16, 61)]
 
 
 @pytest.mark.parametrize("n,dtype,m", [(n, dtype, 3001) for n, dtype in PIPED] + PIPED_CLUSTERS, ids=str)
