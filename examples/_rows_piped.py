@@ -33,7 +33,7 @@ the segments swap their statistics once a row (`mgjit.cluster_gather`). Only the
 before the row and only the last (LAST lines, the others' count or fewer) columns past it; the lines of the
 segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
 run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Rows no
-portable cluster holds take up to 16 CTAs (`cluster_splits`). Softmax, bf16, H200: rows of 50257 at 0.91 of copy
+portable cluster holds may take 16 CTAs (`cluster_splits`). Softmax, bf16, H200: rows of 50257 at 0.91 of copy
 bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79), 128256 0.88 (0.86), 262144 0.87 (0.64). The
 norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 50257 0.90, 100000 0.92 (0.80).
 Cross-entropy splits such rows into SEGS segments that programs take as rows, with no exchange: each writes its
@@ -121,15 +121,15 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     for each shape of CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and
     slots the shared memory of that many programs an SM. A segment is at least MIN_LINES lines, of at most two
     powers of two where a portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds
-    take clusters of 9 to 16 CTAs of one power of two. Each register array costs a row its own reductions, and
+    take clusters of 16 CTAs of one power of two. Each register array costs a row its own reductions, and
     a segment takes more lines than the fewest where those are fewer powers of two (rows of 128256, 501 lines,
     over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers), and the
     cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257
     over 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one
     program an SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked:
-    0.86); 262144 over 16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62 and
-    clusters of 10 to 16 CTAs of other shapes 0.17-0.63; cross-entropy's clusters 0.23-0.76 (its streamed rows
-    0.72-0.84)."""
+    0.86); 262144 over 16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62, 150000
+    over 10 of 64 lines 0.43 (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63;
+    cross-entropy's clusters 0.23-0.76 (its streamed rows 0.72-0.84)."""
     nl = line_count(n)
 
     def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
@@ -153,7 +153,7 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     if segments:
         return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
     return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3))
-            or fewest(range(PORTABLE_CLUSTER_CTAS + 1, HOPPER.max_cluster_ctas + 1), (1,)))
+            or fewest(range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1), (1,)))
 
 
 def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),
