@@ -202,6 +202,19 @@ def bad_view(x, WHICH: mgjit.constexpr):
         mgjit.copy_async(x, (0, 0), mgjit.smem((3, 5, 24), x.dtype)[1], barrier=bars[0])
     if WHICH == 9:
         mgjit.gather_async(x, mgjit.arange(64), 0, mgjit.smem((64, 32), x.dtype, swizzle=64), barrier=bars[0])
+    w = mgjit.smem((2, 64, 128), x.dtype)
+    if WHICH == 10:
+        v = t[0].window(0, (64, 128))
+    if WHICH == 11:
+        v = w[0][:, 0:64].window(0, (8, 64))
+    if WHICH == 12:
+        v = w.window(4, (8, 128))
+    if WHICH == 13:
+        v = w.window(128 * 127, (2, 128))
+    if WHICH == 14:
+        v = w.window(0, (x.shape[0], 128))
+    if WHICH == 15:
+        v = w[0].T.window(0, (8, 64))
 
 
 @pytest.mark.parametrize("which,text,phrase", [
@@ -216,6 +229,12 @@ def bad_view(x, WHICH: mgjit.constexpr):
     (7, "[:, 0:1]", "only the first of a buffer's stage dimensions can be sliced"),
     (8, "(3, 5, 24)", "this tile's boxes start at multiples of only 16 bytes"),
     (9, "gather_async", "this tile's rows are 64 bytes apart: use a 128B swizzle"),
+    (10, "t[0].window", "which needs them stored as one run"),
+    (11, "w[0][:, 0:64]", "which needs them stored as one run"),
+    (12, "w.window(4", "a window starts on 16 bytes, a multiple of 8 bfloat16, got start 4"),
+    (13, "128 * 127", "the window of 256 elements from 16256 is outside the SMEM tile's 16384"),
+    (14, "(x.shape[0], 128)", "a window has a static shape of positive ints"),
+    (15, ".T.window", "which needs them stored as one run"),
 ])
 def test_views_the_storage_does_not_allow_are_errors_at_their_line(which, text, phrase):
     x = torch.empty(64, 64, dtype=BF16)
@@ -243,40 +262,6 @@ def test_a_runtime_start_off_the_atom_is_an_interpreter_error():
     with pytest.raises(mgjit.InterpretError) as info:
         runtime_slice.interpret[(1,)](x, out, 56)
     assert info.value.check == "out-of-bounds"
-
-
-@mgjit.kernel
-def bad_window(x, start, WHICH: mgjit.constexpr):
-    t = mgjit.smem((64, 128), x.dtype, swizzle=128)
-    u = mgjit.smem((2, 64, 128), x.dtype)
-    if WHICH == 0:
-        v = t.window(0, (64, 128))
-    if WHICH == 1:
-        v = u[0][:, 0:64].window(0, (8, 64))
-    if WHICH == 2:
-        v = u.window(4, (8, 128))
-    if WHICH == 3:
-        v = u.window(128 * 127, (2, 128))
-    if WHICH == 4:
-        v = u.window(0, (x.shape[0], 128))
-    if WHICH == 5:
-        v = u[0].T.window(0, (8, 64))
-
-
-@pytest.mark.parametrize("which,text,phrase", [
-    (0, "t.window", "which needs them stored as one run"),
-    (1, "u[0][:, 0:64]", "which needs them stored as one run"),
-    (2, "u.window(4", "a window starts on 16 bytes, a multiple of 8 bfloat16, got start 4"),
-    (3, "128 * 127", "the window of 256 elements from 16256 is outside the SMEM tile's 16384"),
-    (4, "x.shape[0]", "a window has a static shape of positive ints"),
-    (5, ".T.window", "which needs them stored as one run"),
-])
-def test_windows_the_storage_does_not_allow_are_errors_at_their_line(which, text, phrase):
-    x = torch.empty(64, 64, dtype=BF16)
-    with pytest.raises(mgjit.CompileError) as info:
-        bad_window.compile(x, 0, WHICH=which, target="sm_90a")
-    assert info.value.loc.line == line_of(bad_window, text), str(info.value)
-    assert phrase in str(info.value)
 
 
 @pytest.mark.parametrize("start", [0, 8, 200, 256 + 24, 16 * 256])
