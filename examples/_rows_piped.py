@@ -114,22 +114,22 @@ def stash_multiple(n: int, itemsize: int) -> int:
 
 def cluster_splits(n: int, itemsize: int, weights: int = 0,
                    segments: bool = False) -> list[tuple[int, int, int, int]]:
-    """How a row of n columns of `itemsize`-byte elements, too long for one CTA (its registers, or its shared
-    memory), may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all
-    stashed (`stash_lines`: a line more than the segment), or, with `segments`, split into up to MAX_SEGMENTS
-    segments which programs take as rows (SEGS): (CTAs or segments, stages, programs an SM, lines a segment),
-    for each shape of CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and
-    slots the shared memory of that many programs an SM. A segment is at least MIN_LINES lines, of at most two
-    powers of two where a portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds
-    take clusters of 16 CTAs of one power of two. Each register array costs a row its own reductions, and
-    a segment takes more lines than the fewest where those are fewer powers of two (rows of 128256, 501 lines,
-    over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers), and the
-    cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257
-    over 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one
-    program an SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked:
-    0.86); 262144 over 16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62, 150000
-    over 10 of 64 lines 0.43 (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63;
-    cross-entropy's clusters 0.23-0.76 (its streamed rows 0.72-0.84)."""
+    """How a row of n columns of `itemsize`-byte elements, too long for one CTA (its registers, or its shared memory),
+    may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all stashed
+    (`stash_lines`: a line more than the segment), or, with `segments`, split into up to MAX_SEGMENTS segments which
+    programs take as rows (SEGS): (CTAs or segments, stages, programs an SM, lines a segment), for each shape of
+    CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory
+    of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
+    portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
+    of one power of two. Each register array costs a row its own reductions, and a segment takes more lines than the
+    fewest where those are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 +
+    4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers), and the
+    cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257 over
+    6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program an
+    SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked: 0.86); 262144 over
+    16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62, 150000 over 10 of 64 lines 0.43
+    (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63; cross-entropy's clusters 0.23-0.76
+    (its streamed rows 0.72-0.84)."""
     nl = line_count(n)
 
     def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
@@ -217,7 +217,7 @@ def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
     count, and the copies of its first STAGES rows issued."""
     k = held_width(PL)
     n = x.shape[1]
-    span = n + LINE - mgjit.minimum(n & (0 - n), LINE)  # the envelope's columns: rows start at multiples of gcd(n, LINE)
+    span = n + LINE - mgjit.minimum(n & (0 - n), LINE)  # an envelope's columns: rows start on gcd(n, LINE)
     nl = (CTAS * SEGS - 1) * k + LAST
     mgjit.device_assert((span <= nl * LINE) & (span > (nl - 1) * LINE), "a piped mapping made for rows of another "
                         "length (x's rows need other lines than PL's): its stores would write into neighbouring rows")

@@ -1,6 +1,7 @@
 """Shared memory: `mgjit.smem(shape, dtype, swizzle)` buffers, `with mgjit.scoped_smem(...) as buf:` buffers
 of one block, a stage of one (`buf[slot]`), views of the same bytes (`buf[s, a:b]`, `tile[:, mgjit.ds(i, 64)]`,
-`tile.window(start, shape)`), its transpose (`tile.T`), and whole-tile moves between registers and SMEM (`tile[...] = x`, `x = tile[...]`)."""
+`tile.window(start, shape)`), its transpose (`tile.T`), and whole-tile moves between registers and SMEM
+(`tile[...] = x`, `x = tile[...]`)."""
 from __future__ import annotations
 
 from typing import Any, Callable
