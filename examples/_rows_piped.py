@@ -19,11 +19,11 @@ maximum, 0 for a sum), so that it is read with no mask. The lines view leaves ou
 whose envelope reaches it reads it from the tensor (`patch_tail`).
 
 A weight vector (rmsnorm's, layernorm's two) must meet each element at its column, but rows start anywhere in
-their envelopes. A program lays the weights out once in shared memory, as the envelope of a row starting within
-the first 16 bytes of a line (`stash_lines`), and reads each row's weights through a window that starts the
-row's start, less that, further back (`weight_lines`): a multiple of 16 bytes wherever all the program's rows
-start in one place within 16 bytes, which a grid of a multiple of `stash_multiple` programs (8 for bf16 rows of
-odd length; 1 where rows start on 16 bytes) makes so. Layernorm
+their envelopes. A program lays the weights out once in shared memory, as the envelope of a row starting r
+elements into a line, r within its first 16 bytes (`stash_lines`), and reads the weights of a row starting s
+elements into its envelope through a window s - r elements before that layout's second line (`weight_lines`): on
+16 bytes wherever every s of the program is r and a multiple of 16 bytes, which a grid of a multiple of
+`stash_multiple` programs makes so (8 for bf16 rows of odd length; 1 where rows start on 16 bytes). Layernorm
 fills the envelope's outside with the previous row's mean, so that one read gives its statistics
 (examples/layernorm.py says why).
 
@@ -89,11 +89,10 @@ def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs:
           lines: int = 0) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with weights of
     `stash` bytes an element stashed, a multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid),
-    each row's envelope split over a
-    cluster of `ctas` CTAs, or into `segs` segments that programs take as rows (SEGS), by whole lines
-    (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by default as few as
-    cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read into one register
-    array."""
+    each row's envelope split over a cluster of `ctas` CTAs, or into `segs` segments that programs take as rows
+    (SEGS), by whole lines (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by
+    default the fewest that cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read
+    into one register array."""
     nl = line_count(n)
     k = lines or -(-nl // (ctas * segs))
     lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)

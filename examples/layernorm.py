@@ -12,9 +12,10 @@ Every row is read once and held in registers (examples/_rows.py), the mapping au
   squared deviations from its own mean (read back from shared memory), are swapped and merged as above, and
   each CTA writes its segment from shared memory. A thread holds one chunk at a time, not the row, the weight
   and the bias: this is the mapping of long rows (bf16 rows of 100000: 0.86 of copy bandwidth, held: 0.53).
-- piped rows (4097 to 12289 columns, contiguous tensors: examples/_rows_piped.py): 256 or 512 persistent
-  programs stream their rows through shared-memory slots by TMA, each with w and b laid out once as its rows'
-  envelopes are (bf16 rows of 8193 and 12289: 0.74 of copy bandwidth, 0.60 before).
+- piped rows (from 4097 columns, contiguous tensors: examples/_rows_piped.py): a few persistent programs an SM
+  stream their rows (longer ones over the CTAs of a cluster) through shared-memory slots by TMA, each with w and
+  b laid out once and read per row through a window (bf16, H200: rows of 8193 0.84 of copy bandwidth, 16385
+  over 2 CTAs 0.75, 20001 0.86).
 Held rows also run as persistent grids: PERSIST programs an SM, each looping over rows with its segments of w and
 b in shared memory as float32, read from global memory once (per row they would triple what an SM reads, a round
 trip to L2 after the row's statistics). Held rows are also tried with ptxas asked to fit OCC CTAs on an SM

@@ -10,9 +10,10 @@ through distributed shared memory (one mbarrier wait). Rows can also take two pa
 any row over 8192. Or a row is split over a cluster in chunks kept in shared memory (chunked rows): each CTA
 reads its segment once, the CTAs add up their sums of squares, and each writes its segment from shared memory.
 Held rows also run as persistent grids (a few programs an SM, each looping over rows with its segment of w in
-shared memory, read from global memory once). Or (piped rows, 4097 to 16385 columns, contiguous tensors:
-examples/_rows_piped.py) 256 or 512 persistent programs stream their rows through shared-memory slots by TMA,
-each with w laid out once as its rows' envelopes are. The mapping is autotuned per shape.
+shared memory, read from global memory once). Or (piped rows, from 4097 columns, contiguous tensors:
+examples/_rows_piped.py) a few persistent programs an SM stream their rows (longer ones over the CTAs of a
+cluster) through shared-memory slots by TMA, each with w laid out once and read per row through a window. The
+mapping is autotuned per shape.
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
