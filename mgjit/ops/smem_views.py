@@ -147,7 +147,7 @@ class RefWindow(Op):
             raise self.error(f"a window takes a tile's elements in storage order, which needs them stored as one "
                              f"run: an unswizzled tile, not transposed, not a column view, got {t}",
                              rule=Rule.SMEM_SLICE)
-        size, granule = math.prod(self.result.type.shape), window_granule(t.dtype)
+        size, granule = math.prod(self.result.type.shape), stored.granule(-1)  # 16 bytes: unswizzled
         if self.start is not None and self.start % granule:
             raise self.error(f"a window starts on 16 bytes, a multiple of {granule} {t.dtype.name}, got start "
                              f"{self.start}", rule=Rule.SMEM_SLICE)
@@ -155,11 +155,6 @@ class RefWindow(Op):
         if not (start >= 0 and start + size <= elements):
             raise self.error(f"the window of {size} elements from {start} is outside the SMEM tile's {elements} "
                              f"(shape {t.shape})", rule=Rule.SMEM_SLICE)
-
-
-def window_granule(dtype: DType) -> int:
-    """The elements a window's start is a multiple of: 16 bytes, where a vector access may begin."""
-    return max(16 * 8 // dtype.storage_bits, 1)
 
 
 def base_alignment(ref: Value) -> int:
@@ -281,7 +276,7 @@ def _interp_ref_window(op: RefWindow, wg: Warpgroup) -> None:
     src = wg.get(op.operands[0], op)
     t = op.operands[0].type
     start = op.start if op.start is not None else int(wg.scalar(op.operands[1], op))
-    granule, size = window_granule(t.dtype), math.prod(op.result.type.shape)
+    granule, size = tile_of(t).granule(-1), math.prod(op.result.type.shape)
     if start % granule:
         raise _out_of_bounds(op, f"a window starts on 16 bytes, a multiple of {granule} {t.dtype.name}: this runtime "
                                  f"start is {start}", Check.SMEM_SLICE)

@@ -101,13 +101,18 @@ def _slice(t: Semantics, entry: slice | lang.ds, extent: int) -> tuple[Any, int]
         size = stop - start
     if not isinstance(size, int) or isinstance(size, bool):
         raise t.error(usage, rule=Rule.SMEM_SLICE)
+    return _start(t, start, "slice", usage), size
+
+
+def _start(t: Semantics, start: Any, what: str, usage: str) -> Any:
+    """Where a view (a slice, a window) starts: an int, or a runtime scalar as an int32 IR value."""
     if isinstance(start, (Tensor, Expanded)):
         if start.shape:
-            raise t.error("a slice starts at a scalar", rule=Rule.SMEM_SLICE)
-        return t.cast(t.to_tensor(start), dtypes.int32).value, size
+            raise t.error(f"a {what} starts at a scalar", rule=Rule.SMEM_SLICE)
+        return t.cast(t.to_tensor(start), dtypes.int32).value
     if not isinstance(start, int) or isinstance(start, bool):
         raise t.error(usage, rule=Rule.SMEM_SLICE)
-    return start, size
+    return start
 
 
 @method(SmemRef, "window")
@@ -122,12 +127,7 @@ def window(t: Semantics, ref: SmemRef, args: list, kwargs: dict) -> SmemRef:
     if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
         raise t.error(f"a window has a static shape of positive ints, got {args[1:] or kwargs.get('shape')!r}",
                       rule=Rule.SMEM_SLICE)
-    if isinstance(start, (Tensor, Expanded)):
-        if start.shape:
-            raise t.error("a window starts at a scalar", rule=Rule.SMEM_SLICE)
-        start = t.cast(t.to_tensor(start), dtypes.int32).value
-    elif not isinstance(start, int) or isinstance(start, bool):
-        raise t.error(f"a window starts at an int or a runtime scalar, got {start!r}", rule=Rule.SMEM_SLICE)
+    start = _start(t, start, "window", f"a window starts at an int or a runtime scalar, got {start!r}")
     return SmemRef(t, t.builder.add(ops.RefWindow(ref.value, start, shape, t.builder.loc)).result, ref.scope)
 
 
