@@ -107,16 +107,16 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
 @mgjit.device
 def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS, LAST):
     """A multiple of STASH programs (about PIPE an SM), each streaming its rows (or, over a cluster of CTAS, its
-    segments of them) through STAGES shared-memory slots with w and b laid out as its rows' envelopes
-    (examples/_rows_piped.py). The envelope's columns outside the row are filled with f, the previous row's mean
-    rounded to x's dtype, so that the deviations d = v - f are exactly 0 there and one read of the slot gives the
-    mean, f + sum(d) / n, and the variance, sum(d^2) / n less (mean - f)^2 (the segments of a row add their sums,
-    swapped once: every CTA of a cluster has the same f). That shift costs the variance no precision where the
-    mean lies within 4 standard deviations of f; a row further from its predecessor (the first row, rows of
-    differing means) is read again with the outside filled with its own mean rounded (`deviations` twice: the
-    H200 ran rows of 8193 at 0.74 of copy bandwidth reading every row twice, 0.84 once). A mask on the
-    deviations would cost an index, two compares and a select an element and held 255 registers at 8193 columns
-    (167 this way)."""
+    segments of them) through STAGES shared-memory slots, with w and b laid out once and read per row through a
+    window (examples/_rows_piped.py, stash_lines, weight_lines). The envelope's columns outside the row are filled
+    with f, the previous row's mean rounded to x's dtype, so that the deviations d = v - f are exactly 0 there and
+    one read of the slot gives the mean, f + sum(d) / n, and the variance, sum(d^2) / n less (mean - f)^2 (the
+    segments of a row add their sums, swapped once: every CTA of a cluster has the same f). That shift costs the
+    variance no precision where the mean lies within 4 standard deviations of f; a row further from its predecessor
+    (the first row, rows of differing means) is read again with the outside filled with its own mean rounded
+    (`deviations` twice: the H200 ran rows of 8193 at 0.74 of copy bandwidth reading every row twice, 0.84 once). A
+    mask on the deviations would cost an index, two compares and a select an element and held 255 registers at 8193
+    columns (167 this way)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = x.shape[1]
     buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)

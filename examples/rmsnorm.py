@@ -79,7 +79,8 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
 def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
     """A multiple of STASH programs (about PIPE an SM), each streaming its rows (or, over a cluster of CTAS, its
     segments of them: the segments swap their sums of squares once a row) through STAGES shared-memory slots with
-    w in shared memory laid out as its rows' envelopes (examples/_rows_piped.py, stash_lines)."""
+    w laid out once in shared memory and read per row through a window (examples/_rows_piped.py, stash_lines,
+    weight_lines)."""
     mgjit.min_ctas_per_sm(PIPE)
     buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
     w_env = stash_lines(w, wv, x, PL, CTAS, LAST)
