@@ -135,6 +135,23 @@ class Emitter:
         vec = self.m.llvm.bitcast(self.ir.VectorType.get([n], self.int_type(bits)), word)
         return [self.m.llvm.extractelement(vec, self.i32(i)) for i in range(n)]
 
+    @staticmethod
+    def unpacked_from(x) -> tuple[Any, int] | None:
+        """(the i32 word, which of its halves) where x is a 16-bit element `unpack_i32` took from a word (through
+        a bitcast to its own type), else None."""
+        def producer(v):
+            owner = getattr(v, "owner", None)
+            return getattr(owner, "operation", owner) if owner is not None and hasattr(owner, "name") else None
+        op = producer(x)
+        if op is not None and op.name == "arith.bitcast":
+            op = producer(op.operands[0])
+        if op is None or op.name != "llvm.extractelement":
+            return None
+        vector, index = producer(op.operands[0]), producer(op.operands[1])
+        if vector is None or vector.name != "llvm.bitcast" or index is None or index.name != "arith.constant":
+            return None
+        return vector.operands[0], int(index.attributes["value"].value)
+
     # -- special registers
     def _sreg(self, name: str):
         return getattr(self.m.nvvm, f"read_ptx_sreg_{name}")(results=[self.int_type(32)])
@@ -247,6 +264,11 @@ class Emitter:
         f32 = self.ir.F32Type.get()
         return self.asm(f"{instr} $0, $1;", "=f,f", [x], [f32])[0]
 
+    def fma(self, a, b, c, bits: int = 32):
+        """a * b + c in f32 (or f64), rounded once."""
+        reg = "d" if bits == 64 else "f"
+        return self.asm(f"fma.rn.f{bits} $0, $1, $2, $3;", f"={reg},{reg},{reg},{reg}", [a, b, c], [a.type])[0]
+
     def libdevice(self, name: str, args: Sequence[Any], result_type):
         """Call a libdevice function (declared on first use; libdevice is linked when any is used)."""
         if name not in self.libdevice_decls:
@@ -274,6 +296,9 @@ class Emitter:
         if src.is_float and dst.is_float:
             if src.bits == dst.bits:  # f16 <-> bf16: exactly to f32, then rounded once
                 return arith.truncf(t, arith.extf(self.type(f32), x))
+            if src == dtypes.bfloat16 and dst.bits > 16:
+                wide = self._bf16_to_f32(x)
+                return wide if dst == f32 else arith.extf(t, wide)
             return arith.extf(t, x) if dst.bits > src.bits else arith.truncf(t, x)
         if src.is_float:
             return self._float_to_int(x if src.bits >= 32 else arith.extf(self.type(f32), x),
@@ -285,6 +310,21 @@ class Emitter:
         if dst.bits < src.bits:
             return arith.trunci(t, x)
         return x
+
+    def _bf16_to_f32(self, x):
+        """A bf16 widened to f32 exactly, as its bits shifted up by 16; where it was unpacked from a loaded 32-bit
+        pair, from the word itself (the high half masked, the low shifted: an instruction each), where
+        cvt.f32.bf16 of the unpacked halves took ptxas three for the pair (bf16 layernorm rows of 50257: 18
+        instructions an element, 1.5 of them this)."""
+        arith, i32 = self.m.arith, self.int_type(32)
+        packed = self.unpacked_from(x)
+        if packed is None:
+            bits = arith.shli(arith.extui(i32, self.bitcast(x, self.int_type(16))), self.i32(16))
+        elif packed[1] == 0:
+            bits = arith.shli(packed[0], self.i32(16))
+        else:
+            bits = arith.andi(packed[0], self.i32(-65536))
+        return self.bitcast(bits, self.type(dtypes.float32))
 
     def _float_to_int(self, x, src: DType, dst: DType):
         """cvt.rzi to the destination's own width: toward zero, saturated to its range, NaN to 0 (arith's

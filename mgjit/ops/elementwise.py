@@ -284,11 +284,11 @@ def _bit_count(e, kind: str, x, dtype: DType):
 def _fma(op: Fma, ctx: lower.Context) -> None:
     e, dtype = ctx.e, op.operands[0].dtype
     f32 = dtypes.float32
-    bits, reg = (64, "d") if dtype == dtypes.float64 else (32, "f")
+    bits = 64 if dtype == dtypes.float64 else 32
 
     def fused(a, b, c):
         wide = [e.cast(x, dtype, f32) for x in (a, b, c)] if bits == 32 and dtype != f32 else [a, b, c]
-        y = e.asm(f"fma.rn.f{bits} $0, $1, $2, $3;", f"={reg},{reg},{reg},{reg}", wide, [wide[0].type])[0]
+        y = e.fma(*wide, bits=bits)
         return e.cast(y, f32, dtype) if bits == 32 and dtype != f32 else y
 
     _map(ctx, op, fused)

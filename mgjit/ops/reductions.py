@@ -21,6 +21,7 @@ from ..ir import ArrayType, Op, ScalarType, Value, check
 from ..layouts import SPLAT, LayoutError, SplatLayout, TiledLayout
 from ..lower.context import element_offsets
 from .arrays import linear_index
+from .elementwise import Binary
 
 REDUCE_KINDS = ("sum", "max", "min")
 
@@ -136,11 +137,15 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     keep = [d for d in range(rank) if d not in op.axes]
     # 1. within the thread: group held elements by their offset along the kept axes, and combine each group as
     # a balanced tree (a chain would make every combine wait for the one before it).
+    keys = [tuple(off[d] for d in keep) for off in element_offsets(layout, src.shape)]
+    factors = _factors(op, ctx, src)
     held: dict[tuple, list] = {}
-    for off, x in zip(element_offsets(layout, src.shape), src.elems):
-        held.setdefault(tuple(off[d] for d in keep), []).append(e.cast(x, dtype, acc_dtype))
+    for key, x in zip(keys, factors or src.elems):
+        held.setdefault(key, []).append(x if factors else e.cast(x, dtype, acc_dtype))
     groups: dict[tuple, object] = {}
     for key, xs in held.items():
+        if factors:
+            xs = _product_chains(e, xs)
         while len(xs) > 1:
             xs = [combine(ctx, op.kind, acc_dtype, a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
         groups[key] = xs[0]
@@ -195,6 +200,32 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
         return
     elems = [e.cast(groups[off], acc_dtype, dtype) for off in element_offsets(out.layout, out.type.shape)]
     ctx.set(out, lower.Frag(out.layout, out.type.shape, dtype, elems))
+
+
+PRODUCT_CHAINS = 8  # fma chains a thread's products are summed in: latency hidden by 8 at once, then a tree of 8
+
+
+def _factors(op: Reduce, ctx: lower.Context, src: lower.Frag) -> list[tuple] | None:
+    """For a float32 sum of a product x * y, the (x, y) element pairs of the product in src's register order,
+    so that the thread's partial sums take one fma an element instead of a multiply and an add (and round once
+    an element, not twice); None for any other reduction, or factors in other layouts than the product's."""
+    product = op.operands[0].owner
+    if not (op.kind == "sum" and src.dtype == dtypes.float32 and isinstance(product, Binary)
+            and product.kind == "mul"):
+        return None
+    frags = [ctx.frag(v) for v in product.operands]
+    if not all(f.is_splat or (f.layout == src.layout and len(f.elems) == len(src.elems)) for f in frags):
+        return None
+    columns = [[f.elems[0]] * len(src.elems) if f.is_splat else f.elems for f in frags]
+    return list(zip(*columns))
+
+
+def _product_chains(e, pairs: list[tuple]) -> list:
+    """Partial sums of the products of `pairs`, up to PRODUCT_CHAINS of them, each a chain of fmas."""
+    chains = [e.fbinary("mul", x, y) for x, y in pairs[:PRODUCT_CHAINS]]
+    for i, (x, y) in enumerate(pairs[PRODUCT_CHAINS:]):
+        chains[i % PRODUCT_CHAINS] = e.fma(x, y, chains[i % PRODUCT_CHAINS])
+    return chains
 
 
 @lower.rule(Squeeze)
