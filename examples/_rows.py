@@ -293,7 +293,9 @@ def _row_grid(rows: int, config, device) -> tuple[int]:
     (a cluster) per ROWS rows, or (PERSIST, PIPE) that many programs on each SM of `device`, each looping over
     groups of ROWS rows (piped over clusters of CTAS: as many clusters as run at once, `resident_clusters`; STASH:
     as many programs or clusters, rounded down to a multiple of STASH, at least STASH)."""
-    groups = -(-rows // config["ROWS"]) * (config.get("SEGS") or 1)  # SEGS: programs take a row's segments as rows
+    groups = -(-rows // config["ROWS"])
+    if config.get("SEGS") and not config.get("SEQ"):  # programs take a row's segments as rows
+        groups *= config["SEGS"]
     persist = config.get("PERSIST") or config.get("PIPE")
     sms = sm_count(device)
     stash = config.get("STASH") or 1  # a multiple of STASH programs or clusters (examples/_rows_piped.py, stash_lines)

@@ -36,8 +36,10 @@ run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at 
 portable cluster holds may take 16 CTAs (`cluster_splits`). Softmax, bf16, H200: rows of 50257 at 0.91 of copy
 bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79), 128256 0.88 (0.86), 262144 0.87 (0.64). The
 norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 50257 0.90, 100000 0.92 (0.80).
-Cross-entropy splits such rows into SEGS segments that programs take as rows, with no exchange: each writes its
-segment's statistics, and a second kernel merges them (examples/cross_entropy.py).
+Cross-entropy splits such rows into SEGS segments with no exchange: a program takes whole rows and each row's
+segments one after another, merging their statistics as they come (SEQ), or, where rows are fewer than programs,
+programs take segments as rows, each writes its segment's statistics, and a second kernel merges them
+(examples/cross_entropy.py).
 
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
 view (33 copies and 30 stores a row of 8193) ran softmax at 0.28 of copy bandwidth, with one CTA an SM, where
@@ -87,20 +89,21 @@ def line_count(n: int) -> int:
 
 
 def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs: int = 1,
-          lines: int = 0) -> mgjit.Config:
+          lines: int = 0, seq: bool = False) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with weights of
     `stash` bytes an element stashed, a multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid),
     each row's envelope split over a cluster of `ctas` CTAs, or into `segs` segments that programs take as rows
-    (SEGS), by whole lines (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by
-    default the fewest that cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read
-    into one register array."""
+    (SEGS; with `seq`, SEQ: a program takes whole rows, each row's segments one after another), by whole lines
+    (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by default the fewest that
+    cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read into one register
+    array."""
     nl = line_count(n)
     k = lines or -(-nl // (ctas * segs))
     lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
     config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
                           STAGES=stages, LAST=nl - (ctas * segs - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
     if segs > 1:
-        config = config.replace(SEGS=segs)
+        config = config.replace(SEGS=segs, SEQ=int(seq))
     return config.replace(STASH=stash_multiple(n, stash)) if stash else config
 
 
@@ -162,11 +165,12 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     itemsize 0) whose slots, and the vectors stashed by `stash_lines` (of the element sizes `weights`; the
     configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows one CTA does not
     hold, with `clusters`, over a cluster (`cluster_splits`), or,
-    with `segments`, split into segments that programs take as rows (SEGS, which every config sets where
-    `segments` is not None; a kernel without weights that merges its segments' statistics afterwards)."""
+    with `segments`, split into segments that programs take as rows (SEGS and SEQ, which every config sets where
+    `segments` is not None; a kernel without weights that merges its segments' statistics): spread over programs
+    (SEQ=0, merged afterwards), and each row's in turn by one program (SEQ=1, merged as they come)."""
     stash = sum(weights)  # bytes an element
     plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {}),
-                            **({"SEGS": 0} if segments is not None else {})) for c in configs)
+                            **({"SEGS": 0, "SEQ": 0} if segments is not None else {})) for c in configs)
     nl = line_count(n)
     if n < MIN_ROW or not itemsize:
         return plain
@@ -178,8 +182,8 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     if clusters and all(split[1:3] == LONE_SHAPE for split in splits):  # layernorm 16385: (4, 1) 0.68, 2 CTAs 0.75
         splits += cluster_splits(n, itemsize, stash)
     if not splits and segments:
-        widened = (piped(n, stages, per_sm, segs=segs, lines=k) for segs, stages, per_sm, k in
-                   cluster_splits(n, itemsize, segments=True))
+        widened = (piped(n, stages, per_sm, segs=segs, lines=k, seq=seq) for seq in (True, False)
+                   for segs, stages, per_sm, k in cluster_splits(n, itemsize, segments=True))
     else:
         widened = (piped(n, stages, per_sm, min(weights, default=0), ctas, lines=k)
                    for ctas, stages, per_sm, k in splits)
@@ -212,7 +216,7 @@ def lines(t):
 # ---- device helpers
 
 @mgjit.device
-def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
+def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1, SEQ=0):
     """This program's ring of STAGES slots of a segment's lines (PL), one barrier per slot, its rows' (segments')
     count, and the copies of its first STAGES rows issued."""
     k = held_width(PL)
@@ -224,13 +228,13 @@ def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
     buf = mgjit.smem((STAGES, k, LINE), x.dtype)
     full = mgjit.barrier(STAGES)
     programs = mgjit.num_programs(0) // CTAS
-    if SEGS == 1:
-        count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs
+    if SEGS == 1 or SEQ:
+        count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs * SEGS
     else:
         count = (x.shape[0] * SEGS - mgjit.program_id(0) + programs - 1) // programs
     for j in mgjit.static_range(STAGES):
         if j < count:
-            copy_row(x, xl, buf, full, j, CTAS, SEGS)
+            copy_row(x, xl, buf, full, j, CTAS, SEGS, SEQ)
     return buf, full, count
 
 
@@ -296,10 +300,13 @@ def program_row(i, CTAS):
 
 
 @mgjit.device
-def program_segment(i, CTAS, SEGS):
+def program_segment(i, CTAS, SEGS, SEQ=0):
     """(row, segment) of this program's i-th row: a whole row (segment 0); over a cluster of CTAS, the segment of
     the CTA's rank; split into SEGS segments, the i-th segment this program takes (programs take segments in turn,
-    a row's one after another)."""
+    a row's one after another; SEQ: programs take rows in turn, and each of its row's segments one after
+    another)."""
+    if SEQ:
+        return program_row(i // SEGS, 1), i % SEGS
     if SEGS > 1:
         item = mgjit.program_id(0) + i * mgjit.num_programs(0)
         return item // SEGS, item % SEGS
@@ -329,21 +336,21 @@ def segment_start(x, row, seg, k):
 
 
 @mgjit.device
-def copy_row(x, xl, buf, full, i, CTAS, SEGS=1):
+def copy_row(x, xl, buf, full, i, CTAS, SEGS=1, SEQ=0):
     """Issue the copy of this CTA's segment of its program's i-th row's envelope into its slot."""
-    row, seg = program_segment(i, CTAS, SEGS)
+    row, seg = program_segment(i, CTAS, SEGS, SEQ)
     a, _ = segment_start(x, row, seg, buf.shape[1])
     slot = i % buf.shape[0]
     mgjit.copy_async(xl, (a // LINE, 0), buf[slot], barrier=full[slot])
 
 
 @mgjit.device
-def envelope(x, xl, buf, full, i, fill, CTAS, LAST, SEGS=1):
+def envelope(x, xl, buf, full, i, fill, CTAS, LAST, SEGS=1, SEQ=0):
     """Wait for this program's i-th row; return (its slot, its row index, the first element of this CTA's segment
     of its envelope in the flat tensor, the row's start relative to it: `segment_start`), the segment's columns
     outside the row overwritten with `fill`."""
     n = x.shape[1]
-    row, seg = program_segment(i, CTAS, SEGS)
+    row, seg = program_segment(i, CTAS, SEGS, SEQ)
     a, s = segment_start(x, row, seg, buf.shape[1])
     slot = i % buf.shape[0]
     full[slot].wait()

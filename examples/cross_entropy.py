@@ -9,8 +9,10 @@ logsumexp (a running maximum, the sum rescaled when it grows). Chunked rows (any
 the row per CTA of a cluster, read once into shared memory with its maximum, then its sum of exp(x - that
 maximum) from shared memory; the segments swap them once. Piped rows (4097 to 16385 columns, contiguous logits:
 examples/_rows_piped.py): persistent programs stream their rows through shared-memory slots by TMA, and read
-the target's logit from the slot; longer rows that do not start on 16 bytes, in segments of whole lines that
-programs take as rows, each segment's statistics merged by a second kernel (`cross_entropy_combine`).
+the target's logit from the slot; longer rows in segments of whole lines, a row's taken one after another by
+one program that merges their statistics as they come (bf16, H200: rows of 20001 and 50257 at 0.87 and 0.86 of
+copy bandwidth), or, where rows are fewer than programs, spread over programs and merged by a second kernel
+(`cross_entropy_combine`).
 Elsewhere the target's logit is one scalar load per row (every thread reads the same address), or a masked sum
 over many short rows held by one program. Rows whose target is `ignore_index` get a loss of 0, as in torch; a
 target outside [0, n) otherwise gets a loss of NaN (torch raises). The logsumexp is returned too (what a
@@ -23,7 +25,7 @@ import functools
 import torch
 from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
                    grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment, segment_sum,
-                   stage, store_stat)
+                   sm_count, stage, store_stat)
 from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_row, read_lines, ring
 
 import mgjit
@@ -42,12 +44,16 @@ GATHER_WIDTH = 1024
 def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, ROWS: mgjit.constexpr,
                        PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                        CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
-                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0):
+                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0,
+                       SEQ: mgjit.constexpr = 0):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
-    least rows * SEGS) float32, each segment's statistics, written by piped segments (SEGS > 1) only."""
+    least rows * SEGS) float32, each segment's statistics, written by piped segments spread over programs
+    (SEGS > 1, SEQ = 0) only."""
     if PIPE:
         mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
-        if SEGS > 1:
+        if SEQ:
+            cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST, SEGS)
+        elif SEGS > 1:
             cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SEGS)
         else:
             cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST)
@@ -144,6 +150,39 @@ def cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SE
         parts[2, item] = picked
 
 
+@mgjit.device
+def cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST, SEGS):
+    """Rows too long for one CTA, split into SEGS segments of whole lines as `cross_entropy_segments` splits them,
+    but each program takes whole rows and a row's segments one after another through its slots, merging each
+    segment's maximum, sum of exp(x - that maximum) and target's logit into the row's as they come: no second
+    kernel, where every program has rows to take."""
+    mgjit.min_ctas_per_sm(PIPE)
+    n = logits.shape[1]
+    buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS, 1)
+    top = -float("inf")
+    total = 0.0
+    picked = 0.0
+    for i in range(count):
+        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS, 1)
+        v = read_lines(env, PL)
+        t = target[row]
+        picked = picked + target_logit(env, s, t, n, SEGS)
+        mgjit.cta_sync()
+        if i + STAGES < count:
+            copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS, 1)
+        _, m, segment_total = exp_lines(v)
+        merged = mgjit.maximum(top, m)
+        total = total * mgjit.exp(top - merged) + segment_total * mgjit.exp(m - merged)
+        top = merged
+        if i % SEGS == SEGS - 1:
+            row_lse = top + mgjit.log(total)
+            lse[row] = row_lse
+            loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
+            top = -float("inf")
+            total = 0.0
+            picked = 0.0
+
+
 @mgjit.kernel
 def cross_entropy_combine(maxima, sums, picks, target, loss, lse, ignore_index, n, ROWS: mgjit.constexpr,
                           WIDTH: mgjit.constexpr):
@@ -233,11 +272,22 @@ def block_for(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n); then the piped ones
-    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none), whole rows or, longer, segments where
-    rows do not start on 16 bytes. Segments cost a second launch (`merge`) that the tuner does not time, about
-    4% of copy bandwidth: bf16 rows of 32000 ran 0.88 without it, 0.84 with it, where streamed rows, aligned,
-    ran 0.87; of 50257 (each row starting elsewhere in a word, which streamed rows pay for), 0.82 against 0.72."""
-    return piping(rows_mapping(n, stream=block_for(n)), n, itemsize, segments=n * itemsize % 16 != 0)
+    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none), whole rows or, longer, segments: each
+    row's taken in turn by one program (SEQ), or spread over programs and merged by a second launch (`merge`,
+    which the tuner does not time: bf16 rows of 20001 ran 0.80 of copy bandwidth alone, 0.61-0.69 with it).
+    `for_rows` keeps one kind of the two."""
+    return piping(rows_mapping(n, stream=block_for(n)), n, itemsize, segments=True)
+
+
+@functools.lru_cache(maxsize=256)
+def for_rows(configs: tuple[mgjit.Config, ...], rows: int, device) -> tuple[mgjit.Config, ...]:
+    """The configs worth timing over `rows` rows on `device`: of piped segments, those taken in turn by one program
+    (SEQ) where every program of the grid (PIPE an SM) gets a row, else those spread over programs (their merge is
+    a second launch, which the tuner does not time). Cached: a launch asks every call, and working it out with
+    new configs took longer than the kernel (bf16 rows of 20001: 0.27 of copy bandwidth end to end, 0.86 alone)."""
+    kept = tuple(c for c in configs if c.kwargs["SEGS"] <= 1
+                 or bool(c.kwargs["SEQ"]) == (rows >= sm_count(device) * c.kwargs["PIPE"]))
+    return kept or configs
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -252,7 +302,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if not rows:
         return loss, lse
     itemsize, views = piped_views((logits,))
-    configs = mapping(logits.shape[1], itemsize)
+    configs = for_rows(mapping(logits.shape[1], itemsize), rows, logits.device)
     parts = workspace(logits, configs)
     args = (logits, target, loss, lse, ignore_index)
     launch(cross_entropy_rows, configs, args, (*views, parts))
@@ -274,17 +324,17 @@ def run_mapping(config: mgjit.Config, logits: torch.Tensor, target: torch.Tensor
 
 
 def workspace(logits: torch.Tensor, configs) -> torch.Tensor:
-    """The statistics of the rows' segments (`cross_entropy_segments`) for the largest SEGS of `configs` (one
-    column where none splits rows)."""
-    most = max(c.kwargs["SEGS"] for c in configs)
+    """The statistics of the rows' segments (`cross_entropy_segments`) for the largest SEGS of `configs` that
+    spread segments over programs (one column where none does)."""
+    most = max(c.kwargs["SEGS"] * (not c.kwargs["SEQ"]) for c in configs)
     return torch.empty(3, max(1, logits.shape[0] * most), dtype=torch.float32, device=logits.device)
 
 
 def merge(config: mgjit.Config, parts: torch.Tensor, target, loss, lse, ignore_index: int, n: int) -> None:
-    """Merge the segments' statistics into the rows' losses and logsumexps, after a launch of `config` that split
-    its rows into segments (SEGS > 1)."""
+    """Merge the segments' statistics into the rows' losses and logsumexps, after a launch of `config` that spread
+    its rows' segments over programs (SEGS > 1, SEQ = 0)."""
     segs = config.kwargs["SEGS"]
-    if segs > 1:
+    if segs > 1 and not config.kwargs["SEQ"]:
         rows = loss.shape[0]
         planes = (parts[j, :rows * segs].view(rows, segs) for j in range(3))
         cross_entropy_combine[(-(-rows // COMBINE_ROWS),)](*planes, target, loss, lse, ignore_index, n,

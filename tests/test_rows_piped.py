@@ -196,7 +196,7 @@ def test_which_rows_are_piped():
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
-        assert [{**c.kwargs, "SEGS": 0} for c in got] == [
+        assert [{**c.kwargs, "SEGS": 0, "SEQ": 0} for c in got] == [
             c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"] and not c.kwargs["SEGS"]], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
@@ -404,26 +404,29 @@ def test_norms_piped_over_a_cluster_interpreted(n, dtype):
             assert rel_err(out, ref) < {torch.float32: 4e-6}.get(dtype, 5e-3), (kernel, config)
 
 
-@pytest.mark.parametrize("n,dtype", [(20001, BF16), (50257, torch.float32), (300001, torch.float16)], ids=str)
+@pytest.mark.parametrize("n,dtype", [(20001, BF16), (50257, torch.float32), (300001, torch.float16),
+                                     (20000, BF16)], ids=str)
 def test_cross_entropy_segments_interpreted(monkeypatch, n, dtype):
-    """Cross-entropy rows too long for one CTA, not starting on 16 bytes, split into segments of whole lines that
-    programs take as rows, each segment's statistics merged by a second kernel (cross_entropy_combine): every
-    such mapping, through `run_mapping`, over more segments than the programs' rings hold, targets on either
-    side of the boundaries between segments and ignored; and the wrapper with one forced. Rows longer than a
-    cluster holds (300001) take segments too; aligned rows none (streamed rows serve them as fast, without
-    the second launch)."""
-    assert not any(c.kwargs["SEGS"] for c in ce.mapping(n - n % 4, 4))
+    """Cross-entropy rows too long for one CTA split into segments of whole lines, of either kind: taken in turn
+    by one program, merged as they come (SEQ), or spread over programs as rows, each segment's statistics merged
+    by a second kernel (cross_entropy_combine). Two of each kind, through `run_mapping`, over more segments than
+    the programs' rings hold, targets on either side of the boundaries between segments and ignored; and the
+    wrapper with one forced. Rows longer than a cluster holds (300001) take segments too, and so do rows that
+    start on 16 bytes (20000)."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     itemsize = torch.finfo(dtype).bits // 8
     configs = [c for c in ce.mapping(n, itemsize) if c.kwargs["SEGS"] > 1]
     assert configs and all(c.kwargs["CTAS"] == 1 for c in configs)
+    in_turn = [c for c in configs if c.kwargs["SEQ"]]
+    assert [c.replace(SEQ=0) for c in in_turn] == [c for c in configs if not c.kwargs["SEQ"]]
     rows = 7
     x = (torch.randn(rows, n) * 4).to(dtype)
     target = torch.randint(0, n, (rows,))
     target[0], target[1], target[3] = 0, n - 1, -100
     xd = x.double()
-    for config in configs[:3]:
-        assert _rows.grid(rows, config) == (min(rows * config.kwargs["SEGS"], 2 * config.kwargs["PIPE"]),)
+    for config in in_turn[:2] + [c.replace(SEQ=0) for c in in_turn[:2]]:
+        items = rows if config.kwargs["SEQ"] else rows * config.kwargs["SEGS"]
+        assert _rows.grid(rows, config) == (min(items, 2 * config.kwargs["PIPE"]),)
         width = sum(config.kwargs["PL"]) * piped.LINE  # a segment's columns; the first starts s into row r's lines
         for r, before in ((2, 1), (4, 0), (5, 1), (6, 0)):  # a target on either side of a boundary between segments
             target[r] = (r % (config.kwargs["SEGS"] - 1) + 1) * width - r * n % piped.LINE - before
@@ -432,6 +435,9 @@ def test_cross_entropy_segments_interpreted(monkeypatch, n, dtype):
         ce.run_mapping(config, x, target, loss, lse)
         assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
         assert rel_err(loss, ref) < 1e-5, config
-    monkeypatch.setattr(ce, "mapping", lambda *args: (configs[0],))
+    pair = (in_turn[0], in_turn[0].replace(SEQ=0))
+    programs = 2 * in_turn[0].kwargs["PIPE"]  # _rows.sm_count without a GPU: 2
+    assert ce.for_rows(pair, programs, None) == pair[:1] and ce.for_rows(pair, programs - 1, None) == pair[1:]
+    monkeypatch.setattr(ce, "mapping", lambda *args: pair)
     loss, lse = ce.cross_entropy(x, target)
     assert rel_err(loss, ref) < 1e-5
