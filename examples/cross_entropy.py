@@ -134,16 +134,9 @@ def cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SE
     `cross_entropy_combine` merges. Over a cluster, the segments' one exchange a row ran 0.57-0.76 of copy
     bandwidth (H200, bf16 rows of 20000 and 50257), below streamed rows (0.72-0.84)."""
     mgjit.min_ctas_per_sm(PIPE)
-    n = logits.shape[1]
     buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
     for i in range(count):
-        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS)
-        v = read_lines(env, PL)
-        picked = target_logit(env, s, target[row], n, SEGS)
-        mgjit.cta_sync()
-        if i + STAGES < count:
-            copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS)
-        _, m, total = exp_lines(v)
+        _, _, m, total, picked = segment_statistics(logits, target, xl, buf, full, i, count, PL, STAGES, LAST, SEGS, 0)
         item = mgjit.program_id(0) + i * mgjit.num_programs(0)
         parts[0, item] = m
         parts[1, item] = total
@@ -163,14 +156,9 @@ def cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL,
     total = 0.0
     picked = 0.0
     for i in range(count):
-        env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS, 1)
-        v = read_lines(env, PL)
-        t = target[row]
-        picked = picked + target_logit(env, s, t, n, SEGS)
-        mgjit.cta_sync()
-        if i + STAGES < count:
-            copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS, 1)
-        _, m, segment_total = exp_lines(v)
+        row, t, m, segment_total, segment_picked = segment_statistics(logits, target, xl, buf, full, i, count, PL,
+                                                                      STAGES, LAST, SEGS, 1)
+        picked = picked + segment_picked
         merged = mgjit.maximum(top, m)
         total = total * mgjit.exp(top - merged) + segment_total * mgjit.exp(m - merged)
         top = merged
@@ -181,6 +169,21 @@ def cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL,
             top = -float("inf")
             total = 0.0
             picked = 0.0
+
+
+@mgjit.device
+def segment_statistics(logits, target, xl, buf, full, i, count, PL, STAGES, LAST, SEGS, SEQ):
+    """(row, its target, maximum, sum of exp(x - that maximum), the target's logit or 0 where it lies elsewhere) of
+    this program's i-th segment (`program_segment`), its slot refilled with segment i + STAGES once read."""
+    env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS, SEQ)
+    v = read_lines(env, PL)
+    t = target[row]
+    picked = target_logit(env, s, t, logits.shape[1], SEGS)
+    mgjit.cta_sync()
+    if i + STAGES < count:
+        copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS, SEQ)
+    _, m, total = exp_lines(v)
+    return row, t, m, total, picked
 
 
 @mgjit.kernel
