@@ -5,7 +5,8 @@ The result's layout is the operand's with the reduced axes removed (the threads 
 of them now hold copies). Lowering combines, in order: the elements one thread holds that differ only along
 reduced axes; then across lanes with butterfly shuffles (one per bit of each lane dimension that indexes a
 reduced axis); then across warps through a small SMEM scratch owned by the warpgroup. Narrow floats
-accumulate in f32, narrow integers in int32.
+accumulate in f32, narrow integers in int32. A float32 sum of a product (`(x * y).sum()`, a sum of squares) takes
+the thread's elements as fma chains of the factors: one instruction an element, rounded once.
 """
 from __future__ import annotations
 
