@@ -455,6 +455,28 @@ def row_sum(held, SPLIT):
 
 
 @mgjit.device
+def finite_shift(m):
+    """The maximum m of some elements to take exp(x - m) by, or 0 where m is -inf (every element -inf: masked
+    logits, or a segment wholly past its row's end), so that those exps are 0, not exp(-inf + inf) = NaN."""
+    return mgjit.where(m == -float("inf"), 0.0, m)
+
+
+@mgjit.device
+def streamed_exp_sum(x, row, BLOCK):
+    """(m, s): row `row` of x's maximum and the sum of exp(x - m), read in BLOCK-wide chunks with a running
+    maximum, the sum rescaled when it grows. A chunk of -inf alone (a masked stretch of logits) adds 0."""
+    m = -float("inf")
+    s = 0.0
+    for c0 in range(0, x.shape[1], BLOCK):
+        v = mgjit.load(x, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
+        m_new = mgjit.maximum(m, v.max())
+        shift = finite_shift(m_new)
+        s = s * mgjit.exp(m - shift) + mgjit.exp(v - shift, ftz=True).sum()
+        m = m_new
+    return m, s
+
+
+@mgjit.device
 def exp_segment(v, SPLIT):
     """(e, m, s) of held rows v: m their maximum over this segment, e = exp(v - m) per part, s the sum of e. A
     segment wholly past its row's end (m = -inf, when a row is split) gets e = 0, not NaN. The exps flush results
@@ -464,7 +486,7 @@ def exp_segment(v, SPLIT):
     m = segment_max(v)
     shift = m
     if SPLIT > 1:
-        shift = mgjit.where(m == -float("inf"), 0.0, m)
+        shift = finite_shift(m)
     e = ()
     for p in mgjit.static_range(len(v)):
         e = e + (mgjit.exp(v[p] - shift[:, None], ftz=True),)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from _rows import held_width, part_starts
+from _rows import finite_shift, held_width, part_starts
 
 import mgjit
 from mgjit.targets import HOPPER, PORTABLE_CLUSTER_CTAS
@@ -436,14 +436,14 @@ def read_lines(env, PL):
 @mgjit.device
 def exp_lines(v):
     """(e, m, total) of a row's lines v (float32 arrays): m their maximum, e = exp(v - m) per array, total the
-    sum of e (the fill, -inf, adds nothing). exp(v - m) is 2 ** fma(v, log2(e), -m log2(e)): one instruction an
-    element fewer than the subtraction and the scaling apart, and no less exact, the fma rounding once and the
-    product m log2(e) rounded once a row, an error every e of the row shares (a softmax divides it out, a
-    logsumexp takes about 2**-24 relative of m)."""
+    sum of e (the fill, -inf, adds nothing; a segment of -inf alone, m = -inf, gets e = 0: `finite_shift`).
+    exp(v - m) is 2 ** fma(v, log2(e), -m log2(e)): one instruction an element fewer than the subtraction and the
+    scaling apart, and no less exact, the fma rounding once and the product m log2(e) rounded once a row, an
+    error every e of the row shares (a softmax divides it out, a logsumexp takes about 2**-24 relative of m)."""
     m = v[0].max()
     for p in mgjit.static_range(1, len(v)):
         m = mgjit.maximum(m, v[p].max())
-    shift = -m * LOG2E
+    shift = -finite_shift(m) * LOG2E
     e = ()
     total = 0.0
     for p in mgjit.static_range(len(v)):

@@ -23,9 +23,9 @@ backward pass needs).
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, exp_segment, first_row, held_width, launch, load_row,
+from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, held_width, launch, load_row,
                    grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment, segment_sum,
-                   sm_count, stage, store_stat)
+                   sm_count, stage, store_stat, streamed_exp_sum)
 from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_row, read_lines, ring
 
 import mgjit
@@ -160,7 +160,8 @@ def cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL,
                                                                       STAGES, LAST, SEGS, 1)
         picked = picked + segment_picked
         merged = mgjit.maximum(top, m)
-        total = total * mgjit.exp(top - merged) + segment_total * mgjit.exp(m - merged)
+        shift = finite_shift(merged)  # segments of -inf alone so far: their totals are 0, and stay so
+        total = total * mgjit.exp(top - shift) + segment_total * mgjit.exp(m - shift)
         top = merged
         if i % SEGS == SEGS - 1:
             row_lse = top + mgjit.log(total)
@@ -229,13 +230,7 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
     """One row per program, in BLOCK-wide chunks, with an online logsumexp."""
     row = mgjit.program_id(0)
     n = logits.shape[1]
-    m = -float("inf")
-    s = 0.0
-    for c0 in range(0, n, BLOCK):
-        v = mgjit.load(logits, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
-        m_new = mgjit.maximum(m, v.max())
-        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new, ftz=True).sum()
-        m = m_new
+    m, s = streamed_exp_sum(logits, row, BLOCK)
     row_lse = m + mgjit.log(s)
     t = target[row]
     picked = logits[row, t].astype(mgjit.float32)
@@ -251,7 +246,7 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
     buf = mgjit.smem((CHUNKS, BLOCK), logits.dtype)
     m = stage(logits, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max", STAGE_GROUP).max()
-    shift = mgjit.where(m == -float("inf"), 0.0, m)  # a segment wholly past the row's end sums to 0, not NaN
+    shift = finite_shift(m)
     e = mgjit.zeros((BLOCK,), mgjit.float32)
     for k in range(CHUNKS):
         e = e + mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True)

@@ -21,8 +21,8 @@ CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store. Th
 import functools
 
 import torch
-from _rows import (chunked_segment, exp_segment, launch, load_row, mapping as rows_mapping, merge_exp,
-                   output, segment, stage, store_row)
+from _rows import (chunked_segment, exp_segment, finite_shift, launch, load_row, mapping as rows_mapping,
+                   merge_exp, output, segment, stage, store_row, streamed_exp_sum)
 from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 
@@ -88,13 +88,7 @@ def softmax_stream(x, out, BLOCK):
     """One row per program, in BLOCK-wide chunks: an online max and sum, then a second pass that writes."""
     row = mgjit.program_id(0)
     n = x.shape[1]
-    m = -float("inf")
-    s = 0.0
-    for c0 in range(0, n, BLOCK):
-        v = mgjit.load(x, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
-        m_new = mgjit.maximum(m, v.max())
-        s = s * mgjit.exp(m - m_new) + mgjit.exp(v - m_new, ftz=True).sum()
-        m = m_new
+    m, s = streamed_exp_sum(x, row, BLOCK)
     scale = 1.0 / s
     for c0 in range(0, n, BLOCK):
         v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
@@ -107,7 +101,7 @@ def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
     row, c0 = chunked_segment(CTAS, BLOCK, CHUNKS)
     buf = mgjit.smem((CHUNKS, BLOCK), x.dtype)
     m = stage(x, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max", STAGE_GROUP).max()
-    shift = mgjit.where(m == -float("inf"), 0.0, m)  # a segment wholly past the row's end sums to 0, not NaN
+    shift = finite_shift(m)
     e = mgjit.zeros((BLOCK,), mgjit.float32)
     for k in range(CHUNKS):
         e = e + mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True)

@@ -22,6 +22,7 @@ import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
 import rmsnorm as rms  # noqa: E402
 import softmax as sm  # noqa: E402
+from _rows_piped import lines  # noqa: E402
 
 BF16 = torch.bfloat16
 TOL = {torch.float32: 2e-6, BF16: 5e-3, torch.float16: 1e-3}
@@ -122,6 +123,30 @@ def test_rows_per_program_is_a_power_of_two_for_every_length():
     for bad in (0, 3, 10):
         with pytest.raises(ValueError, match=f"rows_per_program must be a power of two.*got {bad}"):
             _rows.mapping(300, bad)
+
+
+@pytest.mark.parametrize("n", [300, 20001])
+def test_masked_stretches_of_minus_inf_give_torchs_results(monkeypatch, n):
+    """Logits masked with -inf over long stretches (constrained decoding, a padded vocabulary): every softmax and
+    cross-entropy mapping gives torch's result, including those whose chunks, segments or CTAs then hold -inf
+    alone (streamed rows, piped segments, piped clusters; each took exp(-inf + inf) = NaN before)."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    x = torch.randn(4, n) * 3
+    x[0, :n * 3 // 4] = -float("inf")
+    x[1, n // 4:] = -float("inf")
+    x[2, n // 10:n - n // 20] = -float("inf")
+    x = x.to(BF16)
+    target = torch.tensor([n - 1, 0, n - 2, 7])
+    xd = x.double()
+    want_loss, want_softmax = torch.nn.functional.cross_entropy(xd, target, reduction="none"), torch.softmax(xd, 1)
+    for config in ce.mapping(n, 2):
+        loss, lse = torch.full((4,), float("nan")), torch.full((4,), float("nan"))
+        ce.run_mapping(config, x, target, loss, lse)
+        assert torch.allclose(loss.double(), want_loss, rtol=1e-5, atol=1e-5), config
+    for config in sm.mapping(n, None, 2):
+        out = torch.full_like(x, float("nan"))
+        sm.softmax_kernel[_rows.grid(4, config)](x, out, lines(x), lines(out), **config.launch_kwargs())
+        assert torch.allclose(out.double(), want_softmax, rtol=2e-2, atol=1e-3), config
 
 
 @pytest.mark.parametrize("n", [10, 300, 5000, 20000])
