@@ -49,7 +49,8 @@ def launch_of(kernel: str, x: torch.Tensor):
     target = torch.randint(0, n, (x.shape[0],))
     loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
     itemsize, views = piped_views((x,))
-    return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, loss), {}, ce.mapping(n, itemsize)
+    configs = ce.mapping(n, itemsize)
+    return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, ce.workspace(x, configs)), {}, configs
 
 
 def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0):
