@@ -77,6 +77,8 @@ class ClusterOps:
             return None
         if parts[1] == "try_wait" and parts[2] == "parity":
             addr = self.address(ops[1])
+            for off in np.unique(addr[idx]):  # the TMA loads completing this mbarrier land now, at the latest
+                self.land_loads(int(off))
             parity = np.broadcast_to(np.asarray(self.value(ops[2])), (self.threads,))
             done = np.zeros(self.threads, dtype=bool)
             for lane in idx:
@@ -99,16 +101,26 @@ class ClusterOps:
         for b in range(4):
             data[:, b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
         for lane in np.nonzero(run)[0]:
-            if int(addr[lane]) >> 24 != int(bar[lane]) >> 24:
+            cta, _ = self.peer(int(addr[lane]))
+            holder, offset = self.peer(int(bar[lane]))
+            if cta is not holder:
                 raise SimError("st.async to one CTA counted on another CTA's mbarrier")
             one = np.zeros(self.threads, dtype=bool)
             one[lane] = True
             self._write("shared::cluster", addr, data, one)
-            peer = self.cluster[int(bar[lane]) >> 24]
-            self._barrier(peer, int(bar[lane]) & ((1 << 24) - 1)).complete_tx(4)
+            self._barrier(holder, offset).complete_tx(4)
+
+    def peer(self, address: int) -> tuple["ClusterOps", int]:
+        """(the CTA, the offset in its shared memory) of a shared::cluster address: mapa's, which carries the
+        CTA's rank + 1 above bit 24, or one of this CTA's own shared::cta addresses (0 there), which PTX lets a
+        shared::cluster operand take."""
+        rank = (address >> 24) - 1
+        if rank >= len(self.cluster):
+            raise SimError(f"a shared::cluster address {hex(address)} of a CTA rank outside the cluster")
+        return (self if rank < 0 else self.cluster[rank]), address & ((1 << 24) - 1)
 
     def op_mapa(self, parts, ops, run):
         addr = as_uint(self.value(ops[1]), 32)
-        rank = as_uint(self.value(ops[2]), 32)
+        rank = as_uint(self.value(ops[2]), 32) + np.uint64(1)
         self.write(ops[0], (rank << np.uint64(24)) | (addr & np.uint64((1 << 24) - 1)), run)
 

@@ -5,7 +5,8 @@ CPU, instruction by instruction, as a GPU would run them.
 It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next
 instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns, each
 running until it waits: at a cluster barrier (which it passes once every CTA of the cluster is there) or on an
-mbarrier phase that has not completed (st.async counts its bytes on the receiving CTA's mbarrier). Registers
+mbarrier phase that has not completed (st.async and TMA loads count their bytes on the receiving CTA's mbarrier;
+TMA copies are in tests/ptx_tma.py). Registers
 are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd b64, %f
 f32, %fd f64); a float instruction reads an integer register's bits. Global
 memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
@@ -28,6 +29,7 @@ from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result
                        float_dtype, narrow_to_f32)
 from ptx_cluster import ClusterOps, MBarrier, run_cluster
 from ptx_memory import Memory, SmemRaces, shared_offsets, unordered
+from ptx_tma import TMAP_BASE, TensorMap, TmaOps
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
@@ -51,7 +53,8 @@ class Program:
                                          ptx))
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
-        self.params = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", header)
+        self.params = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)",
+                                 header)
         # A thread's local memory (arrays LLVM keeps on the stack): each depot at its offset in one arena.
         self.depots: dict[str, int] = {}
         self.local_bytes = 0
@@ -112,7 +115,7 @@ def _operands(text: str) -> list:
     return out
 
 
-class CTA(ClusterOps, Arithmetic):
+class CTA(ClusterOps, TmaOps, Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
@@ -126,6 +129,8 @@ class CTA(ClusterOps, Arithmetic):
         self.races = SmemRaces(threads, len(self.smem)) if not prog.async_smem else None
         self.local = np.zeros((threads, max(prog.local_bytes, 16)), dtype=np.uint8)  # each thread's own
         self.mbarriers: dict[int, MBarrier] = {}  # by SMEM offset
+        self.pending_loads: list = []  # TMA loads in flight (ptx_tma.py)
+        self.groups: dict[int, list[list]] = {}  # each thread's TMA stores in flight, by bulk group
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(threads, dtype=np.uint32)
 
@@ -158,6 +163,8 @@ class CTA(ClusterOps, Arithmetic):
             return self.reg(op)
         if op.startswith("__mgjit_smem"):
             return np.uint64(int(op[len("__mgjit_smem"):].lstrip("+") or 0))
+        if isinstance(self.params.get(op), TensorMap):  # mov.b64 %rd, tmap_param: its address (cvta.param)
+            return np.uint64(TMAP_BASE + 128 * [k for k, v in self.params.items() if isinstance(v, TensorMap)].index(op))
         if op in self.prog.depots:  # mov.b64 %SPL, __local_depot0: an address in the local space
             return np.uint64(self.prog.depots[op])
         n = int(op.rstrip("U"), 0)
@@ -243,6 +250,7 @@ class CTA(ClusterOps, Arithmetic):
                 pc[mask & ~run] = at + 1
             else:
                 pc[mask] = at + 1
+        self.tma_exit()
 
     def _joins_later(self, opcode: str, ops: list, mask, active, pc, at: int) -> bool:
         """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync or bar.sync (both
@@ -377,9 +385,9 @@ class CTA(ClusterOps, Arithmetic):
             out[idx] = self.mem.bytes[off[:, None] + np.arange(nbytes)]
         elif space == "shared::cluster":
             for lane, a in zip(idx, addr[idx].astype(np.int64)):
-                peer = self.cluster[int(a) >> 24].smem
-                o = int(shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
-                out[lane] = peer[o:o + nbytes]
+                cta, offset = self.peer(int(a))
+                o = int(shared_offsets(np.array([offset]), nbytes, len(cta.smem))[0])
+                out[lane] = cta.smem[o:o + nbytes]
         elif space == "local":
             off = shared_offsets(addr[idx], nbytes, self.local.shape[1])
             out[idx] = self.local[idx[:, None], off[:, None] + np.arange(nbytes)]
@@ -397,9 +405,9 @@ class CTA(ClusterOps, Arithmetic):
         nbytes = data.shape[1]
         if space == "shared::cluster":
             for lane, a in zip(idx, addr[idx].astype(np.int64)):
-                peer = self.cluster[int(a) >> 24].smem
-                o = int(shared_offsets(np.array([a & ((1 << 24) - 1)]), nbytes, len(peer))[0])
-                peer[o:o + nbytes] = data[lane]
+                cta, offset = self.peer(int(a))
+                o = int(shared_offsets(np.array([offset]), nbytes, len(cta.smem))[0])
+                cta.smem[o:o + nbytes] = data[lane]
             return
         if space == "local":
             for lane, o in zip(idx, shared_offsets(addr[idx], nbytes, self.local.shape[1])):
@@ -478,10 +486,13 @@ class CTA(ClusterOps, Arithmetic):
 
 
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
-           threads: int = 128, counts: Counter | None = None) -> None:
-    """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints).
-    Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns (ptx_cluster.run_cluster). `counts`
-    (if given) gathers the instructions issued, by opcode."""
+           threads: int = 128, counts: Counter | None = None, lands: str = "late") -> None:
+    """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints, tensor maps
+    as ptx_tma.TensorMap). Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns
+    (ptx_cluster.run_cluster). `counts` (if given) gathers the instructions issued, by opcode; `lands` is when TMA
+    copies land (ptx_tma.py)."""
+    if lands not in ("early", "late"):
+        raise ValueError(f"lands is 'early' or 'late', got {lands!r}")
     prog = Program(ptx)
     if len(args) != len(prog.params):
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
@@ -495,6 +506,7 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
                 ctas: list[CTA] = []
                 for r in range(cluster):
                     ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads, counts))
+                    ctas[-1].lands = lands
                 run_cluster(ctas)
 
 
@@ -508,6 +520,7 @@ class Device:
         self.bases: list[tuple[Any, int]] = []  # (CPU base tensor, arena offset)
         self.free = 0
         self.counts: Counter | None = None  # set to a Counter: the instructions later runs issue, by opcode
+        self.lands = "late"  # when TMA copies land: "late" or "early" (ptx_tma.py)
 
     def place(self, base) -> None:
         if base.data_ptr() % 64 or not base.is_contiguous():
@@ -540,8 +553,9 @@ class Device:
         raise SimError("a tensor that was not placed")
 
     def run(self, compiled, grid: tuple[int, ...], *args, cluster: int = 1) -> None:
-        """Launch a CompiledKernel on runtime arguments (tensors or their views, and scalars). A tensor whose
-        storage is not placed yet is placed first (its base, where it is a view)."""
+        """Launch a CompiledKernel on runtime arguments (tensors or their views, and scalars), with the TMA
+        descriptors it takes encoded from them. A tensor whose storage is not placed yet is placed first (its base,
+        where it is a view)."""
         import torch
         values: list = []
         for a in args:
@@ -551,4 +565,9 @@ class Device:
                 values += [self.address(a), *a.shape, *a.stride()]
             else:
                 values.append(a)
-        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads, self.counts)
+        for desc in compiled.meta.get("tma", []):
+            t = args[desc["param"]]
+            values.append(TensorMap(self.address(t), tuple(t.shape), tuple(s * t.element_size() for s in t.stride()),
+                                    tuple(desc["box"]), t.element_size(), desc["swizzle"]))
+        launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads, self.counts,
+               self.lands)

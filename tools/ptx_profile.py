@@ -5,6 +5,9 @@ instruction budget: at copy bandwidth an H100 SM has about 40 thread-instruction
 compare: layernorm over bf16 rows of 4095, one row a warpgroup, issued 35.2 an element; persistent with float32
 weights in shared memory, 23.7 over 64 rows; an aligned row of 4096, 20.8. Registers decide as much: the same
 layernorm of 4095 went 127 -> 96 registers (0.85 -> 0.88 of copy bandwidth) for 2 more instructions an element.
+Piped mappings run too (TMA: tests/ptx_tma.py), on the grid the wrapper launches without a GPU: layernorm over 80
+rows of 50257 piped over clusters of 5 CTAs issued 16.2 an element (its stash of the weights spread over 10 rows a
+cluster; over 16 rows, 23.3).
 
     python tools/ptx_profile.py --kernel layernorm --n 4095                # the wrapper's first candidate
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --list           # the candidates, numbered

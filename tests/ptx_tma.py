@@ -1,0 +1,191 @@
+"""The TMA side of tests/ptx_sim.py: tensor maps as the launch encodes them (a tensor's address, sizes and strides,
+a box, a swizzle), and the bulk tensor copies that read them (cp.async.bulk.tensor) between global memory and a
+CTA's shared memory, with their bulk groups and mbarrier completions.
+
+A copy is asynchronous: the PTX memory model lets a load land any time between its issue and the completion its
+mbarrier reports, and a store read its shared memory any time until its bulk group is waited on
+(cp.async.bulk.wait_group.read). A store reads at the latest, so a kernel that writes a tile a store still reads
+stores the new bytes; a load lands at one end of its window (`lands`): "late" when a thread first waits on its
+mbarrier, so a kernel that reads a slot before its copy landed computes with stale bytes, "early" at the issue,
+so a kernel that refills a slot that its threads or a store still read computes or stores the next row's bytes.
+A test runs both. A CTA that exits with stores in flight raises, as the hardware leaves them undefined.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from ptx_arith import SimError, as_int, as_uint
+
+TMAP_BASE = 0xF000_0000_0000  # generic addresses of the tensor-map parameters (cvta.param): one 128-byte slot each
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """A TMA descriptor (cuTensorMapEncodeTiled with unit element strides and zero fill): sizes, strides (bytes) and
+    box are outermost first, as mgjit's descriptors write them."""
+
+    address: int
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    itemsize: int
+    swizzle: int
+
+    def __post_init__(self):
+        inner = self.box[-1] * self.itemsize
+        if self.address % 16 or any(s % 16 for s in self.strides[:-1]) or self.strides[-1] != self.itemsize:
+            raise SimError(f"a tensor map needs a 16-byte aligned address, strides of multiples of 16 bytes and a "
+                           f"contiguous last dimension, got {hex(self.address)}, strides {self.strides}")
+        if inner % 16 or (self.swizzle and inner > self.swizzle) or any(not 1 <= b <= 256 for b in self.box):
+            raise SimError(f"a TMA box of {self.box} ({inner} bytes a row) with a {self.swizzle}B swizzle")
+
+    @property
+    def box_bytes(self) -> int:
+        return int(np.prod(self.box)) * self.itemsize
+
+    def elements(self, coords: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The box at `coords` (outermost first), element by element in its shared-memory order: (each element's
+        global byte address, whether it lies inside the tensor)."""
+        if len(coords) != len(self.box):
+            raise SimError(f"a {len(self.box)}D tensor map used with {len(coords)} coordinates")
+        index = np.indices(self.box).reshape(len(self.box), -1) + np.array(coords, dtype=np.int64)[:, None]
+        inside = np.all((index >= 0) & (index < np.array(self.sizes)[:, None]), axis=0)
+        address = self.address + (index * np.array(self.strides)[:, None]).sum(axis=0)
+        return address, inside
+
+    def smem_offsets(self, start: int) -> np.ndarray:
+        """The shared-memory byte offsets of the box's bytes, in order, copied to `start`: dense rows, swizzled
+        (each 16-byte chunk's index XORed with its offset's 128-byte row modulo swizzle / 16)."""
+        if start % (1024 if self.swizzle == 128 else 128):
+            raise SimError(f"a TMA copy to shared offset {start}, not aligned to "
+                           f"{1024 if self.swizzle == 128 else 128} bytes")
+        off = start + np.arange(self.box_bytes, dtype=np.int64)
+        if self.swizzle:
+            off ^= ((off >> 7) % (self.swizzle // 16)) << 4
+        return off
+
+
+@dataclasses.dataclass
+class _Load:
+    cta: object
+    tmap: TensorMap
+    coords: tuple[int, ...]
+    dst: int
+    barrier: int
+
+
+@dataclasses.dataclass
+class _Store:
+    tmap: TensorMap
+    coords: tuple[int, ...]
+    src: int
+
+
+class TmaOps:
+    """The CTA's (tests/ptx_sim.py) cp.async.bulk instructions: its parameters, registers and memory are the
+    CTA's own; `pending_loads` and `groups` hold what is in flight (per CTA, and per thread)."""
+
+    lands = "late"
+
+    def tensormap(self, handle: int) -> TensorMap:
+        maps = [v for v in self.params.values() if isinstance(v, TensorMap)]
+        slot, rest = divmod(int(handle) - TMAP_BASE, 128)
+        if rest or not 0 <= slot < len(maps):
+            raise SimError(f"cp.async.bulk.tensor reads a tensor map at {hex(int(handle))}, not a kernel parameter")
+        return maps[slot]
+
+    def op_cp(self, parts, ops, run):
+        if parts[1:3] != ["async", "bulk"]:
+            raise SimError(f"the simulator does not know {'.'.join(parts)}")
+        if parts[3] == "commit_group":
+            for lane in np.nonzero(run)[0]:
+                self.groups.setdefault(int(lane), [[]]).append([])
+            return
+        if parts[3] == "wait_group":
+            keep = int(self.value(ops[0]))
+            for lane in np.nonzero(run)[0]:
+                self._drain(int(lane), keep)
+            return
+        if parts[3] != "tensor" or "multicast::cluster" in parts or "im2col" in parts:
+            raise SimError(f"the simulator does not know {'.'.join(parts)}")
+        if parts[5:7] == ["shared::cluster", "global"]:
+            self._issue_loads(ops, run)
+        elif parts[5:7] == ["global", "shared::cta"] and "bulk_group" in parts:
+            self._issue_stores(ops, run)
+        else:
+            raise SimError(f"the simulator does not know {'.'.join(parts)}")
+
+    def _tensor_operand(self, op: str) -> tuple[np.ndarray, list[np.ndarray]]:
+        """[tmap, {c0, c1, ...}] (innermost coordinate first): each thread's map handle and coordinates."""
+        handle, coords = op.strip()[1:-1].split(",", 1)
+        values = [np.broadcast_to(as_int(as_uint(self.value(c.strip()), 32), 32, True), (self.threads,))
+                  for c in coords.strip().strip("{}").split(",")]
+        return np.broadcast_to(np.asarray(self.value(handle.strip())), (self.threads,)), values[::-1]
+
+    def _issue_loads(self, ops, run):
+        handles, coords = self._tensor_operand(ops[1])
+        dst, bar = self.address(ops[0]), self.address(ops[2])
+        for lane in np.nonzero(run)[0]:
+            load = _Load(self, self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords),
+                         int(dst[lane]), int(bar[lane]))
+            cta, offset = self.peer(load.barrier)
+            if cta is not self or self.peer(load.dst)[0] is not self:
+                raise SimError("a TMA load into another CTA's shared memory without multicast")
+            load.dst, load.barrier = self.peer(load.dst)[1], offset
+            self._barrier(self, offset)  # an mbarrier must be there at the issue
+            if self.lands == "early":
+                self._land(load)
+            else:
+                self.pending_loads.append(load)
+
+    def land_loads(self, offset: int) -> None:
+        """Land the loads in flight to this CTA's mbarrier at `offset` (a thread waits on it)."""
+        for load in [p for p in self.pending_loads if p.barrier == offset]:
+            self.pending_loads.remove(load)
+            self._land(load)
+
+    def _land(self, load: _Load) -> None:
+        tmap = load.tmap
+        address, inside = tmap.elements(load.coords)
+        data = np.zeros((len(address), tmap.itemsize), dtype=np.uint8)
+        if inside.any():
+            off = self.mem.offsets(address[inside].astype(np.uint64), tmap.itemsize)
+            data[inside] = self.mem.bytes[off[:, None] + np.arange(tmap.itemsize)]
+        offsets = tmap.smem_offsets(load.dst)
+        if offsets.max() >= len(self.smem):
+            raise SimError("a TMA load past the end of shared memory")
+        self.smem[offsets] = data.reshape(-1)
+        self._barrier(self, load.barrier).complete_tx(tmap.box_bytes)
+
+    def _issue_stores(self, ops, run):
+        handles, coords = self._tensor_operand(ops[0])
+        src = self.address(ops[1])
+        for lane in np.nonzero(run)[0]:
+            store = _Store(self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords), int(src[lane]))
+            self.groups.setdefault(int(lane), [[]])[-1].append(store)
+
+    def _drain(self, lane: int, keep: int) -> None:
+        """cp.async.bulk.wait_group[.read] keep: all but the newest `keep` committed groups of the thread are done."""
+        groups = self.groups.get(lane, [[]])
+        committed, current = groups[:-1], groups[-1]
+        done = committed[:max(len(committed) - keep, 0)]
+        for group in done:
+            for store in group:
+                self._write_out(store)
+        self.groups[lane] = committed[len(done):] + [current]
+
+    def _write_out(self, store: _Store) -> None:
+        tmap = store.tmap
+        data = self.smem[tmap.smem_offsets(store.src)].reshape(-1, tmap.itemsize)
+        address, inside = tmap.elements(store.coords)
+        off = self.mem.offsets(address[inside].astype(np.uint64), tmap.itemsize)
+        at = (off[:, None] + np.arange(tmap.itemsize)).reshape(-1)
+        self.mem.bytes[at] = data[inside].reshape(-1)
+        self.mem.writes[at] += 1
+
+    def tma_exit(self) -> None:
+        """The CTA's threads have exited: no store may still read its shared memory."""
+        if any(store for groups in self.groups.values() for group in groups for store in group):
+            raise SimError("a CTA exited with TMA stores in flight (no cp.async.bulk.wait_group.read for them): "
+                           "they read shared memory that is gone")

@@ -1,0 +1,179 @@
+"""TMA kernels from their sm_90a PTX on the CPU (tests/ptx_sim.py with tests/ptx_tma.py): boxes loaded and stored
+through every swizzle, at the tensor's ragged edge, and the piped row kernels (examples/_rows_piped.py: rings of
+slots, envelopes, stashed weights, clusters, segments) against torch and the interpreter, outputs poisoned, with
+the copies landing at either end of the window the memory model allows them."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
+import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import layernorm as ln  # noqa: E402
+import ptx_sim  # noqa: E402
+import rmsnorm as rms  # noqa: E402
+import softmax as sm  # noqa: E402
+from _rows_piped import piped_views  # noqa: E402
+from ptx_tma import TensorMap  # noqa: E402
+
+BF16 = torch.bfloat16
+LANDS = ("late", "early")
+
+
+@mgjit.kernel
+def box_round_trip(x, out, back, R: mgjit.constexpr, C: mgjit.constexpr, SW: mgjit.constexpr):
+    """A box of x through SMEM, read into registers (+1, to out), and written back by TMA from a second tile."""
+    s = mgjit.smem((R, C), x.dtype, swizzle=SW)
+    t = mgjit.smem((R, C), x.dtype, swizzle=SW)
+    bar = mgjit.barrier(1)
+    r0 = mgjit.program_id(0) * R
+    mgjit.copy_async(x, (r0, 8), s, barrier=bar[0])
+    bar[0].wait()
+    v = s[...]
+    out[mgjit.ds(r0, R), mgjit.ds(0, C)] = v + 1.0
+    t[...] = v * 2.0
+    mgjit.fence_async_shared()
+    mgjit.store_async(back, (r0, 8), t)
+    mgjit.store_async_wait(0)
+
+
+@pytest.mark.parametrize("lands", LANDS)
+@pytest.mark.parametrize("swizzle", [None, 32, 64, 128])
+def test_boxes_load_and_store_through_every_swizzle_at_a_ragged_edge(swizzle, lands):
+    """Rows of 200 in boxes of 64 (the last box three quarters past the end: zero-filled in, dropped out), at
+    column 8 of a wider tensor: what the PTX reads from the swizzled tile is the box, and what it stores lands
+    at the box's place and nowhere else."""
+    cols = (swizzle or 64) // 2
+    x = torch.randn(200, cols + 16).to(BF16)
+    out = torch.full((256, cols), float("nan")).to(BF16)
+    back = torch.full_like(x, float("nan"))
+    compiled = box_round_trip.compile(x, out, back, R=64, C=cols, SW=swizzle, target="sm_90a")
+    assert [d["swizzle"] for d in compiled.meta["tma"]] == [swizzle or 0] * 2
+    dev = ptx_sim.Device()
+    dev.lands = lands
+    dev.run(compiled, (4,), x, out, back)
+    box = x[:, 8:8 + cols]
+    assert torch.equal(dev.fetch(out)[:200], box + 1.0)
+    assert torch.equal(dev.fetch(out)[200:], torch.ones(56, cols).to(BF16))  # zero-filled past the end, + 1
+    want = torch.full_like(x, float("nan"))
+    want[:, 8:8 + cols] = box * 2.0
+    assert torch.allclose(dev.fetch(back), want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_tensor_maps_refuse_what_the_driver_refuses():
+    with pytest.raises(ptx_sim.SimError, match="16-byte aligned"):
+        TensorMap(8, (4, 40), (80, 2), (4, 40), 2, 0)
+    with pytest.raises(ptx_sim.SimError, match="128B swizzle"):
+        TensorMap(0, (4, 128), (256, 2), (4, 128), 2, 128)  # 256 bytes a box row: wider than the swizzle
+
+
+def row_case(name: str, x: torch.Tensor, config: mgjit.Config):
+    """(kernel, its arguments with outputs poisoned, constexprs, the outputs, torch's values of them, tolerance) of a
+    row example's piped mapping over x."""
+    n, dtype = x.shape[1], x.dtype
+    w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
+    out = torch.full_like(x, float("nan"))
+    xd = x.double()
+    if name == "softmax":
+        return sm.softmax_kernel, (x, out, *piped_views((x, out))[1]), {}, [out], [torch.softmax(xd, 1)], 2e-2
+    if name == "rmsnorm":
+        return (rms.rmsnorm_kernel, (x, w, out, *piped_views((x, out), (w,))[1]), {"eps": 1e-6}, [out],
+                [torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)], 2e-2)
+    if name == "layernorm":
+        return (ln.layernorm_rows, (x, w, b, out, *piped_views((x, out), (w, b))[1]), {"eps": 1e-5}, [out],
+                [torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)], 2e-2)
+    target = torch.randint(0, n, (x.shape[0],)).where(torch.rand(x.shape[0]) < 0.5, x.float().argmax(1))
+    target[::4] = -100
+    loss, lse = torch.full((x.shape[0],), float("nan")), torch.full((x.shape[0],), float("nan"))
+    args = (x, target, loss, lse, -100, *piped_views((x,))[1], ce.workspace(x, (config,)))
+    return (ce.cross_entropy_rows, args, {}, [loss, lse],
+            [torch.nn.functional.cross_entropy(xd, target, reduction="none"), torch.logsumexp(xd, 1)], 1e-5)
+
+
+def agree(ptx: torch.Tensor, interpreted: torch.Tensor) -> bool:
+    """The PTX's values are the interpreter's, up to the last bits of float32 sums taken in another order: a few
+    bf16 outputs round to a neighbour where those bits lie at a tie (or, near 0, where the output cancelled)."""
+    if ptx.dtype == torch.float32:
+        return torch.allclose(ptx, interpreted, rtol=1e-5, atol=1e-6, equal_nan=True)
+    p, i = ptx.double(), interpreted.double()
+    off = ~torch.isclose(p, i, rtol=0, atol=0, equal_nan=True)
+    near = (p - i).abs() <= torch.maximum(p.abs(), i.abs()) * 2 ** -7 + 1e-5
+    return bool((near | ~off).all()) and off.sum().item() <= 1e-3 * off.numel()
+
+
+def piped_configs(name: str, n: int) -> list[mgjit.Config]:
+    mapping = {"softmax": lambda: sm.mapping(n, None, 2), "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, 2, (2,)),
+               "layernorm": lambda: ln.layernorm_mapping(n, None, 2, (2, 2)),
+               "cross_entropy": lambda: ce.mapping(n, 2)}[name]()
+    return [c for c in mapping if c.kwargs["PIPE"]]
+
+
+def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) -> list[torch.Tensor]:
+    """The row example's outputs over x from the PTX of `config` on the simulator, on a grid of the fewest programs
+    (clusters) the mapping takes, each looping over rows past its ring of slots; then the same launch interpreted,
+    which must agree."""
+    kernel, args, constexprs, outputs, refs, tol = row_case(name, x, config)
+    k = config.kwargs
+    programs = k.get("STASH") or 2
+    grid = (programs * k["CTAS"],)
+    assert x.shape[0] * (k["SEGS"] if k.get("SEGS") and not k.get("SEQ") else 1) > programs * (k["STAGES"] + 1)
+    compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+    dev = ptx_sim.Device(64 << 20)
+    dev.lands = lands
+    dev.run(compiled, grid, *args, cluster=k["CTAS"])
+    got = [dev.fetch(o).clone() for o in outputs]
+    parts = dev.fetch(args[-1]).clone() if name == "cross_entropy" else None
+    for o in outputs:
+        o.fill_(float("nan"))
+    os.environ["MGJIT_INTERPRET"] = "1"
+    try:
+        if name == "cross_entropy":  # the segments' statistics merged where the mapping spreads them (interpreted)
+            ce.merge(config, parts, args[1], got[0], got[1], -100, x.shape[1])
+        for g, ref in zip(got, refs):
+            assert not g.isnan().any() or ref.isnan().any(), "some of the poisoned output was never written"
+            assert torch.allclose(g.double(), ref, rtol=tol, atol=tol, equal_nan=True), (name, config)
+        kernel[grid](*args, **constexprs, **config.launch_kwargs())
+        if name == "cross_entropy":
+            ce.merge(config, args[-1], args[1], outputs[0], outputs[1], -100, x.shape[1])
+    finally:
+        del os.environ["MGJIT_INTERPRET"]
+    for g, interpreted in zip(got, outputs):
+        assert agree(g, interpreted), (name, config)
+    return got
+
+
+# Rows of 8193 (each starting elsewhere in 16 bytes: envelopes, the weights' windows over a stash of 8 programs),
+# 8192 (every row on 16 bytes), 20001 over clusters of 2 to 4 CTAs, 50257 in segments taken in turn or spread.
+PIPED = [("softmax", 8193, 0), ("rmsnorm", 8193, 0), ("layernorm", 8193, 1), ("cross_entropy", 8193, 0),
+         ("rmsnorm", 8192, 0), ("softmax", 20001, -1), ("layernorm", 20001, -1), ("rmsnorm", 20001, 0),
+         ("cross_entropy", 50257, 0), ("cross_entropy", 50257, -1)]
+
+
+@pytest.mark.parametrize("lands", LANDS)
+@pytest.mark.parametrize("name,n,index", PIPED, ids=[f"{k}-{n}-{i}" for k, n, i in PIPED])
+def test_piped_rows_from_their_ptx(name, n, index, lands):
+    config = piped_configs(name, n)[index]
+    k = config.kwargs
+    rows = (k.get("STASH") or 2) * (k["STAGES"] + 1) + 3
+    simulate_rows(name, (torch.randn(rows, n) * 3 + 1).to(BF16), config, lands)
+
+
+@pytest.mark.parametrize("lands", LANDS)
+@pytest.mark.parametrize("name,n,index", [("softmax", 20001, -1), ("cross_entropy", 50257, 0),
+                                          ("cross_entropy", 50257, -1)])
+def test_piped_rows_masked_with_stretches_of_minus_inf(name, n, index, lands):
+    """Logits masked with -inf over long stretches: segments and CTAs of a cluster that hold -inf alone add
+    nothing (they took exp(-inf + inf) = NaN before)."""
+    config = piped_configs(name, n)[index]
+    rows = (config.kwargs.get("STASH") or 2) * (config.kwargs["STAGES"] + 1) + 3
+    x = torch.randn(rows, n) * 3
+    x[0::3, :n * 3 // 4] = -float("inf")
+    x[1::3, n // 4:] = -float("inf")
+    x[2::3, n // 10:n - n // 20] = -float("inf")
+    simulate_rows(name, x.to(BF16), config, lands)
