@@ -150,6 +150,8 @@ class Emitter:
         vector, index = producer(op.operands[0]), producer(op.operands[1])
         if vector is None or vector.name != "llvm.bitcast" or index is None or index.name != "arith.constant":
             return None
+        if str(vector.operands[0].type) != "i32":  # a wider word's halves are not a pair's (the shift and mask)
+            return None
         return vector.operands[0], int(index.attributes["value"].value)
 
     # -- special registers
