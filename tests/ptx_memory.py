@@ -41,7 +41,7 @@ def shared_offsets(addr: np.ndarray, nbytes: int, size: int) -> np.ndarray:
     if (off % nbytes).any():
         raise SimError("a misaligned shared-memory access")
     if (off < 0).any() or (off + nbytes > size).any():
-        raise SimError("an access outside shared memory")
+        raise SimError(f"an access outside shared memory ({size} bytes): {int(off.min())}..{int(off.max()) + nbytes}")
     return off
 
 

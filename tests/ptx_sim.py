@@ -234,8 +234,10 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
                 run &= ~g if guard[0] else g
             try:
                 nxt = self.step(opcode, operands, run, mask, active)
-            except SimError:
-                raise
+            except SimError as e:
+                if "(at instruction" in str(e):
+                    raise
+                raise SimError(f"{e} (at instruction {at}: {opcode} {', '.join(map(str, operands))})") from e
             except Exception as e:  # an operand form or type the arithmetic does not cover
                 raise SimError(f"the simulator does not know {opcode} {', '.join(map(str, operands))} "
                                f"({type(e).__name__}: {e})") from e
@@ -559,7 +561,9 @@ class Device:
         import torch
         values: list = []
         for a in args:
-            if isinstance(a, torch.Tensor):
+            if isinstance(a, torch.Tensor) and not a.numel():  # torch gives an empty tensor address 0, as here
+                values += [0, *a.shape, *a.stride()]
+            elif isinstance(a, torch.Tensor):
                 if self._holder(a) is None:
                     self.place(a if a._base is None else a._base)
                 values += [self.address(a), *a.shape, *a.stride()]

@@ -97,32 +97,40 @@ def row_case(name: str, x: torch.Tensor, config: mgjit.Config):
 
 
 def agree(ptx: torch.Tensor, interpreted: torch.Tensor) -> bool:
-    """The PTX's values are the interpreter's, up to the last bits of float32 sums taken in another order: a few
-    bf16 outputs round to a neighbour where those bits lie at a tie (or, near 0, where the output cancelled)."""
-    if ptx.dtype == torch.float32:
-        return torch.allclose(ptx, interpreted, rtol=1e-5, atol=1e-6, equal_nan=True)
+    """The PTX's values are the interpreter's, up to the last bits of float32 sums taken in another order: float32
+    outputs within 1e-5 of the largest; a few 16-bit outputs rounded to a neighbour where those bits lie at a tie
+    (or, near 0, where the output cancelled)."""
+    if ptx.dtype == torch.float32:  # layernorm of rows far from 0: its mean's last bits, relative to the std
+        return torch.allclose(ptx, interpreted, rtol=1e-5, atol=1e-5 * interpreted.abs().nan_to_num().max().item(),
+                              equal_nan=True)
     p, i = ptx.double(), interpreted.double()
     off = ~torch.isclose(p, i, rtol=0, atol=0, equal_nan=True)
     near = (p - i).abs() <= torch.maximum(p.abs(), i.abs()) * 2 ** -7 + 1e-5
     return bool((near | ~off).all()) and off.sum().item() <= 1e-3 * off.numel()
 
 
-def piped_configs(name: str, n: int) -> list[mgjit.Config]:
-    mapping = {"softmax": lambda: sm.mapping(n, None, 2), "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, 2, (2,)),
-               "layernorm": lambda: ln.layernorm_mapping(n, None, 2, (2, 2)),
-               "cross_entropy": lambda: ce.mapping(n, 2)}[name]()
+def piped_configs(name: str, n: int, itemsize: int = 2) -> list[mgjit.Config]:
+    """The piped mappings among a row example's candidates for rows of n elements of `itemsize` bytes (weights of
+    the same)."""
+    mapping = {"softmax": lambda: sm.mapping(n, None, itemsize),
+               "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, itemsize, (itemsize,)),
+               "layernorm": lambda: ln.layernorm_mapping(n, None, itemsize, (itemsize, itemsize)),
+               "cross_entropy": lambda: ce.mapping(n, itemsize)}[name]()
     return [c for c in mapping if c.kwargs["PIPE"]]
 
 
 def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) -> list[torch.Tensor]:
-    """The row example's outputs over x from the PTX of `config` on the simulator, on a grid of the fewest programs
-    (clusters) the mapping takes, each looping over rows past its ring of slots; then the same launch interpreted,
-    which must agree."""
+    """The row example's outputs over x from the PTX of `config` on the simulator (a piped mapping on a grid of the
+    fewest programs or clusters it takes, each looping over rows past its ring of slots), checked against torch;
+    then the same launch interpreted, which must agree."""
     kernel, args, constexprs, outputs, refs, tol = row_case(name, x, config)
     k = config.kwargs
-    programs = k.get("STASH") or 2
-    grid = (programs * k["CTAS"],)
-    assert x.shape[0] * (k["SEGS"] if k.get("SEGS") and not k.get("SEQ") else 1) > programs * (k["STAGES"] + 1)
+    if k["PIPE"]:
+        programs = k.get("STASH") or 2
+        grid = (programs * k["CTAS"],)
+        assert x.shape[0] * (k["SEGS"] if k.get("SEGS") and not k.get("SEQ") else 1) > programs * (k["STAGES"] + 1)
+    else:
+        grid = _rows.grid(x.shape[0], config)
     compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
     dev = ptx_sim.Device(64 << 20)
     dev.lands = lands
@@ -177,3 +185,15 @@ def test_piped_rows_masked_with_stretches_of_minus_inf(name, n, index, lands):
     x[1::3, n // 4:] = -float("inf")
     x[2::3, n // 10:n - n // 20] = -float("inf")
     simulate_rows(name, x.to(BF16), config, lands)
+
+
+def test_held_rows_found_by_the_random_sweep():
+    """Cases a random sweep of every mapping on the simulator found: three warpgroups summing across through a
+    12-byte buffer, the last in shared memory, which LLVM reads as 16 bytes (the allocation is now whole 16-byte
+    chunks; past its end the simulator faults), and layernorm of float32 rows far from 0."""
+    config = [c for c in rms.rmsnorm_mapping(22733, None, 4, (4,))
+              if c.kwargs["WGS"] == 3 and c.kwargs["PERSIST"] == 1 and c.kwargs["PARTS"] == (8192,)][0]
+    simulate_rows("rmsnorm", torch.randn(3, 22733) * 3, config, "late")
+    config = [c for c in ln.layernorm_mapping(2399, None, 4, (4, 4))
+              if c.kwargs["ROWS"] == 2 and c.kwargs["PERSIST"] == 4 and not c.kwargs["OCC"]][0]
+    simulate_rows("layernorm", torch.randn(4, 2399) * 10 - 50, config, "late")

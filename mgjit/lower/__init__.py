@@ -113,4 +113,6 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
             lower_ops(ctx, kernel.body.ops)
         if emitter.libdevice_decls:  # link libdevice exactly when a rule called into it
             gpu_module.attributes["targets"] = m.ir.Attribute.parse(_nvvm_target(target, libdevice()))
-        return LoweredKernel(module, ctx.smem_bytes, threads)
+        # Whole 16-byte chunks: buffers are 16-byte aligned, so LLVM may widen a load of a small buffer's 12 bytes
+        # (warpgroups' partial sums) to 16, and the last buffer's must stay inside the allocation.
+        return LoweredKernel(module, -(-ctx.smem_bytes // 16) * 16, threads)
