@@ -1,5 +1,5 @@
-"""The cluster side of tests/ptx_sim.py: mbarriers, the instructions that reach another CTA's shared memory
-(mapa, st.async), and the turns a cluster's CTAs take."""
+"""The synchronisation side of tests/ptx_sim.py: named barriers, mbarriers, the instructions that reach another
+CTA's shared memory (mapa, st.async), and the turns a cluster's CTAs take."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,12 +58,44 @@ def run_cluster(ctas: list) -> None:
 
 
 class ClusterOps:
-    """The CTA's (tests/ptx_sim.py) mbarrier, st.async and mapa instructions: its registers, memory and cluster
-    are the CTA's own."""
+    """The CTA's (tests/ptx_sim.py) named barrier, mbarrier, st.async and mapa instructions: its registers, memory
+    and cluster are the CTA's own."""
+
+    def named_barrier(self, opcode: str, ops, run, active) -> str | None:
+        """bar.sync / bar.arrive / barrier.sync / barrier.arrive id[, count]: `count` threads (default: every
+        thread of the CTA) arrive at barrier id, those that sync wait there (`held`) until the count is reached,
+        which lets every waiter go (`released`, wherever it waits: warpgroups hand a barrier to each other from
+        different instructions, one arriving, the other syncing)."""
+        self.held = np.zeros(self.threads, dtype=bool)
+        self.released = np.zeros(self.threads, dtype=bool)
+        if opcode.startswith("bar.warp"):  # bar.warp.sync: the lanes of a warp reconverge; they run in lockstep
+            return None
+        sync = ".sync" in opcode
+        ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
+        for i in np.unique(ids[run]):
+            lanes = run & (ids == i)
+            count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
+            arrived, waiters, together = self.named.setdefault(int(i), [0, np.zeros_like(lanes), np.zeros_like(lanes)])
+            arrived += int(lanes.sum())
+            if sync:
+                waiters = waiters | lanes
+            together = together | lanes
+            if arrived > count:
+                raise SimError(f"{opcode} {i}: {arrived} threads arrived, more than its count {count}")
+            if arrived == count:
+                self.released |= waiters
+                if self.races:
+                    self.races.barrier(together)
+                del self.named[int(i)]
+            else:
+                self.named[int(i)] = [arrived, waiters, together]
+                if sync:
+                    self.held |= lanes
+        return "hold" if self.held.any() else None
 
     def mbarrier(self, parts, ops, run):
-        """mbarrier.init / arrive.expect_tx / try_wait.parity on this CTA's shared memory; "spin" where a wait
-        fails for a running thread."""
+        """mbarrier.init / arrive[.expect_tx] / try_wait.parity; "spin" where a wait fails for a running thread
+        (`spinning`: those threads)."""
         parts = unordered(parts)
         idx = np.nonzero(run)[0]
         if parts[1] == "init":
@@ -75,6 +107,11 @@ class ClusterOps:
             for lane in idx:
                 self._barrier(self, int(addr[lane])).arrive(int(self.value(ops[2])))
             return None
+        if parts[1] == "arrive" and parts[2] in ("shared::cta", "shared::cluster", "b64") and len(ops) == 2:
+            addr = self.address(ops[1])  # a plain arrival (a consumer giving a slot back), here or at a peer
+            for lane in idx:
+                self._barrier(*self.peer(int(addr[lane]))).arrive()
+            return None
         if parts[1] == "try_wait" and parts[2] == "parity":
             addr = self.address(ops[1])
             for off in np.unique(addr[idx]):  # the TMA loads completing this mbarrier land now, at the latest
@@ -84,6 +121,7 @@ class ClusterOps:
             for lane in idx:
                 done[lane] = self._barrier(self, int(addr[lane])).completed % 2 != int(parity[lane]) % 2
             self.write(ops[0], done, run)
+            self.spinning = run & ~done
             return "spin" if not done[idx].all() else None
         raise SimError(f"the simulator does not know {'.'.join(parts)}")
 

@@ -24,6 +24,17 @@ class Memory:
             raise SimError("an access outside global memory")
         return off
 
+    def check_store(self, off: np.ndarray, nbytes: int) -> None:
+        """Stores of `nbytes` at arena offsets `off` must each lie inside one placed tensor (where any is placed): a
+        store past a tensor's end lands in its neighbour or in no allocation, which a GPU may not fault on."""
+        if not self.allocations or not len(off):
+            return
+        inside = np.zeros(len(off), dtype=bool)
+        for lo, hi in self.allocations:
+            inside |= (off >= lo) & (off + nbytes <= hi)
+        if not inside.all():
+            raise SimError(f"a store of {nbytes} bytes outside every tensor, at arena offset {int(off[~inside][0])}")
+
     def place(self, t, offset: int) -> int:
         """Copy a CPU tensor's storage to arena offset `offset` (its first element there); its address."""
         raw = t.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy() if t.is_contiguous() else None

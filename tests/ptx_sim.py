@@ -1,21 +1,24 @@
-"""A small SIMT simulator of the PTX mgjit emits for memory-bound kernels, so that the GMEM lowering's byte
-shuffling (byte permutes, predicated pieces, branches) and DSMEM exchanges are checked on the
-CPU, instruction by instruction, as a GPU would run them.
+"""A small SIMT simulator of the PTX mgjit emits, so that the lowering (the GMEM byte shuffling, DSMEM exchanges,
+TMA rings, warp-specialized MMA pipelines) is checked on the CPU, instruction by instruction, as a GPU would run
+it.
 
 It runs the threads of a CTA in lockstep: all threads at the lowest program counter execute the next
-instruction together, so forward branches reconverge where they join; the CTAs of a cluster take turns, each
-running until it waits: at a cluster barrier (which it passes once every CTA of the cluster is there) or on an
-mbarrier phase that has not completed (st.async and TMA loads count their bytes on the receiving CTA's mbarrier;
-TMA copies are in tests/ptx_tma.py). Registers
-are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd b64, %f
-f32, %fd f64); a float instruction reads an integer register's bits. Global
-memory is one byte arena: an access not aligned to its size, outside it, or (a load) touching no placed
-tensor raises, as the hardware faults. `shfl.sync` must find every lane of its warp at the instruction,
-`bar.sync` its count of threads, a cluster barrier every thread. Memory, shuffles and control flow are here;
-arithmetic is in tests/ptx_arith.py. It covers the instructions mgjit's elementwise, reduction, GMEM and
-atomic code uses and raises on any other; ex2/lg2/rsqrt/rcp .approx are exact in f32 (as in the interpreter).
-Atomics run thread by thread; memory-ordering qualifiers (ld.acquire, atom.acq_rel) are accepted and ignored:
-CTAs run one after another, so a semaphore wait for a later CTA (a spin loop) is out of its reach.
+instruction together, so forward branches reconverge where they join. A thread whose mbarrier wait fails stays
+at it while the others run, and the warpgroups that ran last run on until they wait (`CTA.run` says which
+schedule that makes). The CTAs of a cluster take turns, each running until all its threads wait: at a cluster
+barrier (which it passes once every CTA of the cluster is there) or on an mbarrier phase that has not completed
+(st.async and TMA loads count their bytes on the receiving CTA's mbarrier). Named barriers count their arrivals
+(tests/ptx_cluster.py), TMA copies land as late or as early as the memory model lets them (tests/ptx_tma.py),
+wgmma runs at its issue and checks that what it read is unchanged when it is waited for (tests/ptx_wgmma.py).
+Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd
+b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global memory is one byte arena: an
+access not aligned to its size, outside it, a load touching no placed tensor or a store outside every placed
+tensor raises, as the hardware faults (or should). `shfl.sync` must find every lane of its warp at the
+instruction, a cluster barrier every thread. Memory, shuffles and control flow are here; arithmetic is in
+tests/ptx_arith.py. It raises on any instruction it does not know; ex2/lg2/rsqrt/rcp .approx are exact in f32
+(as in the interpreter). Atomics run thread by thread; memory-ordering qualifiers (ld.acquire, atom.acq_rel) are
+accepted and ignored: CTAs run one after another, so a semaphore wait for a later CTA (a spin loop) is out of its
+reach.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result
 from ptx_cluster import ClusterOps, MBarrier, run_cluster
 from ptx_memory import Memory, SmemRaces, shared_offsets, unordered
 from ptx_tma import TMAP_BASE, TensorMap, TmaOps
+from ptx_wgmma import WgmmaOps
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
@@ -96,6 +100,7 @@ class Program:
                 if opcode == "bra":
                     operands = [local.get(operands[0], operands[0])]
                 self.code.append((guard, opcode, operands))
+        self.waits = [i for i, (_, opcode, _) in enumerate(self.code) if opcode.startswith("mbarrier.try_wait")]
 
 
 def _operands(text: str) -> list:
@@ -115,7 +120,7 @@ def _operands(text: str) -> list:
     return out
 
 
-class CTA(ClusterOps, TmaOps, Arithmetic):
+class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
@@ -129,8 +134,11 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
         self.races = SmemRaces(threads, len(self.smem)) if not prog.async_smem else None
         self.local = np.zeros((threads, max(prog.local_bytes, 16)), dtype=np.uint8)  # each thread's own
         self.mbarriers: dict[int, MBarrier] = {}  # by SMEM offset
+        self.named: dict[int, list] = {}  # named barriers mid-phase: [threads arrived, waiters, all arrivers]
+        self.released = np.zeros(threads, dtype=bool)  # waiters a named barrier let go in the last step
         self.pending_loads: list = []  # TMA loads in flight (ptx_tma.py)
         self.groups: dict[int, list[list]] = {}  # each thread's TMA stores in flight, by bulk group
+        self.wgmma_groups: dict[int, list[list]] = {}  # each warpgroup's MMAs in flight (ptx_wgmma.py)
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(threads, dtype=np.uint32)
 
@@ -207,18 +215,38 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
     # -- running
     def run(self, max_steps: int = 10_000_000):
         """A generator: it yields "cluster" at each barrier.cluster.wait, where the cluster's CTAs meet, and "spin"
-        where an mbarrier wait failed (another CTA must run first)."""
+        where every thread waits on an mbarrier (or at a barrier for one that does): another CTA must run first.
+        A thread whose mbarrier wait fails stays at it while the CTA's other threads run (a producer warpgroup
+        while its consumers wait for its copies), and tries again once a phase completes or they are stuck too.
+        The warpgroups that ran the last instruction run on until they wait (a producer runs ahead as far as its
+        slots let it), and threads that an arrival let through run first (it refills a slot the moment it is
+        given back): the schedule that makes a slot given back too early show."""
         pc = np.zeros(self.threads, dtype=np.int64)
         active = np.ones(self.threads, dtype=bool)
         waiting = np.zeros(self.threads, dtype=bool)  # at a shfl.sync or bar.sync for threads still elsewhere
+        parked = np.zeros(self.threads, dtype=bool)  # at an mbarrier wait that failed
+        barred = np.zeros(self.threads, dtype=bool)  # at a named barrier's sync, its count not reached
+        progressed = True  # some thread got past an instruction since the parked ones last tried again
+        phases = 0  # mbarrier phases completed: the parked threads try again as soon as one completes
+        eager = np.zeros(self.threads, dtype=bool)  # let through by an arrival: they run first
+        current = np.zeros(self.threads, dtype=bool)  # the warpgroups that ran the last instruction
         steps = 0
         while active.any():
             steps += 1
             if steps > max_steps:
                 raise SimError("too many steps (a hang?)")
-            free = active & ~waiting
-            at = int(pc[free if free.any() else active].min())
-            mask = active & (pc == at)
+            free = active & ~waiting & ~parked & ~barred
+            if barred.any() and not free.any() and not parked.any():
+                raise SimError(f"threads wait at named barriers {sorted(self.named)} that the others never reach")
+            if parked.any() and not free.any():
+                if not progressed:  # a round of tries in which no wait passed: another CTA must run
+                    yield "spin"
+                parked[:] = False
+                progressed = False
+                continue
+            pick = next((p for p in (free & eager, free & current) if p.any()), free)
+            at = int(pc[pick if pick.any() else active].min())
+            mask = active & (pc == at) & ~barred
             if at >= len(self.prog.code):
                 raise SimError("ran off the end of the kernel")
             guard, opcode, operands = self.prog.code[at]
@@ -228,6 +256,7 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
                 waiting |= mask
                 continue
             waiting &= ~mask
+            current = np.repeat(mask.reshape(-1, 128).any(axis=1), 128) if self.threads % 128 == 0 else mask
             run = mask.copy()
             if guard is not None:
                 g = self.reg(guard[1])
@@ -241,7 +270,29 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
             except Exception as e:  # an operand form or type the arithmetic does not cover
                 raise SimError(f"the simulator does not know {opcode} {', '.join(map(str, operands))} "
                                f"({type(e).__name__}: {e})") from e
-            if nxt in ("cluster", "spin"):
+            if opcode.startswith(("mbarrier", "cp.", "st.async")):
+                now = sum(b.completed for b in self.mbarriers.values())
+                if now != phases:
+                    if opcode.startswith("mbarrier.arrive"):  # at a wait, parked or about to try again
+                        eager |= active & (parked | np.isin(pc, self.prog.waits))
+                    parked[:], phases = False, now
+            if self.released.any():  # waiters at other instructions go on past them
+                pc[self.released & ~mask] += 1
+                barred &= ~self.released
+                self.released[:] = False
+            if nxt == "hold":  # at a named barrier that others have yet to reach
+                barred |= self.held
+                pc[mask & ~self.held] = at + 1
+                progressed = True
+                continue
+            if nxt == "spin":  # the threads whose wait failed stay at it; the others go on
+                parked |= self.spinning
+                eager &= ~self.spinning
+                progressed |= bool((mask & ~self.spinning).any())
+                pc[mask & ~self.spinning] = at + 1
+                continue
+            progressed = True
+            if nxt == "cluster":
                 yield nxt
                 nxt = None
             if nxt == "exit":
@@ -255,20 +306,16 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
         self.tma_exit()
 
     def _joins_later(self, opcode: str, ops: list, mask, active, pc, at: int) -> bool:
-        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync or bar.sync (both
-        warp-synchronous) for the active lanes of its warps, a bar.sync also for its count of threads (a divergent
-        branch left them behind, as when a loop's body ends with stores by one lane or warp and the others take the
-        back edge first; the hardware makes them meet)."""
-        if not opcode.startswith(("shfl.sync", "bar.sync", "barrier.sync")):
+        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync for the active
+        lanes of its warps (a divergent branch left them behind; the hardware makes them meet), a cluster barrier
+        for every thread of the CTA (warp-specialized code reaches the kernel's last one from its producer's branch
+        before its consumers do). Named barriers count their arrivals instead (ptx_cluster.named_barrier)."""
+        if opcode.startswith("barrier.cluster"):
+            return bool((active & (pc != at)).any())
+        if not opcode.startswith("shfl.sync"):
             return False
         warps = np.repeat(mask.reshape(-1, 32).any(axis=1), 32)
-        if (active & warps & (pc != at)).any():
-            return True
-        if opcode.startswith("shfl"):
-            return False
-        count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
-        ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
-        return any(int((mask & (ids == i)).sum()) < count for i in np.unique(ids[mask]))  # each barrier's own
+        return bool((active & warps & (pc != at)).any())
 
     def step(self, opcode: str, ops: list, run: np.ndarray, mask: np.ndarray, active: np.ndarray):
         parts = opcode.split(".")
@@ -281,15 +328,8 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
             if run.any():
                 raise SimError(f"trap in {int(run.sum())} threads")
             return None
-        if name == "bar":  # bar.sync id[, count]: count threads (default: all) meet at barrier id
-            ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
-            count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
-            for i in np.unique(ids[mask]):
-                if int((mask & (ids == i)).sum()) != count:
-                    raise SimError(f"{opcode} {i}: {int((mask & (ids == i)).sum())} threads arrived, not {count}")
-                if self.races:
-                    self.races.barrier(mask & (ids == i))
-            return None
+        if name == "bar" or name == "barrier" and not opcode.startswith("barrier.cluster"):
+            return self.named_barrier(opcode, ops, run, active)
         if name == "barrier":
             if not (mask == active).all() or run.any() and not (run == active).all():
                 raise SimError(f"{opcode} reached by only some threads")
@@ -418,6 +458,8 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
         target = self.mem.bytes if space == "global" else self.smem
         off = self.mem.offsets(addr[idx], nbytes) if space == "global" else \
             shared_offsets(addr[idx], nbytes, len(self.smem))
+        if space == "global":
+            self.mem.check_store(off, nbytes)
         for lane, o in zip(idx, off):  # in lane order: the last writer of a byte wins, as the hardware picks one
             target[o:o + nbytes] = data[lane]
             if space == "global":
@@ -472,6 +514,7 @@ class CTA(ClusterOps, TmaOps, Arithmetic):
         olds = np.zeros((vec, self.threads), dtype=np.uint64)
         for lane in np.nonzero(run)[0]:
             (off,) = self.mem.offsets(addr[lane:lane + 1], nbytes * vec)
+            self.mem.check_store(np.array([off]), nbytes * vec)
             for j in range(vec):
                 at = int(off) + j * nbytes
                 old = int.from_bytes(self.mem.bytes[at:at + nbytes].tobytes(), "little")

@@ -107,10 +107,10 @@ class TmaOps:
             for lane in np.nonzero(run)[0]:
                 self._drain(int(lane), keep)
             return
-        if parts[3] != "tensor" or "multicast::cluster" in parts or "im2col" in parts:
+        if parts[3] != "tensor" or "im2col" in parts:
             raise SimError(f"the simulator does not know {'.'.join(parts)}")
         if parts[5:7] == ["shared::cluster", "global"]:
-            self._issue_loads(ops, run)
+            self._issue_loads(ops, run, "multicast::cluster" in parts)
         elif parts[5:7] == ["global", "shared::cta"] and "bulk_group" in parts:
             self._issue_stores(ops, run)
         else:
@@ -123,21 +123,28 @@ class TmaOps:
                   for c in coords.strip().strip("{}").split(",")]
         return np.broadcast_to(np.asarray(self.value(handle.strip())), (self.threads,)), values[::-1]
 
-    def _issue_loads(self, ops, run):
+    def _issue_loads(self, ops, run, multicast: bool):
+        """Loads into this CTA's slot, or with multicast into the same offsets of each CTA of the mask (its slot,
+        its mbarrier)."""
         handles, coords = self._tensor_operand(ops[1])
         dst, bar = self.address(ops[0]), self.address(ops[2])
+        masks = np.broadcast_to(as_uint(self.value(ops[3]), 16), (self.threads,)) if multicast else None
         for lane in np.nonzero(run)[0]:
-            load = _Load(self, self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords),
-                         int(dst[lane]), int(bar[lane]))
-            cta, offset = self.peer(load.barrier)
-            if cta is not self or self.peer(load.dst)[0] is not self:
-                raise SimError("a TMA load into another CTA's shared memory without multicast")
-            load.dst, load.barrier = self.peer(load.dst)[1], offset
-            self._barrier(self, offset)  # an mbarrier must be there at the issue
-            if self.lands == "early":
-                self._land(load)
-            else:
-                self.pending_loads.append(load)
+            (home, dst_offset), (holder, bar_offset) = self.peer(int(dst[lane])), self.peer(int(bar[lane]))
+            if home is not self or holder is not self:
+                raise SimError("a TMA load names another CTA's shared memory: multicast names CTAs by its mask")
+            ranks = [r for r in range(len(self.cluster)) if int(masks[lane]) >> r & 1] if multicast else [None]
+            if multicast and (not ranks or int(masks[lane]) >> len(self.cluster)):
+                raise SimError(f"a multicast TMA load to CTAs {int(masks[lane]):#x} of a cluster of {len(self.cluster)}")
+            for r in ranks:
+                cta = self if r is None else self.cluster[r]
+                load = _Load(cta, self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords), dst_offset,
+                             bar_offset)
+                self._barrier(cta, bar_offset)  # an mbarrier must be there at the issue
+                if self.lands == "early":
+                    cta._land(load)
+                else:
+                    cta.pending_loads.append(load)
 
     def land_loads(self, offset: int) -> None:
         """Land the loads in flight to this CTA's mbarrier at `offset` (a thread waits on it)."""
@@ -180,6 +187,7 @@ class TmaOps:
         data = self.smem[tmap.smem_offsets(store.src)].reshape(-1, tmap.itemsize)
         address, inside = tmap.elements(store.coords)
         off = self.mem.offsets(address[inside].astype(np.uint64), tmap.itemsize)
+        self.mem.check_store(off, tmap.itemsize)
         at = (off[:, None] + np.arange(tmap.itemsize)).reshape(-1)
         self.mem.bytes[at] = data[inside].reshape(-1)
         self.mem.writes[at] += 1

@@ -1,0 +1,160 @@
+"""GEMM and attention kernels from their sm_90a PTX on the CPU (tests/ptx_sim.py: warp-specialized CTAs, TMA,
+wgmma, named barriers): every schedule the matmul wrapper may time for a problem (data-parallel, stream-K,
+split-K, swap-AB, multicast, the GEMVs; examples/_matmul_schedules.candidates) launched as the wrapper launches
+it, with few SMs so that persistent CTAs loop and stream-K cuts tiles; attention's forward (ping-pong consumers,
+causal, GQA); outputs poisoned, against torch. A slot given back before the wgmma that reads it is waited for is
+caught."""
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
+import _matmul_schedules as schedules  # noqa: E402
+import attention as A  # noqa: E402
+import matmul_hopper as mh  # noqa: E402
+import ptx_sim  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def compiled(kernel, args, constexprs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ptxas' and the bank-conflict warnings are other tests' business
+        return kernel.compile(*args, **constexprs, target="sm_90a")
+
+
+def simulate_plan(problem, cfg: dict, sms: int, scale, bias, c, lands: str = "late"):
+    """c from the PTX of the launch examples/matmul_hopper._launch makes of `cfg` for `problem` on `sms` SMs."""
+    plan = schedules.launch_plan(problem, cfg, sms)
+    if plan.gemv:
+        kernel = mh.GEMV_KERNELS[plan.gemv]
+        args = (problem.a_op.t() if problem.a_mn else problem.a_op, problem.b_op, c,
+                c if scale is None else scale, c if bias is None else bias, *schedules.launch_workspace(plan, c))
+    else:
+        a, b = mh._tma_ready(problem.a_op), mh._tma_ready(problem.b_op)
+        a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
+        kernel = mh.matmul_kernel
+        args = (a, b, c_arg, c if scale is None else scale, c if bias is None else bias,
+                *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c))
+    dev = ptx_sim.Device(128 << 20)
+    dev.lands = lands
+    cluster = plan.kernel_cfg.get("cluster") or (1,)
+    dev.run(compiled(kernel, args, plan.kernel_cfg), plan.grid, *args, cluster=cluster[0])
+    return dev.fetch(c)
+
+
+def check_candidates(m, n, k, sms, dtype=BF16, b_kmajor=False, a_transposed=False, scaled=False, biased=False,
+                     which=None, lands="late"):
+    a = torch.randn(k, m).to(dtype).t() if a_transposed else torch.randn(m, k).to(dtype)
+    b = torch.randn(n, k).to(dtype) if b_kmajor else torch.randn(k, n).to(dtype)
+    out_dtype = dtype if dtype.itemsize == 2 else BF16
+    scale = torch.rand(1) + 0.5 if scaled else None
+    bias = torch.randn(n).to(out_dtype) if biased else None
+    problem = schedules.Problem.of(a, b, b_kmajor, out_dtype, scaled, biased, None)
+    want = a.double() @ (b.double().t() if b_kmajor else b.double())
+    want = want * (scale.double() if scaled else 1) + (bias.double() if biased else 0)
+    candidates = schedules.candidates(problem, sms)
+    for cfg in candidates if which is None else [candidates[i] for i in which]:
+        c = torch.full((m, n), float("nan")).to(out_dtype)
+        got = simulate_plan(problem, cfg, sms, scale, bias, c, lands).double()
+        assert not got.isnan().any(), schedules.describe(cfg)
+        # bf16 output: its rounding, relative to the larger of the value and the sums' typical size
+        assert ((got - want).abs() <= 2 ** -7 * (want.abs() + k ** 0.5)).all(), schedules.describe(cfg)
+
+
+@pytest.mark.parametrize("m,n,k,sms,kwargs", [
+    (3, 256, 512, 8, dict(b_kmajor=True)),       # decode, a linear layer's weight: swap-AB and the K-major GEMVs
+    (3, 256, 512, 8, {}),                        # decode, N-major weight: swap-AB and the N-major GEMVs
+    (256, 512, 256, 4, dict(scaled=True, biased=True)),  # whole waves, with the epilogue; multicast B
+    (256, 512, 256, 3, {}),                      # a partial last wave: stream-K
+    (200, 264, 136, 8, {}),                      # small and ragged: every edge tile cut by TMA and the stores
+], ids=["decode-kmajor", "decode-nmajor", "waves-epilogue", "partial-wave", "small-ragged"])
+def test_every_matmul_candidate_from_its_ptx(m, n, k, sms, kwargs):
+    check_candidates(m, n, k, sms, **kwargs)
+
+
+def test_long_k_split_over_clusters_from_its_ptx():
+    """Fewer tiles than SMs and a long K: split-K over clusters of two N-neighbours sharing their A tile (TMA
+    multicast, cut tiles fixed up by the last contributor)."""
+    problem_cfg = schedules.candidates(schedules.Problem.of(torch.empty(256, 16384, dtype=BF16),
+                                                            torch.empty(16384, 256, dtype=BF16), False, BF16,
+                                                            False, False, None), 32)[0]
+    assert problem_cfg.get("MULTICAST") == "a" and problem_cfg.get("SPLIT", 1) > 1, problem_cfg
+    check_candidates(256, 256, 16384, 32, which=[0])
+
+
+@pytest.mark.parametrize("lands", ["late", "early"])
+@pytest.mark.parametrize("kwargs", [dict(dtype=torch.float16), dict(dtype=torch.float8_e4m3fn, b_kmajor=True),
+                                    dict(a_transposed=True), dict(b_kmajor=True, biased=True)],
+                         ids=["f16", "fp8", "a-transposed", "b-kmajor"])
+def test_operand_forms_from_their_ptx(kwargs, lands):
+    check_candidates(192, 320, 256, 4, which=[0], lands=lands, **kwargs)
+
+
+@pytest.mark.parametrize("lands", ["late", "early"])
+@pytest.mark.parametrize("b,h,hk,sq,sk,d,causal", [(1, 2, 2, 200, 300, 64, False), (1, 4, 2, 100, 180, 64, True),
+                                                  (1, 2, 2, 130, 250, 128, False)])
+def test_attention_forward_from_its_ptx(b, h, hk, sq, sk, d, causal, lands):
+    q, k, v = torch.randn(b, h, sq, d).to(BF16), torch.randn(b, hk, sk, d).to(BF16), torch.randn(b, hk, sk, d).to(BF16)
+    qp, kp, vp, scale = A._prepare(q, k, v, None)
+    cfg = A.forward_config(d, causal)
+    o = torch.full((b, h, sq, d), float("nan")).to(BF16)
+    lse = A._padded_rows((b, h, sq), torch.float32, "cpu")
+    args = (qp, kp, vp, o, lse, scale * A.LOG2E)
+    constexprs = dict(D=d, CAUSAL=causal, REGISTERS=A.registers_per_consumer(cfg["CONSUMERS"]),
+                      num_warpgroups=1 + cfg["CONSUMERS"], **cfg)
+    dev = ptx_sim.Device(64 << 20)
+    dev.lands = lands
+    dev.run(compiled(A.attention_fwd, args, constexprs), (-(-sq // (64 * cfg["CONSUMERS"])), b * h), *args)
+    kk, vv = (x.double().repeat_interleave(h // hk, 1) for x in (k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, is_causal=causal)
+    assert (dev.fetch(o).double() - want).abs().max() < 2e-2
+
+
+@mgjit.kernel(num_warpgroups=2)
+def ring_matmul(a, b, c, EARLY: mgjit.constexpr):
+    """c (64 x 64) = a (64 x K) @ b (K x 64) through a ring of two slots: warpgroup 0 copies, warpgroup 1
+    multiplies and gives a slot back once its wgmma is waited for (EARLY: right after issuing it, a race)."""
+    a_s = mgjit.smem((2, 64, 64), a.dtype, swizzle=128)
+    b_s = mgjit.smem((2, 64, 64), b.dtype, swizzle=128)
+    full = mgjit.barrier(2, arrivals=2)
+    empty = mgjit.barrier(2)
+    k_tiles = mgjit.cdiv(a.shape[1], 64)
+    if mgjit.warpgroup_id() == 0:
+        for k in range(k_tiles):
+            if k >= 2:
+                empty[k % 2].wait()
+            mgjit.copy_async(a, (0, k * 64), a_s[k % 2], barrier=full[k % 2])
+            mgjit.copy_async(b, (k * 64, 0), b_s[k % 2], barrier=full[k % 2])
+    else:
+        acc = mgjit.zeros((64, 64), mgjit.float32)
+        for k in range(k_tiles):
+            full[k % 2].wait()
+            acc = mgjit.wgmma(acc, a_s[k % 2], b_s[k % 2])
+            if EARLY:
+                empty[k % 2].arrive()
+            mgjit.wgmma_wait(0)
+            if not EARLY:
+                empty[k % 2].arrive()
+        c[mgjit.ds(0, 64), mgjit.ds(0, 64)] = acc.astype(c.dtype)
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_a_slot_given_back_before_its_wgmma_is_waited_for_is_caught(early):
+    a, b = torch.randn(64, 256).to(BF16), torch.randn(256, 64).to(BF16)
+    c = torch.full((64, 64), float("nan")).to(BF16)
+    dev = ptx_sim.Device()
+    dev.lands = "early"  # the producer's refill lands the moment it is issued
+    kernel = compiled(ring_matmul, (a, b, c), dict(EARLY=early))
+    if early:
+        with pytest.raises(ptx_sim.SimError, match="wgmma operand .* changed before the wgmma.wait_group"):
+            dev.run(kernel, (1,), a, b, c)
+    else:
+        dev.run(kernel, (1,), a, b, c)
+        assert torch.allclose(dev.fetch(c).double(), a.double() @ b.double(), rtol=2 ** -7, atol=0.1)
