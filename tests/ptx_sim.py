@@ -73,9 +73,11 @@ class Program:
             if m:
                 self.labels[m.group(1)] = len(self.code)
                 continue
-            local: dict[str, str] = {}  # the labels of a one-line inline-asm block, scoped to it as in PTX
+            # The labels of a one-line inline-asm block are scoped to it, as in PTX: made unique to the line
+            for name in re.findall(r"(?:^|[;{])\s*(\w+):", line):
+                line = re.sub(rf"\b{name}\b", f"{name}@{len(self.code)}", line)
             for stmt in _split(line):
-                if stmt.startswith("{") or stmt.startswith("}"):
+                if stmt.startswith(("{", "}")):  # an inline-asm block's braces, not a vector operand's
                     stmt = stmt.strip("{} ")
                     if not stmt:
                         continue
@@ -84,22 +86,19 @@ class Program:
                     dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(re.sub("^[su]", "b", m.group(1)))
                     self.declared.update((n.strip(), dtype) for n in m.group(2).split(","))
                     continue
-                m = re.match(r"^(\w+):\s+(.*)$", stmt)
+                m = re.match(r"^([\w@]+):\s*(.*)$", stmt)
                 if m:
-                    local[m.group(1)] = f"{m.group(1)}@{len(self.code)}"
-                    self.labels[local[m.group(1)]] = len(self.code)
-                    stmt = m.group(2)
+                    self.labels[m.group(1)] = len(self.code)
+                    stmt = m.group(2).strip("{} ")
+                    if not stmt:
+                        continue
                 guard = None
                 m = re.match(r"^@(!?)(%?\w+)\s+(.*)$", stmt)
                 if m:
                     guard = (m.group(1) == "!", m.group(2))
                     stmt = m.group(3)
                 parts = stmt.split(None, 1)
-                opcode = parts[0]
-                operands = _operands(parts[1]) if len(parts) > 1 else []
-                if opcode == "bra":
-                    operands = [local.get(operands[0], operands[0])]
-                self.code.append((guard, opcode, operands))
+                self.code.append((guard, parts[0], _operands(parts[1]) if len(parts) > 1 else []))
         self.waits = [i for i, (_, opcode, _) in enumerate(self.code) if opcode.startswith("mbarrier.try_wait")]
 
 
@@ -192,7 +191,7 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
         return x.astype(dt)
 
     def address(self, op: str) -> np.ndarray:
-        inner = op.strip()[1:-1]
+        inner = op.strip()[1:-1].replace(" ", "")
         m = re.match(r"^([%\w]+)(?:\+(-?\d+))?$", inner)
         if not m:
             raise SimError(f"cannot read the address {op}")
@@ -379,6 +378,9 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
             self.write(ops[0], np.array(v, dtype=float_dtype(t)) if t.startswith("f") else
                        np.uint64(int(v) & (2**64 - 1)), run)
             return
+        if not space.startswith(("global", "shared", "local")):  # a generic address: ld.v4.b32
+            space = "generic"
+            parts = [parts[0], space, *parts[1:]]
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
         t = parts[-1]
         bits = 8 if t in ("u8", "s8", "b8") else int(t[1:])
@@ -416,6 +418,12 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
         idx = np.nonzero(run)[0]
         if not len(idx):
             return out
+        if space == "generic":  # a tensor-map parameter's bytes, or global memory
+            if all(int(a) >= TMAP_BASE for a in addr[idx]):
+                for lane in idx:
+                    out[lane] = self.tensormap_bytes(int(addr[lane]), nbytes)
+                return out
+            space = "global"
         if space == "global":
             off = self.mem.offsets(addr[idx], nbytes)
             if self.mem.allocations:
@@ -595,6 +603,15 @@ class Device:
             if b is base:
                 raw = self.mem.read(self.mem.base + offset, base.numel() * base.element_size())
                 return torch.from_numpy(raw).view(base.dtype).reshape(base.shape)
+        raise SimError("a tensor that was not placed")
+
+    def stores(self, base):
+        """How many stores wrote each element of a placed tensor (the most of any of its bytes)."""
+        import torch
+        for b, offset in self.bases:
+            if b is base:
+                counts = self.mem.writes[offset:offset + base.numel() * base.element_size()]
+                return torch.from_numpy(counts.reshape(-1, base.element_size()).max(axis=1)).reshape(base.shape)
         raise SimError("a tensor that was not placed")
 
     def run(self, compiled, grid: tuple[int, ...], *args, cluster: int = 1) -> None:

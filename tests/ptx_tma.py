@@ -13,11 +13,16 @@ A test runs both. A CTA that exits with stores in flight raises, as the hardware
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 from ptx_arith import SimError, as_int, as_uint
 
 TMAP_BASE = 0xF000_0000_0000  # generic addresses of the tensor-map parameters (cvta.param): one 128-byte slot each
+# A tensor map's 128 bytes in this simulator's own layout (the driver's is opaque): a marker, the address, rank,
+# element size, swizzle, then five sizes, strides and box dimensions, innermost first as tensormap.replace counts.
+_ENCODING = struct.Struct("<4sQIII5I5Q5I")
+_MARKER = b"TMAP"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +44,20 @@ class TensorMap:
                            f"contiguous last dimension, got {hex(self.address)}, strides {self.strides}")
         if inner % 16 or (self.swizzle and inner > self.swizzle) or any(not 1 <= b <= 256 for b in self.box):
             raise SimError(f"a TMA box of {self.box} ({inner} bytes a row) with a {self.swizzle}B swizzle")
+
+    def encode(self) -> bytes:
+        rank = len(self.sizes)
+        pad = lambda v: list(reversed(v)) + [0] * (5 - rank)  # noqa: E731
+        return _ENCODING.pack(_MARKER, self.address, rank, self.itemsize, self.swizzle, *pad(self.sizes),
+                              *pad(self.strides), *pad(self.box)).ljust(128, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "TensorMap":
+        marker, address, rank, itemsize, swizzle, *rest = _ENCODING.unpack(raw[:_ENCODING.size])
+        if marker != _MARKER or not 1 <= rank <= 5:
+            raise SimError("cp.async.bulk.tensor reads 128 bytes that are no tensor map (nothing copied one there)")
+        sizes, strides, box = (tuple(reversed(rest[i:i + rank])) for i in (0, 5, 10))
+        return cls(address, sizes, strides, box, itemsize, swizzle)
 
     @property
     def box_bytes(self) -> int:
@@ -89,11 +108,37 @@ class TmaOps:
     lands = "late"
 
     def tensormap(self, handle: int) -> TensorMap:
+        """The tensor map at a generic address: a kernel parameter's, or one copied into global memory."""
+        if int(handle) < TMAP_BASE:
+            (off,) = self.mem.offsets(np.array([handle], dtype=np.uint64), 128)
+            return TensorMap.decode(self.mem.bytes[off:off + 128].tobytes())
         maps = [v for v in self.params.values() if isinstance(v, TensorMap)]
         slot, rest = divmod(int(handle) - TMAP_BASE, 128)
         if rest or not 0 <= slot < len(maps):
             raise SimError(f"cp.async.bulk.tensor reads a tensor map at {hex(int(handle))}, not a kernel parameter")
         return maps[slot]
+
+    def tensormap_bytes(self, address: int, nbytes: int) -> np.ndarray:
+        """What a generic load reads from a tensor-map parameter (copying it into global memory)."""
+        slot, offset = divmod(address - TMAP_BASE, 128)
+        maps = [v for v in self.params.values() if isinstance(v, TensorMap)]
+        if not 0 <= slot < len(maps) or offset + nbytes > 128:
+            raise SimError(f"a load of {nbytes} bytes at {hex(address)}, outside the tensor-map parameters")
+        return np.frombuffer(maps[slot].encode()[offset:offset + nbytes], dtype=np.uint8)
+
+    def op_tensormap(self, parts, ops, run):
+        """tensormap.replace.tile.global_dim.global.b1024.b32 [map], ordinal, size: a dimension's size of a tensor
+        map in global memory (ordinal 0 the innermost)."""
+        if parts[1:4] != ["replace", "tile", "global_dim"]:
+            raise SimError(f"the simulator does not know {'.'.join(parts)}")
+        addr = self.address(ops[0])
+        for lane in np.nonzero(run)[0]:
+            (off,) = self.mem.offsets(addr[lane:lane + 1], 128)
+            tmap = TensorMap.decode(self.mem.bytes[off:off + 128].tobytes())
+            sizes = list(tmap.sizes)
+            sizes[len(sizes) - 1 - int(self.value(ops[1]))] = int(np.broadcast_to(self.value(ops[2]), (self.threads,))[lane])
+            encoded = dataclasses.replace(tmap, sizes=tuple(sizes)).encode()
+            self.mem.bytes[off:off + 128] = np.frombuffer(encoded, dtype=np.uint8)
 
     def op_cp(self, parts, ops, run):
         if parts[1:3] != ["async", "bulk"]:

@@ -1,9 +1,9 @@
 """GEMM and attention kernels from their sm_90a PTX on the CPU (tests/ptx_sim.py: warp-specialized CTAs, TMA,
 wgmma, named barriers): every schedule the matmul wrapper may time for a problem (data-parallel, stream-K,
 split-K, swap-AB, multicast, the GEMVs; examples/_matmul_schedules.candidates) launched as the wrapper launches
-it, with few SMs so that persistent CTAs loop and stream-K cuts tiles; attention's forward (ping-pong consumers,
-causal, GQA); outputs poisoned, against torch. A slot given back before the wgmma that reads it is waited for is
-caught."""
+it, with few SMs so that persistent CTAs loop and stream-K cuts tiles; the grouped GEMM's two launches;
+attention's forward (ping-pong consumers, causal, GQA); outputs poisoned, against torch, each element stored once.
+A slot given back before the wgmma that reads it is waited for is caught."""
 import sys
 import warnings
 from pathlib import Path
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
 import _matmul_schedules as schedules  # noqa: E402
 import attention as A  # noqa: E402
+import grouped_matmul as G  # noqa: E402
 import matmul_hopper as mh  # noqa: E402
 import ptx_sim  # noqa: E402
 
@@ -30,7 +31,8 @@ def compiled(kernel, args, constexprs):
 
 
 def simulate_plan(problem, cfg: dict, sms: int, scale, bias, c, lands: str = "late"):
-    """c from the PTX of the launch examples/matmul_hopper._launch makes of `cfg` for `problem` on `sms` SMs."""
+    """c from the PTX of the launch examples/matmul_hopper._launch makes of `cfg` for `problem` on `sms` SMs,
+    each of its elements stored once."""
     plan = schedules.launch_plan(problem, cfg, sms)
     if plan.gemv:
         kernel = mh.GEMV_KERNELS[plan.gemv]
@@ -46,6 +48,7 @@ def simulate_plan(problem, cfg: dict, sms: int, scale, bias, c, lands: str = "la
     dev.lands = lands
     cluster = plan.kernel_cfg.get("cluster") or (1,)
     dev.run(compiled(kernel, args, plan.kernel_cfg), plan.grid, *args, cluster=cluster[0])
+    assert (dev.stores(c) == 1).all(), schedules.describe(cfg)
     return dev.fetch(c)
 
 
@@ -115,6 +118,32 @@ def test_attention_forward_from_its_ptx(b, h, hk, sq, sk, d, causal, lands):
     kk, vv = (x.double().repeat_interleave(h // hk, 1) for x in (k, v))
     want = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, is_causal=causal)
     assert (dev.fetch(o).double() - want).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("lands", ["late", "early"])
+@pytest.mark.parametrize("sizes,k,n,dtype,kmajor", [
+    ([0, 70, 33, 0, 150, 1], 128, 256, BF16, True),   # empty groups, groups ending inside a tile's rows
+    ([5, 0, 130, 64], 256, 128, BF16, False),         # N-major weights
+    ([40, 0, 100], 256, 192, torch.float8_e4m3fn, True),  # fp8 with rowwise scales
+], ids=["bf16", "nmajor", "fp8"])
+def test_grouped_matmul_from_its_ptx(sizes, k, n, dtype, kmajor, lands):
+    """Both launches of examples/grouped_matmul.grouped_matmul (the tile table, then the persistent matmul whose
+    stores stop at each group's end through descriptors cut on the device: tensormap.replace), each output
+    element stored once."""
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    m = int(offs[-1])
+    x = torch.randn(m, k).to(dtype)
+    w = torch.randn(len(sizes), n, k).to(dtype).transpose(1, 2) if kmajor else torch.randn(len(sizes), k, n).to(dtype)
+    scales = (torch.rand(m) + 0.5, torch.rand(len(sizes), n) + 0.5) if dtype.itemsize == 1 else (None, None)
+    c, launches = G.grouped_launches(x, w, offs, *scales)
+    c.fill_(float("nan"))
+    dev = ptx_sim.Device(64 << 20)
+    dev.lands = lands
+    for kernel, grid, args, constexprs in launches:
+        dev.run(compiled(kernel, args, constexprs), grid, *args)
+    want = G.reference(x, w, offs, *scales).double()
+    assert ((dev.fetch(c).double() - want).abs() <= 2 ** -7 * (want.abs() + k ** 0.5)).all()
+    assert (dev.stores(c) == 1).all()
 
 
 @mgjit.kernel(num_warpgroups=2)
