@@ -441,6 +441,15 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
     q (B, H, Sq, D) and k, v (B, Hk, Sk, D) with H a multiple of Hk (GQA/MQA); causal as SDPA's is_causal (query i
     sees keys 0..i). `profile`, an mgjit.Profile, records the launch's spans: the producer's "load K, V" per
     block, each consumer's "attend" and "epilogue"."""
+    outputs, launches = forward_launches(q, k, v, causal, scale, config)
+    for kernel, grid, args, constexprs in launches:  # profiled: the Python path
+        kernel[grid](*args, **constexprs, **({} if profile is None else {"profile": profile}))
+    return outputs
+
+
+def forward_launches(q, k, v, causal: bool = False, scale: float | None = None, config: dict | None = None):
+    """((o, lse), the launch that fills them: [(kernel, grid, arguments, constexprs)], none where Sq is 0): what
+    `attention_forward` runs (tests run it elsewhere: tests/test_ptx_wgmma.py)."""
     import torch
     d = q.shape[-1]
     qp, kp, vp, scale = _prepare(q, k, v, scale)
@@ -448,18 +457,25 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
     cfg = {**forward_config(dp, causal), **(config or {})}
     o = torch.empty(b, h, sq, dp, dtype=q.dtype, device=q.device)
     lse = _padded_rows((b, h, sq), torch.float32, q.device)  # the backward reads it with TMA
-    if sq:
-        consumers = cfg["CONSUMERS"]
-        grid = (-(-sq // (64 * consumers)), b * h)
-        attention_fwd[grid](qp, kp, vp, o, lse, scale * LOG2E, D=dp, CAUSAL=bool(causal),
-                            REGISTERS=registers_per_consumer(consumers), num_warpgroups=1 + consumers, **cfg,
-                            **({} if profile is None else {"profile": profile}))  # profiled: the Python path
-    return (o if dp == d else o[..., :d]), lse
+    consumers = cfg["CONSUMERS"]
+    launches = [(attention_fwd, (-(-sq // (64 * consumers)), b * h), (qp, kp, vp, o, lse, scale * LOG2E),
+                 dict(D=dp, CAUSAL=bool(causal), REGISTERS=registers_per_consumer(consumers),
+                      num_warpgroups=1 + consumers, **cfg))] if sq else []
+    return ((o if dp == d else o[..., :d]), lse), launches
 
 
 def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None,
                        config: dict | None = None):
     """(dq, dk, dv) of attention_forward, given its output o, its lse and the output's gradient do."""
+    grads, launches = backward_launches(do, q, k, v, o, lse, causal, scale, config)
+    for kernel, grid, args, constexprs in launches:
+        kernel[grid](*args, **constexprs)
+    return grads
+
+
+def backward_launches(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None,
+                      config: dict | None = None):
+    """((dq, dk, dv), the launches that fill them, in order): what `attention_backward` runs."""
     import torch
     d = q.shape[-1]
     qp, kp, vp, scale = _prepare(q, k, v, scale)
@@ -476,17 +492,17 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     dk = torch.empty(b, hk, sk, dp, dtype=q.dtype, device=q.device)
     dv = torch.empty(b, hk, sk, dp, dtype=q.dtype, device=q.device)
     rows = 8192 // dp
-    if sq:
-        attention_bwd_preprocess[(-(-sq // rows), b * h)](o, do, delta, dq_acc, D=dp, ROWS=rows)
     block_n = 64 * consumers // cfg["SPLIT"]
-    attention_bwd[(-(-sk // block_n), b * hk)](qp, kp, vp, do, lse, delta, dq_acc, dk, dv, scale * LOG2E, scale, D=dp,
-                                               CAUSAL=bool(causal), REGISTERS=registers_per_consumer(consumers),
-                                               num_warpgroups=1 + consumers, **cfg)
+    launches = [(attention_bwd, (-(-sk // block_n), b * hk),
+                 (qp, kp, vp, do, lse, delta, dq_acc, dk, dv, scale * LOG2E, scale),
+                 dict(D=dp, CAUSAL=bool(causal), REGISTERS=registers_per_consumer(consumers),
+                      num_warpgroups=1 + consumers, **cfg))]
     if sq:
-        attention_bwd_dq[(-(-sq // rows), b * h)](dq_acc, dq, scale, D=dp, ROWS=rows)
-    if dp != d:
-        dq, dk, dv = dq[..., :d], dk[..., :d], dv[..., :d]
-    return dq, dk, dv
+        launches = [(attention_bwd_preprocess, (-(-sq // rows), b * h), (o, do, delta, dq_acc), dict(D=dp, ROWS=rows)),
+                    *launches,
+                    (attention_bwd_dq, (-(-sq // rows), b * h), (dq_acc, dq, scale), dict(D=dp, ROWS=rows))]
+    grads = (dq, dk, dv) if dp == d else (dq[..., :d], dk[..., :d], dv[..., :d])
+    return grads, launches
 
 
 def _autograd_function():

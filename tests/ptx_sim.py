@@ -632,6 +632,6 @@ class Device:
         for desc in compiled.meta.get("tma", []):
             t = args[desc["param"]]
             values.append(TensorMap(self.address(t), tuple(t.shape), tuple(s * t.element_size() for s in t.stride()),
-                                    tuple(desc["box"]), t.element_size(), desc["swizzle"]))
+                                    tuple(desc["box"]), t.element_size(), desc["swizzle"], str(t.dtype)[6:]))
         launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads, self.counts,
                self.lands)

@@ -20,9 +20,12 @@ from ptx_arith import SimError, as_int, as_uint
 
 TMAP_BASE = 0xF000_0000_0000  # generic addresses of the tensor-map parameters (cvta.param): one 128-byte slot each
 # A tensor map's 128 bytes in this simulator's own layout (the driver's is opaque): a marker, the address, rank,
-# element size, swizzle, then five sizes, strides and box dimensions, innermost first as tensormap.replace counts.
-_ENCODING = struct.Struct("<4sQIII5I5Q5I")
+# element size, swizzle, element type, then five sizes, strides and box dimensions, innermost first as
+# tensormap.replace counts them.
+_ENCODING = struct.Struct("<4sQIIII5I5Q5I")
 _MARKER = b"TMAP"
+_DTYPES = ("", "float32", "bfloat16", "float16", "float64", "int32", "int64", "uint8", "int8", "int16",
+           "float8_e4m3fn", "float8_e5m2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,7 @@ class TensorMap:
     box: tuple[int, ...]
     itemsize: int
     swizzle: int
+    dtype: str = ""  # the element type's torch name: what a reduce-add adds as
 
     def __post_init__(self):
         inner = self.box[-1] * self.itemsize
@@ -48,16 +52,16 @@ class TensorMap:
     def encode(self) -> bytes:
         rank = len(self.sizes)
         pad = lambda v: list(reversed(v)) + [0] * (5 - rank)  # noqa: E731
-        return _ENCODING.pack(_MARKER, self.address, rank, self.itemsize, self.swizzle, *pad(self.sizes),
-                              *pad(self.strides), *pad(self.box)).ljust(128, b"\0")
+        return _ENCODING.pack(_MARKER, self.address, rank, self.itemsize, self.swizzle, _DTYPES.index(self.dtype),
+                              *pad(self.sizes), *pad(self.strides), *pad(self.box)).ljust(128, b"\0")
 
     @classmethod
     def decode(cls, raw: bytes) -> "TensorMap":
-        marker, address, rank, itemsize, swizzle, *rest = _ENCODING.unpack(raw[:_ENCODING.size])
+        marker, address, rank, itemsize, swizzle, dtype, *rest = _ENCODING.unpack(raw[:_ENCODING.size])
         if marker != _MARKER or not 1 <= rank <= 5:
             raise SimError("cp.async.bulk.tensor reads 128 bytes that are no tensor map (nothing copied one there)")
         sizes, strides, box = (tuple(reversed(rest[i:i + rank])) for i in (0, 5, 10))
-        return cls(address, sizes, strides, box, itemsize, swizzle)
+        return cls(address, sizes, strides, box, itemsize, swizzle, _DTYPES[dtype])
 
     @property
     def box_bytes(self) -> int:
@@ -99,6 +103,7 @@ class _Store:
     tmap: TensorMap
     coords: tuple[int, ...]
     src: int
+    add: bool = False  # cp.reduce.async.bulk.tensor .add: added to what global memory holds
 
 
 class TmaOps:
@@ -141,6 +146,9 @@ class TmaOps:
             self.mem.bytes[off:off + 128] = np.frombuffer(encoded, dtype=np.uint8)
 
     def op_cp(self, parts, ops, run):
+        if parts[1:4] == ["reduce", "async", "bulk"] and "add" in parts and "bulk_group" in parts:
+            self._issue_stores(ops, run, add=True)
+            return
         if parts[1:3] != ["async", "bulk"]:
             raise SimError(f"the simulator does not know {'.'.join(parts)}")
         if parts[3] == "commit_group":
@@ -210,11 +218,11 @@ class TmaOps:
         self.smem[offsets] = data.reshape(-1)
         self._barrier(self, load.barrier).complete_tx(tmap.box_bytes)
 
-    def _issue_stores(self, ops, run):
+    def _issue_stores(self, ops, run, add: bool = False):
         handles, coords = self._tensor_operand(ops[0])
         src = self.address(ops[1])
         for lane in np.nonzero(run)[0]:
-            store = _Store(self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords), int(src[lane]))
+            store = _Store(self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords), int(src[lane]), add)
             self.groups.setdefault(int(lane), [[]])[-1].append(store)
 
     def _drain(self, lane: int, keep: int) -> None:
@@ -234,7 +242,15 @@ class TmaOps:
         off = self.mem.offsets(address[inside].astype(np.uint64), tmap.itemsize)
         self.mem.check_store(off, tmap.itemsize)
         at = (off[:, None] + np.arange(tmap.itemsize)).reshape(-1)
-        self.mem.bytes[at] = data[inside].reshape(-1)
+        new = data[inside].reshape(-1)
+        if store.add:
+            import torch
+            if not tmap.dtype.startswith(("float", "bfloat")):
+                raise SimError(f"a TMA reduce-add into {tmap.dtype or 'an untyped tensor'}: the simulator adds floats")
+            dtype = getattr(torch, tmap.dtype)
+            old, add = (torch.from_numpy(b.copy()).view(dtype) for b in (self.mem.bytes[at], new))
+            new = (old.double() + add.double()).to(dtype).view(torch.uint8).numpy()  # one rounding: exact f32 sum
+        self.mem.bytes[at] = new
         self.mem.writes[at] += 1
 
     def tma_exit(self) -> None:

@@ -2,7 +2,7 @@
 wgmma, named barriers): every schedule the matmul wrapper may time for a problem (data-parallel, stream-K,
 split-K, swap-AB, multicast, the GEMVs; examples/_matmul_schedules.candidates) launched as the wrapper launches
 it, with few SMs so that persistent CTAs loop and stream-K cuts tiles; the grouped GEMM's two launches;
-attention's forward (ping-pong consumers, causal, GQA); outputs poisoned, against torch, each element stored once.
+attention's forward (ping-pong consumers, causal, GQA) and backward; outputs poisoned, against torch.
 A slot given back before the wgmma that reads it is waited for is caught."""
 import sys
 import warnings
@@ -100,24 +100,36 @@ def test_operand_forms_from_their_ptx(kwargs, lands):
     check_candidates(192, 320, 256, 4, which=[0], lands=lands, **kwargs)
 
 
+def run_launches(dev, launches) -> None:
+    """A wrapper's launches, in order, on the simulator: each reads what the ones before left in its memory."""
+    for kernel, grid, args, constexprs in launches:
+        cluster = constexprs.get("cluster") or (1,)
+        dev.run(compiled(kernel, args, constexprs), grid, *args, cluster=cluster[0])
+
+
 @pytest.mark.parametrize("lands", ["late", "early"])
 @pytest.mark.parametrize("b,h,hk,sq,sk,d,causal", [(1, 2, 2, 200, 300, 64, False), (1, 4, 2, 100, 180, 64, True),
                                                   (1, 2, 2, 130, 250, 128, False)])
-def test_attention_forward_from_its_ptx(b, h, hk, sq, sk, d, causal, lands):
-    q, k, v = torch.randn(b, h, sq, d).to(BF16), torch.randn(b, hk, sk, d).to(BF16), torch.randn(b, hk, sk, d).to(BF16)
-    qp, kp, vp, scale = A._prepare(q, k, v, None)
-    cfg = A.forward_config(d, causal)
-    o = torch.full((b, h, sq, d), float("nan")).to(BF16)
-    lse = A._padded_rows((b, h, sq), torch.float32, "cpu")
-    args = (qp, kp, vp, o, lse, scale * A.LOG2E)
-    constexprs = dict(D=d, CAUSAL=causal, REGISTERS=A.registers_per_consumer(cfg["CONSUMERS"]),
-                      num_warpgroups=1 + cfg["CONSUMERS"], **cfg)
-    dev = ptx_sim.Device(64 << 20)
+def test_attention_forward_and_backward_from_their_ptx(b, h, hk, sq, sk, d, causal, lands):
+    """attention_forward's launch, then attention_backward's three (delta, dK and dV with dQ reduce-added by TMA,
+    dQ) on the forward's o and lse, against SDPA's output and gradients."""
+    q, k, v, do = (torch.randn(*shape, d).to(BF16) for shape in ((b, h, sq), (b, hk, sk), (b, hk, sk), (b, h, sq)))
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        leaves[0], *(x.repeat_interleave(h // hk, 1) for x in leaves[1:]), is_causal=causal)
+    want.backward(do.double())
+    dev = ptx_sim.Device(128 << 20)
     dev.lands = lands
-    dev.run(compiled(A.attention_fwd, args, constexprs), (-(-sq // (64 * cfg["CONSUMERS"])), b * h), *args)
-    kk, vv = (x.double().repeat_interleave(h // hk, 1) for x in (k, v))
-    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, is_causal=causal)
-    assert (dev.fetch(o).double() - want).abs().max() < 2e-2
+    (o, lse), launches = A.forward_launches(q, k, v, causal)
+    o.fill_(float("nan"))
+    run_launches(dev, launches)
+    assert (dev.fetch(o).double() - want.detach()).abs().max() < 2e-2
+    grads, launches = A.backward_launches(do, q, k, v, o, lse, causal)
+    for g in grads:
+        g.fill_(float("nan"))
+    run_launches(dev, launches)
+    for got, leaf in zip(grads, leaves):
+        assert (dev.fetch(got).double() - leaf.grad).abs().max() < 2e-2 * max(1.0, leaf.grad.abs().max().item())
 
 
 @pytest.mark.parametrize("lands", ["late", "early"])
@@ -139,8 +151,7 @@ def test_grouped_matmul_from_its_ptx(sizes, k, n, dtype, kmajor, lands):
     c.fill_(float("nan"))
     dev = ptx_sim.Device(64 << 20)
     dev.lands = lands
-    for kernel, grid, args, constexprs in launches:
-        dev.run(compiled(kernel, args, constexprs), grid, *args)
+    run_launches(dev, launches)
     want = G.reference(x, w, offs, *scales).double()
     assert ((dev.fetch(c).double() - want).abs() <= 2 ** -7 * (want.abs() + k ** 0.5)).all()
     assert (dev.stores(c) == 1).all()
