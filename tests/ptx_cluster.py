@@ -35,8 +35,8 @@ class MBarrier:
 
 def run_cluster(ctas: list) -> None:
     """Run a cluster's CTAs in turns: each until it waits. Those at a cluster barrier go on once all are there;
-    those spinning on an mbarrier are tried again each turn, until a turn in which every CTA spins and none
-    completed an mbarrier phase (a deadlock)."""
+    those spinning on an mbarrier are tried again each turn, until a turn in which every CTA is stuck (ran nothing)
+    or at the barrier and none completed an mbarrier phase (a deadlock)."""
     running = {cta.rank: cta.run() for cta in ctas}
     waits: dict[int, str | None] = {rank: None for rank in running}
     while running:
@@ -53,7 +53,8 @@ def run_cluster(ctas: list) -> None:
             if len(running) != len(ctas):
                 raise SimError("a CTA exited while the others of its cluster wait at a barrier")
             waits = {r: None for r in running}
-        elif running and not at_barrier and before == [sum(b.completed for b in c.mbarriers.values()) for c in ctas]:
+        elif running and all(waits[r] in ("stuck", "cluster") for r in running) and \
+                before == [sum(b.completed for b in c.mbarriers.values()) for c in ctas]:
             raise SimError("every CTA of the cluster waits on an mbarrier phase that cannot complete")
 
 
@@ -105,7 +106,7 @@ class ClusterOps:
         if parts[1] == "arrive" and parts[2] == "expect_tx":
             addr = self.address(ops[1])
             for lane in idx:
-                self._barrier(self, int(addr[lane])).arrive(int(self.value(ops[2])))
+                self._barrier(*self.peer(int(addr[lane]))).arrive(int(self.value(ops[2])))
             return None
         if parts[1] == "arrive" and parts[2] in ("shared::cta", "shared::cluster", "b64") and len(ops) == 2:
             addr = self.address(ops[1])  # a plain arrival (a consumer giving a slot back), here or at a peer

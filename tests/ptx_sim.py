@@ -9,7 +9,8 @@ schedule that makes). The CTAs of a cluster take turns, each running until all i
 barrier (which it passes once every CTA of the cluster is there) or on an mbarrier phase that has not completed
 (st.async and TMA loads count their bytes on the receiving CTA's mbarrier). Named barriers count their arrivals
 (tests/ptx_cluster.py), TMA copies land as late or as early as the memory model lets them (tests/ptx_tma.py),
-wgmma runs at its issue and checks that what it read is unchanged when it is waited for (tests/ptx_wgmma.py).
+wgmma runs at its issue and checks that what it read is unchanged when it is waited for (tests/ptx_wgmma.py),
+tcgen05 MMAs and loads work on each CTA's tensor memory (tests/ptx_tcgen05.py).
 Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd
 b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global memory is one byte arena: an
 access not aligned to its size, outside it, a load touching no placed tensor or a store outside every placed
@@ -32,7 +33,9 @@ from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result
                        float_dtype, narrow_to_f32)
 from ptx_cluster import ClusterOps, MBarrier, run_cluster
 from ptx_memory import Memory, SmemRaces, shared_offsets, unordered
+from ptx_program import Program
 from ptx_tma import TMAP_BASE, TensorMap, TmaOps
+from ptx_tcgen05 import Tcgen05Ops
 from ptx_wgmma import WgmmaOps
 
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
@@ -40,86 +43,7 @@ _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "
               "SP": np.uint64, "SPL": np.uint64}
 
 
-def _split(line: str) -> list[str]:
-    """Statements of a PTX line (inline asm puts several on one line)."""
-    line = line.split("//")[0].strip()
-    return [s.strip() for s in line.split(";") if s.strip()]
-
-
-class Program:
-    def __init__(self, ptx: str):
-        self.params: list[str] = []
-        self.code: list[tuple] = []
-        self.labels: dict[str, int] = {}
-        self.declared: dict[str, Any] = {}  # registers an inline-asm block declares by name: their dtypes
-        # Shared memory reached by the async proxy, mbarriers or other CTAs: no race check (SmemRaces)
-        self.async_smem = bool(re.search(r"mbarrier|cp\.async|st\.async|wgmma|tcgen05|shared::cluster|barrier\.cluster",
-                                         ptx))
-        body = ptx[ptx.index(".entry"):]
-        header, rest = body.split("{", 1)
-        self.params = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)",
-                                 header)
-        # A thread's local memory (arrays LLVM keeps on the stack): each depot at its offset in one arena.
-        self.depots: dict[str, int] = {}
-        self.local_bytes = 0
-        for name, size in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+(\w+)\[(\d+)\]", rest):
-            self.depots[name] = self.local_bytes
-            self.local_bytes += -(-int(size) // 16) * 16
-        for line in rest.splitlines():
-            line = line.split("//")[0].strip()
-            if not line or line in ("{", "}") or line.startswith("."):
-                continue
-            m = re.match(r"^(\$?[\w.]+):$", line)
-            if m:
-                self.labels[m.group(1)] = len(self.code)
-                continue
-            # The labels of a one-line inline-asm block are scoped to it, as in PTX: made unique to the line
-            for name in re.findall(r"(?:^|[;{])\s*(\w+):", line):
-                line = re.sub(rf"\b{name}\b", f"{name}@{len(self.code)}", line)
-            for stmt in _split(line):
-                if stmt.startswith(("{", "}")):  # an inline-asm block's braces, not a vector operand's
-                    stmt = stmt.strip("{} ")
-                    if not stmt:
-                        continue
-                m = re.match(r"^\.reg\s+\.(pred|[bfsu]\d+)\s+(.*)$", stmt)
-                if m:
-                    dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(re.sub("^[su]", "b", m.group(1)))
-                    self.declared.update((n.strip(), dtype) for n in m.group(2).split(","))
-                    continue
-                m = re.match(r"^([\w@]+):\s*(.*)$", stmt)
-                if m:
-                    self.labels[m.group(1)] = len(self.code)
-                    stmt = m.group(2).strip("{} ")
-                    if not stmt:
-                        continue
-                guard = None
-                m = re.match(r"^@(!?)(%?\w+)\s+(.*)$", stmt)
-                if m:
-                    guard = (m.group(1) == "!", m.group(2))
-                    stmt = m.group(3)
-                parts = stmt.split(None, 1)
-                self.code.append((guard, parts[0], _operands(parts[1]) if len(parts) > 1 else []))
-        self.waits = [i for i, (_, opcode, _) in enumerate(self.code) if opcode.startswith("mbarrier.try_wait")]
-
-
-def _operands(text: str) -> list:
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        out.append(cur.strip())
-    return out
-
-
-class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
+class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
@@ -138,6 +62,8 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
         self.pending_loads: list = []  # TMA loads in flight (ptx_tma.py)
         self.groups: dict[int, list[list]] = {}  # each thread's TMA stores in flight, by bulk group
         self.wgmma_groups: dict[int, list[list]] = {}  # each warpgroup's MMAs in flight (ptx_wgmma.py)
+        self.tmem = np.zeros((128, 512), dtype=np.uint32)  # tensor memory (ptx_tcgen05.py)
+        self.tmem_used = 0
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(threads, dtype=np.uint32)
 
@@ -214,7 +140,8 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
     # -- running
     def run(self, max_steps: int = 10_000_000):
         """A generator: it yields "cluster" at each barrier.cluster.wait, where the cluster's CTAs meet, and "spin"
-        where every thread waits on an mbarrier (or at a barrier for one that does): another CTA must run first.
+        where every thread waits on an mbarrier (or at a barrier for one that does): another CTA must run first
+        ("stuck" where nothing ran since it last yielded).
         A thread whose mbarrier wait fails stays at it while the CTA's other threads run (a producer warpgroup
         while its consumers wait for its copies), and tries again once a phase completes or they are stuck too.
         The warpgroups that ran the last instruction run on until they wait (a producer runs ahead as far as its
@@ -226,6 +153,7 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
         parked = np.zeros(self.threads, dtype=bool)  # at an mbarrier wait that failed
         barred = np.zeros(self.threads, dtype=bool)  # at a named barrier's sync, its count not reached
         progressed = True  # some thread got past an instruction since the parked ones last tried again
+        moved = True  # ... since this CTA last let the others of its cluster run
         phases = 0  # mbarrier phases completed: the parked threads try again as soon as one completes
         eager = np.zeros(self.threads, dtype=bool)  # let through by an arrival: they run first
         current = np.zeros(self.threads, dtype=bool)  # the warpgroups that ran the last instruction
@@ -239,7 +167,8 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
                 raise SimError(f"threads wait at named barriers {sorted(self.named)} that the others never reach")
             if parked.any() and not free.any():
                 if not progressed:  # a round of tries in which no wait passed: another CTA must run
-                    yield "spin"
+                    yield "spin" if moved else "stuck"  # stuck: nothing ran since it last let the others run
+                    moved = False
                 parked[:] = False
                 progressed = False
                 continue
@@ -288,9 +217,10 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Arithmetic):
                 parked |= self.spinning
                 eager &= ~self.spinning
                 progressed |= bool((mask & ~self.spinning).any())
+                moved |= bool((mask & ~self.spinning).any())
                 pc[mask & ~self.spinning] = at + 1
                 continue
-            progressed = True
+            progressed = moved = True
             if nxt == "cluster":
                 yield nxt
                 nxt = None

@@ -91,11 +91,12 @@ class TensorMap:
 
 @dataclasses.dataclass
 class _Load:
-    cta: object
+    cta: object  # whose shared memory it lands in
     tmap: TensorMap
     coords: tuple[int, ...]
     dst: int
     barrier: int
+    signalled: object  # the CTA whose mbarrier counts its bytes
 
 
 @dataclasses.dataclass
@@ -160,6 +161,7 @@ class TmaOps:
             for lane in np.nonzero(run)[0]:
                 self._drain(int(lane), keep)
             return
+        parts = [p for p in parts if not p.startswith("cta_group::")]  # a CTA pair's copy: its mbarrier may be the peer's
         if parts[3] != "tensor" or "im2col" in parts:
             raise SimError(f"the simulator does not know {'.'.join(parts)}")
         if parts[5:7] == ["shared::cluster", "global"]:
@@ -184,26 +186,28 @@ class TmaOps:
         masks = np.broadcast_to(as_uint(self.value(ops[3]), 16), (self.threads,)) if multicast else None
         for lane in np.nonzero(run)[0]:
             (home, dst_offset), (holder, bar_offset) = self.peer(int(dst[lane])), self.peer(int(bar[lane]))
-            if home is not self or holder is not self:
+            if home is not self:
                 raise SimError("a TMA load names another CTA's shared memory: multicast names CTAs by its mask")
             ranks = [r for r in range(len(self.cluster)) if int(masks[lane]) >> r & 1] if multicast else [None]
             if multicast and (not ranks or int(masks[lane]) >> len(self.cluster)):
                 raise SimError(f"a multicast TMA load to CTAs {int(masks[lane]):#x} of a cluster of {len(self.cluster)}")
             for r in ranks:
-                cta = self if r is None else self.cluster[r]
+                # Into this CTA (its mbarrier there, or, for a CTA pair's MMA, the pair leader's), or with multicast
+                # into each CTA of the mask at the same offsets
+                cta, signalled = (self, holder) if r is None else (self.cluster[r], self.cluster[r])
                 load = _Load(cta, self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords), dst_offset,
-                             bar_offset)
-                self._barrier(cta, bar_offset)  # an mbarrier must be there at the issue
+                             bar_offset, signalled)
+                self._barrier(signalled, bar_offset)  # an mbarrier must be there at the issue
                 if self.lands == "early":
                     cta._land(load)
                 else:
-                    cta.pending_loads.append(load)
+                    signalled.pending_loads.append(load)
 
     def land_loads(self, offset: int) -> None:
         """Land the loads in flight to this CTA's mbarrier at `offset` (a thread waits on it)."""
         for load in [p for p in self.pending_loads if p.barrier == offset]:
             self.pending_loads.remove(load)
-            self._land(load)
+            load.cta._land(load)
 
     def _land(self, load: _Load) -> None:
         tmap = load.tmap
@@ -216,7 +220,7 @@ class TmaOps:
         if offsets.max() >= len(self.smem):
             raise SimError("a TMA load past the end of shared memory")
         self.smem[offsets] = data.reshape(-1)
-        self._barrier(self, load.barrier).complete_tx(tmap.box_bytes)
+        self._barrier(load.signalled, load.barrier).complete_tx(tmap.box_bytes)
 
     def _issue_stores(self, ops, run, add: bool = False):
         handles, coords = self._tensor_operand(ops[0])

@@ -1,0 +1,89 @@
+"""The PTX parser of tests/ptx_sim.py: a kernel's parameters, local-memory depots, registers declared inside
+inline assembly, labels (those of a one-line inline-asm block scoped to it, as in PTX) and instructions, each as
+(guard, opcode, operands)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+from ptx_arith import bits_dtype
+
+
+def _split(line: str) -> list[str]:
+    """Statements of a PTX line (inline asm puts several on one line)."""
+    line = line.split("//")[0].strip()
+    return [s.strip() for s in line.split(";") if s.strip()]
+
+
+class Program:
+    def __init__(self, ptx: str):
+        self.params: list[str] = []
+        self.code: list[tuple] = []
+        self.labels: dict[str, int] = {}
+        self.declared: dict[str, Any] = {}  # registers an inline-asm block declares by name: their dtypes
+        # Shared memory reached by the async proxy, mbarriers or other CTAs: no race check (SmemRaces)
+        self.async_smem = bool(re.search(r"mbarrier|cp\.async|st\.async|wgmma|tcgen05|shared::cluster|barrier\.cluster",
+                                         ptx))
+        body = ptx[ptx.index(".entry"):]
+        header, rest = body.split("{", 1)
+        self.params = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)",
+                                 header)
+        # A thread's local memory (arrays LLVM keeps on the stack): each depot at its offset in one arena.
+        self.depots: dict[str, int] = {}
+        self.local_bytes = 0
+        for name, size in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+(\w+)\[(\d+)\]", rest):
+            self.depots[name] = self.local_bytes
+            self.local_bytes += -(-int(size) // 16) * 16
+        for line in rest.splitlines():
+            line = line.split("//")[0].strip()
+            if not line or line in ("{", "}") or line.startswith("."):
+                continue
+            m = re.match(r"^(\$?[\w.]+):$", line)
+            if m:
+                self.labels[m.group(1)] = len(self.code)
+                continue
+            # The labels of a one-line inline-asm block are scoped to it, as in PTX: made unique to the line
+            for name in re.findall(r"(?:^|[;{])\s*(\w+):", line):
+                line = re.sub(rf"\b{name}\b", f"{name}@{len(self.code)}", line)
+            for stmt in _split(line):
+                if stmt.startswith(("{", "}")):  # an inline-asm block's braces, not a vector operand's
+                    stmt = stmt.strip("{} ")
+                    if not stmt:
+                        continue
+                m = re.match(r"^\.reg\s+\.(pred|[bfsu]\d+)\s+(.*)$", stmt)
+                if m:
+                    dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(re.sub("^[su]", "b", m.group(1)))
+                    self.declared.update((n.strip(), dtype) for n in m.group(2).split(","))
+                    continue
+                m = re.match(r"^([\w@]+):\s*(.*)$", stmt)
+                if m:
+                    self.labels[m.group(1)] = len(self.code)
+                    stmt = m.group(2).strip("{} ")
+                    if not stmt:
+                        continue
+                guard = None
+                m = re.match(r"^@(!?)(%?\w+)\s+(.*)$", stmt)
+                if m:
+                    guard = (m.group(1) == "!", m.group(2))
+                    stmt = m.group(3)
+                parts = stmt.split(None, 1)
+                self.code.append((guard, parts[0], _operands(parts[1]) if len(parts) > 1 else []))
+        self.waits = [i for i, (_, opcode, _) in enumerate(self.code) if opcode.startswith("mbarrier.try_wait")]
+
+
+def _operands(text: str) -> list:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out

@@ -1,0 +1,81 @@
+"""The Blackwell kernels from their sm_100a PTX on the CPU (tests/ptx_sim.py with tests/ptx_tcgen05.py): no
+Blackwell GPU is lent to this project, so this is where their numbers are checked. examples/matmul_blackwell.py's
+three shapes (M = 128 per CTA; a CTA pair's M = 256 with multicast commits; M = 64 in the half-lane layout) and
+examples/matmul_blackwell_ws.py's warp-specialized persistent kernel (bf16, one CTA and a pair; its accumulators
+double-buffered in TMEM), on aligned and ragged shapes, outputs poisoned, against torch; TMEM round trips through
+tcgen05.st and tcgen05.ld in each register layout mgjit infers."""
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
+import matmul_blackwell as MB  # noqa: E402
+import matmul_blackwell_ws as W  # noqa: E402
+import ptx_sim  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def simulate(kernel, grid, cluster, args, constexprs, lands="late"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = kernel.compile(*args, **constexprs, cluster=cluster, target="sm_100a")
+    dev = ptx_sim.Device(64 << 20)
+    dev.lands = lands
+    dev.run(compiled, grid, *args, cluster=cluster[0] if cluster else 1)
+    return dev
+
+
+def assert_product(got, a, b_t):
+    want = a.double() @ b_t.double().T
+    assert not got.isnan().any()
+    assert ((got.double() - want).abs() <= 2 ** -7 * (want.abs() + a.shape[1] ** 0.5)).all()
+
+
+@pytest.mark.parametrize("lands", ["late", "early"])
+@pytest.mark.parametrize("m,n,k", [(256, 512, 256), (200, 264, 136)])
+@pytest.mark.parametrize("variant", list(MB.CONFIGS))
+def test_blackwell_matmul_from_its_ptx(variant, m, n, k, lands):
+    a, b = torch.randn(m, k).to(BF16), torch.randn(k, n).to(BF16)
+    c = torch.full((m, n), float("nan")).to(BF16)
+    cfg = MB.CONFIGS[variant]
+    grid, cluster = MB._launch_shape(m, n, cfg)
+    dev = simulate(MB.matmul_kernel, grid, cluster, (a, b, c), cfg, lands)
+    assert_product(dev.fetch(c), a, b.t())
+    assert (dev.stores(c) == 1).all()
+
+
+@pytest.mark.parametrize("variant,m,n,k", [("bf16", 256, 512, 320), ("bf16", 384, 264, 128),
+                                           ("bf16-2cta", 512, 512, 256)])
+def test_warp_specialized_blackwell_matmul_from_its_ptx(variant, m, n, k):
+    """Fewer CTAs than tiles (4 SMs): each CTA's roles walk several tiles, the accumulators alternating."""
+    a, b_t = torch.randn(m, k).to(BF16), torch.randn(n, k).to(BF16)
+    c = torch.full((m, n), float("nan")).to(BF16)
+    cfg = W.CONFIGS[variant]
+    grid, cluster = W.launch_shape(m, n, cfg, False, 4)
+    dev = simulate(W.matmul_ws_kernel, grid, cluster, (a, b_t, c, a, a), dict(cfg, CLC=False))
+    assert_product(dev.fetch(c), a, b_t)
+
+
+@mgjit.kernel
+def tmem_roundtrip(x, y, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, PACKING: mgjit.constexpr):
+    t = mgjit.tmem((ROWS, COLS), x.dtype, packing=PACKING)
+    t.store(x[0:ROWS, 0:COLS])
+    y[0:ROWS, 0:COLS] = t.load() * 2
+
+
+@pytest.mark.parametrize("rows,cols,dtype,packing", [(128, 64, torch.float32, 1), (128, 64, BF16, 2),
+                                                     (64, 128, BF16, 2), (64, 64, torch.float32, 1)])
+def test_tmem_round_trips_from_their_ptx(rows, cols, dtype, packing):
+    """What tcgen05.st puts in a lane and column, tcgen05.ld of the same layout gets back, in every warp's quarter
+    of the lanes: the TCGEN05 register layout of 128 rows, the WGMMA one of 64."""
+    x = torch.randn(rows, cols).to(dtype)
+    y = torch.full_like(x, float("nan"))
+    dev = simulate(tmem_roundtrip, (1,), None, (x, y), dict(ROWS=rows, COLS=cols, PACKING=packing))
+    assert torch.equal(dev.fetch(y), x * 2)
