@@ -197,3 +197,11 @@ def test_held_rows_found_by_the_random_sweep():
     config = [c for c in ln.layernorm_mapping(2399, None, 4, (4, 4))
               if c.kwargs["ROWS"] == 2 and c.kwargs["PERSIST"] == 4 and not c.kwargs["OCC"]][0]
     simulate_rows("layernorm", torch.randn(4, 2399) * 10 - 50, config, "late")
+
+
+def test_the_rows_sweep_runs_random_cases(capsys):
+    """tools/rows_sweep.py: random kernels, lengths, mappings and landings on the simulator (a few, seeded)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import rows_sweep
+    assert rows_sweep.main(["--seed", "3", "--count", "4"]) == 0
+    assert capsys.readouterr().out.count(" ok\n") == 4
