@@ -149,7 +149,7 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         given back): the schedule that makes a slot given back too early show."""
         pc = np.zeros(self.threads, dtype=np.int64)
         active = np.ones(self.threads, dtype=bool)
-        waiting = np.zeros(self.threads, dtype=bool)  # at a shfl.sync or bar.sync for threads still elsewhere
+        waiting = np.zeros(self.threads, dtype=bool)  # at a shfl.sync or cluster barrier for threads still elsewhere
         parked = np.zeros(self.threads, dtype=bool)  # at an mbarrier wait that failed
         barred = np.zeros(self.threads, dtype=bool)  # at a named barrier's sync, its count not reached
         progressed = True  # some thread got past an instruction since the parked ones last tried again
@@ -211,7 +211,7 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             if nxt == "hold":  # at a named barrier that others have yet to reach
                 barred |= self.held
                 pc[mask & ~self.held] = at + 1
-                progressed = True
+                progressed = moved = True
                 continue
             if nxt == "spin":  # the threads whose wait failed stay at it; the others go on
                 parked |= self.spinning
