@@ -148,13 +148,15 @@ def grouped_matmul(x, w, offs, *, scale_x=None, scale_w=None, out_dtype=None, co
     and scale_w (E, N) f32 scale the rows and columns, bf16 out. offs (int32, on x's device) should be
     non-decreasing and at most M (rows past the last end are not written); where they are not, the result is
     wrong but nothing is read or written out of bounds (`group_tiles`)."""
-    return grouped_launches(x, w, offs, scale_x, scale_w, out_dtype, config, run=True)[0]
+    out, launches = grouped_launches(x, w, offs, scale_x, scale_w, out_dtype, config)
+    for kernel, grid, args, constexprs in launches:
+        kernel[grid](*args, **constexprs)
+    return out
 
 
-def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, config: dict | None = None,
-                     run: bool = False):
-    """(out, the launches that fill it: (kernel, grid, arguments, constexprs) in order), launched where `run`:
-    what `grouped_matmul` runs (tests run the launches elsewhere: tests/test_ptx_wgmma.py)."""
+def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, config: dict | None = None):
+    """(out, the launches that fill it: [(kernel, grid, arguments, constexprs)] in order): what `grouped_matmul`
+    runs (tests run them elsewhere: tests/test_ptx_wgmma.py)."""
     import torch
     if x.dim() != 2 or w.dim() != 3 or offs.dim() != 1 or offs.shape[0] != w.shape[0] or w.shape[1] != x.shape[1]:
         raise ValueError(f"grouped_matmul takes x (M, K), w (E, K, N) and offs (E,), got {tuple(x.shape)}, "
@@ -187,9 +189,6 @@ def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, con
          (_tma_ready(x), _tma_ready(w.reshape(-1, w.shape[2])), c, scale_x if scaled else c, scale_w if scaled else c,
           table[0], table[1], table[2], count, descriptors),
          dict(N=n, W_KMAJOR=w_kmajor, SCALED=scaled, num_warpgroups=consumers + 1, **cfg))]
-    if run:
-        for kernel, grid, args, constexprs in launches:
-            kernel[grid](*args, **constexprs)
     return c, launches
 
 

@@ -73,9 +73,9 @@ class ClusterOps:
             return None
         sync = ".sync" in opcode
         ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
+        count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
         for i in np.unique(ids[run]):
             lanes = run & (ids == i)
-            count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
             arrived, waiters, together = self.named.setdefault(int(i), [0, np.zeros_like(lanes), np.zeros_like(lanes)])
             arrived += int(lanes.sum())
             if sync:

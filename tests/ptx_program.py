@@ -29,6 +29,8 @@ class Program:
         header, rest = body.split("{", 1)
         self.params = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)",
                                  header)
+        # The TMA descriptors, passed by value as 128 bytes: their generic addresses are ptx_tma.TMAP_BASE + 128 * slot
+        self.tensormaps = re.findall(r"\.param\s+\.align\s+64\s+\.b8\s+(\w+)\[128\]", header)
         # A thread's local memory (arrays LLVM keeps on the stack): each depot at its offset in one arena.
         self.depots: dict[str, int] = {}
         self.local_bytes = 0

@@ -96,8 +96,8 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             return self.reg(op)
         if op.startswith("__mgjit_smem"):
             return np.uint64(int(op[len("__mgjit_smem"):].lstrip("+") or 0))
-        if isinstance(self.params.get(op), TensorMap):  # mov.b64 %rd, tmap_param: its address (cvta.param)
-            return np.uint64(TMAP_BASE + 128 * [k for k, v in self.params.items() if isinstance(v, TensorMap)].index(op))
+        if op in self.prog.tensormaps:  # mov.b64 %rd, tmap_param: its address (cvta.param)
+            return np.uint64(TMAP_BASE + 128 * self.prog.tensormaps.index(op))
         if op in self.prog.depots:  # mov.b64 %SPL, __local_depot0: an address in the local space
             return np.uint64(self.prog.depots[op])
         n = int(op.rstrip("U"), 0)

@@ -118,19 +118,18 @@ class TmaOps:
         if int(handle) < TMAP_BASE:
             (off,) = self.mem.offsets(np.array([handle], dtype=np.uint64), 128)
             return TensorMap.decode(self.mem.bytes[off:off + 128].tobytes())
-        maps = [v for v in self.params.values() if isinstance(v, TensorMap)]
         slot, rest = divmod(int(handle) - TMAP_BASE, 128)
-        if rest or not 0 <= slot < len(maps):
+        if rest or not 0 <= slot < len(self.prog.tensormaps):
             raise SimError(f"cp.async.bulk.tensor reads a tensor map at {hex(int(handle))}, not a kernel parameter")
-        return maps[slot]
+        return self.params[self.prog.tensormaps[slot]]
 
     def tensormap_bytes(self, address: int, nbytes: int) -> np.ndarray:
         """What a generic load reads from a tensor-map parameter (copying it into global memory)."""
         slot, offset = divmod(address - TMAP_BASE, 128)
-        maps = [v for v in self.params.values() if isinstance(v, TensorMap)]
-        if not 0 <= slot < len(maps) or offset + nbytes > 128:
+        if not 0 <= slot < len(self.prog.tensormaps) or offset + nbytes > 128:
             raise SimError(f"a load of {nbytes} bytes at {hex(address)}, outside the tensor-map parameters")
-        return np.frombuffer(maps[slot].encode()[offset:offset + nbytes], dtype=np.uint8)
+        encoded = self.params[self.prog.tensormaps[slot]].encode()
+        return np.frombuffer(encoded[offset:offset + nbytes], dtype=np.uint8)
 
     def op_tensormap(self, parts, ops, run):
         """tensormap.replace.tile.global_dim.global.b1024.b32 [map], ordinal, size: a dimension's size of a tensor
@@ -142,7 +141,8 @@ class TmaOps:
             (off,) = self.mem.offsets(addr[lane:lane + 1], 128)
             tmap = TensorMap.decode(self.mem.bytes[off:off + 128].tobytes())
             sizes = list(tmap.sizes)
-            sizes[len(sizes) - 1 - int(self.value(ops[1]))] = int(np.broadcast_to(self.value(ops[2]), (self.threads,))[lane])
+            size = np.broadcast_to(self.value(ops[2]), (self.threads,))[lane]
+            sizes[len(sizes) - 1 - int(self.value(ops[1]))] = int(size)
             encoded = dataclasses.replace(tmap, sizes=tuple(sizes)).encode()
             self.mem.bytes[off:off + 128] = np.frombuffer(encoded, dtype=np.uint8)
 
@@ -161,7 +161,8 @@ class TmaOps:
             for lane in np.nonzero(run)[0]:
                 self._drain(int(lane), keep)
             return
-        parts = [p for p in parts if not p.startswith("cta_group::")]  # a CTA pair's copy: its mbarrier may be the peer's
+        # A CTA pair's copy (cta_group::2) is a copy whose mbarrier may be the peer's
+        parts = [p for p in parts if not p.startswith("cta_group::")]
         if parts[3] != "tensor" or "im2col" in parts:
             raise SimError(f"the simulator does not know {'.'.join(parts)}")
         if parts[5:7] == ["shared::cluster", "global"]:
@@ -190,7 +191,8 @@ class TmaOps:
                 raise SimError("a TMA load names another CTA's shared memory: multicast names CTAs by its mask")
             ranks = [r for r in range(len(self.cluster)) if int(masks[lane]) >> r & 1] if multicast else [None]
             if multicast and (not ranks or int(masks[lane]) >> len(self.cluster)):
-                raise SimError(f"a multicast TMA load to CTAs {int(masks[lane]):#x} of a cluster of {len(self.cluster)}")
+                raise SimError(f"a multicast TMA load to CTAs {int(masks[lane]):#x} of a cluster of "
+                               f"{len(self.cluster)}")
             for r in ranks:
                 # Into this CTA (its mbarrier there, or, for a CTA pair's MMA, the pair leader's), or with multicast
                 # into each CTA of the mask at the same offsets

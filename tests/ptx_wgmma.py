@@ -158,7 +158,8 @@ class WgmmaOps:
         for j, r in enumerate(regs):
             word = as_uint(self.value(r), 32)[128 * wg:128 * wg + 128].astype(np.uint32)
             for half in range(2):
-                a[rows[:, 2 * j + half], ks[:, 2 * j + half]] = narrow_to_f32((word >> np.uint32(16 * half)) & 0xFFFF, t)
+                bits = (word >> np.uint32(16 * half)) & 0xFFFF
+                a[rows[:, 2 * j + half], ks[:, 2 * j + half]] = narrow_to_f32(bits, t)
         return a
 
     def _wgmma_wait(self, wg: int, keep: int) -> None:

@@ -5,7 +5,6 @@ examples/matmul_blackwell_ws.py's warp-specialized persistent kernel (bf16, one 
 double-buffered in TMEM), on aligned and ragged shapes, outputs poisoned, against torch; TMEM round trips through
 tcgen05.st and tcgen05.ld in each register layout mgjit infers."""
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -18,24 +17,21 @@ sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
 import matmul_blackwell as MB  # noqa: E402
 import matmul_blackwell_ws as W  # noqa: E402
 import ptx_sim  # noqa: E402
+from test_ptx_wgmma import run_launches, within_rounding  # noqa: E402
 
 BF16 = torch.bfloat16
 
 
 def simulate(kernel, grid, cluster, args, constexprs, lands="late"):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = kernel.compile(*args, **constexprs, cluster=cluster, target="sm_100a")
     dev = ptx_sim.Device(64 << 20)
     dev.lands = lands
-    dev.run(compiled, grid, *args, cluster=cluster[0] if cluster else 1)
+    run_launches(dev, [(kernel, grid, args, dict(constexprs, cluster=cluster))], "sm_100a")
     return dev
 
 
 def assert_product(got, a, b_t):
-    want = a.double() @ b_t.double().T
     assert not got.isnan().any()
-    assert ((got.double() - want).abs() <= 2 ** -7 * (want.abs() + a.shape[1] ** 0.5)).all()
+    assert within_rounding(got, a.double() @ b_t.double().T, a.shape[1])
 
 
 @pytest.mark.parametrize("lands", ["late", "early"])

@@ -109,14 +109,18 @@ def agree(ptx: torch.Tensor, interpreted: torch.Tensor) -> bool:
     return bool((near | ~off).all()) and off.sum().item() <= 0.02 * off.numel()
 
 
-def piped_configs(name: str, n: int, itemsize: int = 2) -> list[mgjit.Config]:
-    """The piped mappings among a row example's candidates for rows of n elements of `itemsize` bytes (weights of
+def candidates(name: str, n: int, itemsize: int = 2) -> tuple[mgjit.Config, ...]:
+    """Every mapping a row example's wrapper may tune over for rows of n elements of `itemsize` bytes (weights of
     the same)."""
-    mapping = {"softmax": lambda: sm.mapping(n, None, itemsize),
-               "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, itemsize, (itemsize,)),
-               "layernorm": lambda: ln.layernorm_mapping(n, None, itemsize, (itemsize, itemsize)),
-               "cross_entropy": lambda: ce.mapping(n, itemsize)}[name]()
-    return [c for c in mapping if c.kwargs["PIPE"]]
+    return {"softmax": lambda: sm.mapping(n, None, itemsize),
+            "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, itemsize, (itemsize,)),
+            "layernorm": lambda: ln.layernorm_mapping(n, None, itemsize, (itemsize, itemsize)),
+            "cross_entropy": lambda: ce.mapping(n, itemsize)}[name]()
+
+
+def piped_configs(name: str, n: int, itemsize: int = 2) -> list[mgjit.Config]:
+    """The piped mappings among `candidates`."""
+    return [c for c in candidates(name, n, itemsize) if c.kwargs["PIPE"]]
 
 
 def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) -> list[torch.Tensor]:

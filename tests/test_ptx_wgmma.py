@@ -24,10 +24,23 @@ import ptx_sim  # noqa: E402
 BF16 = torch.bfloat16
 
 
-def compiled(kernel, args, constexprs):
+def compiled(kernel, args, constexprs, target="sm_90a"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ptxas' and the bank-conflict warnings are other tests' business
-        return kernel.compile(*args, **constexprs, target="sm_90a")
+        return kernel.compile(*args, **constexprs, target=target)
+
+
+def run_launches(dev, launches, target="sm_90a") -> None:
+    """A wrapper's launches, in order, on the simulator: each reads what the ones before left in its memory."""
+    for kernel, grid, args, constexprs in launches:
+        cluster = constexprs.get("cluster") or (1,)
+        dev.run(compiled(kernel, args, constexprs, target), grid, *args, cluster=cluster[0])
+
+
+def within_rounding(got, want, k: int) -> bool:
+    """A product's bf16 output against its float64 value: within the rounding, relative to the larger of the
+    value and the typical size of its k-term sums."""
+    return bool(((got.double() - want).abs() <= 2 ** -7 * (want.abs() + k ** 0.5)).all())
 
 
 def simulate_plan(problem, cfg: dict, sms: int, scale, bias, c, lands: str = "late"):
@@ -46,8 +59,7 @@ def simulate_plan(problem, cfg: dict, sms: int, scale, bias, c, lands: str = "la
                 *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c))
     dev = ptx_sim.Device(128 << 20)
     dev.lands = lands
-    cluster = plan.kernel_cfg.get("cluster") or (1,)
-    dev.run(compiled(kernel, args, plan.kernel_cfg), plan.grid, *args, cluster=cluster[0])
+    run_launches(dev, [(kernel, plan.grid, args, plan.kernel_cfg)])
     assert (dev.stores(c) == 1).all(), schedules.describe(cfg)
     return dev.fetch(c)
 
@@ -67,8 +79,7 @@ def check_candidates(m, n, k, sms, dtype=BF16, b_kmajor=False, a_transposed=Fals
         c = torch.full((m, n), float("nan")).to(out_dtype)
         got = simulate_plan(problem, cfg, sms, scale, bias, c, lands).double()
         assert not got.isnan().any(), schedules.describe(cfg)
-        # bf16 output: its rounding, relative to the larger of the value and the sums' typical size
-        assert ((got - want).abs() <= 2 ** -7 * (want.abs() + k ** 0.5)).all(), schedules.describe(cfg)
+        assert within_rounding(got, want, k), schedules.describe(cfg)
 
 
 @pytest.mark.parametrize("m,n,k,sms,kwargs", [
@@ -98,13 +109,6 @@ def test_long_k_split_over_clusters_from_its_ptx():
                          ids=["f16", "fp8", "a-transposed", "b-kmajor"])
 def test_operand_forms_from_their_ptx(kwargs, lands):
     check_candidates(192, 320, 256, 4, which=[0], lands=lands, **kwargs)
-
-
-def run_launches(dev, launches) -> None:
-    """A wrapper's launches, in order, on the simulator: each reads what the ones before left in its memory."""
-    for kernel, grid, args, constexprs in launches:
-        cluster = constexprs.get("cluster") or (1,)
-        dev.run(compiled(kernel, args, constexprs), grid, *args, cluster=cluster[0])
 
 
 @pytest.mark.parametrize("lands", ["late", "early"])
@@ -153,7 +157,7 @@ def test_grouped_matmul_from_its_ptx(sizes, k, n, dtype, kmajor, lands):
     dev.lands = lands
     run_launches(dev, launches)
     want = G.reference(x, w, offs, *scales).double()
-    assert ((dev.fetch(c).double() - want).abs() <= 2 ** -7 * (want.abs() + k ** 0.5)).all()
+    assert within_rounding(dev.fetch(c), want, k)
     assert (dev.stores(c) == 1).all()
 
 

@@ -21,10 +21,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "tests")]
-import cross_entropy as ce  # noqa: E402
-import layernorm as ln  # noqa: E402
-import rmsnorm as rms  # noqa: E402
-import softmax as sm  # noqa: E402
 import test_ptx_tma  # noqa: E402
 
 KERNELS = ("softmax", "rmsnorm", "layernorm", "cross_entropy")
@@ -32,19 +28,11 @@ DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16, torch.float32)
 ELEMENTS = 3_000_000  # a case's elements times its CTAs a row: about 10 seconds on the simulator
 
 
-def mapping(kernel: str, n: int, itemsize: int):
-    """Every candidate the kernel's wrapper may tune over for rows of n elements of `itemsize` bytes."""
-    return {"softmax": lambda: sm.mapping(n, None, itemsize),
-            "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, itemsize, (itemsize,)),
-            "layernorm": lambda: ln.layernorm_mapping(n, None, itemsize, (itemsize, itemsize)),
-            "cross_entropy": lambda: ce.mapping(n, itemsize)}[kernel]()
-
-
 def case(rng: random.Random):
     """(kernel, n, dtype, mapping, rows, scale, offset, lands) of one random case."""
     kernel, dtype = rng.choice(KERNELS), rng.choice(DTYPES)
     n = rng.choice([rng.randint(1, 300), rng.randint(300, 4200), rng.randint(4097, 20000), rng.randint(20000, 70000)])
-    config = rng.choice(mapping(kernel, n, dtype.itemsize))
+    config = rng.choice(test_ptx_tma.candidates(kernel, n, dtype.itemsize))
     k = config.kwargs
     rows = rng.randint(1, 9)
     if k["PIPE"]:  # every program loops past its ring of slots
@@ -52,7 +40,8 @@ def case(rng: random.Random):
     rows = max(1, min(rows, ELEMENTS // (n * k["CTAS"])))
     if k["PIPE"]:
         rows = max(rows, (k.get("STASH") or 2) * (k["STAGES"] + 1) + 1)
-    return kernel, n, dtype, config, rows, rng.choice([1, 3, 10]), rng.choice([0, 1, -50]), rng.choice(["late", "early"])
+    scale, offset, lands = rng.choice([1, 3, 10]), rng.choice([0, 1, -50]), rng.choice(["late", "early"])
+    return kernel, n, dtype, config, rows, scale, offset, lands
 
 
 def main(argv: list[str] | None = None) -> int:
