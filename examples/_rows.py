@@ -216,16 +216,45 @@ def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     return len(set(pointers)) < len(pointers)
 
 
-def output(out, shape: tuple, device, dtype, name: str):
+def floating(name: str, **tensors) -> None:
+    """Refuse integer and bool tensors where a row example computes in floating point, as torch does: the kernels
+    would truncate their results into an output of x's integer dtype, or fail to compile with no -inf to fill a
+    boolean row with."""
+    for arg, t in tensors.items():
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} takes a floating-point {arg}, got {t.dtype}")
+
+
+def output(out, shape: tuple, device, dtype, name: str, **inputs):
     """`out` checked, or a new tensor of `shape` and `dtype`: an out of another shape would be written in part
-    (each window stops at the tensor's edge), one of an integer dtype would be truncated; either is refused."""
+    (each window stops at the tensor's edge), one of an integer dtype would be truncated; either is refused. So
+    is an out that shares memory with one of `inputs` without being that very view (in place: out=x): programs
+    would read elements that others have already written."""
     import torch
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
     if out.shape != shape or not out.dtype.is_floating_point or out.device != device:
         raise ValueError(f"{name}: out must be a floating-point tensor of shape {tuple(shape)} on {device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    for arg, t in inputs.items():
+        same = (t.data_ptr(), t.shape, t.stride(), t.dtype) == (out.data_ptr(), out.shape, out.stride(), out.dtype)
+        if not same and _overlap(t, out):
+            raise ValueError(f"{name}: out overlaps {arg} in part; pass out={arg} itself to work in place, or "
+                             "memory of its own")
     return out
+
+
+def _overlap(a, b) -> bool:
+    """Whether the bytes two tensors span (first to last element, whatever their strides) intersect."""
+    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t) -> tuple[int, int]:
+        low = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st < 0)
+        high = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st > 0)
+        return t.data_ptr() + low * t.element_size(), t.data_ptr() + (high + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:

@@ -23,9 +23,9 @@ backward pass needs).
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, held_width, launch, load_row,
-                   grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment, segment_sum,
-                   sm_count, stage, store_stat, streamed_exp_sum)
+from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, floating, held_width, launch,
+                   load_row, grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment,
+                   segment_sum, sm_count, stage, store_stat, streamed_exp_sum)
 from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_row, read_lines, ring
 
 import mgjit
@@ -294,8 +294,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.ndim != 2 or target.shape != (logits.shape[0],):
         raise ValueError(f"cross_entropy takes logits of shape (rows, n) and target of shape (rows,), got "
                          f"{tuple(logits.shape)} and {tuple(target.shape)}")
+    floating("cross_entropy", logits=logits)
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise ValueError(f"cross_entropy takes class indices of an integer dtype as target, got {target.dtype} (torch "
+                         "reads a floating-point target as class probabilities of shape (rows, n))")
     rows = logits.shape[0]
-    loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy")
+    loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy", logits=logits,
+                  target=target)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if not rows:
         return loss, lse

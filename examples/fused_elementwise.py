@@ -10,7 +10,7 @@ stores move aligned words and shift the bytes into place). The block size and wi
 import math
 
 import torch
-from _rows import output, tuned_launch
+from _rows import floating, output, tuned_launch
 
 import mgjit
 
@@ -48,7 +48,8 @@ def fused(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, out: torch.Tensor |
     if not (x.shape == y.shape == z.shape and x.dtype == y.dtype == z.dtype):
         raise ValueError(f"fused takes x, y and z of one shape and dtype, got {tuple(x.shape)} {x.dtype}, "
                          f"{tuple(y.shape)} {y.dtype} and {tuple(z.shape)} {z.dtype}")
-    out = output(out, x.shape, x.device, x.dtype, "fused")
+    floating("fused", x=x)
+    out = output(out, x.shape, x.device, x.dtype, "fused", x=x, y=y, z=z)
     if x.numel() == 0:
         return out
     if all(t.is_contiguous() for t in (x, y, z, out)):

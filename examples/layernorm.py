@@ -30,7 +30,7 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, launch, load_row, mapping, merge_moments, output, persisting,
+from _rows import (chunked_segment, columns, floating, launch, load_row, mapping, merge_moments, output, persisting,
                    row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
@@ -251,7 +251,8 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     if x.ndim != 2 or not w.shape == b.shape == (x.shape[-1],):
         raise ValueError(f"layernorm takes x of shape (rows, n), w and b of shape (n,), got {tuple(x.shape)}, "
                          f"{tuple(w.shape)} and {tuple(b.shape)}")
-    out = output(out, x.shape, x.device, x.dtype, "layernorm")
+    floating("layernorm", x=x, w=w, b=b)
+    out = output(out, x.shape, x.device, x.dtype, "layernorm", x=x, w=w, b=b)
     if x.shape[0] == 0:
         return out
     itemsize, views = piped_views((x, out), (w, b), rows_per_program)

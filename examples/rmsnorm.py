@@ -20,7 +20,7 @@ mapping is autotuned per shape.
 import functools
 
 import torch
-from _rows import (chunked_segment, launch, load_row, mapping, output, persisting, row_groups, row_sum,
+from _rows import (chunked_segment, floating, launch, load_row, mapping, output, persisting, row_groups, row_sum,
                    segment, stage, stash_vector, store_row, weights)
 from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
@@ -137,7 +137,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     if x.ndim != 2 or w.shape != (x.shape[-1],):
         raise ValueError(f"rmsnorm takes x of shape (rows, n) and w of shape (n,), got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
-    out = output(out, x.shape, x.device, x.dtype, "rmsnorm")
+    floating("rmsnorm", x=x, w=w)
+    out = output(out, x.shape, x.device, x.dtype, "rmsnorm", x=x, w=w)
     if x.shape[0] == 0:
         return out
     itemsize, views = piped_views((x, out), (w,), rows_per_program)

@@ -21,7 +21,7 @@ CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store. Th
 import functools
 
 import torch
-from _rows import (chunked_segment, exp_segment, finite_shift, launch, load_row, mapping as rows_mapping,
+from _rows import (chunked_segment, exp_segment, finite_shift, floating, launch, load_row, mapping as rows_mapping,
                    merge_exp, output, segment, stage, store_row, streamed_exp_sum)
 from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
@@ -120,7 +120,8 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     """torch.softmax(x, dim=1) for a 2D tensor with rows of any length."""
     if x.ndim != 2:
         raise ValueError(f"softmax takes x of shape (rows, n), got {tuple(x.shape)}")
-    out = output(out, x.shape, x.device, x.dtype, "softmax")
+    floating("softmax", x=x)
+    out = output(out, x.shape, x.device, x.dtype, "softmax", x=x)
     if x.shape[0] == 0:
         return out
     itemsize, views = piped_views((x, out), rows_per_program=rows_per_program)

@@ -172,9 +172,9 @@ def test_cross_entropy_of_a_target_outside_the_row_is_nan(monkeypatch, n):
     assert torch.allclose(dev.fetch(loss), want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def test_the_row_wrappers_refuse_bad_shapes_by_name():
+def test_the_row_wrappers_refuse_bad_shapes_by_name(monkeypatch):
     """Bad inputs get a ValueError that names what was expected and what came (they were bare asserts, or for out
-    nothing)."""
+    nothing; integer inputs truncated, a float target too, an out overlapping an input raced)."""
     import fused_elementwise as fe
     x, w = torch.randn(2, 3, 64), torch.randn(64)
     cases = [(lambda: sm.softmax(x), r"softmax takes x of shape \(rows, n\), got \(2, 3, 64\)"),
@@ -188,10 +188,30 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name():
              (lambda: rms.rmsnorm(x[0], w, out=torch.empty(3, 64, dtype=torch.int32)), r"rmsnorm: out .* torch.int32"),
              (lambda: ce.cross_entropy(x[0], torch.zeros(3, dtype=torch.long), out=torch.empty(2)),
               r"cross_entropy: out must be .* \(3,\) .* got \(2,\)"),
-             (lambda: fe.fused(w, w, w, out=torch.empty(63)), r"fused: out must be")]
+             (lambda: fe.fused(w, w, w, out=torch.empty(63)), r"fused: out must be"),
+             # integer and bool inputs: torch refuses them; an output of their dtype truncated, bool failed to compile
+             (lambda: sm.softmax(torch.ones(3, 64, dtype=torch.bool)),
+              r"softmax takes a floating-point x, got torch.bool"),
+             (lambda: fe.fused(*[torch.ones(64, dtype=torch.int32)] * 3),
+              r"fused takes a floating-point x, got torch.int32"),
+             (lambda: rms.rmsnorm(x[0], w.long()), r"rmsnorm takes a floating-point w, got torch.int64"),
+             (lambda: ln.layernorm(x[0].int(), w, w), r"layernorm takes a floating-point x, got torch.int32"),
+             (lambda: ce.cross_entropy(x[0].long(), torch.zeros(3, dtype=torch.long)),
+              r"cross_entropy takes a floating-point logits, got torch.int64"),
+             # a float target was truncated to class indices; torch reads it as probabilities
+             (lambda: ce.cross_entropy(x[0], torch.full((3,), 0.7)),
+              r"class indices of an integer dtype as target, got torch.float32"),
+             # an out sharing memory with an input, but not that input itself: programs raced on the rows between
+             (lambda: sm.softmax(x[0, 1:], out=x[0, :-1]), r"softmax: out overlaps x in part"),
+             (lambda: rms.rmsnorm(x[0, :1], w, out=w.view(1, 64)), r"rmsnorm: out overlaps w in part"),
+             (lambda: fe.fused(w[1:], w[1:], w[1:], out=w[:-1]), r"fused: out overlaps x in part")]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")  # in place (out is x itself) stays allowed
+    y = x[0].clone()
+    sm.softmax(y, out=y)
+    assert torch.allclose(y, torch.softmax(x[0], 1), rtol=1e-5, atol=1e-6)
 
 
 def test_candidates_cover_every_length():
