@@ -32,6 +32,8 @@ import _matmul_gemv as gemv
 
 # One 128-byte swizzle row of K per tile row: 64 bf16/f16, 128 fp8, 32 tf32.
 BK_FOR_BITS = {16: 64, 8: 128, 32: 32}
+# The operand dtypes wgmma multiplies (float32 as tf32), as torch names them.
+OPERAND_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float32")
 SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_bytes)
 SMEM_RESERVE = 2048   # mbarriers, scratch, alignment
 MAX_STAGES = 12
@@ -44,6 +46,14 @@ TUNE = os.environ.get("MGJIT_MATMUL_TUNE", "1") != "0"  # 0: take the first cand
 # drift between them (clocks, heat) picked 128x64 tiles for 256 x 1024 x 512 (7.8 us against 8.1), which ran
 # 8.4 us against 64x128's 7.4 in the benchmark's interleaved rounds.
 TIMING_ROUNDS = 3
+
+
+def check_operands(name: str, **tensors) -> None:
+    """Refuse operands of a dtype wgmma does not multiply (integers, float64: an int8 matrix was taken for fp8 by
+    its size), naming the argument."""
+    for arg, t in tensors.items():
+        if str(t.dtype).removeprefix("torch.") not in OPERAND_DTYPES:
+            raise TypeError(f"{name} multiplies {', '.join(OPERAND_DTYPES)} operands, got {arg} of {t.dtype}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,8 @@ import functools
 import os
 from collections.abc import Sequence
 
+from _device import sm_count as device_sm_count
+
 import mgjit
 from mgjit.targets import HOPPER
 
@@ -163,12 +165,8 @@ def persisting(configs: Sequence[mgjit.Config], weights: int) -> tuple[mgjit.Con
 
 @functools.lru_cache(maxsize=None)
 def sm_count(device=None) -> int:
-    """The SMs a persistent grid fills: a CUDA device's, else 2 (the interpreter and the PTX simulator, where a
-    grid smaller than the rows makes each program loop)."""
-    if device is None or device.type != "cuda":
-        return 2
-    import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """The SMs a persistent grid fills on `device` (a torch.device; None: no GPU): `_device.sm_count`."""
+    return device_sm_count((device.index or 0) if device is not None and device.type == "cuda" else None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -164,6 +164,9 @@ def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, con
     if offs.dtype != torch.int32 or offs.device != x.device or w.device != x.device:
         raise ValueError(f"grouped_matmul takes offs as int32 cumulative row ends and w on x's device ({x.device}), "
                          f"got offs {offs.dtype} on {offs.device}, w on {w.device}")
+    if x.dtype != w.dtype:
+        raise TypeError(f"grouped_matmul takes x and w of one dtype, got {x.dtype} and {w.dtype}")
+    schedules.check_operands("grouped_matmul", x=x)
     groups, k, n = w.shape
     bits = x.element_size() * 8
     w_kmajor = w.stride(1) == 1 or (bits != 16 and w.stride(2) != 1)
@@ -175,7 +178,7 @@ def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, con
     scaled = scale_x is not None
     cfg = {"BM": 128, "BN": column_tile(n), "BK": schedules.BK_FOR_BITS[bits], "GROUP_M": 8, **(config or {})}
     cfg.setdefault("STAGES", 3 if cfg["BN"] == 256 else 4)
-    sms = sm_count(x.device.index) if x.is_cuda else 2
+    sms = sm_count(x.device.index)
     rows_bound = -(-x.shape[0] // cfg["BM"]) + groups  # row tiles: at most one partial tile per group
     table = torch.empty(3, -(-rows_bound // TABLE_CHUNK) * TABLE_CHUNK, dtype=torch.int32, device=x.device)
     count = torch.empty(1, dtype=torch.int32, device=x.device)

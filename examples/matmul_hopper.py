@@ -372,6 +372,9 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
                          f"{tuple(b.shape)}")
     if a.dtype != b.dtype:
         raise TypeError(f"matmul takes two tensors of one dtype, got {a.dtype} and {b.dtype}")
+    schedules.check_operands("matmul", a=a)
+    if b.device != a.device:
+        raise ValueError(f"matmul takes a and b on one device, got {a.device} and {b.device}")
     bits = a.element_size() * 8
     out_dtype = out_dtype or (a.dtype if bits == 16 else torch.bfloat16)
     problem = schedules.Problem.of(a, b, b_kmajor, out_dtype, scale is not None, bias is not None, activation)

@@ -64,6 +64,20 @@ def test_grouped_matmul_refuses_offs_of_another_dtype_by_name():
     x, w, offs = groups([3, 5], 64, 64)
     with pytest.raises(ValueError, match="offs as int32"):
         gm.grouped_matmul(x, w, offs.long())
+    # operands wgmma does not multiply failed to compile deep in the kernel; mixed dtypes too
+    with pytest.raises(TypeError, match="grouped_matmul multiplies bfloat16, .* got x of torch.int16"):
+        gm.grouped_matmul(x.to(torch.int16), w.to(torch.int16), offs)
+    with pytest.raises(TypeError, match="x and w of one dtype, got torch.bfloat16 and torch.float16"):
+        gm.grouped_matmul(x, w.half(), offs)
+
+
+def test_matmul_refuses_operands_wgmma_does_not_multiply():
+    """int8 operands were taken for fp8 by their size; float64 was told to be K-major."""
+    import matmul_hopper as mh
+    a = torch.ones(64, 64)
+    for dtype in (torch.int8, torch.float64):
+        with pytest.raises(TypeError, match=f"matmul multiplies bfloat16, .* got a of {dtype}"):
+            mh.matmul(a.to(dtype), a.to(dtype).T, b_kmajor=True)
 
 
 @pytest.mark.parametrize("sizes,k,n,layout,config", [
