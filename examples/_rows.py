@@ -234,25 +234,28 @@ def output(out, shape: tuple, device, dtype, name: str, **inputs):
     if out.shape != shape or not out.dtype.is_floating_point or out.device != device:
         raise ValueError(f"{name}: out must be a floating-point tensor of shape {tuple(shape)} on {device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
-    for arg, t in inputs.items():
-        same = (t.data_ptr(), t.shape, t.stride(), t.dtype) == (out.data_ptr(), out.shape, out.stride(), out.dtype)
-        if not same and _overlap(t, out):
-            raise ValueError(f"{name}: out overlaps {arg} in part; pass out={arg} itself to work in place, or "
-                             "memory of its own")
+    if inputs and out.numel():
+        low, high = _span(out)
+        for arg, t in inputs.items():
+            t_low, t_high = _span(t) if t.numel() else (high, high)
+            if t_low < high and low < t_high and (t.data_ptr(), t.shape, t.stride(), t.dtype) != (
+                    out.data_ptr(), out.shape, out.stride(), out.dtype):
+                raise ValueError(f"{name}: out overlaps {arg} in part; pass out={arg} itself to work in place, or "
+                                 "memory of its own")
     return out
 
 
-def _overlap(a, b) -> bool:
-    """Whether the bytes two tensors span (first to last element, whatever their strides) intersect."""
-    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-
-    def span(t) -> tuple[int, int]:
-        low = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st < 0)
-        high = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st > 0)
-        return t.data_ptr() + low * t.element_size(), t.data_ptr() + (high + 1) * t.element_size()
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+def _span(t) -> tuple[int, int]:
+    """The addresses of a tensor's first and past its last byte, whatever its strides (tensors of two
+    allocations never share one: no need to ask for their storages)."""
+    itemsize = t.element_size()
+    low = high = t.data_ptr()
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            low += (size - 1) * stride * itemsize
+        else:
+            high += (size - 1) * stride * itemsize
+    return low, high + itemsize
 
 
 def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:
