@@ -19,16 +19,39 @@ from ptx_arith import SimError, as_uint, narrow_to_f32
 
 from mgjit.mma_descriptors import Major, decode_smem_descriptor, operand_address
 
-_INPUT_BITS = {"bf16": 16, "f16": 16, "e4m3": 8, "e5m2": 8}
+OPERAND_BITS = {"bf16": 16, "f16": 16, "e4m3": 8, "e5m2": 8, "e2m1": 4}
+_WGMMA_TYPES = ("bf16", "f16", "e4m3", "e5m2")
+# e2m1 by its 3 magnitude bits (two exponent bits of bias 1, one mantissa bit); bit 3 is the sign.
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 
 
-def _widen(bits: np.ndarray, t: str) -> np.ndarray:
+def widen(bits: np.ndarray, t: str) -> np.ndarray:
     """float32 values of operand elements' bits."""
-    if _INPUT_BITS[t] == 16:
+    if OPERAND_BITS[t] == 16:
         return narrow_to_f32(bits, t)
+    if t == "e2m1":
+        return np.where(bits & 8, -1.0, 1.0).astype(np.float32) * _E2M1[bits & 7]
     import torch
     fp8 = torch.float8_e4m3fn if t == "e4m3" else torch.float8_e5m2
     return torch.from_numpy(bits.astype(np.uint8)).view(fp8).float().numpy()
+
+
+def smem_operand(smem: np.ndarray, d, major: Major, rows: int, k: int, t: str, what: str):
+    """An MMA operand's (rows, k) elements as float32, read from shared memory through its decoded descriptor d
+    (e2m1 two to a byte along K, the even one in the low nibble), and (the byte offsets read, their bytes)."""
+    mn, kk = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
+    bits = OPERAND_BITS[t]
+    size = max(1, bits // 8)
+    offsets = np.asarray(operand_address(d, major, mn, kk, bits), dtype=np.int64)
+    at = offsets[..., None] + np.arange(size)
+    if offsets.min() < 0 or at.max() >= len(smem):
+        raise SimError(f"{what} outside shared memory ({len(smem)} bytes): {int(offsets.min())}..{int(at.max()) + 1}")
+    raw = smem[at]
+    if bits == 4:
+        codes = (raw[..., 0] >> (4 * (kk % 2))) & 0xF
+    else:
+        codes = raw[..., 0].astype(np.uint16) | (raw[..., -1].astype(np.uint16) << 8) * (size == 2)
+    return widen(codes, t), (at.reshape(-1), raw.reshape(-1).copy())
 
 
 def _fragment(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +96,8 @@ class WgmmaOps:
             raise SimError(f"the simulator does not know {'.'.join(parts)}")
         shape = re.fullmatch(r"m64n(\d+)k(\d+)", parts[4])
         d_type, a_type, b_type = parts[5:8]
-        if not shape or d_type != "f32" or a_type not in _INPUT_BITS or b_type not in _INPUT_BITS or \
-                int(shape[2]) * _INPUT_BITS[a_type] != 256 or _INPUT_BITS[a_type] != _INPUT_BITS[b_type]:
+        if not shape or d_type != "f32" or a_type not in _WGMMA_TYPES or b_type not in _WGMMA_TYPES or \
+                int(shape[2]) * OPERAND_BITS[a_type] != 256 or OPERAND_BITS[a_type] != OPERAND_BITS[b_type]:
             raise SimError(f"the simulator models wgmma of 16-bit floats (k16) and fp8 (k32) into f32, got "
                            f"{'.'.join(parts)}")
         n, k = int(shape[1]), int(shape[2])
@@ -83,7 +106,7 @@ class WgmmaOps:
         # d, a, b-desc, scale-d, imm-scale-a, imm-scale-b, then for 16-bit inputs imm-trans-a (a in shared
         # memory) and imm-trans-b: fp8 operands are K-major, with no transpose operands
         negate = [int(self.value(op)) for op in ops[4:6]]
-        trans = [int(self.value(op)) for op in ops[6:]] if _INPUT_BITS[a_type] == 16 else [0, 0]
+        trans = [int(self.value(op)) for op in ops[6:]] if OPERAND_BITS[a_type] == 16 else [0, 0]
         trans_a, trans_b = (0, trans[0]) if from_registers else trans[:2]
         if len(d_regs) != n // 2:
             raise SimError(f"wgmma m64n{n} takes {n // 2} float32 accumulators a thread, got {len(d_regs)}")
@@ -137,17 +160,8 @@ class WgmmaOps:
 
     def _smem_operand(self, descriptor: int, major: Major, rows: int, k: int, t: str):
         """An operand's (rows, k) elements as float32 from its descriptor, and (its byte offsets, their bytes)."""
-        d = decode_smem_descriptor(descriptor, tcgen05=False)
-        mn, kk = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
-        size = _INPUT_BITS[t] // 8
-        offsets = np.asarray(operand_address(d, major, mn, kk, _INPUT_BITS[t]), dtype=np.int64)
-        at = offsets[..., None] + np.arange(size)
-        if offsets.min() < 0 or at.max() >= len(self.smem):
-            raise SimError(f"a wgmma operand outside shared memory ({len(self.smem)} bytes): "
-                           f"{int(offsets.min())}..{int(at.max()) + 1}")
-        raw = self.smem[at]
-        bits = raw[..., 0].astype(np.uint16) | (raw[..., -1].astype(np.uint16) << 8) * (size == 2)
-        return _widen(bits, t), (at.reshape(-1), raw.reshape(-1).copy())
+        return smem_operand(self.smem, decode_smem_descriptor(descriptor, tcgen05=False), major, rows, k, t,
+                            "a wgmma operand")
 
     def _register_a(self, op: str, wg: int, t: str) -> np.ndarray:
         regs = [r.strip() for r in op.strip("{}").split(",")]

@@ -1,9 +1,11 @@
 """The Blackwell kernels from their sm_100a PTX on the CPU (tests/ptx_sim.py with tests/ptx_tcgen05.py): no
 Blackwell GPU is lent to this project, so this is where their numbers are checked. examples/matmul_blackwell.py's
 three shapes (M = 128 per CTA; a CTA pair's M = 256 with multicast commits; M = 64 in the half-lane layout) and
-examples/matmul_blackwell_ws.py's warp-specialized persistent kernel (bf16, one CTA and a pair; its accumulators
-double-buffered in TMEM), on aligned and ragged shapes, outputs poisoned, against torch; TMEM round trips through
-tcgen05.st and tcgen05.ld in each register layout mgjit infers."""
+examples/matmul_blackwell_ws.py's warp-specialized persistent kernel (bf16, mxfp8 and nvfp4, one CTA and a pair;
+its accumulators double-buffered in TMEM, the block scales staged through TMEM by tcgen05.cp), on aligned and
+ragged shapes, outputs poisoned, against torch (the scaled formats dequantized); one block-scaled MMA of each
+format (mxfp8 e4m3 and e5m2, mxfp4, nvfp4: scale_vec 1X, 2X, 4X); TMEM round trips through tcgen05.st and
+tcgen05.ld in each register layout mgjit infers."""
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
 import matmul_blackwell as MB  # noqa: E402
 import matmul_blackwell_ws as W  # noqa: E402
 import ptx_sim  # noqa: E402
+import test_blackwell_scaled as scaled  # noqa: E402
 from test_ptx_wgmma import run_launches, within_rounding  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -57,6 +60,38 @@ def test_warp_specialized_blackwell_matmul_from_its_ptx(variant, m, n, k):
     grid, cluster = W.launch_shape(m, n, cfg, False, 4)
     dev = simulate(W.matmul_ws_kernel, grid, cluster, (a, b_t, c, a, a), dict(cfg, CLC=False))
     assert_product(dev.fetch(c), a, b_t)
+
+
+@pytest.mark.parametrize("variant,m,n,k", [("mxfp8", 256, 384, 384), ("mxfp8-2cta", 512, 256, 256),
+                                           ("nvfp4", 384, 256, 512), ("nvfp4-2cta", 512, 256, 256)])
+def test_block_scaled_warp_specialized_matmul_from_its_ptx(variant, m, n, k):
+    """Each K step's scales copied to TMEM by tcgen05.cp beside the MMAs that read them, in a ring of STAGES
+    slots; fewer CTAs than tiles (4 SMs)."""
+    fmt = variant.split("-")[0]
+    a, sfa = W.quantize(torch.randn(m, k), fmt)
+    b_t, sfb = W.quantize(torch.randn(n, k), fmt)
+    c = torch.full((m, n), float("nan")).to(BF16)
+    cfg = W.CONFIGS[variant]
+    grid, cluster = W.launch_shape(m, n, cfg, False, 4)
+    args = (a, b_t, c, mgjit.blocked_scales(sfa), mgjit.blocked_scales(sfb))
+    dev = simulate(W.matmul_ws_kernel, grid, cluster, args, dict(cfg, CLC=False))
+    got, want = dev.fetch(c), W.dequantize(a, sfa) @ W.dequantize(b_t, sfb).T
+    assert not got.isnan().any()
+    assert within_rounding(got, want, k)
+
+
+@pytest.mark.parametrize("fmt", list(scaled.FORMATS))
+@pytest.mark.parametrize("collective", [False, True], ids=["1cta", "2cta"])
+def test_block_scaled_mma_from_its_ptx(fmt, collective):
+    """tests/test_blackwell_scaled.py's one-tile kernel (interpreted there) from its PTX: f32 accumulation of
+    products exact in f32, so within f32 rounding of the dequantized float64 product."""
+    m, n = (256, 256) if collective else (128, 256)
+    c, want, args, consts = scaled.run_scaled(fmt, m, n, collective)
+    c.fill_(float("nan"))
+    ctas = 2 if collective else 1
+    got = simulate(scaled.scaled_mma, (ctas,), (2, 1, 1) if collective else None, args, consts).fetch(c)
+    assert not got.isnan().any()
+    assert ((got.double() - want).norm() / want.norm()).item() < 1e-6
 
 
 @mgjit.kernel
