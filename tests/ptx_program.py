@@ -1,6 +1,6 @@
 """The PTX parser of tests/ptx_sim.py: a kernel's parameters, local-memory depots, registers declared inside
-inline assembly, labels (those of a one-line inline-asm block scoped to it, as in PTX) and instructions, each as
-(guard, opcode, operands)."""
+inline assembly, labels (those of a one-line inline-asm block scoped to it, as in PTX), the jump tables of
+brx.idx (.branchtargets) and instructions, each as (guard, opcode, operands)."""
 from __future__ import annotations
 
 import re
@@ -37,6 +37,13 @@ class Program:
         for name, size in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+(\w+)\[(\d+)\]", rest):
             self.depots[name] = self.local_bytes
             self.local_bytes += -(-int(size) // 16) * 16
+        # Jump tables (LLVM's for a switch: brx.idx %r, $L_brx_0): their labels in order, taken out of the code
+        self.branchtargets: dict[str, list[str]] = {}
+
+        def table(m: re.Match) -> str:
+            self.branchtargets[m.group(1)] = [t.strip() for t in m.group(2).split(",")]
+            return ""
+        rest = re.sub(r"(\$?\w+):\s*\.branchtargets\s*([^;]*);", table, rest)
         for line in rest.splitlines():
             line = line.split("//")[0].strip()
             if not line or line in ("{", "}") or line.startswith("."):
@@ -54,6 +61,10 @@ class Program:
                     if not stmt:
                         continue
                 m = re.match(r"^\.reg\s+\.(pred|[bfsu]\d+)\s+(.*)$", stmt)
+                if m and m.group(1) == "b128":  # two 64-bit halves, NAME:lo and NAME:hi (mov.b128 packs them)
+                    self.declared.update((f"{n.strip()}:{half}", np.uint64) for n in m.group(2).split(",")
+                                         for half in ("lo", "hi"))
+                    continue
                 if m:
                     dtype = np.bool_ if m.group(1) == "pred" else bits_dtype(re.sub("^[su]", "b", m.group(1)))
                     self.declared.update((n.strip(), dtype) for n in m.group(2).split(","))

@@ -10,7 +10,8 @@ barrier (which it passes once every CTA of the cluster is there) or on an mbarri
 (st.async and TMA loads count their bytes on the receiving CTA's mbarrier). Named barriers count their arrivals
 (tests/ptx_cluster.py), TMA copies land as late or as early as the memory model lets them (tests/ptx_tma.py),
 wgmma runs at its issue and checks that what it read is unchanged when it is waited for (tests/ptx_wgmma.py),
-tcgen05 MMAs and loads work on each CTA's tensor memory (tests/ptx_tcgen05.py).
+tcgen05 MMAs and loads work on each CTA's tensor memory (tests/ptx_tcgen05.py), and cluster launch control
+cancels clusters that have not launched (tests/ptx_clc.py).
 Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd
 b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global memory is one byte arena: an
 access not aligned to its size, outside it, a load touching no placed tensor or a store outside every placed
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result, bits_dtype, convert_bits,
                        float_dtype, narrow_to_f32)
+from ptx_clc import ClcOps, ClusterQueue
 from ptx_cluster import ClusterOps, MBarrier, run_cluster
 from ptx_memory import Memory, SmemRaces, shared_offsets, unordered
 from ptx_program import Program
@@ -43,7 +45,7 @@ _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "
               "SP": np.uint64, "SPL": np.uint64}
 
 
-class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
+class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
@@ -191,6 +193,8 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
                 run &= ~g if guard[0] else g
             try:
                 nxt = self.step(opcode, operands, run, mask, active)
+                if isinstance(nxt, np.ndarray):  # brx.idx: each thread's own target
+                    targets, nxt = nxt, "jump"
             except SimError as e:
                 if "(at instruction" in str(e):
                     raise
@@ -228,7 +232,7 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
                 active &= ~run
                 pc[mask & ~run] = at + 1
             elif nxt is not None:
-                pc[run] = nxt
+                pc[run] = targets[run] if nxt == "jump" else nxt
                 pc[mask & ~run] = at + 1
             else:
                 pc[mask] = at + 1
@@ -251,6 +255,12 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         name = parts[0]
         if name == "bra":
             return self.prog.labels[ops[0]]
+        if name == "brx":  # brx.idx %r, table: each thread to its entry (a warp-role switch diverges)
+            targets = np.array([self.prog.labels[t] for t in self.prog.branchtargets[ops[1]]])
+            index = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,)).astype(np.int64)
+            if (index[run] >= len(targets)).any() or (index[run] < 0).any():
+                raise SimError(f"brx.idx past its {len(targets)} targets")
+            return targets[np.clip(index, 0, len(targets) - 1)]
         if name in ("ret", "exit"):
             return "exit"
         if name == "trap":  # a failed mgjit.device_assert: the launch fails
@@ -285,6 +295,10 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             bits = 64 // len(outs) if t == "b64" else 32 // len(outs)
             for i, o in enumerate(outs):
                 self.write(o, (src >> np.uint64(i * bits)) & np.uint64((1 << bits) - 1), run)
+            return
+        if t == "b128":  # mov.b128 r, {lo, hi}: a 128-bit register as its two halves (ptx_program.Program)
+            for half, o in zip(("lo", "hi"), ops[1][1:-1].split(",")):
+                self.write(f"{ops[0]}:{half}", as_uint(self.value(o.strip()), 64), run)
             return
         if ops[1].startswith("{"):  # pack
             ins = [self.value(o.strip()) for o in ops[1][1:-1].split(",")]
@@ -471,7 +485,8 @@ class CTA(ClusterOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
            threads: int = 128, counts: Counter | None = None, lands: str = "late") -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints, tensor maps
-    as ptx_tma.TensorMap). Clusters are `cluster` consecutive CTAs along x; their CTAs run in turns
+    as ptx_tma.TensorMap). Clusters are `cluster` consecutive CTAs along x, launched in order (x fastest), each
+    run to its end before the next, skipping those a try_cancel cancelled (ptx_clc.py); their CTAs run in turns
     (ptx_cluster.run_cluster). `counts` (if given) gathers the instructions issued, by opcode; `lands` is when TMA
     copies land (ptx_tma.py)."""
     if lands not in ("early", "late"):
@@ -483,14 +498,15 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
     grid = tuple(grid) + (1,) * (3 - len(grid))
     if grid[0] % cluster:
         raise SimError(f"a grid of {grid[0]} is not a whole number of clusters of {cluster}")
-    for z in range(grid[2]):
-        for y in range(grid[1]):
-            for x0 in range(0, grid[0], cluster):
-                ctas: list[CTA] = []
-                for r in range(cluster):
-                    ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads, counts))
-                    ctas[-1].lands = lands
-                run_cluster(ctas)
+    launches = ClusterQueue([(x0, y, z) for z in range(grid[2]) for y in range(grid[1])
+                             for x0 in range(0, grid[0], cluster)])
+    while (origin := launches.launch()) is not None:
+        x0, y, z = origin
+        ctas: list[CTA] = []
+        for r in range(cluster):
+            ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads, counts))
+            ctas[-1].lands, ctas[-1].launches = lands, launches
+        run_cluster(ctas)
 
 
 class Device:

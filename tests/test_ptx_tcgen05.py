@@ -62,6 +62,29 @@ def test_warp_specialized_blackwell_matmul_from_its_ptx(variant, m, n, k):
     assert_product(dev.fetch(c), a, b_t)
 
 
+@pytest.mark.parametrize("variant,m,n,k", [("bf16", 384, 512, 128), ("bf16-2cta", 512, 512, 192),
+                                           ("mxfp8", 256, 256, 256)])
+def test_warp_specialized_matmul_with_cluster_launch_control_from_its_ptx(variant, m, n, k):
+    """CLC: a cluster per tile, each running cluster cancelling the launch of the next and taking its tile
+    (here the first cluster takes them all: the simulator launches clusters one after another)."""
+    fmt = variant.split("-")[0]
+    if fmt == "bf16":
+        a, b_t = torch.randn(m, k).to(BF16), torch.randn(n, k).to(BF16)
+        sfa = sfb = a
+        want = a.double() @ b_t.double().T
+    else:
+        (a, sa), (b_t, sb) = W.quantize(torch.randn(m, k), fmt), W.quantize(torch.randn(n, k), fmt)
+        sfa, sfb = mgjit.blocked_scales(sa), mgjit.blocked_scales(sb)
+        want = W.dequantize(a, sa) @ W.dequantize(b_t, sb).T
+    c = torch.full((m, n), float("nan")).to(BF16)
+    cfg = W.CONFIGS[variant]
+    grid, cluster = W.launch_shape(m, n, cfg, True, 4)
+    dev = simulate(W.matmul_ws_kernel, grid, cluster, (a, b_t, c, sfa, sfb), dict(cfg, CLC=True))
+    got = dev.fetch(c)
+    assert not got.isnan().any() and within_rounding(got, want, k)
+    assert (dev.stores(c) == 1).all()
+
+
 @pytest.mark.parametrize("variant,m,n,k", [("mxfp8", 256, 384, 384), ("mxfp8-2cta", 512, 256, 256),
                                            ("nvfp4", 384, 256, 512), ("nvfp4-2cta", 512, 256, 256)])
 def test_block_scaled_warp_specialized_matmul_from_its_ptx(variant, m, n, k):
