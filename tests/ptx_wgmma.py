@@ -1,6 +1,6 @@
 """The wgmma side of tests/ptx_sim.py: warpgroup MMAs (wgmma.mma_async m64nNk16 of 16-bit floats, m64nNk32 of fp8,
-into float32 accumulators; A and B from shared-memory descriptors, or a 16-bit A from registers) and their fences,
-groups and waits.
+m64nNk8 of tf32 (float32 with its low 13 mantissa bits dropped), into float32 accumulators; A and B from
+shared-memory descriptors, or a 16-bit A from registers) and their fences, groups and waits.
 
 PTX gives registers sequential meaning (ptxas waits where an accumulator is touched in flight), so an MMA runs at
 its issue. Its shared-memory operands are read at the issue too, but the hardware may read them until
@@ -19,14 +19,17 @@ from ptx_arith import SimError, as_uint, narrow_to_f32
 
 from mgjit.mma_descriptors import Major, decode_smem_descriptor, operand_address
 
-OPERAND_BITS = {"bf16": 16, "f16": 16, "e4m3": 8, "e5m2": 8, "e2m1": 4}
-_WGMMA_TYPES = ("bf16", "f16", "e4m3", "e5m2")
+OPERAND_BITS = {"tf32": 32, "bf16": 16, "f16": 16, "e4m3": 8, "e5m2": 8, "e2m1": 4}
+_WGMMA_TYPES = ("tf32", "bf16", "f16", "e4m3", "e5m2")
+_TF32_MASK = np.uint32(0xFFFFE000)  # tf32 keeps float32's sign, exponent and top 10 mantissa bits (truncated)
 # e2m1 by its 3 magnitude bits (two exponent bits of bias 1, one mantissa bit); bit 3 is the sign.
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 
 
 def widen(bits: np.ndarray, t: str) -> np.ndarray:
     """float32 values of operand elements' bits."""
+    if t == "tf32":
+        return (bits.astype(np.uint32) & _TF32_MASK).view(np.float32)
     if OPERAND_BITS[t] == 16:
         return narrow_to_f32(bits, t)
     if t == "e2m1":
@@ -49,8 +52,8 @@ def smem_operand(smem: np.ndarray, d, major: Major, rows: int, k: int, t: str, w
     raw = smem[at]
     if bits == 4:
         codes = (raw[..., 0] >> (4 * (kk % 2))) & 0xF
-    else:
-        codes = raw[..., 0].astype(np.uint16) | (raw[..., -1].astype(np.uint16) << 8) * (size == 2)
+    else:  # little-endian bytes
+        codes = sum(raw[..., i].astype(np.uint32) << np.uint32(8 * i) for i in range(size))
     return widen(codes, t), (at.reshape(-1), raw.reshape(-1).copy())
 
 
@@ -98,7 +101,7 @@ class WgmmaOps:
         d_type, a_type, b_type = parts[5:8]
         if not shape or d_type != "f32" or a_type not in _WGMMA_TYPES or b_type not in _WGMMA_TYPES or \
                 int(shape[2]) * OPERAND_BITS[a_type] != 256 or OPERAND_BITS[a_type] != OPERAND_BITS[b_type]:
-            raise SimError(f"the simulator models wgmma of 16-bit floats (k16) and fp8 (k32) into f32, got "
+            raise SimError(f"the simulator models wgmma of tf32 (k8), 16-bit floats (k16) and fp8 (k32) into f32, got "
                            f"{'.'.join(parts)}")
         n, k = int(shape[1]), int(shape[2])
         d_regs = [r.strip() for r in ops[0].strip("{}").split(",")]

@@ -105,8 +105,9 @@ def test_long_k_split_over_clusters_from_its_ptx():
 
 @pytest.mark.parametrize("lands", ["late", "early"])
 @pytest.mark.parametrize("kwargs", [dict(dtype=torch.float16), dict(dtype=torch.float8_e4m3fn, b_kmajor=True),
-                                    dict(a_transposed=True), dict(b_kmajor=True, biased=True)],
-                         ids=["f16", "fp8", "a-transposed", "b-kmajor"])
+                                    dict(dtype=torch.float32, b_kmajor=True), dict(a_transposed=True),
+                                    dict(b_kmajor=True, biased=True)],
+                         ids=["f16", "fp8", "tf32", "a-transposed", "b-kmajor"])
 def test_operand_forms_from_their_ptx(kwargs, lands):
     check_candidates(192, 320, 256, 4, which=[0], lands=lands, **kwargs)
 
