@@ -14,8 +14,8 @@ class SimError(Exception):
 
 
 class Arithmetic:
-    """Instruction handlers `op_<name>(parts, operands, threads that run it)`; the CTA provides value, fvalue,
-    write and threads."""
+    """Instruction handlers `op_<name>(parts, operands, threads that run it)`; the CTA provides value, per_thread,
+    fvalue, write and threads."""
 
     def _int_binary(self, parts, ops, run, fn):
         t = parts[-1]
@@ -79,7 +79,7 @@ class Arithmetic:
         bits = int(parts[-1][1:])
         signed = parts[-1][0] == "s"
         a, b = (np.broadcast_to(as_int(self.value(o), bits, signed), (self.threads,)) for o in ops[1:3])
-        c = np.broadcast_to(as_uint(self.value(ops[3]), bits), (self.threads,))
+        c = self.per_thread(ops[3], bits)
         flag = self.carry_flag()
         mask = (1 << bits) - 1
         out, carry = np.zeros(self.threads, dtype=np.uint64), flag.copy()
@@ -156,7 +156,7 @@ class Arithmetic:
     def op_prmt(self, parts, ops, run):
         if len(parts) != 2:
             raise SimError(f"prmt mode {parts[1]}")
-        a, b, c = (np.broadcast_to(as_uint(self.value(o), 32), (self.threads,)) for o in ops[1:4])
+        a, b, c = (self.per_thread(o, 32) for o in ops[1:4])
         both = [(int(y) << 32) | int(x) for x, y in zip(a, b)]
         out = []
         for v, sel in zip(both, c):
@@ -173,9 +173,9 @@ class Arithmetic:
     def op_bfe(self, parts, ops, run):
         t = parts[-1]
         bits, signed = int(t[1:]), t[0] == "s"
-        a = [int(v) for v in np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,))]
-        pos = [int(v) & 255 for v in np.broadcast_to(as_uint(self.value(ops[2]), 32), (self.threads,))]
-        ln = [int(v) & 255 for v in np.broadcast_to(as_uint(self.value(ops[3]), 32), (self.threads,))]
+        a = [int(v) for v in self.per_thread(ops[1], bits)]
+        pos = [int(v) & 255 for v in self.per_thread(ops[2], 32)]
+        ln = [int(v) & 255 for v in self.per_thread(ops[3], 32)]
         out = []
         for x, p, n in zip(a, pos, ln):
             field = 0 if p >= bits else (x >> p) & ((1 << min(n, bits)) - 1)
@@ -187,8 +187,8 @@ class Arithmetic:
     def op_bfi(self, parts, ops, run):
         """bfi.bN d, a, b, pos, len: b with its bits pos .. pos + len - 1 taken from a's lowest bits."""
         bits = int(parts[-1][1:])
-        a, b = ([int(v) for v in np.broadcast_to(as_uint(self.value(o), bits), (self.threads,))] for o in ops[1:3])
-        pos, ln = ([int(v) & 255 for v in np.broadcast_to(as_uint(self.value(o), 32), (self.threads,))]
+        a, b = ([int(v) for v in self.per_thread(o, bits)] for o in ops[1:3])
+        pos, ln = ([int(v) & 255 for v in self.per_thread(o, 32)]
                    for o in ops[3:5])
         out = []
         for x, y, p, n in zip(a, b, pos, ln):
@@ -364,12 +364,12 @@ class Arithmetic:
 
     def op_clz(self, parts, ops, run):
         bits = int(parts[-1][1:])
-        x = np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,))
+        x = self.per_thread(ops[1], bits)
         self.write(ops[0], np.array([bits - int(v).bit_length() for v in x], dtype=np.uint32), run)
 
     def op_popc(self, parts, ops, run):
         bits = int(parts[-1][1:])
-        x = np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,))
+        x = self.per_thread(ops[1], bits)
         self.write(ops[0], np.array([bin(int(v)).count("1") for v in x], dtype=np.uint32), run)
 
     def op_copysign(self, parts, ops, run):

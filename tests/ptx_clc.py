@@ -8,7 +8,7 @@ words, (1, x, y, z) for a cancelled cluster whose first CTA is (x, y, z), zeros 
 from __future__ import annotations
 
 import numpy as np
-from ptx_arith import SimError, as_uint
+from ptx_arith import SimError
 
 RESPONSE_BYTES = 16
 
@@ -29,11 +29,11 @@ class ClusterQueue:
 
     def cancel(self) -> tuple[int, int, int] | None:
         """Cancel the first cluster not launched nor cancelled: its first CTA, or None where none is left."""
-        left = [i for i in range(self.launched, len(self.origins)) if i not in self.cancelled]
-        if not left:
+        first = next((i for i in range(self.launched, len(self.origins)) if i not in self.cancelled), None)
+        if first is None:
             return None
-        self.cancelled.add(left[0])
-        return self.origins[left[0]]
+        self.cancelled.add(first)
+        return self.origins[first]
 
 
 class ClcOps:
@@ -53,10 +53,10 @@ class ClcOps:
         one cancellation per issuing thread; multicast writes the response and completes the bytes in every CTA of
         the cluster, at the same offsets."""
         resp, bar = self.address(ops[0]), self.address(ops[1])
+        targets = self.cluster if "multicast::cluster::all" in ".".join(parts) else [self]
         for lane in np.nonzero(run)[0]:
             origin = self.launches.cancel()
             words = np.array((1, *origin) if origin else (0, 0, 0, 0), dtype=np.uint32)
-            targets = self.cluster if "multicast::cluster::all" in ".".join(parts) else [self]
             for cta in targets:
                 offset = int(resp[lane])
                 if offset % RESPONSE_BYTES or offset + RESPONSE_BYTES > len(cta.smem):
@@ -66,7 +66,7 @@ class ClcOps:
 
     def _query(self, parts, ops, run):
         """query_cancel.is_canceled.pred.b128 p, r / query_cancel.get_first_ctaid::{x,y,z}.b32.b128 d, r."""
-        lo, hi = (as_uint(self.value(f"{ops[1].strip()}:{half}"), 64).astype(np.uint64) for half in ("lo", "hi"))
+        lo, hi = (self.per_thread(f"{ops[1].strip()}:{half}", 64).astype(np.uint64) for half in ("lo", "hi"))
         mask = np.uint64(0xFFFFFFFF)
         if parts[2] == "is_canceled":
             self.write(ops[0], (lo & mask) != 0, run)

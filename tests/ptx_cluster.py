@@ -72,7 +72,7 @@ class ClusterOps:
         if opcode.startswith("bar.warp"):  # bar.warp.sync: the lanes of a warp reconverge; they run in lockstep
             return None
         sync = ".sync" in opcode
-        ids = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,))
+        ids = self.per_thread(ops[0])
         count = int(self.value(ops[1])) if len(ops) > 1 else int(active.sum())
         for i in np.unique(ids[run]):
             lanes = run & (ids == i)
@@ -117,7 +117,7 @@ class ClusterOps:
             addr = self.address(ops[1])
             for off in np.unique(addr[idx]):  # the TMA loads completing this mbarrier land now, at the latest
                 self.land_loads(int(off))
-            parity = np.broadcast_to(np.asarray(self.value(ops[2])), (self.threads,))
+            parity = self.per_thread(ops[2])
             done = np.zeros(self.threads, dtype=bool)
             for lane in idx:
                 done[lane] = self._barrier(self, int(addr[lane])).completed % 2 != int(parity[lane]) % 2
@@ -136,7 +136,7 @@ class ClusterOps:
         counted on the receiving CTA's mbarrier."""
         addr, bar = self.address(ops[0]), self.address(ops[2])
         data = np.zeros((self.threads, 4), dtype=np.uint8)
-        val = np.broadcast_to(as_uint(self.value(ops[1]), 32), (self.threads,)).astype(np.uint64)
+        val = self.per_thread(ops[1], 32).astype(np.uint64)
         for b in range(4):
             data[:, b] = ((val >> np.uint64(8 * b)) & np.uint64(255)).astype(np.uint8)
         for lane in np.nonzero(run)[0]:

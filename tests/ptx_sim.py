@@ -107,6 +107,12 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             return np.array(n).astype(np.int64).astype(dtype) if n < 0 else np.array(n, dtype=np.uint64).astype(dtype)
         return n
 
+    def per_thread(self, op: str, bits: int | None = None) -> np.ndarray:
+        """An operand's value in each thread (an immediate or a CTA-wide special register broadcast), as unsigned
+        `bits`-bit integers where given."""
+        v = self.value(op)
+        return np.broadcast_to(np.asarray(v) if bits is None else as_uint(v, bits), (self.threads,))
+
     def fvalue(self, op: str, t: str) -> np.ndarray:
         """An operand of a floating-point instruction of type t: integer registers hold its bits (bf16 read as
         f32)."""
@@ -257,7 +263,7 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             return self.prog.labels[ops[0]]
         if name == "brx":  # brx.idx %r, table: each thread to its entry (a warp-role switch diverges)
             targets = np.array([self.prog.labels[t] for t in self.prog.branchtargets[ops[1]]])
-            index = np.broadcast_to(np.asarray(self.value(ops[0])), (self.threads,)).astype(np.int64)
+            index = self.per_thread(ops[0]).astype(np.int64)
             if (index[run] >= len(targets)).any() or (index[run] < 0).any():
                 raise SimError(f"brx.idx past its {len(targets)} targets")
             return targets[np.clip(index, 0, len(targets) - 1)]
@@ -459,9 +465,9 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         bits = int(t.lstrip("bfus"))
         nbytes = bits // 8
         outs = [o.strip() for o in ops[0].strip("{}").split(",")]
-        values = [np.broadcast_to(as_uint(self.value(o.strip()), bits), (self.threads,))
+        values = [self.per_thread(o.strip(), bits)
                   for o in ops[-1].strip("{}").split(",")]
-        compare = np.broadcast_to(as_uint(self.value(ops[2]), bits), (self.threads,)) if kind == "cas" else None
+        compare = self.per_thread(ops[2], bits) if kind == "cas" else None
         addr = self.address(ops[1])
         olds = np.zeros((vec, self.threads), dtype=np.uint64)
         for lane in np.nonzero(run)[0]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from ptx_arith import SimError, as_uint
+from ptx_arith import SimError
 from ptx_wgmma import smem_operand, widen
 
 from mgjit.mma_descriptors import Major, decode_smem_descriptor, operand_address
@@ -98,9 +98,8 @@ class Tcgen05Ops:
                            f"from shared memory, got {joined}")
         k = _KIND_K[kind]
         for lane in np.nonzero(run)[0]:
-            value = lambda op: int(np.broadcast_to(np.asarray(self.value(op)), (self.threads,))[lane])  # noqa: E731
-            address = lambda op: int(np.broadcast_to(as_uint(self.value(op.strip("[]")), 32),  # noqa: E731
-                                                     (self.threads,))[lane])
+            value = lambda op: int(self.per_thread(op)[lane])  # noqa: E731
+            address = lambda op: int(self.per_thread(op.strip("[]"), 32)[lane])  # noqa: E731
             a_desc, b_desc, idesc = (value(op) for op in ops[1:4])
             taddr, accumulate = address(ops[0]), bool(value(ops[-1]))
             m, n = ((idesc >> 24) & 0x1F) << 4, ((idesc >> 17) & 0x3F) << 3
@@ -125,7 +124,7 @@ class Tcgen05Ops:
                 if vec:
                     d = cta._scaled_product(a_rows, b, int(vec.group(1)), idesc, address(ops[4]), address(ops[5]))
                 else:
-                    d = a_rows.astype(np.float64) @ b.astype(np.float64).T
+                    d = a_rows @ b.T
                 cta._accumulate(taddr, d, accumulate)
 
     @staticmethod
@@ -141,9 +140,9 @@ class Tcgen05Ops:
         a_bytes = self._scale_bytes(a_scales, np.arange(rows), np.arange(rows) // 32, (idesc >> 29) & 3, vec, ue8m0)
         a = a * np.repeat(a_bytes, k // vec, axis=1)
         d = np.empty((rows, n))
+        cols = np.arange(n)
         for p in range(rows // 32):
             part = slice(32 * p, 32 * p + 32)
-            cols = np.arange(n)
             b_bytes = self._scale_bytes(b_scales, 32 * p + cols % 32, cols // 32, (idesc >> 4) & 3, vec, ue8m0)
             d[part] = a[part] @ (b * np.repeat(b_bytes, k // vec, axis=1)).T
         return d
@@ -172,8 +171,8 @@ class Tcgen05Ops:
         if "32x128b" not in parts or "warpx4" not in parts:
             raise SimError(f"the simulator models tcgen05.cp 32x128b.warpx4, got {joined}")
         for lane in np.nonzero(run)[0]:
-            taddr = int(np.broadcast_to(as_uint(self.value(ops[0].strip("[]")), 32), (self.threads,))[lane])
-            desc = int(np.broadcast_to(np.asarray(self.value(ops[1])), (self.threads,))[lane])
+            taddr = int(self.per_thread(ops[0].strip("[]"), 32)[lane])
+            desc = int(self.per_thread(ops[1])[lane])
             if group == 2 and self.rank % 2:
                 raise SimError(f"tcgen05.cp.cta_group::2 issued by CTA rank {self.rank}, not a pair's leader")
             d = decode_smem_descriptor(desc, tcgen05=True)
@@ -210,7 +209,7 @@ class Tcgen05Ops:
         for lane in np.nonzero(run)[0]:
             _, offset = self.peer(int(addr[lane]))
             if "multicast::cluster" in parts:
-                mask = int(as_uint(np.broadcast_to(np.asarray(self.value(ops[1])), (self.threads,))[lane], 16))
+                mask = int(self.per_thread(ops[1], 16)[lane])
                 targets = [c for r, c in enumerate(self.cluster) if mask >> r & 1]
             else:
                 targets = [self]
@@ -226,8 +225,8 @@ class Tcgen05Ops:
         lanes, cols = _cells(shape, reps)
         if lanes.shape[1] != len(regs):
             raise SimError(f"tcgen05.{kind}.{shape}.x{reps} moves {lanes.shape[1]} registers a thread, got {len(regs)}")
-        taddr = np.broadcast_to(as_uint(self.value(addr_op.strip("[]")), 32), (self.threads,))
-        values = None if kind == "ld" else [np.broadcast_to(as_uint(self.value(r), 32), (self.threads,)) for r in regs]
+        taddr = self.per_thread(addr_op.strip("[]"), 32)
+        values = None if kind == "ld" else [self.per_thread(r, 32) for r in regs]
         out = [np.zeros(self.threads, dtype=np.uint32) for _ in regs]
         for warp in np.unique(np.nonzero(run)[0] // 32):
             threads = slice(32 * warp, 32 * warp + 32)

@@ -141,7 +141,7 @@ class TmaOps:
             (off,) = self.mem.offsets(addr[lane:lane + 1], 128)
             tmap = TensorMap.decode(self.mem.bytes[off:off + 128].tobytes())
             sizes = list(tmap.sizes)
-            size = np.broadcast_to(self.value(ops[2]), (self.threads,))[lane]
+            size = self.per_thread(ops[2])[lane]
             sizes[len(sizes) - 1 - int(self.value(ops[1]))] = int(size)
             encoded = dataclasses.replace(tmap, sizes=tuple(sizes)).encode()
             self.mem.bytes[off:off + 128] = np.frombuffer(encoded, dtype=np.uint8)
@@ -177,14 +177,14 @@ class TmaOps:
         handle, coords = op.strip()[1:-1].split(",", 1)
         values = [np.broadcast_to(as_int(as_uint(self.value(c.strip()), 32), 32, True), (self.threads,))
                   for c in coords.strip().strip("{}").split(",")]
-        return np.broadcast_to(np.asarray(self.value(handle.strip())), (self.threads,)), values[::-1]
+        return self.per_thread(handle.strip()), values[::-1]
 
     def _issue_loads(self, ops, run, multicast: bool):
         """Loads into this CTA's slot, or with multicast into the same offsets of each CTA of the mask (its slot,
         its mbarrier)."""
         handles, coords = self._tensor_operand(ops[1])
         dst, bar = self.address(ops[0]), self.address(ops[2])
-        masks = np.broadcast_to(as_uint(self.value(ops[3]), 16), (self.threads,)) if multicast else None
+        masks = self.per_thread(ops[3], 16) if multicast else None
         for lane in np.nonzero(run)[0]:
             (home, dst_offset), (holder, bar_offset) = self.peer(int(dst[lane])), self.peer(int(bar[lane]))
             if home is not self:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from ptx_arith import SimError, as_uint, narrow_to_f32
+from ptx_arith import SimError, narrow_to_f32
 
 from mgjit.mma_descriptors import Major, decode_smem_descriptor, operand_address
 
@@ -117,7 +117,7 @@ class WgmmaOps:
         for wg in groups:
             lanes = slice(128 * wg, 128 * wg + 128)
             first = 128 * wg
-            accumulate = bool(np.broadcast_to(np.asarray(self.value(ops[3])), (self.threads,))[first])  # scale-d
+            accumulate = bool(self.per_thread(ops[3])[first])  # scale-d
             b, b_read = self._smem_operand(self._uniform(ops[2], wg), Major.MN if trans_b else Major.K, n, k,
                                            b_type)
             if from_registers:
@@ -156,7 +156,7 @@ class WgmmaOps:
         return groups
 
     def _uniform(self, op: str, wg: int) -> int:
-        values = np.broadcast_to(np.asarray(self.value(op)), (self.threads,))[128 * wg:128 * wg + 128]
+        values = self.per_thread(op)[128 * wg:128 * wg + 128]
         if (values != values[0]).any():
             raise SimError(f"a wgmma descriptor {op} that differs between the threads of warpgroup {wg}")
         return int(values[0])
@@ -173,7 +173,7 @@ class WgmmaOps:
         rows, ks = _a_fragment()
         a = np.zeros((64, 16), dtype=np.float32)  # m64k16
         for j, r in enumerate(regs):
-            word = as_uint(self.value(r), 32)[128 * wg:128 * wg + 128].astype(np.uint32)
+            word = self.per_thread(r, 32)[128 * wg:128 * wg + 128].astype(np.uint32)
             for half in range(2):
                 bits = (word >> np.uint32(16 * half)) & 0xFFFF
                 a[rows[:, 2 * j + half], ks[:, 2 * j + half]] = narrow_to_f32(bits, t)
