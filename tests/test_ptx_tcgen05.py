@@ -50,27 +50,14 @@ def test_blackwell_matmul_from_its_ptx(variant, m, n, k, lands):
     assert (dev.stores(c) == 1).all()
 
 
-@pytest.mark.parametrize("variant,m,n,k", [("bf16", 256, 512, 320), ("bf16", 384, 264, 128),
-                                           ("bf16-2cta", 512, 512, 256)])
-def test_warp_specialized_blackwell_matmul_from_its_ptx(variant, m, n, k):
-    """Fewer CTAs than tiles (4 SMs): each CTA's roles walk several tiles, the accumulators alternating."""
-    a, b_t = torch.randn(m, k).to(BF16), torch.randn(n, k).to(BF16)
-    c = torch.full((m, n), float("nan")).to(BF16)
-    cfg = W.CONFIGS[variant]
-    grid, cluster = W.launch_shape(m, n, cfg, False, 4)
-    dev = simulate(W.matmul_ws_kernel, grid, cluster, (a, b_t, c, a, a), dict(cfg, CLC=False))
-    assert_product(dev.fetch(c), a, b_t)
-
-
-@pytest.mark.parametrize("variant,m,n,k", [("bf16", 384, 512, 128), ("bf16-2cta", 512, 512, 192),
-                                           ("mxfp8", 256, 256, 256)])
-def test_warp_specialized_matmul_with_cluster_launch_control_from_its_ptx(variant, m, n, k):
-    """CLC: a cluster per tile, each running cluster cancelling the launch of the next and taking its tile
-    (here the first cluster takes them all: the simulator launches clusters one after another)."""
+def simulate_ws(variant: str, m: int, n: int, k: int, clc: bool):
+    """examples/matmul_blackwell_ws.py's `variant` on 4 SMs (fewer CTAs than tiles), from its PTX, over fresh
+    random operands (the scaled formats quantized, their scales blocked): (the device, c, the float64 product c
+    should hold, of the dequantized operands)."""
     fmt = variant.split("-")[0]
     if fmt == "bf16":
         a, b_t = torch.randn(m, k).to(BF16), torch.randn(n, k).to(BF16)
-        sfa = sfb = a
+        sfa = sfb = a  # unused without scales
         want = a.double() @ b_t.double().T
     else:
         (a, sa), (b_t, sb) = W.quantize(torch.randn(m, k), fmt), W.quantize(torch.randn(n, k), fmt)
@@ -78,29 +65,31 @@ def test_warp_specialized_matmul_with_cluster_launch_control_from_its_ptx(varian
         want = W.dequantize(a, sa) @ W.dequantize(b_t, sb).T
     c = torch.full((m, n), float("nan")).to(BF16)
     cfg = W.CONFIGS[variant]
-    grid, cluster = W.launch_shape(m, n, cfg, True, 4)
-    dev = simulate(W.matmul_ws_kernel, grid, cluster, (a, b_t, c, sfa, sfb), dict(cfg, CLC=True))
+    grid, cluster = W.launch_shape(m, n, cfg, clc, 4)
+    return simulate(W.matmul_ws_kernel, grid, cluster, (a, b_t, c, sfa, sfb), dict(cfg, CLC=clc)), c, want
+
+
+@pytest.mark.parametrize("variant,m,n,k", [("bf16", 256, 512, 320), ("bf16", 384, 264, 128),
+                                           ("bf16-2cta", 512, 512, 256), ("mxfp8", 256, 384, 384),
+                                           ("mxfp8-2cta", 512, 256, 256), ("nvfp4", 384, 256, 512),
+                                           ("nvfp4-2cta", 512, 256, 256)])
+def test_warp_specialized_blackwell_matmul_from_its_ptx(variant, m, n, k):
+    """Each CTA's roles walk several tiles, the accumulators alternating; the scaled formats' scales copied to TMEM
+    by tcgen05.cp beside the MMAs that read them, in a ring of STAGES slots."""
+    dev, c, want = simulate_ws(variant, m, n, k, clc=False)
+    got = dev.fetch(c)
+    assert not got.isnan().any() and within_rounding(got, want, k)
+
+
+@pytest.mark.parametrize("variant,m,n,k", [("bf16", 384, 512, 128), ("bf16-2cta", 512, 512, 192),
+                                           ("mxfp8", 256, 256, 256)])
+def test_warp_specialized_matmul_with_cluster_launch_control_from_its_ptx(variant, m, n, k):
+    """CLC: a cluster per tile, each running cluster cancelling the launch of the next and taking its tile
+    (here the first cluster takes them all: the simulator launches clusters one after another)."""
+    dev, c, want = simulate_ws(variant, m, n, k, clc=True)
     got = dev.fetch(c)
     assert not got.isnan().any() and within_rounding(got, want, k)
     assert (dev.stores(c) == 1).all()
-
-
-@pytest.mark.parametrize("variant,m,n,k", [("mxfp8", 256, 384, 384), ("mxfp8-2cta", 512, 256, 256),
-                                           ("nvfp4", 384, 256, 512), ("nvfp4-2cta", 512, 256, 256)])
-def test_block_scaled_warp_specialized_matmul_from_its_ptx(variant, m, n, k):
-    """Each K step's scales copied to TMEM by tcgen05.cp beside the MMAs that read them, in a ring of STAGES
-    slots; fewer CTAs than tiles (4 SMs)."""
-    fmt = variant.split("-")[0]
-    a, sfa = W.quantize(torch.randn(m, k), fmt)
-    b_t, sfb = W.quantize(torch.randn(n, k), fmt)
-    c = torch.full((m, n), float("nan")).to(BF16)
-    cfg = W.CONFIGS[variant]
-    grid, cluster = W.launch_shape(m, n, cfg, False, 4)
-    args = (a, b_t, c, mgjit.blocked_scales(sfa), mgjit.blocked_scales(sfb))
-    dev = simulate(W.matmul_ws_kernel, grid, cluster, args, dict(cfg, CLC=False))
-    got, want = dev.fetch(c), W.dequantize(a, sfa) @ W.dequantize(b_t, sfb).T
-    assert not got.isnan().any()
-    assert within_rounding(got, want, k)
 
 
 @pytest.mark.parametrize("fmt", list(scaled.FORMATS))
