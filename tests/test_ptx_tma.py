@@ -123,6 +123,18 @@ def piped_configs(name: str, n: int, itemsize: int = 2) -> list[mgjit.Config]:
     return [c for c in candidates(name, n, itemsize) if c.kwargs["PIPE"]]
 
 
+def piped_programs(config: mgjit.Config) -> int:
+    """The programs (clusters) `simulate_rows` runs a piped mapping on: the fewest it takes (STASH, where it
+    stashes weights), else 2."""
+    return config.kwargs.get("STASH") or 2
+
+
+def ring_rows(config: mgjit.Config) -> int:
+    """Rows enough for each program of `simulate_rows`' grid to take as many as its ring has slots and one more
+    (a slot refilled)."""
+    return piped_programs(config) * (config.kwargs["STAGES"] + 1)
+
+
 def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) -> list[torch.Tensor]:
     """The row example's outputs over x from the PTX of `config` on the simulator (a piped mapping on a grid of the
     fewest programs or clusters it takes, each looping over rows past its ring of slots), checked against torch;
@@ -130,9 +142,8 @@ def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) 
     kernel, args, constexprs, outputs, refs, tol = row_case(name, x, config)
     k = config.kwargs
     if k["PIPE"]:
-        programs = k.get("STASH") or 2
-        grid = (programs * k["CTAS"],)
-        assert x.shape[0] * (k["SEGS"] if k.get("SEGS") and not k.get("SEQ") else 1) > programs * (k["STAGES"] + 1)
+        grid = (piped_programs(config) * k["CTAS"],)
+        assert x.shape[0] * (k["SEGS"] if k.get("SEGS") and not k.get("SEQ") else 1) > ring_rows(config)
     else:
         grid = _rows.grid(x.shape[0], config)
     compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
@@ -171,8 +182,7 @@ PIPED = [("softmax", 8193, 0), ("rmsnorm", 8193, 0), ("layernorm", 8193, 1), ("c
 @pytest.mark.parametrize("name,n,index", PIPED, ids=[f"{k}-{n}-{i}" for k, n, i in PIPED])
 def test_piped_rows_from_their_ptx(name, n, index, lands):
     config = piped_configs(name, n)[index]
-    k = config.kwargs
-    rows = (k.get("STASH") or 2) * (k["STAGES"] + 1) + 3
+    rows = ring_rows(config) + 3
     simulate_rows(name, (torch.randn(rows, n) * 3 + 1).to(BF16), config, lands)
 
 
@@ -183,7 +193,7 @@ def test_piped_rows_masked_with_stretches_of_minus_inf(name, n, index, lands):
     """Logits masked with -inf over long stretches: segments and CTAs of a cluster that hold -inf alone add
     nothing (they took exp(-inf + inf) = NaN before)."""
     config = piped_configs(name, n)[index]
-    rows = (config.kwargs.get("STASH") or 2) * (config.kwargs["STAGES"] + 1) + 3
+    rows = ring_rows(config) + 3
     x = torch.randn(rows, n) * 3
     x[0::3, :n * 3 // 4] = -float("inf")
     x[1::3, n // 4:] = -float("inf")

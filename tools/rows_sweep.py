@@ -36,10 +36,10 @@ def case(rng: random.Random):
     k = config.kwargs
     rows = rng.randint(1, 9)
     if k["PIPE"]:  # every program loops past its ring of slots
-        rows = (k.get("STASH") or 2) * (k["STAGES"] + 1) + rng.randint(1, 5)
+        rows = test_ptx_tma.ring_rows(config) + rng.randint(1, 5)
     rows = max(1, min(rows, ELEMENTS // (n * k["CTAS"])))
     if k["PIPE"]:
-        rows = max(rows, (k.get("STASH") or 2) * (k["STAGES"] + 1) + 1)
+        rows = max(rows, test_ptx_tma.ring_rows(config) + 1)
     scale, offset, lands = rng.choice([1, 3, 10]), rng.choice([0, 1, -50]), rng.choice(["late", "early"])
     return kernel, n, dtype, config, rows, scale, offset, lands
 
