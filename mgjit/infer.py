@@ -7,17 +7,19 @@ takes the coalesced `blocked` layout, a constant is a splat, an MMA result takes
 propagate them; a reduction derives its result layout from its operand; a broadcast looks for a layout already
 in use at the result shape whose reduction is the operand's layout, so that `x - x.max(axis=1)[:, None]` moves
 no data. A conflict with a free anchor (`Op.free_anchor`: a load or an iota) restarts inference with the
-anchor placed in the layout its user needs; any other conflict inserts a Relayout. Loop-carried arrays settle
-by re-inferring the body when the carried layout changes (an undo log rolls back the previous attempt).
+anchor placed in the layout its user needs (again where a later user needs another, up to PLACEMENTS times in one
+layout; then, and in a last attempt after too many restarts, a Relayout); any other conflict inserts a Relayout.
+Loop-carried arrays settle by re-inferring the body when the carried layout changes (an undo log rolls back the
+previous attempt).
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Callable
 
 from . import ir
 from .errors import Rule
-from .layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked
+from .layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked, spread
 from .registry import RuleRegistry
 
 InferRule = Callable[[ir.Op, "Inference"], None]
@@ -70,9 +72,11 @@ def free_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
 
 class Inference:
     def __init__(self, kernel: ir.Kernel, overrides: dict[int, Layout] | None = None,
-                 specs: dict[int, Any] | None = None):
+                 specs: dict[int, Any] | None = None, placed: Counter | None = None, frozen: bool = False):
         self.kernel = kernel
         self.overrides = overrides or {}  # id(anchor op) -> the layout it must produce
+        self.placed = placed if placed is not None else Counter()  # (id(anchor op), layout) -> restarts that asked
+        self.frozen = frozen  # no restarts: every conflict is a Relayout
         self.specs = specs or {}  # argument value id -> TensorSpec (tensors) or int divisor (compiler.specs_by_value)
         self.log: list[tuple] = []  # undo log: ("layout", value, old) | ("relayout", block, op, user, index, old)
         self.by_shape: dict[tuple, list[TiledLayout]] = defaultdict(list)
@@ -133,17 +137,21 @@ class Inference:
             fn(op, self)
         self.current_block = outer
 
-    def placeable(self, anchors: set[ir.Op] | None) -> bool:
-        """Whether a restart may place free anchors `anchors` (free_origins' answer): there are some, and no
-        earlier restart placed any of them (each restart places a new one, so inference ends)."""
-        return bool(anchors) and all(id(a) not in self.overrides for a in anchors)
+    def placeable(self, anchors: set[ir.Op] | None, layout: Layout) -> bool:
+        """Whether a restart may place free anchors `anchors` (free_origins' answer) in `layout`: there are some,
+        and one of them is elsewhere and has been placed there fewer than PLACEMENTS times (so inference ends).
+        An anchor placed before may move: the row index of a piped row's last two lines, `arange(2)[:, None] * 256
+        + arange(256)[None, :]`, was first placed for the line's default layout and later needed in the layout the
+        line is stored from; kept, it went through shared memory, two barriers, on every row."""
+        return not self.frozen and bool(anchors) and any(
+            self.overrides.get(id(a)) != layout and self.placed[id(a), layout] < PLACEMENTS for a in anchors)
 
     def move_or_relayout(self, op: ir.Op, index: int, layout: Layout) -> None:
         """Make operand `index` of `op` arrive in `layout`: by restarting with its free anchors placed there
         when it comes from nothing else, else through a Relayout."""
         value = op.operands[index]
         anchors = free_origins(value) if isinstance(value.layout, TiledLayout) else None
-        if self.placeable(anchors):
+        if self.placeable(anchors, layout):
             raise Restart({id(a): layout for a in anchors})
         self.relayout(self.current_block, op, index, layout)
 
@@ -166,13 +174,35 @@ class Inference:
             if op.operands[i].layout == target:
                 continue
             anchors = origins[i]
-            if self.placeable(anchors):
+            if self.placeable(anchors, target):
                 moves.update({id(a): target for a in anchors})
             else:
                 self.relayout(self.current_block, op, i, target)
         if moves:
             raise Restart(moves)
         return target
+
+
+def spread_stored(op: ir.Op, inf: Inference, value: ir.Value,
+                  fits: Callable[[TiledLayout], bool] = lambda layout: True) -> None:
+    """The inference rule's part of a store (to GMEM or SMEM) of `value`: where its layout has threads holding
+    copies and it comes from free anchors alone (a line loaded from SMEM, masked with an iota, stored), restart
+    with them in the `spread` layout, so that every thread moves elements of its own. Piped rows store the first
+    line of each row from SMEM through such a window: one warp's lanes stored 8 bf16 each, element by element
+    (the row starts anywhere in a word), while the other three issued the same stores predicated off; spread,
+    each thread stores 2. `fits`: whether the store takes the spread layout as well (an SMEM tile's banks)."""
+    layout = value.layout
+    if not value.is_array or not isinstance(layout, TiledLayout) or not layout.replicated:
+        return
+    try:
+        wanted = spread(value.type.shape, value.type.dtype)
+    except LayoutError:
+        return
+    if wanted.replicated or wanted == layout or not fits(wanted):
+        return
+    anchors = free_origins(value)
+    if inf.placeable(anchors, wanted):
+        raise Restart({id(a): wanted for a in anchors})
 
 
 def _index_only(op: ir.Op) -> bool:
@@ -187,24 +217,26 @@ def infer_layouts(kernel: ir.Kernel, specs: dict[int, Any] | None = None) -> Non
     """Give every array value of `kernel` a layout. `specs`: what the launch's specialization knows of each
     argument (by value id, compiler.specs_by_value): rules that depend on alignment read it (gmem loads)."""
     overrides: dict[int, Layout] = {}
-    # Each restart places at least one free anchor that no earlier one placed, so inference ends within one
-    # attempt per free anchor (a fixed count gave up on kernels with many loads).
-    attempts = 1 + sum(1 for op in kernel.walk() if op.free_anchor or op.free_with_operand)
-    for _ in range(attempts):
-        inf = Inference(kernel, overrides, specs)
+    placed: Counter = Counter()
+    # Each restart counts a placement, and each placement is made at most PLACEMENTS times, so inference ends; a
+    # kernel's free anchors rarely move more than once or twice. The last attempt restarts no more.
+    attempts = 1 + 4 * sum(1 for op in kernel.walk() if op.free_anchor or op.free_with_operand)
+    for attempt in range(attempts + 1):
+        inf = Inference(kernel, overrides, specs, placed, frozen=attempt == attempts)
         try:
             inf.block(kernel.body)
             break
         except Restart as restart:
             inf.undo(0)
             overrides.update(restart.overrides)
-    else:
-        raise kernel.body.ops[0].error("layout inference did not converge") if kernel.body.ops else AssertionError
+            placed.update(restart.overrides.items())
     for op in kernel.walk():
         for v in [*op.results, *(a for r in op.regions for a in r.args)]:
             if v.is_array and v.layout is None:
                 raise op.error(f"internal error: no layout was inferred for the result of {op.name}")
 
+
+PLACEMENTS = 2  # restarts that may place one free anchor in one layout
 
 # A thread has at most 255 32-bit registers: an array that needs more than that, by itself, lives in local
 # memory (a spill of every element, each access a round trip), so it is refused where it is made.

@@ -304,6 +304,17 @@ def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16) -> Tiled
     return TiledLayout(tiling, tuple(warp_dims), tuple(lane_dims), -1)
 
 
+def spread(shape: Sequence[int], dtype: DType) -> TiledLayout:
+    """`blocked` with accesses as wide as they can be (up to 16 bytes) while each thread holds elements no other
+    holds: a line of 256 bf16 takes 4 bytes a thread over all 128 threads, where `blocked` gives one warp 16 bytes
+    a lane and the other three copies (each copy issues the line's accesses again, its stores predicated off)."""
+    total = dtype.itemsize * math.prod(shape)
+    access = 16
+    while access > dtype.itemsize and total < access * THREADS_PER_WARPGROUP:
+        access //= 2
+    return blocked(shape, dtype, access_bytes=access)
+
+
 def describe(layout: Layout, shape: Sequence[int]) -> str:
     """A text picture of which thread (and register) owns each element of a 2D (or 1D) array."""
     shape = tuple(shape)

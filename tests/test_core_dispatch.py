@@ -71,9 +71,9 @@ def test_a_plan_is_compiled_from_exactly_what_its_key_records():
     x = torch.zeros(4096)
     spec = mgjit.specialize.argument_key()
     assert spec(1000, []) == spec(1004, []) != spec(1024, [])
-    k1000 = window_at.compile(x, x, 1000, BLOCK=256)
-    k1004 = window_at.compile(x, x, 1004, BLOCK=256)
-    k1024 = window_at.compile(x, x, 1024, BLOCK=256)
+    k1000 = window_at.compile(x, x, 1000, BLOCK=512)  # 512 float32: 16 bytes for each of 128 threads
+    k1004 = window_at.compile(x, x, 1004, BLOCK=512)
+    k1024 = window_at.compile(x, x, 1024, BLOCK=512)
     assert k1000.key == k1004.key != k1024.key
     # Start known only to be an int: 4-byte loads (all that f32 elements are known to be aligned to); a
     # multiple of 16: 16-byte loads.

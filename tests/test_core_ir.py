@@ -45,8 +45,9 @@ def scale_kernel(x, out, MODE: mgjit.constexpr, BLOCK: mgjit.constexpr):
     out[mgjit.ds(start, BLOCK * 2)] = v
 
 
-# blocked((128,), float32): 16-byte vectors of 4, 32 lanes cover the 128 elements, so the 4 warps hold copies.
-B128 = "TiledLayout(Tiling((128)(128)(4)), warp_dims=(Replicated(4), -3), lane_dims=(-2,), vector_dim=-1)"
+# spread((128,), float32), the load placed for its store: one element a thread (blocked's 16-byte vectors of 4
+# would cover the 128 elements with one warp's lanes, the other 3 warps holding copies).
+B128 = "TiledLayout(Tiling((128)(32)(1)), warp_dims=(-3,), lane_dims=(-2,), vector_dim=-1)"
 
 SCALE_IR = """\
 kernel @scale_kernel(%0: ref<gmem, float32, rank 1> (x), %1: ref<gmem, float32, rank 1> (out)) warpgroups=1 {{

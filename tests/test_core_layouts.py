@@ -16,6 +16,7 @@ from mgjit.layouts import (
     Tiling,
     blocked,
     describe,
+    spread,
 )
 
 
@@ -107,6 +108,20 @@ def test_blocked_moves_16_bytes_per_thread_where_the_shape_allows(dtype, vec):
     # A last dimension narrower than 16 bytes is one vector.
     assert blocked((64, 2), dtype).vector_length == 2
     assert blocked((1,), dtype).vector_length == 1
+
+
+@pytest.mark.parametrize("shape,dtype,vec", [((1, 256), dtypes.bfloat16, 2), ((2, 256), dtypes.bfloat16, 4),
+                                             ((512,), dtypes.float32, 4), ((128,), dtypes.float32, 1),
+                                             ((4096,), dtypes.bfloat16, 8), ((16,), dtypes.float32, 1)], ids=str)
+def test_spread_gives_every_thread_elements_of_its_own(shape, dtype, vec):
+    """`spread`: the widest accesses (up to 16 bytes) with which the 128 threads hold distinct elements; only an
+    array of fewer than 128 elements has copies (`blocked` of a 256-wide bf16 line: one warp, three copies)."""
+    layout = spread(shape, dtype)
+    assert layout.vector_length == vec
+    assert layout.replicated == (math.prod(shape) < THREADS_PER_WARPGROUP)
+    assert sorted(idx for tid, _, _, idx in owners(layout, shape) if is_primary(layout, tid)) == sorted(
+        itertools.product(*map(range, shape)))
+    assert blocked((1, 256), dtypes.bfloat16).replicated
 
 
 def test_blocked_1d_is_the_strided_layout():

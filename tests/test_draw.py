@@ -74,7 +74,7 @@ def test_a_compiled_kernel_records_the_layouts_inference_chose():
     c = softmax_rows.compile(x, x, BLOCK=512, target="sm_90a")
     data = c.layouts.data
     (entry,) = [e for e in data["registers"] if e["dtype"] == "float32"]
-    assert draw.layout_from_json(entry["layout"]) == layouts.blocked((512,), dtypes.bfloat16)
+    assert draw.layout_from_json(entry["layout"]) == layouts.spread((512,), dtypes.bfloat16)
     assert {op for op, _ in entry["values"]} >= {"cast", "unary", "binary"}
     assert data["smem"] == [{"shape": [4, 128], "dtype": "float32", "swizzle": None, "line": entry["values"][0][1] + 2}]
     assert data["tmem"] == [] and len(c.layouts) == 3

@@ -294,6 +294,21 @@ def test_one_copy_one_store_and_one_fence_a_row():
             assert ptx.count("fence.proxy.async") == 1 and ptx.count("mbarrier.try_wait") == 1
 
 
+def test_piped_layernorm_fills_move_no_data():
+    """The fill of a row's head, `where(arange(256)[None, :] < s, fill, line)`, is computed in the layout the line
+    is loaded in: no relayout (an SMEM round trip and two warpgroup barriers a row) in piped layernorm, whose
+    inference first placed the mask's iota for a default layout and later needed it in the line's. The fill and
+    the stores of a row's first and last lines spread the line over all 128 threads (`layouts.spread`): each
+    thread updates its own elements, so the update needs no barrier between its read and its write. And a CTA
+    barrier meets the warpgroup: the read after it has no bar.sync of its own (30 bar.sync before the three)."""
+    x, w = torch.empty(64, 8193, dtype=BF16), torch.empty(8193, dtype=BF16)
+    config = next(c for c in ln.layernorm_mapping(8193, None, 2, (2, 2)) if c.kwargs["PIPE"])
+    c = ln.layernorm_rows.compile(x, w, w, x, piped.lines(x), piped.lines(x), piped.weight_rows(w),
+                                  piped.weight_rows(w), eps=1e-5, **config.launch_kwargs(), target="sm_90a")
+    assert "relayout(" not in str(c.ir)
+    assert c.ptx.count("bar.sync") == 21
+
+
 @pytest.mark.parametrize("n", [8193, 12289, 16385])
 def test_piped_softmax_compiles_without_spills(n):
     x = torch.empty(64, n, dtype=BF16)

@@ -149,7 +149,10 @@ def _infer_load(op: Load, inf: infer.Inference) -> None:
         raise op.error(str(e), rule=Rule.LAYOUT) from None
 
 
-infer.rule(Store)(infer.no_arrays)
+@infer.rule(Store)
+def _infer_store(op: Store, inf: infer.Inference) -> None:
+    """No array of its own; a stored array copied over threads is spread (`infer.spread_stored`)."""
+    infer.spread_stored(op, inf, op.value)
 
 
 # ---------------------------------------------------------------------------------------------- lowering

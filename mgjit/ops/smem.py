@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -96,20 +97,22 @@ def _infer_smem_store(op: SmemStore, inf: infer.Inference) -> None:
     """No array of its own. Where the stored array's layout conflicts on the tile's banks and comes from free
     anchors alone (a GMEM load, cast or scaled on the way), inference restarts with them in the coalesced layout
     of the tile's dtype, if that one does not conflict: a bf16 load stored as float32 anchors 16 bytes of bf16 a
-    lane, 32 bytes of float32 (two-way conflicts); 16 bytes of float32 a lane have none."""
+    lane, 32 bytes of float32 (two-way conflicts); 16 bytes of float32 a lane have none. A stored array copied over
+    threads is spread where that layout does not conflict (`infer.spread_stored`)."""
     value, t = op.operands[1], op.operands[0].type
     if not value.is_array or not isinstance(value.layout, TiledLayout):
         return
     shape = tuple(value.type.shape)
     total, ideal = bank_conflicts(t, value.layout, shape)
     if total <= ideal:
+        infer.spread_stored(op, inf, value, lambda layout: operator.le(*bank_conflicts(t, layout, shape)))
         return
     anchors = infer.free_origins(value)
-    if not inf.placeable(anchors):
-        return
     try:
         coalesced = blocked(shape, t.dtype)
     except LayoutError:
+        return
+    if not inf.placeable(anchors, coalesced):
         return
     total, ideal = bank_conflicts(t, coalesced, shape)
     if coalesced != value.layout and total <= ideal:
