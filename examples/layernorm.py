@@ -119,6 +119,7 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
     columns (167 this way)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = x.shape[1]
+    inv_n = 1.0 / n  # once: a division a row is a dozen instructions and a call to its slow path
     buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
     w_env, b_env = stash_lines(w, wv, x, PL, CTAS, LAST), stash_lines(b, bv, x, PL, CTAS, LAST)
     guess = 0.0
@@ -126,15 +127,15 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
         fill = guess.astype(x.dtype)
         env, row, a, s = envelope(x, xl, buf, full, i, fill, CTAS, LAST)
         f = fill.astype(mgjit.float32)
-        d, shift, m2 = deviations(env, f, n, PL, CTAS)
+        d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
         if 17.0 * shift * shift * n > 16.0 * m2:  # the mean more than 4 standard deviations from f
             fill = (f + shift).astype(x.dtype)
             fill_outside(env, s, n, fill, CTAS, LAST)
             mgjit.cta_sync()
             f = fill.astype(mgjit.float32)
-            d, shift, m2 = deviations(env, f, n, PL, CTAS)
+            d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
         guess = f + shift
-        rstd = mgjit.rsqrt(m2 / n - shift * shift + eps)
+        rstd = mgjit.rsqrt(m2 * inv_n - shift * shift + eps)
         offset = -shift * rstd
         w_parts, b_parts, parts = weight_lines(w_env, s, PL), weight_lines(b_env, s, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):
@@ -146,9 +147,10 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
 
 
 @mgjit.device
-def deviations(env, f, n, PL, CTAS):
+def deviations(env, f, inv_n, PL, CTAS):
     """(d, shift, m2): a segment of a row's envelope read as float32 lines less f (d, one array per count of PL),
-    the row's mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped)."""
+    the row's mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped); inv_n:
+    1 / the row's length."""
     v = read_lines(env, PL)
     d = ()
     total = 0.0
@@ -162,7 +164,7 @@ def deviations(env, f, n, PL, CTAS):
         total, m2 = totals[0], squares[0]
         for k in mgjit.static_range(1, CTAS):
             total, m2 = total + totals[k], m2 + squares[k]
-    return d, total / n, m2
+    return d, total * inv_n, m2
 
 
 @mgjit.device
