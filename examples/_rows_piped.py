@@ -34,7 +34,8 @@ before the row and only the last (LAST lines, the others' count or fewer) column
 segments between are wholly inside the row, and no two CTAs store into one line. The grid is as many clusters as
 run at once (`_rows.resident_clusters`): clusters of 4 CTAs, 2 an SM, fit 62 at once on an H200, not 66. Rows no
 portable cluster holds may take 16 CTAs (`cluster_splits`). Softmax, bf16, H200: rows of 50257 at 0.91 of copy
-bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79), 128256 0.88 (0.86), 262144 0.87 (0.64). The
+bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79), 128256 0.88 (0.86), 150000 0.85 (0.79), 262144
+0.87 (0.64). The
 norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 50257 0.90, 100000 0.92 (0.80).
 Cross-entropy splits such rows into SEGS segments with no exchange: a program takes whole rows and each row's
 segments one after another, merging their statistics as they come (SEQ), or, where rows are fewer than programs,
@@ -70,6 +71,10 @@ CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
 # rows of 100000: 8 CTAs of 49 lines).
 STASH_CLUSTER_SHAPES = CLUSTER_SHAPES + ((2, 2),)
 REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
+# Rows no portable cluster holds and 16 CTAs of one power of two of lines do not fit: 16 CTAs of several arrays,
+# three slots and three programs an SM (bf16 softmax rows of 150000, 16 of 37 lines, H200: 0.85 of copy bandwidth,
+# where (3, 2) ran 0.67, (2, 3) 0.68, (2, 4) 0.79 and chunked rows 0.79).
+WIDE_CLUSTER_SHAPES = ((3, 3),)
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
@@ -124,7 +129,7 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory
     of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
     portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
-    of one power of two. Each register array costs a row its own reductions, and a segment takes more lines than the
+    of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES. Each register array costs a row its own reductions, and a segment takes more lines than the
     fewest where those are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 +
     4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers), and the
     cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257 over
@@ -144,9 +149,10 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
         return next((k for k in range(-(-nl // c), REGISTER_LINES[per_sm] + 1)
                      if bin(k).count("1") <= widest and fits(c, k, stages, per_sm)), None)
 
-    def fewest(counts: range, widths: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    def fewest(counts: range, widths: tuple[int, ...],
+               shapes: tuple = STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES) -> list[tuple[int, int, int, int]]:
         splits = []
-        for stages, per_sm in STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES:
+        for stages, per_sm in shapes:
             for widest in widths:
                 found = next(((c, k) for c in counts if (k := segment(c, stages, per_sm, widest)) is not None), None)
                 if found:
@@ -155,8 +161,9 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
         return splits
     if segments:
         return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
-    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3))
-            or fewest(range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1), (1,)))
+    sixteen = range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
+    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3)) or fewest(sixteen, (1,))
+            or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES))
 
 
 def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),

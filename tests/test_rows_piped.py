@@ -213,8 +213,8 @@ def test_which_rows_are_piped():
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_rows_piped_over_a_cluster(itemsize):
     """Softmax rows longer than one CTA holds, split by whole lines over a cluster of at most 8 CTAs, or of 16 (one
-    register array a CTA) where 8 do not hold them: each CTA's segment fits its registers and its slots the
-    shared memory at its programs an SM, the last segment is shorter by less than a tenth of the cluster's lines
+    register array a CTA, or else up to three at three slots and three programs an SM) where 8 do not hold them:
+    each CTA's segment fits its registers and its slots the shared memory at its programs an SM, the last segment is shorter by less than a tenth of the cluster's lines
     and holds at least 4, and together the segments are the row's envelope. None past 16 CTAs of 65 lines."""
     offered = {}
     for n in range(16387, 280000, 2999):
@@ -226,7 +226,8 @@ def test_rows_piped_over_a_cluster(itemsize):
             k = sum(kw["PL"])
             assert (2 <= ctas <= 8 or ctas == 16) and c.launch_kwargs()["cluster"] == (ctas, 1, 1), c
             assert (ctas - 1) * k + kw["LAST"] == nl and 4 <= kw["LAST"] <= k and 10 * nl >= 9 * ctas * k, (n, c)
-            assert len(kw["PL"]) <= (3 if ctas <= 8 else 1) and k <= piped.REGISTER_LINES[kw["PIPE"]], (n, c)
+            assert len(kw["PL"]) <= 3 and k <= piped.REGISTER_LINES[kw["PIPE"]], (n, c)
+            assert ctas <= 8 or len(kw["PL"]) == 1 or (kw["STAGES"], kw["PIPE"]) in piped.WIDE_CLUSTER_SHAPES, (n, c)
             assert ctas <= 8 or all(other.kwargs["CTAS"] > 8 for other in configs), (n, c)  # none portable
             assert kw["PIPE"] * (kw["STAGES"] * k * piped.LINE * itemsize + piped.SLACK) <= 232448, (n, c)
         offered[n] = len(configs)
@@ -236,6 +237,8 @@ def test_rows_piped_over_a_cluster(itemsize):
                 if c.kwargs["PIPE"]] == [(8, (64,), 53)]
         assert [(c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["STAGES"]) for c in sm.mapping(262144, None, 2)
                 if c.kwargs["PIPE"]] == [(16, (64,), 3)]
+        assert [(c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["STAGES"], c.kwargs["PIPE"])
+                for c in sm.mapping(150000, None, 2) if c.kwargs["PIPE"]] == [(16, (32, 4, 1), 3, 3)]
 
 
 @pytest.mark.parametrize("n,dtype", [(16386, torch.float32), (20000, torch.float16), (50257, BF16),
