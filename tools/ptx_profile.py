@@ -12,6 +12,12 @@ cluster; over 16 rows, 23.3).
     python tools/ptx_profile.py --kernel layernorm --n 4095                # the wrapper's first candidate
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --list           # the candidates, numbered
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --config 5 --rows 16
+    python tools/ptx_profile.py --kernel layernorm --n 8193 --config 18 --steady   # a row's cost, prologue left out
+
+Off the GPU a piped grid has 2 SMs' programs, each taking a few rows, so a count over a few rows carries each
+program's prologue (the weights' stash, the ring's first copies); `--steady` runs `--rows` (default 64) and twice
+as many and reports the difference (layernorm over bf16 rows of 8193: 21.2 an element with the prologue, 17.7
+without, before the twentieth session's layouts; 15.3 after).
 """
 from __future__ import annotations
 
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=int, default=0, help="which candidate mapping (see --list)")
     p.add_argument("--rows", type=int, default=0, help="rows to run (default: one row group a program)")
     p.add_argument("--list", action="store_true", help="number the candidate mappings and stop")
+    p.add_argument("--steady", action="store_true", help="the count over twice --rows less that over --rows")
     p.add_argument("--top", type=int, default=16, help="opcodes to show")
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
@@ -93,7 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{i:3}  {config.short()}")
         return 0
     config = probe[args.config]
-    compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows)
+    if args.steady:
+        rows = args.rows or 64
+        _, first, first_by = profile(args.kernel, args.n, dtype, config, rows)
+        compiled, second, second_by = profile(args.kernel, args.n, dtype, config, 2 * rows)
+        per_element = 2 * second - first  # counts are per element of all rows: (2R * second - R * first) / R
+        by_opcode = collections.Counter({k: 2 * second_by[k] - first_by.get(k, 0) for k in second_by})
+    else:
+        compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows)
     print(f"{args.kernel} n={args.n} {args.dtype} {config.short()}: {compiled.registers} registers, "
           f"{per_element:.1f} instructions an element")
     print("  " + "  ".join(f"{name} {count:.1f}" for name, count in by_opcode.most_common(args.top)))
