@@ -7,14 +7,14 @@ takes the coalesced `blocked` layout, a constant is a splat, an MMA result takes
 propagate them; a reduction derives its result layout from its operand; a broadcast looks for a layout already
 in use at the result shape whose reduction is the operand's layout, so that `x - x.max(axis=1)[:, None]` moves
 no data. A conflict with a free anchor (`Op.free_anchor`: a load or an iota) restarts inference with the
-anchor placed in the layout its user needs (again where a later user needs another, up to PLACEMENTS times in one
-layout; then, and in a last attempt after too many restarts, a Relayout); any other conflict inserts a Relayout.
+anchor placed in the layout its user needs (again where a later user needs another: each layout once, and where
+users pull it back to one it left, the first it was placed in, for good); any other conflict inserts a Relayout.
 Loop-carried arrays settle by re-inferring the body when the carried layout changes (an undo log rolls back the
 previous attempt).
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any, Callable
 
 from . import ir
@@ -70,12 +70,40 @@ def free_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
     return None
 
 
+class Placements:
+    """Where restarts have placed each free anchor. An anchor may move to a layout it has not been in (a later user
+    needs another: the row index of a piped row's last two lines, `arange(2)[:, None] * 256 + arange(256)[None,
+    :]`, was placed for the default layout of the line and later needed in the layout the line is stored from;
+    kept, it went through shared memory, two barriers, on every row). Users that pull it back to a layout it left
+    disagree for good (cross-entropy's targets, broadcast against two parts of a row): it returns to the first
+    layout it was placed in and stays there, and the others' conflicts become Relayouts."""
+
+    def __init__(self) -> None:
+        self.history: dict[int, list[Layout]] = defaultdict(list)  # id(anchor op) -> the layouts it was placed in
+        self.fixed: set[int] = set()
+
+    def movable(self, anchors: set[ir.Op], layout: Layout, overrides: dict[int, Layout]) -> list[ir.Op]:
+        """Those of `anchors` that a restart may place in `layout`: elsewhere, not fixed, and never in it before
+        unless it was their first."""
+        moving = [a for a in anchors if overrides.get(id(a)) != layout and id(a) not in self.fixed]
+        if not all(layout not in self.history[id(a)] or self.history[id(a)][0] == layout for a in moving):
+            return []
+        return moving
+
+    def record(self, placed: dict[int, Layout]) -> None:
+        for key, layout in placed.items():
+            if layout in self.history[key]:
+                self.fixed.add(key)
+            else:
+                self.history[key].append(layout)
+
+
 class Inference:
     def __init__(self, kernel: ir.Kernel, overrides: dict[int, Layout] | None = None,
-                 specs: dict[int, Any] | None = None, placed: Counter | None = None, frozen: bool = False):
+                 specs: dict[int, Any] | None = None, placements: Placements | None = None, frozen: bool = False):
         self.kernel = kernel
         self.overrides = overrides or {}  # id(anchor op) -> the layout it must produce
-        self.placed = placed if placed is not None else Counter()  # (id(anchor op), layout) -> restarts that asked
+        self.placements = placements or Placements()
         self.frozen = frozen  # no restarts: every conflict is a Relayout
         self.specs = specs or {}  # argument value id -> TensorSpec (tensors) or int divisor (compiler.specs_by_value)
         self.log: list[tuple] = []  # undo log: ("layout", value, old) | ("relayout", block, op, user, index, old)
@@ -138,13 +166,13 @@ class Inference:
         self.current_block = outer
 
     def placeable(self, anchors: set[ir.Op] | None, layout: Layout) -> bool:
-        """Whether a restart may place free anchors `anchors` (free_origins' answer) in `layout`: there are some,
-        and one of them is elsewhere and has been placed there fewer than PLACEMENTS times (so inference ends).
-        An anchor placed before may move: the row index of a piped row's last two lines, `arange(2)[:, None] * 256
-        + arange(256)[None, :]`, was first placed for the line's default layout and later needed in the layout the
-        line is stored from; kept, it went through shared memory, two barriers, on every row."""
-        return not self.frozen and bool(anchors) and any(
-            self.overrides.get(id(a)) != layout and self.placed[id(a), layout] < PLACEMENTS for a in anchors)
+        """Whether a restart may place free anchors `anchors` (free_origins' answer) in `layout`: some of them are
+        elsewhere and may move there (`Placements.movable`)."""
+        return not self.frozen and bool(self.placements.movable(anchors or set(), layout, self.overrides))
+
+    def restart(self, anchors: set[ir.Op], layout: Layout) -> Restart:
+        """The restart that places those of `anchors` that may move in `layout` (after `placeable`)."""
+        return Restart({id(a): layout for a in self.placements.movable(anchors, layout, self.overrides)})
 
     def move_or_relayout(self, op: ir.Op, index: int, layout: Layout) -> None:
         """Make operand `index` of `op` arrive in `layout`: by restarting with its free anchors placed there
@@ -152,7 +180,7 @@ class Inference:
         value = op.operands[index]
         anchors = free_origins(value) if isinstance(value.layout, TiledLayout) else None
         if self.placeable(anchors, layout):
-            raise Restart({id(a): layout for a in anchors})
+            raise self.restart(anchors, layout)
         self.relayout(self.current_block, op, index, layout)
 
     def choose_common(self, op: ir.Op, indices: list[int]) -> Layout | None:
@@ -175,7 +203,7 @@ class Inference:
                 continue
             anchors = origins[i]
             if self.placeable(anchors, target):
-                moves.update({id(a): target for a in anchors})
+                moves.update(self.restart(anchors, target).overrides)
             else:
                 self.relayout(self.current_block, op, i, target)
         if moves:
@@ -202,7 +230,7 @@ def spread_stored(op: ir.Op, inf: Inference, value: ir.Value,
         return
     anchors = free_origins(value)
     if inf.placeable(anchors, wanted):
-        raise Restart({id(a): wanted for a in anchors})
+        raise inf.restart(anchors, wanted)
 
 
 def _index_only(op: ir.Op) -> bool:
@@ -217,26 +245,24 @@ def infer_layouts(kernel: ir.Kernel, specs: dict[int, Any] | None = None) -> Non
     """Give every array value of `kernel` a layout. `specs`: what the launch's specialization knows of each
     argument (by value id, compiler.specs_by_value): rules that depend on alignment read it (gmem loads)."""
     overrides: dict[int, Layout] = {}
-    placed: Counter = Counter()
-    # Each restart counts a placement, and each placement is made at most PLACEMENTS times, so inference ends; a
-    # kernel's free anchors rarely move more than once or twice. The last attempt restarts no more.
+    placements = Placements()
+    # Each restart places an anchor in a layout it has not been in, or back in its first for good, so inference
+    # ends; a kernel's free anchors rarely move more than once or twice. The last attempt restarts no more.
     attempts = 1 + 4 * sum(1 for op in kernel.walk() if op.free_anchor or op.free_with_operand)
     for attempt in range(attempts + 1):
-        inf = Inference(kernel, overrides, specs, placed, frozen=attempt == attempts)
+        inf = Inference(kernel, overrides, specs, placements, frozen=attempt == attempts)
         try:
             inf.block(kernel.body)
             break
         except Restart as restart:
             inf.undo(0)
             overrides.update(restart.overrides)
-            placed.update(restart.overrides.items())
+            placements.record(restart.overrides)
     for op in kernel.walk():
         for v in [*op.results, *(a for r in op.regions for a in r.args)]:
             if v.is_array and v.layout is None:
                 raise op.error(f"internal error: no layout was inferred for the result of {op.name}")
 
-
-PLACEMENTS = 2  # restarts that may place one free anchor in one layout
 
 # A thread has at most 255 32-bit registers: an array that needs more than that, by itself, lives in local
 # memory (a spill of every element, each access a round trip), so it is refused where it is made.

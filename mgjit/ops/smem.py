@@ -116,7 +116,7 @@ def _infer_smem_store(op: SmemStore, inf: infer.Inference) -> None:
         return
     total, ideal = bank_conflicts(t, coalesced, shape)
     if coalesced != value.layout and total <= ideal:
-        raise infer.Restart({id(a): coalesced for a in anchors})
+        raise inf.restart(anchors, coalesced)
 
 
 # ---------------------------------------------------------------------------------------------- addressing
