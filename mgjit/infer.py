@@ -165,22 +165,20 @@ class Inference:
             fn(op, self)
         self.current_block = outer
 
-    def placeable(self, anchors: set[ir.Op] | None, layout: Layout) -> bool:
-        """Whether a restart may place free anchors `anchors` (free_origins' answer) in `layout`: some of them are
-        elsewhere and may move there (`Placements.movable`)."""
-        return not self.frozen and bool(self.placements.movable(anchors or set(), layout, self.overrides))
-
-    def restart(self, anchors: set[ir.Op], layout: Layout) -> Restart:
-        """The restart that places those of `anchors` that may move in `layout` (after `placeable`)."""
-        return Restart({id(a): layout for a in self.placements.movable(anchors, layout, self.overrides)})
+    def placement(self, anchors: set[ir.Op] | None, layout: Layout) -> Restart | None:
+        """The restart that places free anchors `anchors` (free_origins' answer) in `layout`: those of them that are
+        elsewhere and may move there (`Placements.movable`); None where none may, or in the last attempt."""
+        moving = [] if self.frozen else self.placements.movable(anchors or set(), layout, self.overrides)
+        return Restart({id(a): layout for a in moving}) if moving else None
 
     def move_or_relayout(self, op: ir.Op, index: int, layout: Layout) -> None:
         """Make operand `index` of `op` arrive in `layout`: by restarting with its free anchors placed there
         when it comes from nothing else, else through a Relayout."""
         value = op.operands[index]
         anchors = free_origins(value) if isinstance(value.layout, TiledLayout) else None
-        if self.placeable(anchors, layout):
-            raise self.restart(anchors, layout)
+        restart = self.placement(anchors, layout)
+        if restart is not None:
+            raise restart
         self.relayout(self.current_block, op, index, layout)
 
     def choose_common(self, op: ir.Op, indices: list[int]) -> Layout | None:
@@ -201,9 +199,9 @@ class Inference:
         for i in tiled:
             if op.operands[i].layout == target:
                 continue
-            anchors = origins[i]
-            if self.placeable(anchors, target):
-                moves.update(self.restart(anchors, target).overrides)
+            restart = self.placement(origins[i], target)
+            if restart is not None:
+                moves.update(restart.overrides)
             else:
                 self.relayout(self.current_block, op, i, target)
         if moves:
@@ -228,9 +226,9 @@ def spread_stored(op: ir.Op, inf: Inference, value: ir.Value,
         return
     if wanted.replicated or wanted == layout or not fits(wanted):
         return
-    anchors = free_origins(value)
-    if inf.placeable(anchors, wanted):
-        raise inf.restart(anchors, wanted)
+    restart = inf.placement(free_origins(value), wanted)
+    if restart is not None:
+        raise restart
 
 
 def _index_only(op: ir.Op) -> bool:

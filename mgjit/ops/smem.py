@@ -112,11 +112,12 @@ def _infer_smem_store(op: SmemStore, inf: infer.Inference) -> None:
         coalesced = blocked(shape, t.dtype)
     except LayoutError:
         return
-    if not inf.placeable(anchors, coalesced):
+    restart = inf.placement(anchors, coalesced)
+    if restart is None:
         return
     total, ideal = bank_conflicts(t, coalesced, shape)
     if coalesced != value.layout and total <= ideal:
-        raise inf.restart(anchors, coalesced)
+        raise restart
 
 
 # ---------------------------------------------------------------------------------------------- addressing
