@@ -116,7 +116,8 @@ class Op:
     - a trait read by the lowering: `thread_smem` ("store": the op's threads write an SMEM tile from registers;
       "load": its threads read one into registers, after the warpgroup's earlier such stores), so that a read
       meets the warpgroup (a barrier) only where a store came since it last met, and a store only where a read
-      did.
+      did; and `releases_smem`: one thread of the op's warpgroup learns that SMEM the async proxy read may be
+      written (a TMA store wait), so that the others' next store meets the warpgroup first.
     """
 
     name: ClassVar[str] = "?"
@@ -126,6 +127,7 @@ class Op:
     index_only: ClassVar[bool] = False
     free_with_operand: ClassVar[bool] = False
     thread_smem: ClassVar[str | None] = None
+    releases_smem: ClassVar[bool] = False
 
     def __init__(self, operands: Sequence[Value], result_types: Sequence[Type], loc: Loc | None,
                  regions: Sequence["Block"] = ()):
@@ -145,6 +147,11 @@ class Op:
 
     def verify(self) -> None:
         pass
+
+    def static_slice(self) -> tuple[Value, int, int, int] | None:
+        """(view, dim, start, size) where this op's result is the elements start to start + size along dimension
+        dim of SMEM view `view`, both static (the lowering's barriers tell such slices apart); None otherwise."""
+        return None
 
     def error(self, message: str, rule: Rule | None = None) -> CompileError:
         return CompileError(message, self.loc, rule)

@@ -484,6 +484,33 @@ def staged_in_a_branch(x, out, n):
     out[mgjit.ds(0, 64)] = buf[...] + acc
 
 
+@mgjit.kernel
+def line_rewritten(x, out):
+    buf = mgjit.smem((4, 256), mgjit.float32)
+    buf[...] = x[mgjit.ds(0, 4), mgjit.ds(0, 256)]
+    buf[mgjit.ds(1, 1), :][...] = x[mgjit.ds(4, 1), mgjit.ds(0, 256)] * 2.0
+    out[mgjit.ds(0, 4), mgjit.ds(0, 256)] = buf[...]
+
+
+@mgjit.kernel
+def head_then_tail(x, out):
+    buf = mgjit.smem((4, 256), mgjit.float32)
+    buf[...] = x[mgjit.ds(0, 4), mgjit.ds(0, 256)]
+    head = buf[mgjit.ds(0, 1), :]
+    head[...] = head[...] + 1.0
+    out[mgjit.ds(0, 2), mgjit.ds(0, 256)] = buf[mgjit.ds(2, 2), :][...]
+
+
+@mgjit.kernel
+def two_buffers(x, out):
+    a = mgjit.smem((4, 256), mgjit.float32)
+    b = mgjit.smem((4, 256), mgjit.float32)
+    b[...] = x[mgjit.ds(0, 4), mgjit.ds(0, 256)]
+    v = b[...]
+    a[...] = v * 3.0
+    out[mgjit.ds(0, 4), mgjit.ds(0, 256)] = b[...] + v
+
+
 def loop_bodies(ptx: str) -> list[list[str]]:
     """The lines of each loop of a PTX listing: from a label to the branch back to it."""
     lines = ptx.splitlines()
@@ -529,3 +556,30 @@ def test_a_warpgroup_meets_before_a_tile_read_only_where_a_store_may_precede_it(
             dev.place(simulated)
             dev.run(kernel.compile(x, simulated, n, target="sm_90a"), (1,), x, simulated, n)
             assert torch.equal(dev.fetch(simulated)[:len(want)], out[:len(want)]), kernel.name
+
+
+def test_a_warpgroup_meets_where_accesses_may_touch_one_element():
+    """The barriers the lowering places between a warpgroup's SMEM accesses (`Context.smem_read_barrier`,
+    `smem_write_barrier`) tell apart what cannot touch one element: a store of a tile's row in another layout than
+    the tile's whole store meets first (the later store might land first: a stash written whole, then its edge
+    lines again), where it met only before the read; a read of rows no thread stored since the warpgroup met (a
+    row's tail after its head was filled: static slices of one view whose ranges do not meet) and a read of a
+    buffer after a store to another meet nothing. Interpreted against torch, and run from the PTX on the
+    simulator, which reports a read or store that no bar.sync orders after another warp's store or read."""
+    x, want = torch.randn(5, 256), {}
+    want["line_rewritten"] = torch.cat([x[:1], x[4:5] * 2, x[2:4], torch.full((1, 256), float("nan"))])
+    want["head_then_tail"] = torch.cat([x[2:4], torch.full((3, 256), float("nan"))])
+    want["two_buffers"] = torch.cat([x[:4] * 2, torch.full((1, 256), float("nan"))])
+    barriers = {"line_rewritten": 2, "head_then_tail": 1, "two_buffers": 1}  # before: 1 (the race), 2, 2
+    for kernel in (line_rewritten, head_then_tail, two_buffers):
+        out = torch.full((5, 256), float("nan"))
+        kernel.interpret[(1,)](x, out)
+        torch.testing.assert_close(out, want[kernel.name], equal_nan=True)
+        compiled = kernel.compile(x, out, target="sm_90a")
+        assert compiled.ptx.count("bar.sync") == barriers[kernel.name], kernel.name
+        dev = ptx_sim.Device()
+        simulated = torch.full((5, 256), float("nan"))
+        dev.place(x)
+        dev.place(simulated)
+        dev.run(compiled, (1,), x, simulated)
+        torch.testing.assert_close(dev.fetch(simulated), want[kernel.name], equal_nan=True)

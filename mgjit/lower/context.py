@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 from .. import ir, targets
 from ..dtypes import DType
 from ..layouts import (LANES_PER_WARP, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Layout, Replicated,
-                       SplatLayout, TiledLayout)
+                       SplatLayout, TiledLayout, blocked)
 from ..specialize import TensorSpec
 from .emit import Emitter
 
@@ -72,13 +72,19 @@ class Context:
         # asks for them: a value cached from inside a loop or branch would not dominate its later uses.
         self._entry = e.ir.InsertionPoint(e.i32(0).owner)
         self._thread_index_cache: dict[tuple, list[Any]] = {}
-        # Whether a thread of this warpgroup may have stored to an SMEM tile (an op whose `thread_smem` is
-        # "store") since the warpgroup last met: a read of a tile meets it first only then (smem_read_barrier);
-        # and what its threads may have read: (buffer (smem_root), tile, layout) of each read, where a store to
-        # that buffer meets it first unless every read of it was of the store's own tile in the store's own
-        # layout, no element held by two threads (smem_write_barrier).
-        self.smem_stored = False
+        # What this warpgroup's threads may have stored to SMEM tiles (ops whose `thread_smem` is "store") since
+        # the warpgroup last met, and what they may have read ("load"): each access as (buffer (smem_root),
+        # tile, layout, carried: whether it came round a loop's back edge, from another iteration, whose tiles
+        # of one view may lie elsewhere). A read meets the warpgroup first where a store may have written its
+        # elements (smem_read_barrier); a store where a read in another tile or layout may have read them, or
+        # a store in another tile or layout written them (smem_write_barrier).
+        self.smem_stored: frozenset[tuple] = frozenset()
         self.smem_read: frozenset[tuple] = frozenset()
+        # Whether one thread of this warpgroup learnt since it last met that TMA stores finished reading SMEM
+        # (an op that `releases_smem`): the others learn it when they meet, so their next store meets first.
+        # A TMA copy into those bytes, issued by that same thread, needs no meeting (piped rows refill a slot
+        # right after waiting for its stores).
+        self.smem_released = False
         # Whether a thread of this warpgroup may have stored to an SMEM tile since the warpgroup last fenced the
         # async proxy and met (fence_async): a TMA store fences first only then, so that a run of stores of
         # tiles written once costs one fence and one meeting, not one each (a row staged in SMEM goes out in
@@ -168,7 +174,11 @@ class Context:
     def warpgroup_barrier(self) -> None:
         """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index)."""
         self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
-        self.smem_stored, self.smem_read = False, frozenset()
+        self.met()
+
+    def met(self) -> None:
+        """The warpgroup met (a barrier of it, or of the CTA): no access before is unordered against one after."""
+        self.smem_stored, self.smem_read, self.smem_released = frozenset(), frozenset(), False
 
     def fence_async(self) -> None:
         """Make what this warpgroup's threads stored to SMEM visible to the async proxy (TMA, wgmma) that one of
@@ -177,65 +187,89 @@ class Context:
         self.warpgroup_barrier()
         self.async_unfenced = False
 
-    def smem_read_barrier(self) -> None:
-        """Before this warpgroup's threads read an SMEM tile into registers: meet, so that each sees what the
-        others stored, where one may have stored since the warpgroup last met. Reads of a tile staged once and
-        read many times (a loop over chunks held in SMEM) then meet once, not once per read."""
-        if self.smem_stored:
+    def smem_read_barrier(self, tile: ir.Value) -> None:
+        """Before this warpgroup's threads read SMEM tile `tile` into registers: meet, so that each sees what the
+        others stored, where one may have stored elements of it since the warpgroup last met. Reads of a tile
+        staged once and read many times (a loop over chunks held in SMEM) then meet once, not once per read; a
+        read of a buffer or of lines no thread stored to (a row's tail after its head was filled) meets none."""
+        root = smem_root(tile)
+        if any(r == root and (carried or not disjoint(stored, tile)) for r, stored, _, carried in self.smem_stored):
             self.warpgroup_barrier()
 
     def smem_write_barrier(self, tile: ir.Value, layout: Layout) -> None:
         """Before this warpgroup's threads store to SMEM tile `tile` from registers in `layout`: meet, so that
         none overwrites what another has yet to read, where one may have read its buffer since the warpgroup last
         met in another tile or layout (a loop that stores a tile and reads it back in another layout: the next
-        iteration's store raced the last one's reads). Reads of the same tile in the same layout, each element
-        held by one thread, were each thread's own elements."""
+        iteration's store raced the last one's reads), and none's store lands after this one's, where another
+        tile or layout may have stored elements of it (a stash written whole, then its edge lines again). Reads
+        of the same tile in the same layout, each element held by one thread, were each thread's own elements;
+        stores of it wrote each thread's own elements, or copies of one value."""
         root = smem_root(tile)
         shared = not isinstance(layout, TiledLayout) or layout.replicated  # an element held by two threads
-        if any(r == root and (access != (tile, layout) or shared) for r, access in self.smem_read):
+        touched = [(t, held, carried) for r, t, held, carried in self.smem_read if r == root and shared] + [
+            (t, held, carried) for r, t, held, carried in self.smem_read | self.smem_stored
+            if r == root and (t, held) != (tile, layout)]
+        if self.smem_released or any(carried or not disjoint(t, tile) for t, _, carried in touched):
             self.warpgroup_barrier()
 
-    def enter_loop(self, body: ir.Block) -> tuple[bool, frozenset]:
-        """Where a loop is about to be emitted: whether a store may precede its body's first iteration, and which
-        buffers a read of may. The body starts as if it had stored (read them) when it stores (reads them)
-        anywhere: the back edge brings them round. A body that reads tiles but stores none meets the warpgroup
-        once here, if a store came before, rather than at each iteration; one that stores to buffers read before
-        but reads none, likewise. After the loop, `leave_loop` with the value returned (the body may run no
-        iteration)."""
+    def loaded(self, tile: ir.Value, layout: Layout) -> None:
+        """After this warpgroup's threads read SMEM tile `tile` into registers in `layout`."""
+        self.smem_read |= {(smem_root(tile), tile, layout, False)}
+
+    def stored(self, tile: ir.Value, layout: Layout) -> None:
+        """After this warpgroup's threads stored to SMEM tile `tile` from registers in `layout`."""
+        self.smem_stored |= {(smem_root(tile), tile, layout, False)}
+        self.async_unfenced = True
+
+    def enter_loop(self, body: ir.Block) -> tuple[frozenset, frozenset, bool, bool]:
+        """Where a loop is about to be emitted: which stores and reads may precede its body's first iteration.
+        The body starts as if it had stored (read) what it stores (reads) anywhere: the back edge brings them
+        round. A body that reads tiles but stores none meets the warpgroup once here, if a store to their buffers
+        came before, rather than at each iteration; one that stores to buffers read before but reads none,
+        likewise. After the loop, `leave_loop` with the value returned (the body may run no iteration)."""
         ops = [op for op in body.walk() if op.thread_smem]
-        loads = frozenset(smem_read_of(op) for op in ops if op.thread_smem == "load")
-        stores = {smem_root(op.operands[0]) for op in ops if op.thread_smem == "store"}
-        if self.smem_stored and loads and not stores or not loads and any(r in stores for r, _ in self.smem_read):
+        loads = frozenset((smem_root(op.operands[0]), op.operands[0], op.result.layout, True)
+                          for op in ops if op.thread_smem == "load")
+        stores = frozenset((smem_root(op.operands[0]), op.operands[0], stored_layout(op.operands[1]), True)
+                           for op in ops if op.thread_smem == "store")
+        read_roots, stored_roots = {r for r, *_ in loads}, {r for r, *_ in stores}
+        if (not stores and any(r in read_roots for r, *_ in self.smem_stored)
+                or not loads and any(r in stored_roots for r, *_ in self.smem_read)):
             self.warpgroup_barrier()
-        entry = self.smem_stored, self.smem_read, self.async_unfenced
-        self.smem_stored = entry[0] or bool(stores)
+        entry = self.smem_stored, self.smem_read, self.async_unfenced, self.smem_released
+        self.smem_stored = entry[0] | stores
         self.smem_read = entry[1] | loads
         self.async_unfenced = entry[2] or bool(stores)
+        self.smem_released = entry[3] or any(op.releases_smem for op in body.walk())
         return entry
 
-    def leave_loop(self, entry: tuple[bool, frozenset, bool]) -> None:
+    def leave_loop(self, entry: tuple[frozenset, frozenset, bool, bool]) -> None:
         """After a loop: what may have come before it may still be unmet (it may have run no iteration)."""
         self.smem_stored |= entry[0]
         self.smem_read |= entry[1]
         self.async_unfenced |= entry[2]
+        self.smem_released |= entry[3]
 
     @contextlib.contextmanager
     def branches(self) -> Iterator[Callable[[], None]]:
         """Lower the regions of a branch (an if, or warp roles): each starts in the state before it (call the
         yielded function before each), and after them a store (a read) may have come if one may have on any
         path."""
-        entry, seen = (self.smem_stored, self.smem_read, self.async_unfenced), [False, frozenset(), False]
+        entry = self.smem_stored, self.smem_read, self.async_unfenced, self.smem_released
+        seen = [frozenset(), frozenset(), False, False]
 
         def start() -> None:
             seen[0] |= self.smem_stored
             seen[1] |= self.smem_read
             seen[2] |= self.async_unfenced
-            self.smem_stored, self.smem_read, self.async_unfenced = entry
+            seen[3] |= self.smem_released
+            self.smem_stored, self.smem_read, self.async_unfenced, self.smem_released = entry
 
         yield start
-        self.smem_stored = seen[0] or self.smem_stored
+        self.smem_stored = seen[0] | self.smem_stored
         self.smem_read = seen[1] | self.smem_read
         self.async_unfenced = seen[2] or self.async_unfenced
+        self.smem_released = seen[3] or self.smem_released
 
 
 def smem_root(tile: ir.Value) -> ir.Value:
@@ -247,10 +281,20 @@ def smem_root(tile: ir.Value) -> ir.Value:
     return tile
 
 
-def smem_read_of(op: ir.Op) -> tuple:
-    """The entry of `Context.smem_read` for an op that reads an SMEM tile into registers (thread_smem "load"):
-    its buffer, and the tile and layout it read."""
-    return smem_root(op.operands[0]), (op.operands[0], op.result.layout)
+def stored_layout(value: ir.Value) -> Layout:
+    """The layout an SMEM store writes `value` in: its own, a splat's as `blocked`."""
+    layout = value.layout
+    return blocked(value.type.shape, value.dtype) if isinstance(layout, SplatLayout) else layout
+
+
+def disjoint(a: ir.Value, b: ir.Value) -> bool:
+    """Whether SMEM tiles a and b share no element: static slices of one view, along one dimension, whose ranges
+    do not meet (a row's first line and its last two: `ir.Op.static_slice`)."""
+    sa = a.owner.static_slice() if isinstance(a.owner, ir.Op) else None
+    sb = b.owner.static_slice() if isinstance(b.owner, ir.Op) else None
+    if sa is None or sb is None or sa[0] is not sb[0] or sa[1] != sb[1]:
+        return False
+    return sa[2] + sa[3] <= sb[2] or sb[2] + sb[3] <= sa[2]
 
 
 def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:

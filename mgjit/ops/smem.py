@@ -28,7 +28,7 @@ from ..interpret.machine import CTA
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, Value, check, is_ref
 from ..layouts import THREADS_PER_WARPGROUP, LANES_PER_WARP, LayoutError, SplatLayout, TiledLayout, blocked
-from ..lower.context import element_offsets, smem_read_of, splat_to
+from ..lower.context import element_offsets, splat_to, stored_layout
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
 from ..lower.words import from_bits, pack_words, unpack_words
@@ -298,7 +298,7 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
     frag: lower.Frag = ctx.frag(op.operands[1])
     shape = tile.type.shape
     if isinstance(frag.layout, SplatLayout):
-        frag = splat_to(ctx, frag, blocked(shape, frag.dtype))
+        frag = splat_to(ctx, frag, stored_layout(op.operands[1]))
     warn_bank_conflicts(op, tile.type, frag.layout, shape, "this SMEM store")
     bits = frag.dtype.storage_bits
     ctx.smem_write_barrier(op.operands[0], frag.layout)  # elements other threads of the warpgroup may yet read
@@ -315,7 +315,7 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
         srcs = ", ".join(f"${j + 1}" for j in range(n))
         e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
                    [addr, *words])
-    ctx.smem_stored = ctx.async_unfenced = True
+    ctx.stored(op.operands[0], frag.layout)
 
 
 @lower.rule(SmemLoad)
@@ -327,7 +327,7 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
     warn_bank_conflicts(op, tile.type, layout, shape, "this SMEM read")
     bits = dtype.storage_bits
     elems: list[Any] = []
-    ctx.smem_read_barrier()  # elements other threads of the warpgroup stored
+    ctx.smem_read_barrier(op.operands[0])  # elements other threads of the warpgroup stored
     for addr, i, w in _accesses(ctx, tile, layout, shape):
         if w * bits < 32:
             half = e.asm(f"ld.shared.{'b16' if bits == 16 else 'u8'} $0, [$1];", "=h,r", [addr], [e.int_type(16)],
@@ -340,7 +340,7 @@ def _smem_load(op: SmemLoad, ctx: lower.Context) -> None:
         words = e.asm(f"ld.shared{f'.v{n}' if n > 1 else ''}.b32 {'{' + outs + '}' if n > 1 else outs}, [${n}];",
                       ",".join(["=r"] * n + ["r"]), [addr], [e.int_type(32)] * n, side_effects=True)
         elems.extend(unpack_words(e, words, dtype, w))
-    ctx.smem_read |= {smem_read_of(op)}
+    ctx.loaded(op.operands[0], layout)
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 

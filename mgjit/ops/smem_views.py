@@ -18,6 +18,7 @@ from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret.machine import BarrierRef
 from ..interpret.scheduler import Warpgroup
 from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
+from .program import Constant
 from .smem import SmemAlloc, SmemTile, tile_alignment, tile_of
 
 
@@ -43,6 +44,10 @@ class RefIndex(Op):
                              f"buffer, and take rows of a 2D tile as a slice of multiples of 8 "
                              f"(tile[mgjit.ds(r, 8)])", rule=Rule.SMEM_SLICE)
 
+    def static_slice(self) -> tuple[Value, int, int, int] | None:
+        index = self.operands[1].owner
+        return (self.operands[0], 0, index.value, 1) if isinstance(index, Constant) else None
+
 
 class RefSlice(Op):
     """`ref[..., start:start + size, ...]` along one dimension of an SMEM reference: a view of the same bytes
@@ -64,6 +69,9 @@ class RefSlice(Op):
 
     def attrs(self):
         return {"dim": self.dim, "size": self.size, **({"start": self.start} if self.start is not None else {})}
+
+    def static_slice(self) -> tuple[Value, int, int, int] | None:
+        return None if self.start is None else (self.operands[0], self.dim, self.start, self.size)
 
     def verify(self):
         t = self.operands[0].type

@@ -194,6 +194,7 @@ class TmaStoreWait(Op):
 
     name = "tma_store_wait"
     requires = "tma"
+    releases_smem = True
 
     def __init__(self, pending: int, loc: Loc | None):
         super().__init__([], [], loc)
@@ -365,7 +366,7 @@ def _tma_store_wait(op: TmaStoreWait, ctx: lower.Context) -> None:
     e = ctx.e
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
     e.asm_void(f"@$0 cp.async.bulk.wait_group.read {op.pending};", "b", [elected])
-    ctx.warpgroup_barrier()  # the whole warpgroup may now overwrite the tiles
+    ctx.smem_released = True  # the warpgroup's next store to SMEM meets it first (Context.smem_released)
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

@@ -144,7 +144,7 @@ def _cta_sync(op: CtaSync, ctx: lower.Context) -> None:
     """It meets the warpgroup too: a read of SMEM right after it needs no barrier of its own (piped rows met the
     CTA and then their warpgroup, back to back, on every row)."""
     ctx.e.asm_void("bar.sync 0;", "", [])
-    ctx.smem_stored, ctx.smem_read = False, frozenset()
+    ctx.met()
 
 
 @lower.rule(NamedBarrierAlloc)
