@@ -43,6 +43,41 @@ def box_round_trip(x, out, back, R: mgjit.constexpr, C: mgjit.constexpr, SW: mgj
     mgjit.store_async_wait(0)
 
 
+@mgjit.kernel
+def stored_twice(x, out, R: mgjit.constexpr, C: mgjit.constexpr):
+    """A tile stored by TMA, waited for, written again from registers and stored again."""
+    t = mgjit.smem((R, C), x.dtype)
+    v = x[mgjit.ds(0, R), mgjit.ds(0, C)]
+    t[...] = v
+    mgjit.fence_async_shared()
+    mgjit.store_async(out, (0, 0), t)
+    mgjit.store_async_wait(0)
+    t[...] = v * 2.0
+    mgjit.fence_async_shared()
+    mgjit.store_async(out, (R, 0), t)
+    mgjit.store_async_wait(0)
+
+
+@pytest.mark.parametrize("lands", LANDS)
+def test_a_store_after_a_tma_store_wait_meets_the_warpgroup_first(lands):
+    """The wait for a TMA store's reads is one thread's (`cp.async.bulk.wait_group.read`): the warpgroup meets
+    before its next store to SMEM overwrites the tile, not at the wait itself, so a wait that no such store
+    follows (the last, or a piped row's before the one thread refills the slot) meets nothing. From the PTX,
+    with the store reading its tile as late as the wait."""
+    x = torch.randn(64, 64)
+    out = torch.full((128, 64), float("nan"))
+    compiled = stored_twice.compile(x, out, R=64, C=64, target="sm_90a")
+    ptx = compiled.ptx
+    first, last = ptx.index("wait_group.read"), ptx.rindex("wait_group.read")
+    assert "bar.sync" in ptx[first:ptx.index("st.shared", first)]
+    assert "bar.sync" not in ptx[last:]
+    assert ptx.count("bar.sync") == 3  # the two fences' meetings, and the one before the second store
+    dev = ptx_sim.Device()
+    dev.lands = lands
+    dev.run(compiled, (1,), x, out)
+    assert torch.equal(dev.fetch(out), torch.cat([x, x * 2.0]))
+
+
 @pytest.mark.parametrize("lands", LANDS)
 @pytest.mark.parametrize("swizzle", [None, 32, 64, 128])
 def test_boxes_load_and_store_through_every_swizzle_at_a_ragged_edge(swizzle, lands):
