@@ -148,9 +148,15 @@ class Op:
     def verify(self) -> None:
         pass
 
-    def static_slice(self) -> tuple[Value, int, int, int] | None:
-        """(view, dim, start, size) where this op's result is the elements start to start + size along dimension
-        dim of SMEM view `view`, both static (the lowering's barriers tell such slices apart); None otherwise."""
+    def stage_of(self) -> Value | None:
+        """The SMEM view whose stage (a whole index of its leading dimension) this op's result is; None for other
+        ops. Two stages of one view coincide or share no element (the lowering's barriers use it)."""
+        return None
+
+    def view_extent(self) -> tuple[Value, int, Value | None, int, int] | None:
+        """(view, dim, base, offset, size) where this op's result is the elements base + offset to base + offset +
+        size along dimension dim of SMEM view `view` (base a runtime index, or None: 0; offset and size static),
+        so that the lowering's barriers tell such views of one view apart; None otherwise."""
         return None
 
     def error(self, message: str, rule: Rule | None = None) -> CompileError:

@@ -203,12 +203,13 @@ class Context:
         iteration's store raced the last one's reads), and none's store lands after this one's, where another
         tile or layout may have stored elements of it (a stash written whole, then its edge lines again). Reads
         of the same tile in the same layout, each element held by one thread, were each thread's own elements;
-        stores of it wrote each thread's own elements, or copies of one value."""
+        stores of it wrote each thread's own elements, or copies of one value; and so for another stage of its
+        buffer viewed alike (`congruent`: a group of chunks `buf[first + j]` staged in turn)."""
         root = smem_root(tile)
         shared = not isinstance(layout, TiledLayout) or layout.replicated  # an element held by two threads
         touched = [(t, held, carried) for r, t, held, carried in self.smem_read if r == root and shared] + [
             (t, held, carried) for r, t, held, carried in self.smem_read | self.smem_stored
-            if r == root and (t, held) != (tile, layout)]
+            if r == root and not (held == layout and congruent(t, tile))]
         if self.smem_released or any(carried or not disjoint(t, tile) for t, _, carried in touched):
             self.warpgroup_barrier()
 
@@ -287,14 +288,32 @@ def stored_layout(value: ir.Value) -> Layout:
     return blocked(value.type.shape, value.dtype) if isinstance(layout, SplatLayout) else layout
 
 
+def congruent(a: ir.Value, b: ir.Value) -> bool:
+    """Whether SMEM tiles a and b are one tile, or alike views of two stages of one buffer (their view ops the same
+    but for the stage indexed: `ir.Op.stage_of`), which coincide or share no element: accessed in one layout,
+    each element of either lies in one thread."""
+    while a is not b:
+        oa, ob = a.owner, b.owner
+        if not (isinstance(oa, ir.Op) and isinstance(ob, ir.Op) and type(oa) is type(ob) and oa.attrs() == ob.attrs()
+                and oa.operands and len(oa.operands) == len(ob.operands)):
+            return False
+        if oa.stage_of() is None and any(x is not y for x, y in zip(oa.operands[1:], ob.operands[1:])):
+            return False
+        a, b = oa.operands[0], ob.operands[0]
+        if not isinstance(a.type, ir.RefType):
+            return False
+    return True
+
+
 def disjoint(a: ir.Value, b: ir.Value) -> bool:
-    """Whether SMEM tiles a and b share no element: static slices of one view, along one dimension, whose ranges
-    do not meet (a row's first line and its last two: `ir.Op.static_slice`)."""
-    sa = a.owner.static_slice() if isinstance(a.owner, ir.Op) else None
-    sb = b.owner.static_slice() if isinstance(b.owner, ir.Op) else None
-    if sa is None or sb is None or sa[0] is not sb[0] or sa[1] != sb[1]:
+    """Whether SMEM tiles a and b share no element: views of one view along one dimension, from one runtime index
+    (or none) plus static offsets whose ranges do not meet (a row's first line and its last two; chunks
+    `buf[first + j]` of a group: `ir.Op.view_extent`)."""
+    ea = a.owner.view_extent() if isinstance(a.owner, ir.Op) else None
+    eb = b.owner.view_extent() if isinstance(b.owner, ir.Op) else None
+    if ea is None or eb is None or ea[0] is not eb[0] or ea[1] != eb[1] or ea[2] is not eb[2]:
         return False
-    return sa[2] + sa[3] <= sb[2] or sb[2] + sb[3] <= sa[2]
+    return ea[3] + ea[4] <= eb[3] or eb[3] + eb[4] <= ea[3]
 
 
 def element_offsets(layout: TiledLayout, shape: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -18,6 +18,7 @@ from ..errors import Check, InterpretError, Loc, Rule
 from ..interpret.machine import BarrierRef
 from ..interpret.scheduler import Warpgroup
 from ..ir import Op, RefType, Value, check, is_int_scalar, is_ref
+from .elementwise import Binary
 from .program import Constant
 from .smem import SmemAlloc, SmemTile, tile_alignment, tile_of
 
@@ -44,9 +45,28 @@ class RefIndex(Op):
                              f"buffer, and take rows of a 2D tile as a slice of multiples of 8 "
                              f"(tile[mgjit.ds(r, 8)])", rule=Rule.SMEM_SLICE)
 
-    def static_slice(self) -> tuple[Value, int, int, int] | None:
-        index = self.operands[1].owner
-        return (self.operands[0], 0, index.value, 1) if isinstance(index, Constant) else None
+    def view_extent(self) -> tuple[Value, int, Value | None, int, int] | None:
+        return (self.operands[0], 0, *affine(self.operands[1]), 1)
+
+    def stage_of(self) -> Value | None:
+        return self.operands[0]
+
+
+def affine(index: Value, depth: int = 0) -> tuple[Value | None, int]:
+    """(base, offset): an integer index as a runtime value plus a static one (None: the index is static), through
+    adds and subtractions of constants, so that `buf[first + j]` and `buf[first + k]` are told apart."""
+    op = index.owner
+    if isinstance(op, Constant):
+        return None, op.value
+    if depth < 8 and isinstance(op, Binary) and op.kind in ("add", "sub"):
+        a, b = op.operands
+        if isinstance(b.owner, Constant):
+            base, offset = affine(a, depth + 1)
+            return base, offset + (b.owner.value if op.kind == "add" else -b.owner.value)
+        if op.kind == "add" and isinstance(a.owner, Constant):
+            base, offset = affine(b, depth + 1)
+            return base, offset + a.owner.value
+    return index, 0
 
 
 class RefSlice(Op):
@@ -70,8 +90,9 @@ class RefSlice(Op):
     def attrs(self):
         return {"dim": self.dim, "size": self.size, **({"start": self.start} if self.start is not None else {})}
 
-    def static_slice(self) -> tuple[Value, int, int, int] | None:
-        return None if self.start is None else (self.operands[0], self.dim, self.start, self.size)
+    def view_extent(self) -> tuple[Value, int, Value | None, int, int] | None:
+        base, offset = (None, self.start) if self.start is not None else affine(self.operands[1])
+        return self.operands[0], self.dim, base, offset, self.size
 
     def verify(self):
         t = self.operands[0].type
