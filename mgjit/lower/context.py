@@ -228,7 +228,8 @@ class Context:
         round. A body that reads tiles but stores none meets the warpgroup once here, if a store to their buffers
         came before, rather than at each iteration; one that stores to buffers read before but reads none,
         likewise. After the loop, `leave_loop` with the value returned (the body may run no iteration)."""
-        ops = [op for op in body.walk() if op.thread_smem]
+        walked = list(body.walk())
+        ops = [op for op in walked if op.thread_smem]
         loads = frozenset((smem_root(op.operands[0]), op.operands[0], op.result.layout, True)
                           for op in ops if op.thread_smem == "load")
         stores = frozenset((smem_root(op.operands[0]), op.operands[0], stored_layout(op.operands[1]), True)
@@ -241,7 +242,7 @@ class Context:
         self.smem_stored = entry[0] | stores
         self.smem_read = entry[1] | loads
         self.async_unfenced = entry[2] or bool(stores)
-        self.smem_released = entry[3] or any(op.releases_smem for op in body.walk())
+        self.smem_released = entry[3] or any(op.releases_smem for op in walked)
         return entry
 
     def leave_loop(self, entry: tuple[frozenset, frozenset, bool, bool]) -> None:
