@@ -73,16 +73,19 @@ STASH_CLUSTER_SHAPES = CLUSTER_SHAPES + ((2, 2),)
 REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
 # Rows no portable cluster holds and 16 CTAs of one power of two of lines do not fit: 16 CTAs of several arrays,
 # three slots and three programs an SM (bf16 softmax rows of 150000, 16 of 37 lines, H200: 0.85 of copy bandwidth,
-# where (3, 2) ran 0.67, (2, 3) 0.68, (2, 4) 0.79 and chunked rows 0.79).
-WIDE_CLUSTER_SHAPES = ((3, 3),)
+# where (3, 2) ran 0.67, (2, 4) 0.79 and chunked rows 0.79), or two slots and three programs (rmsnorm, whose stashed
+# weights leave no room for three slots: 0.89, chunked 0.82; softmax 0.86 since two slots are refilled early,
+# `refill`, 0.69 before).
+WIDE_CLUSTER_SHAPES = ((3, 3), (2, 3))
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
 # of four slots and two of two within 0.02 of it at 16385.
 SHAPES = ((3, 2), (4, 1), (2, 3), (3, 4))
 # Kernels with weights (`stash_lines`): the slots share an SM's shared memory with the stashed weights; one
-# program an SM (LONE_SHAPE) where two do not fit (layernorm rows of 16385: two slots, w and b take 136 KB).
-STASH_SHAPES = ((2, 2), (3, 2), (4, 2), (2, 4))
+# program an SM (LONE_SHAPE) where two do not fit (layernorm rows of 16385: two slots, w and b take 136 KB). Three
+# programs of two slots ran the norms at 8193 as two of three do (0.86 layernorm, 0.90 rmsnorm) and were picked.
+STASH_SHAPES = ((2, 2), (3, 2), (4, 2), (2, 4), (2, 3))
 LONE_SHAPE = (4, 1)
 
 
@@ -461,14 +464,20 @@ def exp_lines(v):
 
 
 @mgjit.device
-def refill(x, xl, buf, full, i, count, CTAS):
-    """After row i's results are in its slot: once the stores of row i - 1 have read their slot, copy row
-    i - 1 + STAGES into it."""
-    mgjit.store_async_wait(0)
+def refill(x, xl, buf, full, i, count, CTAS, EARLY):
+    """Once the stores of row i - 1 have read their slot, copy row i - 1 + STAGES into it: with two slots as row i
+    begins (a kernel calls this with EARLY true there), with more once row i's results are in its slot (EARLY
+    false). Two slots refilled after the row leave no copy in flight while a row is computed; refilled as it begins,
+    they keep one, at the cost of a wait for the store just issued, which three slots do not repay (bf16, H200,
+    kernel alone: layernorm 100000 over 8 CTAs of two slots 0.70 -> 0.85 of copy bandwidth, 8193 0.75 -> 0.84,
+    rmsnorm 262144 0.83 -> 0.85, 100000 over 7 CTAs 0.84 -> 0.89; three slots: softmax 8193 0.93 -> 0.92, 150000
+    0.88 -> 0.86, layernorm 16385 0.85 -> 0.82)."""
     stages = buf.shape[0]
-    if i >= 1:
-        if i - 1 + stages < count:
-            copy_row(x, xl, buf, full, i - 1 + stages, CTAS)
+    if (stages == 2) == EARLY:
+        mgjit.store_async_wait(0)
+        if i >= 1:
+            if i - 1 + stages < count:
+                copy_row(x, xl, buf, full, i - 1 + stages, CTAS)
 
 
 @mgjit.device

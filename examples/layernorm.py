@@ -126,6 +126,7 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
     for i in range(count):
         fill = guess.astype(x.dtype)
         env, row, a, s = envelope(x, xl, buf, full, i, fill, CTAS, LAST)
+        refill(x, xl, buf, full, i, count, CTAS, True)
         f = fill.astype(mgjit.float32)
         d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
         if 17.0 * shift * shift * n > 16.0 * m2:  # the mean more than 4 standard deviations from f
@@ -141,7 +142,7 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
         for p in mgjit.static_range(len(PL)):
             parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(mgjit.float32),
                                       b_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
-        refill(x, xl, buf, full, i, count, CTAS)
+        refill(x, xl, buf, full, i, count, CTAS, False)
         store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
 

@@ -87,6 +87,7 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
     inv_n = 1.0 / x.shape[1]  # once: a division a row is a dozen instructions and a call to its slow path
     for i in range(count):
         env, row, a, s = envelope(x, xl, buf, full, i, 0.0, CTAS, LAST)
+        refill(x, xl, buf, full, i, count, CTAS, True)
         v = read_lines(env, PL)
         squares = 0.0
         for p in mgjit.static_range(len(PL)):
@@ -97,7 +98,7 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
         w_parts, parts = weight_lines(w_env, s, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
             parts[p][...] = (v[p] * scale * w_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
-        refill(x, xl, buf, full, i, count, CTAS)
+        refill(x, xl, buf, full, i, count, CTAS, False)
         store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
 

@@ -68,6 +68,7 @@ def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST):
     buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
     for i in range(count):
         env, row, a, s = envelope(x, xl, buf, full, i, -float("inf"), CTAS, LAST)
+        refill(x, xl, buf, full, i, count, CTAS, True)
         e, m, total = exp_lines(read_lines(env, PL))
         if CTAS == 1:
             scale = 1.0 / total
@@ -78,7 +79,7 @@ def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST):
         for p in mgjit.static_range(len(PL)):
             y = y + (e[p] * scale,)
         write_lines(env, y, PL)
-        refill(x, xl, buf, full, i, count, CTAS)
+        refill(x, xl, buf, full, i, count, CTAS, False)
         store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
 

@@ -213,7 +213,7 @@ def test_which_rows_are_piped():
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_rows_piped_over_a_cluster(itemsize):
     """Softmax rows longer than one CTA holds, split by whole lines over a cluster of at most 8 CTAs, or of 16 (one
-    register array a CTA, or else up to three at three slots and three programs an SM) where 8 do not hold them:
+    register array a CTA, or else up to three at WIDE_CLUSTER_SHAPES) where 8 do not hold them:
     each CTA's segment fits its registers and its slots the shared memory at its programs an SM, the last segment is shorter by less than a tenth of the cluster's lines
     and holds at least 4, and together the segments are the row's envelope. None past 16 CTAs of 65 lines."""
     offered = {}
@@ -238,7 +238,8 @@ def test_rows_piped_over_a_cluster(itemsize):
         assert [(c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["STAGES"]) for c in sm.mapping(262144, None, 2)
                 if c.kwargs["PIPE"]] == [(16, (64,), 3)]
         assert [(c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["STAGES"], c.kwargs["PIPE"])
-                for c in sm.mapping(150000, None, 2) if c.kwargs["PIPE"]] == [(16, (32, 4, 1), 3, 3)]
+                for c in sm.mapping(150000, None, 2) if c.kwargs["PIPE"]] == [(16, (32, 4, 1), 3, 3),
+                                                                        (16, (32, 4, 1), 2, 3)]
 
 
 @pytest.mark.parametrize("n,dtype", [(16386, torch.float32), (20000, torch.float16), (50257, BF16),
@@ -295,6 +296,20 @@ def test_one_copy_one_store_and_one_fence_a_row():
             assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") == config.kwargs["STAGES"] + 1
             assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 1
             assert ptx.count("fence.proxy.async") == 1 and ptx.count("mbarrier.try_wait") == 1
+
+
+def test_two_slots_are_refilled_as_their_row_begins():
+    """A ring of two slots refills the slot of the row before as a row begins, before its reductions (`refill`:
+    refilled after the row, no copy would be in flight while it is computed); a ring of three after the row's
+    results, just before its store. The loop's copy is the PTX's last; the prologue's come before any shuffle."""
+    x = torch.empty(64, 8193, dtype=BF16)
+    copy, store = "cp.async.bulk.tensor.2d.shared::cluster.global", "cp.async.bulk.tensor.2d.global.shared::cta"
+    for config in sm.mapping(8193, None, 2):
+        if config.kwargs["PIPE"]:
+            ptx = sm.softmax_kernel.compile(x, x, piped.lines(x), piped.lines(x), **config.launch_kwargs(),
+                                            target="sm_90a").ptx
+            refill, reduce, out = ptx.rindex(copy), ptx.index("shfl.sync"), ptx.rindex(store)
+            assert (refill < reduce < out) if config.kwargs["STAGES"] == 2 else (reduce < refill < out), config
 
 
 def test_piped_layernorm_fills_move_no_data():
