@@ -213,9 +213,10 @@ def test_which_rows_are_piped():
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_rows_piped_over_a_cluster(itemsize):
     """Softmax rows longer than one CTA holds, split by whole lines over a cluster of at most 8 CTAs, or of 16 (one
-    register array a CTA, or else up to three at WIDE_CLUSTER_SHAPES) where 8 do not hold them:
-    each CTA's segment fits its registers and its slots the shared memory at its programs an SM, the last segment is shorter by less than a tenth of the cluster's lines
-    and holds at least 4, and together the segments are the row's envelope. None past 16 CTAs of 65 lines."""
+    register array a CTA, or else up to three at WIDE_CLUSTER_SHAPES) where 8 do not hold them: each CTA's
+    segment fits its registers and its slots the shared memory at its programs an SM, the last segment is shorter
+    by less than a tenth of the cluster's lines and holds at least 4, and together the segments are the row's
+    envelope. None past 16 CTAs of 65 lines."""
     offered = {}
     for n in range(16387, 280000, 2999):
         nl = piped.line_count(n)
