@@ -70,7 +70,10 @@ CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
 # With weights stashed too, two programs an SM of two slots hold a segment that three slots would not (layernorm
 # rows of 100000: 8 CTAs of 49 lines).
 STASH_CLUSTER_SHAPES = CLUSTER_SHAPES + ((2, 2),)
-REGISTER_LINES = {2: MAX_LINES, 3: 48, 4: 33}
+REGISTER_LINES = {1: MAX_LINES, 2: MAX_LINES, 3: 48, 4: 33}
+# Rows over 16 CTAs of one array whose stashed weights leave room for one program an SM (layernorm rows of 262144:
+# 16 CTAs of 64 lines, w and b 64 KB a CTA): three slots ran at 0.67 of copy bandwidth, two 0.61, chunked rows 0.62.
+LONE_CLUSTER_SHAPE = (3, 1)
 # Rows no portable cluster holds and 16 CTAs of one power of two of lines do not fit: 16 CTAs of several arrays,
 # three slots and three programs an SM (bf16 softmax rows of 150000, 16 of 37 lines, H200: 0.85 of copy bandwidth,
 # where (3, 2) ran 0.67, (2, 4) 0.79 and chunked rows 0.79), or two slots and three programs (rmsnorm, whose stashed
@@ -132,7 +135,7 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory
     of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
     portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
-    of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES. Each register array costs a row its own
+    of one power of two (with weights, also at LONE_CLUSTER_SHAPE), or else of up to three at WIDE_CLUSTER_SHAPES. Each register array costs a row its own
     reductions, and a segment takes more lines than the fewest where those are fewer powers of two (rows of 128256,
     501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first
     and last two go out through registers), and the cluster wastes at most a tenth of its lines (it waits for its
@@ -166,7 +169,9 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     if segments:
         return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
     sixteen = range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
-    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3)) or fewest(sixteen, (1,))
+    lone = (LONE_CLUSTER_SHAPE,) if weights else ()
+    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3))
+            or fewest(sixteen, (1,), (STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES) + lone)
             or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES))
 
 

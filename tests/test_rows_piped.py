@@ -263,6 +263,23 @@ def test_every_cluster_piped_mapping_interpreted(n, dtype):
         assert rel_err(out, torch.softmax(x.double(), 1)) < {torch.float32: 1e-6}.get(dtype, 5e-3), config
 
 
+def test_norms_over_16_ctas():
+    """Rows no portable cluster holds, with stashed weights: layernorm's 262144 columns (16 CTAs of 64 lines, w and
+    b 64 KB a CTA) leave room for one program an SM of three slots (LONE_CLUSTER_SHAPE), rmsnorm's one weight also
+    for two of two; rows of 150000 (16 CTAs of 37 lines, three arrays): rmsnorm two slots and three programs
+    (WIDE_CLUSTER_SHAPES), layernorm none (its chunked rows run). Each fits an SM's shared memory."""
+    def shapes(configs, stash):
+        piped_configs = [c.kwargs for c in configs if c.kwargs["PIPE"]]
+        for kw in piped_configs:
+            k = sum(kw["PL"])
+            assert kw["PIPE"] * (((kw["STAGES"] * 2 + stash) * k + stash) * piped.LINE + piped.SLACK) <= 232448, kw
+        return [(kw["CTAS"], kw["PL"], kw["STAGES"], kw["PIPE"]) for kw in piped_configs]
+    assert shapes(ln.layernorm_mapping(262144, None, 2, (2, 2)), 4) == [(16, (64,), 3, 1)]
+    assert shapes(rms.rmsnorm_mapping(262144, None, 2, (2,)), 2) == [(16, (64,), 2, 2), (16, (64,), 3, 1)]
+    assert shapes(ln.layernorm_mapping(150000, None, 2, (2, 2)), 4) == []
+    assert shapes(rms.rmsnorm_mapping(150000, None, 2, (2,)), 2) == [(16, (32, 4, 1), 2, 3)]
+
+
 def test_pipeable_tensors():
     x = torch.randn(6, 5000)
     assert piped.pipeable(x, torch.empty_like(x))
