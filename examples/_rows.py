@@ -249,6 +249,8 @@ def _span(t) -> tuple[int, int]:
     """The addresses of a tensor's first and past its last byte, whatever its strides (tensors of two
     allocations never share one: no need to ask for their storages)."""
     itemsize = t.element_size()
+    if t.is_contiguous():  # the common case, on every call of a row example: no loop over the dimensions
+        return t.data_ptr(), t.data_ptr() + t.numel() * itemsize
     low = high = t.data_ptr()
     for size, stride in zip(t.shape, t.stride()):
         if stride < 0:

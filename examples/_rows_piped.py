@@ -224,9 +224,11 @@ def piped_views(tensors: Sequence, weights: Sequence = (), rows_per_program: int
 
 
 def lines(t):
-    """The contiguous tensor t as whole lines of LINE elements (its last partial line left out)."""
-    flat = t.view(-1)
-    return flat[:flat.numel() // LINE * LINE].view(-1, LINE)
+    """The contiguous tensor t as whole lines of LINE elements (its last partial line left out): one view, made on
+    every launch of a piped mapping (a flat view sliced and viewed again took three times the host time)."""
+    if not t.is_contiguous():
+        raise ValueError(f"lines() takes a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}")
+    return t.as_strided((t.numel() // LINE, LINE), (LINE, 1))
 
 
 # ---- device helpers

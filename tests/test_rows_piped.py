@@ -187,6 +187,19 @@ def test_weight_rows():
     assert piped.weight_rows(w[:100]).shape == (1, 100)
 
 
+def test_lines():
+    """A contiguous tensor as whole lines of LINE elements over its own storage (from its storage offset), the
+    last partial line left out; anything else refused."""
+    x = torch.randn(10, 700)
+    for t in (x, x[3:6], x[:0]):
+        got = piped.lines(t)
+        whole = t.numel() // 256 * 256
+        assert got.shape == (whole // 256, 256) and torch.equal(got.reshape(-1), t.reshape(-1)[:whole])
+        assert got.data_ptr() == t.data_ptr()
+    with pytest.raises(ValueError, match="contiguous"):
+        piped.lines(x[:, 1:])
+
+
 def test_which_rows_are_piped():
     """Piped mappings are offered from 4097 columns to the 65 lines one warpgroup holds (16385), where their
     slots fit shared memory, and every config of the kernel sets the same constexprs; softmax's rows that one CTA
