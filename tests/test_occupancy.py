@@ -2,6 +2,7 @@
 interpreter's register pool under it, and the errors that name the line; on the CPU."""
 import inspect
 import re
+import types
 
 import pytest
 
@@ -114,6 +115,61 @@ def test_errors_name_the_line(kernel, args, text, phrase):
 def test_max_active_clusters_refuses_impossible_clusters(args):
     with pytest.raises(ValueError, match="expected 1 <= ctas <= 16 and ctas_per_sm >= 1"):
         mgjit.max_active_clusters(*args)
+
+
+class _OccupancyDriver:
+    """The driver calls max_active_clusters makes, answering 7 clusters and counting the occupancy queries."""
+    CUresult = types.SimpleNamespace(CUDA_SUCCESS=0)
+    CUdevice_attribute = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=1,
+                                               CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK=2)
+    CUfunction_attribute = types.SimpleNamespace(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED=1,
+                                                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=2)
+    CUlaunchAttributeID = types.SimpleNamespace(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION=1)
+
+    def __init__(self):
+        self.queries = []
+
+    def CUlaunchConfig(self):
+        return types.SimpleNamespace()
+
+    def CUlaunchAttribute(self):
+        return types.SimpleNamespace(value=types.SimpleNamespace(clusterDim=types.SimpleNamespace()))
+
+    def cuInit(self, flags):
+        return (0,)
+
+    def cuModuleLoadData(self, image):
+        return 0, "module"
+
+    def cuModuleGetFunction(self, module, name):
+        return 0, "probe"
+
+    def cuFuncSetAttribute(self, function, attribute, value):
+        return (0,)
+
+    def cuDeviceGetAttribute(self, attribute, device):
+        return 0, {1: 233472, 2: 1024}[attribute]
+
+    def cuOccupancyMaxActiveClusters(self, function, config):
+        self.queries.append((config.gridDimX, config.sharedMemBytes))
+        return 0, 7
+
+
+def test_max_active_clusters_asks_the_driver_once_per_arguments(monkeypatch):
+    """The occupancy calculator's answer is kept per (ctas, ctas_per_sm, threads, device): a query took 3 to 4.5
+    ms on an H200, which a persistent cluster grid sized at each launch would pay every time."""
+    from mgjit import runtime
+    fake = _OccupancyDriver()
+    monkeypatch.setattr(runtime, "_driver", fake)
+    monkeypatch.setattr(runtime, "_probes", {})
+    monkeypatch.setattr(runtime, "ensure_context", lambda device: 0)
+    mgjit.max_active_clusters.cache_clear()
+    try:
+        assert [mgjit.max_active_clusters(8, 2) for _ in range(3)] == [7, 7, 7]
+        assert fake.queries == [(8, 233472 // 2 - 1024 - 1024)]
+        assert mgjit.max_active_clusters(4, 2) == 7 and len(fake.queries) == 2
+    finally:
+        mgjit.max_active_clusters.cache_clear()
 
 
 @pytest.mark.gpu
