@@ -135,11 +135,11 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory
     of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
     portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
-    of one power of two (with weights, also at LONE_CLUSTER_SHAPE), or else of up to three at WIDE_CLUSTER_SHAPES. Each register array costs a row its own
-    reductions, and a segment takes more lines than the fewest where those are fewer powers of two (rows of 128256,
-    501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first
-    and last two go out through registers), and the cluster wastes at most a tenth of its lines (it waits for its
-    widest segment). Bf16 rows on an H200: 50257 over
+    of one power of two (with weights, also at LONE_CLUSTER_SHAPE), or else of up to three at WIDE_CLUSTER_SHAPES.
+    Each register array costs a row its own reductions, and a segment takes more lines than the fewest where those
+    are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The
+    last segment is at least 4 lines (its first and last two go out through registers), and the cluster wastes at
+    most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257 over
     6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program an
     SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked: 0.86); 262144 over
     16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62, 150000 over 10 of 64 lines 0.43
