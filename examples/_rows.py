@@ -169,10 +169,10 @@ def sm_count(device=None) -> int:
     return device_sm_count((device.index or 0) if device is not None and device.type == "cuda" else None)
 
 
-@functools.lru_cache(maxsize=None)
 def resident_clusters(device, ctas: int, per_sm: int) -> int:
     """The clusters of `ctas` CTAs that run at once, `per_sm` CTAs an SM: a persistent grid of more would run the
-    rest in a second wave (mgjit.max_active_clusters). Without a GPU, as many as `sm_count` SMs hold, at least 1."""
+    rest in a second wave (mgjit.max_active_clusters, which asks the driver once). Without a GPU, as many as
+    `sm_count` SMs hold, at least 1."""
     if device is None or device.type != "cuda":
         return max(1, sm_count(device) * per_sm // ctas)
     return mgjit.max_active_clusters(ctas, per_sm, device=device.index or 0)

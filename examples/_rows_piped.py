@@ -169,9 +169,8 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     if segments:
         return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
     sixteen = range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
-    lone = (LONE_CLUSTER_SHAPE,) if weights else ()
-    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3))
-            or fewest(sixteen, (1,), (STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES) + lone)
+    sixteen_shapes = STASH_CLUSTER_SHAPES + (LONE_CLUSTER_SHAPE,) if weights else CLUSTER_SHAPES
+    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3)) or fewest(sixteen, (1,), sixteen_shapes)
             or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES))
 
 

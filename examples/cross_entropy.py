@@ -26,8 +26,7 @@ import torch
 from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, floating, held_width, launch,
                    load_row, grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment,
                    segment_sum, sm_count, stage, store_stat, streamed_exp_sum)
-from _rows_piped import (LINE, copy_row, envelope, exp_lines, piped_views, piping, program_row, program_segment,
-                         read_lines, ring)
+from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_segment, read_lines, ring
 
 import mgjit
 
@@ -110,12 +109,11 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
     mgjit.min_ctas_per_sm(PIPE)
     n = logits.shape[1]
     buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST)
-    last = logits.shape[0] - 1
-    t_next = target[mgjit.minimum(program_row(0, 1), last)]
+    t_next = segment_target(target, 0, 1, 0)
     for i in range(count):
         t = t_next
         env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST)
-        t_next = target[mgjit.minimum(program_row(i + 1, 1), last)]
+        t_next = segment_target(target, i + 1, 1, 0)
         v = read_lines(env, PL)
         picked = target_logit(env, s, t, n, 1)
         mgjit.cta_sync()
@@ -171,7 +169,7 @@ def cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL,
         total = total * mgjit.exp(top - shift) + segment_total * mgjit.exp(m - shift)
         top = merged
         if i % SEGS == SEGS - 1:
-            row = program_row(i // SEGS, 1)
+            row, _ = program_segment(i, 1, SEGS, 1)
             row_lse = top + mgjit.log(total)
             lse[row] = row_lse
             loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
@@ -197,10 +195,11 @@ def segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST, SEG
 
 @mgjit.device
 def segment_target(target, i, SEGS, SEQ):
-    """The target of the row of this program's i-th segment (`program_segment`; past the last row, the last's),
-    loaded a segment ahead of its use: loaded where it was used, it cost a memory latency every segment (H200,
-    bf16, kernel alone: rows of 50257 in 5 segments taken in turn, 3 slots and 2 programs an SM, 0.80 -> 0.85 of
-    copy bandwidth; 100000 in 9, 0.74 -> 0.76; spread over programs, 0.73 -> 0.91 and 0.65 -> 0.73)."""
+    """The target of the row of this program's i-th segment (`program_segment`; a whole row where SEGS is 1; past
+    the last row, the last's), loaded a segment ahead of its use: loaded where it was used, it cost a memory
+    latency every segment (H200, bf16, kernel alone: rows of 50257 in 5 segments taken in turn, 3 slots and 2
+    programs an SM, 0.80 -> 0.85 of copy bandwidth; 100000 in 9, 0.74 -> 0.76; spread over programs, 0.73 -> 0.91
+    and 0.65 -> 0.73)."""
     row, _ = program_segment(i, 1, SEGS, SEQ)
     return target[mgjit.minimum(row, target.shape[0] - 1)]
 
