@@ -261,22 +261,10 @@ def _span(t) -> tuple[int, int]:
 
 
 def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:
-    """The config `tuned_launch` launches for these arguments (tuned by an earlier launch). Remembered per kernel,
-    configs, and the arguments' shapes, dtypes and devices (finer than the tuner's key): the tuner's lookup costs
-    a launch's worth of host time, and cross-entropy asks after every launch whether to merge segments (H200,
-    bf16 rows of 50257: 0.70 of copy bandwidth asking the tuner, where the kernel alone ran 0.86)."""
+    """The config `tuned_launch` launched for these arguments, tuned by an earlier launch (what benchmarks report)."""
     if _untuned(configs, args):
         return configs[0]
-    key = (kernel, tuple(configs), tuple(sorted(constexprs.items())),
-           *((getattr(a, "shape", a), getattr(a, "dtype", None), getattr(a, "device", None)) for a in (*args, *views)))
-    config = _picked.get(key)
-    if config is None:
-        config = _picked[key] = _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(
-            _named(kernel, args, views, constexprs))
-    return config
-
-
-_picked: dict = {}
+    return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(_named(kernel, args, views, constexprs))
 
 
 def _named(kernel, args: tuple, views: tuple, constexprs: dict) -> dict:
@@ -299,25 +287,51 @@ def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple =
 
 
 def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, views: tuple = (),
-                 **constexprs) -> None:
+                 **constexprs) -> mgjit.Config:
     """Launch `kernel` on args and then `views` (views of args, which the check below skips) with the fastest of
     `configs` for the shape of args[0] and the arguments' dtypes (timed on the first call, remembered on disk), or
     with the first config without a GPU or when two of args are one tensor (timing would run the kernel on its own
-    output). grid_of(rows of args[0], constexprs and options) gives the grid."""
+    output); return the config launched. grid_of(rows of args[0], a config's constexprs and options) gives the
+    grid: it must follow from args[0]'s shape, the config and its device, as it is worked out once for them."""
     x = args[0]
+    key = (kernel, id(configs), x.shape, x.device, *map(_dtype, args))
+    known = _launches.get(key)
+    if known is not None and known[0] is configs:  # tuned before: launched as tuned, in place or not
+        known[2](*args, *views, **constexprs, **known[3])
+        return known[1]
     if _untuned(configs, args):
         options = configs[0].launch_kwargs()
         kernel[grid_of(x.shape[0], options)](*args, *views, **constexprs, **options)
-        return
-    key = kernel.arg_names[0]
-    _tuned(kernel, tuple(configs), key)[lambda named: grid_of(named[key].shape[0], named)](*args, *views,
-                                                                                            **constexprs)
+        return configs[0]
+    name = kernel.arg_names[0]
+    tuned = _tuned(kernel, tuple(configs), name)
+    tuned[lambda named: grid_of(named[name].shape[0], named)](*args, *views, **constexprs)
+    config = tuned.best_config(_named(kernel, args, views, constexprs))
+    options = config.launch_kwargs()
+    if len(_launches) >= MAX_LAUNCHES:  # callers building new configs per call would grow it without end
+        _launches.clear()
+    _launches[key] = (configs, config, kernel[grid_of(x.shape[0], options)], options)
+    return config
 
 
-def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> None:
-    """Launch a row kernel on the rows of args[0] (see `tuned_launch`)."""
+# The launches of tuned keys seen in this process: (kernel, id(configs), args[0]'s shape and device, the arguments'
+# dtypes) -> (configs, the config picked, the kernel bound to its grid, its options). The tuner's own dispatch runs
+# the grid callable on a dict of every argument and option each call, where this costs one lookup: layernorm's
+# wrapper took 60-80 us a call on the H200's host, more than its kernel at 256 MB (tuned 0.46 of copy bandwidth
+# where the kernel alone ran 0.85).
+_launches: dict = {}
+MAX_LAUNCHES = 1024
+
+
+def _dtype(value):
+    return getattr(value, "dtype", None)
+
+
+def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:
+    """Launch a row kernel on the rows of args[0] (see `tuned_launch`); return the config launched."""
     device = args[0].device
-    tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, device), args, views, **constexprs)
+    return tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, device), args, views,
+                        **constexprs)
 
 
 def _row_grid(rows: int, config, device) -> tuple[int]:

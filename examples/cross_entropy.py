@@ -24,7 +24,7 @@ import functools
 
 import torch
 from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, floating, held_width, launch,
-                   load_row, grid, mapping as rows_mapping, merge_exp, output, picked as picked_config, segment,
+                   load_row, grid, mapping as rows_mapping, merge_exp, output, segment,
                    segment_sum, sm_count, stage, store_stat, streamed_exp_sum)
 from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_segment, read_lines, ring
 
@@ -325,10 +325,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     configs = for_rows(mapping(logits.shape[1], itemsize), rows, logits.device)
     parts = workspace(logits, configs)
     args = (logits, target, loss, lse, ignore_index)
-    launch(cross_entropy_rows, configs, args, (*views, parts))
+    config = launch(cross_entropy_rows, configs, args, (*views, parts))
     if parts.shape[1] > 1:  # some config splits rows: merge after the one the tuner picked
-        merge(picked_config(cross_entropy_rows, configs, args, (*views, parts)), parts, target, loss, lse,
-              ignore_index, logits.shape[1])
+        merge(config, parts, target, loss, lse, ignore_index, logits.shape[1])
     return loss, lse
 
 

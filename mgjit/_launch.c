@@ -90,7 +90,8 @@ typedef struct {
     PyObject *defaults;   /* tuple: each parameter's default, or `missing` */
     PyObject *missing;
     char *is_const;
-    PyObject *guard;      /* guard() -> true when what the kernel reads changed; None when nothing can */
+    PyObject *watched;    /* reads that must still give their objects (mgjit.deps.Dependencies.watched); NULL: none */
+    PyObject *guard;      /* guard() -> true when another read changed; NULL when nothing else can */
     PyObject *miss;       /* miss(key, runtime values, constexprs, num_warpgroups, cluster) -> Plan or None */
     PyObject *slow;       /* slow(grid, *args, **kwargs): the Python path */
     Table plans;
@@ -99,14 +100,14 @@ typedef struct {
 static PyObject *s_num_warpgroups, *s_cluster;
 
 static int dispatcher_traverse(Dispatcher *d, visitproc visit, void *arg) {
-    Py_VISIT(d->guard); Py_VISIT(d->miss); Py_VISIT(d->slow); Py_VISIT(d->defaults);
+    Py_VISIT(d->watched); Py_VISIT(d->guard); Py_VISIT(d->miss); Py_VISIT(d->slow); Py_VISIT(d->defaults);
     for (Py_ssize_t i = 0; i < d->plans.capacity; i++)
         if (d->plans.entries[i].value) { Py_VISIT(d->plans.entries[i].objects); Py_VISIT(d->plans.entries[i].value); }
     return 0;
 }
 
 static int dispatcher_clear_refs(Dispatcher *d) {
-    Py_CLEAR(d->guard); Py_CLEAR(d->miss); Py_CLEAR(d->slow); Py_CLEAR(d->defaults);
+    Py_CLEAR(d->watched); Py_CLEAR(d->guard); Py_CLEAR(d->miss); Py_CLEAR(d->slow); Py_CLEAR(d->defaults);
     table_clear(&d->plans);
     return 0;
 }
@@ -213,11 +214,37 @@ static PyObject *slow_path(Dispatcher *d, PyObject *grid, PyObject **slots, PyOb
     return r;
 }
 
+/* 1 when a watched read (set_guard) no longer gives its object, 0 when each still does, -1 on an error. A dict
+ * lookup and a pointer comparison per name: a row example's kernel reads some 40 globals of three modules, whose
+ * check as Python calls took 3 of the 5 us its launch cost (CPU). */
+static int watched_changed(PyObject *watched) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watched); i++) {
+        PyObject *e = PyTuple_GET_ITEM(watched, i), *holder = PyTuple_GET_ITEM(e, 0), *names = PyTuple_GET_ITEM(e, 1),
+                 *expected = PyTuple_GET_ITEM(e, 2);
+        if (PyUnicode_Check(names)) {
+            PyObject *v = PyObject_GetAttr(holder, names);
+            if (!v) { PyErr_Clear(); return 1; }
+            Py_DECREF(v);
+            if (v != expected) return 1;
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(names); j++) {
+            PyObject *v = PyDict_GetItemWithError(holder, PyTuple_GET_ITEM(names, j));
+            if (v != PyTuple_GET_ITEM(expected, j)) return v || !PyErr_Occurred() ? 1 : -1;
+        }
+    }
+    return 0;
+}
+
 /* The fast path over bound arguments: slots[i] holds parameter i (borrowed); args, nargsf and kwnames are the
  * call as it was made (args NULL for a call the autotuner bound). */
 static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject **slots, PyObject *nwg, PyObject *cluster,
                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (interpret_requested()) return slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
+    if (d->watched) {
+        int changed = watched_changed(d->watched);
+        if (changed) return changed < 0 ? NULL : slow_path(d, grid, slots, nwg, cluster, args, nargsf, kwnames);
+    }
     if (d->guard) {
         PyObject *r = PyObject_CallNoArgs(d->guard);
         if (!r) return NULL;
@@ -366,7 +393,24 @@ static PyObject *new_launch(PyObject *owner, PyObject *grid, vectorcallfunc call
 
 static PyObject *dispatcher_getitem(PyObject *self, PyObject *grid) { return new_launch(self, grid, launch_call); }
 
-static PyObject *dispatcher_set_guard(Dispatcher *d, PyObject *guard) {
+/* set_guard(watched, guard): what each launch checks first (see the Dispatcher's fields). Each entry of watched is
+ * (a dict, names, objects: each name must still map to its object) or (an object, an attribute name, the object
+ * that attribute must still be); checked here, so that the launch fast path needs no more than this. */
+static PyObject *dispatcher_set_guard(Dispatcher *d, PyObject *args) {
+    PyObject *watched, *guard;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &watched, &guard)) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watched); i++) {
+        PyObject *e = PyTuple_GET_ITEM(watched, i);
+        int ok = PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 3;
+        if (ok && !PyUnicode_Check(PyTuple_GET_ITEM(e, 1)))
+            ok = PyDict_CheckExact(PyTuple_GET_ITEM(e, 0)) && PyTuple_Check(PyTuple_GET_ITEM(e, 1)) &&
+                 PyTuple_Check(PyTuple_GET_ITEM(e, 2)) &&
+                 PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 1)) == PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 2));
+        if (!ok)
+            return PyErr_Format(PyExc_TypeError, "a watched entry is (dict, names, objects) of equal lengths or "
+                                "(object, attribute name, object), got %R", e);
+    }
+    Py_XSETREF(d->watched, PyTuple_GET_SIZE(watched) ? Py_NewRef(watched) : NULL);
     Py_XSETREF(d->guard, guard == Py_None ? NULL : Py_NewRef(guard));
     Py_RETURN_NONE;
 }
@@ -379,7 +423,8 @@ static PyObject *dispatcher_clear(Dispatcher *d, PyObject *unused) {
 static PyObject *dispatcher_len(Dispatcher *d, PyObject *unused) { return PyLong_FromSsize_t(d->plans.used); }
 
 static PyMethodDef dispatcher_methods[] = {
-    {"set_guard", (PyCFunction)dispatcher_set_guard, METH_O, "Set guard() (None: nothing the kernel reads can change)."},
+    {"set_guard", (PyCFunction)dispatcher_set_guard, METH_VARARGS,
+     "set_guard(watched, guard): the reads checked by identity here, and guard() for the rest (None: none)."},
     {"clear", (PyCFunction)dispatcher_clear, METH_NOARGS, "Forget every plan."},
     {"plan_count", (PyCFunction)dispatcher_len, METH_NOARGS, "How many keys have a plan."},
     {NULL, NULL, 0, NULL}};

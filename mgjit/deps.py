@@ -35,14 +35,22 @@ _MUTABLE = (list, dict, set, bytearray, types.SimpleNamespace)
 
 @dataclasses.dataclass
 class Dependencies:
-    """What a function reads: `parts` for the cache key; `checks` (each True while unchanged) for every call;
-    `persistent` False when a part is an identity rather than a content description."""
+    """What a function reads: `parts` for the cache key; what every call checks is unchanged: `watched`, reads
+    that must still give the very objects they gave (plain data, which the C launcher checks without running
+    Python: per module, (its globals, names, objects); per function, (the function, "__defaults__", the tuple)),
+    and `checks`, the rest (each True while unchanged); `persistent` False when a part is an identity rather than
+    a content description."""
 
     parts: tuple
+    watched: tuple
     checks: list[Callable[[], bool]]
     persistent: bool
 
     def changed(self) -> bool:
+        return not all(map(_holds, self.watched)) or self.checks_changed()
+
+    def checks_changed(self) -> bool:
+        """Whether a read that `watched` does not cover changed (what the C launcher asks Python)."""
         for check in self.checks:
             if not check():
                 return True
@@ -53,13 +61,16 @@ def of_kernel(source: SourceFunction) -> Dependencies:
     """The dependencies of a kernel (or device function) given its captured source."""
     reader = _Reader()
     parts = reader.function(source)
-    return Dependencies(parts, reader.checks + reader.global_checks(), reader.persistent)
+    return Dependencies(parts, tuple(reader.watched()), reader.checks, reader.persistent)
 
 
-def _same_globals(namespace: dict, names: tuple, missing: tuple, expected: tuple) -> bool:
-    """Whether each of `names` still holds its `expected` object in `namespace`: the per-call check of a
-    kernel's plain global reads (its helpers), one call for all of a module's (Python runs no frame per name)."""
-    return all(map(operator.is_, map(namespace.get, names, missing), expected))
+def _holds(entry: tuple) -> bool:
+    """Whether a `Dependencies.watched` entry's reads still give its objects (the Python twin of the C
+    launcher's `watched_changed`)."""
+    holder, names, expected = entry
+    if isinstance(names, str):
+        return getattr(holder, names, _MISSING) is expected
+    return all(map(operator.is_, map(holder.get, names, (_MISSING,) * len(names)), expected))
 
 
 def describe_value(value: Any) -> tuple[Any, bool]:
@@ -73,6 +84,7 @@ class _Reader:
         self.checks: list[Callable[[], bool]] = []
         # Plain global reads, checked by identity together per module: id(globals) -> (globals, {name: object})
         self.globals: dict[int, tuple[dict, dict[str, Any]]] = {}
+        self.attributes: list[tuple[Any, str, Any]] = []  # (function, "__defaults__", the tuple): by identity
         self.persistent = True
         self.seen: dict[int, Any] = {}  # functions being described, for recursion through device functions
 
@@ -92,10 +104,12 @@ class _Reader:
             reads.append((".".join(chain), self.chain(namespace, where, chain)))
         defaults = self.value(fn.__defaults__) if fn.__defaults__ else None
         kwdefaults = self.value(fn.__kwdefaults__) if fn.__kwdefaults__ else None
-        if fn.__defaults__:
-            self._watch(lambda: fn.__defaults__, fn.__defaults__)
-        if fn.__kwdefaults__:
-            self._watch(lambda: fn.__kwdefaults__, fn.__kwdefaults__)
+        for attribute in ("__defaults__", "__kwdefaults__"):
+            value = getattr(fn, attribute)
+            if value and _changes_in_place(value) is None:
+                self.attributes.append((fn, attribute, value))
+            elif value:
+                self._watch(functools.partial(getattr, fn, attribute), value)
         return ("function", source.source, tuple(reads), defaults, kwdefaults)
 
     def chain(self, namespace: Any, where: str, chain: tuple[str, ...]) -> Any:
@@ -129,10 +143,10 @@ class _Reader:
         self._watch(resolve, value)
         return (".".join(chain[:depth + 1]), self.value(value))
 
-    def global_checks(self) -> list[Callable[[], bool]]:
-        """One check per module of the plain global reads (`_same_globals`)."""
-        return [functools.partial(_same_globals, namespace, tuple(reads), (_MISSING,) * len(reads),
-                                  tuple(reads.values())) for namespace, reads in self.globals.values()]
+    def watched(self) -> list[tuple]:
+        """`Dependencies.watched`: one entry per module of the plain global reads, one per function default."""
+        return [(namespace, tuple(reads), tuple(reads.values())) for namespace, reads in self.globals.values()] + [
+            *self.attributes]
 
     def _watch(self, resolve: Callable[[], Any], expected: Any) -> None:
         """Add the per-call check that `resolve()` still gives `expected`: the same object, and for mutable

@@ -99,12 +99,14 @@ class Kernel:
             self._deps = None
             if self._native is not None:
                 self._native.clear()
-                self._native.set_guard(None)
+                self._native.set_guard((), None)
 
-    def _guard(self) -> Callable[[], bool] | None:
-        """What the C dispatcher calls on every launch to learn whether what the kernel reads changed: None when
-        the kernel reads nothing that can change."""
-        return self._deps.changed if self._deps is not None and self._deps.checks else None
+    def _guard(self) -> tuple[tuple, Callable[[], bool] | None]:
+        """What the C dispatcher checks on every launch to learn whether what the kernel reads changed: the reads
+        it checks itself (`deps.Dependencies.watched`), and what it calls for the rest (None: nothing)."""
+        if self._deps is None:
+            return (), None
+        return self._deps.watched, self._deps.checks_changed if self._deps.checks else None
 
     def source_key(self) -> str:
         """A hash of the kernel's source and everything it reads, plus the versions that shape its code."""
@@ -115,7 +117,7 @@ class Kernel:
             self._deps = deps.of_kernel(self.source)
             self._source_key = hash_parts("mgjit", VERSION, toolchain.compiler_fingerprint(), self._deps.parts)
             if self._native is not None:
-                self._native.set_guard(self._guard())
+                self._native.set_guard(*self._guard())
         return self._source_key
 
     # -- specialization
@@ -205,7 +207,7 @@ class Kernel:
             tuple(self.arg_names), tuple(n in self.constexpr_names for n in self.arg_names),
             tuple(self.defaults.get(n, self._missing) for n in self.arg_names), self._missing, self._c_miss,
             self._slow_entry)
-        self._native.set_guard(self._guard())
+        self._native.set_guard(*self._guard())
         self._entry = self._native
         return self._entry
 

@@ -5,8 +5,8 @@ OFFSET = 1
 
 
 @mgjit.device
-def bump(v):
-    return v + OFFSET
+def bump(v, scale=1.0):
+    return v * scale + OFFSET
 
 
 @mgjit.kernel

@@ -184,8 +184,9 @@ def test_equal_keys_share_a_plan(gpu):
     assert gpu.misses == 1 and len(gpu.launches) == 3
 
 
-@pytest.mark.parametrize("redefine", ["global", "helper", "deleted helper"])
+@pytest.mark.parametrize("redefine", ["global", "helper", "default", "deleted helper"])
 def test_a_redefined_global_or_helper_misses(gpu, redefine):
+    """The C launcher's own check of what a kernel reads (mgjit.deps.Dependencies.watched) sees each change."""
     module = _load(os.path.join(os.path.dirname(__file__), "launch_globals.py"))
     x = torch.randn(256)
     module.shifted[(1,)](x, x, BLOCK=256)
@@ -195,6 +196,8 @@ def test_a_redefined_global_or_helper_misses(gpu, redefine):
         module.OFFSET = 2
     elif redefine == "helper":
         module.bump = mgjit.device(unchanged)
+    elif redefine == "default":
+        module.bump.fn.__defaults__ = (2.0,)
     else:  # the kernel now reads an unbound name: the launch misses and the compiler says so
         del module.bump
         with pytest.raises(mgjit.CompileError, match="bump"):

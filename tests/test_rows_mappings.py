@@ -391,6 +391,7 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
     monkeypatch.setattr(_rows, "_tuned", functools.lru_cache(maxsize=None)(tuned))
     monkeypatch.setattr(_rows, "tuning_enabled", lambda x: True)
     x, w = torch.randn(64, n), torch.randn(n)
+    functions = {}
     for example, kernel, args, constexprs, configs in (
             (sm.softmax, sm.softmax_kernel, (x,), {}, softmax_configs),
             (rms.rmsnorm, rms.rmsnorm_kernel, (x, w), {"eps": 1e-6}, rmsnorm_configs)):
@@ -407,6 +408,15 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
         assert last.path == "c" and last.grid == (grid, 1, 1)
         assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
         assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), views, **constexprs) == best
+        functions[kernel.name] = last.function
+    sm.softmax(x, x)  # in place, once the shape is tuned: the tuned mapping on its grid, no sweep
+    best = preferred[sm.softmax_kernel.name]
+    assert misses.count(sm.softmax_kernel.name) == 1 and gpu.launches[-1].grid == (64 // best.kwargs["ROWS"]
+                                                                                  * best.kwargs["CTAS"], 1, 1)
+    assert gpu.launches[-1].function == functions[sm.softmax_kernel.name]
+    sm.softmax(torch.randn(32, n))  # another shape: swept for itself, launched on its own grid
+    assert misses.count(sm.softmax_kernel.name) == 2 and gpu.launches[-1].grid == (32 // best.kwargs["ROWS"]
+                                                                                  * best.kwargs["CTAS"], 1, 1)
 
 
 def test_layernorm_also_tries_held_rows_at_higher_occupancy():
