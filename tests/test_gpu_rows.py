@@ -204,6 +204,24 @@ def test_in_place_softmax_is_not_tuned_on_its_own_output():
     assert rel(x, ref) < 1e-5
 
 
+@pytest.mark.parametrize("n", [8193, 50257])
+def test_a_tuned_shape_runs_in_place(n):
+    """Once a shape is tuned, a call with out=x launches the tuned mapping (examples/_rows.py, tuned_launch): piped
+    rows over one CTA or a cluster, which read their neighbours' columns and drop them, must still give x's own
+    rows."""
+    x = torch.randn(200, n, device="cuda", dtype=torch.bfloat16) * 3 + 0.5
+    w, b = torch.randn(n, device="cuda", dtype=x.dtype), torch.randn(n, device="cuda", dtype=x.dtype)
+    for call, reference in ((lambda t, out: sm.softmax(t, out), lambda t: torch.softmax(t, 1)),
+                            (lambda t, out: rms.rmsnorm(t, w, 1e-6, out),
+                             lambda t: torch.nn.functional.rms_norm(t, (n,), w.double(), 1e-6)),
+                            (lambda t, out: ln.layernorm(t, w, b, 1e-5, out),
+                             lambda t: torch.nn.functional.layer_norm(t, (n,), w.double(), b.double(), 1e-5))):
+        call(x, torch.empty_like(x))  # tunes the shape
+        y = x.clone()
+        call(y, y)
+        assert rel(y, reference(x.double())) < tol(x.dtype, n)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_rows_longer_than_a_cluster_stream(dtype):
     n = 300001

@@ -108,12 +108,12 @@ def test_tensor_maps_refuse_what_the_driver_refuses():
         TensorMap(0, (4, 128), (256, 2), (4, 128), 2, 128)  # 256 bytes a box row: wider than the swizzle
 
 
-def row_case(name: str, x: torch.Tensor, config: mgjit.Config):
+def row_case(name: str, x: torch.Tensor, config: mgjit.Config, in_place: bool = False):
     """(kernel, its arguments with outputs poisoned, constexprs, the outputs, torch's values of them, tolerance) of a
-    row example's piped mapping over x."""
+    row example's piped mapping over x (`in_place`: written into x itself, for the kernels with a row output)."""
     n, dtype = x.shape[1], x.dtype
     w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
-    out = torch.full_like(x, float("nan"))
+    out = x if in_place else torch.full_like(x, float("nan"))
     xd = x.double()
     if name == "softmax":
         return sm.softmax_kernel, (x, out, *piped_views((x, out))[1]), {}, [out], [torch.softmax(xd, 1)], 2e-2
@@ -219,6 +219,22 @@ def test_piped_rows_from_their_ptx(name, n, index, lands):
     config = piped_configs(name, n)[index]
     rows = ring_rows(config) + 3
     simulate_rows(name, (torch.randn(rows, n) * 3 + 1).to(BF16), config, lands)
+
+
+@pytest.mark.parametrize("lands", LANDS)
+@pytest.mark.parametrize("name,n,index", [("layernorm", 8193, 1), ("softmax", 20001, -1)])
+def test_piped_rows_in_place_from_their_ptx(name, n, index, lands):
+    """out=x, as a tuned shape launches its piped mapping in place (examples/_rows.py, tuned_launch): each row's
+    envelope reads its neighbours' columns (dropped) while other programs, or the CTAs of other clusters, write
+    theirs; every row comes out as torch computes it from the input."""
+    config = piped_configs(name, n)[index]
+    x = (torch.randn(ring_rows(config) + 3, n) * 3 + 1).to(BF16)
+    kernel, args, constexprs, _, refs, tol = row_case(name, x, config, in_place=True)
+    compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+    dev = ptx_sim.Device(64 << 20)
+    dev.lands = lands
+    dev.run(compiled, (piped_programs(config) * config.kwargs["CTAS"],), *args, cluster=config.kwargs["CTAS"])
+    assert torch.allclose(dev.fetch(x).double(), refs[0], rtol=tol, atol=tol), (name, config)
 
 
 @pytest.mark.parametrize("lands", LANDS)
