@@ -13,6 +13,10 @@ tensors plus the element count. Targets (issue 13, H100): 3 tensors <= 3 us, 8 t
 cuLaunchKernel: binding, the key from DLPack, the plan lookup, packing), the Python path for comparison, the
 Python attribute reads the old key needed per tensor, and apache-tvm-ffi's call overhead where it is
 installed (`testing.nop` with the same tensors: its floor for passing them to C).
+
+Both modes also time the row examples' wrappers (softmax, rmsnorm, layernorm, cross-entropy) on 64 bf16 rows of
+8193 once tuned: their whole host cost a call (checks, four views, the launch; on a GPU beside torch's op). On the
+CPU a wrapper's pick is its first piped candidate, taken without timing.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import torch
 import mgjit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))  # the row examples' wrappers (`row_calls`)
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 BATCH = 2000
 ROUNDS = 15
@@ -159,6 +164,43 @@ def python_path_us() -> float:
     return float(out.stdout.split()[-1])
 
 
+ROW_SHAPE = (64, 8193)  # bf16 rows that take piped mappings (four views a call) in a kernel of a few microseconds
+
+
+def row_calls(device) -> dict:
+    """The row examples' wrappers on ROW_SHAPE bf16 rows on `device`, each beside its torch twin: name -> (mgjit
+    call, torch call). Each wrapper's first call tunes its mapping."""
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    import cross_entropy
+    import layernorm
+    import rmsnorm
+    import softmax
+    m, n = ROW_SHAPE
+    x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+    out, w, b = torch.empty_like(x), torch.randn(n, device=device, dtype=x.dtype), torch.randn(n, device=device,
+                                                                                                 dtype=x.dtype)
+    target, loss = torch.randint(0, n, (m,), device=device), torch.empty(m, device=device)
+    f = torch.nn.functional
+    return {"softmax": (lambda: softmax.softmax(x, out), lambda: torch.softmax(x, 1)),
+            "rmsnorm": (lambda: rmsnorm.rmsnorm(x, w, 1e-6, out), lambda: f.rms_norm(x, (n,), w, 1e-6)),
+            "layernorm": (lambda: layernorm.layernorm(x, w, b, 1e-5, out), lambda: f.layer_norm(x, (n,), w, b)),
+            "cross_entropy": (lambda: cross_entropy.cross_entropy(x, target, out=loss),
+                              lambda: f.cross_entropy(x, target, reduction="none"))}
+
+
+def row_wrappers(results: dict, device, sync) -> list:
+    """Host microseconds per call of each row example's wrapper once its shape is tuned, and on a GPU of its torch
+    twin (on the CPU torch would compute)."""
+    rows = []
+    for name, (mine, theirs) in row_calls(device).items():
+        fns = {"mgjit": mine} if device == "cpu" else {"mgjit": mine, "torch": theirs}
+        us = host_us(fns, sync, min if device == "cpu" else statistics.median)
+        results[f"row_wrapper_us_{name}"] = us
+        twin = f" (torch {us['torch']:.2f} us)" if "torch" in us else ""
+        rows.append((f"{name} {ROW_SHAPE[0]}x{ROW_SHAPE[1]} bf16 wrapper{twin}", us["mgjit"]))
+    return rows
+
+
 def cpu(results: dict) -> list:
     """The launch path on the stub driver (no hook: nothing is launched) and the Python path, per tensor count."""
     import pytest
@@ -184,6 +226,16 @@ def cpu(results: dict) -> list:
                     rows.append((f"{path} path, {n} tensors" + (f" + {scalars} scalars" if scalars else ""), us[n]))
                 rows.append((f"  {path} path, per extra tensor ({scalars} scalars, slope)",
                              slope(list(us), list(us.values()))))
+        # The row wrappers on the C path, their picks taken without timing (the first piped candidate, which makes
+        # four views a call): what a tuned call costs on the host, the driver left out.
+        import _rows
+        from mgjit.autotune.tuner import Autotuned
+        stub = StubGPU(patch)
+        stub.module.use_stub_driver(None)
+        patch.setattr(_rows, "tuning_enabled", lambda x: True)
+        patch.setattr(Autotuned, "_tune", lambda self, named, key, grid: next(
+            c for c in self.configs if c.kwargs.get("PIPE")))
+        rows += row_wrappers(results, "cpu", lambda: None)
     finally:
         patch.undo()
     x = torch.randn(N)
@@ -220,6 +272,7 @@ def main() -> None:
     else:
         results["device"] = torch.cuda.get_device_name()
         rows = gpu(results)
+        wrappers = row_wrappers(results, "cuda", torch.cuda.synchronize)
         results["python_path_3t_us"] = python_path_us()
         driver_floor_us(results)
         print(f"device: {results['device']}, torch {results['torch']}, python {results['python']}; "
@@ -228,6 +281,8 @@ def main() -> None:
         for name, mg, bound, tr, ratio in rows:
             cells = [f"{v:8.2f}" if v is not None else " " * 8 for v in (mg, bound, tr)]
             print(f"{name:<44} {' '.join(cells)} {f'{ratio:13.2f}' if ratio else ''}")
+        for name, us in wrappers:
+            print(f"{name:<60} {us:8.2f} us")
         print(f"torch.add(x, y, out=out): {results['torch_add_out_us']:.2f} us; mgjit Python path (no C launcher), "
               f"3 tensors: {results['python_path_3t_us']:.2f} us")
         print(f"driver floor (cuLaunchKernel of a parameterless kernel in a C loop): {results['driver_floor_us']:.2f} us; "
