@@ -290,9 +290,10 @@ def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, 
                  **constexprs) -> mgjit.Config:
     """Launch `kernel` on args and then `views` (views of args, which the check below skips) with the fastest of
     `configs` for the shape of args[0] and the arguments' dtypes (timed on the first call, remembered on disk), or
-    with the first config without a GPU or when two of args are one tensor (timing would run the kernel on its own
-    output); return the config launched. grid_of(rows of args[0], a config's constexprs and options) gives the
-    grid: it must follow from args[0]'s shape, the config and its device, as it is worked out once for them."""
+    with the first config without a GPU or when two of args are one tensor and the shape is not tuned yet in this
+    process (timing would run the kernel on its own output; once tuned, such a call launches the pick too); return
+    the config launched. grid_of(rows of args[0], a config's constexprs and options) gives the grid: it must
+    follow from args[0]'s shape, the config and its device, as it is worked out once for them."""
     x = args[0]
     key = (kernel, id(configs), x.shape, x.device, *map(_dtype, args))
     known = _launches.get(key)
