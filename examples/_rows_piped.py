@@ -67,13 +67,17 @@ MIN_LINES = 16  # rows piped over a cluster: the fewest lines a CTA's segment ho
 # Rows piped over a cluster: (stages, programs an SM) tried, and the most lines a CTA holds in registers with that
 # many an SM (128, 170 or 256 registers a thread; 65 lines took 168 registers and spilled a few).
 CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
+# Rows whose stashed weights leave room for one program an SM, three or four slots (bf16, H200, kernel alone:
+# layernorm 262144 over 16 CTAs of 64 lines, w and b 64 KB a CTA, 0.67 / 0.66, two slots 0.61, chunked rows 0.62;
+# layernorm 150000 over 8 CTAs of 74 lines 0.77 / 0.77, where 16 of 37 at (2, 2) ran 0.69 and chunked rows 0.71;
+# rmsnorm 262144 over 16 of 64 0.86 / 0.88, (2, 2) 0.86).
+LONE_CLUSTER_SHAPES = ((3, 1), (4, 1))
 # With weights stashed too, two programs an SM of two slots hold a segment that three slots would not (layernorm
 # rows of 100000: 8 CTAs of 49 lines).
 STASH_CLUSTER_SHAPES = CLUSTER_SHAPES + ((2, 2),)
-REGISTER_LINES = {1: MAX_LINES, 2: MAX_LINES, 3: 48, 4: 33}
-# Rows over 16 CTAs of one array whose stashed weights leave room for one program an SM (layernorm rows of 262144:
-# 16 CTAs of 64 lines, w and b 64 KB a CTA): three slots ran at 0.67 of copy bandwidth, two 0.61, chunked rows 0.62.
-LONE_CLUSTER_SHAPE = (3, 1)
+# One program an SM holds 80 lines (sm_90a, 8 CTAs of 80 lines at (3, 1): layernorm 217 registers, rmsnorm 189,
+# softmax 254, none spilled): a cluster of 8 takes rows of up to 163840 columns (layernorm 150000: 74 lines).
+REGISTER_LINES = {1: 80, 2: MAX_LINES, 3: 48, 4: 33}
 # Rows no portable cluster holds and 16 CTAs of one power of two of lines do not fit: 16 CTAs of several arrays,
 # three slots and three programs an SM (bf16 softmax rows of 150000, 16 of 37 lines, H200: 0.85 of copy bandwidth,
 # where (3, 2) ran 0.67, (2, 4) 0.79 and chunked rows 0.79), or two slots and three programs (rmsnorm, whose stashed
@@ -132,10 +136,12 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     may be piped over a cluster, with the segments of vectors of `weights` bytes an element in all stashed
     (`stash_lines`: a line more than the segment), or, with `segments`, split into up to MAX_SEGMENTS segments which
     programs take as rows (SEGS): (CTAs or segments, stages, programs an SM, lines a segment), for each shape of
-    CLUSTER_SHAPES the fewest CTAs whose segments fit the registers (`REGISTER_LINES`) and slots the shared memory
+    CLUSTER_SHAPES (with weights, STASH_CLUSTER_SHAPES) the fewest CTAs whose segments fit the registers
+    (`REGISTER_LINES`) and slots the shared memory
     of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
     portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
-    of one power of two (with weights, also at LONE_CLUSTER_SHAPE), or else of up to three at WIDE_CLUSTER_SHAPES.
+    of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES. With weights, the splits of one program
+    an SM (LONE_CLUSTER_SHAPES) over a portable cluster are offered too, and over 16 CTAs of one power of two.
     Each register array costs a row its own reductions, and a segment takes more lines than the fewest where those
     are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The
     last segment is at least 4 lines (its first and last two go out through registers), and the cluster wastes at
@@ -168,10 +174,11 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
         return splits
     if segments:
         return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
-    sixteen = range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
-    sixteen_shapes = STASH_CLUSTER_SHAPES + (LONE_CLUSTER_SHAPE,) if weights else CLUSTER_SHAPES
-    return (fewest(range(2, PORTABLE_CLUSTER_CTAS + 1), (2, 3)) or fewest(sixteen, (1,), sixteen_shapes)
-            or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES))
+    portable, sixteen = range(2, PORTABLE_CLUSTER_CTAS + 1), range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
+    lone = LONE_CLUSTER_SHAPES if weights else ()
+    shapes = STASH_CLUSTER_SHAPES + lone if weights else CLUSTER_SHAPES
+    splits = fewest(portable, (2, 3)) or fewest(sixteen, (1,), shapes) or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES)
+    return splits + [split for split in fewest(portable, (2, 3), lone) if split not in splits]
 
 
 def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),
