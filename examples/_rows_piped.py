@@ -70,8 +70,11 @@ CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
 # Rows whose stashed weights leave room for one program an SM, three or four slots (bf16, H200, kernel alone:
 # layernorm 262144 over 16 CTAs of 64 lines, w and b 64 KB a CTA, 0.67 / 0.66, two slots 0.61, chunked rows 0.62;
 # layernorm 150000 over 8 CTAs of 74 lines 0.77 / 0.77, where 16 of 37 at (2, 2) ran 0.69 and chunked rows 0.71;
-# rmsnorm 262144 over 16 of 64 0.86 / 0.88, (2, 2) 0.86).
+# rmsnorm 262144 over 16 of 64 0.86 / 0.88, (2, 2) 0.86), over clusters of a power of two CTAs (LONE_CLUSTERS:
+# layernorm 128256 over 8 CTAs of 64 lines 0.83, 7 of 72 0.75 / 0.77; 100000 over 5 of 80 0.62; 200000 over 10 of
+# 79 0.42, 16 of 49 0.56).
 LONE_CLUSTER_SHAPES = ((3, 1), (4, 1))
+LONE_CLUSTERS = (2, 4, 8)
 # With weights stashed too, two programs an SM of two slots hold a segment that three slots would not (layernorm
 # rows of 100000: 8 CTAs of 49 lines).
 STASH_CLUSTER_SHAPES = CLUSTER_SHAPES + ((2, 2),)
@@ -141,7 +144,8 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
     portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
     of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES. With weights, the splits of one program
-    an SM (LONE_CLUSTER_SHAPES) over a portable cluster are offered too, and over 16 CTAs of one power of two.
+    an SM (LONE_CLUSTER_SHAPES) are offered over 16 CTAs of one power of two, and over 2, 4 or 8 CTAs where no
+    split runs two programs an SM or more.
     Each register array costs a row its own reductions, and a segment takes more lines than the fewest where those
     are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The
     last segment is at least 4 lines (its first and last two go out through registers), and the cluster wastes at
@@ -162,7 +166,7 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
         return next((k for k in range(-(-nl // c), REGISTER_LINES[per_sm] + 1)
                      if bin(k).count("1") <= widest and fits(c, k, stages, per_sm)), None)
 
-    def fewest(counts: range, widths: tuple[int, ...],
+    def fewest(counts: Sequence[int], widths: tuple[int, ...],
                shapes: tuple = STASH_CLUSTER_SHAPES if weights else CLUSTER_SHAPES) -> list[tuple[int, int, int, int]]:
         splits = []
         for stages, per_sm in shapes:
@@ -178,7 +182,9 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     lone = LONE_CLUSTER_SHAPES if weights else ()
     shapes = STASH_CLUSTER_SHAPES + lone if weights else CLUSTER_SHAPES
     splits = fewest(portable, (2, 3)) or fewest(sixteen, (1,), shapes) or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES)
-    return splits + [split for split in fewest(portable, (2, 3), lone) if split not in splits]
+    if any(per_sm > 1 for _, _, per_sm, _ in splits):
+        return splits
+    return splits + [split for split in fewest(LONE_CLUSTERS, (2, 3), lone) if split not in splits]
 
 
 def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),
