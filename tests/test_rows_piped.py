@@ -226,7 +226,8 @@ def test_which_rows_are_piped():
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_rows_piped_over_a_cluster(itemsize):
     """Softmax rows longer than one CTA holds, split by whole lines over a cluster of at most 8 CTAs, or of 16 (one
-    register array a CTA, or else up to three at WIDE_CLUSTER_SHAPES) where 8 do not hold them: each CTA's
+    register array a CTA, or else up to three at WIDE_CLUSTER_SHAPES, or else up to four at WIDER_CLUSTER_SHAPES)
+    where 8 do not hold them: each CTA's
     segment fits its registers and its slots the shared memory at its programs an SM, the last segment is shorter
     by less than a tenth of the cluster's lines and holds at least 4, and together the segments are the row's
     envelope. None past 16 CTAs of 65 lines."""
@@ -240,12 +241,18 @@ def test_rows_piped_over_a_cluster(itemsize):
             k = sum(kw["PL"])
             assert (2 <= ctas <= 8 or ctas == 16) and c.launch_kwargs()["cluster"] == (ctas, 1, 1), c
             assert (ctas - 1) * k + kw["LAST"] == nl and 4 <= kw["LAST"] <= k and 10 * nl >= 9 * ctas * k, (n, c)
-            assert len(kw["PL"]) <= 3 and k <= piped.REGISTER_LINES[kw["PIPE"]], (n, c)
-            assert ctas <= 8 or len(kw["PL"]) == 1 or (kw["STAGES"], kw["PIPE"]) in piped.WIDE_CLUSTER_SHAPES, (n, c)
+            assert len(kw["PL"]) <= 3 + (ctas > 8) and k <= piped.REGISTER_LINES[kw["PIPE"]], (n, c)
+            shape, wide = (kw["STAGES"], kw["PIPE"]), piped.WIDE_CLUSTER_SHAPES
+            assert ctas <= 8 or len(kw["PL"]) == 1 or shape in wide + piped.WIDER_CLUSTER_SHAPES, (n, c)
+            assert len(kw["PL"]) < 4 or shape in piped.WIDER_CLUSTER_SHAPES, (n, c)
+            assert ctas <= 8 or shape not in piped.WIDER_CLUSTER_SHAPES or len(kw["PL"]) == 1 or not any(
+                (o.kwargs["STAGES"], o.kwargs["PIPE"]) in wide for o in configs), (n, c)  # where three hold none
             assert ctas <= 8 or all(other.kwargs["CTAS"] > 8 for other in configs), (n, c)  # none portable
             assert kw["PIPE"] * (kw["STAGES"] * k * piped.LINE * itemsize + piped.SLACK) <= 232448, (n, c)
         offered[n] = len(configs)
     assert all(offered[n] for n in offered if n <= 70000) and not offered[277300], offered
+    # every length up to 16 CTAs of 64 lines (bf16), or up to where f32 slots fill the shared memory
+    assert all(offered[n] for n in offered if n <= {2: 262144, 4: 220000}[itemsize]), offered
     if itemsize == 2:  # 128256: 501 lines over 8 CTAs of 64, not 63 (six arrays); 262144 over 16 of 64
         assert [(c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["LAST"]) for c in sm.mapping(128256, None, 2)
                 if c.kwargs["PIPE"]] == [(8, (64,), 53)]
@@ -280,9 +287,10 @@ def test_norms_over_16_ctas():
     """Rows no portable cluster holds, with stashed weights: layernorm's 262144 columns (16 CTAs of 64 lines, w and
     b 64 KB a CTA) leave room for one program an SM of three or four slots (LONE_CLUSTER_SHAPES), rmsnorm's one
     weight also for two of two; rows of 150000 (16 CTAs of 37 lines, three arrays): rmsnorm two slots and three
-    programs (WIDE_CLUSTER_SHAPES), where layernorm has no split of two programs an SM: one program an SM holds 80
-    lines, and its rows go over 8 CTAs of 80 (74 with four slots, which 80 do not fit). Each fits an SM's shared
-    memory and its registers."""
+    programs (WIDE_CLUSTER_SHAPES), layernorm two programs of three or two slots (WIDER_CLUSTER_SHAPES) and, as no
+    portable cluster holds a split of two programs an SM, one program an SM of 80 lines over 8 CTAs (74 with four
+    slots, which 80 do not fit); rows of 200000 (16 CTAs of 49 lines, which three programs an SM do not hold), two
+    programs. Each fits an SM's shared memory and its registers."""
     def shapes(configs, stash):
         piped_configs = [c.kwargs for c in configs if c.kwargs["PIPE"]]
         for kw in piped_configs:
@@ -293,8 +301,12 @@ def test_norms_over_16_ctas():
     assert shapes(ln.layernorm_mapping(262144, None, 2, (2, 2)), 4) == [(16, (64,), 3, 1), (16, (64,), 4, 1)]
     assert shapes(rms.rmsnorm_mapping(262144, None, 2, (2,)), 2) == [(16, (64,), 2, 2), (16, (64,), 3, 1),
                                                                      (16, (64,), 4, 1)]
-    assert shapes(ln.layernorm_mapping(150000, None, 2, (2, 2)), 4) == [(8, (64, 16), 3, 1), (8, (64, 8, 2), 4, 1)]
-    assert shapes(rms.rmsnorm_mapping(150000, None, 2, (2,)), 2) == [(16, (32, 4, 1), 2, 3)]
+    assert shapes(ln.layernorm_mapping(150000, None, 2, (2, 2)), 4) == [
+        (16, (32, 4, 1), 3, 2), (16, (32, 4, 1), 2, 2), (8, (64, 16), 3, 1), (8, (64, 8, 2), 4, 1)]
+    assert shapes(rms.rmsnorm_mapping(150000, None, 2, (2,)), 2) == [(16, (32, 4, 1), 2, 3), (8, (64, 16), 3, 1),
+                                                                     (8, (64, 16), 4, 1)]
+    assert shapes(ln.layernorm_mapping(200000, None, 2, (2, 2)), 4) == [(16, (32, 16, 1), 2, 2)]
+    assert shapes(rms.rmsnorm_mapping(200000, None, 2, (2,)), 2) == [(16, (32, 16, 1), 3, 2), (16, (32, 16, 1), 2, 2)]
     assert not any(c.kwargs["PIPE"] == 1 for c in sm.mapping(150000, None, 2))  # no weights: no lone programs
 
 
