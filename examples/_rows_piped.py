@@ -87,8 +87,11 @@ REGISTER_LINES = {1: 80, 2: MAX_LINES, 3: 48, 4: 33}
 # weights leave no room for three slots: 0.89, chunked 0.82; softmax 0.86 since two slots are refilled early,
 # `refill`, 0.69 before).
 WIDE_CLUSTER_SHAPES = ((3, 3), (2, 3))
-# Where three programs an SM do not hold a segment (48 lines; rows of about 190000 to 235000 columns, 16 CTAs of
-# 47 to 58 lines), two programs of three or two slots, the segment in up to four arrays.
+# Where three programs an SM do not hold a segment (48 lines; bf16 rows of about 190000 to 235000 columns, 16 CTAs
+# of 47 to 58 lines) or their slots (float32 rows from about 60000), two programs of three or two slots, the segment
+# in up to four arrays; else, with weights, one program (bf16, H200, tuned, chunked rows before: softmax 200000 0.83,
+# 0.72 before, 230000 0.85 (0.61); rmsnorm 0.91 (0.66), 0.87 (0.73); layernorm 200000 0.77 (0.57); float32 softmax
+# 150000 0.91 (0.85), rmsnorm 100000 / 150000 0.93 / 0.93 (0.79 / 0.77), layernorm 0.84 / 0.78 (0.62 / 0.69)).
 WIDER_CLUSTER_SHAPES = ((3, 2), (2, 2))
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
@@ -148,8 +151,8 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
     of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES, or else of up to four at
     WIDER_CLUSTER_SHAPES. With weights, the splits of one program an SM (LONE_CLUSTER_SHAPES) are offered over 16
-    CTAs of one power of two, and over 2, 4 or 8 CTAs where no portable cluster holds a split of two programs an SM
-    or more.
+    CTAs of one power of two, or else of up to four, and over 2, 4 or 8 CTAs where no portable cluster holds a split
+    of two programs an SM or more.
     Each register array costs a row its own reductions, and a segment takes more lines than the fewest where those
     are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The
     last segment is at least 4 lines (its first and last two go out through registers), and the cluster wastes at
@@ -186,7 +189,7 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     lone = LONE_CLUSTER_SHAPES if weights else ()
     shapes = STASH_CLUSTER_SHAPES + lone if weights else CLUSTER_SHAPES
     splits = (fewest(portable, (2, 3)) or fewest(sixteen, (1,), shapes) or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES)
-              or fewest(sixteen, (2, 3, 4), WIDER_CLUSTER_SHAPES))
+              or fewest(sixteen, (2, 3, 4), WIDER_CLUSTER_SHAPES) or fewest(sixteen, (2, 3, 4), lone))
     if any(c <= PORTABLE_CLUSTER_CTAS for c, _, _, _ in splits):
         return splits
     return splits + [split for split in fewest(LONE_CLUSTERS, (2, 3), lone) if split not in splits]

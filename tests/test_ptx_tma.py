@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "examples"), str(Path(__file__).resolve().parent)]
 import _rows  # noqa: E402
+import _rows_piped as piped  # noqa: E402
 import cross_entropy as ce  # noqa: E402
 import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
@@ -219,6 +220,16 @@ def test_piped_rows_from_their_ptx(name, n, index, lands):
     config = piped_configs(name, n)[index]
     rows = ring_rows(config) + 3
     simulate_rows(name, (torch.randn(rows, n) * 3 + 1).to(BF16), config, lands)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_lone_programs_over_16_ctas_from_their_ptx(name):
+    """The shape the norms' long float32 rows take (examples/_rows_piped.py, `cluster_splits`: rows of 150000 over
+    16 CTAs of 37 lines): one program an SM of four slots, each CTA's segment in several register arrays (here 15
+    lines, 8 + 4 + 2 + 1) with its weights stashed, the last segment shorter (11 lines), every slot reused."""
+    config = piped.piped(60001, 4, 1, 4, 16, lines=15)
+    assert config.kwargs["PL"] == (8, 4, 2, 1) and config.kwargs["LAST"] == 11
+    simulate_rows(name, torch.randn(ring_rows(config) + 3, 60001) * 3 + 1, config, "late")
 
 
 @pytest.mark.parametrize("lands", LANDS)

@@ -291,11 +291,12 @@ def test_norms_over_16_ctas():
     portable cluster holds a split of two programs an SM, one program an SM of 80 lines over 8 CTAs (74 with four
     slots, which 80 do not fit); rows of 200000 (16 CTAs of 49 lines, which three programs an SM do not hold), two
     programs. Each fits an SM's shared memory and its registers."""
-    def shapes(configs, stash):
+    def shapes(configs, stash, itemsize=2):
         piped_configs = [c.kwargs for c in configs if c.kwargs["PIPE"]]
         for kw in piped_configs:
             k = sum(kw["PL"])
-            assert kw["PIPE"] * (((kw["STAGES"] * 2 + stash) * k + stash) * piped.LINE + piped.SLACK) <= 232448, kw
+            slots = kw["STAGES"] * itemsize
+            assert kw["PIPE"] * (((slots + stash) * k + stash) * piped.LINE + piped.SLACK) <= 232448, kw
             assert k <= piped.REGISTER_LINES[kw["PIPE"]], kw
         return [(kw["CTAS"], kw["PL"], kw["STAGES"], kw["PIPE"]) for kw in piped_configs]
     assert shapes(ln.layernorm_mapping(262144, None, 2, (2, 2)), 4) == [(16, (64,), 3, 1), (16, (64,), 4, 1)]
@@ -307,6 +308,9 @@ def test_norms_over_16_ctas():
                                                                      (8, (64, 16), 4, 1)]
     assert shapes(ln.layernorm_mapping(200000, None, 2, (2, 2)), 4) == [(16, (32, 16, 1), 2, 2)]
     assert shapes(rms.rmsnorm_mapping(200000, None, 2, (2,)), 2) == [(16, (32, 16, 1), 3, 2), (16, (32, 16, 1), 2, 2)]
+    # float32 rows and weights of 150000: no split of two programs an SM fits, so one program over 16 CTAs of 37
+    assert shapes(ln.layernorm_mapping(150000, None, 4, (4, 4)), 8, 4) == [(16, (32, 4, 1), 3, 1)]
+    assert shapes(rms.rmsnorm_mapping(150000, None, 4, (4,)), 4, 4) == [(16, (32, 4, 1), 3, 1), (16, (32, 4, 1), 4, 1)]
     assert not any(c.kwargs["PIPE"] == 1 for c in sm.mapping(150000, None, 2))  # no weights: no lone programs
 
 
