@@ -89,8 +89,8 @@ REGISTER_LINES = {1: 80, 2: MAX_LINES, 3: 48, 4: 33}
 WIDE_CLUSTER_SHAPES = ((3, 3), (2, 3))
 # Where three programs an SM do not hold a segment (48 lines; bf16 rows of about 190000 to 235000 columns, 16 CTAs
 # of 47 to 58 lines) or their slots (float32 rows from about 60000), two programs of three or two slots, the segment
-# in up to four arrays; else, with weights, one program (bf16, H200, tuned, chunked rows before: softmax 200000 0.83,
-# 0.72 before, 230000 0.85 (0.61); rmsnorm 0.91 (0.66), 0.87 (0.73); layernorm 200000 0.77 (0.57); float32 softmax
+# in up to four arrays; else, with weights, one program (bf16, H200, tuned, chunked rows before: softmax 200000 0.83
+# (0.72), 230000 0.85 (0.61); rmsnorm 0.91 (0.66), 0.87 (0.73); layernorm 200000 0.77 (0.57); float32 softmax
 # 150000 0.91 (0.85), rmsnorm 100000 / 150000 0.93 / 0.93 (0.79 / 0.77), layernorm 0.84 / 0.78 (0.62 / 0.69)).
 WIDER_CLUSTER_SHAPES = ((3, 2), (2, 2))
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
@@ -146,22 +146,20 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     (`stash_lines`: a line more than the segment), or, with `segments`, split into up to MAX_SEGMENTS segments which
     programs take as rows (SEGS): (CTAs or segments, stages, programs an SM, lines a segment), for each shape of
     CLUSTER_SHAPES (with weights, STASH_CLUSTER_SHAPES) the fewest CTAs whose segments fit the registers
-    (`REGISTER_LINES`) and slots the shared memory
-    of that many programs an SM. A segment is at least MIN_LINES lines, of at most two powers of two where a
-    portable cluster (8 CTAs) has such a split, else three; rows no portable cluster holds take clusters of 16 CTAs
-    of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES, or else of up to four at
-    WIDER_CLUSTER_SHAPES. With weights, the splits of one program an SM (LONE_CLUSTER_SHAPES) are offered over 16
-    CTAs of one power of two, or else of up to four, and over 2, 4 or 8 CTAs where no portable cluster holds a split
-    of two programs an SM or more.
-    Each register array costs a row its own reductions, and a segment takes more lines than the fewest where those
-    are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63 = 32 + 16 + 8 + 4 + 2 + 1). The
-    last segment is at least 4 lines (its first and last two go out through registers), and the cluster wastes at
-    most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257 over
-    6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program an
-    SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked: 0.86); 262144 over
+    (`REGISTER_LINES`) and slots the shared memory of that many programs an SM. A segment is at least MIN_LINES lines,
+    of at most two powers of two where a portable cluster (8 CTAs) has such a split, else three; rows no portable
+    cluster holds take clusters of 16 CTAs of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES, or else
+    of up to four at WIDER_CLUSTER_SHAPES. With weights, the splits of one program an SM (LONE_CLUSTER_SHAPES) are
+    offered over 16 CTAs of one power of two, or else of up to four, and over 2, 4 or 8 CTAs where no portable cluster
+    holds a split of two programs an SM or more. Each register array costs a row its own reductions, and a segment takes
+    more lines than the fewest where those are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63
+    = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers),
+    and the cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257
+    over 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program
+    an SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked: 0.86); 262144 over
     16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62, 150000 over 10 of 64 lines 0.43
-    (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63; cross-entropy's clusters 0.23-0.76
-    (its streamed rows 0.72-0.84)."""
+    (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63; cross-entropy's clusters 0.23-0.76 (its
+    streamed rows 0.72-0.84)."""
     nl = line_count(n)
 
     def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
