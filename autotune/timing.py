@@ -51,9 +51,15 @@ class CudaEventTimer:
         return torch.cuda.get_device_name()
 
     def _flush_buffer(self, torch: Any) -> Any:
+        """The flush buffer of the current device, kept across sweeps: made outside torch.compile's CUDA-graph
+        pools, as a first sweep inside a "reduce-overhead" warm-up would otherwise leave it in one."""
+        from ..torch_op import outside_graph_pools
+
         index = torch.cuda.current_device()
         if index not in self._flush:
-            self._flush[index] = torch.empty(self.flush_bytes // 4, dtype=torch.int32, device="cuda")
+            device = torch.device("cuda", index)
+            self._flush[index] = outside_graph_pools(
+                lambda: torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=device), device)
         return self._flush[index]
 
     def __call__(self, run: Callable[[], None]) -> float:

@@ -402,7 +402,7 @@ def _workspace(need: tuple[int, int, int], kernel_cfg: dict, device) -> tuple:
         if have is not None and device.type == "cuda":  # freed once the caller's stream is done with it
             for t in have:
                 t.record_stream(torch.cuda.current_stream(device))
-        have = _WORKSPACES[key] = _outside_graph_pools(lambda: (
+        have = _WORKSPACES[key] = mgjit.outside_graph_pools(lambda: (
             torch.zeros(rows, cols, dtype=torch.float32, device=device),
             torch.zeros(locks, dtype=torch.int32, device=device)), device)
     return have
@@ -419,30 +419,3 @@ def current_stream(device) -> int:
     """The current stream of a device (0 off CUDA), as a raw handle: no torch.cuda.Stream object per call."""
     import torch
     return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-
-
-def _outside_graph_pools(make, device):
-    """Run `make` (allocations kept across launches) on a thread of its own, and wait for its work. torch.compile's
-    CUDA graphs route every allocation of the calling thread into their private pool while they warm up or
-    record, and refuse to run when a tensor of that pool outlives the step untracked: the workspace, kept for
-    later launches, must come from the ordinary allocator. Inside a capture (a first launch of a shape there)
-    it is made in place: the other thread could not wait for its work."""
-    import threading
-    import torch
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return make()
-    made: list = []
-
-    def run():
-        try:
-            made.append(make())
-            torch.cuda.current_stream(device).synchronize()
-        except BaseException as e:  # handed to the caller's thread
-            made.append(e)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    if isinstance(made[0], BaseException):
-        raise made[0]
-    return made[0]

@@ -16,7 +16,7 @@ from .source import DeviceFunction
 from ._version import VERSION as __version__
 from .compiler import CompiledKernel
 from .jit import Kernel
-from .torch_op import torch_op
+from .torch_op import outside_graph_pools, torch_op
 from .language import (abs, arange, barrier, cdiv, cluster_rank, cluster_sync, clz, constexpr, copy_async, cos,
                        cta_sync, ds, erf, exp, exp2, fence_async_shared, fma, full, log, log2, max, maximum, min,
                        min_ctas_per_sm, minimum, named_barrier, num_programs, pipeline, popc, program_id, rsqrt,

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def torch_op(name: str, *, outputs: Callable[..., Any], params: Sequence[str] | Mapping[str, Any] | None = None,
@@ -99,6 +101,37 @@ class _Registered:
 
 
 _REGISTERED: dict[str, _Registered] = {}
+
+
+def outside_graph_pools(make: Callable[[], T], device: Any) -> T:
+    """make() (tensors kept across calls: a workspace, a buffer), run on a thread of its own so that its
+    allocations come from torch's ordinary allocator, and its work waited for. While torch.compile's CUDA graphs
+    ("reduce-overhead") warm up or record, every allocation of the calling thread goes into their private pool, and
+    they refuse to run once a tensor of that pool outlives the step untracked ("tensor(s) in the cudagraph pool not
+    tracked as outputs"): a wrapper's first call, or an autotuner's first sweep, often falls in a warm-up. Inside a
+    capture make() runs in place (the other thread could not wait for its work), and off CUDA (`device`, a
+    torch.device) too."""
+    import threading
+
+    import torch
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    made: list = []
+
+    def run() -> None:
+        try:
+            value = make()
+            torch.cuda.current_stream(device).synchronize()
+            made.append(value)
+        except BaseException as e:  # handed to the caller's thread
+            made.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
 
 
 def _prototype(signature: inspect.Signature) -> Callable[..., Any]:

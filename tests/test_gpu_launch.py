@@ -190,6 +190,27 @@ def test_cuda_graph_replays_an_autotuned_kernel(monkeypatch, tmp_path):
             tuned[grid](x[:1000], y[:1000], out[:1000], 2.0, 1.0, 1000)
 
 
+def test_a_first_sweep_inside_a_torch_compile_warm_up(monkeypatch, tmp_path):
+    """An autotuner's first sweep (a timer of its own, nothing tuned on disk) inside torch.compile's CUDA-graph
+    warm-up: what the sweep keeps, the timer's L2 flush buffer, must not stay in the graphs' pool ("1 tensor(s) in
+    the cudagraph pool not tracked as outputs", seen once on a fresh cache where a worker's first sweep was
+    there); then replays match."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    tuned = mgjit.autotune(configs=[mgjit.Config(BLOCK=b) for b in (512, 1024)], key=["n"],
+                           timer=mgjit.autotune.CudaEventTimer(warmup_ms=1, rep_ms=2))(mgjit.kernel(axpby.fn))
+
+    @mgjit.torch_op("mgjit_tests::axpby_first_sweep", outputs=lambda x, y: (x.shape, x.dtype))
+    def axpby_op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        tuned[lambda meta: (-(-meta["n"] // meta["BLOCK"]),)](x, y, out, 2.0, 1.0, x.shape[0])
+        return out
+
+    compiled = torch.compile(lambda x, y: axpby_op(x, y) + 1.0, fullgraph=True, mode="reduce-overhead")
+    for _ in range(4):  # warm-up (the sweep), recording, replays
+        x, y = torch.randn(1 << 16, device="cuda"), torch.randn(1 << 16, device="cuda")
+        torch.testing.assert_close(compiled(x, y), _expected(x, y, 2.0, 1.0) + 1.0)
+
+
 @pytest.mark.parametrize("tokens", [64, 512])
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_torch_compile_runs_mgjit_ops_without_graph_breaks(mode, tokens):

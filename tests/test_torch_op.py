@@ -162,3 +162,48 @@ def test_the_examples_ops_compile_fullgraph(interpret):
         a, b = torch.empty(100, 64, dtype=torch.bfloat16), torch.empty(64, 32, dtype=torch.bfloat16)
         c = ops["matmul_hopper"].matmul_op(a, b, None, None, "relu")
     assert c.shape == (100, 32) and c.dtype == torch.bfloat16
+
+
+class _Stream:
+    synchronized = 0
+
+    def synchronize(self):
+        _Stream.synchronized += 1
+
+
+def test_outside_graph_pools_runs_on_a_thread_of_its_own(monkeypatch):
+    """Tensors kept across calls are made on another thread (torch.compile's CUDA graphs route the calling thread's
+    allocations into their pool while they warm up or record), its work waited for and its errors raised here; in
+    place inside a capture, and off CUDA."""
+    import threading
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    before = _Stream.synchronized
+    assert mgjit.outside_graph_pools(threading.get_ident, cuda) != threading.get_ident()
+    assert _Stream.synchronized == before + 1
+
+    def fails():
+        raise MemoryError("out of memory in the other thread")
+    with pytest.raises(MemoryError, match="other thread"):
+        mgjit.outside_graph_pools(fails, cuda)
+    capturing[0] = True
+    assert mgjit.outside_graph_pools(threading.get_ident, cuda) == threading.get_ident()
+    capturing[0] = False
+    assert mgjit.outside_graph_pools(threading.get_ident, torch.device("cpu")) == threading.get_ident()
+
+
+def test_the_autotune_timer_keeps_its_flush_buffer_outside_graph_pools(monkeypatch):
+    """The default timer's L2 flush buffer, kept across sweeps, is made through outside_graph_pools: a first sweep
+    inside a "reduce-overhead" warm-up left it in the CUDA graphs' pool."""
+    import importlib
+
+    from mgjit.autotune import timing
+    made = []
+    module = importlib.import_module("mgjit.torch_op")  # mgjit.torch_op is the decorator
+    monkeypatch.setattr(module, "outside_graph_pools", lambda make, device: made.append(device) or "buffer")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    timer = timing.CudaEventTimer(flush_bytes=1 << 10)
+    assert timer._flush_buffer(torch) == "buffer" and timer._flush_buffer(torch) == "buffer"
+    assert made == [torch.device("cuda", 3)]  # once per device
