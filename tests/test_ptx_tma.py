@@ -232,6 +232,18 @@ def test_lone_programs_over_16_ctas_from_their_ptx(name):
     simulate_rows(name, torch.randn(ring_rows(config) + 3, 60001) * 3 + 1, config, "late")
 
 
+# bf16 rows that had no piped mapping: 16 CTAs of 47 lines at two programs an SM (WIDER_CLUSTER_SHAPES), weights
+# stashed over a grid of a multiple of 2 clusters; 8 CTAs of 80 lines at one program an SM (LONE_CLUSTER_SHAPES).
+LONG = [("rmsnorm", 190324, 16, (32, 16), 3, 2), ("layernorm", 152120, 8, (64, 16), 3, 1)]
+
+
+@pytest.mark.parametrize("name,n,ctas,lines,stages,per_sm", LONG, ids=[f"{k}-{n}" for k, n, *_ in LONG])
+def test_long_rows_piped_from_their_ptx(name, n, ctas, lines, stages, per_sm):
+    config = next(c for c in piped_configs(name, n) if (c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["STAGES"],
+                                                          c.kwargs["PIPE"]) == (ctas, lines, stages, per_sm))
+    simulate_rows(name, (torch.randn(ring_rows(config) + 1, n) * 3 + 1).to(BF16), config, "early")
+
+
 @pytest.mark.parametrize("lands", LANDS)
 @pytest.mark.parametrize("name,n,index", [("layernorm", 8193, 1), ("softmax", 20001, -1)])
 def test_piped_rows_in_place_from_their_ptx(name, n, index, lands):
