@@ -170,7 +170,6 @@ ROW_SHAPE = (64, 8193)  # bf16 rows that take piped mappings (four views a call)
 def row_calls(device) -> dict:
     """The row examples' wrappers on ROW_SHAPE bf16 rows on `device`, each beside its torch twin: name -> (mgjit
     call, torch call). Each wrapper's first call tunes its mapping."""
-    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     import cross_entropy
     import layernorm
     import rmsnorm

@@ -149,8 +149,7 @@ PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (
 PIPED_CLUSTERS = [(16386, torch.float32, 1001), (20000, torch.float16, 1001), (32000, torch.bfloat16, 1001),
                   (50257, torch.bfloat16, 701), (65536, torch.float32, 301), (100000 - 7, torch.bfloat16, 301),
                   (128256, torch.bfloat16, 101), (150000, torch.bfloat16, 61), (150000, torch.float32, 61),
-                  (200000, torch.float16, 61),
-                  (230000, torch.bfloat16, 61), (262144, torch.bfloat16, 61)]
+                  (200000, torch.float16, 61), (230000, torch.bfloat16, 61), (262144, torch.bfloat16, 61)]
 
 
 @pytest.mark.parametrize("n,dtype,m", [(n, dtype, 3001) for n, dtype in PIPED] + PIPED_CLUSTERS, ids=str)
