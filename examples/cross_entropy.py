@@ -130,8 +130,14 @@ def cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SE
     """Rows too long for one CTA, split into SEGS segments of whole lines that programs take in turn as piped rows
     (examples/_rows_piped.py, segment_start): each segment's maximum, sum of exp(x - that maximum) and its
     target's logit (0 where the target lies in another segment) go to parts[:, row * SEGS + segment], which
-    `cross_entropy_combine` merges. Over a cluster, the segments' one exchange a row ran 0.57-0.76 of copy
-    bandwidth (H200, bf16 rows of 20000 and 50257), below streamed rows (0.72-0.84)."""
+    `cross_entropy_combine` merges. Neighbouring programs read neighbouring segments: kernel alone (H200, bf16), rows
+    of 100000 in 10 segments of 40 lines ran 0.90-0.91 of copy bandwidth, where a row's segments taken in turn by
+    one program ran 0.80-0.83. Merging them in this kernel instead, by the program that counts a row's last segment
+    in (an acq_rel atomic add on a count a row, every segment), ran 0.42-0.58 (0.48-0.67 with a relaxed add, which
+    is wrong): a global round trip every segment stalls the ring. Over a cluster, the segments' one exchange a row
+    ran 0.57-0.76 (bf16 rows of 20000 and 50257); again with the piped rows of softmax's clusters, 0.49-0.70 at
+    50257-262144, where softmax over the same clusters ran 0.89-0.92 (its exchange is paid once a row that is read
+    and written, twice the bytes a row of cross-entropy moves)."""
     mgjit.min_ctas_per_sm(PIPE)
     buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
     t_next = segment_target(target, 0, SEGS, 0)
@@ -298,8 +304,11 @@ def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
 def for_rows(configs: tuple[mgjit.Config, ...], rows: int, device) -> tuple[mgjit.Config, ...]:
     """The configs worth timing over `rows` rows on `device`: of piped segments, those taken in turn by one program
     (SEQ) where every program of the grid (PIPE an SM) gets a row, else those spread over programs (their merge is
-    a second launch, which the tuner does not time). Cached: a launch asks every call, and working it out with
-    new configs took longer than the kernel (bf16 rows of 20001: 0.27 of copy bandwidth end to end, 0.86 alone)."""
+    a second launch, which the tuner does not time). Spread at every row count instead, the picks ran 0.81-0.87 of
+    copy bandwidth end to end, merge included, against these picks' 0.79-0.89 (bf16, H200, rows of 50257 to
+    262144: +0.02 at 150000 and 200000, -0.04 at 128256 and 262144). Cached: a launch asks every call, and working
+    it out with new configs took longer than the kernel (bf16 rows of 20001: 0.27 of copy bandwidth end to end,
+    0.86 alone)."""
     kept = tuple(c for c in configs if c.kwargs["SEGS"] <= 1
                  or bool(c.kwargs["SEQ"]) == (rows >= sm_count(device) * c.kwargs["PIPE"]))
     return kept or configs
