@@ -27,6 +27,7 @@ import statistics
 from typing import Any, Callable
 
 import mgjit
+from _device import current_stream, kept_zero
 
 import _matmul_gemv as gemv
 
@@ -360,9 +361,6 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
     return plan
 
 
-_WORKSPACES: dict[tuple, tuple] = {}
-
-
 def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
     """(ws, locks) for a launch: for stream-K, room for a BM x BN f32 partial tile per slot (slots t + p, t a
     tile, p a CTA) and an int32 lock per 64 rows of each tile, zero, as every launch leaves them. Kept per
@@ -391,31 +389,15 @@ def launch_workspace(plan: Plan, c) -> tuple:
 
 
 def _workspace(need: tuple[int, int, int], kernel_cfg: dict, device) -> tuple:
-    """The workspace of `workspace_key`, at least `need` = (f32 rows, columns, int32 locks) large, zero, made
-    or grown here."""
+    """The workspace of `workspace_key`, at least `need` = (f32 rows, columns, int32 locks) large, zero."""
     import torch
-    key = workspace_key(kernel_cfg, device)
-    have = _WORKSPACES.get(key)
-    if have is None or have[0].shape[0] < need[0] or have[0].shape[1] < need[1] or have[1].shape[0] < need[2]:
-        rows, cols, locks = (max(x, y) for x, y in zip(need, (have[0].shape[0], have[0].shape[1], have[1].shape[0])
-                                                         if have else need))
-        if have is not None and device.type == "cuda":  # freed once the caller's stream is done with it
-            for t in have:
-                t.record_stream(torch.cuda.current_stream(device))
-        have = _WORKSPACES[key] = mgjit.outside_graph_pools(lambda: (
-            torch.zeros(rows, cols, dtype=torch.float32, device=device),
-            torch.zeros(locks, dtype=torch.int32, device=device)), device)
-    return have
+    rows, cols, locks = need
+    return kept_zero(workspace_key(kernel_cfg, device), (((rows, cols), torch.float32), ((locks,), torch.int32)),
+                     device)
 
 
 def workspace_key(kernel_cfg: dict, device) -> tuple:
     """Where `workspace` keeps the workspace of a stream-K launch on `device`: per device, current stream, and
     fix-up kind (non-deterministic fix-ups add into zeroed slots and zero them again; deterministic ones
     overwrite theirs)."""
-    return (str(device), current_stream(device), kernel_cfg.get("DETERMINISTIC", True))
-
-
-def current_stream(device) -> int:
-    """The current stream of a device (0 off CUDA), as a raw handle: no torch.cuda.Stream object per call."""
-    import torch
-    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    return ("matmul", str(device), current_stream(device), kernel_cfg.get("DETERMINISTIC", True))

@@ -41,7 +41,7 @@ import mgjit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
-from _device import sm_count  # noqa: E402
+from _device import current_stream, kept, sm_count  # noqa: E402
 from _matmul_epilogue import ACTIVATIONS, activate  # noqa: E402
 from _matmul_gemv import gemv_kmajor, gemv_nmajor  # noqa: E402
 
@@ -398,7 +398,7 @@ def _call_key(a, b, scale, bias, activation, out_dtype, b_kmajor) -> tuple:
     bias's dtype, shape, strides and alignment among them). The device comes last."""
     device = a.device
     return (a.shape, a.stride(), a.dtype, a.data_ptr() % 16, b.shape, b.stride(), b.dtype, b.data_ptr() % 16,
-            b.device, schedules.current_stream(device), out_dtype, b_kmajor, scale is None, bias is None,
+            b.device, current_stream(device), out_dtype, b_kmajor, scale is None, bias is None,
             activation, device)
 
 
@@ -424,7 +424,6 @@ class _Prepared:
         kernel_cfg = {**kernel.defaults, **plan.kernel_cfg}
         self.constexprs = tuple(kernel_cfg[n] for n in kernel.constexpr_names)
         self.warpgroups, self.cluster = kernel_cfg.get("num_warpgroups", 1), kernel_cfg.get("cluster")
-        # Stream-K's workspace: this key's stream's, as `workspace` made it last (it is replaced when it grows).
         # Stream-K's workspace, or a split GEMV's: this key's stream's, as `launch_workspace` made it last (it is
         # replaced when it grows).
         self.workspace_key = schedules.workspace_key(plan.kernel_cfg, a.device) \
@@ -452,7 +451,7 @@ class _Prepared:
     def _workspace(self, c) -> tuple:
         if self.workspace_key is None:
             return c, c
-        if self.workspace is None or schedules._WORKSPACES.get(self.workspace_key) is not self.workspace:
+        if self.workspace is None or kept(self.workspace_key) is not self.workspace:
             self.workspace = schedules.launch_workspace(self.plan, c)
         return self.workspace
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import _device  # noqa: E402
 import _matmul_gemv as gemv  # noqa: E402
 import _matmul_schedules as schedules  # noqa: E402
 import matmul_hopper as mh  # noqa: E402
@@ -24,6 +25,7 @@ def interpreted(monkeypatch):
     monkeypatch.setattr(mh, "sm_count", lambda device: 3)
     monkeypatch.setattr(mh, "_PREPARED", {})
     monkeypatch.setattr(schedules, "_CHOSEN", {})
+    monkeypatch.setattr(_device, "_KEPT", {})
 
 
 def reference(a, w, scale, bias, activation):
@@ -149,7 +151,7 @@ def test_nmajor_split_repeats_bitwise_and_leaves_the_workspace_ready(interpreted
     a, b = torch.randn(3, 1500, dtype=BF16), torch.randn(1500, 200, dtype=BF16)
     first, again = mh.matmul(a, b, config=cfg), mh.matmul(a, b, config=cfg)
     assert torch.equal(first, again)
-    (ws, locks), = schedules._WORKSPACES.values()
+    (ws, locks), = _device._KEPT.values()
     assert locks.shape[0] >= 2 and not locks.any()
     a, b = torch.randn(3, 1500, dtype=BF16), torch.randn(1500, 200, dtype=BF16)
     c = mh.matmul(a, b, config=cfg)

@@ -13,6 +13,7 @@ import torch
 import mgjit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import _device  # noqa: E402
 import _matmul_schedules as schedules  # noqa: E402
 import matmul_hopper as mh  # noqa: E402
 
@@ -26,7 +27,7 @@ def interpreted(monkeypatch, poison_empty):
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     sms = {"count": 3}
     monkeypatch.setattr(mh, "sm_count", lambda device: sms["count"])
-    monkeypatch.setattr(schedules, "_WORKSPACES", {})
+    monkeypatch.setattr(_device, "_KEPT", {})
     return sms
 
 
@@ -184,7 +185,7 @@ def test_stream_k_is_bitwise_repeatable_and_leaves_its_workspace_clean(interpret
     first, again = mh.matmul(a, b, config), mh.matmul(a, b, config)
     assert torch.equal(first, again)
     mh.matmul(a, b, {**config, "DETERMINISTIC": False})
-    for (_, _, deterministic), (ws, locks) in schedules._WORKSPACES.items():
+    for (_, _, _, deterministic), (ws, locks) in _device._KEPT.items():
         assert not locks.any(), "every lock is reset by the CTA that finishes its tile"
         assert deterministic or not ws.any(), "the atomic fix-up zeroes the slots it added into"
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import _device  # noqa: E402
 import _matmul_schedules as schedules  # noqa: E402
 import matmul_hopper as mh  # noqa: E402
 
@@ -31,8 +32,9 @@ def gpu(monkeypatch, tmp_path):
     for attr, fresh in (("_entry", None), ("_native", None), ("_c_module", None), ("_dispatch", None), ("_plans", {})):
         monkeypatch.setattr(mh.matmul_kernel, attr, fresh)
     monkeypatch.setattr(mh, "sm_count", lambda device: 132)
-    for table in ("_CHOSEN", "_PLANS", "_WORKSPACES"):
+    for table in ("_CHOSEN", "_PLANS"):
         monkeypatch.setattr(schedules, table, {})
+    monkeypatch.setattr(_device, "_KEPT", {})
     monkeypatch.setattr(mh, "_PREPARED", {})
     stub.full_calls = 0
     stub.made = {}  # address -> what the wrapper made there
@@ -146,7 +148,8 @@ def test_each_ingredient_of_the_call_key_takes_the_full_path(gpu, monkeypatch):
         assert gpu.full_calls == before + 1, f"the call with another {name} was not remembered"
     before = gpu.full_calls
     with pytest.MonkeyPatch.context() as stream:
-        stream.setattr(schedules, "current_stream", lambda device: 7)
+        for module in (mh, schedules):  # the call key, and the workspace key
+            stream.setattr(module, "current_stream", lambda device: 7)
         mh.matmul(a, b, bias=bias)
     assert gpu.full_calls == before + 1, "a call on another stream was served from the cache"
     monkeypatch.setattr(mh, "sm_count", lambda device: 66)
@@ -165,7 +168,7 @@ def test_cached_calls_compute_what_torch_does(monkeypatch, poison_empty):
     operand."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     monkeypatch.setattr(mh, "sm_count", lambda device: 3)
-    monkeypatch.setattr(schedules, "_WORKSPACES", {})
+    monkeypatch.setattr(_device, "_KEPT", {})
     monkeypatch.setattr(mh, "_PREPARED", {})
     bias, scale = torch.randn(136, dtype=BF16), torch.tensor([0.5])
     cases = ((lambda: torch.randn(3, 128, dtype=BF16), dict(scale=scale, bias=bias, activation="gelu"),
