@@ -139,9 +139,10 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
         itemsize, views = piped_views((logits,))
-        picked = picked_mapping(ce_example.cross_entropy_rows,
-                                ce_example.for_rows(ce_example.mapping(n, itemsize), m, logits.device),
-                                (logits, target, loss, torch.empty_like(loss), -100), (*views, loss))
+        configs = ce_example.mapping(n, itemsize)
+        picked = picked_mapping(ce_example.cross_entropy_rows, configs,
+                                (logits, target, loss, torch.empty_like(loss), -100),
+                                (*views, *ce_example.scratch(logits, configs)))
         return runs, loss, ref, logits.numel() * isz + m * 12, picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)

@@ -80,10 +80,11 @@ def case(kernel: str, n: int, dev: torch.device):
                     lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
         from _rows_piped import lines
         configs = ce.mapping(n, 2)
-        # Segments spread over programs write their statistics here; their merge (a second launch) is left out of
-        # the kernel's time and its loss, so their error is not the loss's.
-        parts = (ce.workspace(x, configs),) if "parts" in ce.cross_entropy_rows.arg_names else ()
-        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x), *parts), {}, configs, row_grid,
+        # Piped segments' pieces and counts (`scratch`); in trees from before runs of segments (a07ff7c and older:
+        # `workspace`), statistics only, merged by a second launch left out of the kernel's time and its loss.
+        scratch = (ce.scratch(x, configs) if hasattr(ce, "scratch") else
+                   (ce.workspace(x, configs),) if "parts" in ce.cross_entropy_rows.arg_names else ())
+        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x), *scratch), {}, configs, row_grid,
                 loss, lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
     if kernel == "fused":
         y, z = torch.randn_like(x), torch.randn_like(x)

@@ -341,7 +341,7 @@ def _row_grid(rows: int, config, device) -> tuple[int]:
     groups of ROWS rows (piped over clusters of CTAS: as many clusters as run at once, `resident_clusters`; STASH:
     as many programs or clusters, rounded down to a multiple of STASH, at least STASH)."""
     groups = -(-rows // config["ROWS"])
-    if config.get("SEGS") and not config.get("SEQ"):  # programs take a row's segments as rows
+    if config.get("SEGS"):  # programs take a row's segments as rows
         groups *= config["SEGS"]
     persist = config.get("PERSIST") or config.get("PIPE")
     sms = sm_count(device)

@@ -37,9 +37,9 @@ portable cluster holds may take 16 CTAs (`cluster_splits`). Softmax, bf16, H200:
 bandwidth (held and chunked: 0.67), 65536 0.90, 100000 0.93 (0.79), 128256 0.88 (0.86), 150000 0.85 (0.79), 262144
 0.87 (0.64). The norms take clusters too (each CTA stashes its segment of the weights): rmsnorm 50257 0.90, 100000
 0.92 (0.80).
-Cross-entropy splits such rows into SEGS segments with no exchange: a program takes whole rows and each row's
-segments one after another, merging their statistics as they come (SEQ), or, where rows are fewer than programs,
-programs take segments as rows, each writes its segment's statistics, and a second kernel merges them
+Cross-entropy splits such rows into SEGS segments with no exchange: each program takes a run of the rows'
+segments in order, as even as the grid allows (`program_items`), merging a row's statistics as they come; a row
+whose segments two or more programs hold is merged by the last of them to finish its piece
 (examples/cross_entropy.py).
 
 One TMA instruction costs its issuing thread about 70 cycles (H200): a row copied in 256-element boxes of a 1D
@@ -113,21 +113,20 @@ def line_count(n: int) -> int:
 
 
 def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs: int = 1,
-          lines: int = 0, seq: bool = False) -> mgjit.Config:
+          lines: int = 0) -> mgjit.Config:
     """Rows of n columns piped through `stages` slots per program, `per_sm` programs an SM (with weights of
     `stash` bytes an element stashed, a multiple of STASH programs, or clusters: `stash_multiple`, _rows.grid),
     each row's envelope split over a cluster of `ctas` CTAs, or into `segs` segments that programs take as rows
-    (SEGS; with `seq`, SEQ: a program takes whole rows, each row's segments one after another), by whole lines
-    (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by default the fewest that
-    cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read into one register
-    array."""
+    (SEGS), by whole lines (`segment_start`): LAST, the lines of the last segment. PL: a segment's `lines` (by
+    default the fewest that cover the envelope) as powers of two, widest first (33 lines -> (32, 1)), each read
+    into one register array."""
     nl = line_count(n)
     k = lines or -(-nl // (ctas * segs))
     lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
     config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
                           STAGES=stages, LAST=nl - (ctas * segs - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
     if segs > 1:
-        config = config.replace(SEGS=segs, SEQ=int(seq))
+        config = config.replace(SEGS=segs)
     return config.replace(STASH=stash_multiple(n, stash)) if stash else config
 
 
@@ -154,16 +153,21 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     holds a split of two programs an SM or more. Each register array costs a row its own reductions, and a segment takes
     more lines than the fewest where those are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63
     = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers),
-    and the cluster wastes at most a tenth of its lines (it waits for its widest segment). Bf16 rows on an H200: 50257
-    over 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40 lines, 2 an SM, 0.87, one program
-    an SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines 0.88 (chunked: 0.86); 262144 over
-    16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62, 150000 over 10 of 64 lines 0.43
-    (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63; cross-entropy's clusters 0.23-0.76 (its
-    streamed rows 0.72-0.84)."""
+    and the cluster wastes at most a tenth of its lines (it waits for its widest segment). Segments that programs take
+    as rows are offered of at most two powers of two and of three, and waste at most a 32nd of the row's lines: every
+    segment's copy is a whole slot, so the last reads the lines past the row again (cross-entropy, bf16, H200, kernel
+    alone, segments spread over programs: rows of 150000 in 13 segments of 48 lines, the last 11, 0.77-0.84 of copy
+    bandwidth; in 14 of 42, 0.90; 100000 in 9 of 48, the last 8, 0.80; in 10 of 40, 0.90-0.91).
+    Bf16 rows on an H200: 50257 over 6 CTAs of 33 lines, 4 an SM, ran softmax at 0.91 of copy bandwidth, 5 of 40
+    lines, 2 an SM, 0.87, one program an SM 0.42-0.50, where held and chunked rows ran 0.67; 128256 over 8 of 64 lines
+    0.88 (chunked: 0.86); 262144 over 16 of 64 lines 0.87 (chunked: 0.64), where 16 of 65 lines (two arrays) ran 0.62,
+    150000 over 10 of 64 lines 0.43 (chunked: 0.78), and clusters of 10 to 15 CTAs of other shapes 0.17-0.63;
+    cross-entropy's clusters 0.23-0.76 (its streamed rows 0.72-0.84)."""
     nl = line_count(n)
 
     def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
-        return (MIN_LINES <= k <= REGISTER_LINES[per_sm] and nl - (c - 1) * k >= 4 and 10 * nl >= 9 * c * k
+        waste = c * k - nl  # lines read past the row
+        return (MIN_LINES <= k <= REGISTER_LINES[per_sm] and k - waste >= 4 and (32 if segments else 10) * waste <= nl
                 and per_sm * (((stages * itemsize + weights) * k + weights) * LINE + SLACK) <= HOPPER.smem_bytes)
 
     def segment(c: int, stages: int, per_sm: int, widest: int) -> int | None:
@@ -182,7 +186,8 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
                     break
         return splits
     if segments:
-        return fewest(range(2, MAX_SEGMENTS + 1), (2, 3))
+        counts = range(2, MAX_SEGMENTS + 1)
+        return list(dict.fromkeys(fewest(counts, (2,)) + fewest(counts, (3,))))
     portable, sixteen = range(2, PORTABLE_CLUSTER_CTAS + 1), range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
     lone = LONE_CLUSTER_SHAPES if weights else ()
     shapes = STASH_CLUSTER_SHAPES + lone if weights else CLUSTER_SHAPES
@@ -199,12 +204,11 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     itemsize 0) whose slots, and the vectors stashed by `stash_lines` (of the element sizes `weights`; the
     configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows one CTA does not
     hold, with `clusters`, over a cluster (`cluster_splits`), or,
-    with `segments`, split into segments that programs take as rows (SEGS and SEQ, which every config sets where
-    `segments` is not None; a kernel without weights that merges its segments' statistics): spread over programs
-    (SEQ=0, merged afterwards), and each row's in turn by one program (SEQ=1, merged as they come)."""
+    with `segments`, split into segments that programs take as rows (SEGS, which every config sets where
+    `segments` is not None; a kernel without weights that merges its segments' statistics)."""
     stash = sum(weights)  # bytes an element
     plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {}),
-                            **({"SEGS": 0, "SEQ": 0} if segments is not None else {})) for c in configs)
+                            **({"SEGS": 0} if segments is not None else {})) for c in configs)
     nl = line_count(n)
     if n < MIN_ROW or not itemsize:
         return plain
@@ -216,7 +220,7 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     if clusters and all(split[1:3] == LONE_SHAPE for split in splits):  # layernorm 16385: (4, 1) 0.68, 2 CTAs 0.75
         splits += cluster_splits(n, itemsize, stash)
     if not splits and segments:
-        widened = (piped(n, stages, per_sm, segs=segs, lines=k, seq=seq) for seq in (True, False)
+        widened = (piped(n, stages, per_sm, segs=segs, lines=k)
                    for segs, stages, per_sm, k in cluster_splits(n, itemsize, segments=True))
     else:
         widened = (piped(n, stages, per_sm, min(weights, default=0), ctas, lines=k)
@@ -252,7 +256,7 @@ def lines(t):
 # ---- device helpers
 
 @mgjit.device
-def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1, SEQ=0):
+def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):
     """This program's ring of STAGES slots of a segment's lines (PL), one barrier per slot, its rows' (segments')
     count, and the copies of its first STAGES rows issued."""
     k = held_width(PL)
@@ -264,13 +268,13 @@ def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1, SEQ=0):
     buf = mgjit.smem((STAGES, k, LINE), x.dtype)
     full = mgjit.barrier(STAGES)
     programs = mgjit.num_programs(0) // CTAS
-    if SEGS == 1 or SEQ:
-        count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs * SEGS
+    if SEGS == 1:
+        count = (x.shape[0] - program_row(0, CTAS) + programs - 1) // programs
     else:
-        count = (x.shape[0] * SEGS - mgjit.program_id(0) + programs - 1) // programs
+        _, count = program_items(mgjit.program_id(0), x.shape[0], SEGS)
     for j in mgjit.static_range(STAGES):
         if j < count:
-            copy_row(x, xl, buf, full, j, CTAS, SEGS, SEQ)
+            copy_row(x, xl, buf, full, j, CTAS, SEGS)
     return buf, full, count
 
 
@@ -336,19 +340,40 @@ def program_row(i, CTAS):
 
 
 @mgjit.device
-def program_segment(i, CTAS, SEGS, SEQ=0):
+def program_segment(i, CTAS, SEGS, rows=0):
     """(row, segment) of this program's i-th row: a whole row (segment 0); over a cluster of CTAS, the segment of
-    the CTA's rank; split into SEGS segments, the i-th segment this program takes (programs take segments in turn,
-    a row's one after another; SEQ: programs take rows in turn, and each of its row's segments one after
-    another)."""
-    if SEQ:
-        return program_row(i // SEGS, 1), i % SEGS
+    the CTA's rank; the `rows` rows split into SEGS segments, the i-th segment of this program's run
+    (`program_items`)."""
     if SEGS > 1:
-        item = mgjit.program_id(0) + i * mgjit.num_programs(0)
-        return item // SEGS, item % SEGS
+        first, _ = program_items(mgjit.program_id(0), rows, SEGS)
+        return (first + i) // SEGS, (first + i) % SEGS
     if CTAS == 1:
         return program_row(i, CTAS), 0
     return program_row(i, CTAS), mgjit.cluster_rank()
+
+
+@mgjit.device
+def program_items(p, rows, SEGS):
+    """(first, count): the run of program p of the grid over the segments of `rows` rows split into SEGS each, taken
+    in order (a row's one after another): as even as the grid allows, the first programs one more. Whole rows dealt
+    to programs in turn fall unevenly: bf16 rows of 100000 in 10 segments of 40 lines, 2 programs an SM, 1342 rows (6
+    for 22 programs, 5 for the rest), ran 0.80 of copy bandwidth, in even runs 0.86 (H200, kernel alone)."""
+    items = rows * SEGS
+    programs = mgjit.num_programs(0)
+    each = items // programs
+    more = items % programs
+    return p * each + mgjit.minimum(p, more), mgjit.where(p < more, each + 1, each)
+
+
+@mgjit.device
+def item_program(item, rows, SEGS):
+    """The program whose run (`program_items`) holds segment `item` of the rows' segments taken in order."""
+    items = rows * SEGS
+    programs = mgjit.num_programs(0)
+    each = items // programs
+    more = items % programs
+    wide = more * (each + 1)
+    return mgjit.where(item < wide, item // (each + 1), more + (item - wide) // mgjit.maximum(each, 1))
 
 
 @mgjit.device
@@ -372,21 +397,21 @@ def segment_start(x, row, seg, k):
 
 
 @mgjit.device
-def copy_row(x, xl, buf, full, i, CTAS, SEGS=1, SEQ=0):
+def copy_row(x, xl, buf, full, i, CTAS, SEGS=1):
     """Issue the copy of this CTA's segment of its program's i-th row's envelope into its slot."""
-    row, seg = program_segment(i, CTAS, SEGS, SEQ)
+    row, seg = program_segment(i, CTAS, SEGS, x.shape[0])
     a, _ = segment_start(x, row, seg, buf.shape[1])
     slot = i % buf.shape[0]
     mgjit.copy_async(xl, (a // LINE, 0), buf[slot], barrier=full[slot])
 
 
 @mgjit.device
-def envelope(x, xl, buf, full, i, fill, CTAS, LAST, SEGS=1, SEQ=0):
+def envelope(x, xl, buf, full, i, fill, CTAS, LAST, SEGS=1):
     """Wait for this program's i-th row; return (its slot, its row index, the first element of this CTA's segment
     of its envelope in the flat tensor, the row's start relative to it: `segment_start`), the segment's columns
     outside the row overwritten with `fill`."""
     n = x.shape[1]
-    row, seg = program_segment(i, CTAS, SEGS, SEQ)
+    row, seg = program_segment(i, CTAS, SEGS, x.shape[0])
     a, s = segment_start(x, row, seg, buf.shape[1])
     slot = i % buf.shape[0]
     full[slot].wait()

@@ -9,10 +9,9 @@ logsumexp (a running maximum, the sum rescaled when it grows). Chunked rows (any
 the row per CTA of a cluster, read once into shared memory with its maximum, then its sum of exp(x - that
 maximum) from shared memory; the segments swap them once. Piped rows (4097 to 16385 columns, contiguous logits:
 examples/_rows_piped.py): persistent programs stream their rows through shared-memory slots by TMA, and read
-the target's logit from the slot; longer rows in segments of whole lines, a row's taken one after another by
-one program that merges their statistics as they come (bf16, H200: rows of 20001 and 50257 at 0.87 and 0.86 of
-copy bandwidth), or, where rows are fewer than programs, spread over programs and merged by a second kernel
-(`cross_entropy_combine`).
+the target's logit from the slot; longer rows in segments of whole lines, each program taking an even run of
+them in order and merging a row's statistics as they come, the rows at a run's ends merged by the last program to
+finish its piece (`cross_entropy_segments`).
 Elsewhere the target's logit is one scalar load per row (every thread reads the same address), or a masked sum
 over many short rows held by one program. Rows whose target is `ignore_index` get a loss of 0, as in torch; a
 target outside [0, n) otherwise gets a loss of NaN (torch raises). The logsumexp is returned too (what a
@@ -26,7 +25,9 @@ import torch
 from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, floating, held_width, launch,
                    load_row, grid, mapping as rows_mapping, merge_exp, output, segment,
                    segment_sum, sm_count, stage, store_stat, streamed_exp_sum)
-from _rows_piped import LINE, copy_row, envelope, exp_lines, piped_views, piping, program_segment, read_lines, ring
+from _device import current_stream, kept_zero
+from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
+                         program_segment, read_lines, ring)
 
 import mgjit
 
@@ -41,20 +42,18 @@ GATHER_WIDTH = 1024
 
 
 @mgjit.kernel
-def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, ROWS: mgjit.constexpr,
+def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, counts, ROWS: mgjit.constexpr,
                        PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                        CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
-                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0,
-                       SEQ: mgjit.constexpr = 0):
+                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
-    least rows * SEGS) float32, each segment's statistics, written by piped segments spread over programs
-    (SEGS > 1, SEQ = 0) only."""
+    least rows * SEGS) float32, each segment's statistics, and counts: (at least rows) int32, zero, each row's
+    segments counted in and set back to zero, both used by piped segments (SEGS > 1) only (`scratch`)."""
     if PIPE:
         mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
-        if SEQ:
-            cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST, SEGS)
-        elif SEGS > 1:
-            cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SEGS)
+        if SEGS > 1:
+            cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, counts, PIPE, PL, STAGES, LAST,
+                                   SEGS)
         else:
             cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST)
     elif BLOCK and CHUNKS:
@@ -109,11 +108,11 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
     mgjit.min_ctas_per_sm(PIPE)
     n = logits.shape[1]
     buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST)
-    t_next = segment_target(target, 0, 1, 0)
+    t_next = segment_target(target, 0, 1)
     for i in range(count):
         t = t_next
         env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST)
-        t_next = segment_target(target, i + 1, 1, 0)
+        t_next = segment_target(target, i + 1, 1)
         v = read_lines(env, PL)
         picked = target_logit(env, s, t, n, 1)
         mgjit.cta_sync()
@@ -126,106 +125,109 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
 
 
 @mgjit.device
-def cross_entropy_segments(logits, target, xl, parts, PIPE, PL, STAGES, LAST, SEGS):
-    """Rows too long for one CTA, split into SEGS segments of whole lines that programs take in turn as piped rows
-    (examples/_rows_piped.py, segment_start): each segment's maximum, sum of exp(x - that maximum) and its
-    target's logit (0 where the target lies in another segment) go to parts[:, row * SEGS + segment], which
-    `cross_entropy_combine` merges. Neighbouring programs read neighbouring segments: kernel alone (H200, bf16), rows
-    of 100000 in 10 segments of 40 lines ran 0.90-0.91 of copy bandwidth, where a row's segments taken in turn by
-    one program ran 0.80-0.83. Merging them in this kernel instead, by the program that counts a row's last segment
-    in (an acq_rel atomic add on a count a row, every segment), ran 0.42-0.58 (0.48-0.67 with a relaxed add, which
-    is wrong): a global round trip every segment stalls the ring. Over a cluster, the segments' one exchange a row
-    ran 0.57-0.76 (bf16 rows of 20000 and 50257); again with the piped rows of softmax's clusters, 0.49-0.70 at
-    50257-262144, where softmax over the same clusters ran 0.89-0.92 (its exchange is paid once a row that is read
-    and written, twice the bytes a row of cross-entropy moves)."""
-    mgjit.min_ctas_per_sm(PIPE)
-    buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
-    t_next = segment_target(target, 0, SEGS, 0)
-    for i in range(count):
-        t = t_next
-        t_next = segment_target(target, i + 1, SEGS, 0)
-        m, total, picked = segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST, SEGS, 0)
-        item = mgjit.program_id(0) + i * mgjit.num_programs(0)
-        parts[0, item] = m
-        parts[1, item] = total
-        parts[2, item] = picked
-
-
-@mgjit.device
-def cross_entropy_in_turn(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST, SEGS):
-    """Rows too long for one CTA, split into SEGS segments of whole lines as `cross_entropy_segments` splits them,
-    but each program takes whole rows and a row's segments one after another through its slots, merging each
-    segment's maximum, sum of exp(x - that maximum) and target's logit into the row's as they come: no second
-    kernel, where every program has rows to take."""
+def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, counts, PIPE, PL, STAGES, LAST, SEGS):
+    """Rows too long for one CTA, split into SEGS segments of whole lines (examples/_rows_piped.py, segment_start):
+    each program takes its run of the rows' segments in order (`program_items`) through its slots, merging each
+    segment's maximum, sum of exp(x - that maximum) and target's logit into its row's as they come. A row wholly in
+    the run is stored as it ends; the rows at the run's ends, which other programs hold pieces of, go to
+    `finish_piece`: two at most a program, whatever the rows. Kernel alone (bf16, H200, rows of 100000 in 10
+    segments of 40 lines, 2 programs an SM; 150000 in 14 of 42, 3 an SM): whole rows dealt to programs in turn ran
+    0.80 and 0.79 of copy bandwidth (1342 rows: 6 for 22 programs, 5 for the rest), even runs 0.86 and 0.87, and
+    segments spread over programs in turn 0.91 and 0.90, their merge left to a second launch; merged in the kernel
+    instead, by the program that counts a row's last segment in (an atomic add a segment), 0.42 and 0.57: a global
+    round trip every segment stalls the ring. Over a cluster, its one exchange a row ran 0.49-0.76 (rows of 20000
+    to 262144), where softmax over the same clusters ran 0.89-0.92 (its exchange is paid once a row that is read
+    and written, twice the bytes)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = logits.shape[1]
-    buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS, 1)
+    buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
+    first, _ = program_items(mgjit.program_id(0), logits.shape[0], SEGS)
     top = -float("inf")
     total = 0.0
     picked = 0.0
-    t_next = segment_target(target, 0, SEGS, 1)
+    t_next = segment_target(target, 0, SEGS)
     for i in range(count):
         t = t_next
-        t_next = segment_target(target, i + 1, SEGS, 1)
+        t_next = segment_target(target, i + 1, SEGS)
         m, segment_total, segment_picked = segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST,
-                                                              SEGS, 1)
+                                                              SEGS)
         picked = picked + segment_picked
         merged = mgjit.maximum(top, m)
         shift = finite_shift(merged)  # segments of -inf alone so far: their totals are 0, and stay so
         total = total * mgjit.exp(top - shift) + segment_total * mgjit.exp(m - shift)
         top = merged
-        if i % SEGS == SEGS - 1:
-            row, _ = program_segment(i, 1, SEGS, 1)
-            row_lse = top + mgjit.log(total)
-            lse[row] = row_lse
-            loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
+        row = (first + i) // SEGS
+        ends = (first + i) % SEGS == SEGS - 1
+        if ends | (i == count - 1):
+            if ends & (row * SEGS >= first):
+                row_lse = top + mgjit.log(total)
+                lse[row] = row_lse
+                loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
+            else:
+                finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS)
             top = -float("inf")
             total = 0.0
             picked = 0.0
 
 
 @mgjit.device
-def segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST, SEGS, SEQ):
+def finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS):
+    """This program's piece of row `row` (its run starting at segment `first`: the row's statistics over the
+    segments it holds) stored in parts[:, 2 * program + (0 where the row is the run's first, else 1)], and counted
+    into counts[row] (acq_rel: the pieces the others stored before counting theirs are visible to it); the program
+    that counts the row's last piece in merges them in the programs' order, stores the row's loss and logsumexp,
+    and sets the count back to 0 for the next launch."""
+    rows = loss.shape[0]
+    p = mgjit.program_id(0)
+    slot = mgjit.where(row == first // SEGS, 2 * p, 2 * p + 1)
+    parts[0, slot] = top
+    parts[1, slot] = total
+    parts[2, slot] = picked
+    lo = item_program(row * SEGS, rows, SEGS)
+    hi = item_program(row * SEGS + SEGS - 1, rows, SEGS)
+    if mgjit.atomic_add(counts, row, 1, sem="acq_rel") == hi - lo:
+        m = -float("inf")
+        s = 0.0
+        hit = 0.0
+        for q in range(lo, hi + 1):
+            start, _ = program_items(q, rows, SEGS)
+            k = mgjit.where(row == start // SEGS, 2 * q, 2 * q + 1)
+            piece = parts[0, k]
+            merged = mgjit.maximum(m, piece)
+            shift = finite_shift(merged)
+            s = s * mgjit.exp(m - shift) + parts[1, k] * mgjit.exp(piece - shift)
+            m = merged
+            hit = hit + parts[2, k]
+        row_lse = m + mgjit.log(s)
+        lse[row] = row_lse
+        loss[row] = row_loss(t, ignore_index, n, row_lse, hit)
+        counts[row] = 0
+
+
+@mgjit.device
+def segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST, SEGS):
     """(maximum, sum of exp(x - that maximum), the target's logit or 0 where it lies elsewhere) of this program's
     i-th segment (`program_segment`), whose row's target is t, its slot refilled with segment i + STAGES once
     read."""
-    env, _, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS, SEQ)
+    env, _, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS)
     v = read_lines(env, PL)
     picked = target_logit(env, s, t, logits.shape[1], SEGS)
     mgjit.cta_sync()
     if i + STAGES < count:
-        copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS, SEQ)
+        copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS)
     _, m, total = exp_lines(v)
     return m, total, picked
 
 
 @mgjit.device
-def segment_target(target, i, SEGS, SEQ):
+def segment_target(target, i, SEGS):
     """The target of the row of this program's i-th segment (`program_segment`; a whole row where SEGS is 1; past
     the last row, the last's), loaded a segment ahead of its use: loaded where it was used, it cost a memory
     latency every segment (H200, bf16, kernel alone: rows of 50257 in 5 segments taken in turn, 3 slots and 2
     programs an SM, 0.80 -> 0.85 of copy bandwidth; 100000 in 9, 0.74 -> 0.76; spread over programs, 0.73 -> 0.91
     and 0.65 -> 0.73)."""
-    row, _ = program_segment(i, 1, SEGS, SEQ)
+    row, _ = program_segment(i, 1, SEGS, target.shape[0])
     return target[mgjit.minimum(row, target.shape[0] - 1)]
-
-
-@mgjit.kernel
-def cross_entropy_combine(maxima, sums, picks, target, loss, lse, ignore_index, n, ROWS: mgjit.constexpr,
-                          WIDTH: mgjit.constexpr):
-    """The rows' losses and logsumexps from their segments' statistics (`cross_entropy_segments`; each of maxima,
-    sums, picks: (rows, segments)), ROWS rows a program, the segments read as WIDTH columns (a power of two)."""
-    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
-    m = mgjit.load(maxima, (rows, mgjit.ds(0, WIDTH)), other=-float("inf"))
-    top = m.max(axis=1)
-    total = (mgjit.load(sums, (rows, mgjit.ds(0, WIDTH))) * mgjit.exp(m - top[:, None])).sum(axis=1)
-    picked = mgjit.load(picks, (rows, mgjit.ds(0, WIDTH))).sum(axis=1)
-    row_lse = top + mgjit.log(total)
-    lse[rows] = row_lse
-    loss[rows] = row_loss(target[rows], ignore_index, n, row_lse, picked)
-
-
-COMBINE_ROWS = 128  # rows a program of cross_entropy_combine merges
 
 
 @mgjit.device
@@ -293,25 +295,8 @@ def block_for(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n); then the piped ones
-    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none), whole rows or, longer, segments: each
-    row's taken in turn by one program (SEQ), or spread over programs and merged by a second launch (`merge`,
-    which the tuner does not time: bf16 rows of 20001 ran 0.80 of copy bandwidth alone, 0.61-0.69 with it).
-    `for_rows` keeps one kind of the two."""
+    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none), whole rows or, longer, segments."""
     return piping(rows_mapping(n, stream=block_for(n)), n, itemsize, segments=True)
-
-
-@functools.lru_cache(maxsize=256)
-def for_rows(configs: tuple[mgjit.Config, ...], rows: int, device) -> tuple[mgjit.Config, ...]:
-    """The configs worth timing over `rows` rows on `device`: of piped segments, those taken in turn by one program
-    (SEQ) where every program of the grid (PIPE an SM) gets a row, else those spread over programs (their merge is
-    a second launch, which the tuner does not time). Spread at every row count instead, the picks ran 0.81-0.87 of
-    copy bandwidth end to end, merge included, against these picks' 0.79-0.89 (bf16, H200, rows of 50257 to
-    262144: +0.02 at 150000 and 200000, -0.04 at 128256 and 262144). Cached: a launch asks every call, and working
-    it out with new configs took longer than the kernel (bf16 rows of 20001: 0.27 of copy bandwidth end to end,
-    0.86 alone)."""
-    kept = tuple(c for c in configs if c.kwargs["SEGS"] <= 1
-                 or bool(c.kwargs["SEQ"]) == (rows >= sm_count(device) * c.kwargs["PIPE"]))
-    return kept or configs
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -331,42 +316,32 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if not rows:
         return loss, lse
     itemsize, views = piped_views((logits,))
-    configs = for_rows(mapping(logits.shape[1], itemsize), rows, logits.device)
-    parts = workspace(logits, configs)
-    args = (logits, target, loss, lse, ignore_index)
-    config = launch(cross_entropy_rows, configs, args, (*views, parts))
-    if parts.shape[1] > 1:  # some config splits rows: merge after the one the tuner picked
-        merge(config, parts, target, loss, lse, ignore_index, logits.shape[1])
+    configs = mapping(logits.shape[1], itemsize)
+    launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index), (*views, *scratch(logits, configs)))
     return loss, lse
 
 
 def run_mapping(config: mgjit.Config, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor,
                 lse: torch.Tensor, ignore_index: int = -100) -> None:
     """Launch one mapping of cross_entropy_rows as `cross_entropy` launches the tuner's pick: on its grid, with
-    the views piped mappings read, its segments merged (for tests and benchmarks that force a mapping)."""
+    the views piped mappings read and its scratch (for tests and benchmarks that force a mapping)."""
     _, views = piped_views((logits,))
-    parts = workspace(logits, (config,))
     cross_entropy_rows[grid(logits.shape[0], config, logits.device)](logits, target, loss, lse, ignore_index, *views,
-                                                                     parts, **config.launch_kwargs())
-    merge(config, parts, target, loss, lse, ignore_index, logits.shape[1])
+                                                                     *scratch(logits, (config,)),
+                                                                     **config.launch_kwargs())
 
 
-def workspace(logits: torch.Tensor, configs) -> torch.Tensor:
-    """The statistics of the rows' segments (`cross_entropy_segments`) for the largest SEGS of `configs` that
-    spread segments over programs (one column where none does)."""
-    most = max(c.kwargs["SEGS"] * (not c.kwargs["SEQ"]) for c in configs)
-    return torch.empty(3, max(1, logits.shape[0] * most), dtype=torch.float32, device=logits.device)
-
-
-def merge(config: mgjit.Config, parts: torch.Tensor, target, loss, lse, ignore_index: int, n: int) -> None:
-    """Merge the segments' statistics into the rows' losses and logsumexps, after a launch of `config` that spread
-    its rows' segments over programs (SEGS > 1, SEQ = 0)."""
-    segs = config.kwargs["SEGS"]
-    if segs > 1 and not config.kwargs["SEQ"]:
-        rows = loss.shape[0]
-        planes = (parts[j, :rows * segs].view(rows, segs) for j in range(3))
-        cross_entropy_combine[(-(-rows // COMBINE_ROWS),)](*planes, target, loss, lse, ignore_index, n,
-                                                          ROWS=COMBINE_ROWS, WIDTH=1 << (segs - 1).bit_length())
+def scratch(logits: torch.Tensor, configs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parts, counts) for launches of `configs` over `logits` (`finish_piece`): room for two pieces of rows a
+    program of the largest grid of them, and a count a row, zero (kept for the device and stream: every launch
+    leaves them zero). Where no config splits rows, the logits in their places (read by nothing)."""
+    per_sm = max(c.kwargs["PIPE"] * (c.kwargs["SEGS"] > 1) for c in configs)
+    if not per_sm:
+        return logits, logits
+    rows, device = logits.shape[0], logits.device
+    parts = torch.empty(3, 2 * per_sm * sm_count(device), dtype=torch.float32, device=device)
+    counts, = kept_zero(("cross_entropy", str(device), current_stream(device)), (((rows,), torch.int32),), device)
+    return parts, counts
 
 
 # ---- what the harness needs
@@ -380,7 +355,7 @@ def setup(device):
 
 
 def compile(logits, labels, out, target):
-    return cross_entropy_rows.compile(logits, labels, out, out, -100, logits, out,
+    return cross_entropy_rows.compile(logits, labels, out, out, -100, logits, out, out,
                                       **mapping(logits.shape[1])[0].launch_kwargs(), target=target)
 
 

@@ -263,7 +263,7 @@ def test_an_anchor_that_users_pull_back_returns_to_its_first_layout():
     loss, lse = torch.full((64,), float("nan")), torch.full((64,), float("nan"))
     config = ce.mapping(300, 0)[0]
     assert config.kwargs["ROWS"] == 8 and config.kwargs["PARTS"] == (256, 128)
-    args = (x, target, loss, lse, -100, x, ce.workspace(x, (config,)))
+    args = (x, target, loss, lse, -100, x, *ce.scratch(x, (config,)))
     c = ce.cross_entropy_rows.compile(*args, **config.launch_kwargs(), target="sm_90a")
     assert str(c.ir).count("relayout(") == 5
     ce.cross_entropy_rows.interpret[(8,)](*args, **config.launch_kwargs())

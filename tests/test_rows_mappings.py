@@ -51,7 +51,7 @@ def kernels(x, dtype):
          [(out[1], torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6), TOL[dtype] * scale)]),
         (ln.layernorm_rows, (x, w, b, out[2], x, out[2], x, x), {"eps": 1e-5},
          [(out[2], torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), TOL[dtype] * scale)]),
-        (ce.cross_entropy_rows, (x, target, loss, lse, -100, x, loss), {},
+        (ce.cross_entropy_rows, (x, target, loss, lse, -100, x, loss, loss), {},
          [(loss, torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100), 1e-5 * scale),
           (lse, torch.logsumexp(xd, 1), 1e-6 * scale)]),
     ]
@@ -164,11 +164,12 @@ def test_cross_entropy_of_a_target_outside_the_row_is_nan(monkeypatch, n):
             loss, lse = torch.full((6,), 7.0), torch.empty(6)
             ce.run_mapping(config, x, target, loss, lse)
             assert torch.allclose(loss, want, rtol=1e-5, atol=1e-5, equal_nan=True), config
-    compiled = ce.cross_entropy_rows.compile(x, target, loss, lse, -100, x, loss, **configs[0].launch_kwargs(),
+    compiled = ce.cross_entropy_rows.compile(x, target, loss, lse, -100, x, loss, loss, **configs[0].launch_kwargs(),
                                              target="sm_90a")
     loss = torch.full((6,), 7.0)
     dev = ptx_sim.Device()
-    dev.run(compiled, _rows.grid(6, configs[0]), x, target, loss, lse, -100, x, loss, cluster=configs[0].kwargs["CTAS"])
+    dev.run(compiled, _rows.grid(6, configs[0]), x, target, loss, lse, -100, x, loss, loss,
+            cluster=configs[0].kwargs["CTAS"])
     assert torch.allclose(dev.fetch(loss), want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import _device  # noqa: E402
 import _rows  # noqa: E402
 import _rows_piped as piped  # noqa: E402
 import cross_entropy as ce  # noqa: E402
@@ -41,7 +42,7 @@ def test_every_piped_mapping_interpreted(n, dtype):
         target = torch.randint(0, n, (rows,))
         target[::4] = -100
         loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
-        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x), loss,
+        ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x), loss, loss,
                                                      **config.launch_kwargs())
         xd = x.double()
         assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
@@ -209,7 +210,7 @@ def test_which_rows_are_piped():
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
-        assert [{**c.kwargs, "SEGS": 0, "SEQ": 0} for c in got] == [
+        assert [{**c.kwargs, "SEGS": 0} for c in got] == [
             c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"] and not c.kwargs["SEGS"]], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
@@ -453,7 +454,7 @@ def test_cross_entropy_refuses_a_cluster_mapping():
     x = torch.empty(8, n, dtype=BF16)
     with pytest.raises(mgjit.CompileError, match=r"cross_entropy\.py:\d+ .*pipes each row through one CTA"):
         ce.cross_entropy_rows.compile(x, torch.empty(8, dtype=torch.int64), torch.empty(8), torch.empty(8), -100,
-                                      piped.lines(x), x, **config.launch_kwargs(), target="sm_90a")
+                                      piped.lines(x), x, x, **config.launch_kwargs(), target="sm_90a")
 
 
 @pytest.mark.parametrize("n,dtype", [(20000, BF16), (20001, BF16), (32000, torch.float32), (65536, torch.float16)],
@@ -495,37 +496,78 @@ def test_norms_piped_over_a_cluster_interpreted(n, dtype):
 @pytest.mark.parametrize("n,dtype", [(20001, BF16), (50257, torch.float32), (300001, torch.float16),
                                      (20000, BF16)], ids=str)
 def test_cross_entropy_segments_interpreted(monkeypatch, n, dtype):
-    """Cross-entropy rows too long for one CTA split into segments of whole lines, of either kind: taken in turn
-    by one program, merged as they come (SEQ), or spread over programs as rows, each segment's statistics merged
-    by a second kernel (cross_entropy_combine). Two of each kind, through `run_mapping`, over more segments than
-    the programs' rings hold, targets on either side of the boundaries between segments and ignored; and the
-    wrapper with one forced. Rows longer than a cluster holds (300001) take segments too, and so do rows that
-    start on 16 bytes (20000)."""
+    """Cross-entropy rows too long for one CTA split into segments of whole lines that programs take as rows, the
+    last of a row's segments to be counted in merging their statistics. Three configs through `run_mapping`, over
+    more segments than the programs' rings hold, targets on either side of the boundaries between segments and
+    ignored, each run twice on fresh targets (the counts each launch leaves zero are the next one's), the last
+    under the interpreter's random schedule; and the wrapper with one forced. Rows longer than a cluster holds
+    (300001) take segments too, and so do rows that start on 16 bytes (20000)."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(_device, "_KEPT", {})
     itemsize = torch.finfo(dtype).bits // 8
     configs = [c for c in ce.mapping(n, itemsize) if c.kwargs["SEGS"] > 1]
     assert configs and all(c.kwargs["CTAS"] == 1 for c in configs)
-    in_turn = [c for c in configs if c.kwargs["SEQ"]]
-    assert [c.replace(SEQ=0) for c in in_turn] == [c for c in configs if not c.kwargs["SEQ"]]
     rows = 7
     x = (torch.randn(rows, n) * 4).to(dtype)
-    target = torch.randint(0, n, (rows,))
-    target[0], target[1], target[3] = 0, n - 1, -100
     xd = x.double()
-    for config in in_turn[:2] + [c.replace(SEQ=0) for c in in_turn[:2]]:
-        items = rows if config.kwargs["SEQ"] else rows * config.kwargs["SEGS"]
-        assert _rows.grid(rows, config) == (min(items, 2 * config.kwargs["PIPE"]),)
+    for k, config in enumerate(configs[:3]):
+        assert _rows.grid(rows, config) == (min(rows * config.kwargs["SEGS"], 2 * config.kwargs["PIPE"]),)
         width = sum(config.kwargs["PL"]) * piped.LINE  # a segment's columns; the first starts s into row r's lines
-        for r, before in ((2, 1), (4, 0), (5, 1), (6, 0)):  # a target on either side of a boundary between segments
-            target[r] = (r % (config.kwargs["SEGS"] - 1) + 1) * width - r * n % piped.LINE - before
-        ref = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
-        loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
-        ce.run_mapping(config, x, target, loss, lse)
-        assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
-        assert rel_err(loss, ref) < 1e-5, config
-    pair = (in_turn[0], in_turn[0].replace(SEQ=0))
-    programs = 2 * in_turn[0].kwargs["PIPE"]  # _rows.sm_count without a GPU: 2
-    assert ce.for_rows(pair, programs, None) == pair[:1] and ce.for_rows(pair, programs - 1, None) == pair[1:]
+        for again in range(2):
+            target = torch.randint(0, n, (rows,))
+            target[0], target[1], target[3] = 0, n - 1, -100
+            for r, before in ((2, 1), (4, 0), (5, 1), (6, 0)):  # a target on either side of a segments' boundary
+                target[r] = ((r + again) % (config.kwargs["SEGS"] - 1) + 1) * width - r * n % piped.LINE - before
+            ref = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
+            loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+            if k == 2:
+                parts, counts = ce.scratch(x, (config,))
+                ce.cross_entropy_rows.interpret(policy="random", seed=again)[_rows.grid(rows, config)](
+                    x, target, loss, lse, -100, piped.lines(x), parts, counts, **config.launch_kwargs())
+            else:
+                ce.run_mapping(config, x, target, loss, lse)
+            assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
+            assert rel_err(loss, ref) < 1e-5, config
+            (counts,), = _device._KEPT.values()
+            assert counts.shape == (rows,) and not counts.any(), "the row that merges sets its count back to 0"
+    pair = tuple(configs[:2])
     monkeypatch.setattr(ce, "mapping", lambda *args: pair)
     loss, lse = ce.cross_entropy(x, target)
     assert rel_err(loss, ref) < 1e-5
+
+
+def split_ends(rows: int, segs: int, programs: int) -> tuple[int, int]:
+    """(programs whose run holds pieces of rows at both its ends, rows split over three programs or more) for runs
+    as _rows_piped.program_items cuts them."""
+    each, more = divmod(rows * segs, programs)
+    runs = [(p * each + min(p, more), each + (p < more)) for p in range(programs)]
+    both = sum(1 for first, count in runs if count and first % segs and (first + count) % segs
+               and (first + count - 1) // segs != first // segs)
+    holders = [sum(1 for first, count in runs if count and first < (r + 1) * segs and first + count > r * segs)
+               for r in range(rows)]
+    return both, sum(h >= 3 for h in holders)
+
+
+def test_cross_entropy_runs_split_rows_at_both_ends(monkeypatch):
+    """Runs of segments cut anywhere: a program holding pieces of two rows (its run's first and last), rows whose
+    pieces three programs or more hold (runs shorter than a row); each row merged once, in the programs' order, and
+    every count left zero. The programs run one after another here; pieces counted in other orders are the GPU
+    tests' (tests/test_gpu_rows.py, test_every_piped_mapping)."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(_device, "_KEPT", {})
+    n = 20001
+    config = next(c for c in ce.mapping(n, 2) if c.kwargs["SEGS"] > 1)
+    segs = config.kwargs["SEGS"]
+    cases = {rows: split_ends(rows, segs, _rows.grid(rows, config)[0]) for rows in (1, 2, 3, 5, 7, 9, 11)}
+    assert any(both for both, _ in cases.values()) and any(wide for _, wide in cases.values()), cases
+    for rows in cases:
+        x = (torch.randn(rows, n) * 4).to(BF16)
+        target = torch.randint(0, n, (rows,))
+        ref = torch.nn.functional.cross_entropy(x.double(), target, reduction="none")
+        for seed in range(2):  # copies landing at random (the interpreter runs the programs one after another)
+            loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+            parts, counts = ce.scratch(x, (config,))
+            ce.cross_entropy_rows.interpret(policy="random", seed=seed)[_rows.grid(rows, config)](
+                x, target, loss, lse, -100, piped.lines(x), parts, counts, **config.launch_kwargs())
+            assert rel_err(loss, ref) < 1e-5 and rel_err(lse, torch.logsumexp(x.double(), 1)) < 1e-6, (rows, seed)
+            assert not counts.any(), (rows, seed)

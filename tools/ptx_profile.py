@@ -59,7 +59,7 @@ def launch_of(kernel: str, x: torch.Tensor):
     loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
     itemsize, views = piped_views((x,))
     configs = ce.mapping(n, itemsize)
-    return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, ce.workspace(x, configs)), {}, configs
+    return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, *ce.scratch(x, configs)), {}, configs
 
 
 def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0):
