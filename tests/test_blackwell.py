@@ -30,7 +30,10 @@ BF16, F32 = dtypes.bfloat16, dtypes.float32
 
 
 def load_example(name: str):
-    """examples/<name>.py as a module (the examples directory is not a package)."""
+    """examples/<name>.py as a module (the examples directory is not a package: the modules it imports, _device
+    and the like, are found on sys.path, as the examples run as scripts find them)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
