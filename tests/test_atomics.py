@@ -46,6 +46,26 @@ def test_stream_k_reduction(rows, chunks, ctas, policy):
 
 
 @mgjit.kernel
+def arrival(counter, order):
+    """order[program] = how many programs took a ticket before it."""
+    order[mgjit.program_id(0)] = mgjit.atomic_add(counter, 0, 1)
+
+
+def test_the_random_schedule_launches_the_grid_in_an_order_of_its_own():
+    """Programs run in program order under the late and eager schedules; the random one launches them in an order
+    drawn from its seed (a GPU promises none), so that CTAs handing work to each other through GMEM are checked
+    for depending on one: each order a permutation, seeds apart giving others."""
+    orders = []
+    for policy, seed in [("late", 0), ("eager", 0)] + [("random", s) for s in range(4)]:
+        order = torch.full((16,), -1, dtype=torch.int32)
+        arrival.interpret(policy=policy, seed=seed)[(16,)](torch.zeros(1, dtype=torch.int32), order)
+        assert sorted(order.tolist()) == list(range(16)), (policy, seed)
+        orders.append(order.tolist())
+    assert orders[0] == orders[1] == list(range(16))
+    assert len({tuple(o) for o in orders[2:]}) == 4 and list(range(16)) not in orders[2:]
+
+
+@mgjit.kernel
 def waits_forever(flags):
     mgjit.semaphore_wait(flags, mgjit.program_id(0), 1)
 
@@ -80,11 +100,12 @@ def clc_after_a_semaphore(owner, flags):
             tile, valid = first, canceled
 
 
-@pytest.mark.parametrize("policy", ["late", "random"])
+@pytest.mark.parametrize("policy", ["late", "eager"])
 def test_a_semaphore_launches_the_next_cluster_which_cluster_launch_control_then_cannot_cancel(policy):
     """With one cluster resident, CTA 0's wait launches CTA 1 beside it: CTA 1 runs its own tile (no try_cancel
     takes it from it), and the tiles of the clusters cancelled before they launched are taken by CTAs 0 and 1
-    (each exactly once: a cancelled cluster never runs)."""
+    (each exactly once: a cancelled cluster never runs). In program order: the random schedule launches the
+    clusters in an order of its own, where a try_cancel may take CTA 1 before it runs and leave CTA 0 waiting."""
     owner = torch.full((6,), -1, dtype=torch.int32)
     clc_after_a_semaphore.interpret(policy=policy, seed=1)[(6,)](owner, torch.zeros(1, dtype=torch.int32))
     assert owner[:2].tolist() == [0, 1] and set(owner[2:].tolist()) <= {0, 1}, owner.tolist()

@@ -550,9 +550,8 @@ def split_ends(rows: int, segs: int, programs: int) -> tuple[int, int]:
 
 def test_cross_entropy_runs_split_rows_at_both_ends(monkeypatch):
     """Runs of segments cut anywhere: a program holding pieces of two rows (its run's first and last), rows whose
-    pieces three programs or more hold (runs shorter than a row); each row merged once, in the programs' order, and
-    every count left zero. The programs run one after another here; pieces counted in other orders are the GPU
-    tests' (tests/test_gpu_rows.py, test_every_piped_mapping)."""
+    pieces three programs or more hold (runs shorter than a row); each row merged once, in the programs' order,
+    whichever counts its last piece in (the programs launch in random orders), and every count left zero."""
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
     monkeypatch.setattr(_device, "_KEPT", {})
     n = 20001
@@ -564,7 +563,7 @@ def test_cross_entropy_runs_split_rows_at_both_ends(monkeypatch):
         x = (torch.randn(rows, n) * 4).to(BF16)
         target = torch.randint(0, n, (rows,))
         ref = torch.nn.functional.cross_entropy(x.double(), target, reduction="none")
-        for seed in range(2):  # copies landing at random (the interpreter runs the programs one after another)
+        for seed in range(3):  # the programs launched in an order drawn from the seed, copies landing at random
             loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
             parts, counts = ce.scratch(x, (config,))
             ce.cross_entropy_rows.interpret(policy="random", seed=seed)[_rows.grid(rows, config)](

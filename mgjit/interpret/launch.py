@@ -145,7 +145,9 @@ class Run:
         self.rng = random.Random(seed)
         self.smem_offsets, self.smem_bytes = smem_plan(kernel)
         self.ticks = 0  # the logical clock that profiled spans record (mgjit/profiler.py)
-        self.launches = ClusterLaunches(grid, cluster, resident)
+        # Under the random schedule the clusters launch in an order drawn from the seed: a GPU promises none, and
+        # CTAs that hand work to each other through GMEM (a fix-up's pieces and counts) must not depend on one.
+        self.launches = ClusterLaunches(grid, cluster, resident, self.rng if policy == "random" else None)
 
     def execute(self) -> None:
         run_grid(self, self.clusters())

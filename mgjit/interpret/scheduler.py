@@ -3,10 +3,10 @@
 (TMA copies, wgmma groups, tcgen05 MMAs and commits) at points of its choosing between their issue and the
 waits that need them, and reports a deadlock when every warpgroup is blocked and nothing is in flight.
 
-The grid runs one cluster at a time (`run_grid`), in launch order (a cluster that cluster launch control
-cancelled never runs: ops/clc.py), except that a cluster blocked on a semaphore (a wait on GMEM that only another
-CTA can satisfy) has the next cluster launched beside it: CTAs that wait on later ones run as they would with the
-whole grid resident.
+The grid runs one cluster at a time (`run_grid`), in launch order (program order; under the random schedule an
+order drawn from its seed; a cluster that cluster launch control cancelled never runs: ops/clc.py), except that a
+cluster blocked on a semaphore (a wait on GMEM that only another CTA can satisfy) has the next cluster launched
+beside it: CTAs that wait on later ones run as they would with the whole grid resident.
 
 Schedules (`policy`): "late" (the default) completes async work only when no warpgroup can run, so that a
 missing wait reads stale data and a premature write lands before the reader; "eager" completes each operation

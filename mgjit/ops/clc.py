@@ -9,7 +9,8 @@ completes. With multicast=True the response goes to every CTA of the cluster: ea
 and the cluster's rank-0 CTA issues the request. After a CTA has seen a failed response it must not ask again
 (undefined behaviour in PTX; the interpreter reports it).
 
-The interpreter's model (`ClusterLaunches`): the grid's clusters launch in order (x fastest); the first `resident`
+The interpreter's model (`ClusterLaunches`): the grid's clusters launch in order (x fastest; under the random
+schedule, in an order drawn from its seed, as a GPU promises none); the first `resident`
 clusters (an option of `kernel.interpret`, default 1) are running from the start, every other one launches when the
 interpreter starts it (when those before it are done, or beside them when every running warpgroup is blocked and one
 waits on a semaphore: interpret/scheduler.run_grid). A try_cancel, when it completes, cancels the first cluster in
@@ -117,11 +118,15 @@ def _clc_query(op: ClcQuery, ctx: lower.Context) -> None:
 # cluster whose first CTA is (x, y, z) was cancelled, (0, 0, 0, 0) when none was.
 
 class ClusterLaunches:
-    """The grid's clusters in launch order (x fastest), which have launched, and which a try_cancel cancelled."""
+    """The grid's clusters in launch order (x fastest, or drawn from `shuffle`, a random.Random), which have
+    launched, and which a try_cancel cancelled."""
 
-    def __init__(self, grid: tuple[int, int, int], cluster: tuple[int, int, int], resident: int):
+    def __init__(self, grid: tuple[int, int, int], cluster: tuple[int, int, int], resident: int,
+                 shuffle: Any = None):
         (gx, gy, gz), (cx, cy, cz) = grid, cluster
         self.origins = [(x, y, z) for z in range(0, gz, cz) for y in range(0, gy, cy) for x in range(0, gx, cx)]
+        if shuffle is not None:
+            shuffle.shuffle(self.origins)
         self.launched = max(resident, 1)  # clusters [0, launched) of the order have launched
         self.cancelled: set[int] = set()
         self.failed_seen: set[tuple[int, int, int]] = set()  # CTAs that read a failed response
