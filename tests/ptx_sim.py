@@ -24,6 +24,7 @@ reach.
 """
 from __future__ import annotations
 
+import random
 import re
 import struct
 from collections import Counter
@@ -489,12 +490,12 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
 
 
 def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
-           threads: int = 128, counts: Counter | None = None, lands: str = "late") -> None:
+           threads: int = 128, counts: Counter | None = None, lands: str = "late", order: int | None = None) -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints, tensor maps
-    as ptx_tma.TensorMap). Clusters are `cluster` consecutive CTAs along x, launched in order (x fastest), each
-    run to its end before the next, skipping those a try_cancel cancelled (ptx_clc.py); their CTAs run in turns
-    (ptx_cluster.run_cluster). `counts` (if given) gathers the instructions issued, by opcode; `lands` is when TMA
-    copies land (ptx_tma.py)."""
+    as ptx_tma.TensorMap). Clusters are `cluster` consecutive CTAs along x, launched in order (x fastest, or, with
+    `order`, in an order drawn from that seed: a GPU promises none), each run to its end before the next, skipping
+    those a try_cancel cancelled (ptx_clc.py); their CTAs run in turns (ptx_cluster.run_cluster). `counts` (if
+    given) gathers the instructions issued, by opcode; `lands` is when TMA copies land (ptx_tma.py)."""
     if lands not in ("early", "late"):
         raise ValueError(f"lands is 'early' or 'late', got {lands!r}")
     prog = Program(ptx)
@@ -504,8 +505,10 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
     grid = tuple(grid) + (1,) * (3 - len(grid))
     if grid[0] % cluster:
         raise SimError(f"a grid of {grid[0]} is not a whole number of clusters of {cluster}")
-    launches = ClusterQueue([(x0, y, z) for z in range(grid[2]) for y in range(grid[1])
-                             for x0 in range(0, grid[0], cluster)])
+    origins = [(x0, y, z) for z in range(grid[2]) for y in range(grid[1]) for x0 in range(0, grid[0], cluster)]
+    if order is not None:
+        random.Random(order).shuffle(origins)
+    launches = ClusterQueue(origins)
     while (origin := launches.launch()) is not None:
         x0, y, z = origin
         ctas: list[CTA] = []
@@ -526,6 +529,7 @@ class Device:
         self.free = 0
         self.counts: Counter | None = None  # set to a Counter: the instructions later runs issue, by opcode
         self.lands = "late"  # when TMA copies land: "late" or "early" (ptx_tma.py)
+        self.order: int | None = None  # clusters launched in grid order, or in an order drawn from this seed
 
     def place(self, base) -> None:
         if base.data_ptr() % 64 or not base.is_contiguous():
@@ -586,4 +590,4 @@ class Device:
             values.append(TensorMap(self.address(t), tuple(t.shape), tuple(s * t.element_size() for s in t.stride()),
                                     tuple(desc["box"]), t.element_size(), desc["swizzle"], str(t.dtype)[6:]))
         launch(compiled.ptx, grid, values, self.mem, compiled.smem_bytes, cluster, compiled.threads, self.counts,
-               self.lands)
+               self.lands, self.order)

@@ -174,7 +174,8 @@ def ring_rows(config: mgjit.Config) -> int:
 def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) -> list[torch.Tensor]:
     """The row example's outputs over x from the PTX of `config` on the simulator (a piped mapping on a grid of the
     fewest programs or clusters it takes, each looping over rows past its ring of slots), checked against torch;
-    then the same launch interpreted, which must agree."""
+    then the same launch interpreted, which must agree. The simulator launches the grid in an order drawn from the
+    rows' count (a GPU promises none): cross-entropy's pieces of a row are then merged by either program."""
     kernel, args, constexprs, outputs, refs, tol = row_case(name, x, config)
     k = config.kwargs
     if k["PIPE"]:
@@ -184,7 +185,7 @@ def simulate_rows(name: str, x: torch.Tensor, config: mgjit.Config, lands: str) 
         grid = _rows.grid(x.shape[0], config)
     compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
     dev = ptx_sim.Device(64 << 20)
-    dev.lands = lands
+    dev.lands, dev.order = lands, x.shape[0]
     dev.run(compiled, grid, *args, cluster=k["CTAS"])
     got = [dev.fetch(o).clone() for o in outputs]
     if k.get("SEGS", 0) > 1:  # cross-entropy's segments: the row that merges sets its count back to 0
