@@ -47,8 +47,9 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
                        CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
                        STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
-    least rows * SEGS) float32, each segment's statistics, and counts: (at least rows) int32, zero, each row's
-    segments counted in and set back to zero, both used by piped segments (SEGS > 1) only (`scratch`)."""
+    least two a program) float32, the statistics of the pieces of rows that programs share, and counts: (at least
+    rows) int32, zero, each such row's pieces counted in and set back to zero, both used by piped segments
+    (SEGS > 1) only (`scratch`, `finish_piece`)."""
     if PIPE:
         mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
         if SEGS > 1:
