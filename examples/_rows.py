@@ -509,6 +509,15 @@ def finite_shift(m):
 
 
 @mgjit.device
+def merge_pair(top, total, m, s):
+    """(maximum, sum of exp(x - that maximum)) of the elements of two parts, from each part's (maximum, sum of
+    exp(x - its maximum)); parts of -inf alone (sum 0) add 0."""
+    merged = mgjit.maximum(top, m)
+    shift = finite_shift(merged)
+    return merged, total * mgjit.exp(top - shift) + s * mgjit.exp(m - shift)
+
+
+@mgjit.device
 def streamed_exp_sum(x, row, BLOCK):
     """(m, s): row `row` of x's maximum and the sum of exp(x - m), read in BLOCK-wide chunks with a running
     maximum, the sum rescaled when it grows. A chunk of -inf alone (a masked stretch of logits) adds 0."""

@@ -358,20 +358,21 @@ def program_items(p, rows, SEGS):
     in order (a row's one after another): as even as the grid allows, the first programs one more. Whole rows dealt
     to programs in turn fall unevenly: bf16 rows of 100000 in 10 segments of 40 lines, 2 programs an SM, 1342 rows (6
     for 22 programs, 5 for the rest), ran 0.80 of copy bandwidth, in even runs 0.86 (H200, kernel alone)."""
-    items = rows * SEGS
-    programs = mgjit.num_programs(0)
-    each = items // programs
-    more = items % programs
+    each, more = run_lengths(rows, SEGS)
     return p * each + mgjit.minimum(p, more), mgjit.where(p < more, each + 1, each)
+
+
+@mgjit.device
+def run_lengths(rows, SEGS):
+    """(each, more): every program of the grid runs over `each` of the rows' segments, the first `more` one more."""
+    items = rows * SEGS
+    return items // mgjit.num_programs(0), items % mgjit.num_programs(0)
 
 
 @mgjit.device
 def item_program(item, rows, SEGS):
     """The program whose run (`program_items`) holds segment `item` of the rows' segments taken in order."""
-    items = rows * SEGS
-    programs = mgjit.num_programs(0)
-    each = items // programs
-    more = items % programs
+    each, more = run_lengths(rows, SEGS)
     wide = more * (each + 1)
     return mgjit.where(item < wide, item // (each + 1), more + (item - wide) // mgjit.maximum(each, 1))
 

@@ -23,7 +23,7 @@ import functools
 
 import torch
 from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, floating, held_width, launch,
-                   load_row, grid, mapping as rows_mapping, merge_exp, output, segment,
+                   load_row, grid, mapping as rows_mapping, merge_exp, merge_pair, output, segment,
                    segment_sum, sm_count, stage, store_stat, streamed_exp_sum)
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
@@ -153,10 +153,7 @@ def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, c
         m, segment_total, segment_picked = segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST,
                                                               SEGS)
         picked = picked + segment_picked
-        merged = mgjit.maximum(top, m)
-        shift = finite_shift(merged)  # segments of -inf alone so far: their totals are 0, and stay so
-        total = total * mgjit.exp(top - shift) + segment_total * mgjit.exp(m - shift)
-        top = merged
+        top, total = merge_pair(top, total, m, segment_total)
         row = (first + i) // SEGS
         ends = (first + i) % SEGS == SEGS - 1
         if ends | (i == count - 1):
@@ -193,11 +190,7 @@ def finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, 
         for q in range(lo, hi + 1):
             start, _ = program_items(q, rows, SEGS)
             k = mgjit.where(row == start // SEGS, 2 * q, 2 * q + 1)
-            piece = parts[0, k]
-            merged = mgjit.maximum(m, piece)
-            shift = finite_shift(merged)
-            s = s * mgjit.exp(m - shift) + parts[1, k] * mgjit.exp(piece - shift)
-            m = merged
+            m, s = merge_pair(m, s, parts[0, k], parts[1, k])
             hit = hit + parts[2, k]
         row_lse = m + mgjit.log(s)
         lse[row] = row_lse
