@@ -46,8 +46,8 @@ warp_id = _builtin("warp_id", "warp_id(): the warp's index in its warpgroup, for
                               "copies, barriers, tcgen05 MMAs) while the other warps go on; such blocks end their "
                               "block.")
 arange = _builtin("arange", "arange(stop) or arange(start, stop): a 1D int32 array; bounds are static.")
-zeros = _builtin("zeros", "zeros(shape, dtype=float32): an array of zeros.")
-full = _builtin("full", "full(shape, value, dtype=None): an array of one value.")
+zeros = _builtin("zeros", "zeros(shape, dtype=float32): an array of zeros (shape (): a runtime scalar).")
+full = _builtin("full", "full(shape, value, dtype=None): an array of one value (shape (): a runtime scalar).")
 where = _builtin("where", "where(cond, a, b): elementwise choice.")
 minimum = _builtin("minimum", "minimum(a, b): elementwise minimum.")
 maximum = _builtin("maximum", "maximum(a, b): elementwise maximum.")

@@ -461,3 +461,30 @@ def test_a_runtime_loop_carries_tuples():
         k_tuple_grows.compile(x, out, target="sm_90a")
     with pytest.raises(mgjit.CompileError, match=r"`acc\[1\]\[1\]` changes shape in the loop from \(\) to \(128,\)"):
         k_tuple_reshapes.compile(x, out, target="sm_90a")
+
+
+# ------------------------------------------------------------------------------------------ scalars from full
+
+@mgjit.kernel
+def k_scalar_from_full(x, out):
+    """mgjit.full((), v) and mgjit.zeros(()) are runtime scalars: usable where a scalar is (a splat operand of
+    mgjit.where, a value carried through a loop, a cast)."""
+    fill = mgjit.full((), 0.5, mgjit.float32)
+    count = mgjit.zeros((), mgjit.int32)
+    for i in range(x.shape[0]):
+        fill = fill + x[i, 0]
+        count = count + 1
+    v = x[0, mgjit.ds(0, 128)]
+    out[mgjit.ds(0, 128)] = mgjit.where(v > 0.0, fill.astype(mgjit.bfloat16).astype(mgjit.float32), v)
+    out[128] = count.astype(mgjit.float32)
+
+
+def test_full_of_an_empty_shape_is_a_scalar():
+    """Shape () gave a 0-d array that mgjit.where refused with an internal 'splat takes a scalar'."""
+    x = torch.randn(5, 128)
+    out = torch.full((129,), float("nan"))
+    k_scalar_from_full.interpret[(1,)](x, out)
+    fill = (0.5 + x[:, 0].sum()).to(torch.bfloat16).float()
+    assert torch.equal(out[:128], torch.where(x[0] > 0, fill, x[0]))
+    assert out[128].item() == 5
+    k_scalar_from_full.compile(x, out, target="sm_90a")

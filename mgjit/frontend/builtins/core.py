@@ -46,6 +46,8 @@ def _splat(t: Semantics, args: list, kwargs: dict, value: Any, dtype: Any) -> Te
     if dtype is None:
         dtype = value.dtype if isinstance(value, Tensor) else python_scalar_dtype(value)
     scalar = t.cast(t.to_tensor(value, dtype), dtype)
+    if not shape:  # shape (): a runtime scalar (a 0-d array is one)
+        return scalar
     return t.emit(ops.Splat(scalar.value, shape, t.builder.loc))
 
 
