@@ -177,12 +177,14 @@ def _cluster_sync(op: ClusterSync, ctx: lower.Context) -> None:
 @dataclasses.dataclass
 class _Held:
     """A value as an exchange moves it: its elements, where each goes in a slot, how many a slot holds, which
-    threads write them, and how to rebuild a value of its type from elements."""
+    threads write them, how to rebuild a value of its type from elements, and whether every thread of the
+    warpgroup holds it (a scalar, a splat)."""
     values: list
     places: list
     count: int
     writer: Any
     rebuild: Callable[[list], Any]
+    uniform: bool = False
 
 
 def _held(ctx: lower.Context, x: Value) -> _Held:
@@ -198,7 +200,7 @@ def _held(ctx: lower.Context, x: Value) -> _Held:
     value = lowered.elems[0] if x.is_array else lowered
     rebuild = (lambda elems: lower.Frag(lowered.layout, lowered.shape, x.dtype, elems)) if x.is_array \
         else (lambda elems: elems[0])
-    return _Held([value], [e.i32(0)], 1, e.cmpi("eq", ctx.wg_tid, e.i32(0)), rebuild)
+    return _Held([value], [e.i32(0)], 1, e.cmpi("eq", ctx.wg_tid, e.i32(0)), rebuild, uniform=True)
 
 
 def _in_loop(kernel: ir.Kernel, op: Op) -> bool:
@@ -263,9 +265,9 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
                   ctx.wg_id)
     mapa = "mapa.shared::cluster.u32 $0, $1, $2;"
     lane_peer = e.remui(ctx.wg_tid, e.i32(op.ctas))  # lanes past the cluster's CTAs: a valid rank, no write
-    scalars = barrier is not None and any(h.count == 1 for h in held)
+    scalars = barrier is not None and any(h.uniform for h in held)
     lane_barrier = e.asm(mapa, "=r,r,r", [barrier, lane_peer], [i32])[0] if scalars else None
-    arrays = barrier is not None and any(h.count > 1 for h in held)
+    arrays = barrier is not None and not all(h.uniform for h in held)
     peers = [] if not arrays else [(e.i32(p), e.asm(mapa, "=r,r,r", [barrier, e.i32(p)], [i32])[0])
                                    for p in range(op.ctas)]
     for h, base, x in zip(held, bases, op.values):
@@ -274,7 +276,7 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
             local = shared_address(ctx, _slot_address(ctx, h, buffer, base, mine, place))
             if barrier is None:
                 e.asm_void("@$0 st.shared.b32 [$1], $2;", "b,r,r", [h.writer, local, bits])
-            elif h.count == 1:  # lane p of the first warp writes CTA p's copy
+            elif h.uniform:  # lane p of the first warp writes CTA p's copy
                 remote = e.asm(mapa, "=r,r,r", [local, lane_peer], [i32])[0]
                 e.asm_void("@$0 st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$1], $2, [$3];",
                            "b,r,r,r", [e.cmpi("ult", ctx.wg_tid, e.i32(op.ctas)), remote, bits, lane_barrier])
