@@ -72,7 +72,9 @@ CLUSTER_SHAPES = ((3, 4), (2, 4), (3, 2), (2, 3))
 # layernorm 150000 over 8 CTAs of 74 lines 0.77 / 0.77, where 16 of 37 at (2, 2) ran 0.69 and chunked rows 0.71;
 # rmsnorm 262144 over 16 of 64 0.86 / 0.88, (2, 2) 0.86), over clusters of a power of two CTAs (LONE_CLUSTERS:
 # layernorm 128256 over 8 CTAs of 64 lines 0.83, 7 of 72 0.75 / 0.77; 100000 over 5 of 80 0.62; 200000 over 10 of
-# 79 0.42, 16 of 49 0.56).
+# 79 0.42, 16 of 49 0.56). Since an exchange's copies go out from several lanes (ops/clusters.py): layernorm 262144
+# 0.81 / 0.85, 150000 over 8 of 74 at (4, 1) 0.86, 128256 over 8 of 64 at (3, 1) 0.87; 230000 over 15 CTAs of 64
+# lines (one array, a cluster of 15) 0.53, where 16 of 57 (four arrays) run 0.72.
 LONE_CLUSTER_SHAPES = ((3, 1), (4, 1))
 LONE_CLUSTERS = (2, 4, 8)
 # With weights stashed too, two programs an SM of two slots hold a segment that three slots would not (layernorm
