@@ -97,6 +97,7 @@ class Check(str, enum.Enum):
     REGISTERS = "registers"                  # set_max_registers beyond what the register file can give
     CLC_AFTER_FAILURE = "clc-after-failure"  # a try_cancel after the CTA read a failed response
     DEVICE_ASSERT = "device-assert"          # an mgjit.device_assert whose condition was false
+    GMEM_UNORDERED = "gmem-unordered"        # GMEM read of stores (another CTA's, warpgroup's) nothing orders before it
 
     __str__ = str.__str__
     __format__ = str.__format__

@@ -189,3 +189,84 @@ def test_errors_name_the_line(kernel, dtype, phrase):
     with pytest.raises(mgjit.CompileError) as info:
         kernel.compile(torch.zeros(256, dtype=dtype), target="sm_90a")
     assert phrase in str(info.value) and info.value.loc.line == line and info.value.loc.file == __file__
+
+
+# ---- GMEM that CTAs hand each other: the race checker (interpret/checker.py GmemWrites)
+
+@mgjit.kernel
+def hand_off(data, flag, out, SEM: mgjit.constexpr):
+    """CTA 0 stores a row and signals; CTA 1 waits for the signal and reads the row."""
+    if mgjit.program_id(0) == 0:
+        data[mgjit.ds(0, 128)] = mgjit.arange(128).astype(mgjit.float32)  # STORE
+        mgjit.atomic_add(flag, 0, 1, sem=SEM)
+    else:
+        mgjit.semaphore_wait(flag, 0, 1)
+        out[mgjit.ds(0, 128)] = data[mgjit.ds(0, 128)]  # LOAD
+
+
+@mgjit.kernel
+def last_one_sums(pieces, count, out, SEM: mgjit.constexpr):
+    """Each CTA stores its piece and counts itself in; the last to arrive sums every piece (the cross-entropy
+    fix-up's pattern, examples/cross_entropy.py finish_piece)."""
+    p = mgjit.program_id(0)
+    pieces[p, mgjit.ds(0, 128)] = mgjit.arange(128).astype(mgjit.float32) + p  # STORE
+    if mgjit.atomic_add(count, 0, 1, sem=SEM) == mgjit.num_programs(0) - 1:
+        total = mgjit.zeros((128,), mgjit.float32)
+        for q in range(mgjit.num_programs(0)):
+            total = total + pieces[q, mgjit.ds(0, 128)]  # LOAD
+        out[mgjit.ds(0, 128)] = total
+
+
+def marked_line(kernel, mark: str) -> int:
+    lines, first = inspect.getsourcelines(kernel.fn)
+    return first + next(i for i, text in enumerate(lines) if text.rstrip().endswith(f"# {mark}"))
+
+
+@pytest.mark.parametrize("policy", ["late", "eager", "random"])
+def test_gmem_handed_over_by_release_and_acquire(policy):
+    """A release signal and an acquire wait (or acq_rel counts) order the stores before the other CTA's loads:
+    the results hold and nothing is reported, under every schedule."""
+    out = torch.zeros(128)
+    hand_off.interpret(policy=policy, seed=3)[(2,)](torch.zeros(128), torch.zeros(1, dtype=torch.int32), out,
+                                                  SEM="release")
+    assert torch.equal(out, torch.arange(128.0))
+    out = torch.zeros(128)
+    last_one_sums.interpret(policy=policy, seed=3)[(5,)](torch.zeros(5, 128), torch.zeros(1, dtype=torch.int32),
+                                                       out, SEM="acq_rel")
+    assert torch.equal(out, 5 * torch.arange(128.0) + 10)
+
+
+@pytest.mark.parametrize("kernel,sem,grid", [(hand_off, "relaxed", 2), (last_one_sums, "relaxed", 5),
+                                             (last_one_sums, "release", 5)], ids=["signal", "count", "no-acquire"])
+def test_gmem_of_another_cta_read_without_acquiring_it(kernel, sem, grid):
+    """A relaxed signal (or a count whose last arriver does not acquire) orders nothing: the GPU may let the
+    reader see the old bytes. The interpreter reports the load, naming the other CTA's store, though its run
+    happened to see the new values."""
+    args = (torch.zeros(128), torch.zeros(1, dtype=torch.int32)) if kernel is hand_off else \
+        (torch.zeros(grid, 128), torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(mgjit.InterpretError) as info:
+        kernel.interpret[(grid,)](*args, torch.zeros(128), SEM=sem)
+    err = info.value
+    assert err.check == mgjit.Check.GMEM_UNORDERED and "reads GMEM that CTA (0, 0, 0)" in str(err)
+    assert err.loc.line == marked_line(kernel, "LOAD") and err.related[0].line == marked_line(kernel, "STORE")
+
+
+@mgjit.kernel(num_warpgroups=2)
+def between_warpgroups(data, out, SYNC: mgjit.constexpr):
+    """Warpgroup 0 stores a row of GMEM that warpgroup 1 then reads."""
+    if mgjit.warpgroup_id() == 0:
+        data[mgjit.ds(0, 128)] = mgjit.arange(128).astype(mgjit.float32)  # STORE
+    if SYNC:
+        mgjit.cta_sync()
+    if mgjit.warpgroup_id() == 1:
+        out[mgjit.ds(0, 128)] = data[mgjit.ds(0, 128)]  # LOAD
+
+
+def test_gmem_between_warpgroups_of_a_cta_needs_a_barrier():
+    out = torch.zeros(128)
+    between_warpgroups.interpret[(1,)](torch.zeros(128), out, SYNC=True)
+    assert torch.equal(out, torch.arange(128.0))
+    with pytest.raises(mgjit.InterpretError, match=r"reads GMEM that CTA \(0, 0, 0\) \(warpgroup 0\) stores, and "
+                                                   r"nothing orders .*mgjit\.cta_sync") as info:
+        between_warpgroups.interpret(policy="eager")[(1,)](torch.zeros(128), torch.zeros(128), SYNC=False)
+    assert info.value.loc.line == marked_line(between_warpgroups, "LOAD")

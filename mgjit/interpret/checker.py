@@ -11,11 +11,20 @@ another exactly when the reader's clock has reached the count the other recorded
 `Records` keeps, per memory, the latest accesses to each byte (SMEM) or column (TMEM) range that later
 accesses must be ordered against. The checks raise InterpretError naming both lines. Timing plays no part:
 a race is reported whether or not the scheduler happened to order the two accesses safely this time.
+
+GMEM (`GmemWrites`): a warpgroup's plain stores count in its own component ("gmem", program id, warpgroup), and
+each element remembers its last store. A load must know that store: its own, or one that a barrier of the CTA or
+cluster, or a release atomic that its CTA's acquire read from (an atomic's cell keeps the GMEM part of the clocks
+released into it), ordered before. A relaxed atomic orders nothing. A load is checked against the stores the
+interpreter ran before it: an unordered store that happens to run after the load goes unreported in that run
+(the random schedule's launch orders cover both). TMA stores are not tracked.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Iterator
+
+import torch
 
 from ..errors import Check, InterpretError, Loc
 
@@ -125,3 +134,66 @@ def fence(records: Records, key: tuple) -> None:
     for a in records.entries:
         if a.kind == "store" and a.key == key:
             a.fenced = True
+
+
+class GmemWrites:
+    """A launch's plain stores to GMEM and the clocks its release atomics left in their cells (the module's doc).
+    Tensors are tracked by storage and element size: views of one storage in another dtype are not compared."""
+
+    def __init__(self):
+        self.shadows: dict[tuple, torch.Tensor] = {}  # (storage, element size) -> the last store to each element
+        self.events: list[tuple] = [()]  # a store's number -> (its clock component, count, line, CTA, warpgroup)
+        self.cells: dict[tuple, Clock] = {}  # (storage, element size, element) -> GMEM clock released there
+
+    @staticmethod
+    def _elements(view: torch.Tensor) -> tuple[tuple, torch.Tensor]:
+        """(the storage's key, the storage indices of the view's elements)."""
+        index = torch.tensor(view.storage_offset(), dtype=torch.int64)
+        for size, stride in zip(view.shape, view.stride()):
+            index = index.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+        return (view.untyped_storage().data_ptr(), view.element_size()), index.reshape(-1)
+
+    def store(self, view: torch.Tensor, key: tuple, count: int, loc: Loc | None, cta: tuple, wg: int) -> None:
+        storage, index = self._elements(view)
+        shadow = self.shadows.get(storage)
+        if shadow is None:
+            shadow = self.shadows[storage] = torch.zeros(view.untyped_storage().nbytes() // storage[1],
+                                                         dtype=torch.int32)
+        self.events.append((key, count, loc, cta, wg))
+        shadow[index] = len(self.events) - 1
+
+    def check_load(self, view: torch.Tensor, clock: Clock, loc: Loc | None, reader: str, cta: tuple) -> None:
+        """`reader` (a warpgroup of CTA `cta` whose clock is `clock`, or the TMA copy it issues) reads the view's
+        elements."""
+        storage, index = self._elements(view)
+        shadow = self.shadows.get(storage)
+        if shadow is None:
+            return
+        for event in shadow[index].unique().tolist():
+            if not event:
+                continue
+            key, count, store_loc, writer, wg = self.events[event]
+            if clock.get(key, 0) < count:
+                remedy = ("a barrier of the CTA (mgjit.cta_sync) between them does" if writer == cta else
+                          "the writer's atomic with sem='release' (or 'acq_rel') and an atomic with sem='acquire' "
+                          "(or 'acq_rel') or a semaphore wait of this CTA on the same cell do (a relaxed atomic "
+                          "does not), or a cluster_sync where both CTAs are of one cluster")
+                raise InterpretError(f"{reader} reads GMEM that CTA {writer} (warpgroup {wg}) stores, and nothing "
+                                     f"orders that store before this read: {remedy}", loc, Check.GMEM_UNORDERED,
+                                     (store_loc,) if store_loc else ())
+
+    def _cell(self, view: torch.Tensor) -> list[tuple]:
+        storage, index = self._elements(view)
+        return [(*storage, i) for i in index.tolist()]
+
+    def release(self, view: torch.Tensor, clock: Clock) -> None:
+        """An atomic with release ordering on the view's cells: they keep the GMEM part of `clock`."""
+        gmem = {k: v for k, v in clock.items() if k[0] == "gmem"}
+        for cell in self._cell(view):
+            join(self.cells.setdefault(cell, {}), gmem)
+
+    def acquire(self, view: torch.Tensor, clock: Clock) -> None:
+        """An atomic or semaphore wait with acquire ordering on the view's cells: `clock` learns what was released
+        into them."""
+        for cell in self._cell(view):
+            join(clock, self.cells.get(cell, {}))

@@ -19,6 +19,7 @@ from ..ops.tmem import static_refs
 from ..profiler import Profile
 from ..specialize import Specialization
 from . import numerics
+from .checker import GmemWrites
 from .machine import CTA, Cluster
 from .scheduler import POLICIES, run_grid
 
@@ -145,6 +146,7 @@ class Run:
         self.rng = random.Random(seed)
         self.smem_offsets, self.smem_bytes = smem_plan(kernel)
         self.ticks = 0  # the logical clock that profiled spans record (mgjit/profiler.py)
+        self.gmem = GmemWrites()  # plain GMEM stores and released atomics' clocks, for the race checker
         # Under the random schedule the clusters launch in an order drawn from the seed: a GPU promises none, and
         # CTAs that hand work to each other through GMEM (a fix-up's pieces and counts) must not depend on one.
         self.launches = ClusterLaunches(grid, cluster, resident, self.rng if policy == "random" else None)

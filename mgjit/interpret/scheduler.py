@@ -130,14 +130,22 @@ class Warpgroup:
         self.index = index
         self.env: dict[int, Any] = dict(run.params)
         self.agent = ("wg", cta.rank, index)
+        self.gmem_agent = ("gmem", cta.program_id, index)  # its GMEM stores (checker.GmemWrites), grid-wide
         self.clock: Clock = {}
         self.events = 0  # this warpgroup's SMEM stores and TMEM loads so far (its own clock component)
+        self.gmem_stores = 0
 
     def event(self) -> int:
         """Count one of this warpgroup's own accesses that others must be ordered after; returns its count."""
         self.events += 1
         self.clock[self.agent] = self.events
         return self.events
+
+    def gmem_store(self, view: torch.Tensor, loc: Loc | None) -> None:
+        """Record a plain store of this warpgroup to the GMEM elements of `view`."""
+        self.gmem_stores += 1
+        self.clock[self.gmem_agent] = self.gmem_stores
+        self.run.gmem.store(view, self.gmem_agent, self.gmem_stores, loc, self.cta.program_id, self.index)
 
     # -- values
     def get(self, v: ir.Value, op: ir.Op) -> Any:

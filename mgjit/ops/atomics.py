@@ -320,6 +320,10 @@ def _interp_atomic(op: Atomic, wg: Warpgroup) -> None:
     compare = wg.get(op.compare, op) if op.kind == "cas" else None
     old = torch.zeros(op.sizes, dtype=numerics.torch_dtype(dtype))
     if inside is not None:
+        if op.sem in ("acquire", "acq_rel"):
+            wg.run.gmem.acquire(ref[inside[0]], wg.clock)
+        if op.sem in ("release", "acq_rel"):
+            wg.run.gmem.release(ref[inside[0]], wg.clock)
         here = ref[inside[0]]
         old[inside[1]] = here
         part = value.expand(op.sizes)[inside[1]]
@@ -342,5 +346,6 @@ def _interp_semaphore_wait(op: SemaphoreWait, wg: Warpgroup) -> Generator[Wait, 
     def describe() -> str:
         return f"semaphore at {starts} to reach {value} (it holds {int(cell.reshape(-1)[0])})"
 
-    yield Wait(op.loc, lambda: int(cell.reshape(-1)[0]) >= value, describe, cross_cta=True)
+    yield Wait(op.loc, lambda: int(cell.reshape(-1)[0]) >= value, describe,
+               lambda: wg.run.gmem.acquire(cell, wg.clock), cross_cta=True)
 

@@ -493,6 +493,7 @@ def _interp_load(op: Load, wg: Warpgroup) -> None:
     fill = torch.tensor([op.other], dtype=numerics.torch_dtype(op.ref.dtype))
     out = fill.expand(op.sizes).clone()
     if inside is not None:
+        wg.run.gmem.check_load(ref[inside[0]], wg.clock, op.loc, "this load", wg.cta.program_id)
         out[inside[1]] = ref[inside[0]]
     wg.set(op.result, out.reshape(op.window_shape))
 
@@ -502,3 +503,4 @@ def _interp_store(op: Store, wg: Warpgroup) -> None:
     ref, inside = _window(op, wg)
     if inside is not None:
         ref[inside[0]] = wg.get(op.value, op).reshape(op.sizes)[inside[1]]
+        wg.gmem_store(ref[inside[0]], op.loc)

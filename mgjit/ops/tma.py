@@ -433,6 +433,10 @@ def issue_load(op: Op, wg: Warpgroup, src: torch.Tensor, spec, dst: RefType, box
     lands: reading them before waiting on that barrier is a race."""
     stored, dtype = tile_of(dst), dst.dtype
     box_bytes = math.prod(spec.box) * stored.itemsize
+    for box_coords, _ in boxes:  # the GMEM it reads: other CTAs' stores must be ordered before the issue
+        inside = window_slices(src.shape, box_coords, spec.box)
+        if inside is not None:
+            wg.run.gmem.check_load(src[inside[0]], wg.clock, op.loc, "this TMA copy", wg.cta.program_id)
     landing = []
     for t, bar in targets:
         accesses = []
