@@ -6,8 +6,9 @@ the cluster holds them, several in one exchange).
 An exchange between the CTAs of a cluster costs no cluster barrier: every warpgroup writes its slot in every CTA
 with st.async, which counts its bytes on the receiving CTA's mbarrier, and each CTA waits on its own mbarrier for
 all of them. A scalar's copies go out from as many lanes at once (one thread writing them in turn, 16 CTAs of two
-values a row, held bf16 layernorm rows of 262144 to 0.67 of copy bandwidth; 0.81 this way). A barrier.cluster (whose release is a MEMBAR.ALL.GPU in SASS) would wait for every load and store the
-CTA has in flight: the stores of the last row and the loads of the next, in a kernel that prefetches. The
+values a row, held bf16 layernorm rows of 262144 to 0.67 of copy bandwidth; 0.81 this way). A barrier.cluster
+(whose release is a MEMBAR.ALL.GPU in SASS) would wait for every load and store the CTA has in flight: the stores
+of the last row and the loads of the next, in a kernel that prefetches. The
 exchanges of a kernel share two mbarriers and each has two slot buffers, picked by the parity of a counter of
 the exchanges run so far (a hidden variable of the trace, carried through loops: the `count` operand). Buffer
 and mbarrier k are written again two exchanges later, and a CTA gets there only after every CTA wrote its slots
@@ -264,9 +265,9 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
     mine = e.addi(e.muli(cluster_ctarank(ctx) if op.ctas > 1 else e.i32(0), e.i32(ctx.kernel.num_warpgroups)),
                   ctx.wg_id)
     mapa = "mapa.shared::cluster.u32 $0, $1, $2;"
-    lane_peer = e.remui(ctx.wg_tid, e.i32(op.ctas))  # lanes past the cluster's CTAs: a valid rank, no write
-    scalars = barrier is not None and any(h.uniform for h in held)
-    lane_barrier = e.asm(mapa, "=r,r,r", [barrier, lane_peer], [i32])[0] if scalars else None
+    if barrier is not None and any(h.uniform for h in held):
+        lane_peer = e.remui(ctx.wg_tid, e.i32(op.ctas))  # lanes past the cluster's CTAs: a valid rank, no write
+        lane_barrier = e.asm(mapa, "=r,r,r", [barrier, lane_peer], [i32])[0]
     arrays = barrier is not None and not all(h.uniform for h in held)
     peers = [] if not arrays else [(e.i32(p), e.asm(mapa, "=r,r,r", [barrier, e.i32(p)], [i32])[0])
                                    for p in range(op.ctas)]
