@@ -267,6 +267,7 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
     mapa = "mapa.shared::cluster.u32 $0, $1, $2;"
     if barrier is not None and any(h.uniform for h in held):
         lane_peer = e.remui(ctx.wg_tid, e.i32(op.ctas))  # lanes past the cluster's CTAs: a valid rank, no write
+        lane_writes = e.cmpi("ult", ctx.wg_tid, e.i32(op.ctas))
         lane_barrier = e.asm(mapa, "=r,r,r", [barrier, lane_peer], [i32])[0]
     arrays = barrier is not None and not all(h.uniform for h in held)
     peers = [] if not arrays else [(e.i32(p), e.asm(mapa, "=r,r,r", [barrier, e.i32(p)], [i32])[0])
@@ -280,7 +281,7 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
             elif h.uniform:  # lane p of the first warp writes CTA p's copy
                 remote = e.asm(mapa, "=r,r,r", [local, lane_peer], [i32])[0]
                 e.asm_void("@$0 st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$1], $2, [$3];",
-                           "b,r,r,r", [e.cmpi("ult", ctx.wg_tid, e.i32(op.ctas)), remote, bits, lane_barrier])
+                           "b,r,r,r", [lane_writes, remote, bits, lane_barrier])
                 continue
             for peer, peer_barrier in peers:
                 remote = e.asm(mapa, "=r,r,r", [local, peer], [i32])[0]
