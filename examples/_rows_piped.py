@@ -504,16 +504,12 @@ def exp_lines(v):
     exp(v - m) is 2 ** fma(v, log2(e), -m log2(e)): one instruction an element fewer than the subtraction and the
     scaling apart, and no less exact, the fma rounding once and the product m log2(e) rounded once a row, an
     error every e of the row shares (a softmax divides it out, a logsumexp takes about 2**-24 relative of m)."""
-    m = v[0].max()
-    for p in mgjit.static_range(1, len(v)):
-        m = mgjit.maximum(m, v[p].max())
+    m = mgjit.max(v)
     shift = -finite_shift(m) * LOG2E
     e = ()
-    total = 0.0
     for p in mgjit.static_range(len(v)):
         e = e + (mgjit.exp2(mgjit.fma(v[p], LOG2E, shift), ftz=True),)
-        total = total + e[p].sum()
-    return e, m, total
+    return e, m, mgjit.sum(e)
 
 
 @mgjit.device

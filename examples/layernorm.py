@@ -154,12 +154,11 @@ def deviations(env, f, inv_n, PL, CTAS):
     1 / the row's length."""
     v = read_lines(env, PL)
     d = ()
-    total = 0.0
-    m2 = 0.0
+    squares = ()
     for p in mgjit.static_range(len(PL)):
         d = d + (v[p] - f,)
-        total = total + d[p].sum()
-        m2 = m2 + (d[p] * d[p]).sum()
+        squares = squares + (d[p] * d[p],)
+    total, m2 = mgjit.sum(d), mgjit.sum(squares)
     if CTAS > 1:
         totals, squares = mgjit.cluster_gather(total, m2)
         total, m2 = totals[0], squares[0]

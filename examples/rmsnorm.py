@@ -89,9 +89,10 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
         env, row, a, s = envelope(x, xl, buf, full, i, 0.0, CTAS, LAST)
         refill(x, xl, buf, full, i, count, CTAS, True)
         v = read_lines(env, PL)
-        squares = 0.0
+        squares = ()
         for p in mgjit.static_range(len(PL)):
-            squares = squares + (v[p] * v[p]).sum()
+            squares = squares + (v[p] * v[p],)
+        squares = mgjit.sum(squares)
         if CTAS > 1:
             squares = mgjit.cluster_reduce(squares, "sum")
         scale = mgjit.rsqrt(squares * inv_n + eps)

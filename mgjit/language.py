@@ -67,9 +67,10 @@ abs = _builtin("abs", "abs(x)")
 fma = _builtin("fma", "fma(a, b, c): a * b + c rounded once (f32, f64; narrower floats in f32, then rounded).")
 clz = _builtin("clz", "clz(x): the number of leading zero bits of each integer, within its dtype's width.")
 popc = _builtin("popc", "popc(x): the number of one bits of each integer, within its dtype's width.")
-sum = _builtin("sum", "sum(x, axis=None): a reduction.")
-max = _builtin("max", "max(x, axis=None): a reduction.")
-min = _builtin("min", "min(x, axis=None): a reduction.")
+sum = _builtin("sum", "sum(x, axis=None): a reduction; sum((a, b, ...)): of every element of several arrays, one "
+                      "scalar (their threads combine once, not once an array).")
+max = _builtin("max", "max(x, axis=None): a reduction; max((a, b, ...)) as sum's.")
+min = _builtin("min", "min(x, axis=None): a reduction; min((a, b, ...)) as sum's.")
 cdiv = _builtin("cdiv", "cdiv(a, b): (a + b - 1) // b")
 
 # Atomics and semaphores on GMEM (ordering: sem = "relaxed" | "acquire" | "release" | "acq_rel"; scope = "cta" |

@@ -7,7 +7,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | program | Constant, ProgramId, NumPrograms, RefDim |
 | elementwise | Unary, Binary, Fma, Compare, Select, Cast |
 | arrays | Splat, Iota, Broadcast, Relayout |
-| reductions | Reduce, Squeeze |
+| reductions | Reduce, ReduceAll, Squeeze |
 | control | For, If, Yield |
 | gmem | Load, Store |
 | atomics | Atomic, SemaphoreWait |
@@ -36,7 +36,7 @@ from .debug import DeviceAssert, Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
 from .program import Constant, NumPrograms, ProgramId, RefDim
-from .reductions import Reduce, Squeeze
+from .reductions import Reduce, ReduceAll, Squeeze
 from .smem import SmemAlloc, SmemLoad, SmemStore
 from .smem_scopes import ScopedSmemAlloc, SmemFree
 from .smem_views import RefIndex, RefSlice, RefTranspose, RefWindow
@@ -52,7 +52,8 @@ __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "B
            "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
            "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
            "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
-           "ProfileStart", "ProgramId", "Reduce", "RefDim", "RefIndex", "RefSlice", "RefTranspose", "RefWindow",
+           "ProfileStart", "ProgramId", "Reduce", "ReduceAll", "RefDim", "RefIndex", "RefSlice", "RefTranspose",
+           "RefWindow",
            "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree",
            "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma",
            "TmaDescriptorCut", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait",

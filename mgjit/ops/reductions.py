@@ -11,6 +11,7 @@ the thread's elements as fma chains of the factors: one instruction an element, 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, ScalarType, Value, check
-from ..layouts import SPLAT, LayoutError, SplatLayout, TiledLayout
+from ..layouts import LANES_PER_WARP, SPLAT, WARPS_PER_WARPGROUP, LayoutError, SplatLayout, TiledLayout
 from ..lower.context import element_offsets
 from .arrays import linear_index
 from .elementwise import Binary
@@ -71,6 +72,33 @@ class Squeeze(Op):
         shape = self.operands[0].type.shape
         check(all(0 <= a < len(shape) and shape[a] == 1 for a in self.axes), self,
               f"squeeze drops axes of size 1; axes {self.axes} of shape {shape}")
+
+
+class ReduceAll(Op):
+    """Every element of several arrays (of one dtype, any shapes and layouts) combined by `kind` into one scalar:
+    each thread combines what it holds of all of them first, then the warpgroup's threads combine once (one
+    butterfly over the lanes, one exchange between the warps), where reducing each array and combining the
+    scalars pays those steps once an array."""
+
+    name = "reduce_all"
+
+    def __init__(self, kind: str, xs: list[Value], loc: Loc | None):
+        super().__init__(list(xs), [ScalarType(xs[0].dtype)], loc)
+        self.kind = kind
+
+    def attrs(self):
+        return {"kind": self.kind}
+
+    def verify(self):
+        check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
+        check(all(x.is_array for x in self.operands), self,
+              f"{self.kind} of a tuple reduces arrays, got {[str(x.type) for x in self.operands]}")
+        dtypes_ = sorted({x.dtype.name for x in self.operands})
+        check(len(dtypes_) == 1, self, f"{self.kind} of a tuple reduces arrays of one dtype, got {dtypes_}; use "
+                                       ".astype()")
+
+
+infer.rule(ReduceAll)(infer.no_arrays)
 
 
 @infer.rule(Reduce)
@@ -135,65 +163,11 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
         return
 
     layout: TiledLayout = src.layout
-    keep = [d for d in range(rank) if d not in op.axes]
-    # 1. within the thread: group held elements by their offset along the kept axes, and combine each group as
-    # a balanced tree (a chain would make every combine wait for the one before it).
-    keys = [tuple(off[d] for d in keep) for off in element_offsets(layout, src.shape)]
-    factors = _factors(op, ctx, src)
-    held: dict[tuple, list] = {}
-    for key, x in zip(keys, factors or src.elems):
-        held.setdefault(key, []).append(x if factors else e.cast(x, dtype, acc_dtype))
-    groups: dict[tuple, object] = {}
-    for key, xs in held.items():
-        if factors:
-            xs = _product_chains(e, xs)
-        while len(xs) > 1:
-            xs = [combine(ctx, op.kind, acc_dtype, a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
-        groups[key] = xs[0]
-    # 2. across lanes.
-    for stride, size in layout.reduced_lane_dims(op.axes, rank):
-        s = stride
-        while s < stride * size:
-            groups = {k: combine(ctx, op.kind, acc_dtype, v, e.shfl_bfly(v, s)) for k, v in groups.items()}
-            s *= 2
-    # 3. across warps, through SMEM: slot [warp coordinate along reduced dims][result element].
+    groups = _thread_groups(ctx, op.kind, acc_dtype, src, op.axes, _factors(op.kind, op.operands[0], ctx, src))
+    groups = _across_lanes(ctx, op.kind, acc_dtype, groups, layout.reduced_lane_dims(op.axes, rank))
     warp_dims = layout.reduced_warp_dims(op.axes, rank)
     if warp_dims:
-        n_warps = math.prod(size for _, size in warp_dims)
-        out_shape = out.type.shape if out.is_array else ()
-        out_size = math.prod(out_shape) if out_shape else 1
-        elem_bytes = acc_dtype.itemsize
-        base = ctx.alloc_smem(n_warps * out_size * elem_bytes)
-        wcoord = e.i32(0)
-        scale = 1
-        for stride, size in warp_dims:
-            c = e.remui(e.divui(ctx.warp, e.i32(stride)), e.i32(size))
-            wcoord = e.addi(wcoord, e.muli(c, e.i32(scale)))
-            scale *= size
-        if out_shape:
-            thread = ctx.thread_index(out.layout, out_shape)
-        slots = {}
-        for key in groups:
-            if out_shape:
-                idx = [e.addi(t, e.i32(k)) for t, k in zip(thread, key)]
-                slots[key] = linear_index(ctx, idx, out_shape)
-            else:
-                slots[key] = e.i32(0)
-        ctx.warpgroup_barrier()  # a previous use of this scratch (in a loop) must be fully read
-        for key, v in groups.items():
-            slot = e.addi(e.muli(wcoord, e.i32(out_size)), slots[key])
-            e.smem_store(v, e.addi(base, e.muli(slot, e.i32(elem_bytes))))
-        ctx.warpgroup_barrier()
-        t = e.type(acc_dtype)
-        new = {}
-        for key in groups:
-            acc = None
-            for w in range(n_warps):
-                slot = e.addi(e.i32(w * out_size), slots[key])
-                v = e.smem_load(t, e.addi(base, e.muli(slot, e.i32(elem_bytes))))
-                acc = v if acc is None else combine(ctx, op.kind, acc_dtype, acc, v)
-            new[key] = acc
-        groups = new
+        groups = _across_warps(ctx, op.kind, acc_dtype, groups, warp_dims, out)
     # 4. lay the groups out in the result's register order.
     if not out.is_array:
         (x,) = groups.values()
@@ -203,15 +177,121 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     ctx.set(out, lower.Frag(out.layout, out.type.shape, dtype, elems))
 
 
+def _thread_groups(ctx: lower.Context, kind: str, acc_dtype, src: lower.Frag, axes: tuple[int, ...],
+                   factors: list[tuple] | None) -> dict[tuple, Any]:
+    """Step 1, within the thread: the held elements grouped by their offset along the kept axes, each group
+    combined as a balanced tree (a chain would make every combine wait for the one before it)."""
+    e = ctx.e
+    keep = [d for d in range(len(src.shape)) if d not in axes]
+    keys = [tuple(off[d] for d in keep) for off in element_offsets(src.layout, src.shape)]
+    held: dict[tuple, list] = {}
+    for key, x in zip(keys, factors or src.elems):
+        held.setdefault(key, []).append(x if factors else e.cast(x, src.dtype, acc_dtype))
+    groups: dict[tuple, Any] = {}
+    for key, xs in held.items():
+        if factors:
+            xs = _product_chains(e, xs)
+        while len(xs) > 1:
+            xs = [combine(ctx, kind, acc_dtype, a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
+        groups[key] = xs[0]
+    return groups
+
+
+def _across_lanes(ctx: lower.Context, kind: str, acc_dtype, groups: dict, lane_dims: list[tuple[int, int]]) -> dict:
+    """Step 2: butterfly shuffles over each bit of the lane dimensions (stride, size) given."""
+    e = ctx.e
+    for stride, size in lane_dims:
+        s = stride
+        while s < stride * size:
+            groups = {k: combine(ctx, kind, acc_dtype, v, e.shfl_bfly(v, s)) for k, v in groups.items()}
+            s *= 2
+    return groups
+
+
+def _across_warps(ctx: lower.Context, kind: str, acc_dtype, groups: dict, warp_dims: list[tuple[int, int]],
+                  out: Value) -> dict:
+    """Step 3, through SMEM: slot [warp coordinate along the warp dimensions given][result element]."""
+    e = ctx.e
+    n_warps = math.prod(size for _, size in warp_dims)
+    out_shape = out.type.shape if out.is_array else ()
+    out_size = math.prod(out_shape) if out_shape else 1
+    elem_bytes = acc_dtype.itemsize
+    base = ctx.alloc_smem(n_warps * out_size * elem_bytes)
+    wcoord = e.i32(0)
+    scale = 1
+    for stride, size in warp_dims:
+        c = e.remui(e.divui(ctx.warp, e.i32(stride)), e.i32(size))
+        wcoord = e.addi(wcoord, e.muli(c, e.i32(scale)))
+        scale *= size
+    if out_shape:
+        thread = ctx.thread_index(out.layout, out_shape)
+    slots = {}
+    for key in groups:
+        if out_shape:
+            idx = [e.addi(t, e.i32(k)) for t, k in zip(thread, key)]
+            slots[key] = linear_index(ctx, idx, out_shape)
+        else:
+            slots[key] = e.i32(0)
+    ctx.warpgroup_barrier()  # a previous use of this scratch (in a loop) must be fully read
+    for key, v in groups.items():
+        slot = e.addi(e.muli(wcoord, e.i32(out_size)), slots[key])
+        e.smem_store(v, e.addi(base, e.muli(slot, e.i32(elem_bytes))))
+    ctx.warpgroup_barrier()
+    t = e.type(acc_dtype)
+    new = {}
+    for key in groups:
+        acc = None
+        for w in range(n_warps):
+            slot = e.addi(e.i32(w * out_size), slots[key])
+            v = e.smem_load(t, e.addi(base, e.muli(slot, e.i32(elem_bytes))))
+            acc = v if acc is None else combine(ctx, kind, acc_dtype, acc, v)
+        new[key] = acc
+    return new
+
+
+@lower.rule(ReduceAll)
+def _reduce_all(op: ReduceAll, ctx: lower.Context) -> None:
+    """Each array's elements this thread holds combined (`_thread_groups`; a sum counts a replicated element in
+    its first holder only, a splat in the warpgroup's first thread, times its count), the arrays' partials
+    combined, then one butterfly over every lane and one exchange between the warpgroup's warps."""
+    e = ctx.e
+    dtype = op.operands[0].dtype
+    if dtype.bits == 64 or dtype == dtypes.bool_:
+        raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
+    acc_dtype = accumulator(dtype)
+    zero = e.const(0, acc_dtype)
+    partials = []
+    for x in op.operands:
+        src = ctx.frag(x)
+        axes = tuple(range(len(src.shape)))
+        if src.is_splat:
+            v, holder = e.cast(src.elems[0], dtype, acc_dtype), e.cmpi("eq", ctx.wg_tid, e.i32(0))
+            if op.kind == "sum":
+                v = combine(ctx, "mul", acc_dtype, v, e.const(math.prod(src.shape), acc_dtype)) \
+                    if acc_dtype.is_float else e.muli(v, e.const(math.prod(src.shape), acc_dtype))
+        else:
+            (v,) = _thread_groups(ctx, op.kind, acc_dtype, src, axes, _factors(op.kind, x, ctx, src)).values()
+            holder = ctx.is_primary(src.layout) if src.layout.replicated else None
+        if op.kind == "sum" and holder is not None:
+            v = e.select(holder, v, zero)
+        partials.append(v)
+    while len(partials) > 1:
+        partials = [combine(ctx, op.kind, acc_dtype, a, b) for a, b in zip(partials[::2], partials[1::2])] \
+            + partials[len(partials) & ~1:]
+    groups = _across_lanes(ctx, op.kind, acc_dtype, {(): partials[0]}, [(1, LANES_PER_WARP)])
+    groups = _across_warps(ctx, op.kind, acc_dtype, groups, [(1, WARPS_PER_WARPGROUP)], op.result)
+    ctx.set(op.result, e.cast(groups[()], acc_dtype, dtype))
+
+
 PRODUCT_CHAINS = 8  # fma chains a thread's products are summed in: latency hidden by 8 at once, then a tree of 8
 
 
-def _factors(op: Reduce, ctx: lower.Context, src: lower.Frag) -> list[tuple] | None:
+def _factors(kind: str, x: Value, ctx: lower.Context, src: lower.Frag) -> list[tuple] | None:
     """For a float32 sum of a product x * y, the (x, y) element pairs of the product in src's register order,
     so that the thread's partial sums take one fma an element instead of a multiply and an add (and round once
     an element, not twice); None for any other reduction, or factors in other layouts than the product's."""
-    product = op.operands[0].owner
-    if not (op.kind == "sum" and src.dtype == dtypes.float32 and isinstance(product, Binary)
+    product = x.owner
+    if not (kind == "sum" and src.dtype == dtypes.float32 and isinstance(product, Binary)
             and product.kind == "mul"):
         return None
     frags = [ctx.frag(v) for v in product.operands]
@@ -272,4 +352,23 @@ def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
         y = wide.sum(dim=op.axes, dtype=wide.dtype)
     else:
         y = (torch.amax if op.kind == "max" else torch.amin)(wide, dim=op.axes)
+    wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))
+
+
+@interpret.rule(ReduceAll)
+def _interp_reduce_all(op: ReduceAll, wg: Warpgroup) -> None:
+    """Each array reduced in the accumulation dtype (a splat's sum one multiply), then the arrays combined."""
+    dtype = op.operands[0].dtype
+    parts = []
+    for x in op.operands:
+        wide = numerics.widen(wg.get(x, op), dtype)
+        if isinstance(x.layout, SplatLayout):
+            first = wide.reshape(-1)[0]
+            parts.append(first * math.prod(x.type.shape) if op.kind == "sum" else first)
+        else:
+            parts.append(wide.sum(dtype=wide.dtype) if op.kind == "sum"
+                         else (torch.amax if op.kind == "max" else torch.amin)(wide))
+    y = parts[0]
+    for part in parts[1:]:
+        y = y + part if op.kind == "sum" else (torch.maximum if op.kind == "max" else torch.minimum)(y, part)
     wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))

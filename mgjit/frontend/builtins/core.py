@@ -142,8 +142,22 @@ def reduce(t: Semantics, kind: str, x: Any, axis: Any, keepdims: bool) -> Tensor
 def _reduction(name: str):
     def call(t: Semantics, args: list, kwargs: dict) -> Tensor | Expanded:
         axis = args[1] if len(args) > 1 else kwargs.get("axis")
+        if isinstance(args[0], tuple):
+            return reduce_all(t, name, args[0], axis, kwargs.get("keepdims", False))
         return reduce(t, name, args[0], axis, kwargs.get("keepdims", False))
     return call
+
+
+def reduce_all(t: Semantics, kind: str, xs: tuple, axis: Any, keepdims: bool) -> Tensor:
+    """mgjit.sum((a, b, ...)): every element of every array, one scalar (ops/reductions.py ReduceAll)."""
+    if axis is not None or keepdims:
+        raise t.error(f"{kind} of a tuple of arrays reduces every element to one scalar: it takes no axis or "
+                      "keepdims")
+    arrays = [t.to_tensor(x) for x in xs]
+    if not arrays or any(not x.shape for x in arrays):
+        raise t.error(f"{kind} of a tuple reduces one or more arrays, got "
+                      f"{[tuple(x.shape) if x.shape else 'a scalar' for x in arrays]}")
+    return t.emit(ops.ReduceAll(kind, [x.value for x in arrays], t.builder.loc))
 
 
 for _marker, _name in lang.REDUCE_BUILTINS.items():
