@@ -53,9 +53,8 @@ __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "B
            "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
            "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
            "ProfileStart", "ProgramId", "Reduce", "ReduceAll", "RefDim", "RefIndex", "RefSlice", "RefTranspose",
-           "RefWindow",
-           "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc", "SmemFree",
-           "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy", "Tcgen05Mma",
-           "TmaDescriptorCut", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore", "TmaStoreWait",
-           "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary", "WarpSplit",
-           "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+           "RefWindow", "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc",
+           "SmemFree", "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy",
+           "Tcgen05Mma", "TmaDescriptorCut", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore",
+           "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
+           "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
