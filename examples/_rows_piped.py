@@ -151,8 +151,9 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     of at most two powers of two where a portable cluster (8 CTAs) has such a split, else three; rows no portable
     cluster holds take clusters of 16 CTAs of one power of two, or else of up to three at WIDE_CLUSTER_SHAPES, or else
     of up to four at WIDER_CLUSTER_SHAPES. With weights, the splits of one program an SM (LONE_CLUSTER_SHAPES) are
-    offered over 16 CTAs of one power of two, or else of up to four, and over 2, 4 or 8 CTAs where no portable cluster
-    holds a split of two programs an SM or more. Each register array costs a row its own reductions, and a segment takes
+    offered over 16 CTAs of one power of two, or else of up to four beside WIDER_CLUSTER_SHAPES' (rmsnorm 230000: 0.92
+    at (4, 1), 0.88 at (2, 2)), and over 2, 4 or 8 CTAs where no portable cluster holds a split of two programs an SM
+    or more. Each register array costs a row its own reductions, and a segment takes
     more lines than the fewest where those are fewer powers of two (rows of 128256, 501 lines, over 8 CTAs of 64, not 63
     = 32 + 16 + 8 + 4 + 2 + 1). The last segment is at least 4 lines (its first and last two go out through registers),
     and the cluster wastes at most a tenth of its lines (it waits for its widest segment). Segments that programs take
@@ -193,8 +194,9 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
     portable, sixteen = range(2, PORTABLE_CLUSTER_CTAS + 1), range(HOPPER.max_cluster_ctas, HOPPER.max_cluster_ctas + 1)
     lone = LONE_CLUSTER_SHAPES if weights else ()
     shapes = STASH_CLUSTER_SHAPES + lone if weights else CLUSTER_SHAPES
+    wider = fewest(sixteen, (2, 3, 4), WIDER_CLUSTER_SHAPES)
     splits = (fewest(portable, (2, 3)) or fewest(sixteen, (1,), shapes) or fewest(sixteen, (2, 3), WIDE_CLUSTER_SHAPES)
-              or fewest(sixteen, (2, 3, 4), WIDER_CLUSTER_SHAPES) or fewest(sixteen, (2, 3, 4), lone))
+              or wider + [split for split in fewest(sixteen, (2, 3, 4), lone) if split not in wider])
     if any(c <= PORTABLE_CLUSTER_CTAS for c, _, _, _ in splits):
         return splits
     return splits + [split for split in fewest(LONE_CLUSTERS, (2, 3), lone) if split not in splits]
@@ -219,7 +221,9 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
               and per_sm * (((stages * itemsize + stash) * nl + stash) * LINE + SLACK) <= HOPPER.smem_bytes]
     if weights and len(splits) > 1:
         splits = [split for split in splits if split[1:3] != LONE_SHAPE]
-    if clusters and all(split[1:3] == LONE_SHAPE for split in splits):  # layernorm 16385: (4, 1) 0.68, 2 CTAs 0.75
+    # Over a cluster too where one CTA a row has no three slots at two programs an SM or more (layernorm 16385: (4, 1)
+    # 0.68, 2 CTAs 0.75; rmsnorm 16385: (2, 2) 0.87, 2 CTAs at (3, 2) 0.90)
+    if clusters and not any(stages >= 3 and per_sm >= 2 for _, stages, per_sm, _ in splits):
         splits += cluster_splits(n, itemsize, stash)
     if not splits and segments:
         widened = (piped(n, stages, per_sm, segs=segs, lines=k)

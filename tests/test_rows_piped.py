@@ -1,6 +1,6 @@
-"""Piped rows (examples/_rows_piped.py) without a GPU: every piped mapping of softmax and cross-entropy interpreted over more rows
-than the programs' rings hold (a grid of 2 SMs), rows starting anywhere in a line of the flattened tensor and a
-last partial line; which mappings are offered, for which tensors; registers at sm_90a."""
+"""Piped rows (examples/_rows_piped.py) without a GPU: every piped mapping of softmax and cross-entropy interpreted
+over more rows than the programs' rings hold (a grid of 2 SMs), rows starting anywhere in a line of the flattened
+tensor and a last partial line; which mappings are offered, for which tensors; registers at sm_90a."""
 import os
 import sys
 
@@ -288,10 +288,10 @@ def test_norms_over_16_ctas():
     """Rows no portable cluster holds, with stashed weights: layernorm's 262144 columns (16 CTAs of 64 lines, w and
     b 64 KB a CTA) leave room for one program an SM of three or four slots (LONE_CLUSTER_SHAPES), rmsnorm's one
     weight also for two of two; rows of 150000 (16 CTAs of 37 lines, three arrays): rmsnorm two slots and three
-    programs (WIDE_CLUSTER_SHAPES), layernorm two programs of three or two slots (WIDER_CLUSTER_SHAPES) and, as no
-    portable cluster holds a split of two programs an SM, one program an SM of 80 lines over 8 CTAs (74 with four
-    slots, which 80 do not fit); rows of 200000 (16 CTAs of 49 lines, which three programs an SM do not hold), two
-    programs. Each fits an SM's shared memory and its registers."""
+    programs (WIDE_CLUSTER_SHAPES), layernorm two programs of three or two slots (WIDER_CLUSTER_SHAPES) and one
+    program an SM over the 16 CTAs and, as no portable cluster holds a split of two programs an SM, over 8 CTAs of 80
+    lines (74 with four slots, which 80 do not fit); rows of 200000 and 230000 (16 CTAs of 49 and 57 lines, which
+    three programs an SM do not hold), two programs and one. Each fits an SM's shared memory and its registers."""
     def shapes(configs, stash, itemsize=2):
         piped_configs = [c.kwargs for c in configs if c.kwargs["PIPE"]]
         for kw in piped_configs:
@@ -304,11 +304,17 @@ def test_norms_over_16_ctas():
     assert shapes(rms.rmsnorm_mapping(262144, None, 2, (2,)), 2) == [(16, (64,), 2, 2), (16, (64,), 3, 1),
                                                                      (16, (64,), 4, 1)]
     assert shapes(ln.layernorm_mapping(150000, None, 2, (2, 2)), 4) == [
-        (16, (32, 4, 1), 3, 2), (16, (32, 4, 1), 2, 2), (8, (64, 16), 3, 1), (8, (64, 8, 2), 4, 1)]
+        (16, (32, 4, 1), 3, 2), (16, (32, 4, 1), 2, 2), (16, (32, 4, 1), 3, 1), (16, (32, 4, 1), 4, 1),
+        (8, (64, 16), 3, 1), (8, (64, 8, 2), 4, 1)]
     assert shapes(rms.rmsnorm_mapping(150000, None, 2, (2,)), 2) == [(16, (32, 4, 1), 2, 3), (8, (64, 16), 3, 1),
                                                                      (8, (64, 16), 4, 1)]
-    assert shapes(ln.layernorm_mapping(200000, None, 2, (2, 2)), 4) == [(16, (32, 16, 1), 2, 2)]
-    assert shapes(rms.rmsnorm_mapping(200000, None, 2, (2,)), 2) == [(16, (32, 16, 1), 3, 2), (16, (32, 16, 1), 2, 2)]
+    lone = [(16, (32, 16, 1), 3, 1), (16, (32, 16, 1), 4, 1)]
+    assert shapes(ln.layernorm_mapping(200000, None, 2, (2, 2)), 4) == [(16, (32, 16, 1), 2, 2)] + lone
+    assert shapes(rms.rmsnorm_mapping(200000, None, 2, (2,)), 2) == [(16, (32, 16, 1), 3, 2),
+                                                                     (16, (32, 16, 1), 2, 2)] + lone
+    lone = [(16, (32, 16, 8, 1), 3, 1), (16, (32, 16, 8, 1), 4, 1)]
+    assert shapes(ln.layernorm_mapping(230000, None, 2, (2, 2)), 4) == lone
+    assert shapes(rms.rmsnorm_mapping(230000, None, 2, (2,)), 2) == [(16, (32, 16, 8, 1), 2, 2)] + lone
     # float32 rows and weights of 150000: no split of two programs an SM fits, so one program over 16 CTAs of 37
     assert shapes(ln.layernorm_mapping(150000, None, 4, (4, 4)), 8, 4) == [(16, (32, 4, 1), 3, 1)]
     assert shapes(rms.rmsnorm_mapping(150000, None, 4, (4,)), 4, 4) == [(16, (32, 4, 1), 3, 1), (16, (32, 4, 1), 4, 1)]
@@ -381,6 +387,20 @@ def test_piped_layernorm_fills_move_no_data():
                                   piped.weight_rows(w), eps=1e-5, **config.launch_kwargs(), target="sm_90a")
     assert "relayout(" not in str(c.ir)
     assert c.ptx.count("bar.sync") == 16
+
+
+def test_norms_over_a_cluster_where_one_cta_has_two_slots():
+    """Rows that one CTA holds with only two slots at two programs an SM or more (rmsnorm from 55 lines, layernorm
+    from 49) are offered over a cluster too; rows one CTA holds with three slots at two programs are not, nor are
+    softmax's (three slots fit to 65 lines)."""
+    def split(configs):
+        return sorted({c.kwargs["CTAS"] for c in configs if c.kwargs["PIPE"]})
+    assert split(rms.rmsnorm_mapping(16385, None, 2, (2,))) == [1, 2, 4]
+    assert split(rms.rmsnorm_mapping(14000, None, 2, (2,))) == [1, 3]
+    assert split(rms.rmsnorm_mapping(13000, None, 2, (2,))) == [1]
+    assert split(ln.layernorm_mapping(12289, None, 2, (2, 2))) == [1, 3]
+    assert split(ln.layernorm_mapping(8193, None, 2, (2, 2))) == [1]
+    assert split(sm.mapping(16385, None, 2)) == [1]
 
 
 @pytest.mark.parametrize("n", [8193, 12289, 16385])
