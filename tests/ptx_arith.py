@@ -205,6 +205,8 @@ class Arithmetic:
     def _extremum(self, parts, ops, run, nan_propagating, nan_ignoring, integer):
         """min/max; `.relu` (LLVM folds max(x, 0) into it) also clamps the result at 0 (NaN kept)."""
         relu = (lambda f: lambda a, b: _relu(f(a, b))) if "relu" in parts else (lambda f: f)
+        if parts[-1] in ("f16x2", "bf16x2"):  # each half apart (a reduction of bf16 pairs in their loaded words)
+            return self._narrow_pair(parts, ops, run, relu(nan_propagating if "NaN" in parts else nan_ignoring))
         if parts[-1] in ("f16", "bf16"):
             return self._narrow_float(parts, ops, run, relu(nan_propagating if "NaN" in parts else nan_ignoring))
         if is_float(parts[-1]):
@@ -216,6 +218,16 @@ class Arithmetic:
         in f32, where min and max are exact, and rounded back."""
         a, b = (narrow_to_f32(self.value(o), parts[-1]) for o in ops[1:3])
         self.write(ops[0], from_float(fn(a, b), parts[-1], parts), run)
+
+    def _narrow_pair(self, parts, ops, run, fn):
+        """`_narrow_float` on the low and the high halves of 32-bit operands."""
+        t = parts[-1][:-2]
+        a, b = (as_uint(self.value(o), 32).astype(np.uint32) for o in ops[1:3])
+        halves = []
+        for shift in (0, 16):
+            x, y = (narrow_to_f32((v >> np.uint32(shift)) & np.uint32(0xFFFF), t) for v in (a, b))
+            halves.append(from_float(fn(x, y), t, parts).astype(np.uint32))
+        self.write(ops[0], (halves[0] | halves[1] << np.uint32(16)).astype(np.uint64), run)
 
     def op_setp(self, parts, ops, run):
         cmp, t = parts[1], parts[-1]

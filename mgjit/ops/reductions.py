@@ -6,12 +6,14 @@ of them now hold copies). Lowering combines, in order: the elements one thread h
 reduced axes; then across lanes with butterfly shuffles (one per bit of each lane dimension that indexes a
 reduced axis); then across warps through a small SMEM scratch owned by the warpgroup. Narrow floats
 accumulate in f32, narrow integers in int32. A float32 sum of a product (`(x * y).sum()`, a sum of squares) takes
-the thread's elements as fma chains of the factors: one instruction an element, rounded once.
+the thread's elements as fma chains of the factors: one instruction an element, rounded once. A float32 max or min
+of bf16 or f16 widened (`x.astype(float32).max()`, exact, so the order is the narrow one's) takes the thread's
+elements as the 32-bit words they were loaded in, two to a max.NaN.bf16x2: half an instruction an element.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,7 +25,7 @@ from ..ir import ArrayType, Op, ScalarType, Value, check
 from ..layouts import LANES_PER_WARP, SPLAT, WARPS_PER_WARPGROUP, LayoutError, SplatLayout, TiledLayout
 from ..lower.context import element_offsets
 from .arrays import linear_index
-from .elementwise import Binary
+from .elementwise import Binary, Cast
 
 REDUCE_KINDS = ("sum", "max", "min")
 
@@ -133,6 +135,13 @@ def accumulator(dtype):
     return dtypes.float32 if dtype.is_float else dtypes.int32
 
 
+def balanced(xs: list, combine_two: Callable[[Any, Any], Any]) -> Any:
+    """xs combined as a balanced tree (a chain would make every combine wait for the one before it)."""
+    while len(xs) > 1:
+        xs = [combine_two(a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
+    return xs[0]
+
+
 def combine(ctx: lower.Context, kind: str, dtype, a, b):
     e = ctx.e
     if kind == "sum":
@@ -163,7 +172,8 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
         return
 
     layout: TiledLayout = src.layout
-    groups = _thread_groups(ctx, op.kind, acc_dtype, src, op.axes, _factors(op.kind, op.operands[0], ctx, src))
+    groups = _thread_groups(ctx, op.kind, acc_dtype, src, op.axes, _factors(op.kind, op.operands[0], ctx, src),
+                            op.operands[0])
     groups = _across_lanes(ctx, op.kind, acc_dtype, groups, layout.reduced_lane_dims(op.axes, rank))
     warp_dims = layout.reduced_warp_dims(op.axes, rank)
     if warp_dims:
@@ -178,12 +188,16 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
 
 
 def _thread_groups(ctx: lower.Context, kind: str, acc_dtype, src: lower.Frag, axes: tuple[int, ...],
-                   factors: list[tuple] | None) -> dict[tuple, Any]:
+                   factors: list[tuple] | None, array: Value | None = None) -> dict[tuple, Any]:
     """Step 1, within the thread: the held elements grouped by their offset along the kept axes, each group
-    combined as a balanced tree (a chain would make every combine wait for the one before it)."""
+    combined as a balanced tree. `array`, the array reduced, lets a max or min of widened bf16 or f16 combine
+    their loaded words (`_narrow_pairs`)."""
     e = ctx.e
     keep = [d for d in range(len(src.shape)) if d not in axes]
     keys = [tuple(off[d] for d in keep) for off in element_offsets(src.layout, src.shape)]
+    pairs = _narrow_pairs(kind, array, ctx, src, keys) if array is not None and factors is None else None
+    if pairs is not None:
+        return _pair_groups(ctx, kind, keys, *pairs)
     held: dict[tuple, list] = {}
     for key, x in zip(keys, factors or src.elems):
         held.setdefault(key, []).append(x if factors else e.cast(x, src.dtype, acc_dtype))
@@ -191,9 +205,7 @@ def _thread_groups(ctx: lower.Context, kind: str, acc_dtype, src: lower.Frag, ax
     for key, xs in held.items():
         if factors:
             xs = _product_chains(e, xs)
-        while len(xs) > 1:
-            xs = [combine(ctx, kind, acc_dtype, a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
-        groups[key] = xs[0]
+        groups[key] = balanced(xs, lambda a, b: combine(ctx, kind, acc_dtype, a, b))
     return groups
 
 
@@ -270,15 +282,13 @@ def _reduce_all(op: ReduceAll, ctx: lower.Context) -> None:
                 v = combine(ctx, "mul", acc_dtype, v, e.const(math.prod(src.shape), acc_dtype)) \
                     if acc_dtype.is_float else e.muli(v, e.const(math.prod(src.shape), acc_dtype))
         else:
-            (v,) = _thread_groups(ctx, op.kind, acc_dtype, src, axes, _factors(op.kind, x, ctx, src)).values()
+            (v,) = _thread_groups(ctx, op.kind, acc_dtype, src, axes, _factors(op.kind, x, ctx, src), x).values()
             holder = ctx.is_primary(src.layout) if src.layout.replicated else None
         if op.kind == "sum" and holder is not None:
             v = e.select(holder, v, zero)
         partials.append(v)
-    while len(partials) > 1:
-        partials = [combine(ctx, op.kind, acc_dtype, a, b) for a, b in zip(partials[::2], partials[1::2])] \
-            + partials[len(partials) & ~1:]
-    groups = _across_lanes(ctx, op.kind, acc_dtype, {(): partials[0]}, [(1, LANES_PER_WARP)])
+    partial = balanced(partials, lambda a, b: combine(ctx, op.kind, acc_dtype, a, b))
+    groups = _across_lanes(ctx, op.kind, acc_dtype, {(): partial}, [(1, LANES_PER_WARP)])
     groups = _across_warps(ctx, op.kind, acc_dtype, groups, [(1, WARPS_PER_WARPGROUP)], op.result)
     ctx.set(op.result, e.cast(groups[()], acc_dtype, dtype))
 
@@ -299,6 +309,44 @@ def _factors(kind: str, x: Value, ctx: lower.Context, src: lower.Frag) -> list[t
         return None
     columns = [[f.elems[0]] * len(src.elems) if f.is_splat else f.elems for f in frags]
     return list(zip(*columns))
+
+
+def _narrow_pairs(kind: str, x: Value, ctx: lower.Context, src: lower.Frag,
+                  keys: list[tuple]) -> tuple[Any, list] | None:
+    """For a float32 max or min of an array widened from bf16 or f16, (the narrow dtype, the 32-bit words that
+    hold the thread's elements two by two, in src's register order), where every word holds a pair of elements
+    of one group (the same offset along the kept axes) as its low and high halves; else None."""
+    cast = x.owner
+    if not (kind in ("max", "min") and src.dtype == dtypes.float32 and isinstance(cast, Cast)
+            and cast.operands[0].dtype in (dtypes.bfloat16, dtypes.float16) and len(src.elems) % 2 == 0):
+        return None
+    narrow = ctx.frag(cast.operands[0])
+    if narrow.is_splat or narrow.layout != src.layout or len(narrow.elems) != len(src.elems):
+        return None
+    words = []
+    for i in range(0, len(narrow.elems), 2):
+        low, high = ctx.e.unpacked_from(narrow.elems[i]), ctx.e.unpacked_from(narrow.elems[i + 1])
+        if low is None or high is None or low[0] != high[0] or (low[1], high[1]) != (0, 1) or keys[i] != keys[i + 1]:
+            return None
+        words.append(low[0])
+    return cast.operands[0].dtype, words
+
+
+def _pair_groups(ctx: lower.Context, kind: str, keys: list[tuple], narrow, words: list) -> dict[tuple, Any]:
+    """`_thread_groups` over loaded words of two narrow floats: each group's words combined as vectors of two
+    (max.NaN.bf16x2, a balanced tree), then its two halves widened to float32 and combined."""
+    e = ctx.e
+    pair_type = e.ir.VectorType.get([2], e.type(narrow))
+    held: dict[tuple, list] = {}
+    for i, word in enumerate(words):
+        held.setdefault(keys[2 * i], []).append(e.m.llvm.bitcast(pair_type, word))
+    groups: dict[tuple, Any] = {}
+    for key, xs in held.items():
+        pair = balanced(xs, lambda a, b: e.fbinary(kind, a, b))
+        halves = e.unpack_i32(e.m.llvm.bitcast(e.int_type(32), pair), 16)
+        low, high = (e.cast(e.bitcast(h, e.type(narrow)), narrow, dtypes.float32) for h in halves)
+        groups[key] = e.fbinary(kind, low, high)
+    return groups
 
 
 def _product_chains(e, pairs: list[tuple]) -> list:
