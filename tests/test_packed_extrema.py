@@ -67,3 +67,5 @@ def test_packed_extrema_match_torch(dtype):
     dev.run(compiled, (1,), x, y, *got)
     for g, w in zip(got, want):
         torch.testing.assert_close(dev.fetch(g), w, rtol=0, atol=0, equal_nan=True)
+    blackwell = extrema.compile(x, y, *outputs(), target="sm_100a")  # ptxas takes the pairs there too
+    assert blackwell.ptx.count(f"max.NaN.{pair}") == compiled.ptx.count(f"max.NaN.{pair}")
