@@ -13,11 +13,13 @@ cluster; over 16 rows, 23.3).
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --list           # the candidates, numbered
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --config 5 --rows 16
     python tools/ptx_profile.py --kernel layernorm --n 8193 --config 18 --steady   # a row's cost, prologue left out
+    python tools/ptx_profile.py --kernel softmax --n 230000 --config 5 --steady --rows 4 --full   # max.NaN.bf16x2 ...
 
 Off the GPU a piped grid has 2 SMs' programs, each taking a few rows, so a count over a few rows carries each
 program's prologue (the weights' stash, the ring's first copies); `--steady` runs `--rows` (default 64) and twice
 as many and reports the difference (layernorm over bf16 rows of 8193: 21.2 an element with the prologue, 17.7
-without, before the twentieth session's layouts; 15.3 after).
+without, before the twentieth session's layouts; 15.3 after). The simulated memory is sized to the tensors, so long
+rows take `--rows` a few (64 rows of 230000 columns move 59 MB); `--full` counts whole opcodes, with their types.
 """
 from __future__ import annotations
 
@@ -62,15 +64,18 @@ def launch_of(kernel: str, x: torch.Tensor):
     return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, *ce.scratch(x, configs)), {}, configs
 
 
-def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0):
-    """(the compiled kernel, instructions a thread issues an element, those by opcode name) of a row example's
-    kernel under `config`, run from its sm_90a PTX over `rows` rows (default: one row group a program)."""
+def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0, full: bool = False):
+    """(the compiled kernel, instructions a thread issues an element, those by opcode name, or by the whole opcode
+    with its types where `full`) of a row example's kernel under `config`, run from its sm_90a PTX over `rows` rows
+    (default: one row group a program)."""
     rows = rows or config.kwargs["ROWS"]
     kernel, launch_args, constexprs, _ = launch_of(kernel_name, (torch.randn(rows, n) * 3).to(dtype))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = kernel.compile(*launch_args, **constexprs, **config.launch_kwargs(), target="sm_90a")
-    dev = ptx_sim.Device()
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in launch_args
+                if isinstance(t, torch.Tensor)}
+    dev = ptx_sim.Device(max(16 << 20, sum(-(-b // 64) * 64 for b in storages.values()) + (1 << 20)))
     dev.counts = collections.Counter()
     dev.run(compiled, _rows.grid(rows, config), *launch_args, cluster=config.kwargs["CTAS"])
     # A count is one instruction of all a CTA's warps (a divergent one counts its warps' share): counts over all
@@ -78,7 +83,7 @@ def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0)
     per_thread = rows * n / (128 * config.kwargs["WGS"])
     by_opcode: collections.Counter = collections.Counter()
     for opcode, count in dev.counts.items():
-        by_opcode[opcode.split(".")[0]] += count / per_thread
+        by_opcode[opcode if full else opcode.split(".")[0]] += count / per_thread
     return compiled, sum(dev.counts.values()) / per_thread, by_opcode
 
 
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="number the candidate mappings and stop")
     p.add_argument("--steady", action="store_true", help="the count over twice --rows less that over --rows")
     p.add_argument("--top", type=int, default=16, help="opcodes to show")
+    p.add_argument("--full", action="store_true", help="count whole opcodes (max.NaN.bf16x2, not max)")
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     probe = launch_of(args.kernel, torch.empty(1, args.n, dtype=dtype))[3]
@@ -102,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     config = probe[args.config]
     if args.steady:
         rows = args.rows or 64
-        _, first, first_by = profile(args.kernel, args.n, dtype, config, rows)
-        compiled, second, second_by = profile(args.kernel, args.n, dtype, config, 2 * rows)
+        _, first, first_by = profile(args.kernel, args.n, dtype, config, rows, args.full)
+        compiled, second, second_by = profile(args.kernel, args.n, dtype, config, 2 * rows, args.full)
         per_element = 2 * second - first  # counts are per element of all rows: (2R * second - R * first) / R
         by_opcode = collections.Counter({k: 2 * second_by[k] - first_by.get(k, 0) for k in second_by})
     else:
-        compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows)
+        compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows, args.full)
     print(f"{args.kernel} n={args.n} {args.dtype} {config.short()}: {compiled.registers} registers, "
           f"{per_element:.1f} instructions an element")
     print("  " + "  ".join(f"{name} {count:.1f}" for name, count in by_opcode.most_common(args.top)))
