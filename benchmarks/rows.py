@@ -12,6 +12,7 @@ Cases that move less than TINY bytes are marked `tiny`: launch latency, not band
     python benchmarks/rows.py --quick            # a few lengths per kernel
     python benchmarks/rows.py --kernels softmax --dtypes bfloat16 --lengths 4097 100000
     python benchmarks/rows.py --quick --candidates   # also every mapping the autotuner timed
+    python benchmarks/rows.py --kernels layernorm rmsnorm --dtypes bfloat16 --weights float32   # f32 norm weights
 """
 from __future__ import annotations
 
@@ -92,10 +93,13 @@ def picked_mapping(kernel, configs: list, args: tuple, views: tuple = (), **cons
                     _rows.timings(kernel, configs, args, views, **constexprs))
 
 
-def case(kernel: str, n: int, dtype: torch.dtype):
-    """(runs {name: fn}, output, reference fn, bytes moved, mapping fn) for one kernel, length and dtype."""
+def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = None):
+    """(runs {name: fn}, output, reference fn, bytes moved, mapping fn) for one kernel, length and dtype (the norms'
+    weight and bias in `weights`, by default the rows' dtype: models often keep them in float32)."""
     import triton_rows as tr
     isz = torch.finfo(dtype).bits // 8
+    wdtype = weights or dtype
+    wsz = torch.finfo(wdtype).bits // 8
     if kernel == "softmax":
         m = rows_for(n, isz, 2)
         x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
@@ -104,13 +108,13 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        return runs, out, ref, 2 * x.numel() * isz, picked_mapping(sm_example.softmax_kernel,
-                                                                   sm_example.mapping(n, None, itemsize), (x, out), views)
+        picked = picked_mapping(sm_example.softmax_kernel, sm_example.mapping(n, None, itemsize), (x, out), views)
+        return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
         x = torch.randn(m, n, device="cuda", dtype=dtype)
-        w = torch.randn(n, device="cuda", dtype=dtype)
-        b = torch.randn(n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=wdtype)
+        b = torch.randn(n, device="cuda", dtype=wdtype)
         out = torch.empty_like(x)
         if kernel == "rmsnorm":
             runs = {"mgjit": lambda: rms_example.rmsnorm(x, w, 1e-6, out),
@@ -118,7 +122,7 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, itemsize, (isz,)),
+            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)),
                                     (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -126,9 +130,10 @@ def case(kernel: str, n: int, dtype: torch.dtype):
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
-            picked = picked_mapping(ln_example.layernorm_rows, ln_example.layernorm_mapping(n, None, itemsize, (isz, isz)),
-                                    (x, w, b, out), views, eps=1e-5)
-        return runs, out, ref, 2 * x.numel() * isz + 2 * n * isz, picked
+            picked = picked_mapping(ln_example.layernorm_rows,
+                                    ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (x, w, b, out), views,
+                                    eps=1e-5)
+        return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)
         logits = torch.randn(m, n, device="cuda", dtype=dtype) * 4
@@ -156,9 +161,12 @@ def case(kernel: str, n: int, dtype: torch.dtype):
     raise ValueError(kernel)
 
 
-def measure(kernel: str, n: int, dtype_name: str) -> dict:
+def measure(kernel: str, n: int, dtype_name: str, weights: str | None = None) -> dict:
     dtype = DTYPES[dtype_name]
-    runs, out, ref, nbytes, picked = case(kernel, n, dtype)
+    weighted = kernel in ("rmsnorm", "layernorm") and weights not in (None, dtype_name)
+    runs, out, ref, nbytes, picked = case(kernel, n, dtype, DTYPES[weights] if weighted else None)
+    if weighted:  # told apart in the table and the plot
+        dtype_name = f"{dtype_name}+{weights}"
     out.fill_(float("nan"))
     runs["mgjit"]()
     torch.cuda.synchronize()
@@ -234,6 +242,7 @@ def main() -> int:
     p.add_argument("--lengths", nargs="*", type=int)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--candidates", action="store_true", help="print every mapping the autotuner timed")
+    p.add_argument("--weights", choices=list(DTYPES), help="the norms' weight and bias dtype (default: the rows')")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     lengths = args.lengths or (QUICK if args.quick else LENGTHS)
@@ -243,7 +252,7 @@ def main() -> int:
     for kernel in args.kernels:
         for dtype in args.dtypes:
             for n in lengths:
-                row = measure(kernel, n, dtype)
+                row = measure(kernel, n, dtype, args.weights)
                 rows.append(row)
                 print(line(row), flush=True)
                 for config, frac in row["candidates"] if args.candidates else ():

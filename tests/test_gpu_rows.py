@@ -138,8 +138,8 @@ def test_strided_rows_and_empty_batches(n):
 
 
 # Piped rows (examples/_rows_piped.py), softmax, cross-entropy, rmsnorm and layernorm: every candidate forced, over
-# more rows than the programs' rings hold (each slot reused), rows starting anywhere in a line, and a tensor whose last line
-# is partial (its last row's envelope patched from the tensor); up to the longest row one CTA pipes (16385).
+# more rows than the programs' rings hold (each slot reused), rows starting anywhere in a line, and a tensor whose last
+# line is partial (its last row's envelope patched from the tensor); up to the longest row one CTA pipes (16385).
 PIPED = [(5000, torch.float16), (6001, torch.float32), (8193, torch.bfloat16), (12289, torch.bfloat16),
          (16385, torch.bfloat16)]
 
@@ -196,6 +196,36 @@ def test_every_piped_mapping(n, dtype, m):
         ln.layernorm_rows[_rows.grid(m, config, x.device)](x, w, b, out, lines(x), lines(out), weight_rows(w),
                                                            weight_rows(b), eps=1e-5, **config.launch_kwargs())
         assert rel(out, ref) < tol(dtype, n), config
+
+
+@pytest.mark.parametrize("n", [4095, 5003, 16385, 50257, 230000])
+def test_norms_with_float32_weights_of_bf16_rows(n):
+    """Norm weights kept in float32 beside bf16 rows (as models keep them): the wrappers, and every piped mapping
+    forced (the weights stashed in float32, fewer slots fitting beside them), against torch in float64."""
+    from _rows_piped import lines, weight_rows
+    m = 301
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) + 0.3
+    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    ref_rms = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
+    ref_ln = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    out = torch.full_like(x, float("nan"))
+    rms.rmsnorm(x, w, 1e-6, out)
+    assert rel(out, ref_rms) < tol(x.dtype, n)
+    out.fill_(float("nan"))
+    ln.layernorm(x, w, b, 1e-5, out)
+    assert rel(out, ref_ln) < tol(x.dtype, n)
+    for config in rms.rmsnorm_mapping(n, None, 2, (4,)):
+        if config.kwargs["PIPE"]:
+            out.fill_(float("nan"))
+            rms.rmsnorm_kernel[_rows.grid(m, config, x.device)](x, w, out, lines(x), lines(out), weight_rows(w),
+                                                                eps=1e-6, **config.launch_kwargs())
+            assert rel(out, ref_rms) < tol(x.dtype, n), config
+    for config in ln.layernorm_mapping(n, None, 2, (4, 4)):
+        if config.kwargs["PIPE"]:
+            out.fill_(float("nan"))
+            ln.layernorm_rows[_rows.grid(m, config, x.device)](x, w, b, out, lines(x), lines(out), weight_rows(w),
+                                                               weight_rows(b), eps=1e-5, **config.launch_kwargs())
+            assert rel(out, ref_ln) < tol(x.dtype, n), config
 
 
 def test_in_place_softmax_is_not_tuned_on_its_own_output():

@@ -179,6 +179,28 @@ def test_piped_norms_through_the_wrappers(monkeypatch, n):
     assert rel_err(ln.layernorm(x, w, b), ref) < 4e-6
 
 
+@pytest.mark.parametrize("n", [100, 5003])
+def test_norms_with_float32_weights_of_bf16_rows(monkeypatch, n):
+    """Models keep norm weights in float32 and activations in bf16: the wrappers take them, held or piped (the
+    piped mapping, forced here, stashes the float32 weights and reads them through windows on 16 bytes of
+    float32, a grid of stash_multiple(n, 4) programs), interpreted against torch in float64."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    if n > 4096:
+        rms_first = [c for c in rms.rmsnorm_mapping(n, None, 2, (4,)) if c.kwargs["PIPE"]][0]
+        ln_first = [c for c in ln.layernorm_mapping(n, None, 2, (4, 4)) if c.kwargs["PIPE"]][0]
+        assert rms_first.kwargs["STASH"] == ln_first.kwargs["STASH"] == piped.stash_multiple(n, 4) == 4
+        monkeypatch.setattr(rms, "rmsnorm_mapping", lambda *args: (rms_first,))
+        monkeypatch.setattr(ln, "layernorm_mapping", lambda *args: (ln_first,))
+    x = (torch.randn(9, n) + 2).to(BF16)
+    w, b = torch.randn(n), torch.randn(n)
+    xd = x.double()
+    got = rms.rmsnorm(x, w)
+    assert got.dtype == BF16 and rel_err(got, torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)) < 5e-3
+    got = ln.layernorm(x, w, b)
+    ref = torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)
+    assert got.dtype == BF16 and rel_err(got, ref) < 5e-3
+
+
 def test_weight_rows():
     """Rows of 2 * LINE elements LINE apart, over the vector's own storage; a short vector as one row."""
     w = torch.arange(5003.0)
