@@ -13,6 +13,7 @@ Cases that move less than TINY bytes are marked `tiny`: launch latency, not band
     python benchmarks/rows.py --kernels softmax --dtypes bfloat16 --lengths 4097 100000
     python benchmarks/rows.py --quick --candidates   # also every mapping the autotuner timed
     python benchmarks/rows.py --kernels layernorm rmsnorm --dtypes bfloat16 --weights float32   # f32 norm weights
+    ROWS_TREE=abbase MGJIT_CACHE_DIR=/tmp/base python benchmarks/rows.py ...   # another tree's wrappers (an A/B)
 """
 from __future__ import annotations
 
@@ -27,8 +28,12 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
-sys.path.insert(0, str(HERE))
+# ROWS_TREE: another tree's mgjit and examples (`git archive <commit> mgjit examples | tar -x -C DIR`), so that two
+# trees' tuned wrappers are timed in one call on one machine, each process with its own MGJIT_CACHE_DIR.
+TREE = Path(os.environ.get("ROWS_TREE", HERE.parent)).resolve()
+if not (TREE / "mgjit").is_dir() or not (TREE / "examples").is_dir():
+    raise SystemExit(f"ROWS_TREE {TREE} holds no mgjit/ and examples/")
+sys.path[:0] = [str(HERE), str(TREE), str(TREE / "examples")]
 
 import _rows  # noqa: E402
 import cross_entropy as ce_example  # noqa: E402
@@ -37,6 +42,11 @@ import layernorm as ln_example  # noqa: E402
 import rmsnorm as rms_example  # noqa: E402
 import softmax as sm_example  # noqa: E402
 from _rows_piped import piped_views  # noqa: E402
+
+import mgjit  # noqa: E402
+
+if not Path(mgjit.__file__).resolve().is_relative_to(TREE):
+    raise SystemExit(f"mgjit imported from {mgjit.__file__}, not from ROWS_TREE {TREE}")
 
 LENGTHS = [1, 3, 16, 100, 127, 128, 300, 1000, 1024, 1100, 2047, 4096, 4097, 5000, 8191, 8192, 8193, 16384, 32000,
            50257, 65536, 100000, 128256, 262144]
