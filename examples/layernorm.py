@@ -154,11 +154,11 @@ def deviations(env, f, inv_n, PL, CTAS):
     1 / the row's length."""
     v = read_lines(env, PL)
     d = ()
-    squares = ()
+    squared = ()
     for p in mgjit.static_range(len(PL)):
         d = d + (v[p] - f,)
-        squares = squares + (d[p] * d[p],)
-    total, m2 = mgjit.sum(d), mgjit.sum(squares)
+        squared = squared + (d[p] * d[p],)
+    total, m2 = mgjit.sum(d), mgjit.sum(squared)
     if CTAS > 1:
         totals, squares = mgjit.cluster_gather(total, m2)
         total, m2 = totals[0], squares[0]

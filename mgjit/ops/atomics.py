@@ -320,11 +320,11 @@ def _interp_atomic(op: Atomic, wg: Warpgroup) -> None:
     compare = wg.get(op.compare, op) if op.kind == "cas" else None
     old = torch.zeros(op.sizes, dtype=numerics.torch_dtype(dtype))
     if inside is not None:
-        if op.sem in ("acquire", "acq_rel"):
-            wg.run.gmem.acquire(ref[inside[0]], wg.clock)
-        if op.sem in ("release", "acq_rel"):
-            wg.run.gmem.release(ref[inside[0]], wg.clock)
         here = ref[inside[0]]
+        if op.sem in ("acquire", "acq_rel"):
+            wg.run.gmem.acquire(here, wg.clock)
+        if op.sem in ("release", "acq_rel"):
+            wg.run.gmem.release(here, wg.clock)
         old[inside[1]] = here
         part = value.expand(op.sizes)[inside[1]]
         cmp = compare.reshape(op.sizes if op.value.is_array else ()).expand(op.sizes)[inside[1]] \

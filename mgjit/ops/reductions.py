@@ -121,7 +121,7 @@ def _infer_reduce(op: Reduce | Squeeze, inf: infer.Inference) -> None:
 
 # ---------------------------------------------------------------------------------------------- lowering
 
-def _check_dtype(op: Reduce) -> None:
+def _check_dtype(op: Reduce | ReduceAll) -> None:
     dtype = op.operands[0].dtype
     if dtype.bits == 64 or dtype == dtypes.bool_:
         raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
@@ -140,6 +140,12 @@ def balanced(xs: list, combine_two: Callable[[Any, Any], Any]) -> Any:
     while len(xs) > 1:
         xs = [combine_two(a, b) for a, b in zip(xs[::2], xs[1::2])] + xs[len(xs) & ~1:]
     return xs[0]
+
+
+def _splat_sum(ctx: lower.Context, x, count: int, acc_dtype):
+    """The sum of `count` copies of x (a splat's elements): one multiply."""
+    n = ctx.e.const(count, acc_dtype)
+    return combine(ctx, "mul", acc_dtype, x, n) if acc_dtype.is_float else ctx.e.muli(x, n)
 
 
 def combine(ctx: lower.Context, kind: str, dtype, a, b):
@@ -165,15 +171,13 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     if src.is_splat:
         x = e.cast(src.elems[0], dtype, acc_dtype)
         if op.kind == "sum":
-            x = combine(ctx, "mul", acc_dtype, x, e.const(reduced_count, acc_dtype)) if acc_dtype.is_float \
-                else e.muli(x, e.const(reduced_count, acc_dtype))
+            x = _splat_sum(ctx, x, reduced_count, acc_dtype)
         x = e.cast(x, acc_dtype, dtype)
         ctx.set(out, x if not out.is_array else lower.Frag(out.layout, out.type.shape, dtype, [x]))
         return
 
     layout: TiledLayout = src.layout
-    groups = _thread_groups(ctx, op.kind, acc_dtype, src, op.axes, _factors(op.kind, op.operands[0], ctx, src),
-                            op.operands[0])
+    groups = _thread_groups(ctx, op.kind, acc_dtype, op.operands[0], src, op.axes)
     groups = _across_lanes(ctx, op.kind, acc_dtype, groups, layout.reduced_lane_dims(op.axes, rank))
     warp_dims = layout.reduced_warp_dims(op.axes, rank)
     if warp_dims:
@@ -187,15 +191,16 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     ctx.set(out, lower.Frag(out.layout, out.type.shape, dtype, elems))
 
 
-def _thread_groups(ctx: lower.Context, kind: str, acc_dtype, src: lower.Frag, axes: tuple[int, ...],
-                   factors: list[tuple] | None, array: Value | None = None) -> dict[tuple, Any]:
-    """Step 1, within the thread: the held elements grouped by their offset along the kept axes, each group
-    combined as a balanced tree. `array`, the array reduced, lets a max or min of widened bf16 or f16 combine
-    their loaded words (`_narrow_pairs`)."""
+def _thread_groups(ctx: lower.Context, kind: str, acc_dtype, array: Value, src: lower.Frag,
+                   axes: tuple[int, ...]) -> dict[tuple, Any]:
+    """Step 1, within the thread: the held elements of `array` (lowered: `src`) grouped by their offset along the
+    kept axes, each group combined as a balanced tree; a sum of a product as fma chains (`_factors`), a max or min
+    of widened bf16 or f16 over their loaded words (`_narrow_pairs`)."""
     e = ctx.e
     keep = [d for d in range(len(src.shape)) if d not in axes]
     keys = [tuple(off[d] for d in keep) for off in element_offsets(src.layout, src.shape)]
-    pairs = _narrow_pairs(kind, array, ctx, src, keys) if array is not None and factors is None else None
+    factors = _factors(kind, array, ctx, src)
+    pairs = None if factors else _narrow_pairs(kind, array, ctx, src, keys)
     if pairs is not None:
         return _pair_groups(ctx, kind, keys, *pairs)
     held: dict[tuple, list] = {}
@@ -268,8 +273,7 @@ def _reduce_all(op: ReduceAll, ctx: lower.Context) -> None:
     combined, then one butterfly over every lane and one exchange between the warpgroup's warps."""
     e = ctx.e
     dtype = op.operands[0].dtype
-    if dtype.bits == 64 or dtype == dtypes.bool_:
-        raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
+    _check_dtype(op)
     acc_dtype = accumulator(dtype)
     zero = e.const(0, acc_dtype)
     partials = []
@@ -279,10 +283,9 @@ def _reduce_all(op: ReduceAll, ctx: lower.Context) -> None:
         if src.is_splat:
             v, holder = e.cast(src.elems[0], dtype, acc_dtype), e.cmpi("eq", ctx.wg_tid, e.i32(0))
             if op.kind == "sum":
-                v = combine(ctx, "mul", acc_dtype, v, e.const(math.prod(src.shape), acc_dtype)) \
-                    if acc_dtype.is_float else e.muli(v, e.const(math.prod(src.shape), acc_dtype))
+                v = _splat_sum(ctx, v, math.prod(src.shape), acc_dtype)
         else:
-            (v,) = _thread_groups(ctx, op.kind, acc_dtype, src, axes, _factors(op.kind, x, ctx, src), x).values()
+            (v,) = _thread_groups(ctx, op.kind, acc_dtype, x, src, axes).values()
             holder = ctx.is_primary(src.layout) if src.layout.replicated else None
         if op.kind == "sum" and holder is not None:
             v = e.select(holder, v, zero)
