@@ -349,6 +349,12 @@ def _fixed_or_stepped(start: Value) -> bool:
                                            and start is owner.args[0])
 
 
+def _pairs_as_words(e, elems: list) -> list:
+    """16-bit elements, two by two, as 32-bit words (the first the low half)."""
+    i16 = e.int_type(16)
+    return [e.pack_i32([e.bitcast(elems[k], i16), e.bitcast(elems[k + 1], i16)]) for k in range(0, len(elems), 2)]
+
+
 def _per_access(values: list, accesses: int) -> list[list]:
     per = len(values) // accesses if accesses else 0
     return [values[k * per:(k + 1) * per] for k in range(accesses)]
@@ -393,7 +399,14 @@ def _load(op: Load, ctx: lower.Context) -> None:
     # (_load_access), unbranched even where ragged: the paths around a norm's weight vector, which ends inside an
     # access, took 127 registers against 95 (layernorm over bf16 rows of 8191 on two warpgroups; 8193 over 2 CTAs
     # 128 -> 101, RMSNorm 0.68 -> 0.75 of copy bandwidth on an H200).
-    if unaligned or narrowed or not op.fills_zero:
+    if (unaligned or narrowed or not op.fills_zero) and dtype.bits == 16 and w % 2 == 0:
+        # 16-bit elements join the paths as the words they were loaded in (pairs of one access), so that a word
+        # read whole on the unchecked path stays one register: its halves widen to f32 an instruction each, and a
+        # maximum takes them two at a time (ops/reductions.py), where halves joined apart took a repack each.
+        words = _inside_or_checked(ctx, op, ref, layout, shape, w, lambda checked, accesses: _pairs_as_words(
+            e, emit(checked, accesses)), [e.int_type(32)] * (len(els) // 2))
+        elems = [e.bitcast(h, e.type(dtype)) for word in words for h in e.unpack_i32(word, 16)]
+    elif unaligned or narrowed or not op.fills_zero:
         elems = _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [e.type(dtype)] * len(els))
     else:
         elems = emit(True, range(0, len(els), w))
