@@ -14,7 +14,9 @@ Every access is predicated on the window being inside the tensor: ragged edges n
 elements outside read as zero (or as the load's `other`: `mgjit.load(x, index, other=-inf)`, selected only where
 the window is not wholly inside; a window at a fixed or stepped start whose first 7/8 of columns are inside tests
 only the rest). A load never touches an aligned chunk of 16 bytes or less that holds no element
-inside the tensor. A load is a free anchor for layout inference: it can deliver any layout its users need.
+inside the tensor. 16-bit elements join those paths as the words they were loaded in, so that a word read whole
+stays one register (widened an instruction a half, a maximum two halves at a time). A load is a free anchor for
+layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
