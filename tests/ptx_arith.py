@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 
+PAIRS = ("bf16x2", "f16x2")  # two 16-bit floats in a 32-bit register, the first the low half
 INT = {8: (np.uint8, np.int8), 16: (np.uint16, np.int16), 32: (np.uint32, np.int32), 64: (np.uint64, np.int64)}
 
 
@@ -29,17 +30,23 @@ class Arithmetic:
             self.write(ops[0], wrap(fn(a, b), bits), run)
 
     def op_add(self, parts, ops, run):
+        if parts[-1] in PAIRS:
+            return self._narrow_pair_arith(parts, ops, run, lambda a, b: a + b)
         if is_float(parts[-1]):
             return self._float(parts, ops, run, lambda a, b: a + b)
         self._int_binary(parts, ops, run, lambda a, b: a + b)
 
     def op_sub(self, parts, ops, run):
+        if parts[-1] in PAIRS:
+            return self._narrow_pair_arith(parts, ops, run, lambda a, b: a - b)
         if is_float(parts[-1]):
             return self._float(parts, ops, run, lambda a, b: a - b)
         self._int_binary(parts, ops, run, lambda a, b: a - b)
 
     def op_mul(self, parts, ops, run):
         t = parts[-1]
+        if t in PAIRS:
+            return self._narrow_pair_arith(parts, ops, run, lambda a, b: a * b)
         if is_float(t):
             return self._float(parts, ops, run, lambda a, b: a * b)
         bits = int(t[1:])
@@ -205,7 +212,7 @@ class Arithmetic:
     def _extremum(self, parts, ops, run, nan_propagating, nan_ignoring, integer):
         """min/max; `.relu` (LLVM folds max(x, 0) into it) also clamps the result at 0 (NaN kept)."""
         relu = (lambda f: lambda a, b: _relu(f(a, b))) if "relu" in parts else (lambda f: f)
-        if parts[-1] in ("f16x2", "bf16x2"):  # each half apart (a reduction of bf16 pairs in their loaded words)
+        if parts[-1] in PAIRS:  # each half apart (a reduction of bf16 pairs in their loaded words)
             return self._narrow_pair(parts, ops, run, relu(nan_propagating if "NaN" in parts else nan_ignoring))
         if parts[-1] in ("f16", "bf16"):
             return self._narrow_float(parts, ops, run, relu(nan_propagating if "NaN" in parts else nan_ignoring))
@@ -218,6 +225,21 @@ class Arithmetic:
         in f32, where min and max are exact, and rounded back."""
         a, b = (narrow_to_f32(self.value(o), parts[-1]) for o in ops[1:3])
         self.write(ops[0], from_float(fn(a, b), parts[-1], parts), run)
+
+    def _narrow_pair_arith(self, parts, ops, run, fn):
+        """add/sub/mul/fma .rn on bf16x2 or f16x2 (LLVM pairs the halves of a loaded word): each half computed in
+        f64, where a sum or product of two 16-bit floats is exact (an fma rounds there once more, harmlessly for
+        these widths), and rounded once to its type."""
+        t = parts[-1][:-2]
+        words = [as_uint(self.value(o), 32).astype(np.uint32) for o in ops[1:]]
+        halves = []
+        for shift in (0, 16):
+            args = [narrow_to_f32((w >> np.uint32(shift)) & np.uint32(0xFFFF), t).astype(np.float64) for w in words]
+            with np.errstate(all="ignore"):
+                y = fn(*args)
+            bits = (from_float(y, "bf16", parts) if t == "bf16" else np.asarray(y).astype(np.float16).view(np.uint16))
+            halves.append(np.asarray(bits).astype(np.uint32))
+        self.write(ops[0], (halves[0] | halves[1] << np.uint32(16)).astype(np.uint64), run)
 
     def _narrow_pair(self, parts, ops, run, fn):
         """`_narrow_float` on the low and the high halves of 32-bit operands."""
@@ -326,6 +348,8 @@ class Arithmetic:
         self.write(ops[0], wrap(np.array(out, dtype=np.uint64), bits), run)
 
     def op_fma(self, parts, ops, run):
+        if parts[-1] in PAIRS:
+            return self._narrow_pair_arith(parts, ops, run, lambda a, b, c: a * b + c)
         a, b, c = (self.fvalue(o, parts[-1]).astype(np.float64) for o in ops[1:4])
         with np.errstate(all="ignore"):
             y = a * b + c

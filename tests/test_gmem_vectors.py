@@ -476,3 +476,37 @@ def test_windows_at_the_ends_of_the_int32_range_are_outside(c0):
     want = torch.full((2, 100), 7.0)
     want[0, :64] = -1.0
     assert torch.equal(dev.fetch(out), want)
+
+
+@mgjit.kernel
+def load_other_then_math(x, out, top, N: mgjit.constexpr):
+    r = mgjit.program_id(0)
+    v = mgjit.load(x, (r, mgjit.ds(0, N)), other=-3)
+    out[r, mgjit.ds(0, N)] = v * v + 1
+    top[r] = v.astype(mgjit.float32).max()
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, BF16, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [1021, 1023, 1024])
+def test_16bit_loads_join_their_paths_as_words(dtype, n):
+    """A 16-bit load with a fill (whose unchecked and checked paths join) delivers its elements as the words they
+    were loaded in: a float maximum of them takes a word at a time (`max.NaN.bf16x2`), no 16-bit register is
+    widened apart (`cvt.u32.u16`), and LLVM may pair the halves' arithmetic (`mul.rn.bf16x2`, which the simulator
+    runs half by half). Exact against torch, from the PTX and interpreted, rows ending inside a word or not."""
+    x = (torch.randn(4, n) * 30).to(dtype)
+    padded = torch.cat([x, torch.full((4, 1024 - n), -3, dtype=dtype)], 1)
+    want, want_top = padded * padded + 1, padded.float().amax(1)
+    args = (torch.zeros(4, 1024, dtype=dtype), torch.zeros(4))
+    c = load_other_then_math.compile(x, *args, N=1024, target="sm_90a")
+    assert "cvt.u32.u16" not in c.ptx
+    if dtype.is_floating_point:
+        assert re.search(r"max\.NaN\.b?f16x2", c.ptx)
+    dev = ptx_sim.Device()
+    got = [torch.zeros_like(a) for a in args]
+    for t in (x, *got):
+        dev.place(t)
+    dev.run(c, (4,), x, *got)
+    assert torch.equal(dev.fetch(got[0]), want) and torch.equal(dev.fetch(got[1]), want_top)
+    interpreted = [torch.zeros_like(a) for a in args]
+    load_other_then_math.interpret[(4,)](x, *interpreted, N=1024)
+    assert torch.equal(interpreted[0], want) and torch.equal(interpreted[1], want_top)
