@@ -2,7 +2,7 @@
 an A/B of a compiler change on the same mapping (the autotuner of benchmarks/rows.py may pick another mapping on
 either side, which hides the change).
 
-    python benchmarks/rows_ab.py TREE KERNEL:N:INDEX ...
+    python benchmarks/rows_ab.py TREE [--weights float32] KERNEL:N:INDEX ...
 
 TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
 KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
@@ -11,8 +11,9 @@ over _rows or _rows_piped (`softmax:50257:_rows.hold(1,(4096,128),12,1)`,
 `rmsnorm:8193:_rows_piped.piped(8193,3,2,True)`, no spaces or colons); for fused, the flat kernel's
 block sizes (examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
 against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16, at least 256 MB moved
-as benchmarks/rows.py counts them, the median of three do_bench medians). Run one process per tree, both on one
-machine in one call.
+as benchmarks/rows.py counts them, the median of three do_bench medians). `--weights float32`: the norms' weight and
+bias in float32 beside the bf16 rows (as models keep them), their mappings those of float32 weights. Run one process
+per tree, both on one machine in one call.
 """
 import sys
 from pathlib import Path
@@ -36,10 +37,11 @@ assert Path(mgjit.__file__).resolve().is_relative_to(tree), f"mgjit from {mgjit.
 TARGET_BYTES = 256 << 20
 
 
-def case(kernel: str, n: int, dev: torch.device):
+def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype):
     """(kernel, its arguments, constexprs, candidate mappings, the grid of a mapping, the output, the torch
-    reference, bytes moved) over bf16 rows of n."""
+    reference, bytes moved) over bf16 rows of n, a norm's weights in `wdtype`."""
     bf16 = torch.bfloat16
+    wsize = wdtype.itemsize
     tensors = {"cross_entropy": 1, "fused": 4}.get(kernel, 2)
     rows = max(1, TARGET_BYTES // (2 * n * tensors))
     x = torch.randn(rows, n, device=dev, dtype=bf16)
@@ -54,24 +56,26 @@ def case(kernel: str, n: int, dev: torch.device):
                 lambda: torch.softmax(x.float(), 1), 4 * x.numel())
     if kernel in ("rmsnorm", "layernorm"):
         out = torch.full_like(x, float("nan"))
-        w, b = torch.randn(n, device=dev, dtype=bf16), torch.randn(n, device=dev, dtype=bf16)
+        w, b = torch.randn(n, device=dev, dtype=wdtype), torch.randn(n, device=dev, dtype=wdtype)
         if kernel == "rmsnorm":
             if "wv" in rms.rmsnorm_kernel.arg_names:  # piped rows (examples/_rows_piped.py)
                 from _rows_piped import lines, weight_rows
                 return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), weight_rows(w)), {"eps": 1e-6},
-                        rms.rmsnorm_mapping(n, None, 2, (2,)), row_grid, out,
-                        lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
+                        rms.rmsnorm_mapping(n, None, 2, (wsize,)), row_grid, out,
+                        lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
+                        4 * x.numel() + wsize * n)
             return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n), row_grid, out,
-                    lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6), 4 * x.numel() + 2 * n)
+                    lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
+                    4 * x.numel() + wsize * n)
         if "wv" in ln.layernorm_rows.arg_names:  # piped rows (examples/_rows_piped.py)
             from _rows_piped import lines, weight_rows
             return (ln.layernorm_rows, (x, w, b, out, lines(x), lines(out), weight_rows(w), weight_rows(b)),
-                    {"eps": 1e-5}, ln.layernorm_mapping(n, None, 2, (2, 2)), row_grid, out,
+                    {"eps": 1e-5}, ln.layernorm_mapping(n, None, 2, (wsize, wsize)), row_grid, out,
                     lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
-                    4 * x.numel() + 4 * n)
+                    4 * x.numel() + 2 * wsize * n)
         return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n), row_grid, out,
                 lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
-                4 * x.numel() + 4 * n)
+                4 * x.numel() + 2 * wsize * n)
     if kernel == "cross_entropy":
         target = torch.randint(0, n, (rows,), device=dev)
         loss, lse = (torch.full((rows,), float("nan"), device=dev) for _ in range(2))
@@ -109,9 +113,13 @@ def mapping_of(expression: str, like: mgjit.Config) -> mgjit.Config:
 
 def main() -> None:
     dev = torch.device("cuda")
-    for spec in sys.argv[2:]:
+    specs = sys.argv[2:]
+    wdtype = torch.bfloat16
+    if specs[:1] == ["--weights"]:
+        wdtype, specs = getattr(torch, specs[1]), specs[2:]
+    for spec in specs:
         kernel, n, index = spec.split(":")
-        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev)
+        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         grid = grid_of(config)
         run = lambda: k[grid](*args, **constexprs, **config.launch_kwargs())  # noqa: E731

@@ -14,6 +14,7 @@ cluster; over 16 rows, 23.3).
     python tools/ptx_profile.py --kernel rmsnorm --n 8191 --config 5 --rows 16
     python tools/ptx_profile.py --kernel layernorm --n 8193 --config 18 --steady   # a row's cost, prologue left out
     python tools/ptx_profile.py --kernel softmax --n 230000 --config 5 --steady --rows 4 --full   # max.NaN.bf16x2 ...
+    python tools/ptx_profile.py --kernel layernorm --n 16385 --weights float32 --list   # float32 weight and bias
 
 Off the GPU a piped grid has 2 SMs' programs, each taking a few rows, so a count over a few rows carries each
 program's prologue (the weights' stash, the ring's first copies); `--steady` runs `--rows` (default 64) and twice
@@ -42,10 +43,11 @@ import softmax as sm  # noqa: E402
 from _rows_piped import piped_views  # noqa: E402
 
 
-def launch_of(kernel: str, x: torch.Tensor):
-    """(kernel, arguments, constexprs, candidate mappings) of a row example over x."""
+def launch_of(kernel: str, x: torch.Tensor, weights: torch.dtype | None = None):
+    """(kernel, arguments, constexprs, candidate mappings) of a row example over x (a norm's weights in
+    `weights`, by default x's dtype)."""
     n = x.shape[1]
-    w, b, out = torch.randn(n).to(x.dtype), torch.randn(n).to(x.dtype), torch.empty_like(x)
+    w, b, out = torch.randn(n).to(weights or x.dtype), torch.randn(n).to(weights or x.dtype), torch.empty_like(x)
     if kernel == "softmax":
         itemsize, views = piped_views((x, out))
         return sm.softmax_kernel, (x, out, *views), {}, sm.mapping(n, None, itemsize)
@@ -64,12 +66,13 @@ def launch_of(kernel: str, x: torch.Tensor):
     return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, *ce.scratch(x, configs)), {}, configs
 
 
-def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0, full: bool = False):
+def profile(kernel_name: str, n: int, dtype: torch.dtype, config, rows: int = 0, full: bool = False,
+            weights: torch.dtype | None = None):
     """(the compiled kernel, instructions a thread issues an element, those by opcode name, or by the whole opcode
     with its types where `full`) of a row example's kernel under `config`, run from its sm_90a PTX over `rows` rows
     (default: one row group a program)."""
     rows = rows or config.kwargs["ROWS"]
-    kernel, launch_args, constexprs, _ = launch_of(kernel_name, (torch.randn(rows, n) * 3).to(dtype))
+    kernel, launch_args, constexprs, _ = launch_of(kernel_name, (torch.randn(rows, n) * 3).to(dtype), weights)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = kernel.compile(*launch_args, **constexprs, **config.launch_kwargs(), target="sm_90a")
@@ -98,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady", action="store_true", help="the count over twice --rows less that over --rows")
     p.add_argument("--top", type=int, default=16, help="opcodes to show")
     p.add_argument("--full", action="store_true", help="count whole opcodes (max.NaN.bf16x2, not max)")
+    p.add_argument("--weights", help="the norms' weight and bias dtype (default: --dtype)")
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    probe = launch_of(args.kernel, torch.empty(1, args.n, dtype=dtype))[3]
+    weights = getattr(torch, args.weights) if args.weights else None
+    probe = launch_of(args.kernel, torch.empty(1, args.n, dtype=dtype), weights)[3]
     if args.list:
         for i, config in enumerate(probe):
             print(f"{i:3}  {config.short()}")
@@ -108,12 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     config = probe[args.config]
     if args.steady:
         rows = args.rows or 64
-        _, first, first_by = profile(args.kernel, args.n, dtype, config, rows, args.full)
-        compiled, second, second_by = profile(args.kernel, args.n, dtype, config, 2 * rows, args.full)
+        _, first, first_by = profile(args.kernel, args.n, dtype, config, rows, args.full, weights)
+        compiled, second, second_by = profile(args.kernel, args.n, dtype, config, 2 * rows, args.full, weights)
         per_element = 2 * second - first  # counts are per element of all rows: (2R * second - R * first) / R
         by_opcode = collections.Counter({k: 2 * second_by[k] - first_by.get(k, 0) for k in second_by})
     else:
-        compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows, args.full)
+        compiled, per_element, by_opcode = profile(args.kernel, args.n, dtype, config, args.rows, args.full,
+                                                   weights)
     print(f"{args.kernel} n={args.n} {args.dtype} {config.short()}: {compiled.registers} registers, "
           f"{per_element:.1f} instructions an element")
     print("  " + "  ".join(f"{name} {count:.1f}" for name, count in by_opcode.most_common(args.top)))
