@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 from .dtypes import DType
 from .errors import CompileError, Loc, Rule
@@ -112,7 +112,10 @@ class Op:
       at the same index), `free_anchor` (the result can be produced in any register layout at no cost, so a
       conflict moves the anchor instead of inserting a relayout), `index_only` (a free anchor that carries
       indices, not data: data layouts win over it), `free_with_operand` (the result can take any layout at no
-      cost when its operand can take the corresponding one: a broadcast of an iota);
+      cost when its operand can take the corresponding one: a broadcast of an iota), `joins_yields` (each result
+      is the matching operand of the Yield that ends each of the op's regions: an if), and `costs_in(layout)`
+      (whether the op makes its result in `layout` at a cost its own layout avoids: a shared-memory read with
+      bank conflicts);
     - a trait read by the lowering: `thread_smem` ("store": the op's threads write an SMEM tile from registers;
       "load": its threads read one into registers, after the warpgroup's earlier such stores), so that a read
       meets the warpgroup (a barrier) only where a store came since it last met, and a store only where a read
@@ -126,6 +129,7 @@ class Op:
     free_anchor: ClassVar[bool] = False
     index_only: ClassVar[bool] = False
     free_with_operand: ClassVar[bool] = False
+    joins_yields: ClassVar[bool] = False
     thread_smem: ClassVar[str | None] = None
     releases_smem: ClassVar[bool] = False
 
@@ -147,6 +151,11 @@ class Op:
 
     def verify(self) -> None:
         pass
+
+    def costs_in(self, layout: Any) -> bool:
+        """Whether making the result in register layout `layout` costs more than in the op's own (layout
+        inference prefers a common layout in which no free anchor does)."""
+        return False
 
     def stage_of(self) -> Value | None:
         """The SMEM view whose stage (a whole index of its leading dimension) this op's result is; None for other

@@ -3,6 +3,7 @@ over more rows than the programs' rings hold (a grid of 2 SMs), rows starting an
 tensor and a last partial line; which mappings are offered, for which tensors; registers at sm_90a."""
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -199,6 +200,22 @@ def test_norms_with_float32_weights_of_bf16_rows(monkeypatch, n):
     got = ln.layernorm(x, w, b)
     ref = torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)
     assert got.dtype == BF16 and rel_err(got, ref) < 5e-3
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm", "layernorm"])
+def test_float32_weights_are_read_without_bank_conflicts(kernel):
+    """Float32 weights scale bf16 rows read from shared memory: the rows are read 8 bytes a lane so that the weights
+    are read 16 bytes a lane, not 32 (two-way conflicts: layernorm over rows of 5003 ran 0.69 of copy bandwidth
+    for 0.83 without them on an H200). No BankConflictWarning, no conflict noted in the IR (sm_90a)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import ptx_profile
+    n = 5003
+    k, args, constexprs, configs = ptx_profile.launch_of(kernel, torch.randn(4, n).to(BF16), torch.float32)
+    config = next(c for c in configs if c.kwargs["PIPE"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mgjit.BankConflictWarning)
+        c = k.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+    assert "bank_conflict" not in c.ir and "float32[" in c.ir
 
 
 def test_weight_rows():

@@ -46,6 +46,7 @@ class If(Op):
     """Two regions, each ending in Yield of the op's results."""
 
     name = "if"
+    joins_yields = True
 
     def __init__(self, cond: Value, result_types: Sequence[Type], loc: Loc | None):
         super().__init__([cond], result_types, loc, [Block(), Block()])

@@ -87,6 +87,12 @@ class SmemLoad(Op):
     def verify(self):
         check(is_ref(self.operands[0], "smem"), self, "smem_load reads an SMEM tile")
 
+    def costs_in(self, layout) -> bool:
+        if not isinstance(layout, TiledLayout):
+            return False
+        total, ideal = bank_conflicts(self.operands[0].type, layout, tuple(self.result.type.shape))
+        return total > ideal
+
 
 infer.rule(SmemAlloc)(infer.no_arrays)
 infer.rule(SmemLoad)(infer.free_anchor_layout)
