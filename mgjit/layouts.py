@@ -268,12 +268,13 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16) -> TiledLayout:
+def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per_warp: int = 0) -> TiledLayout:
     """The default layout for GMEM traffic and elementwise work on an array of `shape`.
 
     Each thread moves `access_bytes` (16) at a time along the last (contiguous) dimension where the shape allows;
     lanes then warps go along the last dimension first, then the one before; whatever the array is too
-    small to give every thread is Replicated.
+    small to give every thread is Replicated. With `rows_per_warp`, warps go along the rows first where each
+    then holds at least that many rows (a row's reduction stays in its warp; its columns repeat in registers).
     """
     shape = tuple(shape)
     if not shape:
@@ -285,8 +286,12 @@ def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16) -> Tiled
     vec = min(max(access_bytes // dtype.itemsize, 1), cols)
     lanes_c = min(LANES_PER_WARP, cols // vec)
     lanes_r = min(LANES_PER_WARP // lanes_c, rows)
-    warps_c = min(WARPS_PER_WARPGROUP, cols // (vec * lanes_c))
-    warps_r = min(WARPS_PER_WARPGROUP // warps_c, rows // lanes_r)
+    if rows_per_warp and rows >= WARPS_PER_WARPGROUP * lanes_r * rows_per_warp:
+        warps_r = WARPS_PER_WARPGROUP
+        warps_c = 1
+    else:
+        warps_c = min(WARPS_PER_WARPGROUP, cols // (vec * lanes_c))
+        warps_r = min(WARPS_PER_WARPGROUP // warps_c, rows // lanes_r)
     lane_rep = LANES_PER_WARP // (lanes_c * lanes_r)
     warp_rep = WARPS_PER_WARPGROUP // (warps_c * warps_r)
     warp_dims: list[Dim] = []

@@ -10,6 +10,7 @@ from mgjit.layouts import (
     SPLAT,
     THREADS_PER_WARPGROUP,
     WGMMA,
+    LANES_PER_WARP,
     LayoutError,
     Replicated,
     TiledLayout,
@@ -122,6 +123,28 @@ def test_spread_gives_every_thread_elements_of_its_own(shape, dtype, vec):
     assert sorted(idx for tid, _, _, idx in owners(layout, shape) if is_primary(layout, tid)) == sorted(
         itertools.product(*map(range, shape)))
     assert blocked((1, 256), dtypes.bfloat16).replicated
+
+
+@pytest.mark.parametrize("shape,by_rows", [((32, 128), True), ((8, 512), True), ((16, 256), True),
+                                           ((4, 1024), False), ((2, 2048), False), ((32, 64), True)], ids=str)
+def test_blocked_puts_warps_along_rows_where_each_holds_enough(shape, by_rows):
+    """`rows_per_warp=2` with 4-byte accesses of bf16 (a warp's lanes 64 columns): where every warp gets at least
+    two rows, warp w holds rows with (row // lanes' rows) % 4 == w, all their columns (a row never spans two warps);
+    otherwise warps go along the columns as without it. Every element held once either way."""
+    layout = blocked(shape, dtypes.bfloat16, access_bytes=4, rows_per_warp=2)
+    assert layout.vector_length == 2
+    warps_of_row = collections.defaultdict(set)
+    primary = collections.Counter()
+    for tid, _, _, idx in owners(layout, shape):
+        warps_of_row[idx[0]].add(tid // LANES_PER_WARP)
+        primary[idx] += is_primary(layout, tid)
+    assert set(primary) == set(itertools.product(*map(range, shape))) and set(primary.values()) == {1}
+    lanes_r = max(1, LANES_PER_WARP * 2 // shape[1])
+    if by_rows:
+        assert all(warps == {row // lanes_r % 4} for row, warps in warps_of_row.items()), dict(warps_of_row)
+    else:
+        assert layout == blocked(shape, dtypes.bfloat16, access_bytes=4)
+        assert all(len(warps) > 1 for warps in warps_of_row.values())
 
 
 def test_blocked_1d_is_the_strided_layout():
