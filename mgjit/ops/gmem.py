@@ -33,7 +33,7 @@ from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
 from ..layouts import THREADS_PER_WARPGROUP, LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
-from ..lower.words import pack_words
+from ..lower.words import pack_words, unpack_words
 from ..specialize import TensorSpec
 from .control import For
 from .elementwise import Binary, Cast
@@ -362,12 +362,6 @@ def _fixed_or_stepped(start: Value) -> bool:
                                            and start is owner.args[0])
 
 
-def _pairs_as_words(e, elems: list) -> list:
-    """16-bit elements, two by two, as 32-bit words (the first the low half)."""
-    i16 = e.int_type(16)
-    return [e.pack_i32([e.bitcast(elems[k], i16), e.bitcast(elems[k + 1], i16)]) for k in range(0, len(elems), 2)]
-
-
 def _per_access(values: list, accesses: int) -> list[list]:
     per = len(values) // accesses if accesses else 0
     return [values[k * per:(k + 1) * per] for k in range(accesses)]
@@ -419,9 +413,12 @@ def _load(op: Load, ctx: lower.Context) -> None:
         # apart took a repack each. Kernel alone, bf16, H200: cross-entropy 4095 0.87 -> 0.93, 8191 0.86 -> 0.92,
         # softmax 8191 on two warpgroups 0.79 -> 0.82 (4097 on one 0.93 -> 0.90, which the tuner does not pick).
         # Zero-filled loads (a norm's sum) kept apart: joined as words, rmsnorm 8191 ran 0.83 -> 0.78.
-        words = _inside_or_checked(ctx, op, ref, layout, shape, w, lambda checked, accesses: _pairs_as_words(
-            e, emit(checked, accesses)), [e.int_type(32)] * (len(els) // 2))
-        elems = [e.bitcast(h, e.type(dtype)) for word in words for h in e.unpack_i32(word, 16)]
+        def as_words(checked: bool, accesses: Sequence[int]) -> list:  # a word a pair, as loaded
+            elems = emit(checked, accesses)
+            return [word for k in range(0, len(elems), 2) for word in pack_words(e, elems[k:k + 2], dtype)]
+
+        words = _inside_or_checked(ctx, op, ref, layout, shape, w, as_words, [e.int_type(32)] * (len(els) // 2))
+        elems = unpack_words(e, words, dtype, len(els))
     elif unaligned or narrowed or not op.fills_zero:
         elems = _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [e.type(dtype)] * len(els))
     else:
