@@ -386,40 +386,40 @@ def _interp_squeeze(op: Squeeze, wg: Warpgroup) -> None:
     wg.set(op.result, x.reshape(op.result.type.shape if op.result.is_array else ()))
 
 
+def _interp_reduced(op: Reduce | ReduceAll, x: Value, axes: tuple[int, ...], wg: Warpgroup) -> torch.Tensor:
+    """x reduced over `axes` by op's kind in the accumulation dtype (f32 for narrow floats); a splat's sum is one
+    multiply (its first element, the count of the reduced elements), as the lowering computes it. Integer sums
+    wrap."""
+    wide = numerics.widen(wg.get(x, op), x.dtype)
+    if isinstance(x.layout, SplatLayout):
+        first = wide.reshape(-1)[0]
+        return first * math.prod(x.type.shape[a] for a in axes) if op.kind == "sum" else first
+    if op.kind == "sum":
+        return wide.sum(dim=axes, dtype=wide.dtype)
+    return (torch.amax if op.kind == "max" else torch.amin)(wide, dim=axes)
+
+
+def _set_narrowed(op: Reduce | ReduceAll, y: torch.Tensor, wg: Warpgroup) -> None:
+    """The result, rounded once from the accumulation dtype to the operands'."""
+    dtype = op.operands[0].dtype
+    wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))
+
+
 @interpret.rule(Reduce)
 def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
-    """In the accumulation dtype (f32 for narrow floats), rounded once; a splat's sum is one multiply, as the
-    lowering computes it. Integer sums wrap."""
+    """In the accumulation dtype, rounded once (`_interp_reduced`)."""
     _check_dtype(op)
-    src = op.operands[0]
-    x, dtype = wg.get(src, op), src.dtype
-    wide = numerics.widen(x, dtype)
-    if isinstance(src.layout, SplatLayout):
-        first = wide.reshape(-1)[0]
-        count = math.prod(src.type.shape[a] for a in op.axes)
-        y = first * count if op.kind == "sum" else first
-        y = y.expand(op.result.type.shape) if op.result.is_array else y
-    elif op.kind == "sum":
-        y = wide.sum(dim=op.axes, dtype=wide.dtype)
-    else:
-        y = (torch.amax if op.kind == "max" else torch.amin)(wide, dim=op.axes)
-    wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))
+    y = _interp_reduced(op, op.operands[0], op.axes, wg)
+    if isinstance(op.operands[0].layout, SplatLayout) and op.result.is_array:
+        y = y.expand(op.result.type.shape)
+    _set_narrowed(op, y, wg)
 
 
 @interpret.rule(ReduceAll)
 def _interp_reduce_all(op: ReduceAll, wg: Warpgroup) -> None:
-    """Each array reduced in the accumulation dtype (a splat's sum one multiply), then the arrays combined."""
-    dtype = op.operands[0].dtype
-    parts = []
-    for x in op.operands:
-        wide = numerics.widen(wg.get(x, op), dtype)
-        if isinstance(x.layout, SplatLayout):
-            first = wide.reshape(-1)[0]
-            parts.append(first * math.prod(x.type.shape) if op.kind == "sum" else first)
-        else:
-            parts.append(wide.sum(dtype=wide.dtype) if op.kind == "sum"
-                         else (torch.amax if op.kind == "max" else torch.amin)(wide))
+    """Each array reduced in the accumulation dtype (`_interp_reduced`), then the arrays combined, rounded once."""
+    parts = [_interp_reduced(op, x, tuple(range(len(x.type.shape))), wg) for x in op.operands]
     y = parts[0]
     for part in parts[1:]:
         y = y + part if op.kind == "sum" else (torch.maximum if op.kind == "max" else torch.minimum)(y, part)
-    wg.set(op.result, numerics.round_float(y, dtype) if dtype.is_float else y.to(numerics.torch_dtype(dtype)))
+    _set_narrowed(op, y, wg)
