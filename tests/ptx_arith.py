@@ -231,24 +231,26 @@ class Arithmetic:
         f64, where a sum or product of two 16-bit floats is exact (an fma rounds there once more, harmlessly for
         these widths), and rounded once to its type."""
         t = parts[-1][:-2]
-        words = [as_uint(self.value(o), 32).astype(np.uint32) for o in ops[1:]]
-        halves = []
-        for shift in (0, 16):
-            args = [narrow_to_f32((w >> np.uint32(shift)) & np.uint32(0xFFFF), t).astype(np.float64) for w in words]
+
+        def half(*args):
             with np.errstate(all="ignore"):
-                y = fn(*args)
-            bits = (from_float(y, "bf16", parts) if t == "bf16" else np.asarray(y).astype(np.float16).view(np.uint16))
-            halves.append(np.asarray(bits).astype(np.uint32))
-        self.write(ops[0], (halves[0] | halves[1] << np.uint32(16)).astype(np.uint64), run)
+                y = fn(*(a.astype(np.float64) for a in args))
+            return from_float(y, "bf16", parts) if t == "bf16" else np.asarray(y).astype(np.float16).view(np.uint16)
+        self._per_half(ops, run, t, half)
 
     def _narrow_pair(self, parts, ops, run, fn):
         """`_narrow_float` on the low and the high halves of 32-bit operands."""
         t = parts[-1][:-2]
-        a, b = (as_uint(self.value(o), 32).astype(np.uint32) for o in ops[1:3])
+        self._per_half(ops, run, t, lambda x, y: from_float(fn(x, y), t, parts))
+
+    def _per_half(self, ops, run, t, half):
+        """ops[0] = the 16-bit results of `half` (the bits of one half) over the low and the high halves of the
+        32-bit operands ops[1:], each half widened from `t` to f32."""
+        words = [as_uint(self.value(o), 32).astype(np.uint32) for o in ops[1:]]
         halves = []
         for shift in (0, 16):
-            x, y = (narrow_to_f32((v >> np.uint32(shift)) & np.uint32(0xFFFF), t) for v in (a, b))
-            halves.append(from_float(fn(x, y), t, parts).astype(np.uint32))
+            args = [narrow_to_f32((w >> np.uint32(shift)) & np.uint32(0xFFFF), t) for w in words]
+            halves.append(np.asarray(half(*args)).astype(np.uint32))
         self.write(ops[0], (halves[0] | halves[1] << np.uint32(16)).astype(np.uint64), run)
 
     def op_setp(self, parts, ops, run):
