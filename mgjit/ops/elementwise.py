@@ -150,7 +150,10 @@ def _infer_same_as_operand(op: Op, inf: infer.Inference) -> None:
 
 @infer.rule(Binary, Fma, Compare, Select)
 def _infer_elementwise(op: Op, inf: infer.Inference) -> None:
-    layout = inf.choose_common(op, list(range(len(op.operands))))
+    # A select's values come first: its result is one of them, and its condition (a mask built from indices and
+    # loaded integers, cross-entropy's `cols == target`) adapts to their layout rather than they to its.
+    order = [1, 2, 0] if isinstance(op, Select) else list(range(len(op.operands)))
+    layout = inf.choose_common(op, order)
     if layout is not None:
         inf.set_layout(op.result, layout, op)
 
