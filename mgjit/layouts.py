@@ -20,6 +20,8 @@ from .dtypes import DType
 WARPS_PER_WARPGROUP = 4
 LANES_PER_WARP = 32
 THREADS_PER_WARPGROUP = WARPS_PER_WARPGROUP * LANES_PER_WARP
+# Global memory moves 32-byte sectors.
+SECTOR_BYTES = 32
 
 
 class LayoutError(ValueError):
@@ -268,13 +270,17 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per_warp: int = 0) -> TiledLayout:
+def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per_warp: int = 0,
+            thread_rows: int = 0) -> TiledLayout:
     """The default layout for GMEM traffic and elementwise work on an array of `shape`.
 
     Each thread moves `access_bytes` (16) at a time along the last (contiguous) dimension where the shape allows;
     lanes then warps go along the last dimension first, then the one before; whatever the array is too
     small to give every thread is Replicated. With `rows_per_warp`, warps go along the rows first where each
     then holds at least that many rows (a row's reduction stays in its warp; its columns repeat in registers).
+    With `thread_rows` as well, a warp's lanes go along a row only as far as one sector (SECTOR_BYTES) or as
+    leaves each thread `thread_rows` rows, whichever is further, and along the rows after that: a row's
+    reduction then takes fewer shuffles.
     """
     shape = tuple(shape)
     if not shape:
@@ -289,6 +295,11 @@ def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per
     if rows_per_warp and rows >= WARPS_PER_WARPGROUP * lanes_r * rows_per_warp:
         warps_r = WARPS_PER_WARPGROUP
         warps_c = 1
+        if thread_rows:
+            warp_rows = rows // WARPS_PER_WARPGROUP
+            sector_lanes = max(SECTOR_BYTES // (vec * dtype.itemsize), 1)
+            lanes_c = min(lanes_c, max(LANES_PER_WARP * thread_rows // warp_rows, sector_lanes))
+            lanes_r = min(LANES_PER_WARP // lanes_c, warp_rows)
     else:
         warps_c = min(WARPS_PER_WARPGROUP, cols // (vec * lanes_c))
         warps_r = min(WARPS_PER_WARPGROUP // warps_c, rows // lanes_r)

@@ -147,6 +147,28 @@ def test_blocked_puts_warps_along_rows_where_each_holds_enough(shape, by_rows):
         assert all(len(warps) > 1 for warps in warps_of_row.values())
 
 
+@pytest.mark.parametrize("shape,lanes,rows", [((32, 128), 8, 2), ((16, 256), 16, 2), ((8, 512), 32, 2),
+                                              ((64, 128), 8, 4), ((16, 64), 16, 2)], ids=str)
+def test_blocked_thread_rows_spends_a_warps_lanes_on_its_rows(shape, lanes, rows):
+    """`thread_rows=2` beside `rows_per_warp=2` (4-byte accesses of bf16): a row's lanes go along it as far as one
+    32-byte sector (8 lanes) or as leaves each thread two rows, whichever is further, the rest of a warp's lanes
+    along its rows; each row stays in one warp, each thread holds `rows` rows. Every element held once."""
+    layout = blocked(shape, dtypes.bfloat16, access_bytes=4, rows_per_warp=2, thread_rows=2)
+    lanes_of_row = collections.defaultdict(set)
+    rows_of_thread = collections.defaultdict(set)
+    primary = collections.Counter()
+    for tid, _, _, idx in owners(layout, shape):
+        lanes_of_row[idx[0]].add(tid)
+        rows_of_thread[tid].add(idx[0])
+        primary[idx] += is_primary(layout, tid)
+    assert set(primary) == set(itertools.product(*map(range, shape))) and set(primary.values()) == {1}
+    assert {len(t) for t in lanes_of_row.values()} == {lanes}
+    assert all(len({t // LANES_PER_WARP for t in threads}) == 1 for threads in lanes_of_row.values())
+    assert {len(r) for r in rows_of_thread.values()} == {rows}
+    assert blocked((4, 1024), dtypes.bfloat16, access_bytes=4, rows_per_warp=2, thread_rows=2) == blocked(
+        (4, 1024), dtypes.bfloat16, access_bytes=4)
+
+
 def test_blocked_1d_is_the_strided_layout():
     """Thread t holds elements [i*128*v + t*v, +v) in register i (v = 4 for float32)."""
     layout = blocked((2048,), dtypes.float32)

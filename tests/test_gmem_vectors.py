@@ -424,6 +424,33 @@ def test_ragged_bf16_rows_get_word_accesses():
     assert held["layout"]["tiles"] == [[1, 256], [1, 64], [2]]
 
 
+@mgjit.kernel
+def window_row_sums(x, sums, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    rows = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS)
+    sums[rows] = x[rows, mgjit.ds(0, COLS)].astype(mgjit.float32).sum(axis=1)
+
+
+@pytest.mark.parametrize("n", [127, 255])
+def test_odd_rows_only_reduced_spend_a_warps_lanes_on_rows(n):
+    """32 rows of 127 (255) bf16, read in 32-bit words. Summed and stored as one value a row, a row takes 8 lanes
+    of its warp (one 32-byte sector of words), 4 rows a warp side by side, 2 rows a thread: 3 shuffles a row's sum,
+    6 in all, where 32 lanes a row took 5 a row and 40 in all (8 rows a thread). Copied, a row
+    keeps 32 lanes: a store of 32 bytes a row would straddle the sectors of rows that are not 32-byte aligned.
+    The simulated sums (poisoned first, rows left over for the last program) match torch."""
+    x = (torch.randn(3 * 32 + 5, n) * 2).to(BF16)
+    sums = torch.full((x.shape[0],), float("nan"))
+    cols = 1 << (n - 1).bit_length()
+    c = window_row_sums.compile(x, sums, ROWS=32, COLS=cols, target="sm_90a")
+    held = c.layouts.data["registers"][0]
+    assert held["shape"] == [32, cols] and held["layout"]["tiles"] == [[16, 16], [4, 16], [2]], held
+    assert len(re.findall(r"shfl\.sync", c.ptx)) == 6
+    dev = ptx_sim.Device()
+    dev.run(c, (4, 1, 1), x, sums)
+    torch.testing.assert_close(dev.fetch(sums), x.float().sum(1), rtol=1e-5, atol=1e-4)
+    copied = copy_window.compile(x, x, 0, 0, ROWS=32, COLS=cols, target="sm_90a")
+    assert copied.layouts.data["registers"][0]["layout"]["tiles"][1:] == [[1, 64], [2]]
+
+
 @pytest.mark.parametrize("n,access", [(4098, 4), (4100, 8), (4104, 16)])
 def test_bf16_rows_aligned_below_16_bytes_get_accesses_as_wide_as_their_alignment(n, access):
     """Rows of 4098 (4100) bf16 start on a 4 (8) byte boundary: plain accesses of 4 (8) bytes with lanes side by

@@ -541,14 +541,15 @@ def test_ptx_profile_counts_an_element_once_however_the_row_is_split():
     assert 8 < per[0] < per[1] < per[2] < per[0] * 1.4, per
 
 
-@pytest.mark.parametrize("kernel,n", [("softmax", 127), ("rmsnorm", 255), ("layernorm", 511), ("cross_entropy", 255),
-                                      ("cross_entropy", 511)])
+@pytest.mark.parametrize("kernel,n", [("softmax", 127), ("rmsnorm", 255), ("layernorm", 511), ("cross_entropy", 127),
+                                      ("cross_entropy", 255), ("cross_entropy", 511)])
 def test_short_odd_rows_reduce_within_a_warp(kernel, n):
     """Rows whose length is odd are read in 4-byte accesses, 64 bf16 columns a warp: several rows of 128 to 1024
     columns a warpgroup put each row in one warp (its columns repeated in registers), not over two to eight warps,
     so that its reductions take shuffles only, no exchange through shared memory (cross-entropy's too: the mask of
     its targets takes the logits' layout, not they the mask's: 36.6 instructions an element at 255 and 511 before,
-    21.3 and 17.5 after; tools/ptx_profile.py, PTX
+    21.3 and 17.5 after; and as cross-entropy stores no rows, a row takes as few lanes as one sector or two rows a
+    thread allow: 127 29.2 -> 16.9, 255 21.3 -> 17.2; tools/ptx_profile.py, PTX
     simulator: no bar.sync a row, and about 24, 21 and 28 instructions an element where the exchange took 34, 26
     and 33; H200, kernel alone: softmax 127 0.51 -> 0.77, rmsnorm 255 0.69 -> 0.87, layernorm 511 0.69 -> 0.88).
     The simulated PTX's outputs (poisoned first, rows left over for the last program) match torch."""
@@ -557,7 +558,7 @@ def test_short_odd_rows_reduce_within_a_warp(kernel, n):
     config = ptx_profile.launch_of(kernel, torch.empty(1, n, dtype=BF16))[3][0]
     assert config.kwargs["ROWS"] >= 8 and config.kwargs["PARTS"] == (1 << (n - 1).bit_length(),)
     _, per_element, by_opcode = ptx_profile.profile(kernel, n, BF16, config, 64)
-    budget = {"softmax": 26, "rmsnorm": 23, "layernorm": 30, "cross_entropy": 24}[kernel]
+    budget = {"softmax": 26, "rmsnorm": 23, "layernorm": 30, "cross_entropy": 19}[kernel]
     assert per_element < budget and by_opcode["bar"] < 0.01, (per_element, by_opcode["bar"])
     x = (torch.randn(3 * config.kwargs["ROWS"] + 5, n) * 2).to(BF16)
     k, args, constexprs, _ = ptx_profile.launch_of(kernel, x)
