@@ -165,7 +165,19 @@ class GmemWrites:
     def check_load(self, view: torch.Tensor, clock: Clock, loc: Loc | None, reader: str, cta: tuple) -> None:
         """`reader` (a warpgroup of CTA `cta` whose clock is `clock`, or the TMA copy it issues) reads the view's
         elements."""
-        storage, index = self._elements(view)
+        self._check_read(*self._elements(view), clock, loc, reader, cta)
+
+    def check_gather(self, ref: torch.Tensor, picked: tuple[torch.Tensor, ...], clock: Clock, loc: Loc | None,
+                     reader: str, cta: tuple) -> None:
+        """As check_load, for the elements of `ref` at the index tensors `picked` (one an axis)."""
+        index = torch.tensor(ref.storage_offset(), dtype=torch.int64)
+        for i, stride in zip(picked, ref.stride()):
+            index = index + i * stride
+        self._check_read((ref.untyped_storage().data_ptr(), ref.element_size()), index.reshape(-1), clock, loc,
+                         reader, cta)
+
+    def _check_read(self, storage: tuple, index: torch.Tensor, clock: Clock, loc: Loc | None, reader: str,
+                    cta: tuple) -> None:
         shadow = self.shadows.get(storage)
         if shadow is None:
             return

@@ -10,6 +10,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | reductions | Reduce, ReduceAll, Squeeze |
 | control | For, If, Yield |
 | gmem | Load, Store |
+| gmem_gather | Gather |
 | atomics | Atomic, SemaphoreWait |
 | smem | SmemAlloc, SmemStore, SmemLoad |
 | smem_views | RefIndex, RefSlice, RefTranspose, RefWindow |
@@ -35,6 +36,7 @@ from .control import For, If, Yield
 from .debug import DeviceAssert, Print, ProfileEvent, ProfileStart
 from .elementwise import Binary, Cast, Compare, Fma, Select, Unary
 from .gmem import Load, Store
+from .gmem_gather import Gather
 from .program import Constant, NumPrograms, ProgramId, RefDim
 from .reductions import Reduce, ReduceAll, Squeeze
 from .smem import SmemAlloc, SmemLoad, SmemStore
@@ -50,11 +52,11 @@ from .wgmma import Wgmma, WgmmaWait
 
 __all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
            "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
-           "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "If", "Iota", "Load",
-           "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print", "ProfileEvent",
-           "ProfileStart", "ProgramId", "Reduce", "ReduceAll", "RefDim", "RefIndex", "RefSlice", "RefTranspose",
-           "RefWindow", "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters", "SmemAlloc",
-           "SmemFree", "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit", "Tcgen05Copy",
-           "Tcgen05Mma", "TmaDescriptorCut", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch", "TmaStore",
-           "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore", "Unary",
-           "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]
+           "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "Gather", "If", "Iota",
+           "Load", "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print",
+           "ProfileEvent", "ProfileStart", "ProgramId", "Reduce", "ReduceAll", "RefDim", "RefIndex", "RefSlice",
+           "RefTranspose", "RefWindow", "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters",
+           "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit",
+           "Tcgen05Copy", "Tcgen05Mma", "TmaDescriptorCut", "TmaGather", "TmaLoad", "TmaLoadCollective", "TmaPrefetch",
+           "TmaStore", "TmaStoreWait", "TmemAlloc", "TmemDealloc", "TmemIndex", "TmemLoad", "TmemSlice", "TmemStore",
+           "Unary", "WarpSplit", "WarpgroupId", "Wgmma", "WgmmaWait", "Yield", "tmem_layout"]

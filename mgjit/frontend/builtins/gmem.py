@@ -1,6 +1,6 @@
 """GMEM windows: `x[i, ds(j, N)]` loads a window of a tensor argument into registers (`mgjit.load(x, index,
 other=v)` too, with v where the window lies outside the tensor), `x[...] = v` stores one (Load, Store in
-ops/gmem.py)."""
+ops/gmem.py). With integer arrays among the indices, `x[rows, cols]` gathers (Gather in ops/gmem_gather.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +8,7 @@ from typing import Any
 from ... import dtypes, ir, language as lang, ops
 from ...errors import CompileError
 from ..registry import builtin, method
-from ..semantics import Semantics
+from ..semantics import Semantics, broadcast_shape
 from ..values import Expanded, Ref, Tensor
 
 
@@ -51,8 +51,39 @@ def window(t: Semantics, ref: Ref, index: Any) -> tuple[list[ir.Value], tuple[in
     return starts, tuple(sizes), tuple(squeeze)
 
 
+def _is_array(item: Any) -> bool:
+    return isinstance(item, (Tensor, Expanded)) and bool(item.shape)
+
+
+def gather_indices(t: Semantics, ref: Ref, index: tuple) -> list[ir.Value]:
+    """The int32 index arrays of the gather `ref[index]`, each axis's index (an integer array or scalar) broadcast
+    to their common shape."""
+    if len(index) != ref.ndim:
+        raise t.error(f"{ref.name} has rank {ref.ndim} but is indexed with {len(index)} indices")
+    shape: tuple[int, ...] = ()
+    for axis, item in enumerate(index):
+        if isinstance(item, (lang.ds, slice)):
+            raise t.error(f"{ref.name} is gathered (indexed with an integer array), so every axis takes an integer "
+                          f"array or scalar; axis {axis} takes a {type(item).__name__}: index it with an array of "
+                          f"its positions (mgjit.arange) broadcast against the others")
+        is_int = (item.dtype.is_int and item.dtype != dtypes.bool_ if isinstance(item, (Tensor, Expanded))
+                  else isinstance(item, int) and not isinstance(item, bool))
+        if not is_int:
+            raise t.error(f"gather index of axis {axis} of {ref.name} must be an integer array or scalar, got "
+                          f"{item.dtype.name if isinstance(item, (Tensor, Expanded)) else type(item).__name__}")
+        try:
+            shape = broadcast_shape(shape, tuple(getattr(item, "shape", ())))
+        except ValueError:
+            shapes = [tuple(getattr(i, "shape", ())) for i in index]
+            raise t.error(f"the gather indices of {ref.name} do not broadcast to one shape: {shapes}") from None
+    return [t.broadcast_to(t.cast(item, dtypes.int32), shape).value for item in index]
+
+
 @method(Ref, "__getitem__")
 def load(t: Semantics, ref: Ref, index: Any, other: int | float = 0) -> Tensor:
+    index = index if isinstance(index, tuple) else (index,)
+    if any(_is_array(item) for item in index):
+        return t.emit(ops.Gather(ref.value, gather_indices(t, ref, index), t.builder.loc, other=other))
     starts, sizes, squeeze = window(t, ref, index)
     return t.emit(ops.Load(ref.value, starts, sizes, squeeze, t.builder.loc, other=other))
 
@@ -89,6 +120,9 @@ def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
 
 @method(Ref, "__setitem__")
 def store(t: Semantics, ref: Ref, index: Any, value: Any) -> None:
+    if any(_is_array(item) for item in (index if isinstance(index, tuple) else (index,))):
+        raise t.error(f"storing into {ref.name} at integer-array indices (a scatter) is not supported; store "
+                      f"windows (mgjit.ds)")
     starts, sizes, squeeze = window(t, ref, index)
     shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
     if not isinstance(value, (Tensor, Expanded)):  # a Python number is converted to the reference's dtype
