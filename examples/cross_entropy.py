@@ -12,9 +12,9 @@ examples/_rows_piped.py): persistent programs stream their rows through shared-m
 the target's logit from the slot; longer rows in segments of whole lines, each program taking an even run of
 them in order and merging a row's statistics as they come, the rows at a run's ends merged by the last program to
 finish its piece (`cross_entropy_segments`).
-Elsewhere the target's logit is one scalar load per row (every thread reads the same address), or a masked sum
-over many short rows held by one program. Rows whose target is `ignore_index` get a loss of 0, as in torch; a
-target outside [0, n) otherwise gets a loss of NaN (torch raises). The logsumexp is returned too (what a
+Elsewhere the targets' logits are gathered (`logits[rows, targets]`), a load for each row a thread holds. Rows
+whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN
+(torch raises). The logsumexp is returned too (what a
 backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
@@ -22,9 +22,9 @@ backward pass needs).
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, exp_segment, finite_shift, first_row, floating, held_width, launch,
-                   load_row, grid, mapping as rows_mapping, merge_exp, merge_pair, output, segment,
-                   segment_sum, sm_count, stage, store_stat, streamed_exp_sum)
+from _rows import (chunked_segment, exp_segment, finite_shift, first_row, floating, launch, load_row, grid,
+                   mapping as rows_mapping, merge_exp, merge_pair, output, segment, sm_count, stage, store_stat,
+                   streamed_exp_sum)
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
                          program_segment, read_lines, ring)
@@ -35,10 +35,6 @@ import mgjit
 STAGE_GROUP = 4096
 
 
-# Held rows at least this wide gather their target logits (two dependent scalar loads a row, the same for every
-# thread); narrower ones take a masked sum. On an H100, bf16: the gather took rows of 1000 (2 to a program) from
-# 0.74 to 0.84 of copy bandwidth, and rows of 16 (256 to a program: 512 loads a thread) from 0.90 to 0.13.
-GATHER_WIDTH = 1024
 
 
 @mgjit.kernel
@@ -66,22 +62,12 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
         v = load_row(logits, rows, starts, PARTS, -float("inf"))
         targets = target[rows]
         t = targets.astype(mgjit.int32)
+        # Each row's target logit, gathered: a load for each row a thread holds. A masked sum over the held rows
+        # cost a compare, a select and an add an element, and scalar loads by every thread two loads a row (H200,
+        # kernel alone, bf16: rows of 16 0.70 -> 0.85 of copy bandwidth, 127 0.66 -> 0.79, 255 0.67 -> 0.81).
+        # After the row's arithmetic: issued before it, rows of 2047 (2 a program) ran 0.85 -> 0.77, 4096 0.95 -> 0.88.
         e, m, s = exp_segment(v, CTAS * WGS)
-        if ROWS == 1 or held_width(PARTS) >= GATHER_WIDTH:
-            # Each row's target logit: one scalar load per row (every thread reads the same address), placed in
-            # the rows' array by a select.
-            row0 = first_row(ROWS, CTAS)
-            which = mgjit.arange(ROWS)
-            hit = mgjit.where(which == 0, logits[row0, target[row0].astype(mgjit.int32)].astype(mgjit.float32), 0.0)
-            for r in mgjit.static_range(1, ROWS):
-                logit = logits[row0 + r, target[row0 + r].astype(mgjit.int32)].astype(mgjit.float32)
-                hit = mgjit.where(which == r, logit, hit)
-        else:  # many short rows: a masked sum (a compare, a select and an add per element, and a reduction)
-            cols = columns(starts, PARTS)
-            hits = ()
-            for p in mgjit.static_range(len(PARTS)):
-                hits = hits + (mgjit.where(cols[p][None, :] == t[:, None], v[p], 0.0),)
-            hit = segment_sum(hits)
+        hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
         if CTAS * WGS == 1:
             top, total = m, s
         else:  # one exchange of (max, sum) between the segments
