@@ -30,6 +30,14 @@ from .elementwise import Binary, Cast
 REDUCE_KINDS = ("sum", "max", "min")
 
 
+def _check_reducible(op: Reduce | ReduceAll) -> None:
+    """Reductions combine 32-bit registers (shuffles move 32 bits): 64-bit and bool arrays are refused where the
+    op is built, so that a kernel the interpreter runs compiles too."""
+    dtype = op.operands[0].dtype
+    check(dtype.bits != 64 and dtype != dtypes.bool_, op,
+          f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
+
+
 class Reduce(Op):
     name = "reduce"
 
@@ -54,6 +62,7 @@ class Reduce(Op):
         bad = [a for a in self.requested if not -rank <= a < rank]
         check(not bad, self, f"{self.kind} over axis {bad[0] if bad else 0}: a rank-{rank} array has axes "
                              f"{-rank}..{rank - 1}")
+        _check_reducible(self)
 
 
 class Squeeze(Op):
@@ -98,6 +107,7 @@ class ReduceAll(Op):
         dtypes_ = sorted({x.dtype.name for x in self.operands})
         check(len(dtypes_) == 1, self, f"{self.kind} of a tuple reduces arrays of one dtype, got {dtypes_}; use "
                                        ".astype()")
+        _check_reducible(self)
 
 
 infer.rule(ReduceAll)(infer.no_arrays)
@@ -120,12 +130,6 @@ def _infer_reduce(op: Reduce | Squeeze, inf: infer.Inference) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- lowering
-
-def _check_dtype(op: Reduce | ReduceAll) -> None:
-    dtype = op.operands[0].dtype
-    if dtype.bits == 64 or dtype == dtypes.bool_:
-        raise op.error(f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
-
 
 def accumulator(dtype):
     """What a reduction combines in: f32 for floats up to 32 bits, int32 for integers up to 32 bits (extended by
@@ -163,7 +167,6 @@ def _reduce(op: Reduce, ctx: lower.Context) -> None:
     src = ctx.frag(op.operands[0])
     out = op.result
     dtype = src.dtype
-    _check_dtype(op)
     acc_dtype = accumulator(dtype)
     rank = len(src.shape)
     reduced_count = math.prod(src.shape[a] for a in op.axes)
@@ -273,7 +276,6 @@ def _reduce_all(op: ReduceAll, ctx: lower.Context) -> None:
     combined, then one butterfly over every lane and one exchange between the warpgroup's warps."""
     e = ctx.e
     dtype = op.operands[0].dtype
-    _check_dtype(op)
     acc_dtype = accumulator(dtype)
     zero = e.const(0, acc_dtype)
     partials = []
@@ -408,7 +410,6 @@ def _set_narrowed(op: Reduce | ReduceAll, y: torch.Tensor, wg: Warpgroup) -> Non
 @interpret.rule(Reduce)
 def _interp_reduce(op: Reduce, wg: Warpgroup) -> None:
     """In the accumulation dtype, rounded once (`_interp_reduced`)."""
-    _check_dtype(op)
     y = _interp_reduced(op, op.operands[0], op.axes, wg)
     if isinstance(op.operands[0].layout, SplatLayout) and op.result.is_array:
         y = y.expand(op.result.type.shape)
