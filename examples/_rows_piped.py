@@ -54,13 +54,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from _rows import finite_shift, held_width, part_starts
+from _rows import LOG2E, finite_shift, held_width, part_starts, shifted_exp
 
 import mgjit
 from mgjit.targets import HOPPER, PORTABLE_CLUSTER_CTAS
 
 LINE = 256  # elements of one line: the widest box dimension a TMA copy takes
-LOG2E = math.log2(math.e)
 MIN_ROW = 4097  # rows this long and longer are piped candidates (below, a held row runs at 0.93-0.98)
 MAX_LINES = 65  # one warpgroup holds a row of up to 65 lines (130 float32 a thread; 16385 columns)
 MIN_LINES = 16  # rows piped over a cluster: the fewest lines a CTA's segment holds
@@ -504,15 +503,13 @@ def read_lines(env, PL):
 @mgjit.device
 def exp_lines(v):
     """(e, m, total) of a row's lines v (float32 arrays): m their maximum, e = exp(v - m) per array, total the
-    sum of e (the fill, -inf, adds nothing; a segment of -inf alone, m = -inf, gets e = 0: `finite_shift`).
-    exp(v - m) is 2 ** fma(v, log2(e), -m log2(e)): one instruction an element fewer than the subtraction and the
-    scaling apart, and no less exact, the fma rounding once and the product m log2(e) rounded once a row, an
-    error every e of the row shares (a softmax divides it out, a logsumexp takes about 2**-24 relative of m)."""
+    sum of e (the fill, -inf, adds nothing; a segment of -inf alone, m = -inf, gets e = 0: `finite_shift`),
+    each exp an fma and an ex2 (`_rows.shifted_exp`)."""
     m = mgjit.max(v)
     shift = -finite_shift(m) * LOG2E
     e = ()
     for p in mgjit.static_range(len(v)):
-        e = e + (mgjit.exp2(mgjit.fma(v[p], LOG2E, shift), ftz=True),)
+        e = e + (shifted_exp(v[p], shift),)
     return e, m, mgjit.sum(e)
 
 

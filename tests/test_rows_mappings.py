@@ -538,7 +538,7 @@ def test_ptx_profile_counts_an_element_once_however_the_row_is_split():
     import ptx_profile
     per = [ptx_profile.profile("softmax", 8192, BF16, config, 2)[1]
            for config in (_rows.hold(1, (8192,)), _rows.hold(1, (4096,), 1, 2), _rows.hold(1, (4096,), 2, 1))]
-    assert 8 < per[0] < per[1] < per[2] < per[0] * 1.4, per
+    assert 7 < per[0] < per[1] < per[2] < per[0] * 1.4, per
 
 
 @pytest.mark.parametrize("kernel,n", [("softmax", 127), ("rmsnorm", 255), ("layernorm", 511), ("cross_entropy", 127),
