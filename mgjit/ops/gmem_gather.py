@@ -91,9 +91,11 @@ def _interp_gather(op: Gather, wg: Warpgroup) -> None:
     inside = torch.ones(idx[0].shape, dtype=torch.bool)
     for i, n in zip(idx, ref.shape):
         inside &= (i >= 0) & (i < n)
-    # The fill converted as the GPU's fill bits convert it (ops/gmem.py, _interp_load).
-    out = torch.tensor([op.other], dtype=numerics.torch_dtype(op.ref.dtype)).expand(idx[0].shape).clone()
+    # Moved as bits (torch indexes no float8 tensor by a mask); the fill converted as the GPU's fill bits convert
+    # it (ops/gmem.py, _interp_load).
+    dtype, bits = numerics.torch_dtype(op.ref.dtype), numerics.storage_dtype(op.ref.dtype)
+    out = torch.tensor([op.other], dtype=dtype).view(bits).expand(idx[0].shape).clone()
     picked = tuple(i[inside] for i in idx)
     wg.run.gmem.check_gather(ref, picked, wg.clock, op.loc, "this gather", wg.cta.program_id)
-    out[inside] = ref[picked]
-    wg.set(op.result, out)
+    out[inside] = ref.view(bits)[picked]
+    wg.set(op.result, out.view(dtype))
