@@ -3,10 +3,11 @@ and statements (fuzz_program.py holds the tree and prints it as source).
 
 The grammar, by the type (dtype, shape) an expression must have: variables, launch scalars, program and
 warpgroup ids, reference sizes, GMEM windows `x[r, mgjit.ds(start, N)]` (dynamic starts, ragged edges),
+gathers `x[rows, cols]` (integer arrays among the indices, broadcast; indices outside read zero or other=),
 arange/full/zeros, casts, unary math, binary and comparison operators (numpy broadcasting, `x[:, None]`, weak
 Python numbers, operands of mixed dtypes), where/minimum/maximum/fma/clz/popc, reductions on any axis (keepdims
 too), @mgjit.device helpers. Statements: assignments, stores, runtime `for`/`if` (nested), static_range,
-constexpr branches. Every choice comes from one seeded random.Random: a seed is a program.
+constexpr branches. Every choice comes from seeded random.Randoms: a seed is a program.
 
 What the language refuses (each a CompileError at the user's line, tested elsewhere) is not generated:
 reductions of 64-bit or bool arrays, and of `x[:, None]`-style views; - // % << >> ** on bools; a Python
@@ -35,6 +36,7 @@ class Generator:
         self.fills = random.Random(f"{seed} fills")  # loads' other=, drawn apart: a seed's program is as before
         self.smem_rng = random.Random(f"{seed} smem")  # where an array goes through SMEM: seeds without one keep theirs
         self.atomic_rng = random.Random(f"{seed} atomics")  # likewise for atomics
+        self.gather_rng = random.Random(f"{seed} gathers")  # and for gathers
         self.seed = seed
         self.max_depth = max_depth
         self.max_stmts = max_stmts
@@ -97,6 +99,10 @@ class Generator:
     def expr(self, ty: Ty, depth: int) -> Node:
         """An expression of exactly type `ty` (not a view)."""
         r = self.rng
+        if ty.shape and not self.in_helper and self.gather_rng.random() < 0.05:
+            gathered = self.gather(ty, depth)
+            if gathered is not None:
+                return gathered
         leaf = depth >= self.max_depth or r.random() < 0.15
         choices = self.leaf_options(ty) if leaf else self.leaf_options(ty) + self.inner_options(ty, depth)
         return r.choice(choices)()
@@ -292,6 +298,40 @@ class Generator:
         if self.fills.random() < 0.25:  # mgjit.load(x, index, other=v): what lies outside reads v
             attrs["other"] = fill_value(self.fills, t.dtype)
         return Node("load", ty, [self.index_expr() for _ in sizes], attrs)
+
+    def gather(self, ty: Ty, depth: int) -> Node | None:
+        """ref[i, j] with integer arrays among its indices, broadcast to ty's shape, from an input of ty's dtype
+        (None where there is none): each axis an int32 array (`positions`) or an index scalar, at least one an
+        array; a 2D gather from a 2D input may take a column and a row of positions instead."""
+        g, shape = self.gather_rng, ty.shape
+        cands = [t for t in self.inputs if t.dtype == ty.dtype]
+        if not cands:
+            return None
+        t = g.choice(cands)
+        arrays = [g.random() < 0.6 for _ in t.shape]
+        if not any(arrays):
+            arrays[g.randrange(len(arrays))] = True
+        grid = len(shape) == 2 and len(t.shape) == 2 and g.random() < 0.4
+        index = []
+        for axis, array in enumerate(arrays):
+            if grid:
+                line = self.positions((shape[axis],), depth)
+                index.append(Node("expand", Ty(I32, (shape[0], 1) if axis == 0 else (1, shape[1])), [line],
+                                  {"axis": 1 - axis}))
+            else:
+                index.append(self.positions(shape, depth) if array else self.index_expr(typed=True))
+        attrs = {"ref": t.name}
+        if g.random() < 0.3:
+            attrs["other"] = fill_value(g, t.dtype)
+        return Node("gather", ty, index, attrs)
+
+    def positions(self, shape: tuple[int, ...], depth: int) -> Node:
+        """An int32 array of `shape`: an arange plus an index scalar (a 1D one, mostly inside the tensor), or any
+        int32 expression."""
+        if len(shape) == 1 and self.gather_rng.random() < 0.6:
+            start = Node("arange", Ty(I32, shape), attrs={"start": 0})
+            return Node("binary", Ty(I32, shape), [start, self.index_expr(typed=True)], {"kind": "add", "form": "op"})
+        return self.expr(Ty(I32, shape), depth + 1)
 
     def index_expr(self, typed: bool = False) -> Node:
         """A small integer scalar: program or warpgroup id, loop variables, launch ints, sizes, literals, and

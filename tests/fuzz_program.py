@@ -257,8 +257,8 @@ def expr_source(n: Node) -> str:
     if op == "arange":
         size = _size_source(n.ty.shape[0])
         return f"mgjit.arange({size})" if at["start"] == 0 else f"mgjit.arange({at['start']}, {at['start']} + {size})"
-    if op == "load":
-        items = _window_items(a, at["sizes"])
+    if op in ("load", "gather"):
+        items = _window_items(a, at["sizes"]) if op == "load" else a
         if "other" not in at:
             return f"{at['ref']}[{', '.join(items)}]"
         index = _index_source(items)

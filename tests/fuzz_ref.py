@@ -536,6 +536,8 @@ class Run:
             return bit_count(op, args[0])
         if op == "call":
             return self.call(self.helpers[at["helper"]], args)
+        if op == "gather":
+            return self.gather(n, args)
         raise ValueError(op)
 
     def load(self, n: Node, env: dict[str, Any]) -> V:
@@ -553,6 +555,31 @@ class Run:
             if name in self.out_err:
                 err[outer] = self.out_err[name][inner]
         return V(x.reshape(shape), self.dtypes[name], err.reshape(shape))
+
+    def gather(self, n: Node, index: list[Any]) -> V:
+        """ref[index] with integer arrays among the indices: each index as int32 (a launch's int64 wraps, as
+        the kernel casts it), broadcast to one shape; an element whose index lies outside on any axis reads
+        `other`."""
+        name = n.attrs["ref"]
+        ref = self.refs[name]
+        idx = []
+        for i in index:
+            if isinstance(i, V) and not i.exact:
+                raise Uncertain("a gather index from an inexact value")
+            idx.append(wrap(i.x.to(torch.int64), I32) if isinstance(i, V) else torch.tensor(int(i)))
+        idx = torch.broadcast_tensors(*[i.to(torch.int64) for i in idx])
+        inside = torch.ones(n.ty.shape, dtype=torch.bool)
+        for i, size in zip(idx, ref.shape):
+            inside &= (i >= 0) & (i < size)
+        picked = tuple(i[inside] for i in idx)
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[ref.element_size()]
+        x = torch.tensor([n.attrs.get("other", 0)], dtype=ref.dtype).view(bits).expand(n.ty.shape).clone()
+        x[inside] = ref.view(bits)[picked]  # as bits: torch indexes no float8 tensor by a mask
+        x = x.view(ref.dtype)
+        err = torch.zeros(n.ty.shape, dtype=F64T)
+        if name in self.out_err:
+            err[inside] = self.out_err[name][picked]
+        return V(x, self.dtypes[name], err)
 
     def call(self, h: Helper, args: list[Any]) -> Any:
         env = {name: a for (name, _), a in zip(h.params, args)}
