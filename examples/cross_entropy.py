@@ -14,8 +14,7 @@ them in order and merging a row's statistics as they come, the rows at a run's e
 finish its piece (`cross_entropy_segments`).
 Elsewhere the targets' logits are gathered (`logits[rows, targets]`), a load for each row a thread holds. Rows
 whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN
-(torch raises). The logsumexp is returned too (what a
-backward pass needs).
+(torch raises). The logsumexp is returned too (what a backward pass needs).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -33,8 +32,6 @@ import mgjit
 
 # Chunked rows are read in groups of this many columns (_rows.stage); as softmax's, whose registers it shares.
 STAGE_GROUP = 4096
-
-
 
 
 @mgjit.kernel
