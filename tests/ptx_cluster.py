@@ -69,7 +69,7 @@ class ClusterOps:
         different instructions, one arriving, the other syncing)."""
         self.held = np.zeros(self.threads, dtype=bool)
         self.released = np.zeros(self.threads, dtype=bool)
-        if opcode.startswith("bar.warp"):  # bar.warp.sync: the lanes of a warp reconverge; they run in lockstep
+        if opcode.startswith("bar.warp"):  # bar.warp.sync: its lanes met before it ran (CTA._joins_later)
             return None
         sync = ".sync" in opcode
         ids = self.per_thread(ops[0])

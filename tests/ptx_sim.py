@@ -246,13 +246,14 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         self.tma_exit()
 
     def _joins_later(self, opcode: str, ops: list, mask, active, pc, at: int) -> bool:
-        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync for the active
-        lanes of its warps (a divergent branch left them behind; the hardware makes them meet), a cluster barrier
+        """Whether threads at `at` wait there for others that are at other instructions: a shfl.sync or a
+        bar.warp.sync for the active lanes of its warps (a divergent branch left them behind, or lanes that skipped
+        a branch ran ahead around a loop; the hardware makes them meet), a cluster barrier
         for every thread of the CTA (warp-specialized code reaches the kernel's last one from its producer's branch
         before its consumers do). Named barriers count their arrivals instead (ptx_cluster.named_barrier)."""
         if opcode.startswith("barrier.cluster"):
             return bool((active & (pc != at)).any())
-        if not opcode.startswith("shfl.sync"):
+        if not opcode.startswith(("shfl.sync", "bar.warp.sync")):
             return False
         warps = np.repeat(mask.reshape(-1, 32).any(axis=1), 32)
         return bool((active & warps & (pc != at)).any())
