@@ -29,8 +29,8 @@ from .language import device_assert, print, trace  # debugging and profiling
 from .profiler import Profile
 from .runtime import max_active_clusters
 from .language import gather_async, prefetch_async, scoped_smem  # scoped SMEM, TMA extras
-from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, load, semaphore_signal,  # GMEM
-                       semaphore_wait)
+from .language import (atomic_add, atomic_cas, atomic_max, atomic_min, atomic_xchg, load,  # GMEM
+                       semaphore_signal, semaphore_wait, store)
 
 
 def kernel(fn: Callable | None = None, *, num_warpgroups: int = 1):

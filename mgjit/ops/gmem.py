@@ -37,6 +37,7 @@ from ..lower.words import pack_words, unpack_words
 from ..specialize import TensorSpec
 from .control import For
 from .elementwise import Binary, Cast
+from .gmem_flat import FlatStage, flat_store_applies
 from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits)
@@ -101,12 +102,18 @@ class Load(_GmemAccess):
 
 
 class Store(_GmemAccess):
+    """`staged`: through shared memory where it can be (ops/gmem_flat.py); a lowering choice, the same values."""
+
     name = "store"
 
     def __init__(self, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...], squeeze: tuple[bool, ...],
-                 value: Value, loc: Loc | None):
+                 value: Value, loc: Loc | None, staged: bool = False):
         super().__init__([ref, *starts, value], [], loc)
         self._init_window(sizes, squeeze)
+        self.staged = staged
+
+    def attrs(self):
+        return {**super().attrs(), "staged": True} if self.staged else super().attrs()
 
     @property
     def starts(self) -> list[Value]:
@@ -492,10 +499,29 @@ def _store(op: Store, ctx: lower.Context) -> None:
                 _store_access(ctx, part[i].addr, e.andi(part[i].inside, primary), values[i:i + w], dtype)
         return []
 
-    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
-        _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
+    if not (op.staged and flat_store_applies(op.sizes, ref, layout, shape)):
+        if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+            _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
+        else:
+            emit(True, range(0, len(els), w))
+        return
+    # Staged (ops/gmem_flat.py): the register paths' bounds tests, each access put into the scratch.
+    stage = FlatStage(ctx, op, op.sizes, ref, [ctx.get(s) for s in op.starts], layout, shape)
+    every = _element_addresses(ctx, op, ref, layout, shape)
+    as_words = not unaligned and w * isz >= 4  # an access aligned to its bytes: its words as one
+
+    def put(checked: bool, accesses: Sequence[int]) -> list:
+        step = w if as_words and not checked else 1
+        for i in accesses:
+            for j in range(i, i + w, step):
+                stage.put(j, frag.elems[j:j + step], every[j].inside if checked else None)
+        return []
+
+    if unaligned or narrowed or ragged:
+        _inside_or_checked(ctx, op, ref, layout, shape, w, put, [])
     else:
-        emit(True, range(0, len(els), w))
+        put(True, range(0, len(els), w))
+    stage.write_out()
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

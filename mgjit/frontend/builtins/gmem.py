@@ -118,8 +118,23 @@ def _fill(t: Semantics, ref: Ref, other: Any) -> int | float:
     return int(other)
 
 
+@builtin(lang.store, positional=(3, 3))
+def store_staged(t: Semantics, args: list, kwargs: dict) -> None:
+    if set(kwargs) - {"staged"}:
+        raise t.error(f"mgjit.store(x, index, value, staged=False) takes staged=, got "
+                      f"{sorted(set(kwargs) - {'staged'})}")
+    ref, index, value = args
+    if not isinstance(ref, Ref):
+        raise t.error(f"mgjit.store writes a tensor argument of the kernel (GMEM), got {getattr(ref, 'kind', ref)!r}")
+    staged = kwargs.get("staged", False)
+    if not isinstance(staged, (bool, int)) or isinstance(staged, (Tensor, Expanded)):
+        raise t.error(f"mgjit.store: staged must be a static bool (a Python bool or a constexpr), got "
+                      f"{getattr(staged, 'kind', type(staged).__name__)}")
+    store(t, ref, index, value, bool(staged))
+
+
 @method(Ref, "__setitem__")
-def store(t: Semantics, ref: Ref, index: Any, value: Any) -> None:
+def store(t: Semantics, ref: Ref, index: Any, value: Any, staged: bool = False) -> None:
     if any(_is_array(item) for item in (index if isinstance(index, tuple) else (index,))):
         raise t.error(f"storing into {ref.name} at integer-array indices (a scatter) is not supported; store "
                       f"windows (mgjit.ds)")
@@ -135,4 +150,4 @@ def store(t: Semantics, ref: Ref, index: Any, value: Any) -> None:
             value = t.broadcast_to(value, shape)
         except CompileError:
             raise t.error(f"storing an array of shape {tuple(value.shape)} into a window of shape {shape}")
-    t.builder.add(ops.Store(ref.value, starts, sizes, squeeze, value.value, t.builder.loc))
+    t.builder.add(ops.Store(ref.value, starts, sizes, squeeze, value.value, t.builder.loc, staged=staged))

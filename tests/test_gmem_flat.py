@@ -1,0 +1,149 @@
+"""Staged stores (`mgjit.store(x, index, value, staged=True)`, mgjit/ops/gmem_flat.py): a 2D window whose rows the
+layout gives each warp whole is staged through the warp's shared memory and each row stored as aligned 16-byte
+chunks. Checked on the CPU through tests/ptx_sim.py: the whole memory afterwards must be exactly the copy asked
+for (the window's elements inside the tensor, not one other byte), at every dtype width, rows starting anywhere in
+a chunk and strided, windows past the last row, before the first, starting inside the rows and narrower than them,
+and a store in a loop (the scratch reused)."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import mgjit
+from mgjit.layouts import blocked
+from mgjit.ops.gmem_flat import warp_rows
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_gmem_vectors import copy_window, expected_window, random_like, run_copy  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+@mgjit.kernel
+def staged_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    w = (mgjit.ds(r0 + mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(c0 + mgjit.program_id(1) * COLS, COLS))
+    mgjit.store(out, w, x[w], staged=True)
+
+
+@mgjit.kernel
+def scaled_rows(x, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, STEPS: mgjit.constexpr):
+    """Each program stores STEPS groups of ROWS rows in turn (one store op, its scratch reused), doubled."""
+    for s in range(STEPS):
+        w = (mgjit.ds((mgjit.program_id(0) * STEPS + s) * ROWS, ROWS), mgjit.ds(0, COLS))
+        mgjit.store(out, w, (x[w].astype(mgjit.float32) * 2).astype(out.dtype), staged=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MGJIT_CACHE_DIR", str(tmp_path_factory.mktemp("gmem-flat-cache")))
+        yield
+
+
+def flat_ptx(compiled) -> bool:
+    return "ld.shared.v4.b32" in compiled.ptx and "bar.warp.sync" in compiled.ptx
+
+
+def test_warp_rows_hand_derived():
+    """Narrowed bf16 rows (4 bytes a lane, 32 lanes along a row, warps along the rows): warp w holds rows w, w + 4,
+    w + 8 and w + 12 of 16. With a row's lanes only as far as one 32-byte sector (8 lanes, 4 rows an access):
+    warp w holds rows 4w to 4w + 3 and 16 + 4w to 19 + 4w of 32. 16-byte lanes over 16 rows of 128 put rows 0, 1,
+    8 and 9 in warp 0 (runs of 2, 8 apart); one row over the warpgroup splits it between warps: None."""
+    narrowed = blocked((16, 128), mgjit.bfloat16, access_bytes=4, rows_per_warp=2)
+    assert warp_rows(narrowed, (16, 128)) == (0, 1, 4, 4, 0, 4)  # one run of 4 rows, 4 apart
+    sector = blocked((32, 128), mgjit.bfloat16, access_bytes=4, rows_per_warp=2, thread_rows=2)
+    rows = warp_rows(sector, (32, 128))
+    assert rows == (0, 4, 4, 1, 16, 8) and [rows.row(j) for j in range(8)] == [0, 1, 2, 3, 16, 17, 18, 19]
+    assert warp_rows(blocked((16, 128), mgjit.bfloat16), (16, 128)) == (0, 2, 2, 1, 8, 4)
+    assert warp_rows(blocked((1, 4096), mgjit.float32), (1, 4096)) is None
+
+
+# (dtype, rows, n, ROWS, COLS, r0s): contiguous rows of odd byte length; windows from row 0, mid-tensor, past the
+# end (the last program's rows partly outside) and one starting before row 0 (register stores).
+CASES = [
+    (BF16, 70, 127, 16, 128, [0, 3, -2]),
+    (BF16, 33, 255, 8, 256, [0, 5]),
+    (torch.float32, 40, 125, 8, 128, [0, 1, -1]),
+    (torch.int8, 50, 301, 16, 512, [0, 7]),
+    (torch.float64, 20, 33, 8, 64, [0, 1]),
+    (torch.float16, 9, 1023, 8, 1024, [0, 2]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}x{c[4]}")
+def test_flat_store_copies_exactly(case):
+    dtype, rows, n, block_rows, cols, r0s = case
+    x = random_like(torch.empty(rows, n, dtype=dtype))
+    out = random_like(torch.empty(rows, n, dtype=dtype))
+    grid = (-(-rows // block_rows) + 1, 1)
+    for r0 in r0s:
+        got, compiled = run_copy(staged_window, grid, x, x, out, out, r0, 0, ROWS=block_rows, COLS=cols)
+        want = expected_window(out, out, x, range(r0, r0 + block_rows * grid[0]), range(0, cols))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"rows from {r0}"
+        assert flat_ptx(compiled)
+    assert not flat_ptx(copy_window.compile(x, out, 0, 0, ROWS=block_rows, COLS=cols, target="sm_90a"))
+
+
+@pytest.mark.parametrize("c0,cols,pad", [(3, 128, 0), (-5, 128, 0), (0, 64, 0), (0, 128, 2), (7, 128, 3)],
+                         ids=["start-inside", "start-before", "narrower", "strided", "strided-inside"])
+def test_any_window_of_rows_is_staged_row_by_row(c0, cols, pad):
+    """Each row's run is its own: a window starting inside the rows or before them, one narrower than them, rows
+    apart from each other (stride n + pad) all stage, and copy exactly."""
+    base = random_like(torch.empty(60, 127 + pad, dtype=BF16))
+    x = base[:, :127]
+    out_base = random_like(torch.empty(60, 127 + pad, dtype=BF16))
+    out = out_base[:, :127]
+    got, compiled = run_copy(staged_window, (5, 1), base, x, out_base, out, 0, c0, ROWS=16, COLS=cols)
+    want = expected_window(out_base, out, x, range(0, 80), range(c0, c0 + cols))
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert flat_ptx(compiled)
+
+
+@pytest.mark.parametrize("n", [127, 131, 201])
+def test_store_in_a_loop_reuses_its_scratch(n):
+    x = random_like(torch.empty(64, n, dtype=BF16))
+    out = torch.full_like(x, float("nan"))
+    compiled = scaled_rows.compile(x, out, ROWS=8, COLS=256, STEPS=4, target="sm_90a")
+    assert flat_ptx(compiled)
+    got, _ = run_copy(scaled_rows, (2,), x, x, out, out, ROWS=8, COLS=256, STEPS=4)
+    assert torch.equal(got, (x.float() * 2).to(BF16))
+    # the loop's lanes meet before each store's puts (the last one's chunk reads), and after them
+    assert len(re.findall(r"bar\.warp\.sync", compiled.ptx)) >= 2
+
+
+def test_where_staging_cannot_pay_or_hold_register_stores_remain():
+    """Rows of 128 bf16 start on 16 bytes (plain 16-byte stores already), a row over the warpgroup (a warp holds
+    part of it), a window past FLAT_STORE_BYTES: staged=True keeps the register stores, no scratch."""
+    for shape, rows, cols in (((64, 128), 16, 128), ((4, 4097), 1, 4096), ((64, 4097), 4, 4096)):
+        x = torch.empty(shape, dtype=BF16)
+        compiled = staged_window.compile(x, x, 0, 0, ROWS=rows, COLS=cols, target="sm_90a")
+        assert not flat_ptx(compiled) and compiled.smem_bytes < 1024, (shape, rows, cols)
+
+
+def test_staged_must_be_static():
+    @mgjit.kernel
+    def dynamic(x, out, s):
+        mgjit.store(out, (mgjit.ds(0, 16), mgjit.ds(0, 128)), x[mgjit.ds(0, 16), mgjit.ds(0, 128)], staged=s > 0)
+
+    x = torch.empty(16, 127, dtype=BF16)
+    with pytest.raises(mgjit.CompileError, match="staged must be a static bool"):
+        dynamic.compile(x, x, 1, target="sm_90a")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}x{c[4]}")
+def test_flat_store_on_the_gpu(case):
+    """On the GPU, fresh rows and a poisoned output: each case's windows copy exactly what they cover, in a grid
+    of many programs (warps of different CTAs write neighbouring rows' partial chunks)."""
+    dtype, _, n, block_rows, cols, r0s = case
+    rows = 40 * block_rows + 3
+    x = random_like(torch.empty(rows, n, dtype=dtype)).cuda()
+    for r0 in r0s:
+        out = random_like(torch.empty(rows, n, dtype=dtype)).cuda()
+        grid = -(-rows // block_rows) + 1
+        want = expected_window(out.cpu(), out.cpu(), x.cpu(), range(r0, r0 + block_rows * grid), range(0, cols))
+        staged_window[(grid, 1)](x, out, r0, 0, ROWS=block_rows, COLS=cols)
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), f"rows from {r0}"
