@@ -101,7 +101,7 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
     for p in mgjit.static_range(len(PARTS)):  # (x - mean) first: exact where x is near a mean far from 0
         centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
         y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
-    store_row(out, rows, starts, y, PARTS)
+    store_row(out, rows, starts, y, PARTS, 0)
 
 
 @mgjit.device

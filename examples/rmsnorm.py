@@ -21,7 +21,7 @@ import functools
 
 import torch
 from _rows import (chunked_segment, floating, launch, load_row, mapping, output, persisting, row_groups, row_sum,
-                   segment, stage, stash_vector, store_row, weights)
+                   segment, stage, staging, stash_vector, store_row, weights)
 from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
 
@@ -36,7 +36,7 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
                    CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
                    PERSIST: mgjit.constexpr = 0, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
                    STAGES: mgjit.constexpr = 0, STASH: mgjit.constexpr = 0,
-                   LAST: mgjit.constexpr = 0):
+                   LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
     streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster; or
@@ -53,14 +53,15 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
         _, starts = segment(ROWS, PARTS, CTAS, WGS)
         bufs = stash_vector(w, starts, PARTS, WGS)
         for g in range(mgjit.program_id(0), row_groups(x, ROWS), mgjit.num_programs(0)):
-            rmsnorm_held(x, w, bufs, out, mgjit.ds(g * ROWS, ROWS), starts, eps, PARTS, CTAS * WGS, PERSIST)
+            rmsnorm_held(x, w, bufs, out, mgjit.ds(g * ROWS, ROWS), starts, eps, PARTS, CTAS * WGS, PERSIST,
+                         STAGED)
     else:
         rows, starts = segment(ROWS, PARTS, CTAS, WGS)
-        rmsnorm_held(x, w, w, out, rows, starts, eps, PARTS, CTAS * WGS, PERSIST)
+        rmsnorm_held(x, w, w, out, rows, starts, eps, PARTS, CTAS * WGS, PERSIST, STAGED)
 
 
 @mgjit.device
-def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
+def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST, STAGED):
     """The rows `rows` (a segment of them, its parts from `starts`) read once and held; w's elements read after
     the sum of squares (from `bufs`, PERSIST) so that they are not live while the row is reduced."""
     v = load_row(x, rows, starts, PARTS, 0.0)
@@ -72,7 +73,7 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
     y = ()
     for p in mgjit.static_range(len(PARTS)):
         y = y + (v[p] * scale[:, None] * wv[p],)
-    store_row(out, rows, starts, y, PARTS)
+    store_row(out, rows, starts, y, PARTS, STAGED)
 
 
 @mgjit.device
@@ -157,7 +158,7 @@ def rmsnorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int =
     piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_sizes` bytes."""
     if rows_per_program is not None:
         return piping(mapping(n, rows_per_program), 0, 0, weights=weight_sizes)
-    return piping(persisting(mapping(n), 1), n, itemsize, weights=weight_sizes, clusters=True)
+    return piping(persisting(staging(mapping(n), n), 1), n, itemsize, weights=weight_sizes, clusters=True)
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

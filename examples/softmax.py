@@ -22,7 +22,7 @@ import functools
 
 import torch
 from _rows import (chunked_segment, exp_segment, finite_shift, floating, launch, load_row, mapping as rows_mapping,
-                   merge_exp, output, segment, stage, store_row, streamed_exp_sum)
+                   merge_exp, output, segment, stage, staging, store_row, streamed_exp_sum)
 from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 
@@ -37,7 +37,8 @@ STAGE_GROUP = 4096
 @mgjit.kernel
 def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
                    WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0,
-                   PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0):
+                   PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0,
+                   STAGED: mgjit.constexpr = 0):
     """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only."""
     if PIPE:
         softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST)
@@ -57,7 +58,7 @@ def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constex
         y = ()
         for p in mgjit.static_range(len(PARTS)):
             y = y + (e[p] * scale[:, None],)
-        store_row(out, rows, starts, y, PARTS)
+        store_row(out, rows, starts, y, PARTS, STAGED)
 
 
 @mgjit.device
@@ -134,7 +135,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
 def mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes
     (0: none; they need contiguous, aligned tensors, `_rows_piped.piped_views`)."""
-    configs = rows_mapping(n, rows_per_program)
+    configs = staging(rows_mapping(n, rows_per_program), n)
     return piping(configs, n if rows_per_program is None else 0, itemsize, clusters=True)
 
 

@@ -101,6 +101,27 @@ def test_every_candidate_mapping(n, dtype):
         assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5, config
 
 
+@pytest.mark.parametrize("n,dtype", [(77, torch.bfloat16), (255, torch.float16), (511, torch.float32),
+                                     (1023, torch.bfloat16)], ids=str)
+def test_every_staged_mapping(n, dtype):
+    """Softmax's and RMSNorm's mappings with staged stores (_rows.staging), persistent ones too, on 333 rows
+    (the last program's rows partly past the end) against torch, outputs poisoned."""
+    m = 333
+    x = torch.randn(m, n, device="cuda", dtype=dtype) * 2
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    xd = x.double()
+    staged = [c for c in sm.mapping(n) if c.kwargs.get("STAGED")]
+    assert staged
+    for config in staged:
+        out = torch.full_like(x, float("nan"))
+        sm.softmax_kernel[_rows.grid(m, config, x.device)](x, out, x, out, **config.launch_kwargs())
+        assert rel(out, torch.softmax(xd, 1)) < tol(dtype, n), config
+    for config in (c for c in rms.rmsnorm_mapping(n) if c.kwargs.get("STAGED")):
+        out = torch.full_like(x, float("nan"))
+        rms.rmsnorm_kernel[_rows.grid(m, config, x.device)](x, w, out, x, out, x, eps=1e-6, **config.launch_kwargs())
+        assert rel(out, torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)) < tol(dtype, n), config
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1,), (8192, 8191), (3, 5, 7), (1000, 4097), (333, 4101)])
 def test_fused_elementwise(shape, dtype):
