@@ -403,6 +403,25 @@ def unchecked_paths(ptx: str) -> tuple[str, str]:
     return blocks[0], next(b for b in blocks if "st.global" in b)
 
 
+@pytest.mark.parametrize("n", [255, 253])
+def test_rows_held_whole_by_warps_store_words_joined_across_lanes(n):
+    """16 rows of n bf16 a program, each warp holding 4 whole rows, its lanes along a row 2 elements each: where a
+    row starts inside a word, its unchecked accesses store the aligned word of a lane's second element and the next
+    lane's first (a shuffle, lane 31 taking lane 0's of the thread's access further along the row), where two
+    2-byte halves went; a row spread over warps (test_ragged_bf16_rows_get_word_accesses) keeps the halves. The
+    copy is exact through the simulator: out's rows start on and inside words, windows past the last row and
+    crossing the row's end."""
+    x = random_like(torch.empty(70, n, dtype=BF16))
+    out_base = random_like(torch.empty(70, n + 2, dtype=BF16))
+    out = out_base[:, 1:n + 1]
+    for r0, c0 in [(0, 0), (5, 0), (0, -3), (3, 2)]:  # windows of columns 0-127 inside the rows (unchecked)
+        got, compiled = run_copy(copy_window, (6, 2), x, x, out_base, out, r0, c0, ROWS=16, COLS=128)
+        want = expected_window(out_base, out, x, range(r0, r0 + 96), range(c0, c0 + 256))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (r0, c0)
+    _, store = unchecked_paths(compiled.ptx)
+    assert len(re.findall(r"shfl\.sync\.idx", store)) == 8  # a word a lane of each access: 4 rows of 2
+
+
 def test_ragged_bf16_rows_get_word_accesses():
     """x[row, ds(0, 4096)] on rows of 4097 bf16 (every row starts 2 bytes further into a word). The load anchors a
     layout of 32-bit accesses, lanes side by side, so each instruction of a warp moves 128 contiguous bytes. Where

@@ -12,7 +12,8 @@ import torch
 from .. import dtypes, lower
 from ..dtypes import DType
 from ..interpret import numerics
-from ..lower.context import LoweredRef
+from ..layouts import THREADS_PER_WARPGROUP, TiledLayout
+from ..lower.context import LoweredRef, element_offsets
 from ..lower.words import from_bits, pack_words, slot, unpack_words
 
 
@@ -276,6 +277,66 @@ def _store_unaligned_access(e, el: _Element, words: list, pred, isz: int, bases:
     _store_bytes(e, e.addi(el.addr, e.ext_i64(odd)) if isz == 1 else el.addr, _all(e, [pred, _bit_set(e, head, 2)]),
                  [pair], 2)
     _store_bytes(e, e.addi(end, e.i64(nbytes)), _all(e, [pred, _bit_set(e, tail, 2)]), [end_pair], 2)
+
+
+@functools.lru_cache(maxsize=256)
+def lanes_along_rows(layout: TiledLayout, shape: tuple[int, ...], w: int) -> bool:
+    """Whether the 32 lanes of every warp hold one row's consecutive accesses of `w` elements, lane l the l-th."""
+    if len(shape) < 1:
+        return False
+    first = next(iter(layout.registers(shape)))
+    for warp in range(THREADS_PER_WARPGROUP // 32):
+        idx = [layout.element_index(shape, warp * 32 + lane, first, 0) for lane in range(32)]
+        if any(i[:-1] != idx[0][:-1] or i[-1] != idx[0][-1] + lane * w for lane, i in enumerate(idx)):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def word_links(layout: TiledLayout, shape: tuple[int, ...], w: int, accesses: tuple[int, ...]
+               ) -> tuple[tuple[int | None, bool], ...]:
+    """For each of `accesses` (Frag indices of accesses of `w` elements, lanes along rows): the position among them
+    of the access whose columns follow its own in the same row (lane 0's first element continuing lane 31's last),
+    or None; and whether one precedes it."""
+    offsets = element_offsets(layout, shape)
+    where = {offsets[i]: k for k, i in enumerate(accesses)}
+    step = 32 * w
+    links = []
+    for i in accesses:
+        off = offsets[i]
+        nxt = where.get(off[:-1] + (off[-1] + step,))
+        links.append((nxt, off[:-1] + (off[-1] - step,) in where))
+    return tuple(links)
+
+
+def _store_shuffled_words(ctx: lower.Context, firsts: list[_Element], words: list, links, bases: _WordBases) -> None:
+    """One 32-bit word of two 16-bit elements an access (lanes along a row, lane l holding its l-th word), every
+    access inside the tensor. A row that starts on a word stores each word whole. One that starts inside a word
+    (its byte skew 2) stores the aligned word that holds this lane's second element and the next lane's first,
+    taken by a shuffle (lane 31 takes lane 0's of the access that continues the row, `links`), so that each word
+    goes as one 4-byte store where it went as two 2-byte halves: a row's first element (lane 0, no access before)
+    and last (lane 31, none after) go alone."""
+    e = ctx.e
+    i32 = e.int_type(32)
+    lane = ctx.lane
+    first_lane, last_lane = e.cmpi("eq", lane, e.i32(0)), e.cmpi("eq", lane, e.i32(31))
+    source_lane = e.andi(e.addi(lane, e.i32(1)), e.i32(31))
+    idx = e.ir.Attribute.parse("#nvvm<shfl_kind idx>")
+    for el, word, (nxt, prev) in zip(firsts, words, links):
+        _, skew, _ = bases.of(el)
+        inside = None  # the path's window is inside the tensor
+        mid = e.cmpi("ne", skew, e.i32(0))
+        _store_bytes(e, el.addr, _all(e, [inside, _not(e, mid)]), [word], 4)
+        sent = e.select(first_lane, words[nxt], word) if nxt is not None else word
+        neighbour = e.m.nvvm.shfl_sync(e.i32(-1), sent, source_lane, e.i32(0x1F), idx, results=[i32])
+        joined = _prmt(e, word, neighbour, e.i32(0x5432))
+        has_next = None if nxt is not None else _not(e, last_lane)
+        _store_bytes(e, e.addi(el.addr, e.i64(2)), _all(e, [inside, mid, has_next]), [joined], 4)
+        if nxt is None:
+            _store_bytes(e, e.addi(el.addr, e.i64(2)), _all(e, [inside, mid, last_lane]),
+                         [e.trunc(e.m.arith.shrui(word, e.i32(16)), 16)], 2)
+        if not prev:
+            _store_bytes(e, el.addr, _all(e, [inside, mid, first_lane]), [e.trunc(word, 16)], 2)
 
 
 def _store_whole_or_elementwise(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], elems: list,
