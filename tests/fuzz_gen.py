@@ -6,7 +6,8 @@ warpgroup ids, reference sizes, GMEM windows `x[r, mgjit.ds(start, N)]` (dynamic
 gathers `x[rows, cols]` (integer arrays among the indices, broadcast; indices outside read zero or other=),
 arange/full/zeros, casts, unary math, binary and comparison operators (numpy broadcasting, `x[:, None]`, weak
 Python numbers, operands of mixed dtypes), where/minimum/maximum/fma/clz/popc, reductions on any axis (keepdims
-too), @mgjit.device helpers. Statements: assignments, stores, runtime `for`/`if` (nested), static_range,
+too), @mgjit.device helpers. Statements: assignments, stores (of 2D values half the time as
+`mgjit.store(out, index, value, staged=True)`), runtime `for`/`if` (nested), static_range,
 constexpr branches. Every choice comes from seeded random.Randoms: a seed is a program.
 
 What the language refuses (each a CompileError at the user's line, tested elsewhere) is not generated:
@@ -37,6 +38,7 @@ class Generator:
         self.smem_rng = random.Random(f"{seed} smem")  # where an array goes through SMEM: seeds without one keep theirs
         self.atomic_rng = random.Random(f"{seed} atomics")  # likewise for atomics
         self.gather_rng = random.Random(f"{seed} gathers")  # and for gathers
+        self.staged_rng = random.Random(f"{seed} staged")  # and for staged stores
         self.seed = seed
         self.max_depth = max_depth
         self.max_stmts = max_stmts
@@ -520,7 +522,10 @@ class Generator:
             starts.append(lit(r.randrange(dims[-1])))
         out = Tensor(f"out{len(self.outputs)}", out_dtype, tuple(dims), r.choice(["contiguous"] * 3 + ["offset"]))
         self.outputs.append(out)
-        return Stmt("store", {"out": out.name, "sizes": sizes, "starts": starts, "value": value, "aug": aug})
+        # mgjit.store(out, index, value, staged=True): 2D values, through shared memory where the layout allows
+        staged = len(ty.shape) == 2 and not aug and self.staged_rng.random() < 0.5
+        return Stmt("store", {"out": out.name, "sizes": sizes, "starts": starts, "value": value, "aug": aug,
+                              "staged": staged})
 
     def rows(self) -> int:
         return self.grid * self.num_warpgroups

@@ -334,7 +334,11 @@ def stmts_source(stmts: list[Stmt], indent: str) -> list[str]:
         elif s.kind == "store":
             items = _window_items([expr_source(x) for x in at["starts"]], at["sizes"])
             op = f" {_OPS[at['aug']]}= " if at.get("aug") else " = "
-            lines.append(f"{indent}{at['out']}[{', '.join(items)}]{op}{expr_source(at['value'])}")
+            if at.get("staged"):
+                lines.append(f"{indent}mgjit.store({at['out']}, {_index_source(items)}, {expr_source(at['value'])}, "
+                             f"staged=True)")
+            else:
+                lines.append(f"{indent}{at['out']}[{', '.join(items)}]{op}{expr_source(at['value'])}")
         else:
             head = {"if": lambda: f"if {expr_source(at.get('cond'))}:" if s.kind == "if" else "",
                     "for": lambda: f"for {at['name']} in range({', '.join(expr_source(b) for b in at['bounds'])}):",

@@ -28,6 +28,12 @@ def staged_window(x, out, r0, c0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
 
 
 @mgjit.kernel
+def staged_batch(x, out, b0, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    w = (b0 + mgjit.program_id(1), mgjit.ds(mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(0, COLS))
+    mgjit.store(out, w, x[w], staged=True)
+
+
+@mgjit.kernel
 def scaled_rows(x, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, STEPS: mgjit.constexpr):
     """Each program stores STEPS groups of ROWS rows in turn (one store op, its scratch reused), doubled."""
     for s in range(STEPS):
@@ -97,6 +103,21 @@ def test_any_window_of_rows_is_staged_row_by_row(c0, cols, pad):
     out = out_base[:, :127]
     got, compiled = run_copy(staged_window, (5, 1), base, x, out_base, out, 0, c0, ROWS=16, COLS=cols)
     want = expected_window(out_base, out, x, range(0, 80), range(c0, c0 + cols))
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert flat_ptx(compiled)
+
+
+@pytest.mark.parametrize("b0", [0, -1])
+def test_a_batch_index_before_the_rows(b0):
+    """out[b, rows, cols] of a (3, 40, 127) tensor, b = b0 + program_id(1) over 4 programs: batches outside the
+    tensor (-1 or 3) store nothing, the others their window's rows."""
+    x = random_like(torch.empty(3, 40, 127, dtype=BF16))
+    out = random_like(torch.empty(3, 40, 127, dtype=BF16))
+    got, compiled = run_copy(staged_batch, (3, 4), x, x, out, out, b0, ROWS=16, COLS=128)
+    want = out.clone()
+    for b in range(b0, b0 + 4):
+        if 0 <= b < 3:
+            want[b] = x[b]
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     assert flat_ptx(compiled)
 

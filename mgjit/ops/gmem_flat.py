@@ -23,8 +23,8 @@ as a 32-byte sector (fewer shuffles a reduction, ops/gmem.py NARROW_THREAD_ROWS)
 255 0.90, no better.
 
 Applies where the launch does not prove rows 16-byte aligned (where it does, the registers' accesses are 16-byte
-vectors already) to 2D windows of at most FLAT_STORE_BYTES whose layout gives each warp whole rows (`warp_rows`);
-elsewhere staged=True stores from registers.
+vectors already) to windows of at most FLAT_STORE_BYTES of two dimensions (after single indices: `out[b, rows,
+cols]`) whose layout gives each warp whole rows (`warp_rows`); elsewhere staged=True stores from registers.
 """
 from __future__ import annotations
 
@@ -95,9 +95,10 @@ def warp_rows(layout: TiledLayout, shape: tuple[int, ...]) -> WarpRows | None:
 
 def flat_store_applies(sizes: tuple[int, ...], ref: LoweredRef, layout: Layout, shape: tuple[int, ...]) -> bool:
     """Whether a store of an array of `shape` in `layout` into a window of `sizes` of `ref` is staged (see the
-    module)."""
+    module): the window's last two dimensions the array's, any before them single indices (a batch's row block)."""
     spec = ref.spec
-    return (len(sizes) == 2 and tuple(sizes) == shape and isinstance(layout, TiledLayout)
+    return (len(sizes) >= 2 and tuple(sizes[-2:]) == shape and all(n == 1 for n in sizes[:-2])
+            and isinstance(layout, TiledLayout)
             and spec.unit_stride and spec.align < CHUNK and math.prod(sizes) * ref.dtype.itemsize <= FLAT_STORE_BYTES
             and warp_rows(layout, shape) is not None)
 
@@ -124,16 +125,22 @@ class FlatStage:
         self.ctx, self.ref = ctx, ref
         self.rows = warp_rows(layout, shape)
         isz = self.isz = ref.dtype.itemsize
-        self.slot = -(-(sizes[1] * isz + CHUNK - 1) // CHUNK) * CHUNK  # the most bytes a row's run's chunks span
-        self.scratch = shared_address(ctx, ctx.alloc_smem(sizes[0] * self.slot, CHUNK))
+        self.slot = -(-(sizes[-1] * isz + CHUNK - 1) // CHUNK) * CHUNK  # the most bytes a row's run's chunks span
+        self.scratch = shared_address(ctx, ctx.alloc_smem(sizes[-2] * self.slot, CHUNK))
+        # The window's leading indices: where its plane starts, and whether it lies inside the tensor.
+        self.base, self.inside = ref.ptr, e.const_bool(True)
+        for start, n, stride in zip(starts[:-2], ref.sizes[:-2], ref.strides[:-2]):
+            self.base = e.addi(self.base, e.muli(e.ext_i64(start), e.muli(stride, e.i64(isz))))
+            self.inside = e.andi(self.inside, e.cmpi("ult", start, n))
         # A row's run: its columns from max(c0, 0) to min(c0 + width, n), none where the row is outside the tensor.
-        self.r0, c0 = starts
+        self.r0, c0 = starts[-2:]
+        self.rows_n = ref.sizes[-2]
         self.lo = e.m.arith.maxsi(c0, e.i32(0))
         self.count = e.m.arith.maxsi(
-            e.subi(e.m.arith.minsi(e.addi(c0, e.i32(sizes[1])), ref.sizes[1]), self.lo), e.i32(0))
-        self.row_bytes = e.muli(ref.strides[0], e.i64(isz))
-        # The low bits of window row w's run's start: ptr + (r0 + w) * row_bytes + lo * isz, in 32 bits.
-        self.lo32 = e.addi(e.trunc(ref.ptr, 32), e.muli(self.lo, e.i32(isz)))
+            e.subi(e.m.arith.minsi(e.addi(c0, e.i32(sizes[-1])), ref.sizes[-1]), self.lo), e.i32(0))
+        self.row_bytes = e.muli(ref.strides[-2], e.i64(isz))
+        # The low bits of window row w's run's start: base + (r0 + w) * row_bytes + lo * isz, in 32 bits.
+        self.lo32 = e.addi(e.trunc(self.base, 32), e.muli(self.lo, e.i32(isz)))
         self.row_bytes32 = e.trunc(self.row_bytes, 32)
         # element (w, c) sits at slot w + skew + (c - lo) * isz: from the thread's row and column
         thread_row, thread_col = ctx.thread_index(layout, shape)
@@ -193,8 +200,9 @@ class FlatStage:
         e = self.e
         r = e.addi(self.r0, w)
         lo_bytes = e.ext_i64(e.muli(self.lo, e.i32(self.isz)))
-        start = e.addi(e.addi(self.ref.ptr, e.muli(e.ext_i64(r), self.row_bytes)), lo_bytes)
-        length = e.select(e.cmpi("ult", r, self.ref.sizes[0]), e.muli(self.count, e.i32(self.isz)), e.i32(0))
+        start = e.addi(e.addi(self.base, e.muli(e.ext_i64(r), self.row_bytes)), lo_bytes)
+        inside = e.andi(self.inside, e.cmpi("ult", r, self.rows_n))
+        length = e.select(inside, e.muli(self.count, e.i32(self.isz)), e.i32(0))
         last = e.m.arith.shrui(e.addi(skew, length), e.i32(4))
         return e.andi(start, e.i64(-CHUNK)), last, e.addi(start, e.ext_i64(length))
 
