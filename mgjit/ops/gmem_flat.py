@@ -46,15 +46,15 @@ CHUNK = 16  # bytes of one st.global.v4
 
 class WarpRows(NamedTuple):
     """Warp w holds whole rows of the array: rows first + w * warp_step + (j % run) * run_step + (j // run) *
-    block_step for j < count (runs of `run` rows `run_step` apart, repeated `block_step` further on), every element of
-    each; a lane's elements may lie in several of them, and its lanes' rows may differ."""
+    block_step for j < rows_held (runs of `run` rows `run_step` apart, repeated `block_step` further on), every
+    element of each; a lane's elements may lie in several of them, and its lanes' rows may differ."""
 
     first: int
     warp_step: int
     run: int
     run_step: int
     block_step: int
-    count: int
+    rows_held: int
 
     def row(self, j: int) -> int:
         """Warp 0's j-th row."""
@@ -214,7 +214,7 @@ class FlatStage:
         e, ctx = self.e, self.ctx
         _sync_warp(e)
         lane_bytes = e.muli(ctx.lane, e.i32(CHUNK))
-        for j in range(self.rows.count):
+        for j in range(self.rows.rows_held):
             w = self._warp_row(j)
             skew = self._skew(w)
             boundary, last, _ = self._run(w, skew)
@@ -226,9 +226,9 @@ class FlatStage:
                 whole = e.andi(e.cmpi("uge", k, head), e.cmpi("ult", k, last))
                 words = self._read_chunk(e.addi(slot, e.i32(k0 * CHUNK)), whole)
                 _store_bytes(e, e.addi(at, e.i64(k0 * CHUNK)), whole, words, CHUNK)
-        for j0 in range(0, self.rows.count, LANES_PER_WARP // 2):
+        for j0 in range(0, self.rows.rows_held, LANES_PER_WARP // 2):
             j = e.addi(e.m.arith.shrui(ctx.lane, e.i32(1)), e.i32(j0))
-            e.only_if(e.cmpi("ult", j, e.i32(self.rows.count)), lambda j=j: self._partial(self._warp_row(j)))
+            e.only_if(e.cmpi("ult", j, e.i32(self.rows.rows_held)), lambda j=j: self._partial(self._warp_row(j)))
 
     def _partial(self, w) -> None:
         """Window row w's partial first chunk (even lanes, where it is partial) or partial last chunk (odd lanes,
