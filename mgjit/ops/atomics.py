@@ -35,7 +35,7 @@ from ..layouts import SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, splat_to
 from ..lower.words import from_bits
 from .gmem import _element_addresses, _GmemAccess, _vector_width, _window
-from .smem import shared_address
+from .smem import shared_address, store_shared
 
 SEMANTICS = ("relaxed", "acquire", "release", "acq_rel")
 SCOPES = ("cta", "cluster", "gpu", "sys")
@@ -244,16 +244,9 @@ def _share_with_replicas(ctx: lower.Context, layout: TiledLayout, shape, dtype: 
         addresses.append(e.addi(base, e.muli(linear, e.i32(size))))
     ctx.warpgroup_barrier()  # an earlier use of the scratch (in a loop) is fully read
     for x, addr in zip(olds, addresses):
-        _predicated_smem_store(ctx, primary, addr, x, dtype)
+        store_shared(e, shared_address(ctx, addr), [x], dtype, primary)
     ctx.warpgroup_barrier()
     return [e.smem_load(e.type(dtype), addr) for addr in addresses]
-
-
-def _predicated_smem_store(ctx: lower.Context, pred, offset, x, dtype: DType) -> None:
-    e = ctx.e
-    cons, bits = _register(dtype)
-    word = e.bitcast(x, e.int_type(bits)) if dtype.is_float else x
-    e.asm_void(f"@$0 st.shared.b{bits} [$1], $2;", f"b,r,{cons}", [pred, shared_address(ctx, offset), word])
 
 
 def _scalar_atomic(op: Atomic, ctx: lower.Context, ref: lower.LoweredRef) -> None:
@@ -267,7 +260,7 @@ def _scalar_atomic(op: Atomic, ctx: lower.Context, ref: lower.LoweredRef) -> Non
     ctx.warpgroup_barrier()
     compares = [ctx.get(op.compare)] if op.kind == "cas" else None
     (old,) = _atomic_access(ctx, op, e.andi(cell.inside, elected), cell.addr, [ctx.get(op.value)], compares)
-    _predicated_smem_store(ctx, elected, scratch, old, dtype)
+    store_shared(e, shared_address(ctx, scratch), [old], dtype, elected)
     ctx.warpgroup_barrier()  # after: (acquire) every thread's later accesses follow the atomic
     ctx.set(op.result, e.smem_load(e.type(dtype), scratch))
 

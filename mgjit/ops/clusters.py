@@ -35,7 +35,7 @@ from ..ir import Op, ScalarType, Value, check
 from ..layouts import SplatLayout
 from ..lower.context import element_offsets
 from .arrays import linear_index
-from .control import For
+from .control import in_loop
 from .reductions import REDUCE_KINDS, combine
 from .smem import shared_address
 
@@ -204,12 +204,6 @@ def _held(ctx: lower.Context, x: Value) -> _Held:
     return _Held([value], [e.i32(0)], 1, e.cmpi("eq", ctx.wg_tid, e.i32(0)), rebuild, uniform=True)
 
 
-def _in_loop(kernel: ir.Kernel, op: Op) -> bool:
-    """Whether `op` sits in the body of a loop (it may run again, rewriting what it wrote)."""
-    return any(o is op for loop in kernel.walk() if isinstance(loop, For) for region in loop.regions
-               for o in region.walk())
-
-
 def _exchange(ctx: lower.Context, op: Op) -> list[tuple[_Held, list[list]]]:
     """Every warpgroup's elements of each of op's values: for each value, its _Held and, per element it holds,
     the element in every slot (slot order). Each element's first holder writes it into its warpgroup's slot in
@@ -222,7 +216,7 @@ def _exchange(ctx: lower.Context, op: Op) -> list[tuple[_Held, list[list]]]:
     for h in held:
         bases.append(total)
         total += slots * h.count
-    if _in_loop(ctx.kernel, op):  # this CTA has read what the last run (one CTA) or the one before (a cluster) wrote
+    if in_loop(ctx.kernel, op):  # this CTA has read what the last run (one CTA) or the one before (a cluster) wrote
         e.asm_void("bar.sync 0;", "", [])
     if op.ctas == 1:
         buffer = e.i32(ctx.alloc_shared(total * 4, 16))

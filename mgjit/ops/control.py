@@ -64,6 +64,12 @@ class Yield(Op):
         super().__init__(values, [], loc)
 
 
+def in_loop(kernel: ir.Kernel, op: Op) -> bool:
+    """Whether `op` sits in the body of a loop: it may run again, over what its last run wrote or still reads."""
+    return any(o is op for loop in kernel.walk() if isinstance(loop, For) for region in loop.regions
+               for o in region.walk())
+
+
 @infer.rule(For)
 def _infer_for(op: For, inf: infer.Inference) -> None:
     body = op.body

@@ -35,10 +35,9 @@ from typing import Any, NamedTuple
 from .. import ir, lower
 from ..layouts import LANES_PER_WARP, WARPS_PER_WARPGROUP, Layout, TiledLayout
 from ..lower.context import LoweredRef, element_offsets
-from ..lower.words import pack_words, to_bits
-from .control import For
+from .control import in_loop
 from .gmem_access import _store_bytes
-from .smem import shared_address
+from .smem import shared_address, store_shared
 
 FLAT_STORE_BYTES = 16 << 10  # the most bytes of a window a flat store stages
 CHUNK = 16  # bytes of one st.global.v4
@@ -101,12 +100,6 @@ def flat_store_applies(sizes: tuple[int, ...], ref: LoweredRef, layout: Layout, 
             and isinstance(layout, TiledLayout)
             and spec.unit_stride and spec.align < CHUNK and math.prod(sizes) * ref.dtype.itemsize <= FLAT_STORE_BYTES
             and warp_rows(layout, shape) is not None)
-
-
-def in_loop(kernel: ir.Kernel, op: ir.Op) -> bool:
-    """Whether `op` lies in a loop's body: it may run again, over a scratch its last run's lanes still read."""
-    return any(isinstance(loop, For) and any(o is op for region in loop.regions for o in region.walk())
-               for loop in kernel.walk())
 
 
 def _sync_warp(e) -> None:
@@ -176,23 +169,8 @@ class FlatStage:
         """Frag elements i, i + 1, ... (consecutive in a row; several only where their access is aligned to its
         bytes), where `pred` holds (None: always)."""
         e = self.e
-        dtype = self.ref.dtype
-        bits = dtype.storage_bits
         addr = e.addi(self.put_bases[self.offsets[i][0]], e.i32(self.offsets[i][1] * self.isz))
-        guard, operands, constraints = ("", [], []) if pred is None else ("@$0 ", [pred], ["b"])
-        k = len(operands)
-        if len(elems) * bits >= 32:
-            words = pack_words(e, elems, dtype)
-            vec = f".v{len(words)}" if len(words) > 1 else ""
-            srcs = ", ".join(f"${k + 1 + j}" for j in range(len(words)))
-            e.asm_void(f"{guard}st.shared{vec}.b32 [${k}], {'{' + srcs + '}' if len(words) > 1 else srcs};",
-                       ",".join(constraints + ["r"] * (1 + len(words))), [*operands, addr, *words])
-            return
-        (x,) = elems
-        x = to_bits(e, x, dtype)
-        op = "u8" if bits == 8 else f"b{bits}"
-        e.asm_void(f"{guard}st.shared.{op} [${k}], ${k + 1};", ",".join(constraints + ["r", "h" if bits < 32 else "r"]),
-                   [*operands, addr, e.zext(x, 16) if bits == 8 else x])
+        store_shared(e, addr, elems, self.ref.dtype, pred)
 
     def _run(self, w, skew) -> tuple[Any, Any, Any]:
         """Window row w's run: (its first byte's 16-byte boundary, i64; the chunk holding its end, i32; its end,

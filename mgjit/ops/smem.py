@@ -31,7 +31,7 @@ from ..layouts import THREADS_PER_WARPGROUP, LANES_PER_WARP, LayoutError, SplatL
 from ..lower.context import element_offsets, splat_to, stored_layout
 from ..lower.emit import Index
 from ..mma_descriptors import SmemDescriptor, SmemSwizzle, wgmma_smem_descriptor
-from ..lower.words import from_bits, pack_words, unpack_words
+from ..lower.words import from_bits, pack_words, to_bits, unpack_words
 
 class SmemAlloc(Op):
     """A static shared-memory buffer, allocated for the whole kernel (leading dims are usually stages)."""
@@ -309,19 +309,27 @@ def _smem_store(op: SmemStore, ctx: lower.Context) -> None:
     bits = frag.dtype.storage_bits
     ctx.smem_write_barrier(op.operands[0], frag.layout)  # elements other threads of the warpgroup may yet read
     for addr, i, w in _accesses(ctx, tile, frag.layout, shape):
-        words = pack_words(e, frag.elems[i:i + w], frag.dtype) if w * bits >= 32 else None
-        if words is None:
-            value = frag.elems[i]
-            x = e.bitcast(value, e.int_type(bits)) if frag.dtype.is_float else value
-            e.asm_void(f"st.shared.b{bits} [$0], $1;", "r,h" if bits == 16 else "r,r",
-                       [addr, x if bits >= 16 else e.zext(x, 16)])
-            continue
-        n = len(words)
-        vec = f".v{n}" if n > 1 else ""
-        srcs = ", ".join(f"${j + 1}" for j in range(n))
-        e.asm_void(f"st.shared{vec}.b32 [$0], {'{' + srcs + '}' if n > 1 else srcs};", ",".join(["r"] + ["r"] * n),
-                   [addr, *words])
+        store_shared(e, addr, frag.elems[i:i + w] if w * bits >= 32 else frag.elems[i:i + 1], frag.dtype)
     ctx.stored(op.operands[0], frag.layout)
+
+
+def store_shared(e, addr, elems: list, dtype: DType, pred=None) -> None:
+    """One access at shared-window address `addr`: `elems` as their 32-bit words (st.shared.v{n}.b32), or one
+    element narrower than a word; where `pred` holds (None: always)."""
+    bits = dtype.storage_bits
+    guard, operands, constraints = ("", [], []) if pred is None else ("@$0 ", [pred], ["b"])
+    k = len(operands)
+    if len(elems) * bits >= 32:
+        words = pack_words(e, elems, dtype)
+        vec = f".v{len(words)}" if len(words) > 1 else ""
+        srcs = ", ".join(f"${k + 1 + j}" for j in range(len(words)))
+        e.asm_void(f"{guard}st.shared{vec}.b32 [${k}], {'{' + srcs + '}' if len(words) > 1 else srcs};",
+                   ",".join(constraints + ["r"] * (1 + len(words))), [*operands, addr, *words])
+        return
+    (x,) = elems
+    x = to_bits(e, x, dtype)
+    e.asm_void(f"{guard}st.shared.{'u8' if bits == 8 else f'b{bits}'} [${k}], ${k + 1};",
+               ",".join(constraints + ["r", "h"]), [*operands, addr, e.zext(x, 16) if bits == 8 else x])
 
 
 @lower.rule(SmemLoad)
