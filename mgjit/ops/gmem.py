@@ -461,12 +461,15 @@ def _store(op: Store, ctx: lower.Context) -> None:
             raise op.error(str(err), rule=Rule.LAYOUT) from None
     layout = frag.layout
     w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
-    els = _element_addresses(ctx, op, ref, layout, shape, step=w)
-    primary = ctx.is_primary(layout)
-    assert len(els) == num_elems(layout, shape)
     isz = dtype.itemsize
     unaligned = w > 1 and align < w * isz
     ragged = ref.spec.size_div < w  # a row may end inside an access
+    if op.staged and flat_store_applies(op.sizes, ref, layout, shape):
+        _store_staged(op, ctx, ref, frag, w, unaligned, unaligned or narrowed or ragged)
+        return
+    els = _element_addresses(ctx, op, ref, layout, shape, step=w)
+    primary = ctx.is_primary(layout)
+    assert len(els) == num_elems(layout, shape)
 
     bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
     # 16-bit words of rows that start inside a word, each warp holding whole rows (several a warp): the aligned word
@@ -510,16 +513,20 @@ def _store(op: Store, ctx: lower.Context) -> None:
                 _store_access(ctx, part[i].addr, e.andi(part[i].inside, primary), values[i:i + w], dtype)
         return []
 
-    if not (op.staged and flat_store_applies(op.sizes, ref, layout, shape)):
-        if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
-            _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
-        else:
-            emit(True, range(0, len(els), w))
-        return
-    # Staged (ops/gmem_flat.py): the register paths' bounds tests, each access put into the scratch.
+    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
+        _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
+    else:
+        emit(True, range(0, len(els), w))
+
+
+def _store_staged(op: Store, ctx: lower.Context, ref: LoweredRef, frag: lower.Frag, w: int, unaligned: bool,
+                  checks: bool) -> None:
+    """A staged store (ops/gmem_flat.py): the register paths' bounds tests (`checks`: per word or element, skipped
+    where the window is inside), each access of `w` elements put into the scratch."""
+    layout, shape = frag.layout, frag.shape
     stage = FlatStage(ctx, op, op.sizes, ref, [ctx.get(s) for s in op.starts], layout, shape)
     every = _element_addresses(ctx, op, ref, layout, shape)
-    as_words = not unaligned and w * isz >= 4  # an access aligned to its bytes: its words as one
+    as_words = not unaligned and w * ref.dtype.itemsize >= 4  # an access aligned to its bytes: its words as one
 
     def put(checked: bool, accesses: Sequence[int]) -> list:
         step = w if as_words and not checked else 1
@@ -528,10 +535,10 @@ def _store(op: Store, ctx: lower.Context) -> None:
                 stage.put(j, frag.elems[j:j + step], every[j].inside if checked else None)
         return []
 
-    if unaligned or narrowed or ragged:
+    if checks:
         _inside_or_checked(ctx, op, ref, layout, shape, w, put, [])
     else:
-        put(True, range(0, len(els), w))
+        put(True, range(0, len(every), w))
     stage.write_out()
 
 

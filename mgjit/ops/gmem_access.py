@@ -12,7 +12,7 @@ import torch
 from .. import dtypes, lower
 from ..dtypes import DType
 from ..interpret import numerics
-from ..layouts import THREADS_PER_WARPGROUP, TiledLayout
+from ..layouts import LANES_PER_WARP, WARPS_PER_WARPGROUP, TiledLayout
 from ..lower.context import LoweredRef, element_offsets
 from ..lower.words import from_bits, pack_words, slot, unpack_words
 
@@ -285,8 +285,8 @@ def lanes_along_rows(layout: TiledLayout, shape: tuple[int, ...], w: int) -> boo
     if len(shape) < 1:
         return False
     first = next(iter(layout.registers(shape)))
-    for warp in range(THREADS_PER_WARPGROUP // 32):
-        idx = [layout.element_index(shape, warp * 32 + lane, first, 0) for lane in range(32)]
+    for warp in range(WARPS_PER_WARPGROUP):
+        idx = [layout.element_index(shape, warp * LANES_PER_WARP + lane, first, 0) for lane in range(LANES_PER_WARP)]
         if any(i[:-1] != idx[0][:-1] or i[-1] != idx[0][-1] + lane * w for lane, i in enumerate(idx)):
             return False
     return True
@@ -324,19 +324,18 @@ def _store_shuffled_words(ctx: lower.Context, firsts: list[_Element], words: lis
     idx = e.ir.Attribute.parse("#nvvm<shfl_kind idx>")
     for el, word, (nxt, prev) in zip(firsts, words, links):
         _, skew, _ = bases.of(el)
-        inside = None  # the path's window is inside the tensor
         mid = e.cmpi("ne", skew, e.i32(0))
-        _store_bytes(e, el.addr, _all(e, [inside, _not(e, mid)]), [word], 4)
+        _store_bytes(e, el.addr, _not(e, mid), [word], 4)
         sent = e.select(first_lane, words[nxt], word) if nxt is not None else word
         neighbour = e.m.nvvm.shfl_sync(e.i32(-1), sent, source_lane, e.i32(0x1F), idx, results=[i32])
         joined = _prmt(e, word, neighbour, e.i32(0x5432))
         has_next = None if nxt is not None else _not(e, last_lane)
-        _store_bytes(e, e.addi(el.addr, e.i64(2)), _all(e, [inside, mid, has_next]), [joined], 4)
+        _store_bytes(e, e.addi(el.addr, e.i64(2)), _all(e, [mid, has_next]), [joined], 4)
         if nxt is None:
-            _store_bytes(e, e.addi(el.addr, e.i64(2)), _all(e, [inside, mid, last_lane]),
+            _store_bytes(e, e.addi(el.addr, e.i64(2)), e.andi(mid, last_lane),
                          [e.trunc(e.m.arith.shrui(word, e.i32(16)), 16)], 2)
         if not prev:
-            _store_bytes(e, el.addr, _all(e, [inside, mid, first_lane]), [e.trunc(word, 16)], 2)
+            _store_bytes(e, el.addr, e.andi(mid, first_lane), [e.trunc(word, 16)], 2)
 
 
 def _store_whole_or_elementwise(ctx: lower.Context, ref: LoweredRef, w: int, els: list[_Element], elems: list,

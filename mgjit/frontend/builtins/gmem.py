@@ -127,7 +127,7 @@ def store_staged(t: Semantics, args: list, kwargs: dict) -> None:
     if not isinstance(ref, Ref):
         raise t.error(f"mgjit.store writes a tensor argument of the kernel (GMEM), got {getattr(ref, 'kind', ref)!r}")
     staged = kwargs.get("staged", False)
-    if not isinstance(staged, (bool, int)) or isinstance(staged, (Tensor, Expanded)):
+    if not isinstance(staged, (bool, int)):
         raise t.error(f"mgjit.store: staged must be a static bool (a Python bool or a constexpr), got "
                       f"{getattr(staged, 'kind', type(staged).__name__)}")
     store(t, ref, index, value, bool(staged))
