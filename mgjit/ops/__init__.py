@@ -6,7 +6,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | --- | --- |
 | program | Constant, ProgramId, NumPrograms, RefDim |
 | elementwise | Unary, Binary, Fma, Compare, Select, Cast |
-| arrays | Splat, Iota, Broadcast, Relayout |
+| arrays | Splat, Iota, Broadcast, ArraySlice, Relayout |
 | reductions | Reduce, ReduceAll, Squeeze |
 | control | For, If, Yield |
 | gmem | Load, Store |
@@ -27,7 +27,7 @@ interpreter rules (`@interpret.rule`) by op class. Importing this package regist
 | tcgen05 | Tcgen05Mma, Tcgen05Copy, Tcgen05Commit |
 | debug | Print, ProfileStart, ProfileEvent, DeviceAssert |
 """
-from .arrays import Broadcast, Iota, Relayout, Splat
+from .arrays import ArraySlice, Broadcast, Iota, Relayout, Splat
 from .atomics import Atomic, SemaphoreWait
 from .barriers import BarrierAlloc, BarrierArrive, BarrierArriveCluster, BarrierWait, FenceAsyncShared
 from .clc import ClcQuery, ClcTryCancel
@@ -50,7 +50,7 @@ from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBar
 from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
+__all__ = ["ArraySlice", "Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
            "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
            "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "Gather", "If", "Iota",
            "Load", "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print",

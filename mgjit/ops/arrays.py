@@ -1,9 +1,12 @@
-"""Arrays as wholes: Splat (one value everywhere), Iota (arange), Broadcast, and Relayout (inserted by layout
-inference to move an array into another register layout; visible in the IR).
+"""Arrays as wholes: Splat (one value everywhere), Iota (arange), Broadcast, ArraySlice (`x[a:b, c:d]` with static
+bounds), and Relayout (inserted by layout inference to move an array into another register layout; visible in
+the IR).
 
 A splat costs nothing to place in any layout; an iota is a free anchor (each thread computes the indices it
 holds); a broadcast reuses the elements a thread already holds (inference picks a result layout whose reduction
-is the operand's); a relayout is the one op here that moves data between threads, through SMEM.
+is the operand's); a slice that starts and ends on whole tiles of its operand's layout keeps the layout and
+selects the registers of those tiles (a 64-column chunk of a wgmma accumulator), any other goes through SMEM
+like a relayout, the one op here that moves data between threads.
 """
 from __future__ import annotations
 
@@ -65,6 +68,55 @@ class Broadcast(Op):
         check(len(src) == len(self.dims), self, f"broadcast dims {self.dims} do not match operand rank {len(src)}")
         for d, n in zip(self.dims, src):
             check(shape[d] == n, self, f"cannot broadcast a dimension of {n} to {shape[d]}")
+
+
+class ArraySlice(Op):
+    """`x[a:b, c:d]`: the block of `x` of `sizes` from `starts` (static), in x's dtype."""
+
+    name = "array_slice"
+
+    def __init__(self, x: Value, starts: tuple[int, ...], sizes: tuple[int, ...], loc: Loc | None):
+        super().__init__([x], [ArrayType(sizes, x.dtype)], loc)
+        self.starts, self.sizes = starts, sizes
+
+    def attrs(self):
+        return {"starts": self.starts, "sizes": self.sizes}
+
+    def verify(self):
+        shape = self.operands[0].type.shape
+        check(len(self.starts) == len(shape) == len(self.sizes), self,
+              f"a slice of a {len(shape)}D array takes {len(shape)} bounds, got {len(self.starts)}")
+        for d, (start, size, n) in enumerate(zip(self.starts, self.sizes, shape)):
+            check(0 <= start and 0 < size and start + size <= n, self,
+                  f"slice {start}:{start + size} of dimension {d} is outside its {n} elements (or empty)")
+
+
+def slice_keeps_layout(layout: Layout, shape: tuple[int, ...], starts: tuple[int, ...],
+                       sizes: tuple[int, ...]) -> bool:
+    """Whether a slice of an array in `layout` can keep it: a splat, or bounds on whole outer tiles of a tiled
+    layout (each thread then holds the slice's elements among its own, at the same place in the tile)."""
+    if isinstance(layout, SplatLayout):
+        return True
+    tile = layout.tiling.tiles[0]
+    tail = len(shape) - len(tile)
+    try:
+        layout.check_shape(sizes)
+    except LayoutError:
+        return False
+    return all(start % t == 0 for start, t in zip(starts[tail:], tile))
+
+
+@infer.rule(ArraySlice)
+def _infer_array_slice(op: ArraySlice, inf: infer.Inference) -> None:
+    src = op.operands[0].layout
+    if slice_keeps_layout(src, op.operands[0].type.shape, op.starts, op.sizes):
+        inf.set_layout(op.result, src, op)
+        return
+    try:
+        inf.set_layout(op.result, blocked(op.sizes, op.result.dtype), op)
+    except LayoutError as e:
+        raise op.error(f"the slice {op.sizes} of this array is off its layout's tiles ({src}) and has no layout of "
+                       f"its own: {e}", rule=Rule.LAYOUT) from None
 
 
 @infer.relayout_op
@@ -165,19 +217,43 @@ def linear_index(ctx: lower.Context, index: list, shape: tuple[int, ...]):
     return lin
 
 
+@lower.rule(ArraySlice)
+def _array_slice(op: ArraySlice, ctx: lower.Context) -> None:
+    """On whole tiles: each result element is the thread's own operand element at the slice's offset; else
+    through SMEM, as a relayout is."""
+    src = ctx.frag(op.operands[0])
+    out = op.result
+    if src.is_splat:
+        ctx.set(out, lower.Frag(out.layout, out.type.shape, out.dtype, [src.elems[0]]))
+        return
+    if out.layout != src.layout:
+        ctx.set(out, _through_smem(ctx, src, out.layout, op.starts, op.sizes))
+        return
+    position = {off: i for i, off in enumerate(element_offsets(src.layout, src.shape))}
+    elems = [src.elems[position[tuple(o + s for o, s in zip(off, op.starts))]]
+             for off in element_offsets(out.layout, out.type.shape)]
+    ctx.set(out, lower.Frag(out.layout, out.type.shape, out.dtype, elems))
+
+
 @lower.rule(Relayout)
 def _relayout(op: Relayout, ctx: lower.Context) -> None:
     """Splat → anything is free; between tiled layouts, through SMEM (each thread writes what it holds and
     reads what it needs)."""
-    e = ctx.e
     src = ctx.frag(op.operands[0])
-    out = op.result
-    target = out.layout
+    target = op.result.layout
     if src.is_splat:
-        ctx.set(out, splat_to(ctx, src, target))
+        ctx.set(op.result, splat_to(ctx, src, target))
         return
     if isinstance(target, SplatLayout):
         raise op.error("internal error: relayout of an array into a splat")
+    ctx.set(op.result, _through_smem(ctx, src, target, (0,) * len(src.shape), src.shape))
+
+
+def _through_smem(ctx: lower.Context, src: lower.Frag, target: Layout, starts: tuple[int, ...],
+                  sizes: tuple[int, ...]) -> lower.Frag:
+    """The block of `src` of `sizes` from `starts`, in `target`: each thread writes what it holds to SMEM and
+    reads what it needs."""
+    e = ctx.e
     shape, dtype = src.shape, src.dtype
     storage = dtypes.int8 if dtype == dtypes.bool_ else dtype
     size = math.prod(shape) * storage.itemsize
@@ -189,15 +265,15 @@ def _relayout(op: Relayout, ctx: lower.Context) -> None:
         addr = e.addi(base, e.muli(linear_index(ctx, idx, shape), e.i32(storage.itemsize)))
         e.smem_store(e.zext(x, 8) if dtype == dtypes.bool_ else x, addr)
     ctx.warpgroup_barrier()
-    thread = ctx.thread_index(target, shape)
+    thread = ctx.thread_index(target, sizes)
     elems = []
-    for off in element_offsets(target, shape):
-        idx = [e.addi(t, e.i32(o)) for t, o in zip(thread, off)]
+    for off in element_offsets(target, sizes):
+        idx = [e.addi(t, e.i32(o + s)) for t, o, s in zip(thread, off, starts)]
         addr = e.addi(base, e.muli(linear_index(ctx, idx, shape), e.i32(storage.itemsize)))
         v = e.smem_load(e.type(storage), addr)
         elems.append(e.cmpi("ne", v, e.const(0, dtypes.int8)) if dtype == dtypes.bool_ else v)
-    assert len(elems) == num_elems(target, shape)
-    ctx.set(out, lower.Frag(target, shape, dtype, elems))
+    assert len(elems) == num_elems(target, sizes)
+    return lower.Frag(target, tuple(sizes), dtype, elems)
 
 
 # ---------------------------------------------------------------------------------------------- interpreter
@@ -223,6 +299,12 @@ def _interp_broadcast(op: Broadcast, wg: Warpgroup) -> None:
     for i in order:
         view[op.dims[i]] = x.shape[i]
     wg.set(op.result, x.permute(order).reshape(view).expand(shape))
+
+
+@interpret.rule(ArraySlice)
+def _interp_array_slice(op: ArraySlice, wg: Warpgroup) -> None:
+    x = wg.get(op.operands[0], op)
+    wg.set(op.result, x[tuple(slice(s, s + n) for s, n in zip(op.starts, op.sizes))])
 
 
 @interpret.rule(Relayout)

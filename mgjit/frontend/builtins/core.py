@@ -194,9 +194,13 @@ def astype(t: Semantics, x: Tensor | Expanded, args: list, kwargs: dict) -> Tens
 
 
 @method(Tensor, "__getitem__")
-def expand(t: Semantics, x: Tensor, index: Any) -> Expanded:
-    """`x[:, None]`: the array viewed with extra size-1 dimensions."""
+def expand(t: Semantics, x: Tensor, index: Any) -> Tensor | Expanded:
+    """`x[:, None]`: the array viewed with extra size-1 dimensions; `x[a:b, c:]`: the block between static
+    bounds (a chunk of a wgmma accumulator is a selection of its registers)."""
     index = index if isinstance(index, tuple) else (index,)
+    x, index = _sliced(t, x, index)
+    if all(isinstance(item, slice) for item in index) and len(index) == len(x.shape):
+        return x
     shape, dims, src_dim = [], [], 0
     for item in index:
         if item is None:
@@ -208,9 +212,39 @@ def expand(t: Semantics, x: Tensor, index: Any) -> Expanded:
             shape.append(x.shape[src_dim])
             src_dim += 1
         else:
-            raise t.error("register arrays support only `:` and `None` in indexing (to add dimensions); "
+            raise t.error("register arrays take `:`, static slices `a:b` and `None` (to add dimensions) as indices; "
                           "load windows from references instead")
     for d in x.shape[src_dim:]:
         dims.append(len(shape))
         shape.append(d)
     return Expanded(x, tuple(shape), tuple(dims))
+
+
+def _sliced(t: Semantics, x: Tensor, index: tuple) -> tuple[Tensor, tuple]:
+    """x cut to the static slices among `index` (an ArraySlice), and the index with them made `:`."""
+    starts, sizes, rest, dim = [], [], [], 0
+    for item in index:
+        if isinstance(item, slice) and item != slice(None) and dim < len(x.shape):
+            n = x.shape[dim]
+            bounds = (item.start, item.stop, item.step)
+            if not all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds):
+                raise t.error(f"a register array's slice bounds must be static ints, got {item.start}:{item.stop}")
+            if item.step not in (None, 1):
+                raise t.error(f"register arrays take slices of step 1, got step {item.step}")
+            start, stop, _ = item.indices(n)
+            if stop <= start:
+                raise t.error(f"the slice {item.start}:{item.stop} of a dimension of {n} elements is empty")
+            starts.append(start)
+            sizes.append(stop - start)
+            rest.append(slice(None))
+        else:
+            if item is not None:
+                starts.append(0)
+                sizes.append(x.shape[dim] if dim < len(x.shape) else 0)
+            rest.append(item)
+        dim += item is not None
+    starts += [0] * (len(x.shape) - len(starts))
+    sizes += list(x.shape[len(sizes):])
+    if tuple(sizes) == tuple(x.shape) or len(starts) != len(x.shape):
+        return x, tuple(rest)
+    return t.emit(ops.ArraySlice(x.value, tuple(starts), tuple(sizes), t.builder.loc)), tuple(rest)
