@@ -183,13 +183,15 @@ def stores(x, out):
     else:
         for i in range(2):
             out[mgjit.ds(768 + i * 128, 128)] = v  # warpgroup 0 only
+    for t in range(wg, 3, 3):
+        out[mgjit.ds(1024 + t * 128, 128)] = v  # warpgroups take turns: a window each, by the loop's start
 
 
 def test_a_store_that_several_warpgroups_repeat_is_a_warning_at_its_line():
     x = torch.randn(1024)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        stores.interpret[(1,)](x, torch.empty(1024))
+        stores.interpret[(1,)](x, torch.empty(1408))
     found = sorted((w.lineno, str(w.message)) for w in caught if issubclass(w.category, mgjit.CompileWarning))
     assert [line for line, _ in found] == [line_of(stores, "# every warpgroup stores"),
                                            line_of(stores, "# warpgroups 1 and 2")]

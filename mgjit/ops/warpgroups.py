@@ -291,7 +291,8 @@ def _runners(kernel: ir.Kernel) -> dict[int, set[int]]:
 
 def _warpgroup_dependent(kernel: ir.Kernel) -> set[int]:
     """The values (by id) that may differ between the warpgroups of a CTA: those computed from the warpgroup id,
-    or chosen by a branch on one, or carried through a loop from one."""
+    or chosen by a branch on one, or carried through a loop from one, or a loop's index where its start or step
+    is one (warpgroups that take turns: `range(wg, n, 2)`)."""
     tainted: set[int] = set()
     while True:
         before = len(tainted)
@@ -303,6 +304,9 @@ def _warpgroup_dependent(kernel: ir.Kernel) -> set[int]:
                 if isinstance(op, If):
                     tainted.update(r.id for r, y in zip(op.results, yielded) if y.id in tainted)
                 if isinstance(op, For):
+                    lower, _, step = op.operands[:3]
+                    if lower.id in tainted or step.id in tainted:
+                        tainted.add(region.args[0].id)
                     for arg, init, y, r in zip(region.args[1:], op.inits, yielded, op.results):
                         if init.id in tainted or y.id in tainted:
                             tainted.update((arg.id, r.id))
