@@ -103,9 +103,20 @@ def _operand(t, transposed: bool):
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue_bytes: int) -> int:
+def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue: int) -> int:
     stage = (bm * bk + bn * bk) * itemsize
-    return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - epilogue_bytes) // stage)
+    return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - epilogue) // stage)
+
+
+def epilogue_n(bn: int) -> int:
+    """The columns of one chunk of a TMA-stored epilogue (matmul_hopper.epilogue): 64, a 128-byte swizzle row of
+    16-bit elements, or the whole tile where BN is not a multiple of 64."""
+    return 64 if bn % 64 == 0 else bn
+
+
+def epilogue_bytes(consumers: int, bn: int, out_bytes: int) -> int:
+    """The shared memory of a TMA-stored epilogue: two 64 x epilogue_n(bn) buffers a consumer."""
+    return consumers * 2 * 64 * epilogue_n(bn) * out_bytes
 
 
 def config(problem: Problem, bm: int, bn: int, swap: bool = False, stream_k: int = 0, **extra) -> dict:
@@ -115,9 +126,9 @@ def config(problem: Problem, bm: int, bn: int, swap: bool = False, stream_k: int
     bk = BK_FOR_BITS[problem.bits]
     out_bytes = problem.out_dtype.itemsize
     tma_store = not swap and out_bytes == 2 and not (stream_k and bn > 192)
-    stages = _stages(bm, bn, bk, problem.bits // 8, bm * bn * out_bytes if tma_store else 0)
+    stages = _stages(bm, bn, bk, problem.bits // 8, epilogue_bytes(bm // 64, bn, out_bytes) if tma_store else 0)
     return {"SWAP_AB": swap, "BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "GROUP_M": 8, "STREAM_K": stream_k,
-            "TMA_STORE": tma_store, **extra}
+            "TMA_STORE": tma_store, "EPILOGUE_N": epilogue_n(bn), **extra}
 
 
 def candidates(problem: Problem, sms: int) -> list[dict]:
@@ -164,10 +175,13 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # tiles lost to all of these at 1024 x 1024 x 16384, 256 x 512 x 65536, 1000 x 3000 x 2000 and
         # 128 x 8192 x 8192.) The two-way split over clusters of two N-neighbours sharing A: on an H200,
         # 1024 x 1024 x 16384 ran 58.4 us against 61.0 unshared (cuBLAS 54.1); on an H100 61.8 against 62.1.
+        # 64 x 128 tiles beside 128 x 64 ones: at 128 x 8192 x 8192 (128 tiles either way) one consumer's
+        # m64n128 wgmmas ran 46.3 us against two consumers' m64n64 at 48.4 (cuBLAS 44.5). The 128x192 wave runs
+        # shared (unshared it never won: 29.2 against 24.7 us at 1000 x 3000 x 2000).
         cover = tiles(128, 128) * MAX_CUTS >= sms
         return out + [config(problem, 128, 128, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})),
-                      config(problem, 128, 256), config(problem, 128, 192), config(problem, 128, 192, MULTICAST="b"),
-                      config(problem, 128, 128), config(problem, 128, 64),
+                      config(problem, 128, 256), config(problem, 128, 192, MULTICAST="b"),
+                      config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
                       config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a")]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two. (256 x 1024 x
     # 512: cuBLAS runs 128 CTAs of 64 x 32 tiles in 5.3 us, ours 64 CTAs of 64 x 64 in 5.8, ncu.)
@@ -198,9 +212,9 @@ def normalize(problem: Problem, given: dict) -> dict:
     base = config(problem, given.get("BM", 128), given.get("BN", 256), given.get("SWAP_AB", False),
                   given.get("STREAM_K", 0))
     out = {**base, **given}
-    if "STAGES" not in given and out["BK"] != base["BK"]:
+    if "STAGES" not in given and (out["BK"] != base["BK"] or out["TMA_STORE"] != base["TMA_STORE"]):
         out["STAGES"] = _stages(out["BM"], out["BN"], out["BK"], problem.bits // 8,
-                                out["BM"] * out["BN"] * 2 if out["TMA_STORE"] else 0)
+                                epilogue_bytes(out["BM"] // 64, out["BN"], 2) if out["TMA_STORE"] else 0)
     return out
 
 

@@ -199,23 +199,38 @@ def finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles,
 
 
 @mgjit.device
-def epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION, TMA_STORE):
-    """act(acc * scale + bias) into C's 64 x BN tile at (row0, n0): through c_s[half] and the TMA engine with
-    TMA_STORE, else straight from registers."""
+def epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION, TMA_STORE,
+             EPILOGUE_N=64):
+    """act(acc * scale + bias) into C's 64 x BN tile at (row0, n0). With TMA_STORE, a 64 x EPILOGUE_N chunk at a
+    time (registers of the accumulator: no data moves) through c_s[half]'s two buffers in turn and the TMA
+    engine, each store overlapping the next chunk's: two small buffers instead of a whole tile leave the slot
+    ring a stage more of shared memory (128 x 256 tiles: 4 stages, not 3). Else straight from registers."""
+    if TMA_STORE:
+        for j in mgjit.static_range(BN // EPILOGUE_N):
+            cols = mgjit.ds(n0 + j * EPILOGUE_N, EPILOGUE_N)
+            chunk = scale_bias_activate(acc[:, j * EPILOGUE_N:(j + 1) * EPILOGUE_N], scale, bias, row0, cols,
+                                        SCALED, BIAS, BIAS_ROWS, ACTIVATION)
+            # The store that read this buffer two chunks ago is done with it; a tile's first chunk waits for every
+            # store of the tile before (long done by then), whose last chunk may have used either buffer.
+            mgjit.store_async_wait(0 if j == 0 else 1)
+            c_s[half][j % 2][...] = chunk.astype(c.dtype)
+            mgjit.store_async(c, (row0, n0 + j * EPILOGUE_N), c_s[half][j % 2])
+    else:
+        acc = scale_bias_activate(acc, scale, bias, row0, mgjit.ds(n0, BN), SCALED, BIAS, BIAS_ROWS, ACTIVATION)
+        c[mgjit.ds(row0, 64), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+
+
+@mgjit.device
+def scale_bias_activate(acc, scale, bias, row0, cols, SCALED, BIAS, BIAS_ROWS, ACTIVATION):
+    """act(acc * scale + bias) of C's 64 rows from row0 and its columns `cols` (a window, mgjit.ds)."""
     if SCALED:
         acc = acc * scale[0]
     if BIAS:
         if BIAS_ROWS:
             acc = acc + bias[mgjit.ds(row0, 64)].astype(mgjit.float32)[:, None]
         else:
-            acc = acc + bias[mgjit.ds(n0, BN)].astype(mgjit.float32)
-    acc = activate(acc, ACTIVATION)
-    if TMA_STORE:  # registers → swizzled SMEM (no bank conflicts) → TMA, overlapping the next tile
-        mgjit.store_async_wait(0)
-        c_s[half][...] = acc.astype(c.dtype)
-        mgjit.store_async(c, (row0, n0), c_s[half])
-    else:
-        c[mgjit.ds(row0, 64), mgjit.ds(n0, BN)] = acc.astype(c.dtype)
+            acc = acc + bias[cols].astype(mgjit.float32)
+    return activate(acc, ACTIVATION)
 
 
 @mgjit.kernel(num_warpgroups=3)
@@ -224,15 +239,19 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                   A_MNMAJOR: mgjit.constexpr = False, SCALED: mgjit.constexpr = False, BIAS: mgjit.constexpr = False,
                   BIAS_ROWS: mgjit.constexpr = False, ACTIVATION: mgjit.constexpr = None,
                   TMA_STORE: mgjit.constexpr = True, STREAM_K: mgjit.constexpr = 0,
-                  DETERMINISTIC: mgjit.constexpr = True, MULTICAST: mgjit.constexpr = None):
+                  DETERMINISTIC: mgjit.constexpr = True, MULTICAST: mgjit.constexpr = None,
+                  EPILOGUE_N: mgjit.constexpr = 64):
     """c = act(a @ b * scale[0] + bias): a is (M, K), or (K, M) when A_MNMAJOR; b is (K, N), or (N, K) when
     B_KMAJOR (fp8 and tf32 need both K-major). scale, bias (per column, or per row with BIAS_ROWS) and the
     activation are optional and applied to the f32 accumulator on the way out. Launch with BM // 64 + 1
     warpgroups. ws (f32) and locks (int32, zeros) serve stream-K's fix-up (examples/_matmul_schedules.py
     sizes them); other schedules never touch them. MULTICAST="b" (or "a"), launched with cluster=(2, 1, 1): the two
     CTAs of a cluster take two M-neighbour tiles that share their B tile (or N-neighbours sharing A), each
-    copying half of the shared tile into both CTAs' slot (TMA multicast), data-parallel or stream-K."""
+    copying half of the shared tile into both CTAs' slot (TMA multicast), data-parallel or stream-K. With
+    TMA_STORE, C leaves in 64 x EPILOGUE_N chunks (a divisor of BN: examples/_matmul_schedules.epilogue_n)."""
     assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster of two CTAs shares: a or b"
+    assert not TMA_STORE or BN % EPILOGUE_N == 0, "with TMA_STORE, EPILOGUE_N (the columns of each epilogue chunk, " \
+        "64 unless given) must divide BN"
     CONSUMERS = BM // 64
     # Work items: tiles, or with MULTICAST pairs of neighbour tiles (2 BM x BN sharing B, BM x 2 BN sharing A).
     tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM * (2 if MULTICAST == "b" else 1))
@@ -241,12 +260,12 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K, MULTICAST)
 
     a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
-    # An N-major B tile's rows, and the epilogue tile's, are BN wide: 32 columns of 16 bits fill a 64B swizzle.
+    # An N-major B tile's rows are BN wide, an epilogue chunk's EPILOGUE_N: 32 columns of 16 bits fill a 64B swizzle.
     b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype,
                      swizzle=128 if B_KMAJOR else min(128, BN * b.dtype.itemsize))
-    c_s = c  # each consumer's epilogue tile, with TMA_STORE
+    c_s = c  # each consumer's two epilogue buffers (chunks of its rows of the tile, in turn), with TMA_STORE
     if TMA_STORE:
-        c_s = mgjit.smem((CONSUMERS, 64, BN), c.dtype, swizzle=min(128, BN * c.dtype.itemsize))
+        c_s = mgjit.smem((CONSUMERS, 2, 64, EPILOGUE_N), c.dtype, swizzle=min(128, EPILOGUE_N * c.dtype.itemsize))
     full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)  # the A parts and B fill a slot
     # Every consumer releases it; with MULTICAST those of both CTAs (the peer's copies write into this slot too).
     empty = mgjit.barrier(STAGES, arrivals=CONSUMERS * (2 if MULTICAST else 1))
@@ -306,10 +325,10 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                                                 MULTICAST, rank)
                         else:
                             epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS,
-                                     ACTIVATION, TMA_STORE)
+                                     ACTIVATION, TMA_STORE, EPILOGUE_N)
                     else:
                         epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
-                                 TMA_STORE)
+                                 TMA_STORE, EPILOGUE_N)
         mgjit.store_async_wait(0)
     if MULTICAST:  # no CTA exits while its peer may still copy into its slots or arrive on its barriers
         mgjit.cluster_sync()

@@ -320,7 +320,22 @@ SPILL_CONFIGS = {
     "multicast-a-a-mnmajor": dict(BM=128, BN=128, STAGES=5, MULTICAST="a", A_MNMAJOR=True),
     "multicast-b-split-k": dict(BM=128, BN=128, STAGES=6, STREAM_K=1, MULTICAST="b"),
     "multicast-a-split-k-128x64": dict(BM=128, BN=64, STAGES=8, STREAM_K=1, MULTICAST="a"),
+    # The epilogue in 64-column chunks leaves 128 x 256 tiles room for a fourth stage, with the whole epilogue.
+    "chunked-epilogue-128x256": dict(BM=128, BN=256, STAGES=4, BIAS=True, SCALED=True, ACTIVATION="gelu"),
+    "chunked-epilogue-multicast": dict(BM=128, BN=256, STAGES=4, MULTICAST="b", B_KMAJOR=True),
 }
+
+
+def test_stages_fit_the_epilogue_the_config_has():
+    """Two 64 x 64 chunk buffers a consumer with the TMA-store epilogue, none without: 6 and 7 stages of
+    128 x 128, and 4 of 128 x 256 either way (the whole 128 x 256 C tile left room for 3)."""
+    a, b = torch.empty(4096, 4096, dtype=BF16), torch.empty(4096, 4096, dtype=BF16)
+    problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
+    assert schedules.epilogue_bytes(2, 128, 2) == schedules.epilogue_bytes(2, 256, 2) == 2 * 2 * 64 * 64 * 2
+    assert schedules.normalize(problem, dict(BM=128, BN=128))["STAGES"] == 6
+    assert schedules.normalize(problem, dict(BM=128, BN=128, TMA_STORE=False))["STAGES"] == 7
+    assert schedules.normalize(problem, dict(BM=128, BN=256))["STAGES"] == 4
+    assert schedules.normalize(problem, dict(BM=128, BN=96))["EPILOGUE_N"] == 96  # not a multiple of 64: whole
 
 
 def compile_config(name):
