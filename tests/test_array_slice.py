@@ -35,9 +35,10 @@ def accumulator_chunks(a, b, out, BN: mgjit.constexpr, CHUNK: mgjit.constexpr, R
 
 
 @mgjit.kernel
-def blocked_slice(x, out, R0: mgjit.constexpr, R1: mgjit.constexpr, C0: mgjit.constexpr, C1: mgjit.constexpr):
-    """out = x[R0:R1, C0:C1] + 1 of a (64, 64) array loaded whole."""
-    v = x[mgjit.ds(0, 64), mgjit.ds(0, 64)]
+def blocked_slice(x, out, R0: mgjit.constexpr, R1: mgjit.constexpr, C0: mgjit.constexpr, C1: mgjit.constexpr,
+                  R: mgjit.constexpr = 64, C: mgjit.constexpr = 64):
+    """out = x[R0:R1, C0:C1] + 1 of an (R, C) array loaded whole."""
+    v = x[mgjit.ds(0, R), mgjit.ds(0, C)]
     out[mgjit.ds(0, R1 - R0), mgjit.ds(0, C1 - C0)] = v[R0:R1, C0:C1] + 1
 
 
@@ -77,6 +78,24 @@ def test_slices_of_a_loaded_array(r0, r1, c0, c1):
     out = torch.full((64, 64), float("nan"))
     _, dev = simulate(blocked_slice, (x, out), R0=r0, R1=r1, C0=c0, C1=c1)
     assert torch.equal(dev.fetch(out)[:r1 - r0, :c1 - c0], want)
+
+
+@mgjit.kernel
+def widened_slice(x, out, row, col):
+    """The fuzzer's seed 9138: an (8, 256) window of bytes (rows not 16-byte aligned) widened to f32 and cut at
+    [0:4, 91:219]."""
+    v = x[mgjit.ds(row, 8), mgjit.ds(col, 256)].astype(mgjit.float32)
+    out[mgjit.ds(0, 4), mgjit.ds(0, 128)] = v[0:4, 91:219] - 3.0
+
+
+def test_an_off_tile_slice_whose_layout_equals_its_operands_still_moves():
+    """The slice's layout, the default one of its shape, is its operand's: off the tiles, its elements are still
+    other threads' (an internal KeyError, once)."""
+    x = torch.randint(-100, 100, (10, 300), dtype=torch.int8)
+    out = torch.full((4, 128), float("nan"))
+    compiled, dev = simulate(widened_slice, (x, out, 1, 5))
+    assert torch.equal(dev.fetch(out), x[1:5, 96:224].float() - 3)
+    assert "st.shared" in compiled.ptx
 
 
 def test_slice_keeps_a_tiled_layout_only_on_whole_tiles():

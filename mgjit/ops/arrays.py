@@ -226,7 +226,8 @@ def _array_slice(op: ArraySlice, ctx: lower.Context) -> None:
     if src.is_splat:
         ctx.set(out, lower.Frag(out.layout, out.type.shape, out.dtype, [src.elems[0]]))
         return
-    if out.layout != src.layout:
+    if out.layout != src.layout or not slice_keeps_layout(src.layout, src.shape, op.starts, op.sizes):
+        # (an off-tile slice may take a layout equal to its operand's: the elements still move between threads)
         ctx.set(out, _through_smem(ctx, src, out.layout, op.starts, op.sizes))
         return
     position = {off: i for i, off in enumerate(element_offsets(src.layout, src.shape))}
