@@ -18,6 +18,7 @@ loop or branch. Stores never race: see fuzz_program.py.
 """
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -39,6 +40,7 @@ class Generator:
         self.atomic_rng = random.Random(f"{seed} atomics")  # likewise for atomics
         self.gather_rng = random.Random(f"{seed} gathers")  # and for gathers
         self.staged_rng = random.Random(f"{seed} staged")  # and for staged stores
+        self.slice_rng = random.Random(f"{seed} slices")  # and for static slices of register arrays
         self.seed = seed
         self.max_depth = max_depth
         self.max_stmts = max_stmts
@@ -105,9 +107,25 @@ class Generator:
             gathered = self.gather(ty, depth)
             if gathered is not None:
                 return gathered
+        if ty.shape and depth < self.max_depth and max(ty.shape) <= 128 and math.prod(ty.shape) <= 512 \
+                and self.slice_rng.random() < 0.02:  # (a slice of a slice, each twice or four times as large...)
+            return self.sliced(ty, depth)
         leaf = depth >= self.max_depth or r.random() < 0.15
         choices = self.leaf_options(ty) if leaf else self.leaf_options(ty) + self.inner_options(ty, depth)
         return r.choice(choices)()
+
+    def sliced(self, ty: Ty, depth: int) -> Node:
+        """`x[a:b, c:d]` of a larger array (twice or four times a side): starts on whole multiples of the slice's
+        sides (often whole tiles of the larger array's layout: registers selected) or anywhere (through SMEM)."""
+        r = self.slice_rng
+        if len(ty.shape) == 1:
+            src = (r.choice([2, 4]) * ty.shape[0],)
+        else:
+            src = r.choice([(2 * ty.shape[0], ty.shape[1]), (ty.shape[0], 2 * ty.shape[1]),
+                            (2 * ty.shape[0], 2 * ty.shape[1])])
+        aligned = r.random() < 0.5
+        starts = [r.randrange(0, m - n + 1, n if aligned else 1) for m, n in zip(src, ty.shape)]
+        return Node("slice", ty, [self.expr(Ty(ty.dtype, src), depth + 1)], {"starts": starts})
 
     def leaf_options(self, ty: Ty) -> list:
         d, shape = ty.dtype, ty.shape

@@ -288,6 +288,8 @@ def expr_source(n: Node) -> str:
         return f"({a[0]}).{at['kind']}({', '.join(kw)})"
     if op == "expand":
         return f"({a[0]})[:, None]" if at["axis"] == 1 else f"({a[0]})[None, :]"
+    if op == "slice":
+        return f"({a[0]})[{', '.join(f'{s}:{s + n}' for s, n in zip(at['starts'], n.ty.shape))}]"
     if op in ("fma", "clz", "popc"):
         return f"mgjit.{op}({', '.join(a)})"
     if op == "call":

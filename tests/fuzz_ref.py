@@ -530,6 +530,9 @@ class Run:
             return reduce(at["kind"], args[0], at["axis"], at["keepdims"])
         if op == "expand":
             return V(args[0].x.unsqueeze(at["axis"]), args[0].dtype, args[0].err.unsqueeze(at["axis"]))
+        if op == "slice":
+            block = tuple(slice(s, s + k) for s, k in zip(at["starts"], n.ty.shape))
+            return V(args[0].x[block].clone(), args[0].dtype, args[0].err[block].clone())
         if op == "fma":
             return fma(*args)
         if op in ("clz", "popc"):
