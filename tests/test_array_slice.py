@@ -108,6 +108,41 @@ def test_slice_keeps_a_tiled_layout_only_on_whole_tiles():
 
 
 @mgjit.kernel
+def slice_forms(x, out):
+    """Slices with open and negative bounds, and slices given a new dimension: a row, a sum of two rows, and a
+    (16, 2) outer sum of a column and a row."""
+    v = x[mgjit.ds(0, 64)]
+    out[0, mgjit.ds(0, 16)] = v[8:24]
+    out[mgjit.ds(1, 1), mgjit.ds(0, 16)] = v[:16][None, :] + v[-16:][None, :]
+    out[mgjit.ds(2, 16), mgjit.ds(0, 2)] = v[32:48][:, None] + v[48:50][None, :]
+
+
+@mgjit.kernel
+def leading_rows(x, out):
+    """out = x[2:6] of an (8, 16) array: one index for two dimensions takes whole rows."""
+    out[mgjit.ds(0, 4), mgjit.ds(0, 16)] = x[mgjit.ds(0, 8), mgjit.ds(0, 16)][2:6] * 2
+
+
+def test_a_slice_of_the_leading_dimension_takes_whole_rows():
+    x = torch.randn(8, 16)
+    out = torch.full((4, 16), float("nan"))
+    leading_rows.interpret[(1,)](x, out)
+    assert torch.equal(out, x[2:6] * 2)
+
+
+def test_slices_mixed_with_new_dimensions():
+    x = torch.randn(64)
+    out = torch.full((18, 16), float("nan"))
+    slice_forms.interpret[(1,)](x, out)
+    assert torch.equal(out[0], x[8:24])
+    assert torch.equal(out[1], x[:16] + x[-16:])
+    assert torch.equal(out[2:18, :2], x[32:48][:, None] + x[48:50][None, :])
+    out2 = torch.full((18, 16), float("nan"))
+    _, dev = simulate(slice_forms, (x, out2))
+    assert torch.equal(dev.fetch(out2)[:2], out[:2]) and torch.equal(dev.fetch(out2)[2:18, :2], out[2:18, :2])
+
+
+@mgjit.kernel
 def bad_slice(x, out, HOW: mgjit.constexpr):
     v = x[mgjit.ds(0, 64)]
     if HOW == "step":

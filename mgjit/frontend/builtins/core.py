@@ -199,8 +199,8 @@ def expand(t: Semantics, x: Tensor, index: Any) -> Tensor | Expanded:
     bounds (a chunk of a wgmma accumulator is a selection of its registers)."""
     index = index if isinstance(index, tuple) else (index,)
     x, index = _sliced(t, x, index)
-    if all(isinstance(item, slice) for item in index) and len(index) == len(x.shape):
-        return x
+    if all(isinstance(item, slice) for item in index) and len(index) <= len(x.shape):
+        return x  # slices only: the block itself
     shape, dims, src_dim = [], [], 0
     for item in index:
         if item is None:
@@ -228,7 +228,8 @@ def _sliced(t: Semantics, x: Tensor, index: tuple) -> tuple[Tensor, tuple]:
             n = x.shape[dim]
             bounds = (item.start, item.stop, item.step)
             if not all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds):
-                raise t.error(f"a register array's slice bounds must be static ints, got {item.start}:{item.stop}")
+                raise t.error("a register array's slice bounds must be static ints (literals, constexprs), got a "
+                              "runtime value: load the window from a reference instead")
             if item.step not in (None, 1):
                 raise t.error(f"register arrays take slices of step 1, got step {item.step}")
             start, stop, _ = item.indices(n)
