@@ -6,9 +6,9 @@ warpgroup ids, reference sizes, GMEM windows `x[r, mgjit.ds(start, N)]` (dynamic
 gathers `x[rows, cols]` (integer arrays among the indices, broadcast; indices outside read zero or other=),
 arange/full/zeros, casts, unary math, binary and comparison operators (numpy broadcasting, `x[:, None]`, weak
 Python numbers, operands of mixed dtypes), where/minimum/maximum/fma/clz/popc, reductions on any axis (keepdims
-too), @mgjit.device helpers. Statements: assignments, stores (of 2D values half the time as
-`mgjit.store(out, index, value, staged=True)`), runtime `for`/`if` (nested), static_range,
-constexpr branches. Every choice comes from seeded random.Randoms: a seed is a program.
+too), static slices of register arrays (`x[a:b, c:d]`), @mgjit.device helpers. Statements: assignments, stores
+(of 2D values half the time as `mgjit.store(out, index, value, staged=True)`), runtime `for`/`if` (nested),
+static_range, constexpr branches. Every choice comes from seeded random.Randoms: a seed is a program.
 
 What the language refuses (each a CompileError at the user's line, tested elsewhere) is not generated:
 reductions of 64-bit or bool arrays, and of `x[:, None]`-style views; - // % << >> ** on bools; a Python
@@ -107,8 +107,10 @@ class Generator:
             gathered = self.gather(ty, depth)
             if gathered is not None:
                 return gathered
+        # Sides capped: a slice's source is 2-4x as large a side, nested slices grow again, and the inputs loaded
+        # for them must fit the PTX simulator's memory.
         if ty.shape and depth < self.max_depth and max(ty.shape) <= 128 and math.prod(ty.shape) <= 512 \
-                and self.slice_rng.random() < 0.02:  # (a slice of a slice, each twice or four times as large...)
+                and self.slice_rng.random() < 0.02:
             return self.sliced(ty, depth)
         leaf = depth >= self.max_depth or r.random() < 0.15
         choices = self.leaf_options(ty) if leaf else self.leaf_options(ty) + self.inner_options(ty, depth)

@@ -222,9 +222,11 @@ def expand(t: Semantics, x: Tensor, index: Any) -> Tensor | Expanded:
 
 def _sliced(t: Semantics, x: Tensor, index: tuple) -> tuple[Tensor, tuple]:
     """x cut to the static slices among `index` (an ArraySlice), and the index with them made `:`."""
-    starts, sizes, rest, dim = [], [], [], 0
+    if sum(item is not None for item in index) > len(x.shape):
+        return x, index  # too many indices: `expand` says so
+    starts, sizes, rest, dim = [0] * len(x.shape), list(x.shape), [], 0
     for item in index:
-        if isinstance(item, slice) and item != slice(None) and dim < len(x.shape):
+        if isinstance(item, slice) and item != slice(None):
             n = x.shape[dim]
             bounds = (item.start, item.stop, item.step)
             if not all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds):
@@ -235,17 +237,10 @@ def _sliced(t: Semantics, x: Tensor, index: tuple) -> tuple[Tensor, tuple]:
             start, stop, _ = item.indices(n)
             if stop <= start:
                 raise t.error(f"the slice {item.start}:{item.stop} of a dimension of {n} elements is empty")
-            starts.append(start)
-            sizes.append(stop - start)
-            rest.append(slice(None))
-        else:
-            if item is not None:
-                starts.append(0)
-                sizes.append(x.shape[dim] if dim < len(x.shape) else 0)
-            rest.append(item)
+            starts[dim], sizes[dim] = start, stop - start
+            item = slice(None)
+        rest.append(item)
         dim += item is not None
-    starts += [0] * (len(x.shape) - len(starts))
-    sizes += list(x.shape[len(sizes):])
-    if tuple(sizes) == tuple(x.shape) or len(starts) != len(x.shape):
+    if sizes == list(x.shape):
         return x, tuple(rest)
     return t.emit(ops.ArraySlice(x.value, tuple(starts), tuple(sizes), t.builder.loc)), tuple(rest)
