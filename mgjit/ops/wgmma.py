@@ -195,11 +195,13 @@ def _wgmma(op: Wgmma, ctx: lower.Context) -> None:
 
 
 class _Descriptors:
-    """The SMEM descriptors of one Wgmma's k-steps. Each is an asm operand, or, under ctx.rematerialize, the
-    descriptor of its tile's start plus the step's offset added inside the wgmma's asm: descriptors computed
-    outside it are loop-invariant, and LLVM hoists every one of them out of the loop, where they stay live
-    beside the accumulators. The start address field holds bytes / 16 of an address below 2^18, so adding
-    the offset's bytes / 16 to the descriptor carries into no other field."""
+    """The SMEM descriptors of one Wgmma's k-steps: the descriptor of each operand tile's start, an asm operand,
+    plus the step's offset added inside the wgmma's asm (one add.s64 a step, where a descriptor formed from its
+    address takes five: add, shift, mask, widen, or; a ring slot's tile is known only in the loop, so a 128x64
+    k-iteration formed eight of them). Formed outside the asm, LLVM would also hoist loop-invariant descriptors
+    out of the loop, where they stay live beside the accumulators. The start address field holds bytes / 16
+    of an address below 2^18, so adding the offset's bytes / 16 to the descriptor carries into no other
+    field."""
 
     def __init__(self, ctx: lower.Context):
         self.ctx = ctx
@@ -209,8 +211,6 @@ class _Descriptors:
     def operand(self, tile: SmemTile, mn: int, k: int, k_major: bool, arg: str, name: str) -> tuple[object, str]:
         """(the asm operand, how the wgmma names its descriptor) for the block at (mn, k) of a tile, whose
         operand the asm calls `arg`; `name`: a register of the asm's own for the sum."""
-        if not self.ctx.rematerialize:
-            return operand_descriptor(self.ctx, tile, mn, k, k_major), arg
         if name not in self.bases:
             self.bases[name] = operand_descriptor(self.ctx, tile, 0, 0, k_major)
         offset = descriptor_fields(tile.type, mn, k, k_major)[0] - descriptor_fields(tile.type, 0, 0, k_major)[0]
