@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from .. import ir, ops
-from ..dtypes import DType
+from ..dtypes import DType, int32, int64
 from ..errors import CompileError, Loc, Rule
 
 
@@ -55,7 +55,7 @@ class Trace(Protocol):
     def binary(self, kind: str, a: Any, b: Any) -> Any: ...
     def unary(self, kind: str, x: Any) -> Any: ...
     def compare(self, kind: str, a: Any, b: Any) -> Any: ...
-    def to_tensor(self, x: Any) -> "Tensor": ...
+    def to_tensor(self, x: Any, like: DType | None = None) -> "Tensor": ...
     def error(self, message: str) -> CompileError: ...
 
 
@@ -278,7 +278,8 @@ class Barriers(Traced):
         self.count = count
         Barriers._ids += 1
         self.phase_var = f"$phase{Barriers._ids}"
-        tracer.scope[self.phase_var] = tracer.to_tensor(0)
+        # One bit a slot: an int32 for up to 32 slots, an int64 for up to 64 (BarrierAlloc refuses more).
+        tracer.scope[self.phase_var] = tracer.to_tensor(0, int32 if count <= 32 else int64)
 
 
 class BarrierSlot(Traced):

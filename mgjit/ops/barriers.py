@@ -36,6 +36,8 @@ class BarrierAlloc(Op):
     def verify(self):
         check(self.count >= 1 and 1 <= self.arrivals < 2**20, self,
                f"barriers need count >= 1 and 1 <= arrivals < 2**20, got {self.count} and {self.arrivals}")
+        check(self.count <= 64, self, f"a barrier array holds at most 64 barriers (the frontend keeps each one's "
+                                      f"phase as a bit of a 64-bit register), got {self.count}")
 
 
 class BarrierArrive(Op):
