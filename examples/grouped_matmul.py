@@ -122,10 +122,14 @@ def grouped_matmul_kernel(x, w, c, scale_x, scale_w, tile_group, tile_row, tile_
             mgjit.wgmma_wait(0)
             empty[(it - 1) % STAGES].arrive()
             row0 = m0 + half * 64
-            if SCALED:
-                acc = acc * scale_x[mgjit.ds(row0, 64)][:, None] * scale_w[group, mgjit.ds(n0, BN)]
             mgjit.store_async_wait(0)
-            c_s[half][...] = acc.astype(c.dtype)
+            # 64 columns at a time (registers of the accumulator: no data moves), each scaled as it is stored: a
+            # 64 x 256 fp8 tile's column scales are 64 registers a thread at once, 16 a chunk.
+            for j in mgjit.static_range(BN // 64):
+                chunk = acc[:, j * 64:(j + 1) * 64]
+                if SCALED:
+                    chunk = chunk * scale_x[mgjit.ds(row0, 64)][:, None] * scale_w[group, mgjit.ds(n0 + j * 64, 64)]
+                c_s[half][:, j * 64:(j + 1) * 64][...] = chunk.astype(c.dtype)
             if row0 + 64 <= end:
                 mgjit.store_async(c, (row0, n0), c_s[half])
             else:  # the group ends inside these rows: the store drops the rest (the next group's)

@@ -1,6 +1,7 @@
 """The phases the frontend tracks for mbarrier arrays (`bars[i].wait()` waits for the slot's current phase): right for
 every slot of arrays up to 64 barriers, interpreted and from the sm_90a PTX on the simulator; a larger array is
-refused at the user's line; and the wait on a runtime slot shifts the phase mask without guarding the amount."""
+refused at the user's line; and the wait on a runtime slot shifts the phase mask without guarding the amount. Also
+the warpgroup index of a kernel of several warpgroups, which the lowering broadcasts from each warp's lane 0."""
 import os
 import re
 import sys
@@ -70,3 +71,21 @@ def test_a_wait_on_a_runtime_slot_shifts_the_phase_mask_unguarded(slots, width):
     dev = ptx_sim.Device()
     dev.run(compiled, (1,), out, order, order.numel())
     assert dev.fetch(out).item() == order.numel()
+
+
+@mgjit.kernel(num_warpgroups=4)
+def warpgroup_ids(out):
+    wg = mgjit.warpgroup_id()
+    out[mgjit.ds(wg * 128, 128)] = mgjit.arange(128) * 0 + wg
+
+
+@pytest.mark.parametrize("warpgroups", [1, 4])
+def test_each_warpgroup_knows_its_index(warpgroups):
+    out = torch.full((4 * 128,), -1, dtype=torch.int32)
+    compiled = warpgroup_ids.compile(out, num_warpgroups=warpgroups, target="sm_90a")
+    assert ("shfl.sync.idx.b32" in compiled.ptx) == (warpgroups > 1)  # one broadcast at the entry, where it helps
+    dev = ptx_sim.Device()
+    dev.run(compiled, (1,), out)
+    want = torch.arange(4).repeat_interleave(128).to(torch.int32)
+    want[warpgroups * 128:] = -1
+    assert torch.equal(dev.fetch(out), want)

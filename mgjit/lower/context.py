@@ -65,8 +65,16 @@ class Context:
         e = emitter
         self.tid = e.tid_x()
         self.wg_tid = e.remui(self.tid, e.i32(THREADS_PER_WARPGROUP))
-        self.wg_id = e.divui(self.tid, e.i32(THREADS_PER_WARPGROUP))
         self.lane = e.remui(self.tid, e.i32(LANES_PER_WARP))
+        self.wg_id = e.divui(self.tid, e.i32(THREADS_PER_WARPGROUP))
+        if kernel.num_warpgroups > 1:
+            # Broadcast from the warp's lane 0: ptxas then knows the warpgroup index is the same across the warp
+            # and keeps what is computed from it (a warpgroup's SMEM offsets, its wgmma descriptors) in uniform
+            # registers; from tid / 128 they sat in vector registers and each wgmma first moved its descriptors
+            # to uniform ones (R2UR: 20 of a matmul consumer's 73 SASS instructions a k-iteration). Volatile, so
+            # that it stays at the entry, where every lane of the warp is there for shfl.sync.
+            self.wg_id = e.asm("shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", [self.wg_id], [e.int_type(32)],
+                               side_effects=True)[0]
         self.warp = e.remui(e.divui(self.tid, e.i32(LANES_PER_WARP)), e.i32(WARPS_PER_WARPGROUP))
         # Values that depend only on the thread are computed once, at the kernel's entry, whatever region first
         # asks for them: a value cached from inside a loop or branch would not dominate its later uses.
