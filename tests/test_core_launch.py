@@ -298,6 +298,15 @@ def test_tma_descriptors_and_clusters_in_c(gpu):
         k[(3,)](x, out, R=64, C=64, cluster=(2, 1, 1))
 
 
+@pytest.mark.parametrize("cols,dtype,promotion", [(16, "bfloat16", 64), (64, "bfloat16", 128), (64, "float8_e4m3fn", 64),
+                                                   (128, "float8_e4m3fn", 128), (128, "bfloat16", 256),
+                                                   (256, "float32", 256)])
+def test_l2_promotion_is_a_box_row_wide(cols, dtype, promotion):
+    """L2 fetches what a box row spans (64 to 256 bytes), not the next k-slice beside a matmul's 128-byte one."""
+    from mgjit import dtypes, runtime
+    assert runtime.l2_promotion({"box": [64, cols]}, dtypes.BY_NAME[dtype]) == promotion
+
+
 def test_interpret_mode_bypasses_the_c_launcher(gpu, monkeypatch):
     k = mgjit.kernel(add)
     x, y, out = torch.randn(1024), torch.randn(1024), torch.full((1024,), float("nan"))
