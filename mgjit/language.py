@@ -107,8 +107,8 @@ scoped_smem = _builtin("scoped_smem", "with scoped_smem(shape, dtype, swizzle=No
                                       "buffer for the `with` block only; later blocks reuse its bytes, so the "
                                       "kernel needs the most that is open at once. Every warpgroup must be done "
                                       "with it (a barrier) before another writes a later block's buffer.")
-barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of mbarriers, each completing a phase "
-                              "after `arrivals` arrivals (every copy_async on it and every arrive() of a "
+barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of up to 64 mbarriers, each completing a "
+                              "phase after `arrivals` arrivals (every copy_async on it and every arrive() of a "
                               "warpgroup counts one) and their bytes; bars[i].wait() tracks the phase for you.")
 copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i], multicast=False): TMA copy of the tile of "
                                     "tensor `src` at element coordinates `coords` into SMEM tile `dst`; it is one "
