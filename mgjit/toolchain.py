@@ -165,9 +165,11 @@ class PtxasReport:
 
     @property
     def warnings(self) -> list[str]:
-        """What ptxas warned about, one line each, and the spill if any."""
-        out = [re.sub(r"^ptxas\s+warning\s*:\s*", "", line.strip()) for line in self.text.splitlines()
-               if re.match(r"\s*ptxas\s+warning\b", line)]
+        """What ptxas warned about, one line each, its notes of a performance loss (given as info: wgmma
+        serialized, C7515, a large slowdown), and the spill if any."""
+        out = [re.sub(r"^ptxas\s+(warning|info)\s*:\s*", "", line.strip()) for line in self.text.splitlines()
+               if re.match(r"\s*ptxas\s+warning\b", line)
+               or re.match(r"\s*ptxas\s+info\s*:.*Performance Loss", line, re.IGNORECASE)]
         if self.spills:
             out.append(f"{self.spill_stores} bytes of spill stores and {self.spill_loads} bytes of spill loads "
                        f"to local memory ({self.registers} registers)")

@@ -152,6 +152,19 @@ def test_the_largest_array_that_fits_compiles():
     assert c.registers <= 255
 
 
+def test_a_performance_loss_ptxas_reports_as_info_is_a_warning():
+    """ptxas gives serialized wgmmas (C7515, each wgmma waiting for the one before: a large slowdown) as an info
+    line, not a warning: it reaches the user all the same; the other info lines do not."""
+    c7515 = ("(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma "
+             "instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in "
+             "the function 'k' in line 698")
+    c7508 = "(C7508) Potential Performance Loss: setmaxnreg ignored in the function 'k'"
+    report = toolchain.parse_report("\n".join([
+        f"ptxas info    : {c7515}", "ptxas info    : 0 bytes gmem", "ptxas info    : Compiling entry function 'k'",
+        f"ptxas warning : {c7508}", "ptxas info    : Used 168 registers, used 16 barriers"]))
+    assert report.warnings == [c7515, c7508]
+
+
 @mgjit.kernel
 def spills(x, out, BLOCK: mgjit.constexpr):
     a = x[mgjit.ds(0, BLOCK)]
