@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import mgjit
+import ptx_sim
 from test_blackwell import EXAMPLES, line_of, load_example
 
 ws = load_example("matmul_blackwell_ws")
@@ -158,6 +159,33 @@ def test_warp_roles_run_side_by_side():
     c = ping_pong.compile(x, y, N=16, target="sm_90a")  # warp roles are not Blackwell's alone
     assert c.spills == 0
     assert "warp_split {warps=[0, 1]}" in c.ir
+
+
+@mgjit.kernel(num_warpgroups=2)
+def roles_in_one_branch(x, y):
+    """Warpgroup 0 gives its work to warp 0 (a producer's copies); warpgroup 1 counts. `done` differs between the
+    branches: the then-branch's is the one from before its roles (what a role assigns stays in it)."""
+    done = 0
+    if mgjit.warpgroup_id() == 0:
+        if mgjit.warp_id() == 0:
+            y[0] = x[0] * 2.0
+            done = 5  # noqa: F841 (stays in the role)
+    else:
+        done = 3
+    y[1 + mgjit.warpgroup_id()] = done.astype(mgjit.float32)
+
+
+def test_a_branch_may_end_in_warp_roles_where_another_assigns():
+    """The join of `done` after the if is made before the branch's roles, not after them (a compile error that
+    named the if's last line once)."""
+    x = torch.randn(1)
+    y = torch.full((3,), float("nan"))
+    roles_in_one_branch.interpret[(1,)](x, y)
+    assert y.tolist() == [x.item() * 2.0, 0.0, 3.0]
+    dev = ptx_sim.Device()
+    y = torch.full((3,), float("nan"))
+    dev.run(roles_in_one_branch.compile(x, y, target="sm_90a"), (1,), x, y)
+    assert dev.fetch(y).tolist() == [x.item() * 2.0, 0.0, 3.0]
 
 
 @mgjit.kernel

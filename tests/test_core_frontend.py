@@ -463,6 +463,25 @@ def test_a_runtime_loop_carries_tuples():
         k_tuple_reshapes.compile(x, out, target="sm_90a")
 
 
+@mgjit.kernel
+def k_branches_disagree(x, out):
+    v = mgjit.zeros((128,), mgjit.float32)
+    if x[0] > 0.0:  # ERR
+        v = x[mgjit.ds(0, 128)]
+    else:
+        v = mgjit.zeros((64,), mgjit.float32)
+        out[mgjit.ds(0, 64)] = v
+    out[mgjit.ds(0, 128)] = v
+
+
+def test_branches_that_leave_a_value_in_two_shapes_are_an_error_at_the_if():
+    """Named at the `if`, not at whichever line was traced last."""
+    x, out = torch.randn(128), torch.empty(128)
+    with pytest.raises(mgjit.CompileError, match=rf"{THIS_FILE}:{err_line(k_branches_disagree)}.*`v` has shape "
+                                                 r"\(128,\) on one branch and \(64,\) on the other"):
+        k_branches_disagree.compile(x, out, target="sm_90a")
+
+
 # ------------------------------------------------------------------------------------------ scalars from full
 
 @mgjit.kernel

@@ -113,7 +113,7 @@ class ControlFlow(Semantics):
             joined.append((name, a, leaves))
         types = []
         for i, (name, a, b) in enumerate(results):
-            a, b = self._join_branch_values(name, a, b, then_block, else_block)
+            a, b = self._join_branch_values(name, a, b, then_block, else_block, node)
             results[i] = (name, a, b)
             types.append(a.value.type)
         op = ops.If(cond.value, types, if_loc)
@@ -149,7 +149,7 @@ class ControlFlow(Semantics):
         region.ops.append(ops.Yield([], self.src.loc(node)))
         split.verify()
 
-    def _join_branch_values(self, name, a, b, then_block, else_block) -> tuple[Tensor, Tensor]:
+    def _join_branch_values(self, name, a, b, then_block, else_block, node: ast.If) -> tuple[Tensor, Tensor]:
         saved = self.builder.block
         try:
             ta_dtype = a.dtype if isinstance(a, (Tensor, Expanded)) else None
@@ -157,15 +157,20 @@ class ControlFlow(Semantics):
             dtype = dtypes.promote(ta_dtype or python_scalar_dtype(a), tb_dtype or python_scalar_dtype(b))
             out = []
             for v, block in ((a, then_block), (b, else_block)):
-                self.builder.block = block
                 if not isinstance(v, (Tensor, Expanded)) and not isinstance(v, (int, float, bool)):
                     raise self.error(f"`{name}` holds a {type(v).__name__} on one branch of a runtime `if`; "
-                                     "only numbers and arrays can differ between branches")
+                                     "only numbers and arrays can differ between branches", node)
+                # A branch that ends in warp roles: its value is one from before them (what a role assigns stays
+                # in it), so it is made there, before the WarpSplit that must end the block.
+                split = block.ops.pop() if block.ops and isinstance(block.ops[-1], ops.WarpSplit) else None
+                self.builder.block = block
                 out.append(self.cast(self.to_tensor(v, dtype), dtype))
+                if split is not None:
+                    block.ops.append(split)
         finally:
             self.builder.block = saved
         if out[0].shape != out[1].shape:
-            raise self.error(f"`{name}` has shape {out[0].shape} on one branch and {out[1].shape} on the other")
+            raise self.error(f"`{name}` has shape {out[0].shape} on one branch and {out[1].shape} on the other", node)
         return out[0], out[1]
 
     def range_bounds(self, args: list) -> list[Tensor]:
