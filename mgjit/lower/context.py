@@ -71,8 +71,9 @@ class Context:
             # Broadcast from the warp's lane 0: ptxas then knows the warpgroup index is the same across the warp
             # and keeps what is computed from it (a warpgroup's SMEM offsets, its wgmma descriptors) in uniform
             # registers; from tid / 128 they sat in vector registers and each wgmma first moved its descriptors
-            # to uniform ones (R2UR: 20 of a matmul consumer's 73 SASS instructions a k-iteration). Volatile, so
-            # that it stays at the entry, where every lane of the warp is there for shfl.sync.
+            # to uniform ones (R2UR: a 256x512x65536 consumer's k-step went from 73 SASS instructions to 57,
+            # tools/sass_loop.py). Volatile, so that it stays at the entry, where every lane of the warp is there
+            # for shfl.sync.
             self.wg_id = e.asm("shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", [self.wg_id], [e.int_type(32)],
                                side_effects=True)[0]
         self.warp = e.remui(e.divui(self.tid, e.i32(LANES_PER_WARP)), e.i32(WARPS_PER_WARPGROUP))
