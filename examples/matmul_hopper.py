@@ -484,12 +484,18 @@ def _launch(problem: schedules.Problem, cfg: dict, c, scale, bias, profile=None)
                                            bias if bias is not None else c, *schedules.launch_workspace(plan, c),
                                            **plan.kernel_cfg, **({} if profile is None else {"profile": profile}))
         return plan
-    a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
-    a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
-    matmul_kernel[plan.grid](a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
-                             *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c), **plan.kernel_cfg,
+    matmul_kernel[plan.grid](*kernel_args(problem, plan, c, scale, bias), **plan.kernel_cfg,
                              **({} if profile is None else {"profile": profile}))  # profiled: the Python path
     return plan
+
+
+def kernel_args(problem: schedules.Problem, plan: schedules.Plan, c, scale, bias) -> tuple:
+    """matmul_kernel's runtime arguments for a (non-GEMV) `plan`: A and B as TMA reads them (exchanged under
+    swap-AB, which writes C transposed), scale and bias (c where absent: not read), the stream-K workspace."""
+    a, b = _tma_ready(problem.a_op), _tma_ready(problem.b_op)
+    a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
+    return (a, b, c_arg, scale if scale is not None else c, bias if bias is not None else c,
+            *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c))
 
 
 def _matmul_outputs(a, b, scale=None, bias=None, activation=None, b_kmajor=False):

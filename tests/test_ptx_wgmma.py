@@ -52,11 +52,8 @@ def simulate_plan(problem, cfg: dict, sms: int, scale, bias, c, lands: str = "la
         args = (problem.a_op.t() if problem.a_mn else problem.a_op, problem.b_op, c,
                 c if scale is None else scale, c if bias is None else bias, *schedules.launch_workspace(plan, c))
     else:
-        a, b = mh._tma_ready(problem.a_op), mh._tma_ready(problem.b_op)
-        a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
         kernel = mh.matmul_kernel
-        args = (a, b, c_arg, c if scale is None else scale, c if bias is None else bias,
-                *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c))
+        args = mh.kernel_args(problem, plan, c, scale, bias)
     dev = ptx_sim.Device(128 << 20)
     dev.lands = lands
     run_launches(dev, [(kernel, plan.grid, args, plan.kernel_cfg)])

@@ -51,10 +51,7 @@ def cubin(m: int, n: int, k: int, given: dict | None) -> tuple[bytes, str]:
     plan = schedules.launch_plan(problem, cfg, 132)
     if plan.gemv:
         raise SystemExit(f"{schedules.describe(cfg)} runs on the CUDA cores: no wgmma loop")
-    c = torch.empty(m, n, dtype=torch.bfloat16)
-    a, b = mh._tma_ready(problem.a_op), mh._tma_ready(problem.b_op)
-    a, b, c_arg = (b, a, c.t()) if plan.swap else (a, b, c)
-    args = (a, b, c_arg, c, c, *schedules.workspace(plan.kernel_cfg, plan.tiles, plan.grid, c))
+    args = mh.kernel_args(problem, plan, torch.empty(m, n, dtype=torch.bfloat16), None, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = mh.matmul_kernel.compile(*args, **plan.kernel_cfg, target="sm_90a")
