@@ -239,7 +239,7 @@ def _lower_and_assemble(kernel, target, spec: Specialization, key: str, start: f
         return (lowered, mlir_text, ptx, *toolchain.assemble(ptx, target.name, kernel.name))
 
     built = build(False)
-    if built[-1].spills:  # ptxas spilled: try addresses and descriptors computed where they are used
+    if built[-1].spills:  # ptxas spilled: try SMEM addresses computed where they are used
         with repeated_pass():
             again = build(True)
         built = again if again[-1].spills < built[-1].spills else built

@@ -71,8 +71,8 @@ def lower(kernel: ir.Kernel, specs: dict[int, Any], target: targets.Target,
     """Build the MLIR module for a kernel whose layouts are inferred.
 
     `specs` maps each parameter Value id to its TensorSpec (tensors) or known divisor (int scalars);
-    `libdevice` finds libdevice, which is linked when a rule called into it; `rematerialize`: SMEM addresses
-    and MMA descriptors are computed at each use (Context.rematerialize).
+    `libdevice` finds libdevice, which is linked when a rule called into it; `rematerialize`: the SMEM addresses
+    of register arrays' loads and stores are computed at each use (Context.rematerialize).
     """
     m = mlir.load()
     threads = THREADS_PER_WARPGROUP * kernel.num_warpgroups

@@ -49,9 +49,10 @@ class Context:
     def __init__(self, kernel: ir.Kernel, emitter: Emitter, specs: dict[int, Any], target: targets.Target,
                  rematerialize: bool = False):
         self.kernel = kernel
-        # Recompute SMEM addresses and MMA descriptors at each use rather than keep them live: LLVM hoists them
-        # out of loops, where they stay live beside the accumulators and ptxas spills them rather than
-        # recompute them (compiler.py lowers again so when ptxas spilled).
+        # Recompute the SMEM addresses of register arrays' loads and stores at each use rather than keep them
+        # live: LLVM hoists them out of loops, where they stay live beside the accumulators and ptxas spills
+        # them rather than recompute them (compiler.py lowers again so when ptxas spilled). wgmma descriptors
+        # are a base plus offsets added inside each wgmma's asm, with or without this.
         self.rematerialize = rematerialize
         self.e = emitter
         self.specs = specs  # ir.Value.id -> TensorSpec (tensors) or int divisor (int scalars)

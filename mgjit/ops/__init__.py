@@ -50,10 +50,10 @@ from .warpgroups import CtaSync, NamedBarrierAlloc, NamedBarrierArrive, NamedBar
 from .warps import WarpSplit
 from .wgmma import Wgmma, WgmmaWait
 
-__all__ = ["ArraySlice", "Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary", "Broadcast",
-           "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce", "ClusterSync",
-           "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "Gather", "If", "Iota",
-           "Load", "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print",
+__all__ = ["ArraySlice", "Atomic", "BarrierAlloc", "BarrierArrive", "BarrierArriveCluster", "BarrierWait", "Binary",
+           "Broadcast", "Cast", "ClcQuery", "ClcTryCancel", "ClusterGather", "ClusterRank", "ClusterReduce",
+           "ClusterSync", "Compare", "Constant", "CtaSync", "DeviceAssert", "FenceAsyncShared", "Fma", "For", "Gather",
+           "If", "Iota", "Load", "NamedBarrierAlloc", "NamedBarrierArrive", "NamedBarrierSync", "NumPrograms", "Print",
            "ProfileEvent", "ProfileStart", "ProgramId", "Reduce", "ReduceAll", "RefDim", "RefIndex", "RefSlice",
            "RefTranspose", "RefWindow", "Relayout", "ScopedSmemAlloc", "Select", "SemaphoreWait", "SetMaxRegisters",
            "SmemAlloc", "SmemFree", "SmemLoad", "SmemStore", "Splat", "Squeeze", "Store", "Tcgen05Commit",
