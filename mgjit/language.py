@@ -112,7 +112,10 @@ barrier = _builtin("barrier", "barrier(count=1, arrivals=1): an array of up to 6
                               "warpgroup counts one) and their bytes; bars[i].wait() tracks the phase for you.")
 copy_async = _builtin("copy_async", "copy_async(src, coords, dst, barrier=bars[i], multicast=False): TMA copy of the tile of "
                                     "tensor `src` at element coordinates `coords` into SMEM tile `dst`; it is one "
-                                    "arrival on the barrier, with the tile's bytes. collective=True (2-CTA "
+                                    "arrival on the barrier, with the tile's bytes. multicast=True: each CTA of "
+                                    "the cluster copies its part of the tile's rows to all of them; "
+                                    "multicast='x' (or 'y', 'z'): to the CTAs along that axis of the cluster "
+                                    "that share this CTA's other coordinates. collective=True (2-CTA "
                                     "Blackwell kernels): the arrival counts on that barrier in the pair's leader "
                                     "CTA, where the 2-CTA MMA waits.")
 store_async = _builtin("store_async", "store_async(dst, coords, src, reduce=None): TMA copy of SMEM tile `src` "

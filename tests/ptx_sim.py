@@ -24,6 +24,7 @@ reach.
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import struct
@@ -490,13 +491,15 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         """Fences order memory; the simulator's accesses are already sequentially consistent."""
 
 
-def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int, cluster: int = 1,
-           threads: int = 128, counts: Counter | None = None, lands: str = "late", order: int | None = None) -> None:
+def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes: int,
+           cluster: int | tuple[int, ...] = 1, threads: int = 128, counts: Counter | None = None,
+           lands: str = "late", order: int | None = None) -> None:
     """Run a kernel over `grid`: args are the kernel's parameter values in ABI order (pointers as ints, tensor maps
-    as ptx_tma.TensorMap). Clusters are `cluster` consecutive CTAs along x, launched in order (x fastest, or, with
-    `order`, in an order drawn from that seed: a GPU promises none), each run to its end before the next, skipping
-    those a try_cancel cancelled (ptx_clc.py); their CTAs run in turns (ptx_cluster.run_cluster). `counts` (if
-    given) gathers the instructions issued, by opcode; `lands` is when TMA copies land (ptx_tma.py)."""
+    as ptx_tma.TensorMap). Clusters are boxes of `cluster` CTAs (a number: along x), ranked x fastest, launched in
+    order (x fastest, or, with `order`, in an order drawn from that seed: a GPU promises none), each run to its end
+    before the next, skipping those a try_cancel cancelled (ptx_clc.py); their CTAs run in turns
+    (ptx_cluster.run_cluster). `counts` (if given) gathers the instructions issued, by opcode; `lands` is when TMA
+    copies land (ptx_tma.py)."""
     if lands not in ("early", "late"):
         raise ValueError(f"lands is 'early' or 'late', got {lands!r}")
     prog = Program(ptx)
@@ -504,17 +507,20 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
     params = dict(zip(prog.params, args))
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    if grid[0] % cluster:
-        raise SimError(f"a grid of {grid[0]} is not a whole number of clusters of {cluster}")
-    origins = [(x0, y, z) for z in range(grid[2]) for y in range(grid[1]) for x0 in range(0, grid[0], cluster)]
+    box = (cluster,) if isinstance(cluster, int) else tuple(cluster)
+    box = box + (1,) * (3 - len(box))
+    if any(g % c for g, c in zip(grid, box)):
+        raise SimError(f"a grid of {grid} is not a whole number of clusters of {box}")
+    origins = [(x0, y0, z0) for z0 in range(0, grid[2], box[2]) for y0 in range(0, grid[1], box[1])
+               for x0 in range(0, grid[0], box[0])]
     if order is not None:
         random.Random(order).shuffle(origins)
     launches = ClusterQueue(origins)
     while (origin := launches.launch()) is not None:
-        x0, y, z = origin
+        x0, y0, z0 = origin
         ctas: list[CTA] = []
-        for r in range(cluster):
-            ctas.append(CTA(prog, params, mem, (x0 + r, y, z), grid, smem_bytes, ctas, r, threads, counts))
+        for r, (k, j, i) in enumerate(itertools.product(range(box[2]), range(box[1]), range(box[0]))):
+            ctas.append(CTA(prog, params, mem, (x0 + i, y0 + j, z0 + k), grid, smem_bytes, ctas, r, threads, counts))
             ctas[-1].lands, ctas[-1].launches = lands, launches
         run_cluster(ctas)
 
@@ -571,7 +577,7 @@ class Device:
                 return torch.from_numpy(counts.reshape(-1, base.element_size()).max(axis=1)).reshape(base.shape)
         raise SimError("a tensor that was not placed")
 
-    def run(self, compiled, grid: tuple[int, ...], *args, cluster: int = 1) -> None:
+    def run(self, compiled, grid: tuple[int, ...], *args, cluster: int | tuple[int, ...] = 1) -> None:
         """Launch a CompiledKernel on runtime arguments (tensors or their views, and scalars), with the TMA
         descriptors it takes encoded from them. A tensor whose storage is not placed yet is placed first (its base,
         where it is a view)."""

@@ -1,5 +1,7 @@
 """GPU tests of the Hopper machinery: TMA into swizzled SMEM, mbarrier pipelines and wgmma, against an
 fp32 torch reference on fresh random inputs with poisoned outputs."""
+import math
+
 import pytest
 
 import mgjit
@@ -326,6 +328,62 @@ def multicast_copy(x, out, R: mgjit.constexpr, C: mgjit.constexpr):
     mgjit.store_async(out, (mgjit.program_id(0) * R, 0), t)
     mgjit.store_async_wait(0)
     mgjit.cluster_sync()  # no CTA exits while its peer may still write into its shared memory
+
+
+@mgjit.kernel
+def multicast_axes(x, out, R: mgjit.constexpr, C: mgjit.constexpr, CLUSTER: mgjit.constexpr,
+                   AXES: mgjit.constexpr):
+    """Tile i of each CTA is multicast along cluster axis AXES[i]: the CTAs along that axis copy a part each of
+    the tile at the CTA's grid position with its coordinate on that axis rounded down to the cluster's start."""
+    t = mgjit.smem((2, R, C), x.dtype, swizzle=128)
+    bar = mgjit.barrier(1, arrivals=2)
+    mgjit.cluster_sync()  # every CTA's barrier is initialised before any multicast signals it
+    x0, y0, z0 = mgjit.program_id(0), mgjit.program_id(1), mgjit.program_id(2)
+    nx, ny = mgjit.num_programs(0), mgjit.num_programs(1)
+    for i in mgjit.static_range(2):
+        px, py, pz = x0, y0, z0
+        if AXES[i] == "x":
+            px = x0 - x0 % CLUSTER[0]
+        if AXES[i] == "y":
+            py = y0 - y0 % CLUSTER[1]
+        if AXES[i] == "z":
+            pz = z0 - z0 % CLUSTER[2]
+        mgjit.copy_async(x, ((px + nx * (py + ny * pz)) * R, 0), t[i], barrier=bar[0], multicast=AXES[i])
+    bar[0].wait()
+    me = x0 + nx * (y0 + ny * z0)
+    for i in mgjit.static_range(2):
+        mgjit.store_async(out, ((2 * me + i) * R, 0), t[i])
+    mgjit.store_async_wait(0)
+    mgjit.cluster_sync()  # no CTA exits while its peers may still write into its shared memory
+
+
+def multicast_axes_expected(x, grid, cluster, axes, r):
+    """What multicast_axes stores: for each CTA (x fastest) and each tile, the rows its group reads."""
+    parts = []
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x0 in range(grid[0]):
+                for a in axes:
+                    p = [x0, y, z]
+                    d = "xyz".index(a)
+                    p[d] -= p[d] % cluster[d]
+                    src = p[0] + grid[0] * (p[1] + grid[1] * p[2])
+                    parts.append(x[src * r:(src + 1) * r])
+    return torch.cat(parts)
+
+
+MULTICAST_AXES_CASES = [((4, 2, 1), (2, 2, 1), "xy"), ((4, 3, 1), (2, 3, 1), "yx"), ((2, 2, 2), (1, 2, 2), "zy"),
+                        ((4, 2, 1), (4, 2, 1), "xy")]
+
+
+@pytest.mark.parametrize("grid,cluster,axes", MULTICAST_AXES_CASES)
+def test_tma_multicast_along_cluster_axes(grid, cluster, axes):
+    r, c = 96, 64
+    x = torch.randn(math.prod(grid) * r, c, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((2 * math.prod(grid) * r, c), float("nan"), device="cuda", dtype=torch.bfloat16)
+    multicast_axes[grid](x, out, R=r, C=c, CLUSTER=cluster, AXES=tuple(axes), cluster=cluster)
+    torch.cuda.synchronize()
+    assert torch.equal(out, multicast_axes_expected(x, grid, cluster, axes, r))
 
 
 def test_tma_multicast_in_a_cluster():

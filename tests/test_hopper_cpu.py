@@ -1,8 +1,9 @@
 """Hopper machinery on the CPU: the example matmul's PTX and ptxas report for sm_90a, and bad
 configurations rejected before ptxas with the kernel's line and the broken rule."""
 import inspect
-import re
+import math
 import os
+import re
 import sys
 
 import pytest
@@ -229,6 +230,41 @@ def test_multicast_copy_and_cluster_barrier():
     assert info.value.rule == "cluster" and info.value.loc.line == _line_of(multicast_copy.fn, "multicast=True")
     with pytest.raises(mgjit.CompileError, match="multiples of 8 rows"):
         multicast_copy.compile(x, x, R=8, C=64, cluster=(2, 1, 1))
+
+
+@pytest.mark.parametrize("lands", ["late", "early"])
+@pytest.mark.parametrize("grid,cluster,axes", [((4, 2, 1), (2, 2, 1), "xy"), ((2, 3, 1), (2, 3, 1), "yx"),
+                                               ((2, 2, 2), (1, 2, 2), "zy")])
+def test_multicast_along_cluster_axes_from_its_ptx(grid, cluster, axes, lands):
+    """copy_async(multicast=axis): each CTA copies its part of the tile to the CTAs along one axis of the cluster,
+    named by a mask built from its rank; on the PTX simulator, which refuses a mask that names CTAs outside the
+    cluster, and whose barriers never complete if a part goes astray."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import ptx_sim
+    from test_gpu_matmul import multicast_axes, multicast_axes_expected
+    r, c = 96, 64
+    x = torch.randn(math.prod(grid) * r, c, dtype=BF16)
+    out = torch.full((2 * math.prod(grid) * r, c), float("nan"), dtype=BF16)
+    compiled = multicast_axes.compile(x, out, R=r, C=c, CLUSTER=cluster, AXES=tuple(axes), cluster=cluster,
+                                      target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.lands = lands
+    dev.run(compiled, grid, x, out, cluster=cluster)
+    assert torch.equal(dev.fetch(out), multicast_axes_expected(x, grid, cluster, axes, r))
+
+
+def test_multicast_along_an_axis_the_cluster_lacks():
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_gpu_matmul import multicast_axes
+    x = torch.empty(1024, 64, dtype=BF16)
+    with pytest.raises(mgjit.CompileError, match=r"along the cluster's y axis: expected at least 2 of them in the "
+                                                 r"cluster \(4, 1, 1\), got 1") as info:
+        multicast_axes.compile(x, x, R=64, C=64, CLUSTER=(4, 1, 1), AXES=("x", "y"), cluster=(4, 1, 1))
+    assert info.value.rule == "cluster" and info.value.loc.line == _line_of(multicast_axes.fn, "multicast=AXES[i]")
+    with pytest.raises(mgjit.CompileError, match="multicast= a static bool or a cluster axis"):
+        multicast_axes.compile(x, x, R=64, C=64, CLUSTER=(4, 1, 1), AXES=("x", "w"), cluster=(4, 1, 1))
+    with pytest.raises(mgjit.CompileError, match="split over the 4 CTAs it goes to: 24 rows"):
+        multicast_axes.compile(x, x, R=24, C=64, CLUSTER=(4, 1, 1), AXES=("x", "x"), cluster=(4, 1, 1))
 
 
 @mgjit.kernel

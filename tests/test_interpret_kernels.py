@@ -10,6 +10,7 @@ exactly in f32 here, so unary results are within 2 f32 ulp of float64's, exp and
 ex2(x log2 e), whose product rounds).
 """
 import importlib.util
+import math
 import sys
 import time
 from pathlib import Path
@@ -414,6 +415,15 @@ def test_tma_multicast_in_a_cluster():
     assert torch.equal(out, x.view(3, 1, 64, 64).expand(3, 2, 64, 64).reshape(6 * 64, 64))
     with pytest.raises(mgjit.LaunchError, match="whole number of clusters"):
         gm.multicast_copy.interpret[(3,)](x, out, R=64, C=64, cluster=(2, 1, 1))
+
+
+@pytest.mark.parametrize("grid,cluster,axes", gm.MULTICAST_AXES_CASES)
+def test_tma_multicast_along_cluster_axes(grid, cluster, axes):
+    r, c = 96, 64
+    x = torch.randn(math.prod(grid) * r, c, dtype=BF16)
+    out = poisoned(2 * math.prod(grid) * r, c, dtype=BF16)
+    gm.multicast_axes.interpret[grid](x, out, R=r, C=c, CLUSTER=cluster, AXES=tuple(axes), cluster=cluster)
+    assert torch.equal(out, gm.multicast_axes_expected(x, grid, cluster, axes, r))
 
 
 def test_autotune_space_configs():

@@ -34,7 +34,7 @@ def run_launches(dev, launches, target="sm_90a") -> None:
     """A wrapper's launches, in order, on the simulator: each reads what the ones before left in its memory."""
     for kernel, grid, args, constexprs in launches:
         cluster = constexprs.get("cluster") or (1,)
-        dev.run(compiled(kernel, args, constexprs, target), grid, *args, cluster=cluster[0])
+        dev.run(compiled(kernel, args, constexprs, target), grid, *args, cluster=cluster)
 
 
 def within_rounding(got, want, k: int) -> bool:

@@ -43,11 +43,13 @@ class TmaLoad(Op):
     requires = "tma"
 
     def __init__(self, src: Value, coords: Sequence[Value], dst: Value, barrier: Value, descriptor: int,
-                 loc: Loc | None, multicast: int = 0):
+                 loc: Loc | None, multicast: int = 0, stride: int | None = None):
         super().__init__([src, *coords, dst, barrier], [], loc)
         self.descriptor = descriptor  # index into Kernel.tma_descriptors
-        # With multicast=n, each of the cluster's n CTAs copies 1/n of the tile's rows to all of them.
+        # With multicast=n, each of n CTAs copies 1/n of the tile's rows to all of them: the cluster's CTAs, or
+        # with a stride those along one axis of it, ranks first + p * stride (p < n) around this CTA's.
         self.multicast = multicast
+        self.stride = stride
 
     @property
     def src(self) -> Value:
@@ -66,7 +68,8 @@ class TmaLoad(Op):
         return self.operands[-1]
 
     def attrs(self):
-        return {"descriptor": self.descriptor, **({"multicast": self.multicast} if self.multicast else {})}
+        return {"descriptor": self.descriptor, **({"multicast": self.multicast} if self.multicast else {}),
+                **({"stride": self.stride} if self.stride is not None else {})}
 
     def verify(self):
         check(is_ref(self.src, "gmem"), self, "TMA copies from a GMEM tensor argument")
@@ -257,15 +260,21 @@ def _tma_load(op: TmaLoad, ctx: lower.Context) -> None:
     dst_addr = shared_address(ctx, dst.offset)
     extra, suffix, mask = [], "", []
     if op.multicast:
-        # This CTA copies rows [rank*R/n, (rank+1)*R/n) of every column block, to every CTA of the cluster.
+        # This CTA, the p-th of the n it copies for, copies rows [p*R/n, (p+1)*R/n) of every column block to
+        # each of them: the whole cluster (p its rank), or the CTAs along one axis, p its place on that axis.
         n = op.multicast
         rank_id = cluster_ctarank(ctx)
-        part_rows = spec.box[0]
-        first_row = e.muli(rank_id, e.i32(part_rows))
+        if op.stride is None:
+            place, mask = rank_id, e.i32((1 << n) - 1)
+        else:
+            place = e.remui(e.divui(rank_id, e.i32(op.stride)), e.i32(n))
+            group = sum(1 << (p * op.stride) for p in range(n))
+            mask = e.m.arith.shli(e.i32(group), e.subi(rank_id, e.muli(place, e.i32(op.stride))))
+        first_row = e.muli(place, e.i32(spec.box[0]))
         coords = [e.addi(coords[0], first_row)] + coords[1:]
         dst_addr = e.addi(dst_addr, e.muli(first_row, e.i32(stored.dim0_bytes())))
         suffix = ".multicast::cluster"
-        mask = [e.trunc(e.i32((1 << n) - 1), 16)]
+        mask = [e.trunc(mask, 16)]
         extra = [f"${4 + rank}"]
     slots = ", ".join(f"${i + 4}" for i in range(rank))
     for ordered, addr in _boxes(ctx, dst, coords, dst_addr):
@@ -415,12 +424,15 @@ def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
     stored = tile_of(dst.type)
     collective = isinstance(op, TmaLoadCollective)
     bar_cta = cluster.ctas[cta.rank & ~1] if collective else cta
-    address = dst.offset
+    address, receivers = dst.offset, [cta]
     if op.multicast:
-        first_row = cta.rank * spec.box[0]
+        place, stride = (cta.rank, 1) if op.stride is None else (cta.rank // op.stride % op.multicast, op.stride)
+        first_row = place * spec.box[0]
         coords[0] += first_row
         address += first_row * stored.dim0_bytes()
-    targets = [(t, ref.get(bar_cta if collective else t)) for t in (cluster.ctas if op.multicast else [cta])]
+        first = cta.rank - place * stride
+        receivers = [cluster.ctas[first + p * stride] for p in range(op.multicast)]
+    targets = [(t, ref.get(bar_cta if collective else t)) for t in receivers]
     issue_load(op, wg, wg.get(op.src, op), spec, dst.type, _copy_boxes(stored, coords, address), targets,
                ref.get(bar_cta))
 

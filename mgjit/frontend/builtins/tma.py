@@ -5,6 +5,7 @@ gets one host-built TMA descriptor per box shape, which the launch passes to the
 stores go through a copy of it built on the device, with smaller dimensions."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ... import dtypes, ir, language as lang, ops
@@ -14,6 +15,8 @@ from ..registry import builtin
 from ..semantics import Semantics
 from ..values import BarrierSlot, Expanded, Ref, SmemRef, Tensor, Traced
 from .barriers import slot_ref
+
+CLUSTER_AXES = ("x", "y", "z")  # copy_async(multicast=axis): the CTAs of the cluster along one axis
 
 
 def tma_descriptor(t: Semantics, tensor: Ref, tile: ir.RefType, rows_split: int = 1, rows: int | None = None) -> int:
@@ -51,12 +54,17 @@ def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
                       "coordinates, an SMEM tile and a barrier slot")
     collective = kwargs.get("collective", False)
     multicast = kwargs.get("multicast", False)
-    if not isinstance(collective, bool) or not isinstance(multicast, bool):
-        raise t.error("copy_async's collective= and multicast= must be static bools")
+    if not isinstance(collective, bool) or not (isinstance(multicast, bool) or multicast in CLUSTER_AXES):
+        raise t.error(f"copy_async's collective= must be a static bool and multicast= a static bool or a cluster "
+                      f"axis ('x', 'y' or 'z'), got collective={collective!r}, multicast={multicast!r}")
     ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
-    if multicast and ctas < 2:
-        raise t.error("copy_async(multicast=True) delivers a tile to every CTA of a cluster: launch and "
-                      "compile with cluster=(n, 1, 1), n >= 2", rule=Rule.CLUSTER)
+    axis = CLUSTER_AXES.index(multicast) if isinstance(multicast, str) else None
+    split = (ctas if axis is None else t.cluster[axis]) if multicast else 1
+    if multicast and split < 2:
+        what = "every CTA of a cluster" if axis is None else f"the CTAs along the cluster's {multicast} axis"
+        raise t.error(f"copy_async(multicast={multicast!r}) delivers a tile to {what}: expected at least 2 of them "
+                      f"in the cluster {tuple(t.cluster)}, got {split} (launch and compile with a larger "
+                      f"cluster=)", rule=Rule.CLUSTER)
     if multicast and collective:
         raise t.error("copy_async takes collective= or multicast=, not both")
     src, coords, dst = args
@@ -67,9 +75,8 @@ def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
         raise t.error("copy_async copies into an SMEM tile (mgjit.smem(...)[slot])")
     if not isinstance(bar, BarrierSlot):
         raise t.error("copy_async completes on one barrier slot: barrier=bars[i]")
-    split = ctas if multicast else 1
     if multicast and (dst.shape[0] % split or (dst.value.type.swizzle and (dst.shape[0] // split) % 8)):
-        raise t.error(f"a multicast tile's rows are split over the cluster's {split} CTAs: {dst.shape[0]} rows "
+        raise t.error(f"a multicast tile's rows are split over the {split} CTAs it goes to: {dst.shape[0]} rows "
                       f"must divide into parts that are multiples of 8 rows", rule=Rule.CLUSTER)
     descriptor = tma_descriptor(t, src, dst.value.type, rows_split=split)
     starts = _coords(t, src, coords, "copy_async")
@@ -78,7 +85,8 @@ def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
         t.builder.add(ops.TmaLoadCollective(src.value, starts, dst.value, ref, descriptor, t.builder.loc))
     else:
         t.builder.add(ops.TmaLoad(src.value, starts, dst.value, ref, descriptor, t.builder.loc,
-                                  multicast=split if multicast else 0))
+                                  multicast=split if multicast else 0,
+                                  stride=None if axis is None else math.prod(t.cluster[:axis])))
 
 
 class BoundedRef(Traced):
