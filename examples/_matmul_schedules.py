@@ -9,7 +9,7 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
   k-iterations over every SM. With 16-bit weights and a few rows, also a GEMV on the CUDA cores (K-major
   weights M <= 4, N-major M <= 8).
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
-  two beside the data-parallel tiles, and smaller tiles (more tiles, smaller tail).
+  two beside the data-parallel tiles, smaller tiles (more tiles, smaller tail), and 192 x 192 ones.
 - fewer tiles than SMs with a long K: stream-K or split-K, split-K over clusters sharing A where the tiles are
   very few, or one wave of whole tiles.
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
@@ -156,9 +156,12 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
             [config(problem, 128, 128)] if big < 16 * sms else [])
     if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
+        # Or 192 x 192 tiles (three consumers): 2048 x 11008 x 4096 (B transposed, cuBLAS's tile there) ran
+        # 275.6 us against 280.3 for the best of the others (cuBLAS 269.8); 4096^3 209.1 against 193.4.
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
-                config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")]
+                config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b"),
+                config(problem, 192, 192)]
     if k_tiles >= 16 and m * n * problem.k >= SMALL_WORK:  # fewer tiles than SMs, K long enough to cut
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
         # their A tile, which halves the L2 traffic that limits this shape (57.9 us against 65.1 unshared; cuBLAS

@@ -3,7 +3,7 @@ and schedules for every shape: data-parallel tiles, stream-K (split-K is its spe
 
 Each CTA loops over work items. Warpgroup 0 is the producer: it streams A and B tiles into a ring of STAGES
 shared-memory slots with the TMA engine, running ahead into the next item while the consumers finish the
-current one. The other warpgroups are consumers, one per 64 rows of the tile (BM = 64 or 128): each multiplies
+current one. The other warpgroups are consumers, one per 64 rows of the tile (BM = 64, 128 or 192): each multiplies
 its rows of the A tile by the B tile on the tensor cores (wgmma), hands each slot back, and stores its rows of C.
 Ragged edges need no code: TMA reads zeros past the tensor's end and the final store is masked.
 Profiler spans (mgjit.trace) mark the producer's loads of each work item ("load tile") and each consumer's
@@ -277,7 +277,7 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     wg = mgjit.warpgroup_id()
     it = 0  # position in the slot ring, continued across work items
     if wg == 0:
-        if CONSUMERS == 2:  # three warpgroups share the register file: the producer needs few
+        if CONSUMERS > 1:  # the warpgroups share the register file: the producer needs few
             mgjit.set_max_registers(40, increase=False)
         for w in range(items):
             tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST)
@@ -294,8 +294,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                                      multicast=MULTICAST == "b")
                     it += 1
     else:
-        if CONSUMERS == 2:
-            mgjit.set_max_registers(232, increase=True)
+        if CONSUMERS > 1:  # 40 + 2 x 232 or 40 + 3 x 152 registers a thread fill its 512
+            mgjit.set_max_registers(232 if CONSUMERS == 2 else 152, increase=True)
         half = wg - 1
         for w in range(items):
             with mgjit.trace("tile"):  # one work item: a whole tile, or a stream-K range of one

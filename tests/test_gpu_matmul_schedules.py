@@ -36,7 +36,8 @@ SHAPES = [(1, 4096, 4096), (3, 4096, 4096), (16, 8192, 1024), (64, 1000, 2000), 
           (128, 8192, 8192)]
 CONFIGS = {
     "dp-128x256": dict(BM=128, BN=256), "dp-128x128": dict(BM=128, BN=128), "dp-64x128": dict(BM=64, BN=128),
-    "dp-64x32": dict(BM=64, BN=32),
+    "dp-64x32": dict(BM=64, BN=32), "dp-192x192": dict(BM=192, BN=192),
+    "multicast-b-192x128-stream-k": dict(BM=192, BN=128, STREAM_K=1, MULTICAST="b"),
     "stream-k-1": dict(BM=128, BN=256, STREAM_K=1), "stream-k-2": dict(BM=128, BN=128, STREAM_K=2),
     "stream-k-atomic": dict(BM=128, BN=128, STREAM_K=1, DETERMINISTIC=False),
     "split-k-4": dict(BM=128, BN=128, STREAM_K=1, SPLIT=4), "stream-k-m64": dict(BM=64, BN=256, STREAM_K=1),

@@ -87,6 +87,11 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "multicast-a-split-k-odd-n": (200, 300, 640, dict(BM=128, BN=128, MULTICAST="a", STREAM_K=1, SPLIT=4), 16, {}),
     "multicast-b-stream-k-atomic": (300, 136, 520, dict(BM=64, BN=64, MULTICAST="b", STREAM_K=1,
                                                         DETERMINISTIC=False), 8, {}),
+    # Three consumers (192-row tiles): 500 rows make 3 tiles, the last one cut by M; stream-K over clusters
+    # sharing B, a pair's second tile wholly past M
+    "bm192-odd": (500, 300, 136, dict(BM=192, BN=192), 3, {}),
+    "bm192-stream-k-multicast-b": (500, 136, 520, dict(BM=192, BN=128, STREAM_K=1, MULTICAST="b"), 8,
+                                   dict(a_layout="t")),
 }
 
 
