@@ -65,7 +65,7 @@ PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
 CHUNKS_PAST_THE_END = _rows.chunked(2, 1024, 6)
 
 
-@pytest.mark.parametrize("n", [3, 77, 300, 1100, 4097, 9000, 20000])
+@pytest.mark.parametrize("n", [3, 33, 77, 150, 300, 1100, 4097, 9000, 20000])
 def test_every_candidate_interpreted(n):
     x = torch.randn(5, n) * 3
     extra = {20000: [PAST_THE_END], 9000: [CHUNKS_PAST_THE_END]}.get(n, [])
@@ -215,6 +215,17 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name(monkeypatch):
     assert torch.allclose(y, torch.softmax(x[0], 1), rtol=1e-5, atol=1e-6)
 
 
+def test_short_rows_also_try_two_arrays_that_pad_less():
+    """Rows shorter than 256 columns that one power of two would pad by more than another array costs: also
+    held as two (each mapping's rows a power of two, as every held mapping's)."""
+    assert [_rows._two_parts(n) for n in (1, 2, 3, 7, 9, 33, 35, 63, 65, 100, 129, 192, 193, 255, 256, 300)] == [
+        (), (), (2, 1), (), (8, 1), (32, 1), (32, 4), (), (64, 1), (), (128, 1), (128, 64), (), (), (), ()]
+    for n in (3, 33, 150):
+        pairs = [c for c in _rows.candidates(n) if len(c.kwargs["PARTS"]) == 2]
+        assert pairs and all(c.kwargs["PARTS"] == _rows._two_parts(n) for c in pairs), n
+        assert all(c.kwargs["ROWS"] & (c.kwargs["ROWS"] - 1) == 0 for c in pairs), n
+
+
 def test_candidates_cover_every_length():
     """Held mappings cover the row; every row longer than 4096 columns can also stream (the mapping used before
     rows were split over clusters: the autotuner can always fall back to it) and be chunked (over a cluster
@@ -245,11 +256,14 @@ def test_candidates_cover_every_length():
 # From the PTX: rows of 4097 bf16 (every row starts 2 bytes further into a word) as one and as two
 # warpgroups, 9000-wide f16 rows over a cluster of 2, streamed and chunked in one CTA, 20000-wide bf16 rows
 # over 3 CTAs of 2 warpgroups and chunked over 2 CTAs (the second's last chunk crosses the row's end). Softmax
-# and cross-entropy; chunked rows all four kernels (layernorm masks the chunks that cross the row's end).
+# and cross-entropy; chunked rows all four kernels (layernorm masks the chunks that cross the row's end). Short
+# rows in two arrays (_rows._two_parts): 33 bf16 columns as 32 + 1 (rows starting 2 bytes into a word), 150 f16
+# as 128 + 32 (the second array crossing the row's end).
 SIMULATED = [(4097, BF16, _rows.candidates(4097)[0]), (4097, BF16, _rows.candidates(4097)[2]),
              (9000, torch.float16, _rows.candidates(9000)[0]), (9000, torch.float16, _rows.streaming()),
              (9000, torch.float16, _rows.chunkings(9000)[0]), (20000, BF16, _rows.candidates(20000)[3]),
-             (20000, BF16, _rows.chunkings(20000)[1])]
+             (20000, BF16, _rows.chunkings(20000)[1]), (33, BF16, _rows.hold(64, (32, 1))),
+             (150, torch.float16, _rows.hold(16, (128, 32)))]
 
 
 @pytest.mark.parametrize("n,dtype,config", SIMULATED, ids=lambda v: v.short() if isinstance(v, mgjit.Config) else str(v))
