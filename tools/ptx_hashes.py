@@ -166,8 +166,9 @@ def record(path: str, pytest_args: list[str]) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     recorder = Recorder()
     recorder.install()
-    status = pytest.main(["-q", "-p", "no:cacheprovider", "-m", "not gpu", str(ROOT / "tests"), *pytest_args],
-                         plugins=[Plugin(recorder)])
+    # In this process (-n 0 over pyproject's two workers): the recorder sees the compiles that happen here.
+    status = pytest.main(["-q", "-n", "0", "-p", "no:cacheprovider", "-m", "not gpu", str(ROOT / "tests"),
+                          *pytest_args], plugins=[Plugin(recorder)])
     _compile_examples(recorder)
     Path(path).write_text(json.dumps(recorder.records, indent=1, sort_keys=True) + "\n")
     print(f"{len(recorder.records)} compiles recorded in {path} (pytest exit {status})")
