@@ -426,7 +426,8 @@ def _interp_tma_load(op: TmaLoad, wg: Warpgroup) -> None:
     bar_cta = cluster.ctas[cta.rank & ~1] if collective else cta
     address, receivers = dst.offset, [cta]
     if op.multicast:
-        place, stride = (cta.rank, 1) if op.stride is None else (cta.rank // op.stride % op.multicast, op.stride)
+        stride = op.stride or 1  # the whole cluster: ranks 0 .. n-1
+        place = cta.rank // stride % op.multicast
         first_row = place * spec.box[0]
         coords[0] += first_row
         address += first_row * stored.dim0_bytes()
