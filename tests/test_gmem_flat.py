@@ -1,9 +1,13 @@
-"""Staged stores (`mgjit.store(x, index, value, staged=True)`, mgjit/ops/gmem_flat.py): a 2D window whose rows the
-layout gives each warp whole is staged through the warp's shared memory and each row stored as aligned 16-byte
-chunks. Checked on the CPU through tests/ptx_sim.py: the whole memory afterwards must be exactly the copy asked
-for (the window's elements inside the tensor, not one other byte), at every dtype width, rows starting anywhere in
-a chunk and strided, windows past the last row, before the first, starting inside the rows and narrower than them,
-and a store in a loop (the scratch reused)."""
+"""Staged loads and stores (`mgjit.load(x, index, staged=True)`, `mgjit.store(x, index, value, staged=True)`,
+mgjit/ops/gmem_flat.py): a 2D window of whole rows of a tensor whose rows lie one after another moves through shared
+memory as aligned 16-byte chunks; any other window goes through registers. Checked on the CPU through
+tests/ptx_sim.py: a store must leave the whole memory exactly the copy asked for (the window's elements inside the
+tensor, not one other byte), a load must read exactly the window (its fill outside the tensor), at every dtype width,
+rows starting anywhere in a chunk, windows past the last row, before the first and before the first column, and in a
+loop (the scratch reused); and which path ran: the run's chunks (a store reads them from shared memory, a load
+writes them there) or the registers, whose accesses are not the run's chunks (strided rows, a window narrower than
+the rows, or starting inside them)."""
+import collections
 import re
 import sys
 from pathlib import Path
@@ -16,7 +20,8 @@ from mgjit.ops.gmem_flat import warp_rows
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gmem_vectors import copy_window, expected_window, random_like, run_copy  # noqa: E402
+import ptx_sim  # noqa: E402
+from test_gmem_vectors import copy_window, expected_window, random_like  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -49,7 +54,28 @@ def private_cache(tmp_path_factory):
 
 
 def flat_ptx(compiled) -> bool:
-    return "ld.shared.v4.b32" in compiled.ptx and "bar.warp.sync" in compiled.ptx
+    """Whether the PTX holds a staged store's path (its run's chunks read back from shared memory)."""
+    return "ld.shared.v4.b32" in compiled.ptx
+
+
+def run_copy(kernel, grid, x_base, x, out_base, out, *scalars, **constexprs):
+    """Run a copy kernel on the simulator: (the out base it wrote, the compiled kernel, the opcodes it issued)."""
+    compiled = kernel.compile(x, out, *scalars, **constexprs, target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.counts = collections.Counter()
+    dev.place(x_base)
+    dev.place(out_base)
+    before = dev.mem.bytes.copy()
+    dev.run(compiled, grid, x, out, *scalars)
+    lo = dev.bases[1][1]
+    hi = lo + out_base.numel() * out_base.element_size()
+    after = dev.mem.bytes
+    assert (after[:lo] == before[:lo]).all() and (after[hi:] == before[hi:]).all(), "a byte outside `out` changed"
+    return dev.fetch(out_base), compiled, dev.counts
+
+
+def ran(counts, opcode: str) -> bool:
+    return counts.get(opcode, 0) > 0
 
 
 def test_warp_rows_hand_derived():
@@ -66,78 +92,84 @@ def test_warp_rows_hand_derived():
     assert warp_rows(blocked((1, 4096), mgjit.float32), (1, 4096)) is None
 
 
-# (dtype, rows, n, ROWS, COLS, r0s): contiguous rows of odd byte length; windows from row 0, mid-tensor, past the
-# end (the last program's rows partly outside) and one starting before row 0 (register stores).
+# (dtype, rows, n, ROWS, COLS, r0s): contiguous rows of odd byte length (and tiny ones); windows from row 0,
+# mid-tensor, past the end (the last program's rows partly outside) and starting before row 0.
 CASES = [
     (BF16, 70, 127, 16, 128, [0, 3, -2]),
     (BF16, 33, 255, 8, 256, [0, 5]),
+    (BF16, 300, 9, 64, 16, [0, 5, -3]),
     (torch.float32, 40, 125, 8, 128, [0, 1, -1]),
     (torch.int8, 50, 301, 16, 512, [0, 7]),
+    (torch.int8, 200, 3, 64, 4, [0, 1]),
     (torch.float64, 20, 33, 8, 64, [0, 1]),
     (torch.float16, 9, 1023, 8, 1024, [0, 2]),
 ]
+CASE_IDS = {"ids": lambda c: f"{c[0]}-{c[2]}-{c[3]}x{c[4]}"}
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}x{c[4]}")
-def test_flat_store_copies_exactly(case):
+@pytest.mark.parametrize("case", CASES, **CASE_IDS)
+def test_store_of_one_run_copies_exactly(case):
     dtype, rows, n, block_rows, cols, r0s = case
     x = random_like(torch.empty(rows, n, dtype=dtype))
     out = random_like(torch.empty(rows, n, dtype=dtype))
     grid = (-(-rows // block_rows) + 1, 1)
     for r0 in r0s:
-        got, compiled = run_copy(staged_window, grid, x, x, out, out, r0, 0, ROWS=block_rows, COLS=cols)
+        got, compiled, counts = run_copy(staged_window, grid, x, x, out, out, r0, 0, ROWS=block_rows, COLS=cols)
         want = expected_window(out, out, x, range(r0, r0 + block_rows * grid[0]), range(0, cols))
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"rows from {r0}"
-        assert flat_ptx(compiled)
+        assert ran(counts, "ld.shared.v4.b32"), "the run's chunks went out from shared memory"
     assert not flat_ptx(copy_window.compile(x, out, 0, 0, ROWS=block_rows, COLS=cols, target="sm_90a"))
 
 
-@pytest.mark.parametrize("c0,cols,pad", [(3, 128, 0), (-5, 128, 0), (0, 64, 0), (0, 128, 2), (7, 128, 3)],
-                         ids=["start-inside", "start-before", "narrower", "strided", "strided-inside"])
-def test_any_window_of_rows_is_staged_row_by_row(c0, cols, pad):
-    """Each row's run is its own: a window starting inside the rows or before them, one narrower than them, rows
-    apart from each other (stride n + pad) all stage, and copy exactly."""
+# Windows whose rows are not one run: starting inside the rows, before their first column and ending inside them,
+# narrower than the rows, rows apart from each other (stride n + pad).
+NOT_ONE_RUN = [(3, 128, 0), (-5, 128, 0), (0, 64, 0), (0, 128, 2), (7, 128, 3)]
+NOT_ONE_RUN_IDS = ["start-inside", "start-before", "narrower", "strided", "strided-inside"]
+
+
+@pytest.mark.parametrize("c0,cols,pad", NOT_ONE_RUN, ids=NOT_ONE_RUN_IDS)
+def test_store_of_other_windows_goes_through_registers(c0, cols, pad):
     base = random_like(torch.empty(60, 127 + pad, dtype=BF16))
     x = base[:, :127]
     out_base = random_like(torch.empty(60, 127 + pad, dtype=BF16))
     out = out_base[:, :127]
-    got, compiled = run_copy(staged_window, (5, 1), base, x, out_base, out, 0, c0, ROWS=16, COLS=cols)
+    got, compiled, counts = run_copy(staged_window, (5, 1), base, x, out_base, out, 0, c0, ROWS=16, COLS=cols)
     want = expected_window(out_base, out, x, range(0, 80), range(c0, c0 + cols))
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    assert flat_ptx(compiled)
+    assert flat_ptx(compiled) and not ran(counts, "ld.shared.v4.b32")
 
 
 @pytest.mark.parametrize("b0", [0, -1])
 def test_a_batch_index_before_the_rows(b0):
     """out[b, rows, cols] of a (3, 40, 127) tensor, b = b0 + program_id(1) over 4 programs: batches outside the
-    tensor (-1 or 3) store nothing, the others their window's rows."""
+    tensor (-1 or 3) store nothing, the others their window's rows (one run each)."""
     x = random_like(torch.empty(3, 40, 127, dtype=BF16))
     out = random_like(torch.empty(3, 40, 127, dtype=BF16))
-    got, compiled = run_copy(staged_batch, (3, 4), x, x, out, out, b0, ROWS=16, COLS=128)
+    got, compiled, counts = run_copy(staged_batch, (3, 4), x, x, out, out, b0, ROWS=16, COLS=128)
     want = out.clone()
     for b in range(b0, b0 + 4):
         if 0 <= b < 3:
             want[b] = x[b]
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    assert flat_ptx(compiled)
+    assert ran(counts, "ld.shared.v4.b32")
 
 
-@pytest.mark.parametrize("n", [127, 131, 201])
+@pytest.mark.parametrize("n", [127, 131, 9])
 def test_store_in_a_loop_reuses_its_scratch(n):
     x = random_like(torch.empty(64, n, dtype=BF16))
     out = torch.full_like(x, float("nan"))
-    compiled = scaled_rows.compile(x, out, ROWS=8, COLS=256, STEPS=4, target="sm_90a")
-    assert flat_ptx(compiled)
-    got, _ = run_copy(scaled_rows, (2,), x, x, out, out, ROWS=8, COLS=256, STEPS=4)
+    cols = 1 << (n - 1).bit_length()
+    got, compiled, counts = run_copy(scaled_rows, (2,), x, x, out, out, ROWS=8, COLS=cols, STEPS=4)
     assert torch.equal(got, (x.float() * 2).to(BF16))
-    # the loop's lanes meet before each store's puts (the last one's chunk reads), and after them
-    assert len(re.findall(r"bar\.warp\.sync", compiled.ptx)) >= 2
+    assert ran(counts, "ld.shared.v4.b32")
+    # the warpgroup meets before each store's puts (the last one's chunk reads), and after them
+    assert len(re.findall(r"bar\.sync", compiled.ptx)) >= 2
 
 
-def test_where_staging_cannot_pay_or_hold_register_stores_remain():
-    """Rows of 128 bf16 start on 16 bytes (plain 16-byte stores already), a row over the warpgroup (a warp holds
-    part of it), a window past FLAT_STORE_BYTES: staged=True keeps the register stores, no scratch."""
-    for shape, rows, cols in (((64, 128), 16, 128), ((4, 4097), 1, 4096), ((64, 4097), 4, 4096)):
+def test_where_staging_cannot_pay_register_stores_remain():
+    """Rows of 128 bf16 start on 16 bytes (plain 16-byte stores already) and a window past FLAT_STORE_BYTES:
+    staged=True keeps the register stores, no scratch."""
+    for shape, rows, cols in (((64, 128), 16, 128), ((64, 4097), 4, 4096)):
         x = torch.empty(shape, dtype=BF16)
         compiled = staged_window.compile(x, x, 0, 0, ROWS=rows, COLS=cols, target="sm_90a")
         assert not flat_ptx(compiled) and compiled.smem_bytes < 1024, (shape, rows, cols)
@@ -154,7 +186,7 @@ def test_staged_must_be_static():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}x{c[4]}")
+@pytest.mark.parametrize("case", CASES, **CASE_IDS)
 def test_flat_store_on_the_gpu(case):
     """On the GPU, fresh rows and a poisoned output: each case's windows copy exactly what they cover, in a grid
     of many programs (warps of different CTAs write neighbouring rows' partial chunks)."""
@@ -168,3 +200,4 @@ def test_flat_store_on_the_gpu(case):
         staged_window[(grid, 1)](x, out, r0, 0, ROWS=block_rows, COLS=cols)
         torch.cuda.synchronize()
         assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), f"rows from {r0}"
+

@@ -181,10 +181,13 @@ class Context:
         e = self.e
         return e.addi(e.i32(base), e.muli(self.wg_id, e.i32(nbytes)))
 
-    def warpgroup_barrier(self) -> None:
-        """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index)."""
+    def warpgroup_barrier(self, meet: bool = True) -> None:
+        """Synchronise the 128 threads of this warpgroup only (named barrier 1 + warpgroup index). meet=False: a
+        lowering's own scratch is ordered, and the tracking of the kernel's tiles left alone (it may stand in a
+        branch that other paths skip)."""
         self.e.asm_void("bar.sync $0, 128;", "r", [self.e.addi(self.wg_id, self.e.i32(1))])
-        self.met()
+        if meet:
+            self.met()
 
     def met(self) -> None:
         """The warpgroup met (a barrier of it, or of the CTA): no access before is unordered against one after."""

@@ -37,7 +37,7 @@ from ..lower.words import pack_words, unpack_words
 from ..specialize import TensorSpec
 from .control import For
 from .elementwise import Binary, Cast
-from .gmem_flat import FlatStage, flat_store_applies, warp_rows
+from .gmem_flat import stages, store_staged, warp_rows
 from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes, _store_shuffled_words,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits, lanes_along_rows, word_links)
@@ -464,82 +464,64 @@ def _store(op: Store, ctx: lower.Context) -> None:
     isz = dtype.itemsize
     unaligned = w > 1 and align < w * isz
     ragged = ref.spec.size_div < w  # a row may end inside an access
-    if op.staged and flat_store_applies(op.sizes, ref, layout, shape):
-        _store_staged(op, ctx, ref, frag, w, unaligned, unaligned or narrowed or ragged)
-        return
-    els = _element_addresses(ctx, op, ref, layout, shape, step=w)
-    primary = ctx.is_primary(layout)
-    assert len(els) == num_elems(layout, shape)
 
-    bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
-    # 16-bit words of rows that start inside a word, each warp holding whole rows (several a warp): the aligned word
-    # of a lane's second element and the next lane's first, joined by a shuffle, where two 2-byte halves went.
-    # Kernel alone, bf16, H200: softmax 255 (16 rows a program) 0.87 -> 0.93, 1023 (8) 0.91 -> 0.97; RMSNorm 255
-    # 0.87 -> 0.91, 1023 0.94 -> 0.96; layernorm 255 0.86 -> 0.88, 1023 0.83 -> 0.85; 127 unchanged (its words lie
-    # in the checked tail). A row spread over warps (one a CTA) lost: softmax 4097 0.91 -> 0.87, 8191 0.92 -> 0.86.
-    shuffled = (unaligned and w == isz == 2 and not layout.replicated and lanes_along_rows(layout, shape, w)
-                and warp_rows(layout, shape) is not None)
+    def registers() -> None:
+        els = _element_addresses(ctx, op, ref, layout, shape, step=w)
+        primary = ctx.is_primary(layout)
+        assert len(els) == num_elems(layout, shape)
 
-    def emit(checked: bool, accesses: Sequence[int]) -> list:
-        part = [el for i in accesses for el in els[i:i + w]]
-        values = [v for i in accesses for v in frag.elems[i:i + w]]
+        bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
+        # 16-bit words of rows that start inside a word, each warp holding whole rows (several a warp): the aligned
+        # word of a lane's second element and the next lane's first, joined by a shuffle, where two 2-byte halves
+        # went. Kernel alone, bf16, H200: softmax 255 (16 rows a program) 0.87 -> 0.93, 1023 (8) 0.91 -> 0.97;
+        # RMSNorm 255 0.87 -> 0.91, 1023 0.94 -> 0.96; layernorm 255 0.86 -> 0.88, 1023 0.83 -> 0.85; 127 unchanged
+        # (its words lie in the checked tail). A row spread over warps (one a CTA) lost: softmax 4097 0.91 -> 0.87,
+        # 8191 0.92 -> 0.86.
+        shuffled = (unaligned and w == isz == 2 and not layout.replicated and lanes_along_rows(layout, shape, w)
+                    and warp_rows(layout, shape) is not None)
 
-        def whole(el: _Element, words: list, pred) -> None:
-            if unaligned:
-                _store_unaligned_access(e, el, words, pred, isz, bases)
-            else:
-                _store_bytes(e, el.addr, pred, words, w * isz)
+        def emit(checked: bool, accesses: Sequence[int]) -> list:
+            part = [el for i in accesses for el in els[i:i + w]]
+            values = [v for i in accesses for v in frag.elems[i:i + w]]
 
-        if not checked and shuffled:
-            links = word_links(layout, shape, w, tuple(accesses))
-            _store_shuffled_words(ctx, part[::w], [pack_words(e, values[i:i + w], dtype)[0]
-                                                   for i in range(0, len(part), w)], links, bases)
-        elif not checked:  # these accesses' columns are inside the tensor: every access is whole
-            only = primary if layout.replicated else None
-            for i in range(0, len(part), w):
-                whole(part[i], pack_words(e, values[i:i + w], dtype), only)
-        elif unaligned and w * isz <= 4:
-            # An access of one shifted word is two 2-byte stores unless its row starts on a word: element by
-            # element, unbranched, with no fallback branch over all accesses (rows of 8193 bf16 split over 2 CTAs,
-            # the second's window crossing the row's end: softmax 0.65 -> 0.77 of copy bandwidth on the H100).
-            n = ref.sizes[-1]
-            for i in range(0, len(part), w):
-                _store_elementwise(e, part[i], _span(e, part[i], n), primary, pack_words(e, values[i:i + w], dtype),
-                                   w, isz)
-        elif unaligned or ragged:  # whole accesses as one, the others element by element
-            _store_whole_or_elementwise(ctx, ref, w, part, values, primary, whole)
-        else:  # every access is wholly inside a row or wholly outside
-            for i in range(0, len(part), w):
-                _store_access(ctx, part[i].addr, e.andi(part[i].inside, primary), values[i:i + w], dtype)
-        return []
+            def whole(el: _Element, words: list, pred) -> None:
+                if unaligned:
+                    _store_unaligned_access(e, el, words, pred, isz, bases)
+                else:
+                    _store_bytes(e, el.addr, pred, words, w * isz)
 
-    if unaligned or narrowed or ragged:  # bounds tests per word or element: skip them where the window is inside
-        _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
+            if not checked and shuffled:
+                links = word_links(layout, shape, w, tuple(accesses))
+                _store_shuffled_words(ctx, part[::w], [pack_words(e, values[i:i + w], dtype)[0]
+                                                       for i in range(0, len(part), w)], links, bases)
+            elif not checked:  # these accesses' columns are inside the tensor: every access is whole
+                only = primary if layout.replicated else None
+                for i in range(0, len(part), w):
+                    whole(part[i], pack_words(e, values[i:i + w], dtype), only)
+            elif unaligned and w * isz <= 4:
+                # An access of one shifted word is two 2-byte stores unless its row starts on a word: element by
+                # element, unbranched, with no fallback branch over all accesses (rows of 8193 bf16 split over 2
+                # CTAs, the second's window crossing the row's end: softmax 0.65 -> 0.77 of copy bandwidth, H100).
+                n = ref.sizes[-1]
+                for i in range(0, len(part), w):
+                    _store_elementwise(e, part[i], _span(e, part[i], n), primary,
+                                       pack_words(e, values[i:i + w], dtype), w, isz)
+            elif unaligned or ragged:  # whole accesses as one, the others element by element
+                _store_whole_or_elementwise(ctx, ref, w, part, values, primary, whole)
+            else:  # every access is wholly inside a row or wholly outside
+                for i in range(0, len(part), w):
+                    _store_access(ctx, part[i].addr, e.andi(part[i].inside, primary), values[i:i + w], dtype)
+            return []
+
+        if unaligned or narrowed or ragged:  # bounds tests per word or element: skipped where the window is inside
+            _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
+        else:
+            emit(True, range(0, len(els), w))
+
+    if op.staged and stages(op.sizes, ref, layout, shape):
+        store_staged(ctx, op, ref, frag, _element_addresses(ctx, op, ref, layout, shape), registers)
     else:
-        emit(True, range(0, len(els), w))
-
-
-def _store_staged(op: Store, ctx: lower.Context, ref: LoweredRef, frag: lower.Frag, w: int, unaligned: bool,
-                  checks: bool) -> None:
-    """A staged store (ops/gmem_flat.py): the register paths' bounds tests (`checks`: per word or element, skipped
-    where the window is inside), each access of `w` elements put into the scratch."""
-    layout, shape = frag.layout, frag.shape
-    stage = FlatStage(ctx, op, op.sizes, ref, [ctx.get(s) for s in op.starts], layout, shape)
-    every = _element_addresses(ctx, op, ref, layout, shape)
-    as_words = not unaligned and w * ref.dtype.itemsize >= 4  # an access aligned to its bytes: its words as one
-
-    def put(checked: bool, accesses: Sequence[int]) -> list:
-        step = w if as_words and not checked else 1
-        for i in accesses:
-            for j in range(i, i + w, step):
-                stage.put(j, frag.elems[j:j + step], every[j].inside if checked else None)
-        return []
-
-    if checks:
-        _inside_or_checked(ctx, op, ref, layout, shape, w, put, [])
-    else:
-        put(True, range(0, len(every), w))
-    stage.write_out()
+        registers()
 
 
 # ---------------------------------------------------------------------------------------------- interpreter

@@ -1,45 +1,46 @@
-"""Staged stores (`mgjit.store(x, index, value, staged=True)`): a 2D GMEM window store whose rows the layout
-gives each warp whole is staged through shared memory and each row written out as aligned 16-byte chunks.
+"""Staged stores (`mgjit.store(x, index, value, staged=True)`): a 2D GMEM window store of whole rows of a tensor
+whose rows lie one after another goes out through shared memory as aligned 16-byte chunks.
 
 A row that does not start on 16 bytes (bf16 rows of 127, 255) is stored from registers in accesses that straddle
 the L2's 32-byte sectors, where it starts inside a 32-bit word in 2-byte halves, and past 7/8 of a window's
 columns element by element. ncu (H200, softmax over bf16 rows of 127, 16 rows a program): 9.5 M L2 write sectors
-and 3.8 M write requests where rows of 128 take 6.3 M and 1.6 M, the L2 at 0.94 of its peak. A window's columns
-inside the tensor are one run of bytes in each of its rows, wherever the row starts and whatever the row stride.
-Each lane puts its elements into the scratch, a slot a window row, at their byte offset from the row's run's first
-16-byte boundary; the warp's lanes meet (bar.warp.sync); then they store the warp's rows' chunks: whole chunks one
-st.global.v4 each, a run's partial first and last chunks element by element.
+and 3.8 M write requests where rows of 128 take 6.3 M and 1.6 M, the L2 at 0.94 of its peak. Where the tensor's row
+stride is its row length and the window's columns cover every column, the window's rows inside the tensor are one
+run of bytes (`RowsRun`), however short the rows: each thread puts its elements inside the tensor into a scratch
+holding the run from its first chunk's boundary, the warpgroup meets (bar.sync of its 128 threads), and the
+run goes out, its whole chunks one st.global.v4 each (thread t the t-th of every 128), its partial first and last
+chunks element by element. Whether the rows are one run is known at run time only (strides are not specialized):
+elsewhere the same store goes out from registers, behind one branch that every thread takes alike.
 
 Whether it pays depends on what hides the staging's round trip, so it is asked for, not chosen here: the row
-examples offer it as a mapping the tuner weighs (examples/_rows.py `staging`). Kernel alone, bf16, H200: softmax
-over 16 rows of 255 a program 0.87 -> 0.92 of copy bandwidth, 8 of 511 0.93 -> 0.96, RMSNorm 8 of 511 0.89 ->
-0.92; but softmax 16 rows of 127 0.83 -> 0.70 (its instructions an element 25.6 -> 34.7: four runs a warp, each
-with its partial chunks, for 4 elements a lane a row), 8 of 1023 0.90 -> 0.86 (4 CTAs an SM, 109 -> 127 registers),
-and layernorm slower at every length (0.76 -> 0.66 at 127, 0.83 -> 0.77 at 1023). Staged over the whole warpgroup
-instead (one run of whole rows, a bar.sync between the puts and the chunks): 255 0.97, 511 0.99, but 1023 0.84 and a
-row of 4097 a CTA 0.92 -> 0.81, the warpgroup waiting for its slowest warp while nothing of it is in flight; so only
-a warp's lanes meet, and a row spread over warps keeps the register stores. A layout with a row's lanes only as far
-as a 32-byte sector (fewer shuffles a reduction, ops/gmem.py NARROW_THREAD_ROWS) staged too: softmax 127 0.79,
-255 0.90, no better.
+examples offer it as a mapping the tuner weighs (examples/_rows.py `staging`). Kernel alone, bf16, H200, softmax:
+16 rows of 255 a program 0.92 -> 0.93 of copy bandwidth, 16 of 127 0.83 -> 0.82. Each warp's rows staged as runs of
+their own, row by row (the thirteenth to thirty-third sessions), had run 0.92 and 0.70 there, rows of 9 (64 runs a
+warp, a chunk and a piece each) at 199 PTX instructions an element. Staged loads were built the same way and
+measured (the thirty-fourth session): a plain copy of bf16 rows of 9, 16 columns held, ran 0.72 of copy bandwidth
+through registers and 0.44 loaded staged; softmax over them 0.52 and 0.41; not kept. The warpgroup's meeting costs
+where a program's few rows leave nothing else of it in flight (the thirtieth session, one run a warpgroup: 8 rows of
+1023 a program 0.84, a row of 4097 a CTA 0.92 -> 0.81), hence a tuner's candidate, not a default.
 
 Applies where the launch does not prove rows 16-byte aligned (where it does, the registers' accesses are 16-byte
 vectors already) to windows of at most FLAT_STORE_BYTES of two dimensions (after single indices: `out[b, rows,
-cols]`) whose layout gives each warp whole rows (`warp_rows`); elsewhere staged=True stores from registers.
+cols]`); elsewhere staged=True stores from registers. `warp_rows` (how a layout's warps hold an array's rows) serves
+ops/gmem.py's stores of shifted words too.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .. import ir, lower
-from ..layouts import LANES_PER_WARP, WARPS_PER_WARPGROUP, Layout, TiledLayout
+from ..layouts import LANES_PER_WARP, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Layout, TiledLayout
 from ..lower.context import LoweredRef, element_offsets
 from .control import in_loop
-from .gmem_access import _store_bytes
+from .gmem_access import _all, _not, _store_bytes
 from .smem import shared_address, store_shared
 
-FLAT_STORE_BYTES = 16 << 10  # the most bytes of a window a flat store stages
+FLAT_STORE_BYTES = 16 << 10  # the most bytes of a window staged
 CHUNK = 16  # bytes of one st.global.v4
 
 
@@ -92,142 +93,115 @@ def warp_rows(layout: TiledLayout, shape: tuple[int, ...]) -> WarpRows | None:
     return shape_
 
 
-def flat_store_applies(sizes: tuple[int, ...], ref: LoweredRef, layout: Layout, shape: tuple[int, ...]) -> bool:
-    """Whether a store of an array of `shape` in `layout` into a window of `sizes` of `ref` is staged (see the
-    module): the window's last two dimensions the array's, any before them single indices (a batch's row block)."""
+def stages(sizes: tuple[int, ...], ref: LoweredRef, layout: Layout, shape: tuple[int, ...]) -> bool:
+    """Whether a store of an array of `shape` in `layout` into a window of `sizes` of `ref` is staged where its rows
+    are one run (see the module): the window's last two dimensions the array's, any before them single indices (a
+    batch's row block), rows the launch does not prove 16-byte aligned, at most FLAT_STORE_BYTES."""
     spec = ref.spec
     return (len(sizes) >= 2 and tuple(sizes[-2:]) == shape and all(n == 1 for n in sizes[:-2])
             and isinstance(layout, TiledLayout)
-            and spec.unit_stride and spec.align < CHUNK and math.prod(sizes) * ref.dtype.itemsize <= FLAT_STORE_BYTES
-            and warp_rows(layout, shape) is not None)
+            and spec.unit_stride and spec.align < CHUNK and math.prod(sizes) * ref.dtype.itemsize <= FLAT_STORE_BYTES)
 
 
-def _sync_warp(e) -> None:
-    e.asm_void("bar.warp.sync -1;", "", [])
+def _plane(e, ref: LoweredRef, starts: list) -> tuple[Any, Any]:
+    """(i64 address, i1): where the plane a window's leading indices pick starts, and whether they lie inside the
+    tensor."""
+    base, inside = ref.ptr, e.const_bool(True)
+    for start, n, stride in zip(starts[:-2], ref.sizes[:-2], ref.strides[:-2]):
+        base = e.addi(base, e.muli(e.ext_i64(start), e.muli(stride, e.i64(ref.dtype.itemsize))))
+        inside = e.andi(inside, e.cmpi("ult", start, n))
+    return base, inside
 
 
-class FlatStage:
-    """A flat store's scratch: a slot for each row of the window, which only the warp holding the row writes and
-    reads. `put` stages an element (or an aligned access of them) at its byte offset from its row's run's first
-    16-byte boundary, `write_out` stores the runs' chunks. Per row a thread holds, only 32-bit values stay live
-    across the puts."""
+class RowsRun:
+    """A 2D window's rows as one run of bytes. Where a tensor's rows lie one after another (its row stride its row
+    length) and a window's columns cover all of theirs, the window's rows inside the tensor are one run, which
+    16-byte chunks move whole however short the rows are (bf16 rows of 9 columns are 18 bytes: staged row by row,
+    a chunk and a piece each). `applies` (i1, alike in every thread) says whether they are at run time; a scratch
+    holding the run from its first chunk's boundary holds window element (w, c) at `address`."""
 
-    def __init__(self, ctx: lower.Context, op: ir.Op, sizes: tuple[int, ...], ref: LoweredRef, starts: list,
-                 layout: TiledLayout, shape: tuple[int, ...]) -> None:
+    def __init__(self, ctx: lower.Context, ref: LoweredRef, sizes: tuple[int, ...], starts: list, base, inside):
         e = self.e = ctx.e
-        self.ctx, self.ref = ctx, ref
-        self.rows = warp_rows(layout, shape)
         isz = self.isz = ref.dtype.itemsize
-        self.slot = -(-(sizes[-1] * isz + CHUNK - 1) // CHUNK) * CHUNK  # the most bytes a row's run's chunks span
-        self.scratch = shared_address(ctx, ctx.alloc_smem(sizes[-2] * self.slot, CHUNK))
-        # The window's leading indices: where its plane starts, and whether it lies inside the tensor.
-        self.base, self.inside = ref.ptr, e.const_bool(True)
-        for start, n, stride in zip(starts[:-2], ref.sizes[:-2], ref.strides[:-2]):
-            self.base = e.addi(self.base, e.muli(e.ext_i64(start), e.muli(stride, e.i64(isz))))
-            self.inside = e.andi(self.inside, e.cmpi("ult", start, n))
-        # A row's run: its columns from max(c0, 0) to min(c0 + width, n), none where the row is outside the tensor.
-        self.r0, c0 = starts[-2:]
-        self.rows_n = ref.sizes[-2]
-        self.lo = e.m.arith.maxsi(c0, e.i32(0))
-        self.count = e.m.arith.maxsi(
-            e.subi(e.m.arith.minsi(e.addi(c0, e.i32(sizes[-1])), ref.sizes[-1]), self.lo), e.i32(0))
-        self.row_bytes = e.muli(ref.strides[-2], e.i64(isz))
-        # The low bits of window row w's run's start: base + (r0 + w) * row_bytes + lo * isz, in 32 bits.
-        self.lo32 = e.addi(e.trunc(self.base, 32), e.muli(self.lo, e.i32(isz)))
-        self.row_bytes32 = e.trunc(self.row_bytes, 32)
-        # element (w, c) sits at slot w + skew + (c - lo) * isz: from the thread's row and column
-        thread_row, thread_col = ctx.thread_index(layout, shape)
-        column_bytes = e.muli(e.subi(e.addi(c0, thread_col), self.lo), e.i32(isz))
-        self.offsets = element_offsets(layout, shape)
-        self.put_bases = {}  # a held element's row offset -> the address its column's bytes add to
-        for r in sorted({off[0] for off in self.offsets}):
-            w = e.addi(thread_row, e.i32(r))
-            self.put_bases[r] = e.addi(self._slot(w), e.addi(self._skew(w), column_bytes))
-        if in_loop(ctx.kernel, op):
-            _sync_warp(e)  # the lanes' earlier reads of the scratch are done
+        self.r0, self.c0 = starts[-2:]
+        rows, self.n = ref.sizes[-2:]
+        self.applies = _all(e, [inside, e.cmpi("eq", ref.strides[-2], e.ext_i64(self.n)), e.cmpi("sle", self.c0,
+                                e.i32(0)), e.cmpi("sge", e.addi(self.c0, e.i32(sizes[-1])), self.n)])
+        first = e.m.arith.maxsi(self.r0, e.i32(0))
+        count = e.m.arith.maxsi(e.subi(e.m.arith.minsi(e.addi(self.r0, e.i32(sizes[-2])), rows), first), e.i32(0))
+        start = e.addi(base, e.muli(e.ext_i64(first), e.muli(e.ext_i64(self.n), e.i64(isz))))
+        length = e.muli(e.muli(count, self.n), e.i32(isz))  # at most FLAT_STORE_BYTES
+        self.boundary = e.andi(start, e.i64(-CHUNK))
+        self.skew = e.andi(e.trunc(start, 32), e.i32(CHUNK - 1))
+        self.end = e.addi(start, e.ext_i64(length))
+        past = e.addi(self.skew, length)
+        self.head = e.zext(e.cmpi("ne", self.skew, e.i32(0)), 32)  # the first chunk is partial
+        self.last = e.m.arith.shrui(past, e.i32(4))  # the chunk holding the run's end
+        self.max_chunks = -(-(math.prod(sizes[-2:]) * isz + CHUNK - 1) // CHUNK)
+        self.origin = e.subi(e.trunc(base, 32), e.trunc(self.boundary, 32))  # the plane's start past the boundary
 
-    def _slot(self, w) -> Any:
-        return self.e.addi(self.scratch, self.e.muli(w, self.e.i32(self.slot)))
-
-    def _skew(self, w) -> Any:
-        """The byte window row w's run starts at past its 16-byte boundary."""
+    def address(self, scratch, w, c) -> Any:
+        """The shared address of window element (w, c) (i32 indices into the window) in `scratch`: its byte in the
+        plane less the run's first boundary, in 32 bits (wrapping as the 64-bit address does)."""
         e = self.e
-        return e.andi(e.addi(self.lo32, e.muli(e.addi(self.r0, w), self.row_bytes32)), e.i32(CHUNK - 1))
+        index = e.addi(e.muli(e.addi(self.r0, w), self.n), e.addi(self.c0, c))
+        return e.addi(e.addi(scratch, self.origin), e.muli(index, e.i32(self.isz)))
 
-    def _warp_row(self, j) -> Any:
-        """This warp's j-th window row (j an int, or an i32)."""
-        e, rows = self.e, self.rows
-        if isinstance(j, int):
-            rel = e.i32(rows.row(j))
-        else:
-            within = e.muli(e.andi(j, e.i32(rows.run - 1)), e.i32(rows.run_step))
-            blocks = e.muli(e.m.arith.shrui(j, e.i32(rows.run.bit_length() - 1)), e.i32(rows.block_step))
-            rel = e.addi(e.i32(rows.first), e.addi(within, blocks))
-        return e.addi(rel, e.muli(self.ctx.warp, e.i32(rows.warp_step)))
 
-    def put(self, i: int, elems: list, pred) -> None:
-        """Frag elements i, i + 1, ... (consecutive in a row; several only where their access is aligned to its
-        bytes), where `pred` holds (None: always)."""
-        e = self.e
-        addr = e.addi(self.put_bases[self.offsets[i][0]], e.i32(self.offsets[i][1] * self.isz))
-        store_shared(e, addr, elems, self.ref.dtype, pred)
+def store_staged(ctx: lower.Context, op: ir.Op, ref: LoweredRef, frag: lower.Frag, els: list,
+                 registers: Callable[[], None]) -> None:
+    """A staged store (`mgjit.store(x, index, value, staged=True)`): where the window's rows are one run
+    (`RowsRun`), each thread puts its elements inside the tensor (`els`, ops/gmem.py's element addresses) into a
+    scratch at their byte past the run's first chunk boundary, the warpgroup meets, and the run goes out from
+    the scratch; elsewhere `registers()` stores."""
+    e = ctx.e
+    starts = [ctx.get(s) for s in op.starts]
+    run = RowsRun(ctx, ref, op.sizes, starts, *_plane(e, ref, starts))
+    scratch = shared_address(ctx, ctx.alloc_smem(run.max_chunks * CHUNK, CHUNK))
+    if in_loop(ctx.kernel, op):
+        ctx.warpgroup_barrier(meet=False)  # every thread's earlier reads of the scratch are done
+    e.only_if(run.applies, lambda: _put(ctx, run, scratch, frag, els))
+    ctx.warpgroup_barrier(meet=False)
+    e.only_if(run.applies, lambda: _write_out(ctx, run, scratch, ref.dtype.itemsize))
+    e.only_if(_not(e, run.applies), registers)
 
-    def _run(self, w, skew) -> tuple[Any, Any, Any]:
-        """Window row w's run: (its first byte's 16-byte boundary, i64; the chunk holding its end, i32; its end,
-        i64)."""
-        e = self.e
-        r = e.addi(self.r0, w)
-        lo_bytes = e.ext_i64(e.muli(self.lo, e.i32(self.isz)))
-        start = e.addi(e.addi(self.base, e.muli(e.ext_i64(r), self.row_bytes)), lo_bytes)
-        inside = e.andi(self.inside, e.cmpi("ult", r, self.rows_n))
-        length = e.select(inside, e.muli(self.count, e.i32(self.isz)), e.i32(0))
-        last = e.m.arith.shrui(e.addi(skew, length), e.i32(4))
-        return e.andi(start, e.i64(-CHUNK)), last, e.addi(start, e.ext_i64(length))
 
-    def write_out(self) -> None:
-        """After the lanes' `put`s: each of the warp's rows' runs from its slot to memory, its whole chunks (from
-        the first if the run starts on 16 bytes, else the second, to the last before its end's boundary) one
-        st.global.v4 each, lane l the l-th of every 32; then its partial first and last chunks element by element,
-        from lanes 2j and 2j + 1 for the warp's j-th row (lanes l and l + 1 of every 32 rows over 16 rows a warp)."""
-        e, ctx = self.e, self.ctx
-        _sync_warp(e)
-        lane_bytes = e.muli(ctx.lane, e.i32(CHUNK))
-        for j in range(self.rows.rows_held):
-            w = self._warp_row(j)
-            skew = self._skew(w)
-            boundary, last, _ = self._run(w, skew)
-            head = e.zext(e.cmpi("ne", skew, e.i32(0)), 32)  # the first chunk is partial
-            slot = e.addi(self._slot(w), lane_bytes)
-            at = e.addi(boundary, e.ext_i64(lane_bytes))
-            for k0 in range(0, self.slot // CHUNK, LANES_PER_WARP):
-                k = e.addi(ctx.lane, e.i32(k0))
-                whole = e.andi(e.cmpi("uge", k, head), e.cmpi("ult", k, last))
-                words = self._read_chunk(e.addi(slot, e.i32(k0 * CHUNK)), whole)
-                _store_bytes(e, e.addi(at, e.i64(k0 * CHUNK)), whole, words, CHUNK)
-        for j0 in range(0, self.rows.rows_held, LANES_PER_WARP // 2):
-            j = e.addi(e.m.arith.shrui(ctx.lane, e.i32(1)), e.i32(j0))
-            e.only_if(e.cmpi("ult", j, e.i32(self.rows.rows_held)), lambda j=j: self._partial(self._warp_row(j)))
+def _put(ctx: lower.Context, run: RowsRun, scratch, frag: lower.Frag, els: list) -> None:
+    """Each element inside the tensor into the scratch at its place in the run, element by element."""
+    e = ctx.e
+    thread_row, thread_col = ctx.thread_index(frag.layout, frag.shape)
+    rows: dict[int, Any] = {}  # a held row's offset -> the address of the thread's column 0 of it
+    for (r, c), value, el in zip(element_offsets(frag.layout, frag.shape), frag.elems, els):
+        if r not in rows:
+            rows[r] = run.address(scratch, e.addi(thread_row, e.i32(r)), thread_col)
+        store_shared(e, e.addi(rows[r], e.i32(c * run.isz)), [value], frag.dtype, el.inside)
 
-    def _partial(self, w) -> None:
-        """Window row w's partial first chunk (even lanes, where it is partial) or partial last chunk (odd lanes,
-        unless that is the first, partial at both ends, which the even lane takes), element by element."""
-        e = self.e
-        skew = self._skew(w)
-        boundary, last, end = self._run(w, skew)
-        head = e.cmpi("ne", skew, e.i32(0))
-        at_head = e.cmpi("eq", e.andi(self.ctx.lane, e.i32(1)), e.i32(0))
-        tail = e.cmpi("ne", e.andi(end, e.i64(CHUNK - 1)), e.i64(0))
-        apart = e.ori(e.cmpi("ugt", last, e.i32(0)), e.cmpi("eq", head, e.const_bool(False)))
-        takes = e.select(at_head, head, e.andi(tail, apart))
-        offset = e.select(at_head, e.i32(0), e.muli(last, e.i32(CHUNK)))
-        words = self._read_chunk(e.addi(self._slot(w), offset), takes)
-        start = e.addi(boundary, e.ext_i64(skew))
-        _store_chunk_elements(e, e.addi(boundary, e.ext_i64(offset)), words, takes, start, end, self.isz)
 
-    def _read_chunk(self, addr, pred) -> list:
-        e = self.e
-        return e.asm("@$4 ld.shared.v4.b32 {$0, $1, $2, $3}, [$5];", "=r,=r,=r,=r,b,r", [pred, addr],
-                     [e.int_type(32)] * 4, side_effects=True)
+def _write_out(ctx: lower.Context, run: RowsRun, scratch, isz: int) -> None:
+    """The run from the scratch: its whole chunks from thread t the t-th of every 128, one st.global.v4 each; its
+    partial first chunk from thread 0 and partial last from thread 1 (the first, where it is partial at both ends),
+    element by element."""
+    e = ctx.e
+    for k0 in range(0, run.max_chunks, THREADS_PER_WARPGROUP):
+        k = e.addi(ctx.wg_tid, e.i32(k0))
+        whole = e.andi(e.cmpi("uge", k, run.head), e.cmpi("ult", k, run.last))
+        at = e.muli(k, e.i32(CHUNK))
+        _store_bytes(e, e.addi(run.boundary, e.ext_i64(at)), whole, _read_chunk(e, e.addi(scratch, at), whole), CHUNK)
+    at_head = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    head = e.cmpi("ne", run.skew, e.i32(0))
+    tail = e.cmpi("ne", e.andi(run.end, e.i64(CHUNK - 1)), e.i64(0))
+    apart = e.ori(e.cmpi("ugt", run.last, e.i32(0)), _not(e, head))
+    takes = e.andi(e.cmpi("ult", ctx.wg_tid, e.i32(2)), e.select(at_head, head, e.andi(tail, apart)))
+    offset = e.select(at_head, e.i32(0), e.muli(run.last, e.i32(CHUNK)))
+    words = _read_chunk(e, e.addi(scratch, offset), takes)
+    start = e.addi(run.boundary, e.ext_i64(run.skew))
+    _store_chunk_elements(e, e.addi(run.boundary, e.ext_i64(offset)), words, takes, start, run.end, isz)
+
+
+def _read_chunk(e, addr, pred) -> list:
+    """The 16 bytes at shared-window address addr (16-byte aligned) as 4 words, where pred holds."""
+    return e.asm("@$4 ld.shared.v4.b32 {$0, $1, $2, $3}, [$5];", "=r,=r,=r,=r,b,r", [pred, addr],
+                 [e.int_type(32)] * 4, side_effects=True)
 
 
 def _store_chunk_elements(e, at, words: list, pred, start, end, isz: int) -> None:
