@@ -162,13 +162,13 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
 
 def staging(configs: Sequence[mgjit.Config], n: int) -> tuple[mgjit.Config, ...]:
     """`configs`, then, where rows of n 16-bit elements do not start on 16 bytes, their held mappings of four or
-    more rows (each warp holding whole rows) again with staged stores (STAGED=1: `mgjit.store(..., staged=True)`,
-    mgjit/ops/gmem_flat.py), each row stored as aligned 16-byte chunks from shared memory where it went in
-    accesses straddling the L2's sectors. It pays where a warp's rows give each lane enough elements and CTAs an
-    SM hide the staging's round trip: kernel alone, bf16, H200, softmax 255 (16 rows) 0.87 -> 0.92, 511 (8) 0.93
-    -> 0.96, rmsnorm 511 0.89 -> 0.92; not at 127 (0.83 -> 0.70) or 1023 (0.90 -> 0.86, 4 CTAs an SM), nor for
-    layernorm (0.76 -> 0.66 at 127, 0.83 -> 0.77 at 1023), which keeps its register stores. Tuned (the tuner
-    picks): softmax 255 0.87 -> 0.92, 511 0.93 -> 0.97; RMSNorm keeps its register stores at 127 to 2047."""
+    more rows again with staged stores (STAGED=1: `mgjit.store(..., staged=True)`, mgjit/ops/gmem_flat.py): a
+    program's rows, one run of bytes in a contiguous tensor, stored as aligned 16-byte chunks from shared memory
+    where they went in accesses straddling the L2's sectors. A held array of short rows stored only staged also
+    loads in 16-byte vectors, a row's elements in one or two threads (ops/gmem.py SHORT_ROW_BYTES). Tuned, bf16,
+    H200 (the tuner picks): softmax 5 0.60 -> 0.67 of copy bandwidth, 9 0.52 -> 0.59, 17 0.50 -> 0.56, 255 0.92 ->
+    0.93 (measured in one call: the register stores at 255 ran 0.92, staged 0.93); RMSNorm 9 0.54 -> 0.62, 127
+    0.82 -> 0.84 (kernel alone). Layernorm keeps its register stores (255: 0.86 against 0.72 staged)."""
     twins = tuple(c.replace(STAGED=1) for c in configs
                   if n % 8 and c.kwargs["ROWS"] >= 4 and not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == 1
                   and c.kwargs["WGS"] == 1 and not c.kwargs.get("PIPE"))

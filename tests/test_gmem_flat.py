@@ -175,6 +175,29 @@ def test_where_staging_cannot_pay_register_stores_remain():
         assert not flat_ptx(compiled) and compiled.smem_bytes < 1024, (shape, rows, cols)
 
 
+@mgjit.kernel
+def short_rows(x, out, rowmax, COLS: mgjit.constexpr, STORE: mgjit.constexpr):
+    """Rows' maxima of a window of COLS columns; STORE 1: the rows stored too, from registers; 2: staged."""
+    w = (mgjit.ds(0, 64), mgjit.ds(0, COLS))
+    v = mgjit.load(x, w, other=-1.0)
+    rowmax[mgjit.ds(0, 64)] = v.astype(mgjit.float32).max(axis=1)
+    if STORE:
+        mgjit.store(out, w, v, staged=STORE == 2)
+
+
+@pytest.mark.parametrize("cols,store,vector", [(16, 0, 8), (32, 2, 8), (16, 1, 2), (64, 0, 2)],
+                         ids=["reduced", "staged", "stored", "wider"])
+def test_short_rows_not_stored_from_registers_load_16_byte_vectors(cols, store, vector):
+    """bf16 rows of 9 or 17 (not 16-byte aligned) in windows of 16 or 32 columns (at most SHORT_ROW_BYTES): a
+    thread holds 8 columns (16 bytes) of a row where no array of their shape is stored, or only staged; where
+    one is stored from registers, or a row is 64 columns wide, 2 (the 4-byte accesses that keep a warp's lanes
+    on contiguous bytes)."""
+    x = torch.empty(64, cols // 2 + 1, dtype=BF16)
+    compiled = short_rows.compile(x, x, torch.empty(64), COLS=cols, STORE=store, target="sm_90a")
+    (load,) = [line for line in compiled.ir.splitlines() if " = load " in line]
+    assert f")({vector}))" in load, load
+
+
 def test_staged_must_be_static():
     @mgjit.kernel
     def dynamic(x, out, s):

@@ -75,7 +75,7 @@ def test_cross_entropy(n, dtype):
 
 # Each candidate mapping forced: rows per program (short rows also in two arrays: 33 as 32 + 1, 150 as 128 + 32),
 # two warpgroups, segments over clusters of several shapes.
-FORCED = [(33, torch.bfloat16), (77, torch.bfloat16), (150, torch.float16), (4097, torch.bfloat16), (5000, torch.float16), (9000, torch.float32),
+FORCED = [(3, torch.float16), (9, torch.bfloat16), (33, torch.bfloat16), (77, torch.bfloat16), (150, torch.float16), (4097, torch.bfloat16), (5000, torch.float16), (9000, torch.float32),
           (32000, torch.bfloat16), (100003, torch.float32), (262144, torch.bfloat16)]
 
 
@@ -102,8 +102,8 @@ def test_every_candidate_mapping(n, dtype):
         assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5, config
 
 
-@pytest.mark.parametrize("n,dtype", [(77, torch.bfloat16), (255, torch.float16), (511, torch.float32),
-                                     (1023, torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("n,dtype", [(9, torch.bfloat16), (33, torch.float16), (77, torch.bfloat16),
+                                     (255, torch.float16), (511, torch.float32), (1023, torch.bfloat16)], ids=str)
 def test_every_staged_mapping(n, dtype):
     """Softmax's and RMSNorm's mappings with staged stores (_rows.staging), persistent ones too, on 333 rows
     (the last program's rows partly past the end) against torch, outputs poisoned."""

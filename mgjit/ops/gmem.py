@@ -147,6 +147,14 @@ NARROW_ROWS_PER_WARP = 2
 # warp's lanes along them: rows of odd length are not 32-byte aligned, so a store of 32 or 64 bytes a row
 # straddles sectors (softmax 127 0.77 -> 0.49, 255 0.87 -> 0.75; rmsnorm 127 0.82 -> 0.50).
 NARROW_THREAD_ROWS = 2
+# Where a row is at most this many bytes wide and no array of the rows' shape is stored from registers (none is
+# stored, or only staged: ops/gmem_flat.py), a lane holds a row's elements whole, up to 16 bytes an access (shifted
+# into place where rows start inside a word): a row's reduction takes no shuffle, or one or two. H200, kernel alone,
+# bf16 cross-entropy, the rows held as two arrays: 5 columns (4 + 1) 0.65 -> 0.83 of copy bandwidth, 9 (8 + 1)
+# 0.50 -> 0.83, 33 (32 + 1) 0.58 -> 0.61 (PTX instructions an element at 9: 35.3 -> 13.4). Rows stored from
+# registers keep the narrowed accesses: a plain copy of bf16 rows of 9 (16 columns held) ran 0.72 in them, 0.44 in
+# 16-byte ones.
+SHORT_ROW_BYTES = 64
 
 
 def anchored_access_bytes(spec: TensorSpec | None) -> int:
@@ -163,13 +171,20 @@ def anchored_access_bytes(spec: TensorSpec | None) -> int:
 
 @infer.rule(Load)
 def _infer_load(op: Load, inf: infer.Inference) -> None:
-    """A free anchor, in accesses of `anchored_access_bytes`."""
+    """A free anchor, in accesses of `anchored_access_bytes`, or 16 bytes for short rows not stored
+    (SHORT_ROW_BYTES)."""
     result = op.results[0]
     width = anchored_access_bytes(inf.specs.get(op.ref.id))
     if not result.is_array or id(op) in inf.overrides or width == 16:
         infer.free_anchor_layout(op, inf)
         return
-    stored = any(isinstance(o, Store) and o.window_shape == result.type.shape for o in inf.kernel.walk())
+    shape = result.type.shape
+    stores = [o for o in inf.kernel.walk() if isinstance(o, Store) and o.window_shape == shape]
+    if (len(shape) == 2 and shape[-1] * result.type.dtype.itemsize <= SHORT_ROW_BYTES
+            and all(o.staged for o in stores)):
+        infer.free_anchor_layout(op, inf)
+        return
+    stored = bool(stores)
     try:
         layout = blocked(result.type.shape, result.type.dtype, access_bytes=width, rows_per_warp=NARROW_ROWS_PER_WARP,
                          thread_rows=0 if stored else NARROW_THREAD_ROWS)
