@@ -168,10 +168,11 @@ def staging(configs: Sequence[mgjit.Config], n: int) -> tuple[mgjit.Config, ...]
     loads in 16-byte vectors, a row's elements in one or two threads (ops/gmem.py SHORT_ROW_BYTES). Tuned, bf16,
     H200 (the tuner picks): softmax 5 0.60 -> 0.67 of copy bandwidth, 9 0.52 -> 0.59, 17 0.50 -> 0.56, 255 0.92 ->
     0.93 (measured in one call: the register stores at 255 ran 0.92, staged 0.93); RMSNorm 9 0.54 -> 0.62, 127
-    0.82 -> 0.84 (kernel alone). Layernorm keeps its register stores (255: 0.86 against 0.72 staged)."""
+    0.82 -> 0.84 (kernel alone). Layernorm takes them for its shortest rows only (layernorm.py STAGED_ROWS). Only
+    one array a row: a row held as two (33 as 32 + 1) is no run in either's window."""
     twins = tuple(c.replace(STAGED=1) for c in configs
-                  if n % 8 and c.kwargs["ROWS"] >= 4 and not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == 1
-                  and c.kwargs["WGS"] == 1 and not c.kwargs.get("PIPE"))
+                  if n % 8 and c.kwargs["ROWS"] >= 4 and len(c.kwargs["PARTS"]) == 1 and not c.kwargs["BLOCK"]
+                  and c.kwargs["CTAS"] == 1 and c.kwargs["WGS"] == 1 and not c.kwargs.get("PIPE"))
     return tuple(c.replace(STAGED=0) for c in configs) + twins if twins else tuple(configs)
 
 

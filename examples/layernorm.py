@@ -31,7 +31,7 @@ import functools
 
 import torch
 from _rows import (chunked_segment, columns, floating, launch, load_row, mapping, merge_moments, output, persisting,
-                   row_groups, segment, segment_count, segment_sum, stage, stash_vector, store_row, weights)
+                   row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, weights)
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
 
@@ -43,6 +43,10 @@ import mgjit
 STAGE_GROUP = 8192
 
 OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
+# Rows shorter than this also try staged stores (_rows.staging; their loads then 16-byte vectors, a row's elements
+# in one or two threads). H200, bf16, tuned: rows of 5 0.53 -> 0.60 of copy bandwidth, 9 0.49 -> 0.52; longer rows
+# ran slower staged (255: 0.72 against 0.86 from registers).
+STAGED_ROWS = 32
 
 
 @mgjit.kernel
@@ -50,7 +54,7 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
                    PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                    CHUNKS: mgjit.constexpr, OCC: mgjit.constexpr = 0, PERSIST: mgjit.constexpr = 0,
                    PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0,
-                   STASH: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0):
+                   STASH: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segments of w and b in shared memory); or (BLOCK > 0)
     one row streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster;
@@ -71,14 +75,14 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
         w_bufs, b_bufs = stash_vector(w, starts, PARTS, WGS), stash_vector(b, starts, PARTS, WGS)
         for g in range(mgjit.program_id(0), row_groups(x, ROWS), mgjit.num_programs(0)):
             layernorm_held(x, w, b, w_bufs, b_bufs, out, mgjit.ds(g * ROWS, ROWS), starts, eps, PARTS, CTAS * WGS,
-                           PERSIST)
+                           PERSIST, STAGED)
     else:
         rows, starts = segment(ROWS, PARTS, CTAS, WGS)
-        layernorm_held(x, w, b, w, b, out, rows, starts, eps, PARTS, CTAS * WGS, PERSIST)
+        layernorm_held(x, w, b, w, b, out, rows, starts, eps, PARTS, CTAS * WGS, PERSIST, STAGED)
 
 
 @mgjit.device
-def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST):
+def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST, STAGED):
     """The rows `rows` (a segment of them, of SPLIT segments, its parts from `starts`) read once and held; w and
     b read once the statistics are known (from w_bufs and b_bufs, PERSIST) so that they are not live meanwhile."""
     n = x.shape[1]
@@ -101,7 +105,7 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
     for p in mgjit.static_range(len(PARTS)):  # (x - mean) first: exact where x is near a mean far from 0
         centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
         y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
-    store_row(out, rows, starts, y, PARTS, 0)
+    store_row(out, rows, starts, y, PARTS, STAGED)
 
 
 @mgjit.device
@@ -266,11 +270,14 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
 @functools.lru_cache(maxsize=None)
 def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
                       weight_sizes: tuple[int, ...] = (4, 4)) -> tuple[mgjit.Config, ...]:
-    """The row examples' mappings for rows of n columns, then each held one again at every OCCUPANCY that its
-    threads allow, then as persistent grids, then the piped ones for elements of `itemsize` bytes (0: none) and
-    weights and biases of `weight_sizes` bytes."""
-    configs = tuple(c.replace(OCC=occ) for occ in (0, *OCCUPANCY) for c in mapping(n, rows_per_program)
-                    if not occ or (not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048))
+    """The row examples' mappings for rows of n columns (rows shorter than STAGED_ROWS also with staged stores),
+    then each held one again at every OCCUPANCY that its threads allow, then as persistent grids, then the piped
+    ones for elements of `itemsize` bytes (0: none) and weights and biases of `weight_sizes` bytes."""
+    plain = mapping(n, rows_per_program)
+    staged = staging(plain, n) if n < STAGED_ROWS else plain
+    configs = tuple(c.replace(OCC=0, STAGED=c.kwargs.get("STAGED", 0)) for c in staged) + tuple(
+        c.replace(OCC=occ, STAGED=0) for occ in OCCUPANCY for c in plain
+        if not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048)
     if rows_per_program is not None:
         return piping(configs, 0, 0, weights=weight_sizes)
     return piping(persisting(configs, 2), n, itemsize, weights=weight_sizes, clusters=True)

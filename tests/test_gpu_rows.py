@@ -105,11 +105,11 @@ def test_every_candidate_mapping(n, dtype):
 @pytest.mark.parametrize("n,dtype", [(9, torch.bfloat16), (33, torch.float16), (77, torch.bfloat16),
                                      (255, torch.float16), (511, torch.float32), (1023, torch.bfloat16)], ids=str)
 def test_every_staged_mapping(n, dtype):
-    """Softmax's and RMSNorm's mappings with staged stores (_rows.staging), persistent ones too, on 333 rows
-    (the last program's rows partly past the end) against torch, outputs poisoned."""
+    """Softmax's, RMSNorm's and layernorm's mappings with staged stores (_rows.staging), persistent ones too, on
+    333 rows (the last program's rows partly past the end) against torch, outputs poisoned."""
     m = 333
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 2
-    w = torch.randn(n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     xd = x.double()
     staged = [c for c in sm.mapping(n) if c.kwargs.get("STAGED")]
     assert staged
@@ -121,6 +121,12 @@ def test_every_staged_mapping(n, dtype):
         out = torch.full_like(x, float("nan"))
         rms.rmsnorm_kernel[_rows.grid(m, config, x.device)](x, w, out, x, out, x, eps=1e-6, **config.launch_kwargs())
         assert rel(out, torch.nn.functional.rms_norm(xd, (n,), w.double(), 1e-6)) < tol(dtype, n), config
+    for config in (c for c in ln.layernorm_mapping(n) if c.kwargs.get("STAGED")):
+        out = torch.full_like(x, float("nan"))
+        ln.layernorm_rows[_rows.grid(m, config, x.device)](x, w, b, out, x, out, x, x, eps=1e-5,
+                                                            **config.launch_kwargs())
+        ref = torch.nn.functional.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)
+        assert rel(out, ref) < tol(dtype, n), config
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

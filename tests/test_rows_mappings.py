@@ -281,10 +281,11 @@ def test_ptx_of_candidates_simulated(n, dtype, config):
 
 # Staged stores (_rows.staging): softmax over 16 rows of 255 a program and 256 of 9 (its rows held 8 columns a
 # thread, ops/gmem.py SHORT_ROW_BYTES), RMSNorm over 8 of 511 (and persistent: the staged store in a loop over row
-# groups), on more rows than the grid's last program holds.
+# groups), layernorm over rows of 5, on more rows than the grid's last program holds.
 STAGED = [(255, BF16, "softmax", sm.mapping(255)[3]), (511, torch.float16, "rmsnorm", rms.rmsnorm_mapping(511)[3]),
           (511, BF16, "rmsnorm", rms.rmsnorm_mapping(511)[9]),
-          (9, BF16, "softmax", next(c for c in sm.mapping(9) if c.kwargs["STAGED"] and c.kwargs["PARTS"] == (16,)))]
+          (9, BF16, "softmax", next(c for c in sm.mapping(9) if c.kwargs["STAGED"] and c.kwargs["PARTS"] == (16,))),
+          (5, torch.float16, "layernorm", next(c for c in ln.layernorm_mapping(5) if c.kwargs["STAGED"]))]
 
 
 @pytest.mark.parametrize("n,dtype,name,config", STAGED,
@@ -292,7 +293,7 @@ STAGED = [(255, BF16, "softmax", sm.mapping(255)[3]), (511, torch.float16, "rmsn
 def test_ptx_of_staged_mappings_simulated(n, dtype, name, config):
     assert config.kwargs["STAGED"] == 1 and (config.kwargs.get("PERSIST", 0) > 0) == (config is STAGED[2][3])
     x = (torch.randn(300 if n < 64 else 37, n) * 3).to(dtype)
-    kernel, args, constexprs, checks = kernels(x, dtype)[{"softmax": 0, "rmsnorm": 1}[name]]
+    kernel, args, constexprs, checks = kernels(x, dtype)[{"softmax": 0, "rmsnorm": 1, "layernorm": 2}[name]]
     compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
     dev = ptx_sim.Device()
     dev.counts = collections.Counter()
@@ -303,17 +304,22 @@ def test_ptx_of_staged_mappings_simulated(n, dtype, name, config):
 
 
 def test_staged_twins_only_where_rows_are_misaligned():
-    """Rows of 3, 255 and 511: each held mapping of 4 or more rows again with STAGED=1; rows of 256 (16-byte
-    aligned in bf16) and layernorm (measured slower staged): none."""
-    for n in (3, 255, 511):
-        held = [c for c in sm.mapping(n)
-                if not c.kwargs["BLOCK"] and not c.kwargs.get("PIPE") and c.kwargs["ROWS"] >= 4]
+    """Rows of 3, 9, 255 and 511: each held mapping of 4 or more rows in one array again with STAGED=1 (not rows of 9
+    held as 8 + 1: no run in either window); rows of 256 (16-byte aligned in bf16) and layernorm's past STAGED_ROWS
+    (measured slower staged): none."""
+    for n in (3, 9, 255, 511):
+        held = [c for c in sm.mapping(n) if not c.kwargs["BLOCK"] and not c.kwargs.get("PIPE")
+                and c.kwargs["ROWS"] >= 4 and len(c.kwargs["PARTS"]) == 1]
         staged = [c for c in sm.mapping(n) if c.kwargs.get("STAGED")]
         assert staged and [c.replace(STAGED=1) for c in held if not c.kwargs.get("STAGED")] == staged
         for configs in (sm.mapping(n, itemsize=2), rms.rmsnorm_mapping(n, itemsize=2)):  # the autotuner's rule
             assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1
     assert not any(c.kwargs.get("STAGED") for c in sm.mapping(256) + rms.rmsnorm_mapping(256))
     assert not any(c.kwargs.get("STAGED") for c in ln.layernorm_mapping(255))
+    assert any(c.kwargs.get("STAGED") for c in ln.layernorm_mapping(9)) and ln.STAGED_ROWS <= 32
+    for n in (3, 9, 255, 256, 4097, 100000):  # the autotuner's rule, with and without twins
+        for configs in (ln.layernorm_mapping(n), ln.layernorm_mapping(n, itemsize=2, weight_sizes=(2, 2))):
+            assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
 
 
 def test_examples_read_rows_in_whole_words():
