@@ -149,11 +149,11 @@ NARROW_ROWS_PER_WARP = 2
 NARROW_THREAD_ROWS = 2
 # Where a row is at most this many bytes wide and no array of the rows' shape is stored from registers (none is
 # stored, or only staged: ops/gmem_flat.py), a lane holds a row's elements whole, up to 16 bytes an access (shifted
-# into place where rows start inside a word): a row's reduction takes no shuffle, or one or two. H200, kernel alone,
-# bf16 cross-entropy, the rows held as two arrays: 5 columns (4 + 1) 0.65 -> 0.83 of copy bandwidth, 9 (8 + 1)
-# 0.50 -> 0.83, 33 (32 + 1) 0.58 -> 0.61 (PTX instructions an element at 9: 35.3 -> 13.4). Rows stored from
-# registers keep the narrowed accesses: a plain copy of bf16 rows of 9 (16 columns held) ran 0.72 in them, 0.44 in
-# 16-byte ones.
+# into place where rows start inside a word): a row's reduction takes no shuffle, or one or two. H200, bf16
+# cross-entropy, tuned (the rows held as two arrays, 9 as 8 + 1): 5 columns 0.65 -> 0.85 of copy bandwidth, 9 0.50
+# -> 0.91, 17 0.88, 33 0.58 -> 0.80 (PTX instructions an element at 9: 35.3 -> 13.4); 128 bytes measured no better
+# (65: 0.73 against 0.71). Rows stored from registers keep the narrowed accesses: softmax over bf16 rows of 9 held
+# as 8 + 1 ran 0.47 stored from them, 0.37 from 16-byte ones (kernel alone).
 SHORT_ROW_BYTES = 64
 
 
