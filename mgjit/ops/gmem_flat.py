@@ -135,7 +135,7 @@ class RowsRun:
         self.skew = e.andi(e.trunc(start, 32), e.i32(CHUNK - 1))
         self.end = e.addi(start, e.ext_i64(length))
         past = e.addi(self.skew, length)
-        self.head = e.zext(e.cmpi("ne", self.skew, e.i32(0)), 32)  # the first chunk is partial
+        self.head = e.cmpi("ne", self.skew, e.i32(0))  # the first chunk is partial
         self.last = e.m.arith.shrui(past, e.i32(4))  # the chunk holding the run's end
         self.max_chunks = -(-(math.prod(sizes[-2:]) * isz + CHUNK - 1) // CHUNK)
         self.origin = e.subi(e.trunc(base, 32), e.trunc(self.boundary, 32))  # the plane's start past the boundary
@@ -182,16 +182,16 @@ def _write_out(ctx: lower.Context, run: RowsRun, scratch, isz: int) -> None:
     partial first chunk from thread 0 and partial last from thread 1 (the first, where it is partial at both ends),
     element by element."""
     e = ctx.e
+    first_whole = e.zext(run.head, 32)
     for k0 in range(0, run.max_chunks, THREADS_PER_WARPGROUP):
         k = e.addi(ctx.wg_tid, e.i32(k0))
-        whole = e.andi(e.cmpi("uge", k, run.head), e.cmpi("ult", k, run.last))
+        whole = e.andi(e.cmpi("uge", k, first_whole), e.cmpi("ult", k, run.last))
         at = e.muli(k, e.i32(CHUNK))
         _store_bytes(e, e.addi(run.boundary, e.ext_i64(at)), whole, _read_chunk(e, e.addi(scratch, at), whole), CHUNK)
     at_head = e.cmpi("eq", ctx.wg_tid, e.i32(0))
-    head = e.cmpi("ne", run.skew, e.i32(0))
     tail = e.cmpi("ne", e.andi(run.end, e.i64(CHUNK - 1)), e.i64(0))
-    apart = e.ori(e.cmpi("ugt", run.last, e.i32(0)), _not(e, head))
-    takes = e.andi(e.cmpi("ult", ctx.wg_tid, e.i32(2)), e.select(at_head, head, e.andi(tail, apart)))
+    apart = e.ori(e.cmpi("ugt", run.last, e.i32(0)), _not(e, run.head))
+    takes = e.andi(e.cmpi("ult", ctx.wg_tid, e.i32(2)), e.select(at_head, run.head, e.andi(tail, apart)))
     offset = e.select(at_head, e.i32(0), e.muli(run.last, e.i32(CHUNK)))
     words = _read_chunk(e, e.addi(scratch, offset), takes)
     start = e.addi(run.boundary, e.ext_i64(run.skew))
