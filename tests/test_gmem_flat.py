@@ -1,12 +1,11 @@
-"""Staged loads and stores (`mgjit.load(x, index, staged=True)`, `mgjit.store(x, index, value, staged=True)`,
-mgjit/ops/gmem_flat.py): a 2D window of whole rows of a tensor whose rows lie one after another moves through shared
-memory as aligned 16-byte chunks; any other window goes through registers. Checked on the CPU through
-tests/ptx_sim.py: a store must leave the whole memory exactly the copy asked for (the window's elements inside the
-tensor, not one other byte), a load must read exactly the window (its fill outside the tensor), at every dtype width,
-rows starting anywhere in a chunk, windows past the last row, before the first and before the first column, and in a
-loop (the scratch reused); and which path ran: the run's chunks (a store reads them from shared memory, a load
-writes them there) or the registers, whose accesses are not the run's chunks (strided rows, a window narrower than
-the rows, or starting inside them)."""
+"""Staged stores (`mgjit.store(x, index, value, staged=True)`, mgjit/ops/gmem_flat.py): a 2D window of whole rows
+of a tensor whose rows lie one after another goes out through shared memory as aligned 16-byte chunks; any other
+window stores from registers. Checked on the CPU through tests/ptx_sim.py: the whole memory afterwards must be
+exactly the copy asked for (the window's elements inside the tensor, not one other byte), at every dtype width,
+rows starting anywhere in a chunk, windows past the last row and before the first, and in a loop (the scratch
+reused); and which path ran: the run's chunks read back from shared memory, or the registers (strided rows, a
+window narrower than the rows, or starting inside them). Short rows' loads feeding only staged stores (or none)
+take 16-byte vectors (ops/gmem.py SHORT_ROW_BYTES)."""
 import collections
 import re
 import sys
@@ -20,8 +19,7 @@ from mgjit.ops.gmem_flat import warp_rows
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ptx_sim  # noqa: E402
-from test_gmem_vectors import copy_window, expected_window, random_like  # noqa: E402
+from test_gmem_vectors import copy_window, expected_window, random_like, simulate_copy  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -59,19 +57,9 @@ def flat_ptx(compiled) -> bool:
 
 
 def run_copy(kernel, grid, x_base, x, out_base, out, *scalars, **constexprs):
-    """Run a copy kernel on the simulator: (the out base it wrote, the compiled kernel, the opcodes it issued)."""
-    compiled = kernel.compile(x, out, *scalars, **constexprs, target="sm_90a")
-    dev = ptx_sim.Device()
-    dev.counts = collections.Counter()
-    dev.place(x_base)
-    dev.place(out_base)
-    before = dev.mem.bytes.copy()
-    dev.run(compiled, grid, x, out, *scalars)
-    lo = dev.bases[1][1]
-    hi = lo + out_base.numel() * out_base.element_size()
-    after = dev.mem.bytes
-    assert (after[:lo] == before[:lo]).all() and (after[hi:] == before[hi:]).all(), "a byte outside `out` changed"
-    return dev.fetch(out_base), compiled, dev.counts
+    """`simulate_copy`, counting the opcodes the kernel issues: (the out base it wrote, the compiled kernel, the
+    counts)."""
+    return simulate_copy(kernel, grid, x_base, x, out_base, out, collections.Counter(), *scalars, **constexprs)
 
 
 def ran(counts, opcode: str) -> bool:
@@ -93,7 +81,8 @@ def test_warp_rows_hand_derived():
 
 
 # (dtype, rows, n, ROWS, COLS, r0s): contiguous rows of odd byte length (and tiny ones); windows from row 0,
-# mid-tensor, past the end (the last program's rows partly outside) and starting before row 0.
+# mid-tensor, past the end (the last program's rows partly outside) and starting before row 0; runs shorter than
+# a chunk.
 CASES = [
     (BF16, 70, 127, 16, 128, [0, 3, -2]),
     (BF16, 33, 255, 8, 256, [0, 5]),
@@ -101,6 +90,7 @@ CASES = [
     (torch.float32, 40, 125, 8, 128, [0, 1, -1]),
     (torch.int8, 50, 301, 16, 512, [0, 7]),
     (torch.int8, 200, 3, 64, 4, [0, 1]),
+    (torch.int8, 4, 3, 8, 4, [0]),  # a run of 12 bytes from a 16-byte boundary: one chunk, partial at its end
     (torch.float64, 20, 33, 8, 64, [0, 1]),
     (torch.float16, 9, 1023, 8, 1024, [0, 2]),
 ]

@@ -77,9 +77,16 @@ def random_like(t):
 
 
 def run_copy(kernel, grid, x_base, x, out_base, out, *scalars, **constexprs):
-    """Run a copy kernel on the simulator; return (the out base it wrote, what it should hold)."""
+    """Run a copy kernel on the simulator; return (the out base it wrote, the compiled kernel)."""
+    return simulate_copy(kernel, grid, x_base, x, out_base, out, None, *scalars, **constexprs)[:2]
+
+
+def simulate_copy(kernel, grid, x_base, x, out_base, out, counts, *scalars, **constexprs):
+    """`run_copy`, counting the opcodes issued into `counts` (a Counter, or None): (the out base it wrote, the
+    compiled kernel, counts). No byte outside `out` may change."""
     compiled = kernel.compile(x, out, *scalars, **constexprs, target="sm_90a")
     dev = ptx_sim.Device()
+    dev.counts = counts
     dev.place(x_base)
     dev.place(out_base)
     before = dev.mem.bytes.copy()
@@ -89,7 +96,7 @@ def run_copy(kernel, grid, x_base, x, out_base, out, *scalars, **constexprs):
     hi = lo + out_base.numel() * out_base.element_size()
     after = dev.mem.bytes
     assert (after[:lo] == before[:lo]).all() and (after[hi:] == before[hi:]).all(), "a byte outside `out` changed"
-    return got, compiled
+    return got, compiled, counts
 
 
 def expected_window(out_base, out, x, rows, cols):
