@@ -162,16 +162,18 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
 
 def staging(configs: Sequence[mgjit.Config], n: int) -> tuple[mgjit.Config, ...]:
     """`configs`, then, where rows of n 16-bit elements do not start on 16 bytes, their held mappings of four or
-    more rows again with staged stores (STAGED=1: `mgjit.store(..., staged=True)`, mgjit/ops/gmem_flat.py): a
-    program's rows, one run of bytes in a contiguous tensor, stored as aligned 16-byte chunks from shared memory
-    where they went in accesses straddling the L2's sectors. A held array of short rows stored only staged also
-    loads in 16-byte vectors, a row's elements in one or two threads (ops/gmem.py SHORT_ROW_BYTES). Tuned, bf16,
-    H200 (the tuner picks): softmax 5 0.60 -> 0.67 of copy bandwidth, 9 0.52 -> 0.59, 17 0.50 -> 0.56, 255 0.92 ->
-    0.93 (measured in one call: the register stores at 255 ran 0.92, staged 0.93); RMSNorm 9 0.54 -> 0.62, 127
-    0.82 -> 0.84 (kernel alone). Layernorm takes them for its shortest rows only (layernorm.py STAGED_ROWS). Only
-    one array a row: a row held as two (33 as 32 + 1) is no run in either's window."""
+    more rows on one warpgroup again with staged stores (STAGED=1: `mgjit.store(..., staged=True)`,
+    mgjit/ops/gmem_flat.py): a program's rows, one run of bytes in a contiguous tensor, stored as aligned 16-byte
+    chunks from shared memory where they went in accesses straddling the L2's sectors; a row held as two arrays (33
+    as 32 + 1) in one store, side by side (`store_row`). A held array of short rows stored only staged also loads
+    in 16-byte vectors, a row's elements in a few threads (ops/gmem.py SHORT_ROW_BYTES). Tuned, bf16, H200 (the
+    tuner picks), rows of 3 / 5 / 9 / 17 / 33 / 65: softmax 0.72 / 0.67 / 0.59 / 0.56 / 0.63 / 0.60 -> 0.85 / 0.98
+    / 1.02 / 0.93 / 0.98 / 0.92 of copy bandwidth (the two arrays staged, one store each before: 0.52 / 0.50 / 0.60
+    at 9 / 17 / 65); RMSNorm 0.73 / 0.68 / 0.62 / 0.60 / 0.67 / 0.74 -> 0.90 / 0.98 / 1.00 / 0.92 / 0.95 / 0.92;
+    255 0.92 -> 0.93 (softmax, one array, kernel alone). Layernorm takes them for rows shorter than
+    layernorm.py STAGED_ROWS."""
     twins = tuple(c.replace(STAGED=1) for c in configs
-                  if n % 8 and c.kwargs["ROWS"] >= 4 and len(c.kwargs["PARTS"]) == 1 and not c.kwargs["BLOCK"]
+                  if n % 8 and c.kwargs["ROWS"] >= 4 and not c.kwargs["BLOCK"]
                   and c.kwargs["CTAS"] == 1 and c.kwargs["WGS"] == 1 and not c.kwargs.get("PIPE"))
     return tuple(c.replace(STAGED=0) for c in configs) + twins if twins else tuple(configs)
 
@@ -636,9 +638,18 @@ def store_stat(out, rows, value, starts, SPLIT):
 
 @mgjit.device
 def store_row(out, rows, starts, held, PARTS, STAGED):
-    """STAGED: through shared memory, each row as aligned 16-byte chunks (`staging`)."""
-    for p in mgjit.static_range(len(PARTS)):
-        mgjit.store(out, (rows, mgjit.ds(starts[p], PARTS[p])), held[p].astype(out.dtype), staged=STAGED)
+    """STAGED: through shared memory, the program's rows as one run of aligned 16-byte chunks (`staging`): a row
+    held whole (one segment), its parts side by side from column 0 in one store."""
+    if STAGED:
+        width = 0
+        parts = ()
+        for p in mgjit.static_range(len(PARTS)):
+            width += PARTS[p]
+            parts = parts + (held[p].astype(out.dtype),)
+        mgjit.store(out, (rows, mgjit.ds(0, width)), parts, staged=True)
+    else:
+        for p in mgjit.static_range(len(PARTS)):
+            mgjit.store(out, (rows, mgjit.ds(starts[p], PARTS[p])), held[p].astype(out.dtype))
 
 
 # ---- chunked rows (BLOCK > 0, CHUNKS > 0)

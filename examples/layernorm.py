@@ -44,9 +44,10 @@ STAGE_GROUP = 8192
 
 OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
 # Rows shorter than this also try staged stores (_rows.staging; their loads then 16-byte vectors, a row's elements
-# in one or two threads). H200, bf16, tuned: rows of 5 0.53 -> 0.60 of copy bandwidth, 9 0.49 -> 0.52; longer rows
+# in one or two threads). H200, bf16, tuned, a row held as two arrays stored side by side as one run: rows of 5
+# 0.53 -> 0.92 of copy bandwidth, 9 0.49 -> 0.95, 17 0.52 -> 0.81, 33 0.61 -> 0.83, 65 0.57 -> 0.79; longer rows
 # ran slower staged (255: 0.72 against 0.86 from registers).
-STAGED_ROWS = 32
+STAGED_ROWS = 128
 
 
 @mgjit.kernel

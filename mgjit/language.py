@@ -79,10 +79,11 @@ _ATOMIC_DOC = ("(x, index, value, sem='relaxed', scope='gpu') -> the old values:
                "x[index] (integers, or mgjit.ds windows; a scalar index: once per warpgroup, by its first thread)")
 load = _builtin("load", "load(x, index, other=0): the window x[index] of a tensor argument (as x[index] reads it), "
                         "with `other` (a static number) wherever the window lies outside the tensor")
-store = _builtin("store", "store(x, index, value, staged=False): x[index] = value; staged=True (a static bool) "
-                          "stages a 2D window whose rows the layout gives each warp whole through shared memory and "
-                          "stores them as aligned 16-byte chunks, where rows are not 16-byte aligned "
-                          "(mgjit/ops/gmem_flat.py)")
+store = _builtin("store", "store(x, index, value, staged=False): x[index] = value; value may be a tuple of "
+                          "arrays side by side along the window's last axis (their widths adding up to it: a row held "
+                          "as 8 + 1 columns); staged=True (a static bool) moves a 2D window of whole rows of a "
+                          "contiguous tensor through shared memory as one run of aligned 16-byte chunks, where rows "
+                          "are not 16-byte aligned (mgjit/ops/gmem_flat.py)")
 atomic_add = _builtin("atomic_add", "atomic_add" + _ATOMIC_DOC.format(what="add value to"))
 atomic_min = _builtin("atomic_min", "atomic_min" + _ATOMIC_DOC.format(what="take the minimum of value and"))
 atomic_max = _builtin("atomic_max", "atomic_max" + _ATOMIC_DOC.format(what="take the maximum of value and"))

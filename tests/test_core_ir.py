@@ -226,9 +226,16 @@ def test_verifier_rejects_other_malformed_ops():
         ir.verify(hand_kernel(ops.ProgramId(3, LOC)))
     ref = ir.Value(ir.RefType("gmem", dtypes.float32, 2))
     arr = ops.Splat(f.result, (8, 4), LOC)
-    store = ops.Store(ref, [i.result, i.result], (8, 8), (False, False), arr.result, LOC)
+    store = ops.Store(ref, [i.result, i.result], (8, 8), (False, False), [arr.result], LOC)
     with pytest.raises(CompileError, match=r"storing an array of shape \(8, 4\) into a window of shape \(8, 8\)"):
         ir.verify(hand_kernel(i, f, arr, store, args=[ref]))
+    sides = ops.Store(ref, [i.result, i.result], (8, 9), (False, False), [arr.result, arr.result], LOC,
+                      column_starts=[i.result])
+    with pytest.raises(CompileError, match=r"side by side fill the window's last axis of 9, got widths \[4, 4\]"):
+        ir.verify(hand_kernel(i, f, arr, sides, args=[ref]))
+    missing = ops.Store(ref, [i.result, i.result], (8, 8), (False, False), [arr.result, arr.result], LOC)
+    with pytest.raises(CompileError, match="expected a column start for each of the 2 arrays but the first, got 0"):
+        ir.verify(hand_kernel(i, f, arr, missing, args=[ref]))
     load = ops.Load(ref, [i.result], (8,), (False,), LOC)
     with pytest.raises(CompileError, match="a reference of rank 2 needs 2 indices, got 1"):
         ir.verify(hand_kernel(i, f, load, args=[ref]))

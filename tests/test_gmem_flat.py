@@ -175,17 +175,124 @@ def short_rows(x, out, rowmax, COLS: mgjit.constexpr, STORE: mgjit.constexpr):
         mgjit.store(out, w, v, staged=STORE == 2)
 
 
-@pytest.mark.parametrize("cols,store,vector", [(16, 0, 8), (32, 2, 8), (16, 1, 2), (64, 0, 2)],
-                         ids=["reduced", "staged", "stored", "wider"])
+@pytest.mark.parametrize("cols,store,vector", [(16, 0, 8), (32, 2, 8), (16, 1, 2), (64, 2, 8), (128, 0, 2)],
+                         ids=["reduced", "staged", "stored", "widest", "wider"])
 def test_short_rows_not_stored_from_registers_load_16_byte_vectors(cols, store, vector):
-    """bf16 rows of 9 or 17 (not 16-byte aligned) in windows of 16 or 32 columns (at most SHORT_ROW_BYTES): a
+    """bf16 rows of 9 to 33 (not 16-byte aligned) in windows of 16 to 64 columns (at most SHORT_ROW_BYTES): a
     thread holds 8 columns (16 bytes) of a row where no array of their shape is stored, or only staged; where
-    one is stored from registers, or a row is 64 columns wide, 2 (the 4-byte accesses that keep a warp's lanes
+    one is stored from registers, or a row is 128 columns wide, 2 (the 4-byte accesses that keep a warp's lanes
     on contiguous bytes)."""
     x = torch.empty(64, cols // 2 + 1, dtype=BF16)
     compiled = short_rows.compile(x, x, torch.empty(64), COLS=cols, STORE=store, target="sm_90a")
     (load,) = [line for line in compiled.ir.splitlines() if " = load " in line]
     assert f")({vector}))" in load, load
+
+
+@mgjit.kernel
+def row_in_parts(x, out, r0, c0, ROWS: mgjit.constexpr, A: mgjit.constexpr, B: mgjit.constexpr,
+                 STAGED: mgjit.constexpr):
+    """ROWS rows a program from r0, columns c0 .. c0 + A + B as two arrays (1 added to the first), stored side by
+    side in one store."""
+    rows = mgjit.ds(r0 + mgjit.program_id(0) * ROWS, ROWS)
+    a = mgjit.load(x, (rows, mgjit.ds(c0, A))) + 1
+    b = mgjit.load(x, (rows, mgjit.ds(c0 + A, B)))
+    if STAGED:
+        mgjit.store(out, (rows, mgjit.ds(c0, A + B)), (a, b), staged=True)
+    else:
+        out[rows, mgjit.ds(c0, A + B)] = (a, b)
+
+
+def expected_parts(out_base, out, x, rows, c0, a, b):
+    """`expected_window` of row_in_parts: 1 added to the window's first `a` columns."""
+    added = x.clone()
+    added[:, max(c0, 0):max(c0 + a, 0)] += 1
+    return expected_window(out_base, out, added, rows, range(c0, c0 + a + b))
+
+
+# (dtype, n, ROWS, A, B, (r0, c0) starts): rows held as two arrays whose widths add up to the row (9 as 8 + 1,
+# 33 as 32 + 1: every element's place is unchecked) or past it (9 as 8 + 4, 5 as 4 + 4: the second array's
+# columns past the row's end are checked), windows before the first row (checked) and past the last.
+PARTS_CASES = [
+    (BF16, 9, 64, 8, 1, [(0, 0), (5, 0), (-3, 0)]),
+    (BF16, 33, 16, 32, 1, [(0, 0), (1, 0)]),
+    (BF16, 9, 32, 8, 4, [(0, 0), (3, 0)]),
+    (torch.int8, 5, 64, 4, 4, [(0, 0), (2, 0)]),
+    (torch.float32, 3, 32, 2, 1, [(0, 0), (-1, 0)]),
+]
+
+
+@pytest.mark.parametrize("case", PARTS_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}+{c[4]}")
+def test_store_of_arrays_side_by_side_is_one_run(case):
+    """`mgjit.store(out, index, (a, b), staged=True)`: a row held as two arrays goes out as one run (the chunks
+    read back from shared memory), every byte of the tensor exactly as asked."""
+    dtype, n, block_rows, a, b, starts = case
+    x = random_like(torch.empty(150, n, dtype=dtype))
+    out = random_like(torch.empty(150, n, dtype=dtype))
+    grid = (-(-150 // block_rows) + 1,)
+    for r0, c0 in starts:
+        got, compiled, counts = run_copy(row_in_parts, grid, x, x, out, out, r0, c0, ROWS=block_rows, A=a, B=b,
+                                         STAGED=1)
+        want = expected_parts(out, out, x, range(r0, r0 + block_rows * grid[0]), c0, a, b)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"from ({r0}, {c0})"
+        assert ran(counts, "ld.shared.v4.b32")
+
+
+@pytest.mark.parametrize("c0,pad,staged", [(0, 3, 1), (1, 0, 1), (2, 0, 0), (-1, 0, 0)],
+                         ids=["strided", "start-inside", "registers", "start-before"])
+def test_store_of_arrays_side_by_side_elsewhere(c0, pad, staged):
+    """Arrays side by side in windows that are no run (rows apart, a window starting inside them) or stored from
+    registers: each array in its own columns, c0 .. c0 + 7 and c0 + 8."""
+    base = random_like(torch.empty(100, 9 + pad, dtype=BF16))
+    x = base[:, :9]
+    out_base = random_like(torch.empty(100, 9 + pad, dtype=BF16))
+    out = out_base[:, :9]
+    got, compiled, counts = run_copy(row_in_parts, (4,), base, x, out_base, out, 0, c0, ROWS=32, A=8, B=1,
+                                     STAGED=staged)
+    want = expected_parts(out_base, out, x, range(0, 128), c0, 8, 1)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert not ran(counts, "ld.shared.v4.b32")
+
+
+def test_arrays_side_by_side_interpreted():
+    x = random_like(torch.empty(100, 9, dtype=BF16))
+    for staged in (0, 1):
+        before = random_like(torch.empty(100, 9, dtype=BF16))
+        out = before.clone()
+        row_in_parts.interpret()[(4,)](x, out, 0, 0, ROWS=32, A=8, B=1, STAGED=staged)
+        assert torch.equal(out, expected_parts(before, before, x, range(128), 0, 8, 1))
+
+
+@mgjit.kernel
+def side_by_side_misused(x, out, CASE: mgjit.constexpr):
+    a = x[mgjit.ds(0, 4), mgjit.ds(0, 8)]
+    b = x[mgjit.ds(0, 4), mgjit.ds(8, 1)]
+    if CASE == 0:
+        mgjit.store(out, (mgjit.ds(0, 4), mgjit.ds(0, 9)), (a, a))
+    elif CASE == 1:
+        mgjit.store(out, (mgjit.ds(0, 4), mgjit.ds(0, 9)), (a, b.astype(mgjit.float32)))
+    elif CASE == 2:
+        mgjit.store(out, (mgjit.ds(0, 4), mgjit.ds(0, 9)), (a, 1.0))
+    elif CASE == 3:
+        mgjit.store(out, (mgjit.ds(0, 4), 0), (a, b))
+    else:
+        mgjit.store(out, (mgjit.ds(0, 4), mgjit.ds(0, 9)), ())
+
+
+@pytest.mark.parametrize("case,match", [
+    (0, r"fill the window's last axis of 9, got widths \[8, 8\]"),
+    (1, "storing float32 into out, a bfloat16 reference \\(array 1 of the tuple\\)"),
+    (2, "each is an array of rank 2, got float at position 1"),
+    (3, "a window whose last index is a range .* got 2 arrays and an integer last index"),
+    (4, "takes at least one array .* got 0 arrays"),
+])
+def test_arrays_side_by_side_errors(case, match):
+    """A tuple stored side by side is checked where it is written: its widths, dtypes and ranks, and a last index
+    that is a range."""
+    x = torch.empty(4, 9, dtype=BF16)
+    with pytest.raises(mgjit.CompileError, match=match) as err:
+        side_by_side_misused.compile(x, x, CASE=case, target="sm_90a")
+    line = side_by_side_misused.fn.__code__.co_firstlineno + 5 + 2 * case  # after the decorator, def, a and b
+    assert f"test_gmem_flat.py:{line} " in str(err.value), str(err.value)
 
 
 def test_staged_must_be_static():
@@ -214,3 +321,19 @@ def test_flat_store_on_the_gpu(case):
         torch.cuda.synchronize()
         assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), f"rows from {r0}"
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PARTS_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}+{c[4]}")
+def test_arrays_side_by_side_on_the_gpu(case):
+    """On the GPU, fresh rows and a poisoned output: rows held as two arrays stored staged, over many programs."""
+    dtype, n, block_rows, a, b, starts = case
+    rows = 40 * block_rows + 3
+    x = random_like(torch.empty(rows, n, dtype=dtype)).cuda()
+    grid = -(-rows // block_rows) + 1
+    for r0, c0 in starts:
+        out = random_like(torch.empty(rows, n, dtype=dtype)).cuda()
+        want = expected_parts(out.cpu(), out.cpu(), x.cpu(), range(r0, r0 + block_rows * grid), c0, a, b)
+        row_in_parts[(grid,)](x, out, r0, c0, ROWS=block_rows, A=a, B=b, STAGED=1)
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), f"from ({r0}, {c0})"

@@ -281,11 +281,17 @@ def test_ptx_of_candidates_simulated(n, dtype, config):
 
 # Staged stores (_rows.staging): softmax over 16 rows of 255 a program and 256 of 9 (its rows held 8 columns a
 # thread, ops/gmem.py SHORT_ROW_BYTES), RMSNorm over 8 of 511 (and persistent: the staged store in a loop over row
-# groups), layernorm over rows of 5, on more rows than the grid's last program holds.
+# groups), layernorm over rows of 5, on more rows than the grid's last program holds; rows held as two arrays
+# stored side by side in one run: softmax 9 as 8 + 1, RMSNorm 17 as 16 + 1, layernorm 33 as 32 + 1.
 STAGED = [(255, BF16, "softmax", sm.mapping(255)[3]), (511, torch.float16, "rmsnorm", rms.rmsnorm_mapping(511)[3]),
           (511, BF16, "rmsnorm", rms.rmsnorm_mapping(511)[9]),
           (9, BF16, "softmax", next(c for c in sm.mapping(9) if c.kwargs["STAGED"] and c.kwargs["PARTS"] == (16,))),
-          (5, torch.float16, "layernorm", next(c for c in ln.layernorm_mapping(5) if c.kwargs["STAGED"]))]
+          (5, torch.float16, "layernorm", next(c for c in ln.layernorm_mapping(5) if c.kwargs["STAGED"])),
+          (9, BF16, "softmax", next(c for c in sm.mapping(9) if c.kwargs["STAGED"] and c.kwargs["PARTS"] == (8, 1))),
+          (17, BF16, "rmsnorm", next(c for c in rms.rmsnorm_mapping(17) if c.kwargs["STAGED"]
+                                     and c.kwargs["PARTS"] == (16, 1) and not c.kwargs["PERSIST"])),
+          (33, torch.float16, "layernorm", next(c for c in ln.layernorm_mapping(33) if c.kwargs["STAGED"]
+                                                and c.kwargs["PARTS"] == (32, 1)))]
 
 
 @pytest.mark.parametrize("n,dtype,name,config", STAGED,
@@ -304,19 +310,20 @@ def test_ptx_of_staged_mappings_simulated(n, dtype, name, config):
 
 
 def test_staged_twins_only_where_rows_are_misaligned():
-    """Rows of 3, 9, 255 and 511: each held mapping of 4 or more rows in one array again with STAGED=1 (not rows of 9
-    held as 8 + 1: no run in either window); rows of 256 (16-byte aligned in bf16) and layernorm's past STAGED_ROWS
-    (measured slower staged): none."""
+    """Rows of 3, 9, 255 and 511: each held mapping of 4 or more rows on one warpgroup again with STAGED=1 (rows of 9
+    held as 8 + 1 too: one store, its arrays side by side); rows of 256 (16-byte aligned in bf16) and layernorm's
+    past STAGED_ROWS (measured slower staged): none."""
     for n in (3, 9, 255, 511):
         held = [c for c in sm.mapping(n) if not c.kwargs["BLOCK"] and not c.kwargs.get("PIPE")
-                and c.kwargs["ROWS"] >= 4 and len(c.kwargs["PARTS"]) == 1]
+                and c.kwargs["ROWS"] >= 4 and c.kwargs["CTAS"] == c.kwargs["WGS"] == 1]
         staged = [c for c in sm.mapping(n) if c.kwargs.get("STAGED")]
         assert staged and [c.replace(STAGED=1) for c in held if not c.kwargs.get("STAGED")] == staged
+        assert (n > 9) or any(len(c.kwargs["PARTS"]) == 2 for c in staged), n
         for configs in (sm.mapping(n, itemsize=2), rms.rmsnorm_mapping(n, itemsize=2)):  # the autotuner's rule
             assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1
     assert not any(c.kwargs.get("STAGED") for c in sm.mapping(256) + rms.rmsnorm_mapping(256))
     assert not any(c.kwargs.get("STAGED") for c in ln.layernorm_mapping(255))
-    assert any(c.kwargs.get("STAGED") for c in ln.layernorm_mapping(9)) and ln.STAGED_ROWS <= 32
+    assert any(c.kwargs.get("STAGED") for c in ln.layernorm_mapping(9)) and ln.STAGED_ROWS <= 255
     for n in (3, 9, 255, 256, 4097, 100000):  # the autotuner's rule, with and without twins
         for configs in (ln.layernorm_mapping(n), ln.layernorm_mapping(n, itemsize=2, weight_sizes=(2, 2))):
             assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
@@ -355,18 +362,18 @@ def test_softmax_windows_take_a_head_path_where_their_start_is_fixed_or_stepped(
     checked, beside all unchecked and all checked; one whose start comes from the CTA's place in a cluster does
     not (a third path cost 32 registers there, and no row ends in its head)."""
     from mgjit.cache import store
-    from mgjit.ops import gmem
+    from mgjit.ops import gmem_window
     monkeypatch.setattr(store, "default_store", lambda: None)  # compiled twice, the second without heads
     x = torch.empty(64, n, dtype=BF16)
     config = _rows.mapping(n)[index]
-    split = gmem.column_split
+    split = gmem_window.column_split
 
     def headless(*args):
         hi, head, tail = split(*args)
         return hi, tuple(sorted(head + tail)), ()
     branches = []
     for column_split in (split, headless):
-        monkeypatch.setattr(gmem, "column_split", column_split)
+        monkeypatch.setattr(gmem_window, "column_split", column_split)
         monkeypatch.setattr(sm.softmax_kernel, "_compiled", {})
         ptx = sm.softmax_kernel.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").ptx
         branches.append(ptx.count("bra.uni"))

@@ -34,7 +34,8 @@ from ..ir import ScalarType, Value, check
 from ..layouts import SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, splat_to
 from ..lower.words import from_bits
-from .gmem import _element_addresses, _GmemAccess, _vector_width, _window
+from .gmem import _GmemAccess, _window
+from .gmem_window import _element_addresses, _vector_width
 from .smem import shared_address, store_shared
 
 SEMANTICS = ("relaxed", "acquire", "release", "acq_rel")

@@ -20,28 +20,25 @@ anchor for layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
-import functools
 import math
-from typing import Any, Callable, Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
-from .. import infer, interpret, ir, lower
+from .. import infer, interpret, lower
 from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
-from ..layouts import THREADS_PER_WARPGROUP, LayoutError, SplatLayout, TiledLayout, blocked
-from ..lower.context import LoweredRef, element_offsets, num_elems, splat_to
+from ..layouts import LayoutError, SplatLayout, blocked
+from ..lower.context import LoweredRef, num_elems, splat_to
 from ..lower.words import pack_words, unpack_words
 from ..specialize import TensorSpec
-from .control import For
-from .elementwise import Binary, Cast
 from .gmem_flat import stages, store_staged, warp_rows
-from .gmem_access import (_all, _Element, _load_access, _span, _store_access, _store_bytes, _store_shuffled_words,
+from .gmem_access import (_Element, _load_access, _span, _store_access, _store_bytes, _store_shuffled_words,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits, lanes_along_rows, word_links)
-from .program import Constant
+from .gmem_window import _element_addresses, _inside_or_checked, _vector_width
 
 
 class _GmemAccess(Op):
@@ -101,35 +98,71 @@ class Load(_GmemAccess):
         self._verify_window(self.ref, self.starts)
 
 
+class StorePart(NamedTuple):
+    """One array of a store and its own window: the store's, narrowed along the last axis to the array's columns
+    (its start an IR value of the window's start plus the widths before it)."""
+
+    starts: list[Value]
+    sizes: tuple[int, ...]
+    squeeze: tuple[bool, ...]
+    value: Value
+
+
 class Store(_GmemAccess):
-    """`staged`: through shared memory where it can be (ops/gmem_flat.py); a lowering choice, the same values."""
+    """`values`: one array (or scalar) of the window's shape, or several side by side along its last axis
+    (`mgjit.store(x, index, (a, b))`, a row held as two arrays), each at its own column start (`column_starts`:
+    the window's, then one IR value each for the others). `staged`: through shared memory where it can be
+    (ops/gmem_flat.py), the arrays as one run; a lowering choice, the same values."""
 
     name = "store"
 
     def __init__(self, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...], squeeze: tuple[bool, ...],
-                 value: Value, loc: Loc | None, staged: bool = False):
-        super().__init__([ref, *starts, value], [], loc)
+                 values: Sequence[Value], loc: Loc | None, staged: bool = False,
+                 column_starts: Sequence[Value] = ()):
+        super().__init__([ref, *starts, *values, *column_starts], [], loc)
         self._init_window(sizes, squeeze)
         self.staged = staged
+        self.count = len(values)
 
     def attrs(self):
-        return {**super().attrs(), "staged": True} if self.staged else super().attrs()
+        attrs = super().attrs()
+        if self.count > 1:
+            attrs["arrays"] = self.count
+        return {**attrs, "staged": True} if self.staged else attrs
 
     @property
     def starts(self) -> list[Value]:
-        return self.operands[1:-1]
+        return self.operands[1:1 + len(self.sizes)]
 
     @property
-    def value(self) -> Value:
-        return self.operands[-1]
+    def values(self) -> list[Value]:
+        first = 1 + len(self.sizes)
+        return self.operands[first:first + self.count]
+
+    def parts(self) -> list[StorePart]:
+        """Each array with its own window."""
+        if self.count == 1:
+            return [StorePart(self.starts, self.sizes, self.squeeze, self.values[0])]
+        starts = self.starts
+        columns = [starts[-1], *self.operands[1 + len(self.sizes) + self.count:]]
+        return [StorePart([*starts[:-1], c], (*self.sizes[:-1], v.type.shape[-1]), self.squeeze, v)
+                for c, v in zip(columns, self.values)]
 
     def verify(self):
         self._verify_window(self.ref, self.starts)
-        shape = self.value.type.shape if self.value.is_array else ()
-        check(shape == self.window_shape, self,
-               f"storing an array of shape {shape} into a window of shape {self.window_shape}")
-        check(self.value.dtype == self.ref.dtype, self,
-               f"storing {self.value.dtype.name} into a {self.ref.dtype.name} reference; use .astype()")
+        check(len(self.operands) == 1 + len(self.sizes) + 2 * self.count - 1, self,
+              f"expected a column start for each of the {self.count} arrays but the first, got "
+              f"{len(self.operands) - 1 - len(self.sizes) - self.count}")
+        for part in self.parts():
+            window = tuple(s for s, q in zip(part.sizes, part.squeeze) if not q)
+            shape = part.value.type.shape if part.value.is_array else ()
+            check(shape == window, self, f"storing an array of shape {shape} into a window of shape {window}")
+            check(part.value.dtype == self.ref.dtype, self,
+                  f"storing {part.value.dtype.name} into a {self.ref.dtype.name} reference; use .astype()")
+        if self.count > 1:
+            check(not self.squeeze[-1] and sum(p.sizes[-1] for p in self.parts()) == self.sizes[-1], self,
+                  f"arrays side by side fill the window's last axis of {self.sizes[-1]}, got widths "
+                  f"{[p.sizes[-1] for p in self.parts()]}")
 
 
 # Narrowed accesses (4 bytes of bf16 a lane) leave a warp 64 columns a row: rows of 128 to 1024 spread over the
@@ -151,10 +184,11 @@ NARROW_THREAD_ROWS = 2
 # stored, or only staged: ops/gmem_flat.py), a lane holds a row's elements whole, up to 16 bytes an access (shifted
 # into place where rows start inside a word): a row's reduction takes no shuffle, or one or two. H200, bf16
 # cross-entropy, tuned (the rows held as two arrays, 9 as 8 + 1): 5 columns 0.65 -> 0.85 of copy bandwidth, 9 0.50
-# -> 0.91, 17 0.88, 33 0.58 -> 0.80 (PTX instructions an element at 9: 35.3 -> 13.4); 128 bytes measured no better
-# (65: 0.73 against 0.71). Rows stored from registers keep the narrowed accesses: softmax over bf16 rows of 9 held
-# as 8 + 1 ran 0.47 stored from them, 0.37 from 16-byte ones (kernel alone).
-SHORT_ROW_BYTES = 64
+# -> 0.91, 17 0.88, 33 0.58 -> 0.80 (PTX instructions an element at 9: 35.3 -> 13.4; at 64 bytes, 65 0.71, at 128
+# 0.73). Softmax over rows of 65 held as 64 + 1, stored staged: 33.4 -> 19.1 PTX instructions an element at 128
+# bytes (0.92 of copy bandwidth, tuned). Rows stored from registers keep the narrowed accesses: softmax over bf16
+# rows of 9 held as 8 + 1 ran 0.47 stored from them, 0.37 from 16-byte ones (kernel alone).
+SHORT_ROW_BYTES = 128
 
 
 def anchored_access_bytes(spec: TensorSpec | None) -> int:
@@ -179,7 +213,8 @@ def _infer_load(op: Load, inf: infer.Inference) -> None:
         infer.free_anchor_layout(op, inf)
         return
     shape = result.type.shape
-    stores = [o for o in inf.kernel.walk() if isinstance(o, Store) and o.window_shape == shape]
+    stores = [o for o in inf.kernel.walk() if isinstance(o, Store)
+              and any(v.is_array and v.type.shape == shape for v in o.values)]
     if (len(shape) == 2 and shape[-1] * result.type.dtype.itemsize <= SHORT_ROW_BYTES
             and all(o.staged for o in stores)):
         infer.free_anchor_layout(op, inf)
@@ -196,207 +231,11 @@ def _infer_load(op: Load, inf: infer.Inference) -> None:
 @infer.rule(Store)
 def _infer_store(op: Store, inf: infer.Inference) -> None:
     """No array of its own; a stored array copied over threads is spread (`infer.spread_stored`)."""
-    infer.spread_stored(op, inf, op.value)
+    for value in op.values:
+        infer.spread_stored(op, inf, value)
 
 
 # ---------------------------------------------------------------------------------------------- lowering
-
-def int_divisor(ctx: lower.Context, v: ir.Value) -> int:
-    """The largest power of two (<= 16) known to divide integer scalar `v` at compile time."""
-    return _divisor(ctx, v, 0)
-
-
-def _divisor(ctx: lower.Context, v: ir.Value, depth: int) -> int:
-    if depth > 16:
-        return 1
-    if v.id in ctx.specs and isinstance(ctx.specs[v.id], int):
-        return ctx.specs[v.id]
-    op = v.owner
-    if isinstance(op, ir.Block) and isinstance(op.parent, For) and v is op.args[0]:
-        loop = op.parent  # the induction variable: lower + i * step
-        return min(_divisor(ctx, loop.operands[0], depth + 1), _divisor(ctx, loop.operands[2], depth + 1))
-    if isinstance(op, Constant):
-        n = abs(int(op.value))
-        return 16 if n == 0 else min(16, n & -n)
-    if isinstance(op, Cast):
-        return _divisor(ctx, op.operands[0], depth + 1)
-    if isinstance(op, Binary):
-        a, b = (_divisor(ctx, x, depth + 1) for x in op.operands)
-        if op.kind in ("add", "sub"):
-            return min(a, b)
-        if op.kind == "mul":
-            return min(16, a * b)
-        if op.kind == "shl" and isinstance(op.operands[1].owner, Constant):
-            return min(16, a << int(op.operands[1].owner.value))
-    return 1
-
-
-def _vector_width(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout,
-                  shape: tuple[int, ...]) -> tuple[int, int, bool]:
-    """(w, align, narrowed): how many consecutive elements of a register's vector go as one access (1: one
-    element per access), the power of two of bytes that every such access's address is known to be a multiple
-    of, and whether the alignment made the accesses narrower than the layout allows."""
-    rank = len(op.sizes)
-    itemsize = ref.dtype.itemsize
-    if not ref.spec.unit_stride or op.squeeze[rank - 1] or not shape or layout.vector_dim is None:
-        return 1, itemsize, False
-    entries = layout.tiling.dim_strides(len(shape))
-    vdim, vstride = entries[len(entries) + layout.vector_dim]
-    if vdim != len(shape) - 1 or vstride != 1:
-        return 1, itemsize, False
-    w = min(layout.vector_length, max(16 // itemsize, 1))
-    # Every other tiled dim along the last axis must step in whole accesses.
-    for (d, s), size in zip(entries, layout.tiled_shape(shape)):
-        if d == len(shape) - 1 and size > 1 and s % w and s != 1:
-            return 1, itemsize, False
-    align = min(16, ref.spec.align, int_divisor(ctx, op.starts[rank - 1]) * itemsize)
-    narrowed = align < w * itemsize and (align >= 4 or w * itemsize < 4)
-    if narrowed:
-        # Aligned accesses of `align` bytes (4 f32 of a misaligned row one by one): they cost no shifting. Below
-        # 4 bytes, accesses too narrow to shift within 32-bit words too.
-        w = max(align // itemsize, 1)
-    return w, max(align, itemsize), narrowed
-
-
-def _element_addresses(ctx: lower.Context, op: Op, ref: LoweredRef, layout, shape: tuple[int, ...],
-                       step: int = 1) -> list[_Element | None]:
-    """Where each held element lives and whether it is inside the tensor (only every `step`-th one: None for
-    the others, whose addresses and bounds a store works out where it needs them, not kept in registers).
-
-    Each thread's base address is computed once; an element's address is that base plus its offset in bytes,
-    a constant along a contiguous last dimension (which ptxas folds into the access) and one product per
-    distinct offset along the others. An element is in bounds when its index along every dimension is below
-    that dimension's size (indices are unsigned there, so a negative start masks too)."""
-    e = ctx.e
-    rank = len(op.sizes)
-    arr_dims = [d for d in range(rank) if not op.squeeze[d]]
-    starts = [ctx.get(s) for s in op.starts]
-    thread = ctx.thread_index(layout, shape) if shape else []
-    base_idx = list(starts)
-    for a, d in enumerate(arr_dims):
-        base_idx[d] = e.addi(starts[d], thread[a])
-    isz = ref.dtype.itemsize
-    contiguous = ref.spec.unit_stride
-    stride_bytes = [e.muli(ref.strides[d], e.i64(isz)) if not (d == rank - 1 and contiguous) else None
-                    for d in range(rank)]
-    base = ref.ptr
-    for d in range(rank):
-        idx64 = e.ext_i64(base_idx[d])
-        base = e.addi(base, e.muli(idx64, e.i64(isz)) if stride_bytes[d] is None else e.muli(idx64, stride_bytes[d]))
-    offsets = element_offsets(layout, shape) if shape else [()]
-    steps: dict[tuple[int, int], Any] = {}  # (dim, offset) -> its i64 byte offset along a strided dim
-    index: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i32 index
-    inside: dict[tuple[int, int], Any] = {}  # (dim, offset) -> i1
-    rows_inside: dict[tuple[int, ...], Any] = {}  # offsets along every dim but the last -> i1
-    out: list[_Element | None] = []
-    for i, off in enumerate(offsets):
-        if i % step:
-            out.append(None)
-            continue
-        by_dim = {d: off[arr_dims.index(d)] for d in arr_dims}
-        addr, constant = base, 0
-        for d in range(rank):
-            k = by_dim.get(d, 0)
-            if (d, k) not in inside:
-                index[(d, k)] = e.addi(base_idx[d], e.i32(k)) if k else base_idx[d]
-                inside[(d, k)] = e.cmpi("ult", index[(d, k)], ref.sizes[d])
-            if not k:
-                continue
-            if stride_bytes[d] is None:
-                constant += k * isz
-            else:
-                if (d, k) not in steps:
-                    steps[(d, k)] = e.muli(stride_bytes[d], e.i64(k))
-                addr = e.addi(addr, steps[(d, k)])
-        ks = tuple(by_dim.get(d, 0) for d in range(rank))
-        if ks[:-1] not in rows_inside:
-            rows_inside[ks[:-1]] = _all(e, [inside[(d, k)] for d, k in enumerate(ks[:-1])])
-        rows, last = rows_inside[ks[:-1]], (rank - 1, ks[-1])
-        out.append(_Element(e.addi(addr, e.i64(constant)) if constant else addr,
-                            inside[last] if rows is None else e.andi(rows, inside[last]), rows, index[last],
-                            addr, constant))
-    return out
-
-
-def _window_inside(ctx: lower.Context, op: Op, ref: LoweredRef, columns: tuple[int, int]) -> Any:
-    """i1, the same in every thread: the window's columns [lo, hi) (relative to its start along the last
-    dimension), in every row of it, lie wholly inside the tensor. The end is compared as start <= n - hi:
-    start + hi wraps past 2**31 - 1 (a start read from memory, 2147483647, passed for a window inside, and its
-    unchecked loads read far past the tensor)."""
-    e = ctx.e
-    conds = []
-    last = len(op.sizes) - 1
-    for d, (start, size, n) in enumerate(zip(op.starts, op.sizes, ref.sizes)):
-        lo, hi = columns if d == last else (0, size)
-        s = ctx.get(start)
-        conds += [e.cmpi("sge", s, e.i32(-lo)), e.cmpi("sle", s, e.subi(n, e.i32(hi)))]
-    return _all(e, conds)
-
-
-@functools.lru_cache(maxsize=256)
-def column_split(layout: TiledLayout, shape: tuple[int, ...], w: int, window_columns: int,
-                 squeezed_last: bool) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """(hi, head, tail): the accesses of `w` elements of an array in `layout` (the Frag indices of their first
-    elements) split into those whose columns, over all the warpgroup's threads, lie in the window's first
-    `hi` <= 7/8 of its columns, and the rest. Where a row ends in the window's last eighth (rows of 4095 in a
-    window of 4096), only the tail's accesses need bounds tests. (Each head or tail empty: no split.)"""
-    every = tuple(range(0, num_elems(layout, shape), w))
-    if squeezed_last or not shape:
-        return window_columns, every, ()
-    offsets = element_offsets(layout, shape)
-    first = next(iter(layout.registers(shape)))
-    spread = [layout.element_index(shape, tid, first, 0)[-1] for tid in range(THREADS_PER_WARPGROUP)]
-    last = max(spread) - spread[0] + w  # past the columns of an access's threads, from its first thread's first
-    bound = window_columns - window_columns // 8
-    head = tuple(i for i in every if offsets[i][-1] + last <= bound)
-    tail = tuple(i for i in every if offsets[i][-1] + last > bound)
-    if min(spread) != spread[0] or not head or not tail:
-        return window_columns, every, ()
-    return max(offsets[i][-1] + last for i in head), head, tail
-
-
-def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...],
-                       w: int, emit: Callable[[bool, tuple], list], types: list) -> list:
-    """What `emit(checked, accesses)` yields for every access of `w` elements of an array in `layout` (in Frag
-    order), under one branch that every thread takes alike: unchecked (no bounds test per access or element)
-    where the whole window lies inside the tensor; else, where the head of its column_split does (a window at a
-    fixed or stepped start), the head unchecked and the tail checked; else all checked. One branch, not one per
-    group of columns: ptxas waits for a branch's loads where it joins, so loads under consecutive branches took a
-    memory latency each (branches for columns up to 1/2, 3/4 and 7/8 of a window of 4096 and the rest: softmax
-    over rows of 4097 0.94 -> 0.70 of copy bandwidth, H200)."""
-    e = ctx.e
-    hi, head, tail = column_split(layout, shape, w, op.sizes[-1], bool(op.squeeze[-1]))
-    every = tuple(sorted(head + tail))
-    if not _fixed_or_stepped(op.starts[-1]):
-        tail = ()
-
-    def split_checked() -> list:
-        values = dict(zip(head, _per_access(emit(False, head), len(head))))
-        values.update(zip(tail, _per_access(emit(True, tail), len(tail))))
-        return [v for i in every for v in values[i]]
-
-    def checked() -> list:
-        if not tail:
-            return emit(True, every)
-        return e.if_else(_window_inside(ctx, op, ref, (0, hi)), types, split_checked, lambda: emit(True, every))
-
-    return e.if_else(_window_inside(ctx, op, ref, (0, op.sizes[-1])), types, lambda: emit(False, every), checked)
-
-
-def _fixed_or_stepped(start: Value) -> bool:
-    """Whether a window's start is a constant or a loop's induction variable: a row's parts, or its chunks in
-    turn. Only those windows take a head path. Where the start comes from the CTA (a row split over a cluster),
-    the third path cost registers and no row ended in a head: softmax over rows of 50257 on 7 CTAs, 127 -> 159
-    registers, 0.67 -> 0.55 of copy bandwidth; over rows of 8193 on 2, 0.79 -> 0.76 (H200)."""
-    owner = start.owner
-    return isinstance(owner, Constant) or (isinstance(owner, ir.Block) and isinstance(owner.parent, For)
-                                           and start is owner.args[0])
-
-
-def _per_access(values: list, accesses: int) -> list[list]:
-    per = len(values) // accesses if accesses else 0
-    return [values[k * per:(k + 1) * per] for k in range(accesses)]
-
 
 @lower.rule(Load)
 def _load(op: Load, ctx: lower.Context) -> None:
@@ -459,84 +298,100 @@ def _load(op: Load, ctx: lower.Context) -> None:
 
 @lower.rule(Store)
 def _store(op: Store, ctx: lower.Context) -> None:
+    """Each array from registers (`_store_registers`), or staged: all of them as one run where they can be."""
     ref: LoweredRef = ctx.get(op.ref)
-    value = op.value
-    dtype = ref.dtype
     e = ctx.e
-    if not value.is_array:
+    parts = op.parts()
+    if not parts[0].value.is_array:
         (el,) = _element_addresses(ctx, op, ref, None, ())
-        _store_access(ctx, el.addr, e.andi(el.inside, e.cmpi("eq", ctx.wg_tid, e.i32(0))), [ctx.get(value)], dtype)
+        _store_access(ctx, el.addr, e.andi(el.inside, e.cmpi("eq", ctx.wg_tid, e.i32(0))),
+                      [ctx.get(parts[0].value)], ref.dtype)
         return
+    frags = [_stored_frag(ctx, op, part.value, ref.dtype) for part in parts]
+
+    def registers() -> None:
+        for part, frag in zip(parts, frags):
+            _store_registers(ctx, part, ref, frag)
+
+    if op.staged and stages(op, ref, [frag.layout for frag in frags]):
+        store_staged(ctx, op, ref, [(frag, _element_addresses(ctx, part, ref, frag.layout, frag.shape))
+                                    for part, frag in zip(parts, frags)], registers)
+    else:
+        registers()
+
+
+def _stored_frag(ctx: lower.Context, op: Store, value: Value, dtype) -> lower.Frag:
+    """A stored array's registers; a splat's spread over the threads."""
     frag = ctx.frag(value)
-    shape = frag.shape
     if isinstance(frag.layout, SplatLayout):
         try:
-            frag = splat_to(ctx, frag, blocked(shape, dtype))
+            frag = splat_to(ctx, frag, blocked(frag.shape, dtype))
         except LayoutError as err:
             raise op.error(str(err), rule=Rule.LAYOUT) from None
-    layout = frag.layout
-    w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
+    return frag
+
+
+def _store_registers(ctx: lower.Context, window: StorePart, ref: LoweredRef, frag: lower.Frag) -> None:
+    """One array of a store into its window, each thread its own elements, in the widest accesses that the
+    alignment allows (see the module)."""
+    e = ctx.e
+    dtype = ref.dtype
+    layout, shape = frag.layout, frag.shape
+    w, align, narrowed = _vector_width(ctx, window, ref, layout, shape)
     isz = dtype.itemsize
     unaligned = w > 1 and align < w * isz
     ragged = ref.spec.size_div < w  # a row may end inside an access
+    els = _element_addresses(ctx, window, ref, layout, shape, step=w)
+    primary = ctx.is_primary(layout)
+    assert len(els) == num_elems(layout, shape)
 
-    def registers() -> None:
-        els = _element_addresses(ctx, op, ref, layout, shape, step=w)
-        primary = ctx.is_primary(layout)
-        assert len(els) == num_elems(layout, shape)
+    bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
+    # 16-bit words of rows that start inside a word, each warp holding whole rows (several a warp): the aligned
+    # word of a lane's second element and the next lane's first, joined by a shuffle, where two 2-byte halves
+    # went. Kernel alone, bf16, H200: softmax 255 (16 rows a program) 0.87 -> 0.93, 1023 (8) 0.91 -> 0.97;
+    # RMSNorm 255 0.87 -> 0.91, 1023 0.94 -> 0.96; layernorm 255 0.86 -> 0.88, 1023 0.83 -> 0.85; 127 unchanged
+    # (its words lie in the checked tail). A row spread over warps (one a CTA) lost: softmax 4097 0.91 -> 0.87,
+    # 8191 0.92 -> 0.86.
+    shuffled = (unaligned and w == isz == 2 and not layout.replicated and lanes_along_rows(layout, shape, w)
+                and warp_rows(layout, shape) is not None)
 
-        bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
-        # 16-bit words of rows that start inside a word, each warp holding whole rows (several a warp): the aligned
-        # word of a lane's second element and the next lane's first, joined by a shuffle, where two 2-byte halves
-        # went. Kernel alone, bf16, H200: softmax 255 (16 rows a program) 0.87 -> 0.93, 1023 (8) 0.91 -> 0.97;
-        # RMSNorm 255 0.87 -> 0.91, 1023 0.94 -> 0.96; layernorm 255 0.86 -> 0.88, 1023 0.83 -> 0.85; 127 unchanged
-        # (its words lie in the checked tail). A row spread over warps (one a CTA) lost: softmax 4097 0.91 -> 0.87,
-        # 8191 0.92 -> 0.86.
-        shuffled = (unaligned and w == isz == 2 and not layout.replicated and lanes_along_rows(layout, shape, w)
-                    and warp_rows(layout, shape) is not None)
+    def emit(checked: bool, accesses: Sequence[int]) -> list:
+        part = [el for i in accesses for el in els[i:i + w]]
+        values = [v for i in accesses for v in frag.elems[i:i + w]]
 
-        def emit(checked: bool, accesses: Sequence[int]) -> list:
-            part = [el for i in accesses for el in els[i:i + w]]
-            values = [v for i in accesses for v in frag.elems[i:i + w]]
+        def whole(el: _Element, words: list, pred) -> None:
+            if unaligned:
+                _store_unaligned_access(e, el, words, pred, isz, bases)
+            else:
+                _store_bytes(e, el.addr, pred, words, w * isz)
 
-            def whole(el: _Element, words: list, pred) -> None:
-                if unaligned:
-                    _store_unaligned_access(e, el, words, pred, isz, bases)
-                else:
-                    _store_bytes(e, el.addr, pred, words, w * isz)
+        if not checked and shuffled:
+            links = word_links(layout, shape, w, tuple(accesses))
+            _store_shuffled_words(ctx, part[::w], [pack_words(e, values[i:i + w], dtype)[0]
+                                                   for i in range(0, len(part), w)], links, bases)
+        elif not checked:  # these accesses' columns are inside the tensor: every access is whole
+            only = primary if layout.replicated else None
+            for i in range(0, len(part), w):
+                whole(part[i], pack_words(e, values[i:i + w], dtype), only)
+        elif unaligned and w * isz <= 4:
+            # An access of one shifted word is two 2-byte stores unless its row starts on a word: element by
+            # element, unbranched, with no fallback branch over all accesses (rows of 8193 bf16 split over 2
+            # CTAs, the second's window crossing the row's end: softmax 0.65 -> 0.77 of copy bandwidth, H100).
+            n = ref.sizes[-1]
+            for i in range(0, len(part), w):
+                _store_elementwise(e, part[i], _span(e, part[i], n), primary,
+                                   pack_words(e, values[i:i + w], dtype), w, isz)
+        elif unaligned or ragged:  # whole accesses as one, the others element by element
+            _store_whole_or_elementwise(ctx, ref, w, part, values, primary, whole)
+        else:  # every access is wholly inside a row or wholly outside
+            for i in range(0, len(part), w):
+                _store_access(ctx, part[i].addr, e.andi(part[i].inside, primary), values[i:i + w], dtype)
+        return []
 
-            if not checked and shuffled:
-                links = word_links(layout, shape, w, tuple(accesses))
-                _store_shuffled_words(ctx, part[::w], [pack_words(e, values[i:i + w], dtype)[0]
-                                                       for i in range(0, len(part), w)], links, bases)
-            elif not checked:  # these accesses' columns are inside the tensor: every access is whole
-                only = primary if layout.replicated else None
-                for i in range(0, len(part), w):
-                    whole(part[i], pack_words(e, values[i:i + w], dtype), only)
-            elif unaligned and w * isz <= 4:
-                # An access of one shifted word is two 2-byte stores unless its row starts on a word: element by
-                # element, unbranched, with no fallback branch over all accesses (rows of 8193 bf16 split over 2
-                # CTAs, the second's window crossing the row's end: softmax 0.65 -> 0.77 of copy bandwidth, H100).
-                n = ref.sizes[-1]
-                for i in range(0, len(part), w):
-                    _store_elementwise(e, part[i], _span(e, part[i], n), primary,
-                                       pack_words(e, values[i:i + w], dtype), w, isz)
-            elif unaligned or ragged:  # whole accesses as one, the others element by element
-                _store_whole_or_elementwise(ctx, ref, w, part, values, primary, whole)
-            else:  # every access is wholly inside a row or wholly outside
-                for i in range(0, len(part), w):
-                    _store_access(ctx, part[i].addr, e.andi(part[i].inside, primary), values[i:i + w], dtype)
-            return []
-
-        if unaligned or narrowed or ragged:  # bounds tests per word or element: skipped where the window is inside
-            _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [])
-        else:
-            emit(True, range(0, len(els), w))
-
-    if op.staged and stages(op.sizes, ref, layout, shape):
-        store_staged(ctx, op, ref, frag, _element_addresses(ctx, op, ref, layout, shape), registers)
+    if unaligned or narrowed or ragged:  # bounds tests per word or element: skipped where the window is inside
+        _inside_or_checked(ctx, window, ref, layout, shape, w, emit, [])
     else:
-        registers()
+        emit(True, range(0, len(els), w))
 
 
 # ---------------------------------------------------------------------------------------------- interpreter
@@ -555,10 +410,12 @@ def window_slices(shape: Sequence[int], starts: Sequence[int], sizes: Sequence[i
     return tuple(inner), tuple(outer)
 
 
-def _window(op: _GmemAccess, wg: Warpgroup) -> tuple[torch.Tensor, tuple | None]:
+def _window(op: _GmemAccess, wg: Warpgroup, part: StorePart | None = None) -> tuple[torch.Tensor, tuple | None]:
+    """(op's tensor, `window_slices` of its window or of one array's part of it)."""
     ref = wg.get(op.ref, op)
-    starts = [int(wg.scalar(s, op)) for s in op.starts]
-    return ref, window_slices(ref.shape, starts, op.sizes)
+    window = part or op
+    starts = [int(wg.scalar(s, op)) for s in window.starts]
+    return ref, window_slices(ref.shape, starts, window.sizes)
 
 
 @interpret.rule(Load)
@@ -576,7 +433,8 @@ def _interp_load(op: Load, wg: Warpgroup) -> None:
 
 @interpret.rule(Store)
 def _interp_store(op: Store, wg: Warpgroup) -> None:
-    ref, inside = _window(op, wg)
-    if inside is not None:
-        ref[inside[0]] = wg.get(op.value, op).reshape(op.sizes)[inside[1]]
-        wg.gmem_store(ref[inside[0]], op.loc)
+    for part in op.parts():
+        ref, inside = _window(op, wg, part)
+        if inside is not None:
+            ref[inside[0]] = wg.get(part.value, op).reshape(part.sizes)[inside[1]]
+            wg.gmem_store(ref[inside[0]], op.loc)

@@ -9,8 +9,12 @@ stride is its row length and the window's columns cover every column, the window
 run of bytes (`RowsRun`), however short the rows: each thread puts its elements inside the tensor into a scratch
 holding the run from its first chunk's boundary, the warpgroup meets (bar.sync of its 128 threads), and the
 run goes out, its whole chunks one st.global.v4 each (thread t the t-th of every 128), its partial first and last
-chunks element by element. Whether the rows are one run is known at run time only (strides are not specialized):
-elsewhere the same store goes out from registers, behind one branch that every thread takes alike.
+chunks element by element by threads 0 and 1 alone. Whether the rows are one run is known at run time only
+(strides are not specialized): elsewhere the same store goes out from registers, behind one branch that every
+thread takes alike. A store of several arrays side by side (`mgjit.store(x, index, (a, b), staged=True)`: a row
+held as 8 + 1 columns) puts them all into the one scratch: each array's window alone would be no run. Where no row
+of the window lies before the tensor's first and every array's columns lie inside the rows (a run-time test), the
+puts take no bounds test: rows past the last land past the run's end.
 
 Whether it pays depends on what hides the staging's round trip, so it is asked for, not chosen here: the row
 examples offer it as a mapping the tuner weighs (examples/_rows.py `staging`). Kernel alone, bf16, H200, softmax:
@@ -20,7 +24,10 @@ warp, a chunk and a piece each) at 199 PTX instructions an element. Staged loads
 measured (the thirty-fourth session): a plain copy of bf16 rows of 9, 16 columns held, ran 0.72 of copy bandwidth
 through registers and 0.44 loaded staged; softmax over them 0.52 and 0.41; not kept. The warpgroup's meeting costs
 where a program's few rows leave nothing else of it in flight (the thirtieth session, one run a warpgroup: 8 rows of
-1023 a program 0.84, a row of 4097 a CTA 0.92 -> 0.81), hence a tuner's candidate, not a default.
+1023 a program 0.84, a row of 4097 a CTA 0.92 -> 0.81), hence a tuner's candidate, not a default. Rows held as two
+arrays, one store (the thirty-fifth session; tuned, H200): softmax over bf16 rows of 9 0.59 -> 1.02, 33 0.63 ->
+0.98, 65 0.60 -> 0.92 (PTX instructions an element at 9: 42.6 staged one array of 16 columns, 26.8 two arrays from
+registers, 15.3 two staged, the partial chunks' element stores behind a branch: 18.1 issued by every thread).
 
 Applies where the launch does not prove rows 16-byte aligned (where it does, the registers' accesses are 16-byte
 vectors already) to windows of at most FLAT_STORE_BYTES of two dimensions (after single indices: `out[b, rows,
@@ -93,13 +100,13 @@ def warp_rows(layout: TiledLayout, shape: tuple[int, ...]) -> WarpRows | None:
     return shape_
 
 
-def stages(sizes: tuple[int, ...], ref: LoweredRef, layout: Layout, shape: tuple[int, ...]) -> bool:
-    """Whether a store of an array of `shape` in `layout` into a window of `sizes` of `ref` is staged where its rows
-    are one run (see the module): the window's last two dimensions the array's, any before them single indices (a
-    batch's row block), rows the launch does not prove 16-byte aligned, at most FLAT_STORE_BYTES."""
-    spec = ref.spec
-    return (len(sizes) >= 2 and tuple(sizes[-2:]) == shape and all(n == 1 for n in sizes[:-2])
-            and isinstance(layout, TiledLayout)
+def stages(op: ir.Op, ref: LoweredRef, layouts: list[Layout]) -> bool:
+    """Whether a store (ops/gmem.py Store) of arrays in `layouts` is staged where its window's rows are one run (see
+    the module): a window of two dimensions after single indices (a batch's row block), rows the launch does not
+    prove 16-byte aligned, at most FLAT_STORE_BYTES."""
+    spec, sizes = ref.spec, op.sizes
+    return (len(sizes) >= 2 and op.window_shape == tuple(sizes[-2:])
+            and all(isinstance(layout, TiledLayout) for layout in layouts)
             and spec.unit_stride and spec.align < CHUNK and math.prod(sizes) * ref.dtype.itemsize <= FLAT_STORE_BYTES)
 
 
@@ -148,33 +155,51 @@ class RowsRun:
         return e.addi(e.addi(scratch, self.origin), e.muli(index, e.i32(self.isz)))
 
 
-def store_staged(ctx: lower.Context, op: ir.Op, ref: LoweredRef, frag: lower.Frag, els: list,
+def store_staged(ctx: lower.Context, op: ir.Op, ref: LoweredRef, parts: list[tuple[lower.Frag, list]],
                  registers: Callable[[], None]) -> None:
     """A staged store (`mgjit.store(x, index, value, staged=True)`): where the window's rows are one run
-    (`RowsRun`), each thread puts its elements inside the tensor (`els`, ops/gmem.py's element addresses) into a
-    scratch at their byte past the run's first chunk boundary, the warpgroup meets, and the run goes out from
-    the scratch; elsewhere `registers()` stores."""
+    (`RowsRun`), each thread puts its elements inside the tensor into a scratch at their byte past the run's first
+    chunk boundary, the warpgroup meets, and the run goes out from the scratch; elsewhere `registers()` stores.
+    `parts`: each array side by side along the window's rows (one, or a row's parts: 9 columns as 8 + 1) with
+    its elements' addresses (ops/gmem.py)."""
     e = ctx.e
     starts = [ctx.get(s) for s in op.starts]
     run = RowsRun(ctx, ref, op.sizes, starts, *_plane(e, ref, starts))
     scratch = shared_address(ctx, ctx.alloc_smem(run.max_chunks * CHUNK, CHUNK))
     if in_loop(ctx.kernel, op):
         ctx.warpgroup_barrier(meet=False)  # every thread's earlier reads of the scratch are done
-    e.only_if(run.applies, lambda: _put(ctx, run, scratch, frag, els))
+
+    def put(checked: bool) -> list:
+        column = 0
+        for frag, els in parts:
+            _put(ctx, run, scratch, frag, els, column, checked)
+            column += frag.shape[-1]
+        return []
+
+    # Unchecked where no row lies before the tensor's and every array's columns inside its rows: the elements of
+    # rows past its last land past the run's end in the scratch, which holds the whole window.
+    inside, column = [e.cmpi("sge", run.r0, e.i32(0))], 0
+    for frag, _ in parts:
+        first = e.addi(run.c0, e.i32(column))
+        column += frag.shape[-1]
+        inside += [e.cmpi("sge", first, e.i32(0)), e.cmpi("sle", first, e.subi(run.n, e.i32(frag.shape[-1])))]
+    e.only_if(run.applies, lambda: e.if_else(_all(e, inside), [], lambda: put(False), lambda: put(True)))
     ctx.warpgroup_barrier(meet=False)
     e.only_if(run.applies, lambda: _write_out(ctx, run, scratch, ref.dtype.itemsize))
     e.only_if(_not(e, run.applies), registers)
 
 
-def _put(ctx: lower.Context, run: RowsRun, scratch, frag: lower.Frag, els: list) -> None:
-    """Each element inside the tensor into the scratch at its place in the run, element by element."""
+def _put(ctx: lower.Context, run: RowsRun, scratch, frag: lower.Frag, els: list, column: int, checked: bool) -> None:
+    """Each element of an array whose columns start `column` into the window into the scratch at its place in the
+    run, element by element; `checked`: only those inside the tensor."""
     e = ctx.e
     thread_row, thread_col = ctx.thread_index(frag.layout, frag.shape)
+    thread_col = e.addi(thread_col, e.i32(column)) if column else thread_col
     rows: dict[int, Any] = {}  # a held row's offset -> the address of the thread's column 0 of it
     for (r, c), value, el in zip(element_offsets(frag.layout, frag.shape), frag.elems, els):
         if r not in rows:
             rows[r] = run.address(scratch, e.addi(thread_row, e.i32(r)), thread_col)
-        store_shared(e, e.addi(rows[r], e.i32(c * run.isz)), [value], frag.dtype, el.inside)
+        store_shared(e, e.addi(rows[r], e.i32(c * run.isz)), [value], frag.dtype, el.inside if checked else None)
 
 
 def _write_out(ctx: lower.Context, run: RowsRun, scratch, isz: int) -> None:
@@ -192,24 +217,31 @@ def _write_out(ctx: lower.Context, run: RowsRun, scratch, isz: int) -> None:
     tail = e.cmpi("ne", e.andi(run.end, e.i64(CHUNK - 1)), e.i64(0))
     apart = e.ori(e.cmpi("ugt", run.last, e.i32(0)), _not(e, run.head))
     takes = e.andi(e.cmpi("ult", ctx.wg_tid, e.i32(2)), e.select(at_head, run.head, e.andi(tail, apart)))
-    offset = e.select(at_head, e.i32(0), e.muli(run.last, e.i32(CHUNK)))
-    words = _read_chunk(e, e.addi(scratch, offset), takes)
-    start = e.addi(run.boundary, e.ext_i64(run.skew))
-    _store_chunk_elements(e, e.addi(run.boundary, e.ext_i64(offset)), words, takes, start, run.end, isz)
+
+    def partial() -> None:  # a branch: the warpgroup's other threads skip its element-by-element stores
+        offset = e.select(at_head, e.i32(0), e.muli(run.last, e.i32(CHUNK)))
+        words = _read_chunk(e, e.addi(scratch, offset), None)
+        start = e.addi(run.boundary, e.ext_i64(run.skew))
+        _store_chunk_elements(e, e.addi(run.boundary, e.ext_i64(offset)), words, start, run.end, isz)
+
+    e.only_if(takes, partial)
 
 
 def _read_chunk(e, addr, pred) -> list:
-    """The 16 bytes at shared-window address addr (16-byte aligned) as 4 words, where pred holds."""
+    """The 16 bytes at shared-window address addr (16-byte aligned) as 4 words, where pred holds (None: always)."""
+    if pred is None:
+        return e.asm("ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr], [e.int_type(32)] * 4,
+                     side_effects=True)
     return e.asm("@$4 ld.shared.v4.b32 {$0, $1, $2, $3}, [$5];", "=r,=r,=r,=r,b,r", [pred, addr],
                  [e.int_type(32)] * 4, side_effects=True)
 
 
-def _store_chunk_elements(e, at, words: list, pred, start, end, isz: int) -> None:
-    """The elements of the chunk of `words` at `at` that lie in [start, end), one store each, where pred holds."""
+def _store_chunk_elements(e, at, words: list, start, end, isz: int) -> None:
+    """The elements of the chunk of `words` at `at` that lie in [start, end), one store each."""
     per_word = max(1, 4 // isz)
     for j in range(CHUNK // isz):
         addr = e.addi(at, e.i64(j * isz))
-        inside = e.andi(pred, e.andi(e.cmpi("uge", addr, start), e.cmpi("ult", addr, end)))
+        inside = e.andi(e.cmpi("uge", addr, start), e.cmpi("ult", addr, end))
         if isz >= 4:
             _store_bytes(e, addr, inside, words[j * isz // 4:(j + 1) * isz // 4], isz)
         else:

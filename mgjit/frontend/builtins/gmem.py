@@ -42,13 +42,18 @@ def window(t: Semantics, ref: Ref, index: Any) -> tuple[list[ir.Value], tuple[in
             squeeze.append(True)
         else:
             raise t.error(f"cannot index a reference with {type(item).__name__} {item!r}")
-        s = t.to_tensor(start)
-        if not s.dtype.is_int or s.shape:
-            raise t.error(f"index of axis {axis} must be an integer scalar, got {s.value.type}")
-        if s.dtype != dtypes.int32:
-            s = t.cast(s, dtypes.int32)
-        starts.append(s.value)
+        starts.append(_start(t, axis, start))
     return starts, tuple(sizes), tuple(squeeze)
+
+
+def _start(t: Semantics, axis: int, start: Any) -> ir.Value:
+    """A window's start along `axis` as an int32 value."""
+    s = t.to_tensor(start)
+    if not s.dtype.is_int or s.shape:
+        raise t.error(f"index of axis {axis} must be an integer scalar, got {s.value.type}")
+    if s.dtype != dtypes.int32:
+        s = t.cast(s, dtypes.int32)
+    return s.value
 
 
 def _is_array(item: Any) -> bool:
@@ -140,6 +145,9 @@ def store(t: Semantics, ref: Ref, index: Any, value: Any, staged: bool = False) 
                       f"windows (mgjit.ds)")
     starts, sizes, squeeze = window(t, ref, index)
     shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
+    if isinstance(value, (tuple, list)):
+        _store_side_by_side(t, ref, index, starts, sizes, squeeze, list(value), staged)
+        return
     if not isinstance(value, (Tensor, Expanded)):  # a Python number is converted to the reference's dtype
         value = t.cast(value, ref.dtype)
     if value.dtype != ref.dtype:
@@ -150,4 +158,45 @@ def store(t: Semantics, ref: Ref, index: Any, value: Any, staged: bool = False) 
             value = t.broadcast_to(value, shape)
         except CompileError:
             raise t.error(f"storing an array of shape {tuple(value.shape)} into a window of shape {shape}")
-    t.builder.add(ops.Store(ref.value, starts, sizes, squeeze, value.value, t.builder.loc, staged=staged))
+    t.builder.add(ops.Store(ref.value, starts, sizes, squeeze, [value.value], t.builder.loc, staged=staged))
+
+
+def _store_side_by_side(t: Semantics, ref: Ref, index: Any, starts: list[ir.Value], sizes: tuple[int, ...],
+                        squeeze: tuple[bool, ...], values: list, staged: bool) -> None:
+    """`x[index] = (a, b, ...)`: arrays side by side along the window's last axis, their widths adding up to its
+    size (a row held as two arrays, 9 columns as 8 + 1), as one store (staged: one run)."""
+    shape = tuple(s for s, q in zip(sizes, squeeze) if not q)
+    index = index if isinstance(index, tuple) else (index,)
+    if not values or squeeze[-1]:
+        raise t.error(f"storing a tuple of arrays side by side into {ref.name} takes at least one array and a window "
+                      f"whose last index is a range (mgjit.ds or a slice), got {len(values)} arrays and "
+                      f"{'an integer' if squeeze[-1] else 'a range'} last index")
+    arrays = []
+    for k, v in enumerate(values):
+        if not isinstance(v, (Tensor, Expanded)) or len(v.shape) != len(shape):
+            got = f"shape {tuple(v.shape)}" if isinstance(v, (Tensor, Expanded)) else type(v).__name__
+            raise t.error(f"storing arrays side by side into {ref.name}'s window of shape {shape}: each is an array "
+                          f"of rank {len(shape)}, got {got} at position {k}")
+        if v.dtype != ref.dtype:
+            raise t.error(f"storing {v.dtype.name} into {ref.name}, a {ref.dtype.name} reference (array {k} of the "
+                          f"tuple); convert with .astype({ref.name}.dtype)")
+        part = (*shape[:-1], v.shape[-1])
+        if tuple(v.shape) != part or isinstance(v, Expanded):
+            try:
+                v = t.broadcast_to(v, part)
+            except CompileError:
+                raise t.error(f"storing an array of shape {tuple(v.shape)} into the rows of a window of shape "
+                              f"{shape}") from None
+        arrays.append(v)
+    widths = [v.shape[-1] for v in arrays]
+    if sum(widths) != shape[-1]:
+        raise t.error(f"arrays stored side by side into {ref.name} fill the window's last axis of {shape[-1]}, got "
+                      f"widths {widths} (adding up to {sum(widths)})")
+    last = index[-1]
+    first = last.start if isinstance(last, lang.ds) else (last.start or 0)
+    columns, offset = [], 0
+    for width in widths[:-1]:
+        offset += width
+        columns.append(_start(t, len(sizes) - 1, t.apply_binop("add", first, offset)))
+    t.builder.add(ops.Store(ref.value, starts, sizes, squeeze, [v.value for v in arrays], t.builder.loc,
+                            staged=staged, column_starts=columns))
