@@ -224,6 +224,22 @@ class TiledLayout:
 
         return TiledLayout(new_tiling, remap_all(self.warp_dims), remap_all(self.lane_dims), vector)
 
+    def with_unit_axis(self, rank: int) -> "TiledLayout":
+        """A layout of arrays of rank + 1 whose last axis has size 1 and whose reduction over it (`reduce`) is this
+        layout, for arrays of `rank`: every tile takes a trailing 1, each thread holds the same elements."""
+        tiling = Tiling(tuple((*tile, 1) for tile in self.tiling.tiles))
+        old, new = self.tiling.dim_strides(rank), tiling.dim_strides(rank + 1)
+        kept = [k - len(new) for k, (d, _) in enumerate(new) if d != rank]
+
+        def remap(d: Dim) -> Dim:
+            return d if isinstance(d, Replicated) else kept[len(old) + d]
+
+        vector = None if self.vector_dim is None else remap(self.vector_dim)
+        layout = TiledLayout(tiling, tuple(map(remap, self.warp_dims)), tuple(map(remap, self.lane_dims)), vector)
+        if len(kept) != len(old) or layout.reduce((rank,), rank + 1) != self:
+            raise LayoutError(f"expected a layout with a unit last axis reducing to {self}, got {layout}")
+        return layout
+
     def reduced_lane_dims(self, axes: Sequence[int], rank: int) -> list[tuple[int, int]]:
         """(stride in the lane index, size) of each lane dimension that indexes one of `axes`."""
         return self._reduced(self.lane_dims, axes, rank)

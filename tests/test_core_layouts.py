@@ -231,6 +231,24 @@ def test_reduce_wgmma_rows():
     assert WGMMA.reduced_warp_dims((1,), 2) == []
 
 
+@pytest.mark.parametrize("shape,dtype,access", [((256, 16), dtypes.bfloat16, 16), ((32, 64), dtypes.float32, 16),
+                                                ((64, 128), dtypes.bfloat16, 4), ((128,), dtypes.float32, 16)])
+def test_a_unit_last_axis_added_holds_what_the_reduction_held(shape, dtype, access):
+    """`with_unit_axis` of a row reduction's layout (or of a 1D one): an (R, 1) layout whose thread t holds row r
+    exactly where the reduced layout has thread t hold element r, and that reduces back to it."""
+    layout = blocked(shape, dtype, access_bytes=access)
+    reduced = layout.reduce((len(shape) - 1,), len(shape)) if len(shape) > 1 else layout
+    rows = shape[:-1] if len(shape) > 1 else shape
+    unit = reduced.with_unit_axis(len(rows))
+    assert unit.reduce((len(rows),), len(rows) + 1) == reduced
+    for tid in range(128):
+        held = {reduced.element_index(rows, tid, reg, v) for reg in reduced.registers(rows)
+                for v in range(reduced.vector_length)}
+        unit_held = {unit.element_index((*rows, 1), tid, reg, v)[:-1] for reg in unit.registers((*rows, 1))
+                     for v in range(unit.vector_length)}
+        assert held == unit_held, tid
+
+
 def test_reducing_everything_is_an_error():
     with pytest.raises(LayoutError, match="scalar"):
         blocked((1024,), dtypes.float32).reduce((0,), 1)

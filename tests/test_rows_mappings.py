@@ -641,3 +641,17 @@ def test_short_odd_rows_reduce_within_a_warp(kernel, n):
     dev.run(compiled, _rows.grid(x.shape[0], config), *args)
     got = dev.fetch(out).float()
     assert not got.isnan().any() and (got - ref).abs().max() < 2e-2 * ref.abs().max()
+
+
+@pytest.mark.parametrize("n,parts", [(9, (8, 1)), (17, (16, 1)), (33, (32, 1))])
+def test_a_rows_one_column_part_meets_the_other_without_relayouts(n, parts):
+    """Rows held as two arrays, the second one column wide: its row statistics (a reduction over that column) are
+    placed where the first array's are (ops/reductions.py Reduce.free_with_operand), so that every example
+    combines them, and broadcasts them back, with no relayout (each a round trip through shared memory and a
+    barrier)."""
+    x = torch.empty(256, n, dtype=BF16)
+    config = _rows.hold(128, parts)
+    for kernel, args, constexprs, _ in kernels(x, BF16):
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        relayouts = [line for line in compiled.ir.splitlines() if "= relayout(" in line]
+        assert not relayouts, (kernel.name, relayouts)

@@ -56,6 +56,14 @@ class Reduce(Op):
     def attrs(self):
         return {"kind": self.kind, "axes": self.axes}
 
+    @property
+    def free_with_operand(self) -> bool:
+        """Over the last axis, of size 1 (a row's one-column part, 9 columns held as 8 + 1): nothing moves between
+        threads, so the operand can be placed in the layout a user wants the result in, that axis added
+        (`TiledLayout.with_unit_axis`), and the row's statistics of both parts meet without a relayout."""
+        shape = self.operands[0].type.shape
+        return len(shape) >= 2 and self.axes == (len(shape) - 1,) and shape[-1] == 1
+
     def verify(self):
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
         rank = len(self.operands[0].type.shape)
@@ -122,6 +130,16 @@ def _infer_reduce(op: Reduce | Squeeze, inf: infer.Inference) -> None:
     if isinstance(src.layout, SplatLayout):
         inf.set_layout(op.result, SPLAT, op)
         return
+    placed = inf.overrides.get(id(op))
+    if placed is not None and isinstance(placed, TiledLayout):  # a Reduce over a unit last axis (free_with_operand)
+        try:
+            wanted = placed.with_unit_axis(len(op.result.type.shape))
+        except LayoutError:
+            wanted = None
+        if wanted is not None:
+            inf.move_or_relayout(op, 0, wanted)
+            inf.set_layout(op.result, placed, op)
+            return
     try:
         layout = src.layout.reduce(op.axes, len(src.type.shape))
     except LayoutError as e:
