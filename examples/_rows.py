@@ -641,12 +641,10 @@ def store_row(out, rows, starts, held, PARTS, STAGED):
     """STAGED: through shared memory, the program's rows as one run of aligned 16-byte chunks (`staging`): a row
     held whole (one segment), its parts side by side from column 0 in one store."""
     if STAGED:
-        width = 0
         parts = ()
         for p in mgjit.static_range(len(PARTS)):
-            width += PARTS[p]
             parts = parts + (held[p].astype(out.dtype),)
-        mgjit.store(out, (rows, mgjit.ds(0, width)), parts, staged=True)
+        mgjit.store(out, (rows, mgjit.ds(0, held_width(PARTS))), parts, staged=True)
     else:
         for p in mgjit.static_range(len(PARTS)):
             mgjit.store(out, (rows, mgjit.ds(starts[p], PARTS[p])), held[p].astype(out.dtype))

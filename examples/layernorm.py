@@ -30,8 +30,9 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, floating, launch, load_row, mapping, merge_moments, output, persisting,
-                   row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, weights)
+from _rows import (chunked_segment, columns, floating, held_width, launch, load_row, mapping, merge_moments, output,
+                   persisting, row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row,
+                   weights)
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
 
@@ -48,6 +49,10 @@ OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
 # 0.53 -> 0.92 of copy bandwidth, 9 0.49 -> 0.95, 17 0.52 -> 0.81, 33 0.61 -> 0.83, 65 0.57 -> 0.79; longer rows
 # ran slower staged (255: 0.72 against 0.86 from registers).
 STAGED_ROWS = 128
+# Rows shorter than this held as two arrays (17 as 16 + 1, _rows._two_parts) skip the mask of the padding where
+# there is none, a run-time test (PTX instructions an element, bf16 rows of 17: 21.5 -> 20.3, one select fewer;
+# 91 -> 82 registers). Longer rows keep the one masked path (two were not measured there).
+EXACT_ROWS = 256
 
 
 @mgjit.kernel
@@ -91,7 +96,13 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
     v = load_row(x, rows, starts, PARTS, 0.0)
     if SPLIT == 1:
         mean = segment_sum(v) / n
-        d = centred(v, cols, mean, n)
+        if len(PARTS) == 2 and held_width(PARTS) < EXACT_ROWS:
+            if n == held_width(PARTS):
+                d = centred(v, (), mean, 0)
+            else:
+                d = centred(v, cols, mean, n)
+        else:
+            d = centred(v, cols, mean, n)
         m2 = segment_sum(squares(d))
     else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
         count = segment_count(n, starts, PARTS).astype(mgjit.float32)
@@ -174,10 +185,13 @@ def deviations(env, f, inv_n, PL, CTAS):
 
 @mgjit.device
 def centred(v, cols, mean, n):
-    """v - mean per part, zero past the row's end."""
+    """v - mean per part, zero past the row's end (cols: each part's column indices; () where no part crosses it)."""
     d = ()
     for p in mgjit.static_range(len(v)):
-        d = d + (mgjit.where(cols[p] < n, v[p] - mean[:, None], 0.0),)
+        if len(cols):
+            d = d + (mgjit.where(cols[p] < n, v[p] - mean[:, None], 0.0),)
+        else:
+            d = d + (v[p] - mean[:, None],)
     return d
 
 

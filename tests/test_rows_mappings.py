@@ -655,3 +655,20 @@ def test_a_rows_one_column_part_meets_the_other_without_relayouts(n, parts):
         compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
         relayouts = [line for line in compiled.ir.splitlines() if "= relayout(" in line]
         assert not relayouts, (kernel.name, relayouts)
+
+
+@pytest.mark.parametrize("n,parts,masked", [(17, (16, 1), False), (19, (16, 4), True)])
+def test_layernorm_masks_its_padding_only_where_there_is_some(n, parts, masked):
+    """Layernorm's deviations from the mean are masked past the row's end (a select an element) only where its
+    arrays hold more columns than the row: rows of 17 held as 16 + 1 take none, rows of 19 as 16 + 4 do. Counted
+    on the PTX simulator, the results checked against torch."""
+    x = (torch.randn(64, n) * 3).to(BF16)
+    kernel, args, constexprs, checks = kernels(x, BF16)[2]
+    config = _rows.hold(64, parts)
+    compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+    dev = ptx_sim.Device()
+    dev.counts = collections.Counter()
+    dev.run(compiled, _rows.grid(x.shape[0], config), *args)
+    for got, ref, tol in checks:
+        assert rel_err(dev.fetch(got), ref) < max(tol, TOL[BF16])
+    assert (dev.counts.get("selp.f32", 0) > 0) == masked, dev.counts.get("selp.f32", 0)
