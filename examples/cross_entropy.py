@@ -32,17 +32,25 @@ import mgjit
 
 # Chunked rows are read in groups of this many columns (_rows.stage); as softmax's, whose registers it shares.
 STAGE_GROUP = 4096
+# CTAs an SM that short rows held as two arrays (33 as 32 + 1) are also tried at: their row statistics' placement
+# (ops/reductions.py, a reduction over a unit axis) took rows of 33 from 64 registers to 67, 8 CTAs an SM to 7,
+# and 0.80 of copy bandwidth to 0.76. Capped (63 registers; H200, bf16, kernel alone): 33 0.75 -> 0.80, 65 0.72 ->
+# 0.74, 17 0.85 -> 0.87 (256 rows a program), 150 as 128 + 32 0.75 -> 0.75.
+TWO_PART_OCC = 8
 
 
 @mgjit.kernel
 def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, counts, ROWS: mgjit.constexpr,
                        PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                        CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
-                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0):
+                       STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0,
+                       OCC: mgjit.constexpr = 0):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
     least two a program) float32, the statistics of the pieces of rows that programs share, and counts: (at least
     rows) int32, zero, each such row's pieces counted in and set back to zero, both used by piped segments
-    (SEGS > 1) only (`scratch`, `finish_piece`)."""
+    (SEGS > 1) only (`scratch`, `finish_piece`). OCC > 0: registers capped so that OCC CTAs fit on an SM."""
+    if OCC:
+        mgjit.min_ctas_per_sm(OCC)
     if PIPE:
         mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
         if SEGS > 1:
@@ -271,9 +279,13 @@ def block_for(n: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
-    """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n); then the piped ones
-    (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none), whole rows or, longer, segments."""
-    return piping(rows_mapping(n, stream=block_for(n)), n, itemsize, segments=True)
+    """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n), short rows held as two
+    arrays again with registers capped for TWO_PART_OCC CTAs an SM; then the piped ones (examples/_rows_piped.py) for
+    elements of `itemsize` bytes (0: none), whole rows or, longer, segments."""
+    configs = rows_mapping(n, stream=block_for(n))
+    capped = tuple(c.replace(OCC=TWO_PART_OCC) for c in configs
+                   if len(c.kwargs["PARTS"]) == 2 and sum(c.kwargs["PARTS"]) < 256 and not c.kwargs["BLOCK"])
+    return piping(tuple(c.replace(OCC=0) for c in configs) + capped, n, itemsize, segments=True)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,

@@ -329,6 +329,18 @@ def test_staged_twins_only_where_rows_are_misaligned():
             assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
 
 
+def test_cross_entropy_also_caps_short_two_array_rows_registers():
+    """Cross-entropy's short rows held as two arrays are tried again with registers capped for TWO_PART_OCC CTAs an
+    SM (one key set for the tuner); longer two-array rows (4097 as 4096 + 128) are not."""
+    for n, capped in ((9, 2), (33, 2), (150, 2), (4097, 0), (100000, 0)):
+        configs = ce.mapping(n, 2)
+        occ = [c for c in configs if c.kwargs["OCC"]]
+        assert len(occ) == capped and all(c.kwargs["OCC"] == ce.TWO_PART_OCC for c in occ), n
+        assert [c.replace(OCC=0) for c in occ] == [c for c in configs if len(c.kwargs["PARTS"]) == 2
+                                                   and sum(c.kwargs["PARTS"]) < 256 and not c.kwargs["OCC"]]
+        assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
+
+
 def test_examples_read_rows_in_whole_words():
     """The PTX of the examples' heuristic picks: 4097-wide bf16 rows (every one starting at another offset in a
     32-bit word) loaded and stored as aligned words shifted by prmt, with no bounds test, where a window's column
