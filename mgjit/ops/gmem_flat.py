@@ -37,6 +37,7 @@ ops/gmem.py's stores of shifted words too.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -169,19 +170,18 @@ def store_staged(ctx: lower.Context, op: ir.Op, ref: LoweredRef, parts: list[tup
     if in_loop(ctx.kernel, op):
         ctx.warpgroup_barrier(meet=False)  # every thread's earlier reads of the scratch are done
 
+    columns = list(itertools.accumulate((frag.shape[-1] for frag, _ in parts[:-1]), initial=0))
+
     def put(checked: bool) -> list:
-        column = 0
-        for frag, els in parts:
+        for (frag, els), column in zip(parts, columns):
             _put(ctx, run, scratch, frag, els, column, checked)
-            column += frag.shape[-1]
         return []
 
     # Unchecked where no row lies before the tensor's and every array's columns inside its rows: the elements of
     # rows past its last land past the run's end in the scratch, which holds the whole window.
-    inside, column = [e.cmpi("sge", run.r0, e.i32(0))], 0
-    for frag, _ in parts:
+    inside = [e.cmpi("sge", run.r0, e.i32(0))]
+    for (frag, _), column in zip(parts, columns):
         first = e.addi(run.c0, e.i32(column))
-        column += frag.shape[-1]
         inside += [e.cmpi("sge", first, e.i32(0)), e.cmpi("sle", first, e.subi(run.n, e.i32(frag.shape[-1])))]
     e.only_if(run.applies, lambda: e.if_else(_all(e, inside), [], lambda: put(False), lambda: put(True)))
     ctx.warpgroup_barrier(meet=False)
