@@ -63,13 +63,18 @@ def parts(n: int) -> tuple[int, ...]:
     return tuple(1 << b for b in range(n.bit_length() - 1, 6, -1) if n >> b & 1)
 
 
+# Rows shorter than this may be held as two arrays (`_two_parts`): the examples' tiny-row tunings (layernorm's
+# unmasked path, cross-entropy's capped registers) apply below it.
+TWO_PARTS_BELOW = 256
+
+
 def _two_parts(n: int) -> tuple[int, ...]:
-    """For a row shorter than 256 columns, two widths (powers of two) that hold it with less padding than the one
-    `parts` gives it, or () where there are none: 33 columns as (32, 1), not 64; 35 as (32, 4). Each array costs
-    its own reductions, but a padded one its lanes' shuffles and masks over columns that hold nothing (PTX
-    instructions an element, bf16 softmax: 33 columns 53.3 -> 28.9, 9 columns 41.8 -> 26.8)."""
+    """For a row shorter than TWO_PARTS_BELOW columns, two widths (powers of two) that hold it with less padding
+    than the one `parts` gives it, or () where there are none: 33 columns as (32, 1), not 64; 35 as (32, 4). Each
+    array costs its own reductions, but a padded one its lanes' shuffles and masks over columns that hold nothing
+    (PTX instructions an element, bf16 softmax: 33 columns 53.3 -> 28.9, 9 columns 41.8 -> 26.8)."""
     high = 1 << (n.bit_length() - 1)
-    if n >= 256 or n == high:
+    if n >= TWO_PARTS_BELOW or n == high:
         return ()
     low = 1 << (n - high - 1).bit_length()
     return (high, low) if high + low < sum(parts(n)) else ()

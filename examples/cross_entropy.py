@@ -23,7 +23,7 @@ import functools
 import torch
 from _rows import (chunked_segment, exp_segment, finite_shift, first_row, floating, launch, load_row, grid,
                    mapping as rows_mapping, merge_exp, merge_pair, output, segment, sm_count, stage, store_stat,
-                   streamed_exp_sum)
+                   streamed_exp_sum, TWO_PARTS_BELOW)
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
                          program_segment, read_lines, ring)
@@ -283,8 +283,8 @@ def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     arrays again with registers capped for TWO_PART_OCC CTAs an SM; then the piped ones (examples/_rows_piped.py) for
     elements of `itemsize` bytes (0: none), whole rows or, longer, segments."""
     configs = rows_mapping(n, stream=block_for(n))
-    capped = tuple(c.replace(OCC=TWO_PART_OCC) for c in configs
-                   if len(c.kwargs["PARTS"]) == 2 and sum(c.kwargs["PARTS"]) < 256 and not c.kwargs["BLOCK"])
+    capped = tuple(c.replace(OCC=TWO_PART_OCC) for c in configs if len(c.kwargs["PARTS"]) == 2
+                   and sum(c.kwargs["PARTS"]) < TWO_PARTS_BELOW and not c.kwargs["BLOCK"])
     return piping(tuple(c.replace(OCC=0) for c in configs) + capped, n, itemsize, segments=True)
 
 

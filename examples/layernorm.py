@@ -32,7 +32,7 @@ import functools
 import torch
 from _rows import (chunked_segment, columns, floating, held_width, launch, load_row, mapping, merge_moments, output,
                    persisting, row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row,
-                   weights)
+                   TWO_PARTS_BELOW, weights)
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
 
@@ -49,10 +49,6 @@ OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
 # 0.53 -> 0.92 of copy bandwidth, 9 0.49 -> 0.95, 17 0.52 -> 0.81, 33 0.61 -> 0.83, 65 0.57 -> 0.79; longer rows
 # ran slower staged (255: 0.72 against 0.86 from registers).
 STAGED_ROWS = 128
-# Rows shorter than this held as two arrays (17 as 16 + 1, _rows._two_parts) skip the mask of the padding where
-# there is none, a run-time test (PTX instructions an element, bf16 rows of 17: 21.5 -> 20.3, one select fewer;
-# 91 -> 82 registers). Longer rows keep the one masked path (two were not measured there).
-EXACT_ROWS = 256
 
 
 @mgjit.kernel
@@ -96,7 +92,10 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
     v = load_row(x, rows, starts, PARTS, 0.0)
     if SPLIT == 1:
         mean = segment_sum(v) / n
-        if len(PARTS) == 2 and held_width(PARTS) < EXACT_ROWS:
+        # Short rows held as two arrays (17 as 16 + 1, _rows._two_parts) skip the mask of the padding where there is
+        # none, a run-time test (PTX instructions an element, bf16 rows of 17: 21.5 -> 20.3, one select fewer; 91
+        # -> 82 registers). Longer rows keep the one masked path (two were not measured there).
+        if len(PARTS) == 2 and held_width(PARTS) < TWO_PARTS_BELOW:
             if n == held_width(PARTS):
                 d = centred(v, (), mean, 0)
             else:
