@@ -286,17 +286,26 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def warps_hold_rows(shape: Sequence[int], dtype: DType, access_bytes: int, rows_per_warp: int) -> bool:
+    """Whether `blocked` with `rows_per_warp` puts the warps along the rows of `shape` (a 1D shape is one row):
+    where each warp would then hold at least that many rows of lanes going along them."""
+    cols, rows = shape[-1], shape[-2] if len(shape) >= 2 else 1
+    vec = min(max(access_bytes // dtype.itemsize, 1), cols)
+    lanes_r = min(LANES_PER_WARP // min(LANES_PER_WARP, cols // vec), rows)
+    return rows >= WARPS_PER_WARPGROUP * lanes_r * rows_per_warp
+
+
 def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per_warp: int = 0,
-            thread_rows: int = 0) -> TiledLayout:
+            thread_rows: int = 0, row_lanes: int = 0) -> TiledLayout:
     """The default layout for GMEM traffic and elementwise work on an array of `shape`.
 
     Each thread moves `access_bytes` (16) at a time along the last (contiguous) dimension where the shape allows;
     lanes then warps go along the last dimension first, then the one before; whatever the array is too
     small to give every thread is Replicated. With `rows_per_warp`, warps go along the rows first where each
     then holds at least that many rows (a row's reduction stays in its warp; its columns repeat in registers).
-    With `thread_rows` as well, a warp's lanes go along a row only as far as one sector (SECTOR_BYTES) or as
-    leaves each thread `thread_rows` rows, whichever is further, and along the rows after that: a row's
-    reduction then takes fewer shuffles.
+    With `thread_rows` as well, a warp's lanes go along a row only as far as `row_lanes` lanes (by default those
+    of one sector, SECTOR_BYTES) or as leaves each thread `thread_rows` rows, whichever is further, and along the
+    rows after that: a row's reduction then takes fewer shuffles.
     """
     shape = tuple(shape)
     if not shape:
@@ -308,13 +317,13 @@ def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per
     vec = min(max(access_bytes // dtype.itemsize, 1), cols)
     lanes_c = min(LANES_PER_WARP, cols // vec)
     lanes_r = min(LANES_PER_WARP // lanes_c, rows)
-    if rows_per_warp and rows >= WARPS_PER_WARPGROUP * lanes_r * rows_per_warp:
+    if rows_per_warp and warps_hold_rows(shape, dtype, access_bytes, rows_per_warp):
         warps_r = WARPS_PER_WARPGROUP
         warps_c = 1
         if thread_rows:
             warp_rows = rows // WARPS_PER_WARPGROUP
-            sector_lanes = max(SECTOR_BYTES // (vec * dtype.itemsize), 1)
-            lanes_c = min(lanes_c, max(LANES_PER_WARP * thread_rows // warp_rows, sector_lanes))
+            fewest = row_lanes or max(SECTOR_BYTES // (vec * dtype.itemsize), 1)
+            lanes_c = min(lanes_c, max(LANES_PER_WARP * thread_rows // warp_rows, fewest))
             lanes_r = min(LANES_PER_WARP // lanes_c, warp_rows)
     else:
         warps_c = min(WARPS_PER_WARPGROUP, cols // (vec * lanes_c))

@@ -175,13 +175,14 @@ def short_rows(x, out, rowmax, COLS: mgjit.constexpr, STORE: mgjit.constexpr):
         mgjit.store(out, w, v, staged=STORE == 2)
 
 
-@pytest.mark.parametrize("cols,store,vector", [(16, 0, 8), (32, 2, 8), (16, 1, 2), (64, 2, 8), (128, 0, 2)],
-                         ids=["reduced", "staged", "stored", "widest", "wider"])
+@pytest.mark.parametrize("cols,store,vector", [(16, 0, 8), (32, 2, 8), (16, 1, 2), (64, 2, 8), (128, 0, 8),
+                                                (128, 1, 2)], ids=["reduced", "staged", "stored", "widest", "wider",
+                                                                  "wider-stored"])
 def test_short_rows_not_stored_from_registers_load_16_byte_vectors(cols, store, vector):
-    """bf16 rows of 9 to 33 (not 16-byte aligned) in windows of 16 to 64 columns (at most SHORT_ROW_BYTES): a
-    thread holds 8 columns (16 bytes) of a row where no array of their shape is stored, or only staged; where
-    one is stored from registers, or a row is 128 columns wide, 2 (the 4-byte accesses that keep a warp's lanes
-    on contiguous bytes)."""
+    """bf16 rows of 9 to 65 (not 16-byte aligned) in windows of 16 to 128 columns: a thread holds 8 columns (16
+    bytes) of a row where no array of their shape is stored (rows held a row a thread: ops/gmem.py
+    ROW_ACCESS_LINES), or only staged (SHORT_ROW_BYTES); where one is stored from registers, 2 (the 4-byte
+    accesses that keep a warp's lanes on contiguous bytes)."""
     x = torch.empty(64, cols // 2 + 1, dtype=BF16)
     compiled = short_rows.compile(x, x, torch.empty(64), COLS=cols, STORE=store, target="sm_90a")
     (load,) = [line for line in compiled.ir.splitlines() if " = load " in line]

@@ -457,24 +457,85 @@ def window_row_sums(x, sums, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
 
 
 @pytest.mark.parametrize("n", [127, 255])
-def test_odd_rows_only_reduced_spend_a_warps_lanes_on_rows(n):
-    """32 rows of 127 (255) bf16, read in 32-bit words. Summed and stored as one value a row, a row takes 8 lanes
-    of its warp (one 32-byte sector of words), 4 rows a warp side by side, 2 rows a thread: 3 shuffles a row's sum,
-    6 in all, where 32 lanes a row took 5 a row and 40 in all (8 rows a thread). Copied, a row
-    keeps 32 lanes: a store of 32 bytes a row would straddle the sectors of rows that are not 32-byte aligned.
-    The simulated sums (poisoned first, rows left over for the last program) match torch."""
+def test_odd_rows_only_reduced_are_held_a_row_a_thread(n):
+    """32 rows of 127 (255) bf16, rows that start inside a word. Summed and stored as one value a row, a row is
+    held by 4 lanes of its warp in 16-byte accesses (so that a warp's access spans 8 rows: ops/gmem.py
+    ROW_ACCESS_LINES), a row a thread: 2 shuffles in all, where 8 lanes a row in 32-bit words took 6 and 32 lanes
+    a row 40. Copied, a row keeps 32 lanes of 32-bit words: a store of 32 bytes a row would straddle the sectors
+    of rows that are not 32-byte aligned. The simulated sums (poisoned first, rows left over for the last program)
+    match torch."""
     x = (torch.randn(3 * 32 + 5, n) * 2).to(BF16)
     sums = torch.full((x.shape[0],), float("nan"))
     cols = 1 << (n - 1).bit_length()
     c = window_row_sums.compile(x, sums, ROWS=32, COLS=cols, target="sm_90a")
     held = c.layouts.data["registers"][0]
-    assert held["shape"] == [32, cols] and held["layout"]["tiles"] == [[16, 16], [4, 16], [2]], held
-    assert len(re.findall(r"shfl\.sync", c.ptx)) == 6
+    assert held["shape"] == [32, cols] and held["layout"]["tiles"] == [[32, 32], [8, 32], [8]], held
+    assert len(re.findall(r"shfl\.sync", c.ptx)) == 2
     dev = ptx_sim.Device()
     dev.run(c, (4, 1, 1), x, sums)
     torch.testing.assert_close(dev.fetch(sums), x.float().sum(1), rtol=1e-5, atol=1e-4)
     copied = copy_window.compile(x, x, 0, 0, ROWS=32, COLS=cols, target="sm_90a")
     assert copied.layouts.data["registers"][0]["layout"]["tiles"][1:] == [[1, 64], [2]]
+
+
+# (rows, columns, dtype, row length) -> the tiles of the rows held a row a thread (ops/gmem.py ROW_ACCESS_LINES),
+# derived by hand: a warp holds rows / 4 of them, its lanes go along a row as far as leaves a thread one row, and at
+# least as far as keeps a warp's access within 8 lines of 128 bytes (rows of 32 bytes: 1 lane; 64: 2; 128 and
+# longer: 4), in 16-byte accesses (8 bf16, 4 float32).
+HELD_ROWS = [
+    (128, 16, BF16, 17, [[128, 8], [32, 8], [8]]),     # 32 rows a warp, a lane each, 2 accesses a row
+    (64, 64, BF16, 65, [[32, 32], [8, 32], [8]]),      # 16 rows a warp: 2 lanes a row would leave a thread one,
+                                                       # but a warp's access would span 16 lines: 4 lanes, 2 rows
+    (128, 16, torch.float32, 17, [[64, 8], [16, 8], [4]]),  # 64-byte rows: 2 lanes, 2 rows a thread
+    (8, 1024, BF16, 1024, [[8, 128], [2, 128], [8]]),  # 2 rows a warp, 16 lanes a row
+]
+
+
+@pytest.mark.parametrize("rows,cols,dtype,n,tiles", HELD_ROWS, ids=lambda v: str(v) if isinstance(v, int) else None)
+def test_rows_only_reduced_along_them_are_held_a_row_a_thread(rows, cols, dtype, n, tiles):
+    x = (torch.randn(2 * rows + 3, n) * 2).to(dtype)
+    sums = torch.full((x.shape[0],), float("nan"))
+    c = window_row_sums.compile(x, sums, ROWS=rows, COLS=cols, target="sm_90a")
+    held = c.layouts.data["registers"][0]
+    assert held["shape"] == [rows, cols] and held["layout"]["tiles"] == tiles, held
+    dev = ptx_sim.Device()
+    dev.run(c, (3, 1, 1), x, sums)
+    torch.testing.assert_close(dev.fetch(sums), x.float()[:, :cols].sum(1), rtol=1e-5, atol=1e-3)
+
+
+@mgjit.kernel
+def window_weighted_sums(x, w, sums, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    rows, cols = mgjit.ds(mgjit.program_id(0) * ROWS, ROWS), mgjit.ds(0, COLS)
+    sums[rows] = (x[rows, cols].astype(mgjit.float32) * w[cols].astype(mgjit.float32)[None, :]).sum(axis=1)
+
+
+@pytest.mark.parametrize("rows,cols,tiles", [(128, 16, [[128, 8], [32, 8], [8]]), (8, 1024, [[4, 64], [1, 64], [2]])])
+def test_rows_held_a_row_a_thread_only_where_a_vector_along_them_stays_small(rows, cols, tiles):
+    """Rows times a weight vector broadcast along them, summed: held a row a thread where the thread's copy of the
+    vector is small (rows of 16: 16 of HELD_VECTOR_ELEMENTS), with lanes along them where it is not (8 rows of
+    1024 would give each thread 64 of the vector: a warp's lanes along a row in 32-bit words, as rows of 1025
+    bf16 are read otherwise)."""
+    x = (torch.randn(2 * rows + 3, cols + 1) * 2).to(BF16)
+    w, sums = torch.randn(cols + 1).to(BF16), torch.full((x.shape[0],), float("nan"))
+    c = window_weighted_sums.compile(x, w, sums, ROWS=rows, COLS=cols, target="sm_90a")
+    assert c.layouts.data["registers"][0]["layout"]["tiles"] == tiles
+    dev = ptx_sim.Device()
+    dev.run(c, (3, 1, 1), x, w, sums)
+    want = (x.float()[:, :cols] * w.float()[:cols]).sum(1)
+    torch.testing.assert_close(dev.fetch(sums)[:3 * rows], want[:3 * rows], rtol=1e-4, atol=1e-3)
+
+
+@mgjit.kernel
+def window_column_sums(x, sums, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
+    sums[mgjit.ds(0, COLS)] = x[mgjit.ds(0, ROWS), mgjit.ds(0, COLS)].astype(mgjit.float32).sum(axis=0)
+
+
+def test_rows_reduced_across_keep_lanes_along_them():
+    """The same 64 rows of 64 bf16 summed over the rows (axis 0), not along them: the blocked layout (8 lanes a
+    row, warps down the rows), not a row a thread."""
+    x = torch.randn(64, 64).to(BF16)
+    c = window_column_sums.compile(x, torch.empty(64), ROWS=64, COLS=64, target="sm_90a")
+    assert c.layouts.data["registers"][0]["layout"]["tiles"] == [[16, 64], [4, 64], [8]]
 
 
 @pytest.mark.parametrize("n,access", [(4098, 4), (4100, 8), (4104, 16)])

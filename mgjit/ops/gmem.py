@@ -30,11 +30,13 @@ from ..errors import Loc, Rule
 from ..interpret import numerics
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, RefType, ScalarType, Value, check, is_int_scalar
-from ..layouts import LayoutError, SplatLayout, blocked
+from ..layouts import LANES_PER_WARP, SECTOR_BYTES, LayoutError, SplatLayout, TiledLayout, blocked, warps_hold_rows
 from ..lower.context import LoweredRef, num_elems, splat_to
 from ..lower.words import pack_words, unpack_words
 from ..specialize import TensorSpec
 from .gmem_flat import stages, store_staged, warp_rows
+from .arrays import Broadcast
+from .reductions import Reduce
 from .gmem_access import (_Element, _load_access, _span, _store_access, _store_bytes, _store_shuffled_words,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits, lanes_along_rows, word_links)
@@ -173,12 +175,13 @@ class Store(_GmemAccess):
 # 255 0.55 -> 0.86). With fewer rows a norm's weights would be read by every warp: layernorm over 4 rows of 1023
 # went 29.0 -> 32.4.
 NARROW_ROWS_PER_WARP = 2
-# Where a kernel stores no array of the rows' shape (cross-entropy: only a row's statistics leave it), a warp's
-# lanes go along a narrowed row only as far as one 32-byte sector, or as leaves each thread this many rows, and
-# along the rows after that: fewer shuffles a reduction (PTX instructions an element, cross-entropy 127 29.2 ->
-# 16.9; H200, kernel alone, 127 0.45 -> 0.66, 255 0.59 -> 0.66; one row a thread, 255 0.59). Stored rows keep a
-# warp's lanes along them: rows of odd length are not 32-byte aligned, so a store of 32 or 64 bytes a row
-# straddles sectors (softmax 127 0.77 -> 0.49, 255 0.87 -> 0.75; rmsnorm 127 0.82 -> 0.50).
+# Where a kernel stores no array of the rows' shape (cross-entropy: only a row's statistics leave it) and its rows
+# are not held a row a thread (ROW_ACCESS_LINES: where warps hold whole rows and no long vector is broadcast along
+# them), a warp's lanes go along a narrowed row only as far as one 32-byte sector, or as leaves each thread this
+# many rows, and along the rows after that: fewer shuffles a reduction (PTX instructions an element, cross-entropy
+# 127 29.2 -> 16.9; H200, kernel alone, 127 0.45 -> 0.66, 255 0.59 -> 0.66; one row a thread, 255 0.59). Stored
+# rows keep a warp's lanes along them: rows of odd length are not 32-byte aligned, so a store of 32 or 64 bytes a
+# row straddles sectors (softmax 127 0.77 -> 0.49, 255 0.87 -> 0.75; rmsnorm 127 0.82 -> 0.50).
 NARROW_THREAD_ROWS = 2
 # Where a row is at most this many bytes wide and no array of the rows' shape is stored from registers (none is
 # stored, or only staged: ops/gmem_flat.py), a lane holds a row's elements whole, up to 16 bytes an access (shifted
@@ -203,18 +206,70 @@ def anchored_access_bytes(spec: TensorSpec | None) -> int:
     return max(spec.align, 4)
 
 
+# Rows a kernel only reduces along their last axis (cross-entropy: a row's statistics alone leave it; or rows of at
+# most a sector, stored staged) are held a row a thread where each warp holds whole rows: a warp's lanes go along a
+# row in 16-byte accesses only as far as leaves each thread one row, and along the rows after that. A row's
+# reduction then takes few shuffles or none, and a row's own work (its target's logit, its logsumexp, its
+# one-column part) is done by few lanes, not repeated by 8 or 16. A warp's access still spans at most
+# ROW_ACCESS_LINES lines of 128 bytes: a row of 128 bytes or more takes at least 4 lanes, a shorter one a lane
+# for each sector. PTX instructions an element, bf16 cross-entropy, 64 rows of 65 held as 64 + 1: 15.4 -> 11.3;
+# 128 aligned, 32 rows: 13.1 -> 7.5. H200, tuned (call 2 of the thirty-sixth session, bf16): cross-entropy 17 /
+# 33 / 65 / 128 / 256 / 512 / 1024 0.87 / 0.80 / 0.74 / 0.83 / 0.78 / 0.75 / 0.82 -> 0.94 / 0.90 / 0.86 / 0.91 /
+# 0.92 / 0.93 / 0.93; softmax, RMSNorm, layernorm over rows of 17 (staged) 0.96 / 0.94 / 0.88 -> 1.01 / 0.99 /
+# 0.93. Staged rows of 65 held with 2 lanes a row lost (softmax 0.95 -> 0.76), as did float32 rows of 17 held a
+# row a lane (a warp's access over 17 lines: 0.92 -> 0.88). Each vector broadcast along the rows (a norm's weight,
+# a GEMV's activation row) costs a thread the columns it holds of a row; where those come to more than
+# HELD_VECTOR_ELEMENTS, the rows keep their lanes along them: layernorm's weight, bias and padding mask over rows of
+# 16 columns a lane come to 48 (0.88 -> 0.93 above); a decode GEMV's 4 rows of 2048 held a row a warp, 64 an
+# activation row (77 registers -> 137 for one, 161 -> 253 for three).
+ROW_ACCESS_LINES = 8
+LINE_BYTES = 128
+HELD_VECTOR_ELEMENTS = 48
+
+
+def _held_rows_layout(shape: tuple[int, ...], dtype, stores: list, inf: infer.Inference) -> TiledLayout | None:
+    """The layout of loaded rows held a row a thread (ROW_ACCESS_LINES), or None where it does not apply."""
+    if len(shape) != 2 or not warps_hold_rows(shape, dtype, 16, 1):
+        return None
+    row_bytes = shape[-1] * dtype.itemsize
+    if stores and not (row_bytes <= SECTOR_BYTES and all(o.staged for o in stores)):
+        return None
+    axes = {r.axes for r in inf.kernel.walk() if isinstance(r, Reduce) and r.operands[0].type.shape == shape}
+    if axes != {(1,)}:
+        return None
+    rows_an_access = ROW_ACCESS_LINES * LINE_BYTES // min(row_bytes, LINE_BYTES)
+    layout = blocked(shape, dtype, rows_per_warp=1, thread_rows=1, row_lanes=max(LANES_PER_WARP // rows_an_access, 1))
+    lanes = layout.tiling.tiles[1][-1] // layout.tiling.tiles[-1][-1]  # along a row
+    vectors = sum(1 for b in inf.kernel.walk() if isinstance(b, Broadcast) and b.results[0].type.shape == shape
+                  and _along_rows(b))
+    return layout if vectors * shape[-1] // lanes <= HELD_VECTOR_ELEMENTS else None
+
+
+def _along_rows(b: Broadcast) -> bool:
+    """Whether a broadcast to 2D repeats a vector of a row's columns along the rows (w[None, :])."""
+    src = dict(zip(b.dims, b.operands[0].type.shape))
+    return src.get(1, 1) > 1 and src.get(0, 1) == 1
+
+
 @infer.rule(Load)
 def _infer_load(op: Load, inf: infer.Inference) -> None:
-    """A free anchor, in accesses of `anchored_access_bytes`, or 16 bytes for short rows not stored
-    (SHORT_ROW_BYTES)."""
+    """Rows held a row a thread (`_held_rows_layout`), else a free anchor, in accesses of `anchored_access_bytes`,
+    or 16 bytes for short rows not stored (SHORT_ROW_BYTES)."""
     result = op.results[0]
-    width = anchored_access_bytes(inf.specs.get(op.ref.id))
-    if not result.is_array or id(op) in inf.overrides or width == 16:
+    if not result.is_array or id(op) in inf.overrides:
         infer.free_anchor_layout(op, inf)
         return
     shape = result.type.shape
     stores = [o for o in inf.kernel.walk() if isinstance(o, Store)
               and any(v.is_array and v.type.shape == shape for v in o.values)]
+    held = _held_rows_layout(shape, result.type.dtype, stores, inf)
+    if held is not None:
+        inf.set_layout(result, held, op)
+        return
+    width = anchored_access_bytes(inf.specs.get(op.ref.id))
+    if width == 16:
+        infer.free_anchor_layout(op, inf)
+        return
     if (len(shape) == 2 and shape[-1] * result.type.dtype.itemsize <= SHORT_ROW_BYTES
             and all(o.staged for o in stores)):
         infer.free_anchor_layout(op, inf)
