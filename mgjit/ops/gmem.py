@@ -227,21 +227,21 @@ LINE_BYTES = 128
 HELD_VECTOR_ELEMENTS = 48
 
 
-def _held_rows_layout(shape: tuple[int, ...], dtype, stores: list, inf: infer.Inference) -> TiledLayout | None:
-    """The layout of loaded rows held a row a thread (ROW_ACCESS_LINES), or None where it does not apply."""
+def _held_rows_layout(shape: tuple[int, ...], dtype, stores: list, users: list[Op]) -> TiledLayout | None:
+    """The layout of loaded rows held a row a thread (ROW_ACCESS_LINES), or None where it does not apply; `users`:
+    the kernel's reductions and broadcasts (and stores), `stores` those of an array of `shape`."""
     if len(shape) != 2 or not warps_hold_rows(shape, dtype, 16, 1):
         return None
     row_bytes = shape[-1] * dtype.itemsize
     if stores and not (row_bytes <= SECTOR_BYTES and all(o.staged for o in stores)):
         return None
-    axes = {r.axes for r in inf.kernel.walk() if isinstance(r, Reduce) and r.operands[0].type.shape == shape}
+    axes = {r.axes for r in users if isinstance(r, Reduce) and r.operands[0].type.shape == shape}
     if axes != {(1,)}:
         return None
     rows_an_access = ROW_ACCESS_LINES * LINE_BYTES // min(row_bytes, LINE_BYTES)
     layout = blocked(shape, dtype, rows_per_warp=1, thread_rows=1, row_lanes=max(LANES_PER_WARP // rows_an_access, 1))
     lanes = layout.tiling.tiles[1][-1] // layout.tiling.tiles[-1][-1]  # along a row
-    vectors = sum(1 for b in inf.kernel.walk() if isinstance(b, Broadcast) and b.results[0].type.shape == shape
-                  and _along_rows(b))
+    vectors = sum(1 for b in users if isinstance(b, Broadcast) and b.results[0].type.shape == shape and _along_rows(b))
     return layout if vectors * shape[-1] // lanes <= HELD_VECTOR_ELEMENTS else None
 
 
@@ -260,9 +260,9 @@ def _infer_load(op: Load, inf: infer.Inference) -> None:
         infer.free_anchor_layout(op, inf)
         return
     shape = result.type.shape
-    stores = [o for o in inf.kernel.walk() if isinstance(o, Store)
-              and any(v.is_array and v.type.shape == shape for v in o.values)]
-    held = _held_rows_layout(shape, result.type.dtype, stores, inf)
+    users = [o for o in inf.kernel.walk() if isinstance(o, (Store, Reduce, Broadcast))]  # one walk for the three
+    stores = [o for o in users if isinstance(o, Store) and any(v.is_array and v.type.shape == shape for v in o.values)]
+    held = _held_rows_layout(shape, result.type.dtype, stores, users)
     if held is not None:
         inf.set_layout(result, held, op)
         return
