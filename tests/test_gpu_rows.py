@@ -73,9 +73,12 @@ def test_cross_entropy(n, dtype):
     assert rel(lse, torch.logsumexp(logits.double(), 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5
 
 
-# Each candidate mapping forced: rows per program (short rows also in two arrays: 33 as 32 + 1, 150 as 128 + 32),
-# two warpgroups, segments over clusters of several shapes.
-FORCED = [(3, torch.float16), (9, torch.bfloat16), (33, torch.bfloat16), (77, torch.bfloat16), (150, torch.float16), (4097, torch.bfloat16), (5000, torch.float16), (9000, torch.float32),
+# Each candidate mapping forced: rows per program (short rows also in two arrays: 33 as 32 + 1, 150 as 128 + 32,
+# 260 as 256 + 4; or three: 50 as 32 + 16 + 8, 300 as 256 + 32 + 16, 1100 as 1024 + 64 + 16), two warpgroups,
+# segments over clusters of several shapes.
+FORCED = [(3, torch.float16), (9, torch.bfloat16), (33, torch.bfloat16), (50, torch.float32), (77, torch.bfloat16),
+          (150, torch.float16), (260, torch.bfloat16), (300, torch.bfloat16), (1100, torch.float16),
+          (4097, torch.bfloat16), (5000, torch.float16), (9000, torch.float32),
           (32000, torch.bfloat16), (100003, torch.float32), (262144, torch.bfloat16)]
 
 

@@ -120,7 +120,9 @@ def test_rows_per_program_is_a_power_of_two_for_every_length():
         for c in _rows.mapping(n):
             rows = c.kwargs["ROWS"]
             assert rows & (rows - 1) == 0 and rows * max(sum(c.kwargs["PARTS"]), 1) <= 16384, (n, c)
-    assert [c.kwargs["ROWS"] for c in _rows.mapping(300)] == [8, 16, 4]
+    assert [(c.kwargs["ROWS"], c.kwargs["PARTS"]) for c in _rows.mapping(300)] == [
+        (8, (256, 128)), (16, (256, 128)), (4, (256, 128)), (8, (256, 64)), (16, (256, 64)), (8, (256, 32, 16)),
+        (16, (256, 32, 16))]
     for bad in (0, 3, 10):
         with pytest.raises(ValueError, match=f"rows_per_program must be a power of two.*got {bad}"):
             _rows.mapping(300, bad)
@@ -217,14 +219,34 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name(monkeypatch):
 
 
 def test_short_rows_also_try_two_arrays_that_pad_less():
-    """Rows shorter than 256 columns that one power of two would pad by more than another array costs: also
-    held as two (each mapping's rows a power of two, as every held mapping's)."""
-    assert [_rows._two_parts(n) for n in (1, 2, 3, 7, 9, 33, 35, 63, 65, 100, 129, 192, 193, 255, 256, 300)] == [
-        (), (), (2, 1), (), (8, 1), (32, 1), (32, 4), (), (64, 1), (), (128, 1), (128, 64), (), (), (), ()]
+    """Rows a warpgroup holds that one power of two, or the binary digits of the row rounded up to 128 columns,
+    would pad by more than another array costs: also held as two (each mapping's rows a power of two, as every
+    held mapping's)."""
+    lengths = (1, 2, 3, 7, 9, 33, 35, 63, 65, 100, 129, 192, 193, 255, 256, 260, 300, 1100, 4100, 8191, 8193)
+    assert [_rows._two_parts(n) for n in lengths] == [
+        (), (), (2, 1), (), (8, 1), (32, 1), (32, 4), (), (64, 1), (), (128, 1), (128, 64), (), (), (), (256, 4),
+        (256, 64), (), (4096, 4), (), ()]
     for n in (3, 33, 150):
         pairs = [c for c in _rows.candidates(n) if len(c.kwargs["PARTS"]) == 2]
         assert pairs and all(c.kwargs["PARTS"] == _rows._two_parts(n) for c in pairs), n
         assert all(c.kwargs["ROWS"] & (c.kwargs["ROWS"] - 1) == 0 for c in pairs), n
+    for n, rows in ((260, (8, 16)), (1030, (2, 4)), (4100, (1, 2))):
+        pairs = [c for c in _rows.candidates(n) if c.kwargs["PARTS"] == _rows._two_parts(n)]
+        assert [c.kwargs["ROWS"] for c in pairs] == list(rows), n
+
+
+def test_rows_also_try_three_arrays_that_pad_a_tail_to_16_bytes():
+    """Where the row rounded up to 8 columns has three binary digits, they are also tried (300 as 256 + 32 + 16),
+    if they pad less than the two arrays (256 + 64) and `parts` (256 + 128)."""
+    lengths = (50, 100, 127, 150, 300, 700, 1100, 1500, 3000, 4100, 8000, 8191, 9000)
+    assert [_rows._fine_parts(n) for n in lengths] == [
+        (32, 16, 8), (64, 32, 8), (), (128, 16, 8), (256, 32, 16), (512, 128, 64), (1024, 64, 16), (), (), (), (),
+        (), ()]
+    for n, rows in ((300, (8, 16)), (1100, (2, 4)), (150, (16, 32))):
+        triples = [c for c in _rows.candidates(n) if len(c.kwargs["PARTS"]) == 3]
+        assert [(c.kwargs["ROWS"], c.kwargs["PARTS"]) for c in triples] == [(r, _rows._fine_parts(n)) for r in rows]
+    # 704 columns as 512 + 128 + 64, tried beside 512 + 256 (`parts`, 768): nothing pads less in two
+    assert {c.kwargs["PARTS"] for c in _rows.candidates(700)} == {(512, 256), (512, 128, 64)}
 
 
 def test_candidates_cover_every_length():
@@ -259,12 +281,14 @@ def test_candidates_cover_every_length():
 # over 3 CTAs of 2 warpgroups and chunked over 2 CTAs (the second's last chunk crosses the row's end). Softmax
 # and cross-entropy; chunked rows all four kernels (layernorm masks the chunks that cross the row's end). Short
 # rows in two arrays (_rows._two_parts): 33 bf16 columns as 32 + 1 (rows starting 2 bytes into a word), 150 f16
-# as 128 + 32 (the second array crossing the row's end).
+# as 128 + 32 (the second array crossing the row's end), 1030 f16 as 1024 + 8 (rows starting 4 bytes into 16);
+# in three (_rows._fine_parts): 300 bf16 as 256 + 32 + 16 (the third crossing the row's end by 4 columns).
 SIMULATED = [(4097, BF16, _rows.candidates(4097)[0]), (4097, BF16, _rows.candidates(4097)[2]),
              (9000, torch.float16, _rows.candidates(9000)[0]), (9000, torch.float16, _rows.streaming()),
              (9000, torch.float16, _rows.chunkings(9000)[0]), (20000, BF16, _rows.candidates(20000)[3]),
              (20000, BF16, _rows.chunkings(20000)[1]), (33, BF16, _rows.hold(64, (32, 1))),
-             (150, torch.float16, _rows.hold(16, (128, 32)))]
+             (150, torch.float16, _rows.hold(16, (128, 32))), (300, BF16, _rows.hold(16, (256, 32, 16))),
+             (1030, torch.float16, _rows.hold(4, (1024, 8)))]
 
 
 @pytest.mark.parametrize("n,dtype,config", SIMULATED, ids=lambda v: v.short() if isinstance(v, mgjit.Config) else str(v))
