@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from _rows import LOG2E, finite_shift, held_width, part_starts, shifted_exp
+from _rows import LOG2E, binary_digits, finite_shift, held_width, part_starts, shifted_exp
 
 import mgjit
 from mgjit.targets import HOPPER, PORTABLE_CLUSTER_CTAS
@@ -123,8 +123,7 @@ def piped(n: int, stages: int, per_sm: int, stash: int = 0, ctas: int = 1, segs:
     into one register array."""
     nl = line_count(n)
     k = lines or -(-nl // (ctas * segs))
-    lines = tuple(1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1)
-    config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=lines,
+    config = mgjit.Config(ROWS=1, PARTS=(), CTAS=ctas, WGS=1, BLOCK=0, CHUNKS=0, PIPE=per_sm, PL=binary_digits(k),
                           STAGES=stages, LAST=nl - (ctas * segs - 1) * k, cluster=(ctas, 1, 1) if ctas > 1 else None)
     if segs > 1:
         config = config.replace(SEGS=segs)
