@@ -189,6 +189,18 @@ def test_short_rows_not_stored_from_registers_load_16_byte_vectors(cols, store, 
     assert f")({vector}))" in load, load
 
 
+@pytest.mark.parametrize("cols,thread_rows", [(16, 2), (64, 2), (128, 0)])
+def test_rows_stored_from_registers_narrow_only_short_ones(cols, thread_rows):
+    """bf16 rows of 9 to 65 stored from registers, in 4-byte accesses: a warp's lanes go along a row of a window of
+    at most SHORT_ROW_BYTES (64 columns: 128 bytes) only as far as one 32-byte sector (thread_rows=2: each access
+    straddles sectors, paid for by fewer shuffles), along the whole of a wider one (128 columns)."""
+    x = torch.empty(64, cols // 2 + 1, dtype=BF16)
+    compiled = short_rows.compile(x, x, torch.empty(64), COLS=cols, STORE=1, target="sm_90a")
+    (load,) = [line for line in compiled.ir.splitlines() if " = load " in line]
+    want = blocked((64, cols), mgjit.bfloat16, access_bytes=4, rows_per_warp=2, thread_rows=thread_rows)
+    assert load.split(" : ")[1].startswith(f"bfloat16[64,{cols}] {want!r}"), load
+
+
 @mgjit.kernel
 def row_in_parts(x, out, r0, c0, ROWS: mgjit.constexpr, A: mgjit.constexpr, B: mgjit.constexpr,
                  STAGED: mgjit.constexpr):
