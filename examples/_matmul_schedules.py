@@ -79,7 +79,7 @@ class Problem:
         m, k = a.shape
         n = b.shape[0] if b_kmajor else b.shape[1]
         a_mn, b_t = transposed_views(a, b, b_kmajor)
-        return cls(m, n, k, bits, _operand(a, a_mn), _operand(b, b_t), a_mn, b_kmajor or b_t, out_dtype,
+        return cls(m, n, k, bits, operand(a, a_mn), operand(b, b_t), a_mn, b_kmajor or b_t, out_dtype,
                    (scaled, biased, activation))
 
     def key(self) -> tuple:
@@ -95,7 +95,7 @@ def transposed_views(a, b, b_kmajor: bool) -> tuple[bool, bool]:
     return a_t, not b_kmajor and b.stride(1) != 1 and b.stride(0) == 1
 
 
-def _operand(t, transposed: bool):
+def operand(t, transposed: bool):
     """An operand as the kernel reads it: the tensor a transposed view views, else t with unit column stride
     (a copy where its columns are strided)."""
     if transposed:

@@ -28,7 +28,7 @@ import mgjit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
 from _device import sm_count  # noqa: E402
-from matmul_hopper import _tma_ready, tile_origin  # noqa: E402
+from matmul_hopper import _output, _tma_ready, tile_origin  # noqa: E402
 
 TABLE_CHUNK = 128  # row tiles the table kernel resolves per step
 
@@ -186,7 +186,7 @@ def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, con
     rows_bound = -(-x.shape[0] // cfg["BM"]) + groups  # row tiles: at most one partial tile per group
     table = torch.empty(3, -(-rows_bound // TABLE_CHUNK) * TABLE_CHUNK, dtype=torch.int32, device=x.device)
     count = torch.empty(1, dtype=torch.int32, device=x.device)
-    c = _tma_ready(torch.empty(x.shape[0], n, dtype=out_dtype, device=x.device), copy=False)
+    c = _output(x.shape[0], n, out_dtype, x.device)
     consumers = cfg["BM"] // 64
     descriptors = torch.empty(sms * consumers * 128, dtype=torch.uint8, device=x.device)
     launches = [

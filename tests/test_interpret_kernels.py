@@ -297,13 +297,58 @@ def hopper_matmul(a, b, config=None, grid=2, **kw):
     persistent grid of `grid` CTAs so that each loops over several tiles."""
     m, n = a.shape[0], (b.shape[0] if kw.get("b_kmajor") else b.shape[1])
     out_dtype = kw.get("out_dtype") or (a.dtype if a.element_size() == 2 else BF16)
-    c = hopper._tma_ready(poisoned(m, n, dtype=out_dtype), copy=False)
+    c = hopper._output(m, n, out_dtype, a.device).fill_(float("nan"))
     cfg = {**hopper.DEFAULT_CONFIG, "BK": hopper.BK_FOR_BITS[a.element_size() * 8],
            "TMA_STORE": out_dtype.itemsize != 4, **(config or {}), "B_KMAJOR": kw.get("b_kmajor", False),
            "SCALED": "scale" in kw, "BIAS": "bias" in kw, "ACTIVATION": kw.get("activation")}
     hopper.matmul_kernel.interpret[(grid,)](hopper._tma_ready(a), hopper._tma_ready(b), c, kw.get("scale", c),
                                             kw.get("bias", c), c, c, **cfg)
     return c
+
+
+def poisoned_padding(t):
+    """`_tma_ready(t)` with the padding of its rows NaN: what TMA must never read."""
+    ready = hopper._tma_ready(t)
+    if ready.data_ptr() != t.data_ptr():
+        cols = ready.stride(0)
+        torch.as_strided(ready, (ready.shape[0], cols), (cols, 1))[:, ready.shape[1]:] = float("nan")
+    return ready
+
+
+@pytest.mark.parametrize("m,n,k", [(77, 203, 70), (130, 9, 37)])
+def test_example_matmul_never_reads_the_padding_of_unaligned_rows(m, n, k):
+    """Operands whose rows are not 16-byte aligned go into padded rows that the wrapper leaves unfilled
+    (`_padded`): the descriptors take the views' sizes, so the padding, NaN here, is never read."""
+    a, b = torch.randn(m, k, dtype=BF16), torch.randn(k, n, dtype=BF16)
+    c = hopper._output(m, n, BF16, a.device).fill_(float("nan"))
+    cfg = {**hopper.DEFAULT_CONFIG, "BK": 64, "TMA_STORE": True, "B_KMAJOR": False, "SCALED": False, "BIAS": False,
+           "ACTIVATION": None}
+    hopper.matmul_kernel.interpret[(2,)](poisoned_padding(a), poisoned_padding(b), c, c, c, c, c, **cfg)
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+
+
+# (dtype, rows, cols, source offset in elements): bf16 rows of 2468 bytes (4-byte words) and of 2466 (2-byte
+# halves, a row starting inside a word), a source 2 bytes past a word, f32 rows of 12 bytes, int8 rows of 37.
+COPY_CASES = [(BF16, 5, 1234, 0), (BF16, 4, 1233, 0), (BF16, 20, 300, 1), (torch.float32, 7, 3, 0),
+              (torch.int8, 33, 37, 3)]
+
+
+@pytest.mark.parametrize("dtype,rows,cols,offset", COPY_CASES, ids=lambda v: str(v))
+def test_copy_into_padded_rows_is_exact_and_leaves_the_padding(dtype, rows, cols, offset):
+    """`copy_window`'s PTX (simulated) over the windows `_tma_ready` launches, into a `_padded` view: every
+    element bit for bit, the padding untouched, no byte outside the padded tensor written."""
+    from test_gmem_vectors import simulate_copy
+    base = (torch.randn(rows * cols + offset) * 100).to(dtype)
+    src = base[offset:].view(rows, cols)
+    dst = hopper._padded(rows, cols, dtype, src.device)
+    whole = torch.as_strided(dst, (rows, dst.stride(0)), (dst.stride(0), 1))
+    whole.view(torch.uint8).fill_(0xA5)
+    want = whole.clone()
+    want[:, :cols] = src
+    grid = (cdiv(rows, hopper.COPY_ROWS), cdiv(cols, hopper.COPY_COLUMNS))
+    got, _, _ = simulate_copy(hopper.copy_window, grid, base, src, whole, dst, None, ROWS=hopper.COPY_ROWS,
+                              COLS=hopper.COPY_COLUMNS)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 @pytest.mark.parametrize("m,n,k", [(256, 512, 256), (300, 304, 200), (1, 256, 128), (77, 200, 64)])
