@@ -256,9 +256,9 @@ def test_an_anchor_that_users_pull_back_returns_to_its_first_layout(monkeypatch,
     two layouts. An anchor may move when a later user needs another layout, but moving back and forth between
     those two ended in the second, which left the loss computed in one layout and selected in the other: 6
     relayouts, where placing the targets once gave 5. Pulled back to a layout it left, the anchor returns to its
-    first and stays. The parts are loaded with lanes along their rows, as then: held a row a warp (ops/gmem.py
-    ROW_ACCESS_LINES), both parts' reductions want the targets in one layout, and no relayout is left. And the
-    numbers hold (interpreter)."""
+    first and stays. The parts are loaded as then (`blocked`: neither held a row a thread nor a warp's rows whole,
+    ops/gmem.py ROW_ACCESS_LINES and WARP_ROWS). Held a row a thread, as now, both parts' reductions want the
+    targets in one layout, and no relayout is left. And the numbers hold (interpreter)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import _rows
     import cross_entropy as ce
@@ -289,6 +289,7 @@ def test_an_anchor_that_users_pull_back_returns_to_its_first_layout(monkeypatch,
     args, constexprs = (x, target, loss, lse, -100), {"ROWS": 8, "PARTS": (256, 128)}
     assert str(build().compile(*args, **constexprs, target="sm_90a").ir).count("relayout(") == 0
     monkeypatch.setattr(gmem, "_held_rows_layout", lambda *args: None)
+    monkeypatch.setattr(gmem, "_warp_rows_layout", lambda *args: None)
     monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
     masked_cross_entropy = build()
     assert str(masked_cross_entropy.compile(*args, **constexprs, target="sm_90a").ir).count("relayout(") == 5

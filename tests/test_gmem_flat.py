@@ -202,6 +202,37 @@ def test_rows_stored_from_registers_narrow_only_short_ones(cols, thread_rows):
 
 
 @mgjit.kernel
+def weighted_row_sums(x, w, y, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr, WEIGHTED: mgjit.constexpr):
+    """ROWS aligned rows (times a weight vector broadcast along them where WEIGHTED) stored, and their sums."""
+    window = (mgjit.ds(0, ROWS), mgjit.ds(0, COLS))
+    v = x[window].astype(mgjit.float32)
+    if WEIGHTED:
+        v = v * w[mgjit.ds(0, COLS)].astype(mgjit.float32)
+    y[window] = v.astype(y.dtype)
+    out[mgjit.ds(0, ROWS)] = v.sum(axis=1)
+
+
+# (ROWS, COLS, WEIGHTED, warps along the rows): 16-byte-aligned bf16 rows reduced along them.
+WARP_ROWS_CASES = [(4, 512, 0, True), (8, 512, 1, True), (16, 1024, 0, True), (8, 1024, 1, True), (8, 2048, 1, False),
+                   (2, 512, 0, False), (8, 256, 0, False), (16, 128, 1, False)]
+
+
+@pytest.mark.parametrize("rows,cols,weighted,along", WARP_ROWS_CASES, ids=str)
+def test_aligned_rows_reduced_along_them_stay_in_their_warps(rows, cols, weighted, along):
+    """Stored rows reduced along them (ops/gmem.py WARP_ROWS): `blocked` would split a row of 512 or more bf16 over
+    warps; where each warp can hold a whole row and a broadcast weight costs a lane at most HELD_VECTOR_ELEMENTS
+    (2048 columns: 64), warps go along the rows. Where `blocked` keeps rows in warps already (256 or 128 columns) or
+    they are too few (2), the load keeps it."""
+    x = torch.empty(rows, cols, dtype=BF16)
+    compiled = weighted_row_sums.compile(x, torch.empty(cols, dtype=BF16), x, torch.empty(rows), ROWS=rows,
+                                         COLS=cols, WEIGHTED=weighted, target="sm_90a")
+    (load,) = [line for line in compiled.ir.splitlines() if " = load " in line and f"[{rows},{cols}]" in line]
+    want = blocked((rows, cols), mgjit.bfloat16, rows_per_warp=1) if along else blocked((rows, cols), mgjit.bfloat16)
+    assert load.split(" : ")[1].startswith(f"bfloat16[{rows},{cols}] {want!r}"), load
+    assert (want == blocked((rows, cols), mgjit.bfloat16)) is not along
+
+
+@mgjit.kernel
 def row_in_parts(x, out, r0, c0, ROWS: mgjit.constexpr, A: mgjit.constexpr, B: mgjit.constexpr,
                  STAGED: mgjit.constexpr):
     """ROWS rows a program from r0, columns c0 .. c0 + A + B as two arrays (1 added to the first), stored side by
