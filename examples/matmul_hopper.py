@@ -353,13 +353,11 @@ def _padded(rows: int, cols: int, dtype, device):
     return t if padded == cols else t[:, :cols]
 
 
-def _tma_ready(t, copy: bool = True):
-    """TMA needs 16-byte aligned rows: a tensor whose rows are not goes into (a view of) one padded to 16."""
+def _tma_ready(t):
+    """TMA needs 16-byte aligned rows: a tensor whose rows are not is copied into (a view of) one padded to 16."""
     if _tma_aligned(t):
         return t
     ready = _padded(t.shape[0], t.shape[1], t.dtype, t.device)
-    if not copy:
-        return ready
     if not t.is_cuda:
         return ready.copy_(t)
     copy_window[(-(-t.shape[0] // COPY_ROWS), -(-t.shape[1] // COPY_COLUMNS))](t, ready, ROWS=COPY_ROWS,

@@ -49,8 +49,8 @@ def gpu(monkeypatch, tmp_path):
         stub.made[c.data_ptr()] = "c"
         return c
 
-    def named_ready(t, copy=True):
-        ready = tma_ready(t, copy)
+    def named_ready(t):
+        ready = tma_ready(t)
         if ready.data_ptr() != t.data_ptr():
             stub.made[ready.data_ptr()] = f"padded {tuple(t.shape)}"
         return ready
