@@ -306,12 +306,16 @@ def hopper_matmul(a, b, config=None, grid=2, **kw):
     return c
 
 
+def with_padding(view):
+    """The whole tensor, padding and all, of a view of rows padded to a longer stride (`_padded`)."""
+    return torch.as_strided(view, (view.shape[0], view.stride(0)), (view.stride(0), 1))
+
+
 def poisoned_padding(t):
     """`_tma_ready(t)` with the padding of its rows NaN: what TMA must never read."""
     ready = hopper._tma_ready(t)
     if ready.data_ptr() != t.data_ptr():
-        cols = ready.stride(0)
-        torch.as_strided(ready, (ready.shape[0], cols), (cols, 1))[:, ready.shape[1]:] = float("nan")
+        with_padding(ready)[:, ready.shape[1]:] = float("nan")
     return ready
 
 
@@ -341,7 +345,7 @@ def test_copy_into_padded_rows_is_exact_and_leaves_the_padding(dtype, rows, cols
     base = (torch.randn(rows * cols + offset) * 100).to(dtype)
     src = base[offset:].view(rows, cols)
     dst = hopper._padded(rows, cols, dtype, src.device)
-    whole = torch.as_strided(dst, (rows, dst.stride(0)), (dst.stride(0), 1))
+    whole = with_padding(dst)
     whole.view(torch.uint8).fill_(0xA5)
     want = whole.clone()
     want[:, :cols] = src

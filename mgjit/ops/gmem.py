@@ -253,8 +253,7 @@ def _held_rows_layout(shape: tuple[int, ...], dtype, stores: list, users: list[O
     rows_an_access = ROW_ACCESS_LINES * LINE_BYTES // min(row_bytes, LINE_BYTES)
     layout = blocked(shape, dtype, rows_per_warp=1, thread_rows=1, row_lanes=max(LANES_PER_WARP // rows_an_access, 1))
     lanes = layout.tiling.tiles[1][-1] // layout.tiling.tiles[-1][-1]  # along a row
-    vectors = sum(1 for b in users if isinstance(b, Broadcast) and b.results[0].type.shape == shape and _along_rows(b))
-    return layout if vectors * shape[-1] // lanes <= HELD_VECTOR_ELEMENTS else None
+    return layout if _row_vectors_fit(shape, users, lanes) else None
 
 
 def _warp_rows_layout(shape: tuple[int, ...], dtype, users: list[Op]) -> TiledLayout | None:
@@ -267,10 +266,14 @@ def _warp_rows_layout(shape: tuple[int, ...], dtype, users: list[Op]) -> TiledLa
         return None
     if blocked(shape, dtype).tiling.tiles[1][-1] >= shape[-1]:  # a warp already goes along whole rows
         return None
+    return blocked(shape, dtype, rows_per_warp=WARP_ROWS) if _row_vectors_fit(shape, users, LANES_PER_WARP) else None
+
+
+def _row_vectors_fit(shape: tuple[int, ...], users: list[Op], lanes: int) -> bool:
+    """Whether the vectors `users` broadcast along rows of `shape` cost a lane at most HELD_VECTOR_ELEMENTS where
+    `lanes` lanes go along a row (each holds a row's columns of each vector that its lanes hold)."""
     vectors = sum(1 for b in users if isinstance(b, Broadcast) and b.results[0].type.shape == shape and _along_rows(b))
-    if vectors * shape[-1] // LANES_PER_WARP > HELD_VECTOR_ELEMENTS:
-        return None
-    return blocked(shape, dtype, rows_per_warp=WARP_ROWS)
+    return vectors * shape[-1] // lanes <= HELD_VECTOR_ELEMENTS
 
 
 def _along_rows(b: Broadcast) -> bool:
@@ -302,15 +305,15 @@ def _infer_load(op: Load, inf: infer.Inference) -> None:
         else:
             inf.set_layout(result, warp_rows_layout, op)
         return
-    if (len(shape) == 2 and shape[-1] * result.type.dtype.itemsize <= SHORT_ROW_BYTES
-            and all(o.staged for o in stores)):
+    row_bytes = shape[-1] * result.type.dtype.itemsize
+    if len(shape) == 2 and row_bytes <= SHORT_ROW_BYTES and all(o.staged for o in stores):
         infer.free_anchor_layout(op, inf)
         return
-    stored = bool(stores)
+    # Rows stored from registers keep a warp's lanes along them unless they are short (NARROW_THREAD_ROWS).
+    thread_rows = 0 if stores and row_bytes > SHORT_ROW_BYTES else NARROW_THREAD_ROWS
     try:
-        layout = blocked(result.type.shape, result.type.dtype, access_bytes=width, rows_per_warp=NARROW_ROWS_PER_WARP,
-                         thread_rows=0 if stored and shape[-1] * result.type.dtype.itemsize > SHORT_ROW_BYTES
-                         else NARROW_THREAD_ROWS)
+        layout = blocked(shape, result.type.dtype, access_bytes=width, rows_per_warp=NARROW_ROWS_PER_WARP,
+                         thread_rows=thread_rows)
         inf.set_layout(result, layout, op)
     except LayoutError as e:
         raise op.error(str(e), rule=Rule.LAYOUT) from None
