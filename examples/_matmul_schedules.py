@@ -144,8 +144,14 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # One CTA per 64 weight rows over the whole of K streams the weights with no fix-up: at 3 x 4096 x 4096
         # its 64 CTAs (12 stages of TMA in flight each) ran in 21.8 us against stream-K's 24.9 and cuBLAS's 20.6
         # (cuBLAS runs the same shape: 64 x 8 tiles on 64 CTAs). Stream-K stays for the shapes with few tiles.
-        out = [config(problem, 64, side, swap=True), config(problem, 128, side, swap=True),
-               config(problem, 128, side, swap=True, stream_k=1), config(problem, 64, side, swap=True, stream_k=1)]
+        # (One CTA per 128 weight rows never won: 3 x 14336 x 4096 0.995 of cuBLAS against 64 rows' 1.004.)
+        out = [config(problem, 64, side, swap=True), config(problem, 128, side, swap=True, stream_k=1),
+               config(problem, 64, side, swap=True, stream_k=1)]
+        # Few weight tiles (N = 1240: 20 of 64 rows): each split over as many CTAs as the SMs hold, one cut of one
+        # tile a CTA, where stream-K's CTAs take up to two cuts in turn.
+        split = min(MAX_CUTS, sms // -(-n // 64))
+        if split > 1:
+            out.append(config(problem, 64, side, swap=True, stream_k=1, SPLIT=split))
         # 16-bit weights: also on the CUDA cores, as row reductions (K-major, a linear layer's) or column blocks
         # (N-major)
         gemvs = [] if problem.bits != 16 else gemv.candidates(m, problem.k) if problem.b_k else \

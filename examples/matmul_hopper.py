@@ -177,25 +177,44 @@ def contributors(sk_tile, k_tiles, iters, MULTICAST):
 @mgjit.device
 def finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters, BN, CONSUMERS,
                     DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank):
-    """Store the 64 rows of a cut tile from the published partials (added in k order with DETERMINISTIC), 64
-    columns at a time so that a partial and the sum fit in registers beside each other (fewer where BN is not
-    a multiple of 64: register arrays have power-of-two sides, and a swapped tile's BN is M rounded up to 8);
-    reset the lock and the slot for the next launch."""
-    CHUNK = min(64, BN & -BN)
-    first, last = contributors(sk_tile, k_tiles, iters, MULTICAST)
-    for j in mgjit.static_range(BN // CHUNK):
-        cols = mgjit.ds(j * CHUNK, CHUNK)
-        if DETERMINISTIC:
-            acc = ws[mgjit.ds((cut_tile(sk_tile + first, rank, MULTICAST) * CONSUMERS + half) * 64, 64), cols]
-            for p in range(first + 1, last + 1):
-                acc = acc + ws[mgjit.ds((cut_tile(sk_tile + p, rank, MULTICAST) * CONSUMERS + half) * 64, 64), cols]
-        else:
-            rows = mgjit.ds((cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half) * 64, 64)
-            acc = ws[rows, cols]
-            ws[rows, cols] = mgjit.zeros((64, CHUNK), mgjit.float32)
-        epilogue(acc, c, c, scale, bias, row0, n0 + j * CHUNK, half, CHUNK, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
-                 False)
+    """Store the 64 rows of a cut tile from the published partials (added in k order with DETERMINISTIC), in
+    column chunks of 64 and then the binary digits of the rest (a swapped tile's BN is M rounded up to 8: 40 as
+    32 + 8; register arrays have power-of-two sides); reset the lock and the slot for the next launch."""
+    for j in mgjit.static_range(BN // 64):
+        finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, j * 64, 64, k_tiles, iters, CONSUMERS,
+                     DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank)
+    for bit in mgjit.static_range(3):
+        if (BN % 64) & (32 >> bit):  # this binary digit's chunk starts after the digits above it
+            finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, BN & -(64 >> bit),
+                         32 >> bit, k_tiles, iters, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
+                         MULTICAST, rank)
     locks[cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half] = 0
+
+
+@mgjit.device
+def finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, j0, WIDTH, k_tiles, iters, CONSUMERS, DETERMINISTIC,
+                 SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank):
+    """Columns j0:j0 + WIDTH of a cut tile's 64 rows: the sum of its partials, stored. Deterministic partials
+    are added to zeros in k order, LOADS at a time, each loop step's loads in flight together (one at a time, a
+    swapped 64 x 40 tile of 7 contributors waited on 35 L2 round trips in turn: 5 us of a 12 us kernel); the
+    loads past the last contributor read rows past the workspace's end, which read as zeros."""
+    cols = mgjit.ds(j0, WIDTH)
+    if DETERMINISTIC:
+        # Partials in flight, WIDTH / 2 registers a thread each: 128 registers' worth beside the sum, 64 with
+        # three consumers (152 registers a thread); at most 8.
+        LOADS = min(8, (256 if CONSUMERS < 3 else 128) // WIDTH)
+        first, last = contributors(sk_tile, k_tiles, iters, MULTICAST)
+        acc = mgjit.zeros((64, WIDTH), mgjit.float32)
+        for p0 in range(first, last + 1, LOADS):
+            for u in mgjit.static_range(LOADS):
+                slot = mgjit.where(p0 + u <= last, cut_tile(sk_tile + p0 + u, rank, MULTICAST) * CONSUMERS + half,
+                                   mgjit.cdiv(ws.shape[0], 64))
+                acc = acc + ws[mgjit.ds(slot * 64, 64), cols]
+    else:
+        rows = mgjit.ds((cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half) * 64, 64)
+        acc = ws[rows, cols]
+        ws[rows, cols] = mgjit.zeros((64, WIDTH), mgjit.float32)
+    epilogue(acc, c, c, scale, bias, row0, n0 + j0, half, WIDTH, SCALED, BIAS, BIAS_ROWS, ACTIVATION, False)
 
 
 @mgjit.device

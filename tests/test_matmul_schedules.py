@@ -61,8 +61,11 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     # cut tile's contributors was expected in its lock, which never filled: the tile was never stored
     "stream-k-fewer-iterations-than-ctas": (77, 136, 200, dict(BM=128, BN=128, STREAM_K=1), 12, {}),
     "split-k-more-splits-than-iterations": (130, 128, 192, dict(BM=128, BN=128, STREAM_K=1, SPLIT=8), 16, {}),
-    # M = 77 swapped: BN = 80, whose cut tiles are fixed up 16 columns at a time (register arrays are 2^n wide)
+    # M = 77 swapped: BN = 80, whose cut tiles are fixed up as 64 + 16 columns (register arrays are 2^n wide)
     "swap-m77-bn80": (77, 136, 200, dict(SWAP_AB=True, BM=64, BN=80, STREAM_K=1), 5, {}),
+    # M = 33 swapped: BN = 40 (32 + 8 columns), 13 or 14 contributors a tile: partials loaded 4 (32 columns) and
+    # 8 (8 columns) at a time, the last step's loads past the last contributor reading nothing
+    "swap-m33-bn40-many-cuts": (33, 136, 2048, dict(SWAP_AB=True, BM=64, BN=40, STREAM_K=1), 40, {}),
     "swap-fewer-iterations-than-ctas": (16, 256, 256, dict(SWAP_AB=True, BM=64, BN=16, STREAM_K=1), 24, {}),
     "swap-m1": (1, 200, 320, dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), 3, {}),
     "swap-m3-bm64": (3, 136, 512, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 4, {}),
