@@ -156,7 +156,14 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # (N-major)
         gemvs = [] if problem.bits != 16 else gemv.candidates(m, problem.k) if problem.b_k else \
             gemv.nmajor_candidates(m, n, problem.k, sms)
-        return out + ([config(problem, 64, 128, stream_k=1)] if m > 16 else []) + gemvs
+        # Past 16 rows, unswapped 64-row tiles too (the TMA-stored epilogue), and split like the swapped ones
+        # where they are few: 64 x 1240 x 4096 (20 tiles of 64 x 64, 6 cuts each) ran 12.6 us, swapped 15.1,
+        # cuBLAS 12.7 (its split-K on 120 CTAs).
+        unswapped = [config(problem, 64, 128, stream_k=1)] if m > 16 else []
+        split = min(MAX_CUTS, sms // tiles(64, 64))
+        if m > 16 and split > 1:
+            unswapped.append(config(problem, 64, 64, stream_k=1, SPLIT=split))
+        return out + unswapped + gemvs
     big = tiles(128, 256)
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (

@@ -273,6 +273,21 @@ def test_the_heuristics_favourite_per_shape_class(shape, expected):
         assert option.get("GEMV") or option["STAGES"] >= 2
 
 
+@pytest.mark.parametrize("shape,splits", [
+    ((64, 1240, 4096), {True: 6, False: 6}), ((33, 1240, 4096), {True: 6, False: 6}),
+    ((64, 4096, 4096), {True: 2, False: 2}), ((64, 14336, 4096), {}), ((16, 1240, 4096), {True: 6})])
+def test_decode_splits_few_tiles_swapped_and_past_16_rows_unswapped(shape, splits):
+    """Decode shapes whose weights make few 64-wide tiles split K over the SMs, swapped (64 x M tiles), and past
+    16 rows unswapped too (64 x 64 tiles, TMA-stored: 64 x 1240 x 4096 ran 12.6 us there, 15.1 swapped)."""
+    options = first_choice(*shape)
+    found = {o["SWAP_AB"]: o["SPLIT"] for o in options if o.get("SPLIT")}
+    assert found == splits
+    for o in options:
+        if o.get("SPLIT") and not o["SWAP_AB"]:
+            assert (o["BM"], o["BN"], o["STREAM_K"], o["TMA_STORE"]) == (64, 64, 1, True)
+    assert len(options) <= 8
+
+
 @pytest.mark.parametrize("shape,tiles", [
     ((1000, 3000, 2000), [(128, 192)]), ((4096, 4096, 4096), [(128, 256), (128, 192)]),
     ((8192, 8192, 8192), [(128, 256)]), ((2048, 11008, 4096), [(128, 256), (128, 192)]),
