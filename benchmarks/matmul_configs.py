@@ -7,8 +7,9 @@ beside the one the wrapper chooses (`auto`), without editing the heuristics.
 A shape is MxNxK, optionally with :b-t (B given as a transposed (N, K) weight), :a-strided or :f16; the configs
 after it (keys of matmul_kernel's constexprs plus SWAP_AB and SPLIT, `auto` for the wrapper's own choice) are
 timed on it. Each config is first checked against an fp32 reference into a NaN-poisoned output; then cuBLAS
-and every config are timed round-robin (`--rounds`, each a do_bench median with L2 flushed), and the medians
-and their ratios to cuBLAS are printed.
+and every config are timed round-robin (`--rounds`, each a do_bench median with L2 flushed), each config as
+a repeated call of the wrapper launches it once chosen (its per-call path), and the medians and their ratios to
+cuBLAS are printed.
 """
 from __future__ import annotations
 
@@ -84,7 +85,12 @@ def time_shape(shape: tuple, configs: list, rounds: int) -> None:
             print(f"  {schedules.describe(full)}: WRONG (relative error {err:.2e})", flush=True)
             continue
         names.append(schedules.describe(full))
-        fns.append(lambda cfg=cfg: mh.matmul(a, b, config=cfg))
+        # Timed as a repeated call runs once the wrapper chose: matmul(config=...) takes the whole Python path
+        # each call, and kernels of 10-20 us measured that path (96x1240x8192, 64x64 split 3: 28.5 us a call
+        # against a 15.5 us kernel).
+        plan = schedules.launch_plan(problem, full, mh.sm_count(a.device.index))
+        prepared = mh._Prepared(problem, plan, a, b, False, mh.sm_count(a.device.index))
+        fns.append(lambda prepared=prepared: prepared(a, b, None, None))
     samples: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):

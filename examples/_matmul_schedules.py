@@ -41,7 +41,10 @@ MAX_STAGES = 12
 MAX_CUTS = 8  # contributors per stream-K tile: the one that finishes it reads all of their partials
 # Below this many multiply-adds a problem takes a few microseconds whatever its K: the small problems' tiles, not
 # cuts of K (128 x 2048 x 1024 ran 10.5 us on its best long-K candidate, 8.7 on cuBLAS's 128 CTAs of 64 x 32).
+# Unless K is this many k-tiles or more: 96 x 1240 x 8192 (under SMALL_WORK) ran its best small tile, 64 x 32 on
+# 78 CTAs over all of K, at 0.64 of cuBLAS, 64 x 64 tiles split 3 ways on 120 CTAs at 0.90.
 SMALL_WORK = 1 << 30
+LONG_K_TILES = 64
 TUNE = os.environ.get("MGJIT_MATMUL_TUNE", "1") != "0"  # 0: take the first candidate, time nothing
 # The candidates are timed round-robin, each by the median of its rounds: timed one after another, the GPU's
 # drift between them (clocks, heat) picked 128x64 tiles for 256 x 1024 x 512 (7.8 us against 8.1), which ran
@@ -175,7 +178,8 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
                 config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b"),
                 config(problem, 192, 192)]
-    if k_tiles >= 16 and m * n * problem.k >= SMALL_WORK:  # fewer tiles than SMs, K long enough to cut
+    # fewer tiles than SMs, K long enough to cut
+    if k_tiles >= 16 and (m * n * problem.k >= SMALL_WORK or k_tiles >= LONG_K_TILES):
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
         # their A tile, which halves the L2 traffic that limits this shape (57.9 us against 65.1 unshared; cuBLAS
         # 52.8 runs the same: 128 x 64 tiles, 1 x 2 clusters, split-K). The CTA that finishes a cut tile reads
@@ -194,10 +198,15 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # 64 x 128 tiles beside 128 x 64 ones: at 128 x 8192 x 8192 (128 tiles either way) one consumer's
         # m64n128 wgmmas ran 46.3 us against two consumers' m64n64 at 48.4 (cuBLAS 44.5). The 128x192 wave runs
         # shared (unshared it never won: 29.2 against 24.7 us at 1000 x 3000 x 2000).
+        # And 64 x 64 tiles, one wave of them or split to about one (M of 65 to 128: 128 x 4096 x 4096 data-parallel
+        # on 128 CTAs 0.97 of cuBLAS where the others ran 0.81-0.88; 100 x 2000 x 6000 split 2 0.95 against 0.91).
+        # A data-parallel 128 x 256 wave, fewer CTAs than any of these, left the list for it.
         cover = tiles(128, 128) * MAX_CUTS >= sms
+        split64 = min(MAX_CUTS, sms // tiles(64, 64))
         return out + [config(problem, 128, 128, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})),
-                      config(problem, 128, 256), config(problem, 128, 192, MULTICAST="b"),
-                      config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
+                      config(problem, 64, 64, **({"stream_k": 1, "SPLIT": split64} if split64 > 1 else {})),
+                      config(problem, 128, 192, MULTICAST="b"), config(problem, 128, 128),
+                      config(problem, 128, 64), config(problem, 64, 128),
                       config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a")]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two. (256 x 1024 x
     # 512: cuBLAS runs 128 CTAs of 64 x 32 tiles in 5.3 us, ours 64 CTAs of 64 x 64 in 5.8, ncu.)

@@ -288,6 +288,18 @@ def test_decode_splits_few_tiles_swapped_and_past_16_rows_unswapped(shape, split
     assert len(options) <= 8
 
 
+@pytest.mark.parametrize("shape,split", [((96, 1240, 8192), 3), ((100, 2000, 6000), 2), ((128, 4096, 4096), 0),
+                                         ((256, 512, 65536), 4), ((1024, 1024, 16384), 0)])
+def test_long_k_tries_64x64_tiles_split_to_about_a_wave(shape, split):
+    """Fewer tiles than SMs and a long K (also under SMALL_WORK where K is LONG_K_TILES k-tiles or more: 96 x 1240
+    x 8192 ran its best small tile at 0.64 of cuBLAS): 64 x 64 tiles, split-K onto about one wave where they are
+    few, else data-parallel."""
+    options = first_choice(*shape)
+    (option,) = [o for o in options if (o["BM"], o["BN"], o.get("MULTICAST")) == (64, 64, None)]
+    assert (option.get("SPLIT", 0), option["STREAM_K"]) == (split, 1 if split else 0)
+    assert len(options) <= 8 and options[0]["STREAM_K"]
+
+
 @pytest.mark.parametrize("shape,tiles", [
     ((1000, 3000, 2000), [(128, 192)]), ((4096, 4096, 4096), [(128, 256), (128, 192)]),
     ((8192, 8192, 8192), [(128, 256)]), ((2048, 11008, 4096), [(128, 256), (128, 192)]),
