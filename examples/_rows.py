@@ -141,17 +141,17 @@ def chunkings(n: int) -> list[mgjit.Config]:
 def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     """The mappings tried for rows of n columns, the heuristic's pick first.
 
-    Short rows: ROWS rows per program, about 4096 elements (half and twice that too), and again in two or three
-    arrays where those pad less (`_two_parts`, `_fine_parts`; about 4096 elements and twice that). Rows of 4097 to
-    8192 also as two warpgroups, streamed and chunked (`chunkings`): a warpgroup holding such a row holds 64 values a
-    thread, and where its one array crosses the row's end (8065 to 8191 columns) every access is bounds-checked
-    (H100, bf16 rows of 8191: the held mappings ran softmax at 0.41-0.54 of copy bandwidth, cross-entropy at
-    0.56-0.65, where chunks of 2048 ran rows of 8193 at 0.79 and 0.81). Longer rows: segments of 8192 or 4096
-    columns over a cluster, the fewest CTAs and warpgroups that cover the row, more CTAs first (they spread the
-    row over more SMs); or one CTA per whole 4096 columns, the rest spread over them (12289: 4096 + 128 columns
-    on each of 3 CTAs, not 4096 on 4, the last holding one column: softmax 0.70 -> 0.79 of copy bandwidth on an
-    H200); and the row streamed in `stream`-wide chunks; and chunked over a cluster. Rows longer than
-    MAX_SPLIT_ROW: streamed only."""
+    Short rows: ROWS rows per program, about 4096 elements (half and twice that too, or four times where a row is
+    wider than 2048 columns), and again in two or three arrays where those pad less (`_two_parts`, `_fine_parts`;
+    about 4096 elements and twice that). Rows of 4097 to 8192 also as two warpgroups, streamed and chunked
+    (`chunkings`): a warpgroup holding such a row holds 64 values a thread, and where its one array crosses the
+    row's end (8065 to 8191 columns) every access is bounds-checked (H100, bf16 rows of 8191: the held mappings ran
+    softmax at 0.41-0.54 of copy bandwidth, cross-entropy at 0.56-0.65, where chunks of 2048 ran rows of 8193 at
+    0.79 and 0.81). Longer rows: segments of 8192 or 4096 columns over a cluster, the fewest CTAs and warpgroups
+    that cover the row, more CTAs first (they spread the row over more SMs); or one CTA per whole 4096 columns, the
+    rest spread over them (12289: 4096 + 128 columns on each of 3 CTAs, not 4096 on 4, the last holding one column:
+    softmax 0.70 -> 0.79 of copy bandwidth on an H200); and the row streamed in `stream`-wide chunks; and chunked
+    over a cluster. Rows longer than MAX_SPLIT_ROW: streamed only."""
     if n > MAX_SPLIT_ROW:
         return [streaming(stream)]
     configs: list[mgjit.Config] = []
@@ -160,7 +160,10 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
         width = sum(widths)
         # ROWS is an array dimension, so a power of two: the largest whose rows hold at most 4096 columns
         best = 1 << max(0, min(9, (4096 // width).bit_length() - 1))
-        for rows in dict.fromkeys((best, best * 2, best // 2)):
+        # Rows wider than 2048 columns (best 1, none below it) take four a program instead: a warp holds each
+        # (ops/gmem.py WARP_ROWS), so no reduction crosses warps (bf16 layernorm of 2304: 26.4 -> 14.4 PTX
+        # instructions an element; H200, tuned: 0.93 -> 0.98 of copy bandwidth).
+        for rows in dict.fromkeys((best, best * 2, best // 2 if best > 1 else 4)):
             if 1 <= rows <= 512 and rows * width <= 16384:
                 configs.append(hold(rows, widths))
         pair = _two_parts(n)

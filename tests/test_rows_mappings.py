@@ -66,7 +66,7 @@ PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
 CHUNKS_PAST_THE_END = _rows.chunked(2, 1024, 6)
 
 
-@pytest.mark.parametrize("n", [3, 33, 77, 150, 300, 1100, 4097, 9000, 20000])
+@pytest.mark.parametrize("n", [3, 33, 77, 150, 300, 1100, 2304, 4097, 9000, 20000])
 def test_every_candidate_interpreted(n):
     x = torch.randn(5, n) * 3
     extra = {20000: [PAST_THE_END], 9000: [CHUNKS_PAST_THE_END]}.get(n, [])
@@ -631,6 +631,22 @@ def test_persistent_layernorm_issues_fewer_instructions_an_element():
     # widenings and tests are left
     widened, held_widened = (ops["and"] + ops["shl"] for ops in (by_opcode, held_opcodes))
     assert widened < held_widened * 0.6 and by_opcode["setp"] < held_opcodes["setp"] * 0.75
+
+
+def test_rows_wider_than_2048_columns_also_go_four_a_program_one_a_warp():
+    """Rows of 2049 to 4096 columns (one about 4096 elements a program) are also tried four a program, where each
+    warp holds a row and no reduction crosses warps: tools/ptx_profile.py, bf16 layernorm over rows of 2304 issues
+    about 26 PTX instructions an element one row a program and about 14 four a program (most of its bar.syncs gone)."""
+    for n, rows in ((2049, [1, 2, 4]), (2304, [1, 2, 4]), (4096, [1, 2, 4]), (2048, [2, 4, 1]), (1600, [2, 4, 1])):
+        held = [c.kwargs["ROWS"] for c in _rows.candidates(n) if not c.kwargs["BLOCK"] and c.kwargs["WGS"] == 1
+                and c.kwargs["PARTS"] == _rows.parts(n)]
+        assert held == rows, n
+    sys.path.insert(0, str(ROOT / "tools"))
+    import ptx_profile
+    one, four = (_rows.hold(rows, _rows.parts(2304)).replace(OCC=0, STAGED=0, PERSIST=0) for rows in (1, 4))
+    _, per_one, ops_one = ptx_profile.profile("layernorm", 2304, BF16, one, 8)
+    _, per_four, ops_four = ptx_profile.profile("layernorm", 2304, BF16, four, 8)
+    assert per_four < per_one * 0.65 and ops_four["bar"] * 3 < ops_one["bar"], (per_one, per_four, ops_one["bar"])
 
 
 def test_ptx_profile_counts_an_element_once_however_the_row_is_split():
