@@ -142,6 +142,10 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     def tiles(bm: int, bn: int) -> int:
         return -(-m // bm) * -(-n // bn)
 
+    def wave_split(bm: int, bn: int) -> int:
+        """The cuts of K that put bm x bn tiles on about one wave of CTAs (at most MAX_CUTS; below 2: none)."""
+        return min(MAX_CUTS, sms // tiles(bm, bn))
+
     if m <= 64 and _swap_allowed(problem):  # decode: the weights stream through the 64-row side
         side = _swapped_n(problem)
         # One CTA per 64 weight rows over the whole of K streams the weights with no fix-up: at 3 x 4096 x 4096
@@ -152,7 +156,7 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                config(problem, 64, side, swap=True, stream_k=1)]
         # Few weight tiles (N = 1240: 20 of 64 rows): each split over as many CTAs as the SMs hold, one cut of one
         # tile a CTA, where stream-K's CTAs take up to two cuts in turn.
-        split = min(MAX_CUTS, sms // -(-n // 64))
+        split = wave_split(64, 64)  # M <= 64: one row of tiles
         if split > 1:
             out.append(config(problem, 64, side, swap=True, stream_k=1, SPLIT=split))
         # 16-bit weights: also on the CUDA cores, as row reductions (K-major, a linear layer's) or column blocks
@@ -163,7 +167,6 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # where they are few: 64 x 1240 x 4096 (20 tiles of 64 x 64, 6 cuts each) ran 12.6 us, swapped 15.1,
         # cuBLAS 12.7 (its split-K on 120 CTAs).
         unswapped = [config(problem, 64, 128, stream_k=1)] if m > 16 else []
-        split = min(MAX_CUTS, sms // tiles(64, 64))
         if m > 16 and split > 1:
             unswapped.append(config(problem, 64, 64, stream_k=1, SPLIT=split))
         return out + unswapped + gemvs
@@ -202,7 +205,7 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # on 128 CTAs 0.97 of cuBLAS where the others ran 0.81-0.88; 100 x 2000 x 6000 split 2 0.95 against 0.91).
         # A data-parallel 128 x 256 wave, fewer CTAs than any of these, left the list for it.
         cover = tiles(128, 128) * MAX_CUTS >= sms
-        split64 = min(MAX_CUTS, sms // tiles(64, 64))
+        split64 = wave_split(64, 64)
         return out + [config(problem, 128, 128, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})),
                       config(problem, 64, 64, **({"stream_k": 1, "SPLIT": split64} if split64 > 1 else {})),
                       config(problem, 128, 192, MULTICAST="b"), config(problem, 128, 128),
