@@ -76,7 +76,7 @@ def time_shape(shape: tuple, configs: list, rounds: int) -> None:
         full = schedules.normalize(problem, cfg)
         c = mh._output(m, n, a.dtype, a.device).fill_(float("nan"))
         try:
-            mh._launch(problem, full, c, None, None)
+            plan = mh._launch(problem, full, c, None, None)
         except Exception as error:  # noqa: BLE001 - a config the compiler refuses is reported, not fatal
             print(f"  {schedules.describe(full)}: refused: {str(error)[:200]}", flush=True)
             continue
@@ -88,7 +88,6 @@ def time_shape(shape: tuple, configs: list, rounds: int) -> None:
         # Timed as a repeated call runs once the wrapper chose: matmul(config=...) takes the whole Python path
         # each call, and kernels of 10-20 us measured that path (96x1240x8192, 64x64 split 3: 28.5 us a call
         # against a 15.5 us kernel).
-        plan = schedules.launch_plan(problem, full, mh.sm_count(a.device.index))
         prepared = mh._Prepared(problem, plan, a, b, False, mh.sm_count(a.device.index))
         fns.append(lambda prepared=prepared: prepared(a, b, None, None))
     samples: list[list[float]] = [[] for _ in fns]
