@@ -37,6 +37,13 @@ STAGE_GROUP = 4096
 # and 0.80 of copy bandwidth to 0.76. Capped (63 registers; H200, bf16, kernel alone): 33 0.75 -> 0.80, 65 0.72 ->
 # 0.74, 17 0.85 -> 0.87 (256 rows a program), 150 as 128 + 32 0.75 -> 0.75.
 TWO_PART_OCC = 8
+# Rows held whole, one a program in at most this many columns, are also tried at every thread slot of an SM: 16 CTAs
+# of 128 threads, 32 registers (H200, bf16, kernel alone: 2304 columns 0.80 -> 0.90 of copy bandwidth, 3000 0.87 ->
+# 0.90 with 244 bytes of spills; tuned, 3000: 0.86 -> 0.89).
+FULL_OCC, FULL_OCC_COLUMNS = 16, 3072
+# Rows held whole in two arrays or more, wider than this, are also tried with their targets' logits gathered first
+# (EARLY, `mapping`); on narrower rows that never ran faster (H200, bf16: 9, 33, 300, 768 columns).
+EARLY_COLUMNS = 1024
 
 
 @mgjit.kernel
@@ -44,11 +51,12 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
                        PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                        CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
                        STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0,
-                       OCC: mgjit.constexpr = 0):
+                       OCC: mgjit.constexpr = 0, EARLY: mgjit.constexpr = 0):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
     least two a program) float32, the statistics of the pieces of rows that programs share, and counts: (at least
     rows) int32, zero, each such row's pieces counted in and set back to zero, both used by piped segments
-    (SEGS > 1) only (`scratch`, `finish_piece`). OCC > 0: registers capped so that OCC CTAs fit on an SM."""
+    (SEGS > 1) only (`scratch`, `finish_piece`). OCC > 0: registers capped so that OCC CTAs fit on an SM. EARLY: held
+    rows gather their targets' logits before the row's arithmetic, not after it (`mapping`)."""
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if PIPE:
@@ -70,9 +78,13 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
         # Each row's target logit, gathered: a load for each row a thread holds. A masked sum over the held rows
         # cost a compare, a select and an add an element, and scalar loads by every thread two loads a row (H200,
         # kernel alone, bf16: rows of 16 0.70 -> 0.85 of copy bandwidth, 127 0.66 -> 0.79, 255 0.67 -> 0.81).
-        # After the row's arithmetic: issued before it, rows of 2047 (2 a program) ran 0.85 -> 0.77, 4096 0.95 -> 0.88.
+        # After the row's arithmetic, or before it (EARLY): which is faster depends on the mapping (issued before,
+        # rows of 2047 two a program ran 0.85 -> 0.77, 4096 0.95 -> 0.88, but 2304 two a program 0.82 -> 0.95).
+        if EARLY:
+            hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
         e, m, s = exp_segment(v, CTAS * WGS)
-        hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
+        if not EARLY:
+            hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
         if CTAS * WGS == 1:
             top, total = m, s
         else:  # one exchange of (max, sum) between the segments
@@ -280,12 +292,22 @@ def block_for(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n), short rows held as two
-    arrays again with registers capped for TWO_PART_OCC CTAs an SM; then the piped ones (examples/_rows_piped.py) for
-    elements of `itemsize` bytes (0: none), whole rows or, longer, segments."""
+    arrays again with registers capped for TWO_PART_OCC CTAs an SM, rows held one a program in at most
+    FULL_OCC_COLUMNS again at FULL_OCC CTAs an SM; rows held whole in two arrays or more, over EARLY_COLUMNS, again
+    with their targets' logits gathered first (EARLY; H200, bf16, tuned: 2304 columns 0.81 -> 0.93 of copy bandwidth,
+    1600 0.85 -> 0.89, float32 1100 and 2304 picked too; one a program, 3000 columns 0.86 -> 0.79 and 3500 0.94 ->
+    0.85, hence tuned); then the piped ones (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none),
+    whole rows or, longer, segments."""
     configs = rows_mapping(n, stream=block_for(n))
     capped = tuple(c.replace(OCC=TWO_PART_OCC) for c in configs if len(c.kwargs["PARTS"]) == 2
                    and sum(c.kwargs["PARTS"]) < TWO_PARTS_BELOW and not c.kwargs["BLOCK"])
-    return piping(tuple(c.replace(OCC=0) for c in configs) + capped, n, itemsize, segments=True)
+    whole = tuple(c for c in configs if not c.kwargs["BLOCK"] and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
+    full = tuple(c.replace(OCC=FULL_OCC) for c in whole
+                 if c.kwargs["ROWS"] == 1 and sum(c.kwargs["PARTS"]) <= FULL_OCC_COLUMNS)
+    held = tuple(c.replace(OCC=0) for c in configs) + capped + full
+    early = tuple(c.replace(EARLY=1) for c in held if not c.kwargs["BLOCK"] and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1
+                  and len(c.kwargs["PARTS"]) > 1 and sum(c.kwargs["PARTS"]) > EARLY_COLUMNS)
+    return piping(tuple(c.replace(EARLY=0) for c in held) + early, n, itemsize, segments=True)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,

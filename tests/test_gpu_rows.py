@@ -74,12 +74,12 @@ def test_cross_entropy(n, dtype):
 
 
 # Each candidate mapping forced: rows per program (short rows also in two arrays: 33 as 32 + 1, 150 as 128 + 32,
-# 260 as 256 + 4; or three: 50 as 32 + 16 + 8, 300 as 256 + 32 + 16, 1100 as 1024 + 64 + 16), two warpgroups,
-# segments over clusters of several shapes.
+# 260 as 256 + 4; or three: 50 as 32 + 16 + 8, 300 as 256 + 32 + 16, 1100 as 1024 + 64 + 16), rows wider than 2048
+# columns four a program (a row a warp), two warpgroups, segments over clusters of several shapes.
 FORCED = [(3, torch.float16), (9, torch.bfloat16), (33, torch.bfloat16), (50, torch.float32), (77, torch.bfloat16),
           (150, torch.float16), (260, torch.bfloat16), (300, torch.bfloat16), (1100, torch.float16),
-          (4097, torch.bfloat16), (5000, torch.float16), (9000, torch.float32),
-          (32000, torch.bfloat16), (100003, torch.float32), (262144, torch.bfloat16)]
+          (2304, torch.bfloat16), (3001, torch.float32), (4097, torch.bfloat16), (5000, torch.float16),
+          (9000, torch.float32), (32000, torch.bfloat16), (100003, torch.float32), (262144, torch.bfloat16)]
 
 
 @pytest.mark.parametrize("n,dtype", FORCED, ids=str)
@@ -103,6 +103,27 @@ def test_every_candidate_mapping(n, dtype):
         loss, lse = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
         ce.cross_entropy_rows[grid](x, target, loss, lse, -100, x, loss, loss, **opts)
         assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5 * max(1.0, n / 8192) ** 0.5, config
+
+
+@pytest.mark.parametrize("n,dtype", [(1100, torch.float32), (1600, torch.bfloat16), (2304, torch.float16),
+                                     (3000, torch.bfloat16)], ids=str)
+def test_every_cross_entropy_mapping(n, dtype):
+    """Cross-entropy's own twins beside the shared mappings (targets' logits gathered first, EARLY; one row a program
+    at FULL_OCC CTAs an SM) on 37 rows (the last program's rows partly past the end), every fifth target ignored,
+    outputs poisoned."""
+    m = 37
+    logits = torch.randn(m, n, device="cuda", dtype=dtype) * 4
+    target = torch.randint(0, n, (m,), device="cuda")
+    target[::5] = -100
+    xd = logits.double()
+    ref = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
+    configs = ce.mapping(n, logits.element_size())
+    assert any(c.kwargs["EARLY"] for c in configs) and any(c.kwargs["OCC"] == ce.FULL_OCC for c in configs)
+    for config in configs:
+        loss, lse = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
+        ce.run_mapping(config, logits, target, loss, lse)
+        assert rel(loss, ref) < 1e-4, config
+        assert rel(lse, torch.logsumexp(xd, 1)) < 1e-5, config
 
 
 @pytest.mark.parametrize("n,dtype", [(9, torch.bfloat16), (33, torch.float16), (77, torch.bfloat16),

@@ -365,6 +365,34 @@ def test_cross_entropy_also_caps_short_two_array_rows_registers():
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
 
 
+def test_cross_entropy_also_tries_early_targets_and_full_occupancy():
+    """Cross-entropy's rows held whole in two arrays or more, wider than EARLY_COLUMNS, are tried again with their
+    targets' logits gathered first (EARLY), and those held one a program in at most FULL_OCC_COLUMNS again at FULL_OCC
+    CTAs an SM (and that twin gathering first too); one key set for the tuner."""
+    for n, early, full in ((300, 0, 0), (1600, 6, 1), (2304, 4, 1), (3000, 4, 1), (4096, 0, 0), (5000, 2, 0)):
+        configs = ce.mapping(n, 2)
+        whole = [c for c in configs if not (c.kwargs["EARLY"] or c.kwargs["BLOCK"] or c.kwargs["PIPE"])
+                 and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1]
+        twins = [c.replace(EARLY=0) for c in configs if c.kwargs["EARLY"]]
+        assert len(twins) == early and twins == [c for c in whole if len(c.kwargs["PARTS"]) > 1
+                                                 and sum(c.kwargs["PARTS"]) > ce.EARLY_COLUMNS], n
+        capped = [c.replace(OCC=0) for c in whole if c.kwargs["OCC"] == ce.FULL_OCC]
+        assert len(capped) == full and capped == [c for c in whole if c.kwargs["ROWS"] == 1 and not c.kwargs["OCC"]
+                                                  and sum(c.kwargs["PARTS"]) <= ce.FULL_OCC_COLUMNS], n
+        assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
+
+
+def test_cross_entropy_gathers_the_targets_logits_before_the_exps_where_early():
+    """EARLY=1 issues the targets' logit loads before the row's exps, EARLY=0 after them (in the PTX's order)."""
+    logits, target, loss = torch.empty(64, 2304, dtype=BF16), torch.empty(64, dtype=torch.long), torch.empty(64)
+    config = next(c for c in ce.mapping(2304, 2) if c.kwargs["ROWS"] == 2 and not c.kwargs["OCC"])
+    for early in (0, 1):
+        ptx = ce.cross_entropy_rows.compile(logits, target, loss, loss, -100, logits, loss, loss,
+                                            **config.replace(EARLY=early).launch_kwargs(), target="sm_90a").ptx
+        gather, exp = ptx.index("ld.global.b16"), ptx.index("ex2.approx")
+        assert (gather < exp) == bool(early), early
+
+
 def test_examples_read_rows_in_whole_words():
     """The PTX of the examples' heuristic picks: 4097-wide bf16 rows (every one starting at another offset in a
     32-bit word) loaded and stored as aligned words shifted by prmt, with no bounds test, where a window's column

@@ -249,7 +249,7 @@ def test_which_rows_are_piped():
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
-        assert [{**c.kwargs, "SEGS": 0, "OCC": 0} for c in got] == [
+        assert [{**c.kwargs, "SEGS": 0, "OCC": 0, "EARLY": 0} for c in got] == [
             c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"] and not c.kwargs["SEGS"]], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
