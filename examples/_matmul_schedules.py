@@ -45,6 +45,7 @@ MAX_CUTS = 8  # contributors per stream-K tile: the one that finishes it reads a
 # 78 CTAs over all of K, at 0.64 of cuBLAS, 64 x 64 tiles split 3 ways on 120 CTAs at 0.90.
 SMALL_WORK = 1 << 30
 LONG_K_TILES = 64
+SWAP_ROWS = 96  # M of 65 to this many rows also tries swapped 64-row weight tiles (`candidates`)
 TUNE = os.environ.get("MGJIT_MATMUL_TUNE", "1") != "0"  # 0: take the first candidate, time nothing
 # The candidates are timed round-robin, each by the median of its rounds: timed one after another, the GPU's
 # drift between them (clocks, heat) picked 128x64 tiles for 256 x 1024 x 512 (7.8 us against 8.1), which ran
@@ -181,6 +182,12 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
                 config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b"),
                 config(problem, 192, 192)]
+    # M of 65 to SWAP_ROWS rows, where the weights' 64-row tiles fill a third of the SMs: those tiles swapped onto
+    # the wgmma's M side, one CTA a tile over all of K (cuBLAS's 64 x 80 tiles at 80 x 3000 x 4096: 1.02 of cuBLAS
+    # where the best unswapped tile ran 0.86; 96 x 3000 x 4096 1.05 against 0.94; at 128 rows it lost, 0.81-0.87
+    # against 0.97-1.0, and on 20 tiles, 96 x 1240 x 8192, 0.55).
+    swapped = [config(problem, 64, _swapped_n(problem), swap=True)] if (
+        m <= SWAP_ROWS and _swap_allowed(problem) and -(-n // 64) >= sms // 3) else []
     # fewer tiles than SMs, K long enough to cut
     if k_tiles >= 16 and (m * n * problem.k >= SMALL_WORK or k_tiles >= LONG_K_TILES):
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
@@ -204,17 +211,21 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # And 64 x 64 tiles, one wave of them or split to about one (M of 65 to 128: 128 x 4096 x 4096 data-parallel
         # on 128 CTAs 0.97 of cuBLAS where the others ran 0.81-0.88; 100 x 2000 x 6000 split 2 0.95 against 0.91).
         # A data-parallel 128 x 256 wave, fewer CTAs than any of these, left the list for it.
+        # Where M is one row of 128-row tiles, M-neighbours sharing B would leave every pair's second tile empty:
+        # the swapped tiles instead, where there are any.
         cover = tiles(128, 128) * MAX_CUTS >= sms
         split64 = wave_split(64, 64)
+        paired = [config(problem, 128, 192, MULTICAST="b")] if m > 128 else swapped
         return out + [config(problem, 128, 128, stream_k=1, **({} if cover else {"SPLIT": MAX_CUTS})),
                       config(problem, 64, 64, **({"stream_k": 1, "SPLIT": split64} if split64 > 1 else {})),
-                      config(problem, 128, 192, MULTICAST="b"), config(problem, 128, 128),
+                      *paired, config(problem, 128, 128),
                       config(problem, 128, 64), config(problem, 64, 128),
                       config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a")]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two. (256 x 1024 x
     # 512: cuBLAS runs 128 CTAs of 64 x 32 tiles in 5.3 us, ours 64 CTAs of 64 x 64 in 5.8, ncu.)
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
-            config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64), config(problem, 64, 32)]
+            config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64), config(problem, 64, 32),
+            *swapped]
 
 
 def _swap_allowed(problem: Problem) -> bool:

@@ -70,6 +70,8 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "swap-m1": (1, 200, 320, dict(SWAP_AB=True, BM=128, BN=8, STREAM_K=1), 3, {}),
     "swap-m3-bm64": (3, 136, 512, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 4, {}),
     "swap-m16-dp": (16, 200, 128, dict(SWAP_AB=True, BM=128, BN=16), 3, {}),
+    # M = 90 swapped, one CTA a weight tile: BN = 96 (64 + 32 columns stored from registers)
+    "swap-m90-bn96-dp": (90, 200, 192, dict(SWAP_AB=True, BM=64, BN=96), 4, {}),
     "swap-b-kmajor": (5, 136, 320, dict(SWAP_AB=True, BM=64, BN=8, STREAM_K=1), 3, dict(b_layout="t")),
     "swap-a-transposed": (3, 136, 128, dict(SWAP_AB=True, BM=64, BN=64), 3, dict(a_layout="t")),
     "a-transposed": (200, 136, 192, dict(BM=128, BN=128, STREAM_K=1), 3, dict(a_layout="t")),
@@ -298,6 +300,22 @@ def test_long_k_tries_64x64_tiles_split_to_about_a_wave(shape, split):
     (option,) = [o for o in options if (o["BM"], o["BN"], o.get("MULTICAST")) == (64, 64, None)]
     assert (option.get("SPLIT", 0), option["STREAM_K"]) == (split, 1 if split else 0)
     assert len(options) <= 8 and options[0]["STREAM_K"]
+
+
+@pytest.mark.parametrize("shape,swapped,paired", [
+    ((80, 3000, 4096), 80, False), ((96, 3000, 4096), 96, False), ((72, 4096, 14336), 72, False),
+    ((80, 3000, 2048), 80, False), ((96, 1240, 8192), None, False), ((128, 4096, 4096), None, False),
+    ((256, 512, 65536), None, True), ((1024, 1024, 16384), None, True)])
+def test_65_to_96_rows_also_try_swapped_weight_tiles(shape, swapped, paired):
+    """Few tiles (with a long K, or small problems): M of 65 to SWAP_ROWS rows also tries the weights' 64-row tiles
+    swapped onto the wgmma's M side, one CTA a tile, where they fill a third of the SMs (not 20 tiles: 96 x 1240 x
+    8192); M-neighbour pairs sharing B only where M holds two 128-row tiles (else every pair's second tile is
+    empty)."""
+    options = first_choice(*shape)
+    swaps = [(o["BM"], o["BN"], o["STREAM_K"]) for o in options if o["SWAP_AB"]]
+    assert swaps == ([(64, swapped, 0)] if swapped else [])
+    assert any(o.get("MULTICAST") == "b" for o in options) == paired
+    assert len(options) <= 8
 
 
 @pytest.mark.parametrize("shape,tiles", [
