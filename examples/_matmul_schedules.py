@@ -172,22 +172,25 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
             unswapped.append(config(problem, 64, 64, stream_k=1, SPLIT=split))
         return out + unswapped + gemvs
     big = tiles(128, 256)
+    # M of 65 to SWAP_ROWS rows, where the weights' 64-row tiles fill a third of the SMs: those tiles swapped onto
+    # the wgmma's M side, one CTA a tile over all of K (cuBLAS's 64 x 80 tiles at 80 x 3000 x 4096: 1.02 of cuBLAS
+    # where the best unswapped tile ran 0.86; 96 x 3000 x 4096 1.05 against 0.94; at 128 rows it lost, 0.81-0.87
+    # against 0.97-1.0, and on 20 tiles, 96 x 1240 x 8192, 0.55). LM heads too: 80 x 50257 x 4096 (B transposed)
+    # 115 us against 132 for the best 128 x 256 tile; 96 x 32000 x 4096 1.01 of cuBLAS against 0.88.
+    swapped = [config(problem, 64, _swapped_n(problem), swap=True)] if (
+        m <= SWAP_ROWS and _swap_allowed(problem) and -(-n // 64) >= sms // 3) else []
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
             [config(problem, 128, 128)] if big < 16 * sms else [])
     if big >= sms:  # a partial last wave: stream-K it (and the wave before), or smaller tiles
         # Or 192 x 192 tiles (three consumers): 2048 x 11008 x 4096 (B transposed, cuBLAS's tile there) ran
         # 275.6 us against 280.3 for the best of the others (cuBLAS 269.8); 4096^3 209.1 against 193.4.
+        # (M-neighbour pairs sharing B where M holds two 128-row tiles: else every pair's second tile is empty.)
+        paired = [config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")] \
+            if m > 128 else []
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
-                config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b"),
-                config(problem, 192, 192)]
-    # M of 65 to SWAP_ROWS rows, where the weights' 64-row tiles fill a third of the SMs: those tiles swapped onto
-    # the wgmma's M side, one CTA a tile over all of K (cuBLAS's 64 x 80 tiles at 80 x 3000 x 4096: 1.02 of cuBLAS
-    # where the best unswapped tile ran 0.86; 96 x 3000 x 4096 1.05 against 0.94; at 128 rows it lost, 0.81-0.87
-    # against 0.97-1.0, and on 20 tiles, 96 x 1240 x 8192, 0.55).
-    swapped = [config(problem, 64, _swapped_n(problem), swap=True)] if (
-        m <= SWAP_ROWS and _swap_allowed(problem) and -(-n // 64) >= sms // 3) else []
+                *paired, config(problem, 192, 192), *swapped]
     # fewer tiles than SMs, K long enough to cut
     if k_tiles >= 16 and (m * n * problem.k >= SMALL_WORK or k_tiles >= LONG_K_TILES):
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing

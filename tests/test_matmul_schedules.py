@@ -305,12 +305,13 @@ def test_long_k_tries_64x64_tiles_split_to_about_a_wave(shape, split):
 @pytest.mark.parametrize("shape,swapped,paired", [
     ((80, 3000, 4096), 80, False), ((96, 3000, 4096), 96, False), ((72, 4096, 14336), 72, False),
     ((80, 3000, 2048), 80, False), ((96, 1240, 8192), None, False), ((128, 4096, 4096), None, False),
-    ((256, 512, 65536), None, True), ((1024, 1024, 16384), None, True)])
+    ((256, 512, 65536), None, True), ((1024, 1024, 16384), None, True), ((80, 50257, 4096), 80, False),
+    ((1000, 3000, 2000), None, True)])
 def test_65_to_96_rows_also_try_swapped_weight_tiles(shape, swapped, paired):
-    """Few tiles (with a long K, or small problems): M of 65 to SWAP_ROWS rows also tries the weights' 64-row tiles
-    swapped onto the wgmma's M side, one CTA a tile, where they fill a third of the SMs (not 20 tiles: 96 x 1240 x
-    8192); M-neighbour pairs sharing B only where M holds two 128-row tiles (else every pair's second tile is
-    empty)."""
+    """Few tiles (with a long K, small problems) or a partial last wave (an LM head, 80 x 50257): M of 65 to
+    SWAP_ROWS rows also tries the weights' 64-row tiles swapped onto the wgmma's M side, one CTA a tile, where they
+    fill a third of the SMs (not 20 tiles: 96 x 1240 x 8192); M-neighbour pairs sharing B only where M holds two
+    128-row tiles (else every pair's second tile is empty)."""
     options = first_choice(*shape)
     swaps = [(o["BM"], o["BN"], o["STREAM_K"]) for o in options if o["SWAP_AB"]]
     assert swaps == ([(64, swapped, 0)] if swapped else [])
