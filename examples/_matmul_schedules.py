@@ -8,6 +8,8 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
   multiple of 8 on its N side; one CTA per weight tile over all of K, or stream-K spreading the few row tiles'
   k-iterations over every SM. With 16-bit weights and a few rows, also a GEMV on the CUDA cores (K-major
   weights M <= 4, N-major M <= 8).
+- M of 65 to 96 (SWAP_ROWS), where the weights make enough 64-row tiles: the swapped data-parallel tile beside the
+  others below (cuBLAS's own 64 x 80 tiles at 80 x 3000 x 4096).
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, smaller tiles (more tiles, smaller tail), and 192 x 192 ones.
 - fewer tiles than SMs with a long K: stream-K or split-K, split-K over clusters sharing A where the tiles are
