@@ -298,15 +298,18 @@ def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     1600 0.85 -> 0.89, float32 1100 and 2304 picked too; one a program, 3000 columns 0.86 -> 0.79 and 3500 0.94 ->
     0.85, hence tuned); then the piped ones (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none),
     whole rows or, longer, segments."""
+    def whole(c: mgjit.Config) -> bool:
+        """Whether a mapping holds its rows whole in one warpgroup's registers (no cluster, no chunks)."""
+        return not c.kwargs["BLOCK"] and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1
+
     configs = rows_mapping(n, stream=block_for(n))
     capped = tuple(c.replace(OCC=TWO_PART_OCC) for c in configs if len(c.kwargs["PARTS"]) == 2
                    and sum(c.kwargs["PARTS"]) < TWO_PARTS_BELOW and not c.kwargs["BLOCK"])
-    whole = tuple(c for c in configs if not c.kwargs["BLOCK"] and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
-    full = tuple(c.replace(OCC=FULL_OCC) for c in whole
-                 if c.kwargs["ROWS"] == 1 and sum(c.kwargs["PARTS"]) <= FULL_OCC_COLUMNS)
+    full = tuple(c.replace(OCC=FULL_OCC) for c in configs
+                 if whole(c) and c.kwargs["ROWS"] == 1 and sum(c.kwargs["PARTS"]) <= FULL_OCC_COLUMNS)
     held = tuple(c.replace(OCC=0) for c in configs) + capped + full
-    early = tuple(c.replace(EARLY=1) for c in held if not c.kwargs["BLOCK"] and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1
-                  and len(c.kwargs["PARTS"]) > 1 and sum(c.kwargs["PARTS"]) > EARLY_COLUMNS)
+    early = tuple(c.replace(EARLY=1) for c in held
+                  if whole(c) and len(c.kwargs["PARTS"]) > 1 and sum(c.kwargs["PARTS"]) > EARLY_COLUMNS)
     return piping(tuple(c.replace(EARLY=0) for c in held) + early, n, itemsize, segments=True)
 
 
