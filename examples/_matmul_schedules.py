@@ -174,13 +174,14 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
             unswapped.append(config(problem, 64, 64, stream_k=1, SPLIT=split))
         return out + unswapped + gemvs
     big = tiles(128, 256)
-    # M of 65 to SWAP_ROWS rows, where the weights' 64-row tiles fill a third of the SMs: those tiles swapped onto
-    # the wgmma's M side, one CTA a tile over all of K (cuBLAS's 64 x 80 tiles at 80 x 3000 x 4096: 1.02 of cuBLAS
-    # where the best unswapped tile ran 0.86; 96 x 3000 x 4096 1.05 against 0.94; at 128 rows it lost, 0.81-0.87
-    # against 0.97-1.0, and on 20 tiles, 96 x 1240 x 8192, 0.55). LM heads too: 80 x 50257 x 4096 (B transposed)
-    # 115 us against 132 for the best 128 x 256 tile; 96 x 32000 x 4096 1.01 of cuBLAS against 0.88.
+    # M of 65 to SWAP_ROWS rows (padded: an MN-major A pads M to 128), where the weights' 64-row tiles fill a third
+    # of the SMs: those tiles swapped onto the wgmma's M side, one CTA a tile over all of K (cuBLAS's 64 x 80 tiles
+    # at 80 x 3000 x 4096: 1.02 of cuBLAS where the best unswapped tile ran 0.86; 96 x 3000 x 4096 1.05 against
+    # 0.94; at 128 rows it lost, 0.81-0.87 against 0.97-1.0, and on 20 tiles, 96 x 1240 x 8192, 0.55). LM heads too:
+    # 80 x 50257 x 4096 (B transposed) 115 us against 132 for the best 128 x 256 tile; 96 x 32000 x 4096 1.01 of
+    # cuBLAS against 0.88.
     swapped = [config(problem, 64, _swapped_n(problem), swap=True)] if (
-        m <= SWAP_ROWS and _swap_allowed(problem) and -(-n // 64) >= sms // 3) else []
+        _swap_allowed(problem) and _swapped_n(problem) <= SWAP_ROWS and -(-n // 64) >= sms // 3) else []
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
             [config(problem, 128, 128)] if big < 16 * sms else [])

@@ -319,6 +319,17 @@ def test_65_to_96_rows_also_try_swapped_weight_tiles(shape, swapped, paired):
     assert len(options) <= 8
 
 
+def test_swapped_weight_tiles_only_where_m_pads_to_96_rows_or_fewer():
+    """An MN-major A pads a swapped tile's M side to 64 columns (80 rows: 128, the width where the swap lost):
+    no swapped tile there; K-major, 80 rows pad to 80."""
+    m, n, k = 80, 3000, 4096
+    b = torch.empty(k, n, dtype=BF16)
+    for a, side in ((torch.empty(m, k, dtype=BF16), 80), (torch.empty(k, m, dtype=BF16).t(), None)):
+        problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
+        swaps = [o["BN"] for o in schedules.candidates(problem, 132) if o["SWAP_AB"]]
+        assert swaps == ([side] if side else []), a.stride()
+
+
 @pytest.mark.parametrize("shape,tiles", [
     ((1000, 3000, 2000), [(128, 192)]), ((4096, 4096, 4096), [(128, 256), (128, 192)]),
     ((8192, 8192, 8192), [(128, 256)]), ((2048, 11008, 4096), [(128, 256), (128, 192)]),
