@@ -149,8 +149,8 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         """The cuts of K that put bm x bn tiles on about one wave of CTAs (at most MAX_CUTS; below 2: none)."""
         return min(MAX_CUTS, sms // tiles(bm, bn))
 
+    side = _swapped_n(problem)  # M as a swapped tile's N
     if m <= 64 and _swap_allowed(problem):  # decode: the weights stream through the 64-row side
-        side = _swapped_n(problem)
         # One CTA per 64 weight rows over the whole of K streams the weights with no fix-up: at 3 x 4096 x 4096
         # its 64 CTAs (12 stages of TMA in flight each) ran in 21.8 us against stream-K's 24.9 and cuBLAS's 20.6
         # (cuBLAS runs the same shape: 64 x 8 tiles on 64 CTAs). Stream-K stays for the shapes with few tiles.
@@ -180,8 +180,8 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     # 0.94; at 128 rows it lost, 0.81-0.87 against 0.97-1.0, and on 20 tiles, 96 x 1240 x 8192, 0.55). LM heads too:
     # 80 x 50257 x 4096 (B transposed) 115 us against 132 for the best 128 x 256 tile; 96 x 32000 x 4096 1.01 of
     # cuBLAS against 0.88.
-    swapped = [config(problem, 64, _swapped_n(problem), swap=True)] if (
-        _swap_allowed(problem) and _swapped_n(problem) <= SWAP_ROWS and -(-n // 64) >= sms // 3) else []
+    swapped = [config(problem, 64, side, swap=True)] if (
+        _swap_allowed(problem) and side <= SWAP_ROWS and tiles(side, 64) >= sms // 3) else []
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
             [config(problem, 128, 128)] if big < 16 * sms else [])

@@ -164,7 +164,7 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
         # (ops/gmem.py WARP_ROWS), so no reduction crosses warps (bf16 layernorm of 2304: 26.4 -> 14.4 PTX
         # instructions an element; H200, tuned: 0.93 -> 0.98 of copy bandwidth).
         for rows in dict.fromkeys((best, best * 2, best // 2 if best > 1 else 4)):
-            if 1 <= rows <= 512 and rows * width <= 16384:
+            if rows <= 512 and rows * width <= 16384:
                 configs.append(hold(rows, widths))
         pair = _two_parts(n)
         fine = _fine_parts(n)
