@@ -131,7 +131,7 @@ def test_ordering_and_scope_reach_the_ptx(sem, scope):
     f, i = torch.zeros(4), torch.zeros(4, dtype=torch.int32)
     ptx = ordered.compile(f, i, f, SEM=sem, SCOPE=scope, target="sm_90a").ptx
     assert f"atom.{sem}.{scope}.global.add.f32" in ptx
-    assert f"atom.release.{scope}.global.add.u32" in ptx  # the signal
+    assert f"red.release.{scope}.global.add.u32" in ptx  # the signal: no old value waited for
     assert f"ld.acquire.{scope}.global.b32" in ptx and "nanosleep" in ptx and "%globaltimer" in ptx
 
 

@@ -11,7 +11,10 @@ reaches (`scope`: cta, cluster, gpu, sys), as PTX's `atom{.sem}{.scope}` does.
 - A scalar (every index an integer): the warpgroup's first thread performs it once and every thread receives
   the old value. The ordering holds for the whole warpgroup: with release, every write its threads made before
   (the lowering meets them at a warpgroup barrier first) happens before; with acquire, every access they make
-  after (they meet at a barrier after it) happens after.
+  after (they meet at a barrier after it) happens after. A signal (`mgjit.semaphore_signal`: a release add
+  whose old value nobody reads) goes out as a `red` after that first barrier and waits for nothing: the old
+  value's broadcast (a shared-memory store that waits for the L2's answer, then a barrier) would hold the whole
+  warpgroup for a round trip to the L2 at every signal.
 - SemaphoreWait: the warpgroup's first thread polls the cell with `ld.acquire` until it holds at least `value`
   (signed), backing off with nanosleep; the warpgroup meets at a barrier after. A wait still unsatisfied after
   WAIT_TIMEOUT_NS traps (the launch fails) rather than hang, and so does a wait on a cell outside the tensor.
@@ -63,17 +66,18 @@ def _check_ordering(op: _GmemAccess, sem: str, scope: str) -> None:
 
 class Atomic(_GmemAccess):
     """`kind` (add, min, max, xchg, cas) on the window of `ref` at `starts` of static `sizes` with `value` (for cas,
-    where the old value equals `compare`); the result is the old values, of the value's type."""
+    where the old value equals `compare`); the result is the old values, of the value's type. `signal`: a scalar
+    release add whose result nobody reads (`mgjit.semaphore_signal`), issued without waiting for it."""
 
     name = "atomic"
 
     def __init__(self, kind: str, ref: Value, starts: Sequence[Value], sizes: tuple[int, ...],
                  squeeze: tuple[bool, ...], value: Value, sem: str, scope: str, loc: Loc | None,
-                 compare: Value | None = None):
+                 compare: Value | None = None, signal: bool = False):
         extra = [compare] if compare is not None else []
         super().__init__([ref, *starts, *extra, value], [value.type], loc)
         self._init_window(sizes, squeeze)
-        self.kind, self.sem, self.scope = kind, sem, scope
+        self.kind, self.sem, self.scope, self.signal = kind, sem, scope, signal
 
     @property
     def starts(self) -> list[Value]:
@@ -92,7 +96,8 @@ class Atomic(_GmemAccess):
         return not self.value.is_array
 
     def attrs(self):
-        return {"kind": self.kind, "sem": self.sem, "scope": self.scope, **super().attrs()}
+        attrs = {"kind": self.kind, "sem": self.sem, "scope": self.scope, **super().attrs()}
+        return {**attrs, "signal": True} if self.signal else attrs
 
     def verify(self):
         self._verify_window(self.ref, self.starts)
@@ -106,6 +111,10 @@ class Atomic(_GmemAccess):
                   f"values of that shape, got {shape}")
             check(v.dtype == self.ref.dtype, self, f"an atomic on a {self.ref.dtype.name} tensor takes "
                   f"{self.ref.dtype.name} values, got {v.dtype.name}", Rule.ATOMIC)
+        if self.signal:
+            check(self.kind == "add" and self.sem == "release" and self.is_scalar, self,
+                  f"a signal is a scalar release add, got a {'scalar' if self.is_scalar else 'window'} {self.sem} "
+                  f"{self.kind}", Rule.ATOMIC)
         types = PTX_TYPE[self.kind]
         check(self.ref.dtype in types, self, f"atomic {self.kind} is not available on {self.ref.dtype.name}: the "
               f"hardware has it on {', '.join(d.name for d in types)}", Rule.ATOMIC)
@@ -251,11 +260,15 @@ def _share_with_replicas(ctx: lower.Context, layout: TiledLayout, shape, dtype: 
 
 
 def _scalar_atomic(op: Atomic, ctx: lower.Context, ref: lower.LoweredRef) -> None:
-    """The first thread performs it; the old value reaches every thread through shared memory."""
+    """The first thread performs it; the old value reaches every thread through shared memory (a signal's: none,
+    `_signal`)."""
     e = ctx.e
     dtype = op.ref.dtype
     (cell,) = _element_addresses(ctx, op, ref, None, ())
     elected = e.cmpi("eq", ctx.wg_tid, e.i32(0))
+    if op.signal:
+        _signal(ctx, op, e.andi(cell.inside, elected), cell.addr)
+        return
     scratch = ctx.alloc_smem(8, 8)
     # Before: an earlier use of the scratch is fully read, and (release) every thread's earlier writes are done.
     ctx.warpgroup_barrier()
@@ -264,6 +277,16 @@ def _scalar_atomic(op: Atomic, ctx: lower.Context, ref: lower.LoweredRef) -> Non
     store_shared(e, shared_address(ctx, scratch), [old], dtype, elected)
     ctx.warpgroup_barrier()  # after: (acquire) every thread's later accesses follow the atomic
     ctx.set(op.result, e.smem_load(e.type(dtype), scratch))
+
+
+def _signal(ctx: lower.Context, op: Atomic, pred, addr) -> None:
+    """A signal: every thread's earlier writes done (a warpgroup barrier), then the first thread's `red`; its
+    result (a semaphore's int32) reads as zero."""
+    e = ctx.e
+    ctx.warpgroup_barrier()
+    e.asm_void(f"@$0 red{_qualifiers(op.sem, op.scope)}.global.add.u32 [$1], $2;", "b,l,r",
+               [pred, addr, ctx.get(op.value)])
+    ctx.set(op.result, e.i32(0))
 
 
 @lower.rule(SemaphoreWait)

@@ -102,7 +102,8 @@ def semaphore_signal(t: Semantics, args: list, kwargs: dict) -> None:
     starts, sizes, squeeze = _cell(t, "semaphore_signal", x, index)
     scope = _static_choice(t, "scope", kwargs.get("scope", "gpu"), SCOPES)
     inc = _operand(t, "semaphore_signal", x, inc, (), "increment")
-    t.builder.add(ops.Atomic("add", x.value, starts, sizes, squeeze, inc.value, "release", scope, t.builder.loc))
+    t.builder.add(ops.Atomic("add", x.value, starts, sizes, squeeze, inc.value, "release", scope, t.builder.loc,
+                             signal=True))
 
 
 @builtin(lang.semaphore_wait, positional=(3, 3))
