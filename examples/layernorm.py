@@ -99,9 +99,14 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
             if n == held_width(PARTS):
                 d = centred(v, (), mean, 0)
             else:
-                d = centred(v, cols, mean, n)
+                d = centred(v, cols, mean, n, len(PARTS) - 1)
         else:
-            d = centred(v, cols, mean, n)
+            # A whole row's padding is narrower than its last part (_rows.parts and its kin round it up by less), so
+            # only that part is masked (PTX instructions an element, bf16 rows of 1600 held as 1024 + 512 + 128:
+            # 20.2 -> 18.4).
+            mgjit.device_assert(n > held_width(PARTS) - PARTS[len(PARTS) - 1],
+                                "layernorm: a row's padding reaches past its last part")
+            d = centred(v, cols, mean, n, len(PARTS) - 1)
         m2 = segment_sum(squares(d))
     else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
         count = segment_count(n, starts, PARTS).astype(mgjit.float32)
@@ -183,11 +188,12 @@ def deviations(env, f, inv_n, PL, CTAS):
 
 
 @mgjit.device
-def centred(v, cols, mean, n):
-    """v - mean per part, zero past the row's end (cols: each part's column indices; () where no part crosses it)."""
+def centred(v, cols, mean, n, FIRST=0):
+    """v - mean per part, zero past the row's end in the parts from FIRST on (cols: each part's column indices; ()
+    where no part crosses it)."""
     d = ()
     for p in mgjit.static_range(len(v)):
-        if len(cols):
+        if len(cols) and p >= FIRST:
             d = d + (mgjit.where(cols[p] < n, v[p] - mean[:, None], 0.0),)
         else:
             d = d + (v[p] - mean[:, None],)

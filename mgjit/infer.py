@@ -48,7 +48,8 @@ class Restart(Exception):
 def free_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
     """The ops a tiled value's layout comes from, if every one can produce any layout for free (else None):
     free anchors, and broadcasts of values that come from free anchors or are splats (the broadcast is then
-    the op to place: its rule places its operand in turn), through elementwise ops and the branches of an if."""
+    the op to place: its rule places its operand in turn) or that every thread holds whole (`takes_any_layout`),
+    through elementwise ops and the branches of an if."""
     op = v.owner
     if depth > 32 or not isinstance(op, ir.Op):
         return None
@@ -67,8 +68,8 @@ def free_origins(v: ir.Value, depth: int = 0) -> set[ir.Op] | None:
         return joined
     if op.free_with_operand:
         src = op.operands[0]
-        if isinstance(src.layout, SplatLayout) or (isinstance(src.layout, TiledLayout)
-                                                    and free_origins(src, depth + 1) is not None):
+        if isinstance(src.layout, SplatLayout) or op.takes_any_layout or (
+                isinstance(src.layout, TiledLayout) and free_origins(src, depth + 1) is not None):
             return {op}
         return None
     if op.elementwise:

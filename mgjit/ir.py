@@ -112,8 +112,9 @@ class Op:
       at the same index), `free_anchor` (the result can be produced in any register layout at no cost, so a
       conflict moves the anchor instead of inserting a relayout), `index_only` (a free anchor that carries
       indices, not data: data layouts win over it), `free_with_operand` (the result can take any layout at no
-      cost when its operand can take the corresponding one: a broadcast of an iota), `joins_yields` (each result
-      is the matching operand of the Yield that ends each of the op's regions: an if), and `costs_in(layout)`
+      cost when its operand can take the corresponding one: a broadcast of an iota; or whatever its operand's
+      layout, where `takes_any_layout`: a broadcast of a few elements every thread holds), `joins_yields` (each
+      result is the matching operand of the Yield that ends each of the op's regions: an if), and `costs_in(layout)`
       (whether the op makes its result in `layout` at a cost its own layout avoids: a shared-memory read with
       bank conflicts);
     - a trait read by the lowering: `thread_smem` ("store": the op's threads write an SMEM tile from registers;
@@ -130,6 +131,7 @@ class Op:
     index_only: ClassVar[bool] = False
     free_with_operand: ClassVar[bool] = False
     joins_yields: ClassVar[bool] = False
+    takes_any_layout: ClassVar[bool] = False
     thread_smem: ClassVar[str | None] = None
     releases_smem: ClassVar[bool] = False
 

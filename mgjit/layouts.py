@@ -134,6 +134,13 @@ class TiledLayout:
         return any(isinstance(d, Replicated) for d in (*self.warp_dims, *self.lane_dims))
 
     @property
+    def holds_every_element(self) -> bool:
+        """Whether every thread holds every element (each warp and lane dimension replicated or of one): a row's
+        statistics reduced across all the warps that hold it."""
+        tile = self.tiling.tile_shape(self.tiling.tiles[0])
+        return all(isinstance(d, Replicated) or tile[d] == 1 for d in (*self.warp_dims, *self.lane_dims))
+
+    @property
     def vector_length(self) -> int:
         if self.vector_dim is None:
             return 1

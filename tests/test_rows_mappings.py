@@ -396,17 +396,21 @@ def test_cross_entropy_gathers_the_targets_logits_before_the_exps_where_early():
 def test_examples_read_rows_in_whole_words():
     """The PTX of the examples' heuristic picks: 4097-wide bf16 rows (every one starting at another offset in a
     32-bit word) loaded and stored as aligned words shifted by prmt, with no bounds test, where a window's column
-    group is inside
-    the tensor (tests/test_gmem_vectors.py counts them), and element by element (each 2-byte access behind its
-    own bound) only where it is not; cross-entropy's aligned
+    group is inside the tensor (tests/test_gmem_vectors.py counts them), and element by element (each 2-byte
+    access behind its own bound, or behind a branch on its window lying inside the row) only where it is not or
+    a thread holds one element of a row's narrow part; cross-entropy's aligned
     bf16 logits loaded 16 bytes at a time, with no relayout through shared memory (what made it slow), and
     the target logits of the rows a thread holds gathered, one 2-byte load each (at most ROWS a thread)."""
     x = torch.empty(64, 4097, dtype=BF16)
     c = sm.compile(x, x, "sm_90a")
     assert "prmt.b32" in c.ptx and "ld.global.b32" in c.ptx and "st.global.b32" in c.ptx
     assert "ld.global.v4" not in c.ptx and "shfl.sync.down" not in c.ptx
-    narrow = re.findall(r"(@%p\d+ )?ld\.global\.b16", c.ptx)
-    assert narrow and all(narrow), "every 2-byte load is behind a bound"
+    lines = c.ptx.splitlines()
+    narrow = [i for i, line in enumerate(lines) if "ld.global.b16" in line]
+    # behind a bound: a predicate, or a branch past it where the window does not lie wholly inside the row
+    assert narrow and all(re.search(r"@%p\d+ ld\.global\.b16", lines[i])
+                          or any(re.search(r"@%p\d+ bra", line) for line in lines[i - 3:i]) for i in narrow), \
+        "every 2-byte load is behind a bound"
     for n in (1000, 4096, 4097):
         logits, target, loss = torch.empty(64, n, dtype=BF16), torch.empty(64, dtype=torch.long), torch.empty(64)
         c = ce.compile(logits, target, loss, "sm_90a")
@@ -664,7 +668,9 @@ def test_persistent_layernorm_issues_fewer_instructions_an_element():
 def test_rows_wider_than_2048_columns_also_go_four_a_program_one_a_warp():
     """Rows of 2049 to 4096 columns (one about 4096 elements a program) are also tried four a program, where each
     warp holds a row and no reduction crosses warps: tools/ptx_profile.py, bf16 layernorm over rows of 2304 issues
-    about 26 PTX instructions an element one row a program and about 14 four a program (most of its bar.syncs gone)."""
+    about 19 PTX instructions an element one row a program (26 before its row statistics, which every thread
+    holds, reached the narrower array without a relayout: ops/arrays.py `_held_element`) and about 13 four a
+    program (most of its bar.syncs gone)."""
     for n, rows in ((2049, [1, 2, 4]), (2304, [1, 2, 4]), (4096, [1, 2, 4]), (2048, [2, 4, 1]), (1600, [2, 4, 1])):
         held = [c.kwargs["ROWS"] for c in _rows.candidates(n) if not c.kwargs["BLOCK"] and c.kwargs["WGS"] == 1
                 and c.kwargs["PARTS"] == _rows.parts(n)]
@@ -674,7 +680,7 @@ def test_rows_wider_than_2048_columns_also_go_four_a_program_one_a_warp():
     one, four = (_rows.hold(rows, _rows.parts(2304)).replace(OCC=0, STAGED=0, PERSIST=0) for rows in (1, 4))
     _, per_one, ops_one = ptx_profile.profile("layernorm", 2304, BF16, one, 8)
     _, per_four, ops_four = ptx_profile.profile("layernorm", 2304, BF16, four, 8)
-    assert per_four < per_one * 0.65 and ops_four["bar"] * 3 < ops_one["bar"], (per_one, per_four, ops_one["bar"])
+    assert per_four < per_one * 0.75 and ops_four["bar"] * 3 < ops_one["bar"], (per_one, per_four, ops_one["bar"])
 
 
 def test_ptx_profile_counts_an_element_once_however_the_row_is_split():
@@ -752,3 +758,28 @@ def test_layernorm_masks_its_padding_only_where_there_is_some(n, parts, masked):
     for got, ref, tol in checks:
         assert rel_err(dev.fetch(got), ref) < max(tol, TOL[BF16])
     assert (dev.counts.get("selp.f32", 0) > 0) == masked, dev.counts.get("selp.f32", 0)
+
+
+@pytest.mark.parametrize("n,rows", [(1600, 4), (1600, 2), (800, 4), (3000, 1)])
+def test_rows_of_several_arrays_broadcast_their_statistics_without_moving_arrays(n, rows):
+    """Rows held as arrays of several widths (1600 as 1024 + 512 + 128): where the widest one's rows span every
+    warp, its row statistics reach every thread, and a narrower array that holds a row a warp takes them by each
+    thread picking its row's (ops/arrays.py, `_held_element`), not by a relayout of the whole (rows, 512) float32
+    array through shared memory (layernorm over 4 rows of 1600: 8 relayouts, two of (4, 512), 158 registers; now 4
+    of row vectors, 113); the stored rows' narrowest array is read a row a warp (ops/gmem.py `_narrow_rows_layout`;
+    cross-entropy's rows, only reduced, keep their copies). Layernorm masks its padding in the last array alone.
+    Every example on the PTX simulator, against torch, on more rows than a program holds."""
+    x = (torch.randn(2 * rows + 1, n) * 3).to(BF16)
+    config = _rows.hold(rows, _rows.parts(n))
+    for kernel, args, constexprs, checks in kernels(x, BF16):
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        moved = [line for line in compiled.ir.splitlines() if "= relayout(" in line and f"[{rows}," in line]
+        assert not moved or kernel is ce.cross_entropy_rows, (kernel.name, moved)  # rows only reduced: ops/gmem.py
+        dev = ptx_sim.Device()
+        dev.counts = collections.Counter()
+        dev.run(compiled, _rows.grid(x.shape[0], config), *args)
+        for got, ref, tol in checks:
+            assert rel_err(dev.fetch(got), ref) < max(tol, TOL[BF16]), (kernel.name, config)
+        if kernel is ln.layernorm_rows:  # a select an element of the last array, none of the first
+            programs = _rows.grid(x.shape[0], config)[0]
+            assert dev.counts.get("selp.f32", 0) / programs < rows * config.kwargs["PARTS"][0] / 128, dev.counts

@@ -4,13 +4,16 @@ the IR).
 
 A splat costs nothing to place in any layout; an iota is a free anchor (each thread computes the indices it
 holds); a broadcast reuses the elements a thread already holds (inference picks a result layout whose reduction
-is the operand's); a slice that starts and ends on whole tiles of its operand's layout keeps the layout and
-selects the registers of those tiles (a 64-column chunk of a wgmma accumulator), any other goes through SMEM
-like a relayout, the one op here that moves data between threads.
+is the operand's, or, where every thread holds the whole operand, any layout its users want); a slice that
+starts and ends on whole tiles of its operand's layout keeps the layout and selects the registers of those tiles
+(a 64-column chunk of a wgmma accumulator), any other goes through SMEM like a relayout, which moves data between
+threads (but out of an array every thread holds whole, which each thread picks from its own registers).
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import torch
 
@@ -18,8 +21,12 @@ from .. import dtypes, infer, interpret, lower
 from ..errors import Loc, Rule
 from ..interpret.scheduler import Warpgroup
 from ..ir import ArrayType, Op, ScalarType, Value, check
-from ..layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked
+from ..layouts import SPLAT, THREADS_PER_WARPGROUP, Layout, LayoutError, SplatLayout, TiledLayout, blocked
 from ..lower.context import element_offsets, num_elems, splat_to
+
+# A broadcast of an array that every thread holds whole (a row's statistics reduced across warps) takes any layout
+# where the array has at most this many elements: a thread that needs one picks it by a select over them.
+SELECTED_ELEMENTS = 16
 
 
 class Splat(Op):
@@ -58,6 +65,14 @@ class Broadcast(Op):
     def __init__(self, x: Value, shape: tuple[int, ...], dims: tuple[int, ...], loc: Loc | None):
         super().__init__([x], [ArrayType(shape, x.dtype)], loc)
         self.dims = dims
+
+    @property
+    def takes_any_layout(self) -> bool:
+        """Whether every thread holds every element of the operand, which has at most SELECTED_ELEMENTS: the result
+        is then made in any layout from the thread's own registers (`_broadcast`), with no relayout of the operand."""
+        x = self.operands[0]
+        return (isinstance(x.layout, TiledLayout) and x.layout.holds_every_element
+                and math.prod(x.type.shape) <= SELECTED_ELEMENTS)
 
     def attrs(self):
         return {"dims": self.dims}
@@ -149,7 +164,8 @@ def _infer_broadcast(op: Broadcast, inf: infer.Inference) -> None:
     axes = tuple(d for d in range(len(shape)) if d not in op.dims)
     placed = inf.overrides.get(id(op))
     if placed is not None:  # a user needs the result in this layout: the operand takes its reduction
-        inf.move_or_relayout(op, 0, placed.reduce(axes, len(shape)))
+        if not op.takes_any_layout:
+            inf.move_or_relayout(op, 0, placed.reduce(axes, len(shape)))
         inf.set_layout(op.result, placed, op)
         return
     candidates = list(reversed(inf.by_shape.get(shape, [])))
@@ -188,7 +204,9 @@ def _iota(op: Iota, ctx: lower.Context) -> None:
 @lower.rule(Broadcast)
 def _broadcast(op: Broadcast, ctx: lower.Context) -> None:
     """The operand's layout is the result's layout reduced over the new axes (inference guarantees it), so
-    each result element is found among the thread's own operand elements: no data moves."""
+    each result element is found among the thread's own operand elements: no data moves. Or every thread holds
+    every operand element (`Broadcast.takes_any_layout`): where the result's layout gives threads different
+    operand elements, each picks its own by a select over them (`_held_element`)."""
     src = ctx.frag(op.operands[0])
     out = op.result
     if src.is_splat:
@@ -198,14 +216,54 @@ def _broadcast(op: Broadcast, ctx: lower.Context) -> None:
     shape = out.type.shape
     src_shape = src.shape
     position = {off: i for i, off in enumerate(element_offsets(src.layout, src_shape))}
+    axes = tuple(d for d in range(len(shape)) if d not in op.dims)
+    selected = (src.layout.holds_every_element and layout.reduce(axes, len(shape)) != src.layout
+                and _threads_differ(layout, shape, op.dims))
+    picked: dict[tuple[int, ...], Any] = {}
     elems = []
     for off in element_offsets(layout, shape):
         src_off = tuple(off[d] for d in op.dims)
+        if selected:
+            if src_off not in picked:
+                picked[src_off] = _held_element(ctx, src, position, layout, shape, op.dims, src_off)
+            elems.append(picked[src_off])
+            continue
         i = position.get(src_off)
         if i is None:
             raise op.error(f"internal error: broadcast source layout {src.layout} does not hold element {src_off}")
         elems.append(src.elems[i])
     ctx.set(out, lower.Frag(layout, shape, out.dtype, elems))
+
+
+@functools.lru_cache(maxsize=256)
+def _threads_differ(layout: TiledLayout, shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """Whether threads of `layout` hold elements at different indices along `dims` in the same register."""
+    first = next(layout.registers(shape))
+    along = {tuple(layout.element_index(shape, tid, first, 0)[d] for d in dims)
+             for tid in range(THREADS_PER_WARPGROUP)}
+    return len(along) > 1
+
+
+def _held_element(ctx: lower.Context, src: lower.Frag, position: dict, layout: TiledLayout, shape: tuple[int, ...],
+                  dims: tuple[int, ...], src_off: tuple[int, ...]) -> Any:
+    """The element of `src` (every thread holds all of them, at `position`) at index `src_off` past this thread's
+    index along `dims` in `layout`: a select over them."""
+    e = ctx.e
+    base = ctx.thread_index(layout, shape)
+    wanted = linear_index(ctx, [e.addi(base[d], e.i32(o)) for d, o in zip(dims, src_off)], src.shape)
+    value = src.elems[0]
+    for index, i in position.items():
+        if i:
+            value = e.select(e.cmpi("eq", wanted, e.i32(linear_offset(index, src.shape))), src.elems[i], value)
+    return value
+
+
+def linear_offset(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    """Row-major linear index of a static element index."""
+    lin = 0
+    for i, n in zip(index, shape):
+        lin = lin * n + i
+    return lin
 
 
 def linear_index(ctx: lower.Context, index: list, shape: tuple[int, ...]):
@@ -238,8 +296,9 @@ def _array_slice(op: ArraySlice, ctx: lower.Context) -> None:
 
 @lower.rule(Relayout)
 def _relayout(op: Relayout, ctx: lower.Context) -> None:
-    """Splat → anything is free; between tiled layouts, through SMEM (each thread writes what it holds and
-    reads what it needs)."""
+    """Splat → anything is free; from an array every thread holds whole (of at most SELECTED_ELEMENTS), each
+    thread's own registers (`_held_element`); between other tiled layouts, through SMEM (each thread writes what
+    it holds and reads what it needs)."""
     src = ctx.frag(op.operands[0])
     target = op.result.layout
     if src.is_splat:
@@ -247,7 +306,15 @@ def _relayout(op: Relayout, ctx: lower.Context) -> None:
         return
     if isinstance(target, SplatLayout):
         raise op.error("internal error: relayout of an array into a splat")
-    ctx.set(op.result, _through_smem(ctx, src, target, (0,) * len(src.shape), src.shape))
+    shape = src.shape
+    if src.layout.holds_every_element and math.prod(shape) <= SELECTED_ELEMENTS:
+        position = {off: i for i, off in enumerate(element_offsets(src.layout, shape))}
+        dims = tuple(range(len(shape)))
+        elems = [_held_element(ctx, src, position, target, shape, dims, off)
+                 for off in element_offsets(target, shape)]
+        ctx.set(op.result, lower.Frag(target, shape, src.dtype, elems))
+        return
+    ctx.set(op.result, _through_smem(ctx, src, target, (0,) * len(shape), shape))
 
 
 def _through_smem(ctx: lower.Context, src: lower.Frag, target: Layout, starts: tuple[int, ...],

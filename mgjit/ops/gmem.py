@@ -256,17 +256,41 @@ def _held_rows_layout(shape: tuple[int, ...], dtype, stores: list, users: list[O
     return layout if _row_vectors_fit(shape, users, lanes) else None
 
 
-def _warp_rows_layout(shape: tuple[int, ...], dtype, users: list[Op]) -> TiledLayout | None:
+def _warp_rows_layout(shape: tuple[int, ...], dtype, users: list[Op], stored: bool) -> TiledLayout | None:
     """The layout of 16-byte-aligned loaded rows reduced along them, each warp holding WARP_ROWS or more whole (their
-    columns repeated in registers), where `blocked` would split them over warps; else None. Vectors broadcast along
-    the rows cost a lane as in `_held_rows_layout`."""
-    if len(shape) != 2 or not warps_hold_rows(shape, dtype, 16, WARP_ROWS):
+    columns repeated in registers), where `blocked` would split them over warps, or, rows also `stored`
+    (`_narrow_rows_layout`), leave warps holding copies; else None. Vectors broadcast along the rows cost a lane as
+    in `_held_rows_layout`."""
+    if len(shape) != 2:
         return None
     if (1,) not in {r.axes for r in users if isinstance(r, Reduce) and r.operands[0].type.shape == shape}:
         return None
     if blocked(shape, dtype).tiling.tiles[1][-1] >= shape[-1]:  # a warp already goes along whole rows
+        return _narrow_rows_layout(shape, dtype, users) if stored else None
+    if not warps_hold_rows(shape, dtype, 16, WARP_ROWS):
         return None
     return blocked(shape, dtype, rows_per_warp=WARP_ROWS) if _row_vectors_fit(shape, users, LANES_PER_WARP) else None
+
+
+def _narrow_rows_layout(shape: tuple[int, ...], dtype, users: list[Op]) -> TiledLayout | None:
+    """Where 16-byte accesses put several rows in a warp and leave warps holding copies (too few rows to go round:
+    4 rows of 128 bf16 in two warps, twice), accesses narrow enough that a warp's lanes go along one row and every
+    warp holds rows of its own (8 bytes a lane: each thread still makes one access), so that the rows' statistics
+    land where a wider array's of the same rows do (a warp's rows: 1600 columns held as 1024 + 512 + 128, four rows
+    a program, combined their three arrays' statistics and broadcast them back with no relayout); else None. H200,
+    bf16, kernel alone (benchmarks/rows_ab.py, with `Broadcast.takes_any_layout`): layernorm 1600 four a program
+    0.74 -> 0.96 of copy bandwidth, 800 0.79 -> 0.95, softmax 1600 0.86 -> 0.92. Rows only reduced
+    (cross-entropy's) keep the copies: over 1600 columns four a program they ran 0.86 -> 0.82 so placed."""
+    if not blocked(shape, dtype).replicated:
+        return None
+    access = 8
+    while access >= max(4, dtype.itemsize):
+        if warps_hold_rows(shape, dtype, access, WARP_ROWS):
+            layout = blocked(shape, dtype, access_bytes=access, rows_per_warp=WARP_ROWS)
+            if not layout.replicated and layout.tiling.tiles[1][-1] >= shape[-1]:
+                return layout if _row_vectors_fit(shape, users, LANES_PER_WARP) else None
+        access //= 2
+    return None
 
 
 def _row_vectors_fit(shape: tuple[int, ...], users: list[Op], lanes: int) -> bool:
@@ -299,7 +323,7 @@ def _infer_load(op: Load, inf: infer.Inference) -> None:
         return
     width = anchored_access_bytes(inf.specs.get(op.ref.id))
     if width == 16:
-        warp_rows_layout = _warp_rows_layout(shape, result.type.dtype, users)
+        warp_rows_layout = _warp_rows_layout(shape, result.type.dtype, users, bool(stores))
         if warp_rows_layout is None:
             infer.free_anchor_layout(op, inf)
         else:
