@@ -760,7 +760,7 @@ def test_layernorm_masks_its_padding_only_where_there_is_some(n, parts, masked):
     assert (dev.counts.get("selp.f32", 0) > 0) == masked, dev.counts.get("selp.f32", 0)
 
 
-@pytest.mark.parametrize("n,rows", [(1600, 4), (1600, 2), (800, 4), (3000, 1)])
+@pytest.mark.parametrize("n,rows", [(1600, 4), (1600, 2), (800, 4), (3000, 1), (1100, 8), (700, 8), (2100, 2)])
 def test_rows_of_several_arrays_broadcast_their_statistics_without_moving_arrays(n, rows):
     """Rows held as arrays of several widths (1600 as 1024 + 512 + 128): where the widest one's rows span every
     warp, its row statistics reach every thread, and a narrower array that holds a row a warp takes them by each
