@@ -265,8 +265,9 @@ def _warp_rows_layout(shape: tuple[int, ...], dtype, users: list[Op], stored: bo
         return None
     if (1,) not in {r.axes for r in users if isinstance(r, Reduce) and r.operands[0].type.shape == shape}:
         return None
-    if blocked(shape, dtype).tiling.tiles[1][-1] >= shape[-1]:  # a warp already goes along whole rows
-        return _narrow_rows_layout(shape, dtype, users) if stored else None
+    default = blocked(shape, dtype)
+    if default.tiling.tiles[1][-1] >= shape[-1]:  # a warp already goes along whole rows
+        return _narrow_rows_layout(shape, dtype, users) if stored and default.replicated else None
     if not warps_hold_rows(shape, dtype, 16, WARP_ROWS):
         return None
     return blocked(shape, dtype, rows_per_warp=WARP_ROWS) if _row_vectors_fit(shape, users, LANES_PER_WARP) else None
@@ -281,8 +282,6 @@ def _narrow_rows_layout(shape: tuple[int, ...], dtype, users: list[Op]) -> Tiled
     bf16, kernel alone (benchmarks/rows_ab.py, with `Broadcast.takes_any_layout`): layernorm 1600 four a program
     0.74 -> 0.96 of copy bandwidth, 800 0.79 -> 0.95, softmax 1600 0.86 -> 0.92. Rows only reduced
     (cross-entropy's) keep the copies: over 1600 columns four a program they ran 0.86 -> 0.82 so placed."""
-    if not blocked(shape, dtype).replicated:
-        return None
     access = 8
     while access >= max(4, dtype.itemsize):
         if warps_hold_rows(shape, dtype, access, WARP_ROWS):
