@@ -2,7 +2,7 @@
 an A/B of a compiler change on the same mapping (the autotuner of benchmarks/rows.py may pick another mapping on
 either side, which hides the change).
 
-    python benchmarks/rows_ab.py TREE [--weights float32] KERNEL:N:INDEX ...
+    python benchmarks/rows_ab.py TREE [--weights float32] [--pad COLUMNS] KERNEL:N:INDEX ...
 
 TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
 KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
@@ -12,8 +12,12 @@ over _rows or _rows_piped (`softmax:50257:_rows.hold(1,(4096,128),12,1)`,
 block sizes (examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
 against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16, at least 256 MB moved
 as benchmarks/rows.py counts them, the median of three do_bench medians). `--weights float32`: the norms' weight and
-bias in float32 beside the bf16 rows (as models keep them), their mappings those of float32 weights. Run one process
-per tree, both on one machine in one call.
+bias in float32 beside the bf16 rows (as models keep them), their mappings those of float32 weights. `--pad COLUMNS`:
+the rows (inputs and outputs) are the first N columns of tensors COLUMNS wider, so that the same rows lie another
+stride apart (held mappings only: a piped one reads a row's neighbours' bytes). A row's stride alone moves a
+mapping's speed: cross-entropy over rows of 2060, four a program, ran 0.96 of copy bandwidth contiguous and 0.85
+in rows of 2100 (benchmarks/RESULTS.md, forty-third session). Run one process per tree, both on one machine in one
+call.
 """
 import sys
 from pathlib import Path
@@ -37,30 +41,32 @@ assert Path(mgjit.__file__).resolve().is_relative_to(tree), f"mgjit from {mgjit.
 TARGET_BYTES = 256 << 20
 
 
-def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype):
+def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int = 0):
     """(kernel, its arguments, constexprs, candidate mappings, the grid of a mapping, the output, the torch
-    reference, bytes moved) over bf16 rows of n, a norm's weights in `wdtype`."""
+    reference, bytes moved) over bf16 rows of n, a norm's weights in `wdtype`, the rows `pad` columns apart more
+    than n."""
     bf16 = torch.bfloat16
     wsize = wdtype.itemsize
     tensors = {"cross_entropy": 1, "fused": 4}.get(kernel, 2)
     rows = max(1, TARGET_BYTES // (2 * n * tensors))
-    x = torch.randn(rows, n, device=dev, dtype=bf16)
+    if pad and kernel == "fused":
+        raise SystemExit("--pad: the fused kernel reads its rows flat, as contiguous tensors")
+    x = torch.randn(rows, n + pad, device=dev, dtype=bf16)[:, :n]
     row_grid = lambda config: _rows.grid(rows, config, dev)  # noqa: E731
     if kernel == "softmax":
-        out = torch.full_like(x, float("nan"))
+        out = padded_like(x, pad)
         if "xl" not in sm.softmax_kernel.arg_names:  # a tree from before piped rows
             return (sm.softmax_kernel, (x, out), {}, _rows.mapping(n), row_grid, out,
                     lambda: torch.softmax(x.float(), 1), 4 * x.numel())
-        from _rows_piped import lines
-        return (sm.softmax_kernel, (x, out, lines(x), lines(out)), {}, sm.mapping(n, None, 2), row_grid, out,
+        return (sm.softmax_kernel, (x, out, lines_of(x), lines_of(out)), {}, sm.mapping(n, None, 2), row_grid, out,
                 lambda: torch.softmax(x.float(), 1), 4 * x.numel())
     if kernel in ("rmsnorm", "layernorm"):
-        out = torch.full_like(x, float("nan"))
+        out = padded_like(x, pad)
         w, b = torch.randn(n, device=dev, dtype=wdtype), torch.randn(n, device=dev, dtype=wdtype)
         if kernel == "rmsnorm":
             if "wv" in rms.rmsnorm_kernel.arg_names:  # piped rows (examples/_rows_piped.py)
-                from _rows_piped import lines, weight_rows
-                return (rms.rmsnorm_kernel, (x, w, out, lines(x), lines(out), weight_rows(w)), {"eps": 1e-6},
+                from _rows_piped import weight_rows
+                return (rms.rmsnorm_kernel, (x, w, out, lines_of(x), lines_of(out), weight_rows(w)), {"eps": 1e-6},
                         rms.rmsnorm_mapping(n, None, 2, (wsize,)), row_grid, out,
                         lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
                         4 * x.numel() + wsize * n)
@@ -68,8 +74,8 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype):
                     lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
                     4 * x.numel() + wsize * n)
         if "wv" in ln.layernorm_rows.arg_names:  # piped rows (examples/_rows_piped.py)
-            from _rows_piped import lines, weight_rows
-            return (ln.layernorm_rows, (x, w, b, out, lines(x), lines(out), weight_rows(w), weight_rows(b)),
+            from _rows_piped import weight_rows
+            return (ln.layernorm_rows, (x, w, b, out, lines_of(x), lines_of(out), weight_rows(w), weight_rows(b)),
                     {"eps": 1e-5}, ln.layernorm_mapping(n, None, 2, (wsize, wsize)), row_grid, out,
                     lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
                     4 * x.numel() + 2 * wsize * n)
@@ -82,13 +88,12 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype):
         if "xl" not in ce.cross_entropy_rows.arg_names:  # a tree from before piped rows
             return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
                     lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
-        from _rows_piped import lines
         configs = ce.mapping(n, 2)
         # Piped segments' pieces and counts (`scratch`); in trees from before runs of segments (a07ff7c and older:
         # `workspace`), statistics only, merged by a second launch left out of the kernel's time and its loss.
         scratch = (ce.scratch(x, configs) if hasattr(ce, "scratch") else
                    (ce.workspace(x, configs),) if "parts" in ce.cross_entropy_rows.arg_names else ())
-        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines(x), *scratch), {}, configs, row_grid,
+        return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines_of(x), *scratch), {}, configs, row_grid,
                 loss, lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
     if kernel == "fused":
         y, z = torch.randn_like(x), torch.randn_like(x)
@@ -97,6 +102,19 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype):
         return (fe.fused_flat, flat, {}, fe.BLOCKS, lambda config: (-(-x.numel() // config.kwargs["BLOCK"]),), out,
                 lambda: fe.reference(x, y, z), 8 * x.numel())
     raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def padded_like(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """A NaN-poisoned output of x's shape, its rows `pad` columns apart more than their length."""
+    rows, n = x.shape
+    return torch.full((rows, n + pad), float("nan"), device=x.device, dtype=x.dtype)[:, :n]
+
+
+def lines_of(t: torch.Tensor):
+    """What a piped mapping reads as `t`'s lines (`_rows_piped.lines`): t's own, or for rows in a wider tensor the
+    whole tensor's (read by no held mapping)."""
+    from _rows_piped import lines
+    return lines(t) if t.is_contiguous() else lines(t.as_strided((t.shape[0], t.stride(0)), (t.stride(0), 1)))
 
 
 def mapping_of(expression: str, like: mgjit.Config) -> mgjit.Config:
@@ -114,13 +132,19 @@ def mapping_of(expression: str, like: mgjit.Config) -> mgjit.Config:
 def main() -> None:
     dev = torch.device("cuda")
     specs = sys.argv[2:]
-    wdtype = torch.bfloat16
-    if specs[:1] == ["--weights"]:
-        wdtype, specs = getattr(torch, specs[1]), specs[2:]
+    wdtype, pad = torch.bfloat16, 0
+    while specs[:1] in (["--weights"], ["--pad"]):
+        if specs[0] == "--weights":
+            wdtype = getattr(torch, specs[1])
+        else:
+            pad = int(specs[1])
+        specs = specs[2:]
     for spec in specs:
         kernel, n, index = spec.split(":")
-        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype)
+        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
+        if pad and config.kwargs.get("PIPE"):
+            raise SystemExit(f"--pad: {spec} is a piped mapping, which reads a row's neighbours' bytes")
         grid = grid_of(config)
         run = lambda: k[grid](*args, **constexprs, **config.launch_kwargs())  # noqa: E731
         run()
@@ -133,7 +157,8 @@ def main() -> None:
         for _ in range(3):
             times.append(do_bench(run, warmup=10, rep=40, return_mode="median"))
             copies.append(do_bench(lambda: dst.copy_(src), warmup=10, rep=40, return_mode="median"))
-        print(f"{tree.name:8} {kernel:13} {n:>6} #{index:<3} {config.short():72} err {err:.1e}  "
+        stride = f" (rows {int(n) + pad} apart)" if pad else ""
+        print(f"{tree.name:8} {kernel:13} {n:>6}{stride} #{index:<3} {config.short():72} err {err:.1e}  "
               f"{sorted(copies)[1] / sorted(times)[1]:.3f}", flush=True)
 
 

@@ -1,0 +1,82 @@
+"""How fast an H100/H200 reads bf16 rows by the row and flat, in Triton (no mgjit): each kernel only reads a
+contiguous (rows, n) tensor and sums what it read, timed against a device-to-device copy of as many bytes (1.0 =
+copy bandwidth), for row lengths around 2048 and 4096.
+
+- `rows4`: a program reads 4 rows (a [4, 2^k] block and a masked tail block of the rest);
+- `rows4g`: the same with program p's rows p, p + G, p + 2G, p + 3G (G programs), so that programs running side
+  by side read neighbouring rows;
+- `rows1`: a program reads one row;
+- `flat8k`: a program reads 8192 contiguous elements, rows ignored.
+
+Read by the row, the speed moves with the row length by up to 0.2 of copy bandwidth; read flat it does not
+(0.95-1.0 everywhere). mgjit's row kernels move the same way (benchmarks/RESULTS.md, forty-third session).
+
+    python benchmarks/rows_reads.py
+    python benchmarks/rows_reads.py --lengths 2060 2100
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+LENGTHS = (2048, 2056, 2060, 2064, 2080, 2100, 2112, 1600, 1608, 4108, 4148)
+TARGET_BYTES = 256 << 20
+
+
+@triton.jit
+def rows_kernel(x, out, n, G, R: tl.constexpr, W: tl.constexpr, T: tl.constexpr, STRIDED: tl.constexpr):
+    p = tl.program_id(0)
+    if STRIDED:
+        r = p + G * tl.arange(0, R)[:, None]
+    else:
+        r = p * R + tl.arange(0, R)[:, None]
+    c = tl.arange(0, W)[None, :]
+    head = tl.load(x + r * n + c).to(tl.float32)
+    ct = W + tl.arange(0, T)[None, :]
+    tail = tl.load(x + r * n + ct, mask=ct < n, other=0.0).to(tl.float32)
+    tl.store(out + tl.reshape(r, (R,)), tl.sum(head, 1) + tl.sum(tail, 1))
+
+
+@triton.jit
+def flat_kernel(x, out, total, B: tl.constexpr):
+    p = tl.program_id(0)
+    o = p * B + tl.arange(0, B)
+    tl.store(out + p, tl.sum(tl.load(x + o, mask=o < total, other=0.0).to(tl.float32), 0))
+
+
+def median_ms(fn) -> float:
+    return sorted(do_bench(fn, warmup=10, rep=40, return_mode="median") for _ in range(3))[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="*", default=LENGTHS)
+    args = p.parse_args()
+    for n in args.lengths:
+        rows = TARGET_BYTES // (2 * n) // 16 * 16
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(rows, device="cuda")
+        src = torch.empty(rows * n, dtype=torch.uint8, device="cuda")  # a copy of it moves x's bytes twice
+        dst = torch.empty_like(src)
+        w = 1 << (n.bit_length() - 1)
+        t = max(16, 1 << (n - w - 1).bit_length()) if n > w else 16
+        readers = {
+            "rows4": lambda: rows_kernel[(rows // 4,)](x, out, n, rows // 4, R=4, W=w, T=t, STRIDED=False),
+            "rows4g": lambda: rows_kernel[(rows // 4,)](x, out, n, rows // 4, R=4, W=w, T=t, STRIDED=True),
+            "rows1": lambda: rows_kernel[(rows,)](x, out, n, rows, R=1, W=w, T=t, STRIDED=False),
+            "flat8k": lambda: flat_kernel[(triton.cdiv(rows * n, 8192),)](x, out, rows * n, B=8192),
+        }
+        results = []
+        for name, read in readers.items():
+            read()
+            torch.cuda.synchronize()
+            results.append(f"{name} {median_ms(lambda: dst.copy_(src)) / median_ms(read):.3f}")
+        print(f"{n:6}  " + "  ".join(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
