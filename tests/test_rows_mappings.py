@@ -668,9 +668,10 @@ def test_persistent_layernorm_issues_fewer_instructions_an_element():
 def test_rows_wider_than_2048_columns_also_go_four_a_program_one_a_warp():
     """Rows of 2049 to 4096 columns (one about 4096 elements a program) are also tried four a program, where each
     warp holds a row and no reduction crosses warps: tools/ptx_profile.py, bf16 layernorm over rows of 2304 issues
-    about 19 PTX instructions an element one row a program (26 before its row statistics, which every thread
-    holds, reached the narrower array without a relayout: ops/arrays.py `_held_element`) and about 13 four a
-    program (most of its bar.syncs gone)."""
+    about 17 PTX instructions an element one row a program (26 before its row statistics, which every thread
+    holds, reached the narrower array without a relayout: ops/arrays.py `_held_element`; 19 before its two
+    arrays' sums crossed the warps together: ops/reductions.py `_fuse_partials`, which halved its bar.syncs) and
+    about 13 four a program (half of those bar.syncs again)."""
     for n, rows in ((2049, [1, 2, 4]), (2304, [1, 2, 4]), (4096, [1, 2, 4]), (2048, [2, 4, 1]), (1600, [2, 4, 1])):
         held = [c.kwargs["ROWS"] for c in _rows.candidates(n) if not c.kwargs["BLOCK"] and c.kwargs["WGS"] == 1
                 and c.kwargs["PARTS"] == _rows.parts(n)]
@@ -680,7 +681,7 @@ def test_rows_wider_than_2048_columns_also_go_four_a_program_one_a_warp():
     one, four = (_rows.hold(rows, _rows.parts(2304)).replace(OCC=0, STAGED=0, PERSIST=0) for rows in (1, 4))
     _, per_one, ops_one = ptx_profile.profile("layernorm", 2304, BF16, one, 8)
     _, per_four, ops_four = ptx_profile.profile("layernorm", 2304, BF16, four, 8)
-    assert per_four < per_one * 0.75 and ops_four["bar"] * 3 < ops_one["bar"], (per_one, per_four, ops_one["bar"])
+    assert per_four < per_one * 0.8 and ops_four["bar"] * 1.5 < ops_one["bar"], (per_one, per_four, ops_one["bar"])
 
 
 def test_ptx_profile_counts_an_element_once_however_the_row_is_split():

@@ -19,6 +19,11 @@ from .emit import Emitter
 LowerRule = Callable[[ir.Op, Context], None]
 RULES: RuleRegistry[LowerRule] = RuleRegistry("lowering")
 rule = RULES.rule
+# Fusions: tried before an op's rule; one that returns True has lowered the op (from its operands' `Deferred`
+# partials), False leaves it to the rule.
+FusionRule = Callable[[ir.Op, Context], bool]
+FUSIONS: RuleRegistry[FusionRule] = RuleRegistry("fusion")
+fusion = FUSIONS.rule
 
 
 @dataclasses.dataclass
@@ -30,6 +35,9 @@ class LoweredKernel:
 
 def lower_ops(ctx: Context, ops: list[ir.Op]) -> None:
     for op in ops:
+        fuse = FUSIONS.get(type(op))
+        if fuse is not None and fuse(op, ctx):
+            continue
         fn = RULES.get(type(op))
         if fn is None:
             raise op.error(f"internal error: no lowering rule for `{op.name}`")

@@ -2,7 +2,9 @@
 
 A scalar lowers to one MLIR value (the same in every thread). A register array lowers to a `Frag`: its
 layout plus one MLIR scalar per element that this thread holds, in the order of the layout's registers
-and vector slots (a splat array holds one value). A tensor argument lowers to a `LoweredRef`.
+and vector slots (a splat array holds one value). A tensor argument lowers to a `LoweredRef`. A value may be
+`Deferred`: its last instructions are emitted where it is first asked for, so that a fusion (`lower.fusion`)
+can still fold it into its one user.
 """
 from __future__ import annotations
 
@@ -37,6 +39,17 @@ class Frag:
 
 
 @dataclasses.dataclass
+class Deferred:
+    """A value whose rule stopped short of its last instructions: `finish()` emits them and returns the lowered
+    value, run by the first `Context.get` of it (at its user, in its own block: `lower.fusion` rules defer only
+    there). Until then a fusion of its user may take `partial` instead (ops/reductions.py: the thread-local sums
+    of row reductions added before one butterfly, not after one each)."""
+
+    partial: Any
+    finish: Callable[[], Any]
+
+
+@dataclasses.dataclass
 class LoweredRef:
     ptr: Any  # i64 address of element 0
     sizes: list[Any]  # i32
@@ -58,6 +71,7 @@ class Context:
         self.specs = specs  # ir.Value.id -> TensorSpec (tensors) or int divisor (int scalars)
         self.target = target
         self.values: dict[int, Any] = {}
+        self.analyses: dict[str, Any] = {}  # facts of the whole kernel a rule works out once (by the rule's module)
         self.tma_descriptors: list[Any] = []  # i64 generic addresses of the descriptor parameters
         self.smem_bytes = 0
         self.tmem: Any = None  # the kernel's tensor-memory allocation, made at its first TmemAlloc
@@ -103,13 +117,20 @@ class Context:
 
     # -- values
     def get(self, v: ir.Value) -> Any:
-        return self.values[v.id]
+        lowered = self.values[v.id]
+        if isinstance(lowered, Deferred):
+            lowered = self.values[v.id] = lowered.finish()
+        return lowered
 
     def set(self, v: ir.Value, lowered: Any) -> None:
         self.values[v.id] = lowered
 
+    def peek(self, v: ir.Value) -> Any:
+        """The lowered value as it stands, a `Deferred` left unfinished."""
+        return self.values[v.id]
+
     def frag(self, v: ir.Value) -> Frag:
-        f = self.values[v.id]
+        f = self.get(v)
         assert isinstance(f, Frag), f"{v} is not an array"
         return f
 
