@@ -71,8 +71,7 @@ class Broadcast(Op):
         """Whether every thread holds every element of the operand, which has at most SELECTED_ELEMENTS: the result
         is then made in any layout from the thread's own registers (`_broadcast`), with no relayout of the operand."""
         x = self.operands[0]
-        return (isinstance(x.layout, TiledLayout) and x.layout.holds_every_element
-                and math.prod(x.type.shape) <= SELECTED_ELEMENTS)
+        return isinstance(x.layout, TiledLayout) and selectable(x.layout, x.type.shape)
 
     def attrs(self):
         return {"dims": self.dims}
@@ -235,6 +234,12 @@ def _broadcast(op: Broadcast, ctx: lower.Context) -> None:
     ctx.set(out, lower.Frag(layout, shape, out.dtype, elems))
 
 
+def selectable(layout: TiledLayout, shape: tuple[int, ...]) -> bool:
+    """Whether each thread can pick any element of an array in `layout` from its own registers by a select: every
+    thread holds every element, and there are at most SELECTED_ELEMENTS."""
+    return layout.holds_every_element and math.prod(shape) <= SELECTED_ELEMENTS
+
+
 @functools.lru_cache(maxsize=256)
 def _threads_differ(layout: TiledLayout, shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     """Whether threads of `layout` hold elements at different indices along `dims` in the same register."""
@@ -307,7 +312,7 @@ def _relayout(op: Relayout, ctx: lower.Context) -> None:
     if isinstance(target, SplatLayout):
         raise op.error("internal error: relayout of an array into a splat")
     shape = src.shape
-    if src.layout.holds_every_element and math.prod(shape) <= SELECTED_ELEMENTS:
+    if selectable(src.layout, shape):
         position = {off: i for i, off in enumerate(element_offsets(src.layout, shape))}
         dims = tuple(range(len(shape)))
         elems = [_held_element(ctx, src, position, target, shape, dims, off)

@@ -301,7 +301,7 @@ def _fusable(ctx: lower.Context) -> set[int]:
     fusable = set()
     for o in ctx.kernel.walk():
         kind = kind_of(o)
-        if kind is None or len(o.results) != 1:
+        if kind is None:
             continue
         uses = users.get(o.result.id, [])
         if len(uses) != 1:
@@ -322,9 +322,9 @@ def _fuse_partials(op: Binary, ctx: lower.Context) -> bool:
     if not (isinstance(a, Deferred) and isinstance(b, Deferred)
             and isinstance(a.partial, Partial) and isinstance(b.partial, Partial)):
         return False
-    pa, pb = a.partial, b.partial
+    pa, pb = a.partial, b.partial  # deferred only where this op combines their kind (`_fusable`)
     # Narrow results (a bf16 sum) round each reduction on its own, as the interpreter does
-    if COMBINED_BY[pa.kind] != op.kind or pa.acc_dtype != pa.dtype or not pa.joins(pb):
+    if pa.acc_dtype != pa.dtype or not pa.joins(pb):
         return False
     if op.result.is_array and op.result.layout != pa.result_layout():
         return False
