@@ -11,17 +11,18 @@ contiguous in memory (a unit last stride) go as one access of up to 16 bytes:
   length, dtype and row stride (mgjit/ops/gmem_access.py); loads of such rows anchor layouts of accesses that narrow
   (`anchored_access_bytes`), so a warp's lanes still move contiguous bytes.
 Every access is predicated on the window being inside the tensor: ragged edges need no code from the user, and
-elements outside read as zero (or as the load's `other`: `mgjit.load(x, index, other=-inf)`, selected only where
-the window is not wholly inside; a window at a fixed or stepped start whose first 7/8 of columns are inside tests
-only the rest). A load never touches an aligned chunk of 16 bytes or less that holds no element
-inside the tensor. 16-bit elements with a fill join those paths as the words they were loaded in, so that a word
+elements outside read as zero (or as the load's `other`: `mgjit.load(x, index, other=-inf)`). Loads shifted into
+place from words test per word or element, so they skip those tests under one branch where the window is wholly
+inside (a window at a fixed or stepped start whose first 7/8 of columns are inside tests only the rest); plain
+accesses test once an access, unbranched. A load never touches an aligned chunk of 16 bytes or less that holds no
+element inside the tensor. 16-bit elements with a fill are joined as the words they were loaded in, so that a word
 read whole stays one register (widened an instruction a half, a maximum two halves at a time). A load is a free
 anchor for layout inference: it can deliver any layout its users need.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -364,7 +365,7 @@ def _load(op: Load, ctx: lower.Context) -> None:
         ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1, bits)[0])
         return
     layout, shape = out.layout, out.type.shape
-    w, align, narrowed = _vector_width(ctx, op, ref, layout, shape)
+    w, align, _ = _vector_width(ctx, op, ref, layout, shape)
     els = _element_addresses(ctx, op, ref, layout, shape)
     unaligned = w > 1 and align < w * dtype.itemsize
     ragged = ref.spec.size_div < w  # a row may end inside an access: the rest reads as zero
@@ -385,11 +386,23 @@ def _load(op: Load, ctx: lower.Context) -> None:
 
     emit = shifted if unaligned else plain
     bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
-    # Bounds tests per word or element, or a fill preset: skip them where the window (or its head) is inside.
-    # Plain accesses that read zero outside test once per access and fill in the loaded words past a row's end
-    # (_load_access), unbranched even where ragged: the paths around a norm's weight vector, which ends inside an
-    # access, took 127 registers against 95 (layernorm over bf16 rows of 8191 on two warpgroups; 8193 over 2 CTAs
-    # 128 -> 101, RMSNorm 0.68 -> 0.75 of copy bandwidth on an H200).
+    every = range(0, len(els), w)
+
+    def paths(emitted: Callable[[bool, Sequence[int]], list], types: list) -> list:
+        # Words shifted into place test per word or element: skip that where the window (or its head) is inside.
+        # Plain accesses test once an access (a compare, and the fill preset) and take no branch: a branch's loads
+        # are waited for where it joins, so a row held as several arrays took a memory latency an array, each
+        # array's arithmetic scheduled before the next one's loads. Kernel alone, bf16, H200, four rows a program
+        # of 2048 + 128 columns: cross-entropy 2100 0.82 -> 0.96, 2112 0.77 -> 0.95, softmax 2100 0.81 -> 1.01
+        # (a Triton kernel reading such rows ran 0.96); one a program, cross-entropy 3000 (2048 + 1024) 0.89 ->
+        # 0.97, 5000 0.90 -> 0.98. Shifted words unbranched lost (cross-entropy 1001 0.92 -> 0.74, 4097 0.91 ->
+        # 0.80). Plain accesses reading zero outside fill the loaded words past a row's end (_load_access), even
+        # where ragged: the paths around a norm's weight vector, which ends inside an access, took 127 registers
+        # against 95 (layernorm over bf16 rows of 8191 on two warpgroups).
+        if unaligned:
+            return _inside_or_checked(ctx, op, ref, layout, shape, w, emitted, types)
+        return emitted(True, every)
+
     if not op.fills_zero and dtype.bits == 16 and w % 2 == 0:
         # 16-bit elements with a fill (a maximum's -inf) join the paths as the words they were loaded in (pairs of
         # one access), so that a word read whole on the unchecked path stays one register: its halves widen to f32
@@ -401,12 +414,9 @@ def _load(op: Load, ctx: lower.Context) -> None:
             elems = emit(checked, accesses)
             return [word for k in range(0, len(elems), 2) for word in pack_words(e, elems[k:k + 2], dtype)]
 
-        words = _inside_or_checked(ctx, op, ref, layout, shape, w, as_words, [e.int_type(32)] * (len(els) // 2))
-        elems = unpack_words(e, words, dtype, len(els))
-    elif unaligned or narrowed or not op.fills_zero:
-        elems = _inside_or_checked(ctx, op, ref, layout, shape, w, emit, [e.type(dtype)] * len(els))
+        elems = unpack_words(e, paths(as_words, [e.int_type(32)] * (len(els) // 2)), dtype, len(els))
     else:
-        elems = emit(True, range(0, len(els), w))
+        elems = paths(emit, [e.type(dtype)] * len(els))
     ctx.set(out, lower.Frag(layout, shape, dtype, elems))
 
 
