@@ -6,7 +6,10 @@ copy bandwidth), for row lengths around 2048 and 4096.
 - `rows4g`: the same with program p's rows p, p + G, p + 2G, p + 3G (G programs), so that programs running side
   by side read neighbouring rows;
 - `rows1`: a program reads one row;
-- `flat8k`: a program reads 8192 contiguous elements, rows ignored.
+- `flat8k`: a program reads 8192 contiguous elements, rows ignored;
+- `g_warp_row` / `g_warps_along`: `rows4` in Gluon with the row length a constexpr (accesses as wide as the rows'
+  alignment allows, as mgjit's) and the layout given: each warp a row of its own (mgjit's held rows) / the four
+  warps side by side along each row, 512 bytes apart (Triton's default).
 
 Read by the row, the speed moves with the row length by up to 0.2 of copy bandwidth; read flat it does not
 (0.95-1.0 everywhere). mgjit's row kernels move the same way (benchmarks/RESULTS.md, forty-third session).
@@ -21,6 +24,8 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 from triton.testing import do_bench
 
 LENGTHS = (2048, 2056, 2060, 2064, 2080, 2100, 2112, 1600, 1608, 4108, 4148)
@@ -48,6 +53,23 @@ def flat_kernel(x, out, total, B: tl.constexpr):
     tl.store(out + p, tl.sum(tl.load(x + o, mask=o < total, other=0.0).to(tl.float32), 0))
 
 
+@gluon.jit
+def gluon_rows_kernel(x, out, N: gl.constexpr, R: gl.constexpr, W: gl.constexpr, T: gl.constexpr,
+                      layout: gl.constexpr):
+    p = gl.program_id(0)
+    r = p * R + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    r2 = gl.expand_dims(r, 1)
+    c = gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, layout)), 0)
+    head = gl.load(x + r2 * N + c).to(gl.float32)
+    ct = W + gl.expand_dims(gl.arange(0, T, layout=gl.SliceLayout(0, layout)), 0)
+    tail = gl.load(x + r2 * N + ct, mask=(ct < N) & (r2 >= 0), other=0.0).to(gl.float32)
+    gl.store(out + r, gl.sum(head, axis=1) + gl.sum(tail, axis=1))
+
+
+WARP_A_ROW = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+WARPS_ALONG = gl.BlockedLayout([1, 8], [1, 32], [1, 4], [1, 0])
+
+
 def median_ms(fn) -> float:
     return sorted(do_bench(fn, warmup=10, rep=40, return_mode="median") for _ in range(3))[1]
 
@@ -68,6 +90,8 @@ def main() -> None:
             "rows4": lambda: rows_kernel[(rows // 4,)](x, out, n, rows // 4, R=4, W=w, T=t, STRIDED=False),
             "rows4g": lambda: rows_kernel[(rows // 4,)](x, out, n, rows // 4, R=4, W=w, T=t, STRIDED=True),
             "rows1": lambda: rows_kernel[(rows,)](x, out, n, rows, R=1, W=w, T=t, STRIDED=False),
+            "g_warp_row": lambda: gluon_rows_kernel[(rows // 4,)](x, out, n, 4, w, t, WARP_A_ROW, num_warps=4),
+            "g_warps_along": lambda: gluon_rows_kernel[(rows // 4,)](x, out, n, 4, w, t, WARPS_ALONG, num_warps=4),
             "flat8k": lambda: flat_kernel[(triton.cdiv(rows * n, 8192),)](x, out, rows * n, B=8192),
         }
         results = []
