@@ -14,10 +14,10 @@ against torch (outputs poisoned with NaN first) and the fraction of copy bandwid
 as benchmarks/rows.py counts them, the median of three do_bench medians). `--weights float32`: the norms' weight and
 bias in float32 beside the bf16 rows (as models keep them), their mappings those of float32 weights. `--pad COLUMNS`:
 the rows (inputs and outputs) are the first N columns of tensors COLUMNS wider, so that the same rows lie another
-stride apart (held mappings only: a piped one reads a row's neighbours' bytes). A row's stride alone moves a
-mapping's speed: cross-entropy over rows of 2060, four a program, ran 0.96 of copy bandwidth contiguous and 0.85
-in rows of 2100 (benchmarks/RESULTS.md, forty-third session). Run one process per tree, both on one machine in one
-call.
+stride apart (held mappings only: a piped one reads a row's neighbours' bytes): cross-entropy over rows of 2060,
+four a program, ran 0.96 of copy bandwidth contiguous and 0.85 in rows of 2100, a memory latency an array of the
+row while each array's loads sat under a branch (benchmarks/RESULTS.md, forty-third and forty-fourth sessions).
+Run one process per tree, both on one machine in one call.
 """
 import sys
 from pathlib import Path

@@ -11,8 +11,9 @@ copy bandwidth), for row lengths around 2048 and 4096.
   alignment allows, as mgjit's) and the layout given: each warp a row of its own (mgjit's held rows) / the four
   warps side by side along each row, 512 bytes apart (Triton's default).
 
-Read by the row, the speed moves with the row length by up to 0.2 of copy bandwidth; read flat it does not
-(0.95-1.0 everywhere). mgjit's row kernels move the same way (benchmarks/RESULTS.md, forty-third session).
+Triton's row readers run 0.2 slower at row lengths that are not a multiple of 16 (2-byte loads: it cannot prove
+the rows aligned); the Gluon readers, in either layout, and the flat one read 0.9-0.98 of copy bandwidth at every
+length (benchmarks/RESULTS.md, forty-fourth session).
 
     python benchmarks/rows_reads.py
     python benchmarks/rows_reads.py --lengths 2060 2100
