@@ -2,7 +2,7 @@
 an A/B of a compiler change on the same mapping (the autotuner of benchmarks/rows.py may pick another mapping on
 either side, which hides the change).
 
-    python benchmarks/rows_ab.py TREE [--weights float32] [--pad COLUMNS] KERNEL:N:INDEX ...
+    python benchmarks/rows_ab.py TREE [--dtype float32] [--weights float32] [--pad COLUMNS] KERNEL:N:INDEX ...
 
 TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
 KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
@@ -10,9 +10,10 @@ rows of N (`python tools/ptx_profile.py --kernel KERNEL --n N --list`), or is a 
 over _rows or _rows_piped (`softmax:50257:_rows.hold(1,(4096,128),12,1)`,
 `rmsnorm:8193:_rows_piped.piped(8193,3,2,True)`, no spaces or colons); for fused, the flat kernel's
 block sizes (examples/fused_elementwise.py BLOCKS) over contiguous rows of N. Each line: the mapping, the relative error
-against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (bf16, at least 256 MB moved
-as benchmarks/rows.py counts them, the median of three do_bench medians). `--weights float32`: the norms' weight and
-bias in float32 beside the bf16 rows (as models keep them), their mappings those of float32 weights. `--pad COLUMNS`:
+against torch (outputs poisoned with NaN first) and the fraction of copy bandwidth (at least 256 MB moved
+as benchmarks/rows.py counts them, the median of three do_bench medians). `--dtype`: the rows' (bfloat16 by
+default). `--weights float32`: the norms' weight and bias in float32 beside rows of another dtype (as models keep
+them), their mappings those of float32 weights; by default the rows' dtype. `--pad COLUMNS`:
 the rows (inputs and outputs) are the first N columns of tensors COLUMNS wider, so that the same rows lie another
 stride apart (held mappings only: a piped one reads a row's neighbours' bytes): cross-entropy over rows of 2060,
 four a program, ran 0.96 of copy bandwidth contiguous and 0.85 in rows of 2100, a memory latency an array of the
@@ -41,25 +42,25 @@ assert Path(mgjit.__file__).resolve().is_relative_to(tree), f"mgjit from {mgjit.
 TARGET_BYTES = 256 << 20
 
 
-def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int = 0):
+def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int = 0,
+         dtype: torch.dtype = torch.bfloat16):
     """(kernel, its arguments, constexprs, candidate mappings, the grid of a mapping, the output, the torch
-    reference, bytes moved) over bf16 rows of n, a norm's weights in `wdtype`, the rows `pad` columns apart more
+    reference, bytes moved) over rows of n in `dtype`, a norm's weights in `wdtype`, the rows `pad` columns apart more
     than n."""
-    bf16 = torch.bfloat16
-    wsize = wdtype.itemsize
+    item, wsize = dtype.itemsize, wdtype.itemsize
     tensors = {"cross_entropy": 1, "fused": 4}.get(kernel, 2)
-    rows = max(1, TARGET_BYTES // (2 * n * tensors))
+    rows = max(1, TARGET_BYTES // (item * n * tensors))
     if pad and kernel == "fused":
         raise SystemExit("--pad: the fused kernel reads its rows flat, as contiguous tensors")
-    x = torch.randn(rows, n + pad, device=dev, dtype=bf16)[:, :n]
+    x = torch.randn(rows, n + pad, device=dev, dtype=dtype)[:, :n]
     row_grid = lambda config: _rows.grid(rows, config, dev)  # noqa: E731
     if kernel == "softmax":
         out = padded_like(x, pad)
         if "xl" not in sm.softmax_kernel.arg_names:  # a tree from before piped rows
             return (sm.softmax_kernel, (x, out), {}, _rows.mapping(n), row_grid, out,
-                    lambda: torch.softmax(x.float(), 1), 4 * x.numel())
-        return (sm.softmax_kernel, (x, out, lines_of(x), lines_of(out)), {}, sm.mapping(n, None, 2), row_grid, out,
-                lambda: torch.softmax(x.float(), 1), 4 * x.numel())
+                    lambda: torch.softmax(x.float(), 1), 2 * item * x.numel())
+        return (sm.softmax_kernel, (x, out, lines_of(x), lines_of(out)), {}, sm.mapping(n, None, item), row_grid, out,
+                lambda: torch.softmax(x.float(), 1), 2 * item * x.numel())
     if kernel in ("rmsnorm", "layernorm"):
         out = padded_like(x, pad)
         w, b = torch.randn(n, device=dev, dtype=wdtype), torch.randn(n, device=dev, dtype=wdtype)
@@ -67,40 +68,40 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int =
             if "wv" in rms.rmsnorm_kernel.arg_names:  # piped rows (examples/_rows_piped.py)
                 from _rows_piped import weight_rows
                 return (rms.rmsnorm_kernel, (x, w, out, lines_of(x), lines_of(out), weight_rows(w)), {"eps": 1e-6},
-                        rms.rmsnorm_mapping(n, None, 2, (wsize,)), row_grid, out,
+                        rms.rmsnorm_mapping(n, None, item, (wsize,)), row_grid, out,
                         lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
-                        4 * x.numel() + wsize * n)
+                        2 * item * x.numel() + wsize * n)
             return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n), row_grid, out,
                     lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
-                    4 * x.numel() + wsize * n)
+                    2 * item * x.numel() + wsize * n)
         if "wv" in ln.layernorm_rows.arg_names:  # piped rows (examples/_rows_piped.py)
             from _rows_piped import weight_rows
             return (ln.layernorm_rows, (x, w, b, out, lines_of(x), lines_of(out), weight_rows(w), weight_rows(b)),
-                    {"eps": 1e-5}, ln.layernorm_mapping(n, None, 2, (wsize, wsize)), row_grid, out,
+                    {"eps": 1e-5}, ln.layernorm_mapping(n, None, item, (wsize, wsize)), row_grid, out,
                     lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
-                    4 * x.numel() + 2 * wsize * n)
+                    2 * item * x.numel() + 2 * wsize * n)
         return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n), row_grid, out,
                 lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
-                4 * x.numel() + 2 * wsize * n)
+                2 * item * x.numel() + 2 * wsize * n)
     if kernel == "cross_entropy":
         target = torch.randint(0, n, (rows,), device=dev)
         loss, lse = (torch.full((rows,), float("nan"), device=dev) for _ in range(2))
         if "xl" not in ce.cross_entropy_rows.arg_names:  # a tree from before piped rows
             return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
-                    lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
-        configs = ce.mapping(n, 2)
+                    lambda: ce.reference(x, target), item * x.numel() + 12 * rows)
+        configs = ce.mapping(n, item)
         # Piped segments' pieces and counts (`scratch`); in trees from before runs of segments (a07ff7c and older:
         # `workspace`), statistics only, merged by a second launch left out of the kernel's time and its loss.
         scratch = (ce.scratch(x, configs) if hasattr(ce, "scratch") else
                    (ce.workspace(x, configs),) if "parts" in ce.cross_entropy_rows.arg_names else ())
         return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines_of(x), *scratch), {}, configs, row_grid,
-                loss, lambda: ce.reference(x, target), 2 * x.numel() + 12 * rows)
+                loss, lambda: ce.reference(x, target), item * x.numel() + 12 * rows)
     if kernel == "fused":
         y, z = torch.randn_like(x), torch.randn_like(x)
         out = torch.full_like(x, float("nan"))
         flat = tuple(t.view(-1) for t in (x, y, z, out))
         return (fe.fused_flat, flat, {}, fe.BLOCKS, lambda config: (-(-x.numel() // config.kwargs["BLOCK"]),), out,
-                lambda: fe.reference(x, y, z), 8 * x.numel())
+                lambda: fe.reference(x, y, z), 4 * item * x.numel())
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
@@ -132,16 +133,19 @@ def mapping_of(expression: str, like: mgjit.Config) -> mgjit.Config:
 def main() -> None:
     dev = torch.device("cuda")
     specs = sys.argv[2:]
-    wdtype, pad = torch.bfloat16, 0
-    while specs[:1] in (["--weights"], ["--pad"]):
+    dtype, wdtype, pad = torch.bfloat16, None, 0
+    while specs[:1] in (["--weights"], ["--pad"], ["--dtype"]):
         if specs[0] == "--weights":
             wdtype = getattr(torch, specs[1])
+        elif specs[0] == "--dtype":
+            dtype = getattr(torch, specs[1])
         else:
             pad = int(specs[1])
         specs = specs[2:]
+    wdtype = wdtype or dtype
     for spec in specs:
         kernel, n, index = spec.split(":")
-        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad)
+        k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad, dtype)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         if pad and config.kwargs.get("PIPE"):
             raise SystemExit(f"--pad: {spec} is a piped mapping, which reads a row's neighbours' bytes")
