@@ -27,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# This checkout's mgjit, not the one an editable install points at (the last `pip install -e`: a CI clone's after
+# .ci/run), which a record of another tree would silently measure instead.
+sys.path.insert(0, str(ROOT))
 TARGETS = ("sm_90a", "sm_100a")
 EXAMPLES = ("vector_add", "softmax", "rmsnorm", "matmul_hopper", "matmul_blackwell")
 

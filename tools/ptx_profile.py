@@ -33,7 +33,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "tests")]
+# This checkout's mgjit too, not the one an editable install points at (the last `pip install -e`: a CI clone's after
+# .ci/run), whose counts a comparison of two trees would silently report.
+sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "tests")]
 import _rows  # noqa: E402
 import cross_entropy as ce  # noqa: E402
 import layernorm as ln  # noqa: E402
