@@ -22,7 +22,7 @@ anchor for layout inference: it can deliver any layout its users need.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -41,7 +41,8 @@ from .reductions import Reduce
 from .gmem_access import (_Element, _load_access, _span, _store_access, _store_bytes, _store_shuffled_words,
                           _store_elementwise, _store_unaligned_access, _store_whole_or_elementwise,
                           _word_loads, _WordBases, fill_bits, lanes_along_rows, word_links)
-from .gmem_window import _element_addresses, _inside_or_checked, _vector_width
+from .gmem_window import (LOWERED_WITH_LEADER, _element_addresses, _followers, _inside_or_checked, _LoadPaths,
+                          _vector_width)
 
 
 class _GmemAccess(Op):
@@ -352,18 +353,13 @@ def _infer_store(op: Store, inf: infer.Inference) -> None:
 
 # ---------------------------------------------------------------------------------------------- lowering
 
-@lower.rule(Load)
-def _load(op: Load, ctx: lower.Context) -> None:
+def _load_paths(op: Load, ctx: lower.Context) -> _LoadPaths:
     ref: LoweredRef = ctx.get(op.ref)
     out = op.result
     dtype = ref.dtype
     e = ctx.e
     fill = e.const(op.other, dtype)  # what elements outside read as
     bits = 0 if op.fills_zero else fill_bits(op.other, dtype)  # its bits, which a predicated-off access reads
-    if not out.is_array:
-        (el,) = _element_addresses(ctx, op, ref, None, ())
-        ctx.set(out, _load_access(ctx, el.addr, el.inside, dtype, 1, bits)[0])
-        return
     layout, shape = out.layout, out.type.shape
     w, align, _ = _vector_width(ctx, op, ref, layout, shape)
     els = _element_addresses(ctx, op, ref, layout, shape)
@@ -386,23 +382,7 @@ def _load(op: Load, ctx: lower.Context) -> None:
 
     emit = shifted if unaligned else plain
     bases = _WordBases(e, els if unaligned else ())  # shared by the paths of _inside_or_checked
-    every = range(0, len(els), w)
-
-    def paths(emitted: Callable[[bool, Sequence[int]], list], types: list) -> list:
-        # Words shifted into place test per word or element: skip that where the window (or its head) is inside.
-        # Plain accesses test once an access (a compare, and the fill preset) and take no branch: a branch's loads
-        # are waited for where it joins, so a row held as several arrays took a memory latency an array, each
-        # array's arithmetic scheduled before the next one's loads. Kernel alone, bf16, H200, four rows a program
-        # of 2048 + 128 columns: cross-entropy 2100 0.82 -> 0.96, 2112 0.77 -> 0.95, softmax 2100 0.81 -> 1.01
-        # (a Triton kernel reading such rows ran 0.96); one a program, cross-entropy 3000 (2048 + 1024) 0.89 ->
-        # 0.97, 5000 0.90 -> 0.98. Shifted words unbranched lost (cross-entropy 1001 0.92 -> 0.74, 4097 0.91 ->
-        # 0.80). Plain accesses reading zero outside fill the loaded words past a row's end (_load_access), even
-        # where ragged: the paths around a norm's weight vector, which ends inside an access, took 127 registers
-        # against 95 (layernorm over bf16 rows of 8191 on two warpgroups).
-        if unaligned:
-            return _inside_or_checked(ctx, op, ref, layout, shape, w, emitted, types)
-        return emitted(True, every)
-
+    window = (ref, layout, shape, w)
     if not op.fills_zero and dtype.bits == 16 and w % 2 == 0:
         # 16-bit elements with a fill (a maximum's -inf) join the paths as the words they were loaded in (pairs of
         # one access), so that a word read whole on the unchecked path stays one register: its halves widen to f32
@@ -414,10 +394,50 @@ def _load(op: Load, ctx: lower.Context) -> None:
             elems = emit(checked, accesses)
             return [word for k in range(0, len(elems), 2) for word in pack_words(e, elems[k:k + 2], dtype)]
 
-        elems = unpack_words(e, paths(as_words, [e.int_type(32)] * (len(els) // 2)), dtype, len(els))
-    else:
-        elems = paths(emit, [e.type(dtype)] * len(els))
-    ctx.set(out, lower.Frag(layout, shape, dtype, elems))
+        def finish_words(words: list) -> None:
+            ctx.set(out, lower.Frag(layout, shape, dtype, unpack_words(e, words, dtype, len(els))))
+        return _LoadPaths(unaligned, as_words, range(0, len(els), w), [e.int_type(32)] * (len(els) // 2),
+                          finish_words, window)
+    return _LoadPaths(unaligned, emit, range(0, len(els), w), [e.type(dtype)] * len(els),
+                      lambda elems: ctx.set(out, lower.Frag(layout, shape, dtype, elems)), window)
+
+
+@lower.rule(Load)
+def _load(op: Load, ctx: lower.Context) -> None:
+    """Plain accesses test once an access (a compare, and the fill preset) and take no branch: a branch's loads
+    are waited for where it joins, so a row held as several arrays took a memory latency an array, each array's
+    arithmetic scheduled before the next one's loads. Kernel alone, bf16, H200, four rows a program of 2048 + 128
+    columns: cross-entropy 2100 0.82 -> 0.96, 2112 0.77 -> 0.95, softmax 2100 0.81 -> 1.01 (a Triton kernel
+    reading such rows ran 0.96); one a program, cross-entropy 3000 (2048 + 1024) 0.89 -> 0.97, 5000 0.90 -> 0.98.
+    Plain accesses reading zero outside fill the loaded words past a row's end (_load_access), even where ragged:
+    the paths around a norm's weight vector, which ends inside an access, took 127 registers against 95 (layernorm
+    over bf16 rows of 8191 on two warpgroups). Words shifted into place test per word or element, which cost more
+    than the latency where unbranched (cross-entropy 1001 0.92 -> 0.74, 4097 0.91 -> 0.80): they skip the tests
+    where the window (or its head) is inside, and the loads that follow them (`_followers`, a row's other arrays)
+    go out in each of their paths, tested and unbranched, so that no path waits for its shift before they do."""
+    if id(op) in ctx.analyses.setdefault(LOWERED_WITH_LEADER, set()):
+        return
+    if not op.result.is_array:
+        ref: LoweredRef = ctx.get(op.ref)
+        bits = 0 if op.fills_zero else fill_bits(op.other, ref.dtype)
+        (el,) = _element_addresses(ctx, op, ref, None, ())
+        ctx.set(op.result, _load_access(ctx, el.addr, el.inside, ref.dtype, 1, bits)[0])
+        return
+    paths = _load_paths(op, ctx)
+    if not paths.shifted:
+        paths.finish(paths.emit(True, paths.every))
+        return
+    group, constants = _followers(op, ctx)
+    lower.lower_ops(ctx, constants)  # the followers' starts (lowered again where they stand: a constant each)
+    followers = [_load_paths(f, ctx) for f in group]
+    also = (lambda: [v for f in followers for v in f.emit(True, f.every)], [t for f in followers for t in f.types])
+    values = _inside_or_checked(ctx, op, *paths.window, paths.emit, paths.types, also)
+    paths.finish(values[:len(paths.types)])
+    values = values[len(paths.types):]
+    for f in followers:
+        f.finish(values[:len(f.types)])
+        values = values[len(f.types):]
+    ctx.analyses[LOWERED_WITH_LEADER].update(id(f) for f in group)
 
 
 @lower.rule(Store)

@@ -1,11 +1,12 @@
 """GMEM windows' geometry for the Load and Store rules of mgjit/ops/gmem.py (and the atomics): where each held
 element of a window lives and whether it is inside the tensor, how many consecutive elements go as one access at
 the alignment the launch proves (`int_divisor` of a window's start), and the one branch that spares a window
-wholly inside, or the first 7/8 of its columns, every bounds test."""
+wholly inside, or the first 7/8 of its columns, every bounds test, with the loads that follow a load of words
+shifted into place (a row's other arrays) emitted in each of its paths."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .. import ir, lower
 from ..ir import Op, Value
@@ -172,31 +173,37 @@ def column_split(layout: TiledLayout, shape: tuple[int, ...], w: int, window_col
 
 
 def _inside_or_checked(ctx: lower.Context, op: Op, ref: LoweredRef, layout: TiledLayout, shape: tuple[int, ...],
-                       w: int, emit: Callable[[bool, tuple], list], types: list) -> list:
+                       w: int, emit: Callable[[bool, tuple], list], types: list,
+                       also: tuple[Callable[[], list], list] = (list, [])) -> list:
     """What `emit(checked, accesses)` yields for every access of `w` elements of an array in `layout` (in Frag
     order), under one branch that every thread takes alike: unchecked (no bounds test per access or element)
     where the whole window lies inside the tensor; else, where the head of its column_split does (a window at a
     fixed or stepped start), the head unchecked and the tail checked; else all checked. One branch, not one per
     group of columns: ptxas waits for a branch's loads where it joins, so loads under consecutive branches took a
     memory latency each (branches for columns up to 1/2, 3/4 and 7/8 of a window of 4096 and the rest: softmax
-    over rows of 4097 0.94 -> 0.70 of copy bandwidth, H200)."""
+    over rows of 4097 0.94 -> 0.70 of copy bandwidth, H200). `also`: a function emitting more values (of its
+    types) in every path, after the window's, and those types."""
     e = ctx.e
     hi, head, tail = column_split(layout, shape, w, op.sizes[-1], bool(op.squeeze[-1]))
     every = tuple(sorted(head + tail))
     if not _fixed_or_stepped(op.starts[-1]):
         tail = ()
+    more, more_types = also
+    types = types + more_types
 
     def split_checked() -> list:
         values = dict(zip(head, _per_access(emit(False, head), len(head))))
         values.update(zip(tail, _per_access(emit(True, tail), len(tail))))
-        return [v for i in every for v in values[i]]
+        return [v for i in every for v in values[i]] + more()
 
     def checked() -> list:
         if not tail:
-            return emit(True, every)
-        return e.if_else(_window_inside(ctx, op, ref, (0, hi)), types, split_checked, lambda: emit(True, every))
+            return emit(True, every) + more()
+        return e.if_else(_window_inside(ctx, op, ref, (0, hi)), types, split_checked,
+                         lambda: emit(True, every) + more())
 
-    return e.if_else(_window_inside(ctx, op, ref, (0, op.sizes[-1])), types, lambda: emit(False, every), checked)
+    return e.if_else(_window_inside(ctx, op, ref, (0, op.sizes[-1])), types, lambda: emit(False, every) + more(),
+                     checked)
 
 
 def _fixed_or_stepped(start: Value) -> bool:
@@ -212,3 +219,50 @@ def _fixed_or_stepped(start: Value) -> bool:
 def _per_access(values: list, accesses: int) -> list[list]:
     per = len(values) // accesses if accesses else 0
     return [values[k * per:(k + 1) * per] for k in range(accesses)]
+
+
+class _LoadPaths(NamedTuple):
+    """How an array Load lowers: `emit(checked, accesses)` the values of those accesses (tested per access, word or
+    element where checked), `every` all of them, `types` the values' types, `finish(values)` the result made of
+    them; `shifted`: its accesses are words shifted into place; `window`: what _inside_or_checked needs besides."""
+    shifted: bool
+    emit: Callable[[bool, Sequence[int]], list]
+    every: range
+    types: list
+    finish: Callable[[list], None]
+    window: tuple
+
+
+# Loads lowered inside the paths of a Load before them (`_followers`)
+LOWERED_WITH_LEADER = "loads lowered with the load before them"
+
+
+def _followers(op: Op, ctx: lower.Context) -> tuple[list[Op], list[Constant]]:
+    """The array Loads (ops of `op`'s class) of `op`'s tensor after it in its block with nothing between but them,
+    Casts of their results and constants (a row's arrays loaded and widened in turn, `_rows.load_row`, each at a
+    constant start), whose operands are all defined before `op` or by those constants; and those constants."""
+    groups = ctx.analyses.get("load followers")
+    if groups is None:
+        groups = ctx.analyses["load followers"] = {}
+
+        def visit(block: ir.Block) -> None:
+            for k, o in enumerate(block.ops):
+                for region in o.regions:
+                    visit(region)
+                if not (type(o) is type(op) and o.result.is_array):
+                    continue
+                loaded, after, constants = {o.result.id}, [], []
+                for p in block.ops[k + 1:]:
+                    if isinstance(p, Constant):
+                        constants.append(p)
+                    elif isinstance(p, Cast) and p.operands[0].id in loaded:
+                        loaded.add(p.result.id)
+                    elif (type(p) is type(op) and p.result.is_array and p.ref is o.ref
+                          and not any(v.id in loaded for v in p.operands)):
+                        loaded.add(p.result.id)
+                        after.append(p)
+                    else:
+                        break
+                groups[id(o)] = (after, constants)
+        visit(ctx.kernel.body)
+    return groups[id(op)]
