@@ -20,11 +20,14 @@ from .prune import compile_error_reason, resource_reason
 
 @dataclass(frozen=True)
 class CompileOutcome:
-    """One config's compile: the CompiledKernel of a survivor, or why the config was pruned."""
+    """One config's compile: the CompiledKernel of a survivor, or why the config was pruned; `warnings`: a
+    survivor's compile warnings (warnings.WarningMessage) where `compile_configs` kept them rather than passing them
+    on (`warn=False`)."""
 
     config: Config
     compiled: Any = None
     pruned: str | None = None
+    warnings: tuple = ()
 
 
 def default_jobs() -> int:
@@ -53,9 +56,10 @@ def can_fork() -> bool:
 
 
 def _compile_here(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any], config: Config,
-                  target: str | None) -> CompileOutcome:
-    """Compile one config. The compile's warnings reach the caller only for a config that is kept: a pruned
-    one's (ptxas spilling, say) are its prune reason, which the tuning report shows."""
+                  target: str | None, warn: bool = True) -> CompileOutcome:
+    """Compile one config. The compile's warnings reach the caller (`warn`; else they are kept on the outcome) only
+    for a config that is kept: a pruned one's (ptxas spilling, say) are its prune reason, which the tuning report
+    shows."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -65,9 +69,16 @@ def _compile_here(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any],
     reason = resource_reason(compiled.registers, compiled.spills, compiled.threads)
     if reason is not None:
         return CompileOutcome(config, pruned=reason)
+    if not warn:
+        return CompileOutcome(config, compiled=compiled, warnings=tuple(caught))
+    pass_on(caught)
+    return CompileOutcome(config, compiled=compiled)
+
+
+def pass_on(caught: Sequence[warnings.WarningMessage]) -> None:
+    """Give the caller warnings caught while compiling, as they were given."""
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    return CompileOutcome(config, compiled=compiled)
 
 
 # What forked children compile: (kernel, args, keywords, configs, target). Set in the parent just before
@@ -100,9 +111,11 @@ def _compile_in_child(index: int) -> tuple[int, str | None]:
 
 def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any],
                     configs: Sequence[Config], *, target: str | None = None, jobs: int | None = None,
-                    on_done: Callable[[], None] | None = None) -> list[CompileOutcome]:
+                    on_done: Callable[[], None] | None = None, warn: bool = True) -> list[CompileOutcome]:
     """Compile every config (with the call's `args` and `keywords`, the config's values added), pruning those
-    that break a compiler rule or whose ptxas report rules them out. Outcomes come back in config order.
+    that break a compiler rule or whose ptxas report rules them out. Outcomes come back in config order. The
+    survivors' compile warnings reach the caller (`warn`), or are kept on their outcomes for the caller to pass on
+    (the tuner: the pick's alone).
 
     `jobs` worker processes (default `default_jobs()`); 1, or no fork on this OS, compiles serially.
     `on_done()` is called once per finished config, for a progress bar."""
@@ -117,7 +130,7 @@ def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any
     # ask a device for it) and imports the compiler once, so that children inherit it warm.
     next_index = 0
     while next_index < len(configs):
-        outcome = _compile_here(kernel, args, keywords, configs[next_index], target)
+        outcome = _compile_here(kernel, args, keywords, configs[next_index], target, warn)
         outcomes[next_index] = outcome
         next_index += 1
         tick()
@@ -141,9 +154,9 @@ def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any
         # former, the real error with its traceback for the latter.
         for index in rest:
             if index not in outcomes:
-                outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target)
+                outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target, warn)
     else:
         for index in rest:
-            outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target)
+            outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target, warn)
             tick()
     return [outcomes[i] for i in range(len(configs))]

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import LaunchError
 from . import distributed, progress
-from .compile_pool import CompileOutcome, compile_configs
+from .compile_pool import CompileOutcome, compile_configs, pass_on
 from .config import LAUNCH_OPTIONS, Config, expand_space
 from .prune import PruneConfigs, Rule, apply_user_pruning
 from .report import Row, TuningReport
@@ -266,24 +266,32 @@ class Autotuned:
         dropped = apply_user_pruning(self.configs, named, self.prune_configs, self.rules)
         todo = [c for c in self.configs if c not in dropped and c.key() not in known]
         phases: dict[str, float] = {}
-        new = distributed.share(self._sweep(distributed.my_share(todo, rank, size), named, grid, timer, phases),
-                                size)
+        caught: dict[str, tuple] = {}
+        new = distributed.share(self._sweep(distributed.my_share(todo, rank, size), named, grid, timer, phases,
+                                            caught), size)
         results = {**known, **new}
         if results != local:  # also keep what other ranks knew, so this rank's next process needs no one
             store.save(self.kernel.name, source_key, device, key, results)
-        return self._choose(key, results, dropped, set(known), device, phases)
+        best = self._choose(key, results, dropped, set(known), device, phases)
+        # The pick's compile warnings, not every candidate's: a bank conflict in a config that lost is no concern
+        # of the caller's (the row examples' sweeps printed a dozen such warnings a shape). A pick compiled by
+        # another process warns when this one loads it from the disk cache.
+        pass_on(caught.get(best.key(), ()))
+        return best
 
     def _sweep(self, configs: Sequence[Config], named: dict[str, Any], grid: Any,
-               timer: Timer, phases: dict[str, float]) -> dict[str, Result]:
+               timer: Timer, phases: dict[str, float], caught: dict[str, tuple]) -> dict[str, Result]:
         """Compile, prune and time `configs`; results by config key. The wall time of each phase goes into
-        `phases` ("compile", "timing"), in seconds."""
+        `phases` ("compile", "timing"), in seconds; the survivors' compile warnings into `caught`, by config key."""
         if not configs:
             return {}
         positional, keywords = self._split(named)
         start = time.perf_counter()
         with progress.bar(len(configs), f"{self.kernel.name}: compiling") as tick:
-            outcomes = compile_configs(self.kernel, positional, keywords, configs, jobs=self.jobs, on_done=tick)
+            outcomes = compile_configs(self.kernel, positional, keywords, configs, jobs=self.jobs, on_done=tick,
+                                       warn=False)
         phases["compile"] = time.perf_counter() - start
+        caught.update((o.config.key(), o.warnings) for o in outcomes if o.warnings)
         results = {o.config.key(): Result(pruned=o.pruned) for o in outcomes if o.pruned is not None}
         survivors = [o.config for o in outcomes if o.pruned is None]
 

@@ -4,6 +4,7 @@ import json
 import sys
 import warnings
 
+import mgjit
 import mgjit.autotune as at
 import pytest
 import test_autotune_fakes
@@ -376,3 +377,32 @@ def test_close_finalists_are_timed_again_before_choosing(cache_dirs):
     assert matmul.tuning_report().winner.config == fast
     assert seen[fast] == seen[close] == 1 + at.tuner.Autotuned.CONFIRM_ROUNDS
     assert all(seen[c] == 1 for c in CONFIGS[2:])  # far slower configs are timed once
+
+
+class WarningKernel(FakeKernel):
+    """Warns (as the compiler does of a bank conflict) when it compiles a config whose BN is in `warns_for`."""
+
+    def __init__(self, cache_dir, warns_for):
+        super().__init__(cache_dir)
+        self.warns_for = warns_for
+
+    def compile(self, *args, **kwargs):
+        if kwargs.get("BN") in self.warns_for:
+            warnings.warn(f"conflict in BM={kwargs['BM']} BN={kwargs['BN']} wg={kwargs.get('num_warpgroups')}",
+                          mgjit.BankConflictWarning)
+        return super().compile(*args, **kwargs)
+
+
+@pytest.mark.parametrize("warns_for", [(128, 256), (128,)])
+def test_a_sweep_passes_on_the_picks_compile_warnings_alone(cache_dirs, warns_for):
+    """Every candidate warns where BN is in warns_for; the sweep picks BM=128, BN=256 on 2 warpgroups: the caller
+    gets that config's warning once (none where it has none), not the candidates' that lost (a row example's
+    first call printed a dozen bank-conflict warnings of mappings it did not pick)."""
+    kernel = WarningKernel(cache_dirs / "kernels", warns_for)
+    matmul = autotune(configs=CONFIGS, key=["M", "N", "K"], timer=FakeTimer(kernel, TIMES.__getitem__), jobs=1)(kernel)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        matmul[(1,)](*args())
+    given = [str(w.message) for w in caught if issubclass(w.category, mgjit.BankConflictWarning)]
+    assert given == (["conflict in BM=128 BN=256 wg=2"] if 256 in warns_for else []), given
+    assert sum(c.kwargs["BN"] in warns_for for c in CONFIGS) > 1  # losers warned as they compiled
