@@ -227,11 +227,11 @@ def cpu(results: dict) -> list:
                              slope(list(us), list(us.values()))))
         # The row wrappers on the C path, their picks taken without timing (the first piped candidate, which makes
         # four views a call): what a tuned call costs on the host, the driver left out.
-        import _rows
+        import _rows_launch
         from mgjit.autotune.tuner import Autotuned
         stub = StubGPU(patch)
         stub.module.use_stub_driver(None)
-        patch.setattr(_rows, "tuning_enabled", lambda x: True)
+        patch.setattr(_rows_launch, "tuning_enabled", lambda x: True)
         patch.setattr(Autotuned, "_tune", lambda self, named, key, grid: next(
             c for c in self.configs if c.kwargs.get("PIPE")))
         rows += row_wrappers(results, "cpu", lambda: None)

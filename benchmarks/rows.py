@@ -35,7 +35,10 @@ if not (TREE / "mgjit").is_dir() or not (TREE / "examples").is_dir():
     raise SystemExit(f"ROWS_TREE {TREE} holds no mgjit/ and examples/")
 sys.path[:0] = [str(HERE), str(TREE), str(TREE / "examples")]
 
-import _rows  # noqa: E402
+try:
+    import _rows_launch  # noqa: E402
+except ImportError:  # a ROWS_TREE from before the tuned launch left examples/_rows.py
+    import _rows as _rows_launch  # noqa: E402
 import cross_entropy as ce_example  # noqa: E402
 import fused_elementwise as fe_example  # noqa: E402
 import layernorm as ln_example  # noqa: E402
@@ -102,8 +105,8 @@ def relerr(out, ref) -> float:
 def picked_mapping(kernel, configs: list, args: tuple, views: tuple = (), **constexprs):
     """A function giving the mapping mgjit's wrapper launched for these arguments and the autotuner's time of
     every candidate (call it after a launch)."""
-    return lambda: (repr(_rows.picked(kernel, configs, args, views, **constexprs)),
-                    _rows.timings(kernel, configs, args, views, **constexprs))
+    return lambda: (repr(_rows_launch.picked(kernel, configs, args, views, **constexprs)),
+                    _rows_launch.timings(kernel, configs, args, views, **constexprs))
 
 
 def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = None):

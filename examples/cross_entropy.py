@@ -21,9 +21,9 @@ whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0
 import functools
 
 import torch
-from _rows import (chunked_segment, exp_segment, finite_shift, first_row, floating, launch, load_row, grid,
-                   mapping as rows_mapping, merge_exp, merge_pair, output, segment, sm_count, stage, store_stat,
-                   streamed_exp_sum, TWO_PARTS_BELOW)
+from _rows import (chunked_segment, exp_segment, finite_shift, first_row, load_row, grid, mapping as rows_mapping,
+                   merge_exp, merge_pair, segment, sm_count, stage, store_stat, streamed_exp_sum, TWO_PARTS_BELOW)
+from _rows_launch import floating, launch, output
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
                          program_segment, read_lines, ring)

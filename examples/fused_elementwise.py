@@ -10,7 +10,7 @@ stores move aligned words and shift the bytes into place). The block size and wi
 import math
 
 import torch
-from _rows import floating, output, tuned_launch
+from _rows_launch import floating, output, tuned_launch
 
 import mgjit
 

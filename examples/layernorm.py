@@ -30,9 +30,10 @@ padding past a row's end reads as zero and is masked out of the variance.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, floating, held_width, launch, load_row, mapping, merge_moments, output,
-                   persisting, row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row,
-                   TWO_PARTS_BELOW, weights)
+from _rows import (chunked_segment, columns, held_width, load_row, mapping, merge_moments, persisting, row_groups,
+                   segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, TWO_PARTS_BELOW,
+                   weights)
+from _rows_launch import floating, launch, output
 from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
 

@@ -20,8 +20,9 @@ mapping is autotuned per shape.
 import functools
 
 import torch
-from _rows import (chunked_segment, floating, launch, load_row, mapping, output, persisting, row_groups, row_sum,
-                   segment, stage, staging, stash_vector, store_row, weights)
+from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage, staging,
+                   stash_vector, store_row, weights)
+from _rows_launch import floating, launch, output
 from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
 

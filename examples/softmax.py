@@ -21,8 +21,9 @@ CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store. Th
 import functools
 
 import torch
-from _rows import (chunked_segment, exp_segment, finite_shift, floating, launch, load_row, mapping as rows_mapping,
-                   merge_exp, output, segment, stage, staging, store_row, streamed_exp_sum)
+from _rows import (chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp, segment,
+                   stage, staging, store_row, streamed_exp_sum)
+from _rows_launch import floating, launch, output
 from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 

@@ -289,7 +289,7 @@ def test_in_place_softmax_is_not_tuned_on_its_own_output():
 
 @pytest.mark.parametrize("n", [8193, 50257])
 def test_a_tuned_shape_runs_in_place(n):
-    """Once a shape is tuned, a call with out=x launches the tuned mapping (examples/_rows.py, tuned_launch): piped
+    """Once a shape is tuned, a call with out=x launches the tuned mapping (examples/_rows_launch.py, tuned_launch): piped
     rows over one CTA or a cluster, which read their neighbours' columns and drop them, must still give x's own
     rows."""
     x = torch.randn(200, n, device="cuda", dtype=torch.bfloat16) * 3 + 0.5

@@ -245,7 +245,7 @@ def test_long_rows_piped_from_their_ptx(name, n, ctas, lines, stages, per_sm):
 @pytest.mark.parametrize("lands", LANDS)
 @pytest.mark.parametrize("name,n,index", [("layernorm", 8193, 1), ("softmax", 20001, -1)])
 def test_piped_rows_in_place_from_their_ptx(name, n, index, lands):
-    """out=x, as a tuned shape launches its piped mapping in place (examples/_rows.py, tuned_launch): each row's
+    """out=x, as a tuned shape launches its piped mapping in place (examples/_rows_launch.py, tuned_launch): each row's
     envelope reads its neighbours' columns (dropped) while other programs, or the CTAs of other clusters, write
     theirs; every row comes out as torch computes it from the input."""
     config = piped_configs(name, n)[index]

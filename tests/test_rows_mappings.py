@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rows  # noqa: E402
+import _rows_launch  # noqa: E402
 import cross_entropy as ce  # noqa: E402
 import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
@@ -546,7 +547,7 @@ class PreferTimer:
 
 @pytest.mark.parametrize("n", [1000, 20000], ids=["rows", "cluster"])
 def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(monkeypatch, tmp_path, n):
-    """_rows.tuned_launch on a stub GPU (tests/launch_stub.py): the first call of a shape sweeps the candidates
+    """_rows_launch.tuned_launch on a stub GPU (tests/launch_stub.py): the first call of a shape sweeps the candidates
     (a fake timer prefers softmax's second and rmsnorm's last persistent one), later calls launch the chosen
     mapping in one C call, with the grid its grid callable computes from the config's ROWS, CTAS and PERSIST (2
     SMs for a CPU tensor), its cluster and its warpgroups; a constexpr passed by name (rmsnorm's eps) takes the
@@ -571,8 +572,8 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
         monkeypatch.setattr(t, "_c_miss", lambda *a, **k: misses.append(kernel.name) or original(*a, **k))
         return t
 
-    monkeypatch.setattr(_rows, "_tuned", functools.lru_cache(maxsize=None)(tuned))
-    monkeypatch.setattr(_rows, "tuning_enabled", lambda x: True)
+    monkeypatch.setattr(_rows_launch, "_tuned", functools.lru_cache(maxsize=None)(tuned))
+    monkeypatch.setattr(_rows_launch, "tuning_enabled", lambda x: True)
     x, w = torch.randn(64, n), torch.randn(n)
     functions = {}
     for example, kernel, args, constexprs, configs in (
@@ -590,7 +591,7 @@ def test_a_tuned_row_launch_goes_through_the_c_launcher_after_its_first_call(mon
         grid = min(groups, 2 * best.kwargs["PERSIST"]) if best.kwargs.get("PERSIST") else groups * best.kwargs["CTAS"]
         assert last.path == "c" and last.grid == (grid, 1, 1)
         assert last.cluster == (best.cluster or (1, 1, 1)) and last.threads == 128 * best.kwargs["WGS"]
-        assert _rows.picked(kernel, configs, (*args, torch.empty_like(x)), views, **constexprs) == best
+        assert _rows_launch.picked(kernel, configs, (*args, torch.empty_like(x)), views, **constexprs) == best
         functions[kernel.name] = last.function
     sm.softmax(x, x)  # in place, once the shape is tuned: the tuned mapping on its grid, no sweep
     best = preferred[sm.softmax_kernel.name]

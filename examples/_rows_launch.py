@@ -1,0 +1,154 @@
+"""What the row examples' wrappers (softmax, rmsnorm, layernorm, cross_entropy, the fused elementwise kernel) share
+around their kernels: the checks of their arguments (`floating`, `output`) and the autotuned launch (`launch`,
+`tuned_launch`: the fastest of a mapping's candidates for a shape, timed with mgjit.autotune on the first call and
+remembered on disk; `picked` and `timings` say what it chose and measured). The mappings themselves and the kernels'
+device helpers are examples/_rows.py's."""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+
+from _rows import _row_grid
+
+import mgjit
+
+
+def tuning_enabled(x) -> bool:
+    """Tune on a GPU; on the CPU (the interpreter) launch the heuristic's pick."""
+    return x.is_cuda and os.environ.get("MGJIT_INTERPRET") != "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(kernel, configs: tuple[mgjit.Config, ...], key: str):
+    return mgjit.autotune(configs=list(configs), key=[key])(kernel)
+
+
+def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
+    """Launch the first config as it is: one candidate, no GPU, or two arguments are one tensor (timing would run
+    the kernel on its own output)."""
+    if len(configs) == 1 or not tuning_enabled(args[0]):
+        return True
+    pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
+    return len(set(pointers)) < len(pointers)
+
+
+def floating(name: str, **tensors) -> None:
+    """Refuse integer and bool tensors where a row example computes in floating point, as torch does: the kernels
+    would truncate their results into an output of x's integer dtype, or fail to compile with no -inf to fill a
+    boolean row with."""
+    for arg, t in tensors.items():
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} takes a floating-point {arg}, got {t.dtype}")
+
+
+def output(out, shape: tuple, device, dtype, name: str, **inputs):
+    """`out` checked, or a new tensor of `shape` and `dtype`: an out of another shape would be written in part
+    (each window stops at the tensor's edge), one of an integer dtype would be truncated; either is refused. So
+    is an out that shares memory with one of `inputs` without being that very view (in place: out=x): programs
+    would read elements that others have already written."""
+    import torch
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if out.shape != shape or not out.dtype.is_floating_point or out.device != device:
+        raise ValueError(f"{name}: out must be a floating-point tensor of shape {tuple(shape)} on {device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if inputs and out.numel():
+        low, high = _span(out)
+        for arg, t in inputs.items():
+            t_low, t_high = _span(t) if t.numel() else (high, high)
+            if t_low < high and low < t_high and (t.data_ptr(), t.shape, t.stride(), t.dtype) != (
+                    out.data_ptr(), out.shape, out.stride(), out.dtype):
+                raise ValueError(f"{name}: out overlaps {arg} in part; pass out={arg} itself to work in place, or "
+                                 "memory of its own")
+    return out
+
+
+def _span(t) -> tuple[int, int]:
+    """The addresses of a tensor's first and past its last byte, whatever its strides (tensors of two
+    allocations never share one: no need to ask for their storages)."""
+    itemsize = t.element_size()
+    if t.is_contiguous():  # the common case, on every call of a row example: no loop over the dimensions
+        return t.data_ptr(), t.data_ptr() + t.numel() * itemsize
+    low = high = t.data_ptr()
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            low += (size - 1) * stride * itemsize
+        else:
+            high += (size - 1) * stride * itemsize
+    return low, high + itemsize
+
+
+def picked(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:
+    """The config `tuned_launch` launched for these arguments, tuned by an earlier launch (what benchmarks report)."""
+    if _untuned(configs, args):
+        return configs[0]
+    return _tuned(kernel, tuple(configs), kernel.arg_names[0]).best_config(_named(kernel, args, views, constexprs))
+
+
+def _named(kernel, args: tuple, views: tuple, constexprs: dict) -> dict:
+    """A launch's arguments by name, as the tuner binds them."""
+    return {**dict(zip(kernel.arg_names, (*args, *views))), **constexprs}
+
+
+def timings(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (),
+            **constexprs) -> list[tuple[mgjit.Config, float | None]]:
+    """Each config's time in ms (None: pruned) in the sweep `tuned_launch` ran (or read from the store) for these
+    arguments in this process; empty when it launched without tuning."""
+    if _untuned(configs, args):
+        return []
+    try:
+        report = _tuned(kernel, tuple(configs), kernel.arg_names[0]).tuning_report(_named(kernel, args, views,
+                                                                                          constexprs))
+    except LookupError:
+        return []
+    return [(row.config, row.ms) for row in report.rows]
+
+
+def tuned_launch(kernel, configs: Sequence[mgjit.Config], grid_of, args: tuple, views: tuple = (),
+                 **constexprs) -> mgjit.Config:
+    """Launch `kernel` on args and then `views` (views of args, which the check below skips) with the fastest of
+    `configs` for the shape of args[0] and the arguments' dtypes (timed on the first call, remembered on disk), or
+    with the first config without a GPU or when two of args are one tensor and the shape is not tuned yet in this
+    process (timing would run the kernel on its own output; once tuned, such a call launches the pick too); return
+    the config launched. grid_of(rows of args[0], a config's constexprs and options) gives the grid: it must
+    follow from args[0]'s shape, the config and its device, as it is worked out once for them."""
+    x = args[0]
+    key = (kernel, id(configs), x.shape, x.device, *map(_dtype, args))
+    known = _launches.get(key)
+    if known is not None and known[0] is configs:  # tuned before: launched as tuned, in place or not
+        known[2](*args, *views, **constexprs, **known[3])
+        return known[1]
+    if _untuned(configs, args):
+        options = configs[0].launch_kwargs()
+        kernel[grid_of(x.shape[0], options)](*args, *views, **constexprs, **options)
+        return configs[0]
+    name = kernel.arg_names[0]
+    tuned = _tuned(kernel, tuple(configs), name)
+    tuned[lambda named: grid_of(named[name].shape[0], named)](*args, *views, **constexprs)
+    config = tuned.best_config(_named(kernel, args, views, constexprs))
+    options = config.launch_kwargs()
+    if len(_launches) >= MAX_LAUNCHES:  # callers building new configs per call would grow it without end
+        _launches.clear()
+    _launches[key] = (configs, config, kernel[grid_of(x.shape[0], options)], options)
+    return config
+
+
+# The launches of tuned keys seen in this process: (kernel, id(configs), args[0]'s shape and device, the arguments'
+# dtypes) -> (configs, the config picked, the kernel bound to its grid, its options). The tuner's own dispatch runs
+# the grid callable on a dict of every argument and option each call, where this costs one lookup: layernorm's
+# wrapper took 60-80 us a call on the H200's host, more than its kernel at 256 MB (tuned 0.46 of copy bandwidth
+# where the kernel alone ran 0.85).
+_launches: dict = {}
+MAX_LAUNCHES = 1024
+
+
+def _dtype(value):
+    return getattr(value, "dtype", None)
+
+
+def launch(kernel, configs: Sequence[mgjit.Config], args: tuple, views: tuple = (), **constexprs) -> mgjit.Config:
+    """Launch a row kernel on the rows of args[0] (see `tuned_launch`); return the config launched."""
+    device = args[0].device
+    return tuned_launch(kernel, configs, lambda rows, config: _row_grid(rows, config, device), args, views,
+                        **constexprs)
