@@ -394,6 +394,18 @@ def test_cross_entropy_gathers_the_targets_logits_before_the_exps_where_early():
         assert (gather < exp) == bool(early), early
 
 
+def softmax_or_cross_entropy_ptx(kernel: str, n: int, mapping) -> str:
+    """The sm_90a PTX of softmax's or cross-entropy's kernel over 64 bf16 rows of n under a held `mapping`."""
+    x = torch.empty(64, n, dtype=BF16)
+    config = mapping.replace(**{k: 0 for k in (sm.mapping if kernel == "softmax" else ce.mapping)(n)[0].kwargs
+                                if k not in mapping.kwargs})
+    if kernel == "softmax":
+        return sm.softmax_kernel.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").ptx
+    target, loss = torch.empty(64, dtype=torch.long), torch.empty(64)
+    return ce.cross_entropy_rows.compile(x, target, loss, loss, -100, x, loss, loss, **config.launch_kwargs(),
+                                         target="sm_90a").ptx
+
+
 @pytest.mark.parametrize("kernel", ["softmax", "cross_entropy"])
 @pytest.mark.parametrize("n,mapping", [(2100, _rows.hold(4, (2048, 128))), (1608, _rows.hold(4, (1024, 512, 128))),
                                        (3000, _rows.hold(1, (2048, 1024))), (2101, _rows.hold(4, (2048, 128)))],
@@ -404,15 +416,7 @@ def test_a_rows_plain_loads_go_out_on_one_path(kernel, n, mapping):
     each, a branch's loads were waited for where it joined, so the row took a memory latency an array
     (cross-entropy 2100 ran 0.82 of copy bandwidth, 0.96 unbranched; H200). Rows that start inside a word (2101)
     keep a branch around their per-word tests."""
-    x = torch.empty(64, n, dtype=BF16)
-    config = mapping.replace(**{k: 0 for k in (sm.mapping if kernel == "softmax" else ce.mapping)(n)[0].kwargs
-                                if k not in mapping.kwargs})
-    if kernel == "softmax":
-        ptx = sm.softmax_kernel.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").ptx
-    else:
-        target, loss = torch.empty(64, dtype=torch.long), torch.empty(64)
-        ptx = ce.cross_entropy_rows.compile(x, target, loss, loss, -100, x, loss, loss, **config.launch_kwargs(),
-                                            target="sm_90a").ptx
+    ptx = softmax_or_cross_entropy_ptx(kernel, n, mapping)
     first_load, first_max = ptx.index("ld.global"), ptx.index("max.")
     row_loads = re.findall(r"ld\.global\.(?:v4\.b32|v2\.b32|b32)", ptx[first_max:])
     assert not row_loads or kernel == "cross_entropy" and n % 2, row_loads  # odd rows' gathers are words
@@ -427,15 +431,7 @@ def test_a_rows_shifted_arrays_load_inside_the_first_arrays_paths(kernel, mappin
     its own branch waited for the previous array's words and their shifts (prmt) first: softmax over such rows
     0.70 -> 0.89 of copy bandwidth, cross-entropy 0.80 -> 0.84 (H200, benchmarks/rows_ab.py)."""
     n = 333
-    x = torch.empty(64, n, dtype=BF16)
-    config = mapping.replace(**{k: 0 for k in (sm.mapping if kernel == "softmax" else ce.mapping)(n)[0].kwargs
-                                if k not in mapping.kwargs})
-    if kernel == "softmax":
-        ptx = sm.softmax_kernel.compile(x, x, x, x, **config.launch_kwargs(), target="sm_90a").ptx
-    else:
-        target, loss = torch.empty(64, dtype=torch.long), torch.empty(64)
-        ptx = ce.cross_entropy_rows.compile(x, target, loss, loss, -100, x, loss, loss, **config.launch_kwargs(),
-                                            target="sm_90a").ptx
+    ptx = softmax_or_cross_entropy_ptx(kernel, n, mapping)
     first_max = ptx.index("max.")
     join = re.search(r"bra\.uni\s+(\$L__BB\d+_\d+);", ptx).group(1)
     after_join = ptx[ptx.index(f"\n{join}:"):first_max]
