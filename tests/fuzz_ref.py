@@ -424,6 +424,10 @@ class Run:
         old = ref[inner].to(torch.int64)
         out = {"add": old + new, "min": torch.minimum(old, new), "max": torch.maximum(old, new)}[at["kind"]]
         ref[inner] = wrap(out, I32)
+        # The value's uncertainty reaches the output (an inexact float cast to int32 is unknown where it may round
+        # to either side: `cast`); it had been dropped, so an exp's last bits decided the expected sum.
+        err, new_err = self.out_err[at["out"]], v.err.expand(value_shape).reshape(shape)[outer]
+        err[inner] = err[inner] + new_err if at["kind"] == "add" else torch.maximum(err[inner], new_err)
 
     def stmt_smem(self, s: Stmt, env: dict[str, Any]) -> None:
         """An array through SMEM and back is itself."""

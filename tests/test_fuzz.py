@@ -40,6 +40,14 @@ def test_the_reference_rounds_sqrt_correctly(tmp_path, seed):
     assert fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k").status != "fail"
 
 
+def test_the_reference_carries_an_atomic_values_uncertainty(tmp_path):
+    """Seed 5215: `atomic_add(out, ds(0, 32), exp(arange(-5, 27)).astype(int32))`. exp's last bits may differ
+    from the true function's (the GPU's ex2.approx), so where exp(15) to exp(26) cast to int32 may round to either
+    side the reference does not know the sum; it had dropped the atomic value's uncertainty and wanted exact sums
+    (the interpreter's differed by 2 to 48)."""
+    assert fuzz.check(fuzz_gen.generate(5215), str(tmp_path), "k").status != "fail"
+
+
 def test_the_fuzzer_finds_a_planted_bug(tmp_path, monkeypatch):
     """A wrong rule in the interpreter (float addition that subtracts) shows as a mismatch within a few kernels:
     the comparison can fail."""
