@@ -1,5 +1,6 @@
 """What the row examples (softmax, rmsnorm, layernorm, cross_entropy) share: how rows are mapped to programs,
-how a row is held in registers, the device helpers that load, reduce and store it, and the autotuned launch.
+how a row is held in registers, the grids, and the device helpers that load, reduce and store it (the wrappers'
+argument checks and autotuned launch: examples/_rows_launch.py).
 
 A mapping is a Config of six constexprs. Held rows (BLOCK=0) are read from memory once and kept in registers:
 a program (CTA) holds ROWS rows, or a segment of one row: a row too long for one warpgroup is split into
