@@ -21,8 +21,7 @@ from .prune import compile_error_reason, resource_reason
 @dataclass(frozen=True)
 class CompileOutcome:
     """One config's compile: the CompiledKernel of a survivor, or why the config was pruned; `warnings`: a
-    survivor's compile warnings (warnings.WarningMessage) where `compile_configs` kept them rather than passing them
-    on (`warn=False`)."""
+    survivor's compile warnings (warnings.WarningMessage), for `compile_configs` or its caller to pass on."""
 
     config: Config
     compiled: Any = None
@@ -56,10 +55,9 @@ def can_fork() -> bool:
 
 
 def _compile_here(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any], config: Config,
-                  target: str | None, warn: bool = True) -> CompileOutcome:
-    """Compile one config. The compile's warnings reach the caller (`warn`; else they are kept on the outcome) only
-    for a config that is kept: a pruned one's (ptxas spilling, say) are its prune reason, which the tuning report
-    shows."""
+                  target: str | None) -> CompileOutcome:
+    """Compile one config. The compile's warnings are kept on the outcome only for a config that is kept: a pruned
+    one's (ptxas spilling, say) are its prune reason, which the tuning report shows."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -69,10 +67,7 @@ def _compile_here(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any],
     reason = resource_reason(compiled.registers, compiled.spills, compiled.threads)
     if reason is not None:
         return CompileOutcome(config, pruned=reason)
-    if not warn:
-        return CompileOutcome(config, compiled=compiled, warnings=tuple(caught))
-    pass_on(caught)
-    return CompileOutcome(config, compiled=compiled)
+    return CompileOutcome(config, compiled=compiled, warnings=tuple(caught))
 
 
 def pass_on(caught: Sequence[warnings.WarningMessage]) -> None:
@@ -130,7 +125,7 @@ def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any
     # ask a device for it) and imports the compiler once, so that children inherit it warm.
     next_index = 0
     while next_index < len(configs):
-        outcome = _compile_here(kernel, args, keywords, configs[next_index], target, warn)
+        outcome = _compile_here(kernel, args, keywords, configs[next_index], target)
         outcomes[next_index] = outcome
         next_index += 1
         tick()
@@ -154,9 +149,13 @@ def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any
         # former, the real error with its traceback for the latter.
         for index in rest:
             if index not in outcomes:
-                outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target, warn)
+                outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target)
     else:
         for index in rest:
-            outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target, warn)
+            outcomes[index] = _compile_here(kernel, args, keywords, configs[index], target)
             tick()
-    return [outcomes[i] for i in range(len(configs))]
+    ordered = [outcomes[i] for i in range(len(configs))]
+    if warn:
+        for outcome in ordered:
+            pass_on(outcome.warnings)
+    return ordered
