@@ -48,6 +48,7 @@ SEGMENT = 8192  # the widest segment one warpgroup holds in registers (64 float3
 MAX_CTAS, MAX_WGS = 8, 4  # a portable cluster; warpgroups per CTA
 MAX_SPLIT_ROW = SEGMENT * MAX_CTAS * MAX_WGS  # 262144: longer rows stream
 STREAM = 4096  # the chunk width of streamed rows
+MAX_ROWS = 1024  # rows a program holds, at most
 LOG2E = math.log2(math.e)  # held rows' exp(x - m) is 2 ** fma(x, LOG2E, -m * LOG2E) (`shifted_exp`)
 CHUNK_SEGMENT = 16384  # chunked rows: the fewest CTAs (a power of two) whose segments are at most this wide
 CHUNK_WIDTHS = (1024, 2048)  # chunked rows: the chunk widths tried (and 4096 where a segment is wider)
@@ -159,19 +160,23 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
     if n <= SEGMENT:
         widths = parts(n)
         width = sum(widths)
-        # ROWS is an array dimension, so a power of two: the largest whose rows hold at most 4096 columns
-        best = 1 << max(0, min(9, (4096 // width).bit_length() - 1))
+        # ROWS is an array dimension, so a power of two: the largest whose rows hold at most 4096 columns, at most
+        # MAX_ROWS (a program of 512 rows of one column moved 1 KB each way; kernel alone, bf16 rows of 1 on an
+        # H200: softmax / RMSNorm / layernorm 0.75 / 0.77 / 0.73 of copy bandwidth at 512 rows, 0.80 / 0.86 / 0.82
+        # at 1024, 0.77 / 0.85 / 0.82 at 2048; rows of 3 staged 0.71 / 0.73 / 0.67 at 512, 0.77 / 0.76 / 0.71 at 1024)
+        best = 1 << max(0, min(MAX_ROWS.bit_length() - 1, (4096 // width).bit_length() - 1))
         # Rows wider than 2048 columns (best 1, none below it) take four a program instead: a warp holds each
         # (ops/gmem.py WARP_ROWS), so no reduction crosses warps (bf16 layernorm of 2304: 26.4 -> 14.4 PTX
         # instructions an element; H200, tuned: 0.93 -> 0.98 of copy bandwidth).
         for rows in dict.fromkeys((best, best * 2, best // 2 if best > 1 else 4)):
-            if rows <= 512 and rows * width <= 16384:
+            if rows <= MAX_ROWS and rows * width <= 16384:
                 configs.append(hold(rows, widths))
         pair = _two_parts(n)
         fine = _fine_parts(n)
         for tighter in (pair, fine if sum(fine) < sum(pair or widths) else ()):
             if tighter:
-                configs += [hold(rows, tighter) for rows in dict.fromkeys((best, best * 2)) if rows <= 512]
+                configs += [hold(rows, tighter) for rows in (best, best * 2, best // 2)
+                            if 1 <= rows <= MAX_ROWS][:2]
         if n > SEGMENT // 2:
             configs += [hold(1, _segment_parts(-(-n // 2)), wgs=2), streaming(stream), *chunkings(n)]
         return configs
