@@ -98,6 +98,7 @@ class Check(str, enum.Enum):
     CLC_AFTER_FAILURE = "clc-after-failure"  # a try_cancel after the CTA read a failed response
     DEVICE_ASSERT = "device-assert"          # an mgjit.device_assert whose condition was false
     GMEM_UNORDERED = "gmem-unordered"        # GMEM read of stores (another CTA's, warpgroup's) nothing orders before it
+    TMA_START = "tma-start"                  # a TMA load's box starting off 16 bytes along the tensor's innermost dim
 
     __str__ = str.__str__
     __format__ = str.__format__

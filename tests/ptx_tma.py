@@ -199,6 +199,9 @@ class TmaOps:
                 cta, signalled = (self, holder) if r is None else (self.cluster[r], self.cluster[r])
                 load = _Load(cta, self.tensormap(handles[lane]), tuple(int(c[lane]) for c in coords), dst_offset,
                              bar_offset, signalled)
+                if load.coords[-1] * load.tmap.itemsize % 16:  # an H200 faults: illegal instruction
+                    raise SimError(f"a TMA load's box starts at element {load.coords[-1]} of its tensor's innermost "
+                                   f"dimension, {load.coords[-1] * load.tmap.itemsize} bytes in: not a multiple of 16")
                 self._barrier(signalled, bar_offset)  # an mbarrier must be there at the issue
                 if self.lands == "early":
                     cta._land(load)

@@ -142,6 +142,10 @@ class TmaStore(Op):
 
 # The TMA engine reads and writes SMEM at 128-byte aligned addresses.
 TMA_SMEM_ALIGN = 128
+# A TMA load's box starts on a multiple of 16 bytes along the tensor's innermost dimension: an H200 faulted
+# ("illegal instruction") on boxes of bf16 rows starting 3 elements in, or 133 elements in with rows 266 bytes
+# apart inside a view whose strides are multiples of 16 (benchmarks/RESULTS.md, forty-sixth session).
+TMA_GMEM_START_ALIGN = 16
 
 
 def check_boxes(op: Op, tile: Value) -> None:
@@ -446,6 +450,12 @@ def issue_load(op: Op, wg: Warpgroup, src: torch.Tensor, spec, dst: RefType, box
     lands: reading them before waiting on that barrier is a race."""
     stored, dtype = tile_of(dst), dst.dtype
     box_bytes = math.prod(spec.box) * stored.itemsize
+    for box_coords, _ in boxes:
+        if box_coords[-1] * stored.itemsize % TMA_GMEM_START_ALIGN:
+            raise InterpretError(f"this TMA copy's box starts at element {box_coords[-1]} of the tensor's innermost "
+                                 f"dimension, {box_coords[-1] * stored.itemsize} bytes in: the TMA engine starts a "
+                                 f"box on a multiple of {TMA_GMEM_START_ALIGN} bytes there (the GPU faults with an "
+                                 f"illegal instruction)", op.loc, Check.TMA_START)
     for box_coords, _ in boxes:  # the GMEM it reads: other CTAs' stores must be ordered before the issue
         inside = window_slices(src.shape, box_coords, spec.box)
         if inside is not None:
