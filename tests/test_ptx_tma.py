@@ -110,11 +110,20 @@ def test_tensor_maps_refuse_what_the_driver_refuses():
 
 
 @mgjit.kernel
-def box_from_column(x, out, COL: mgjit.constexpr):
-    """A (64, 64) box of x from column COL on, through SMEM (128B swizzle) into out."""
+def box_from_column(x, out, col):
+    """A (64, 64) box of x from column col on, through SMEM (128B swizzle) into out."""
     s = mgjit.smem((64, 64), x.dtype, swizzle=128)
     bar = mgjit.barrier(1)
-    mgjit.copy_async(x, (0, COL), s, barrier=bar[0])
+    mgjit.copy_async(x, (0, col), s, barrier=bar[0])
+    bar[0].wait()
+    out[mgjit.ds(0, 64), mgjit.ds(0, 64)] = s[...]
+
+
+@mgjit.kernel
+def box_from_column_3(x, out):
+    s = mgjit.smem((64, 64), x.dtype, swizzle=128)
+    bar = mgjit.barrier(1)
+    mgjit.copy_async(x, (0, 3), s, barrier=bar[0])
     bar[0].wait()
     out[mgjit.ds(0, 64), mgjit.ds(0, 64)] = s[...]
 
@@ -123,21 +132,24 @@ def box_from_column(x, out, COL: mgjit.constexpr):
 def test_a_box_starts_on_16_bytes_of_its_rows(col):
     """A TMA load's box starting 3 or 133 bf16 elements into the rows of a tensor whose strides TMA accepts
     (an H200 faulted on both: illegal instruction) is refused by the simulator and by the interpreter, which names
-    the copy; 8 elements in (16 bytes) both copy."""
+    the copy, and at compile time where the start is a constant; 8 elements in (16 bytes) both copy."""
     x = torch.randn(64, 256, dtype=BF16)
     out = torch.full((64, 64), float("nan"), dtype=BF16)
-    compiled = box_from_column.compile(x, out, COL=col, target="sm_90a")
+    compiled = box_from_column.compile(x, out, col, target="sm_90a")
     dev = ptx_sim.Device(4 << 20)
     if col * 2 % 16:
         with pytest.raises(ptx_sim.SimError, match="not a multiple of 16"):
-            dev.run(compiled, (1,), x, out)
+            dev.run(compiled, (1,), x, out, col)
         with pytest.raises(mgjit.InterpretError, match="illegal instruction") as e:
-            box_from_column.interpret[(1,)](x, out, COL=col)
+            box_from_column.interpret[(1,)](x, out, col)
         assert e.value.check == mgjit.Check.TMA_START and "copy_async" in str(e.value)
+        with pytest.raises(mgjit.CompileError, match="element 3 of x's innermost dimension") as e:
+            box_from_column_3.compile(x, out, target="sm_90a")
+        assert "copy_async(x, (0, 3)" in e.value.loc.text, e.value.loc
         return
-    dev.run(compiled, (1,), x, out)
+    dev.run(compiled, (1,), x, out, col)
     assert torch.equal(dev.fetch(out), x[:, col:col + 64])
-    box_from_column.interpret[(1,)](x, out, COL=col)
+    box_from_column.interpret[(1,)](x, out, col)
     assert torch.equal(out, x[:, col:col + 64])
 
 

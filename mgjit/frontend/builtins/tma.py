@@ -11,6 +11,7 @@ from typing import Any
 from ... import dtypes, ir, language as lang, ops
 from ...errors import Rule
 from ...ops.smem import tile_of
+from ...ops.tma import TMA_GMEM_START_ALIGN
 from ..registry import builtin
 from ..semantics import Semantics
 from ..values import BarrierSlot, Expanded, Ref, SmemRef, Tensor, Traced
@@ -79,6 +80,12 @@ def copy_async(t: Semantics, args: list, kwargs: dict) -> None:
         raise t.error(f"a multicast tile's rows are split over the {split} CTAs it goes to: {dst.shape[0]} rows "
                       f"must divide into parts that are multiples of 8 rows", rule=Rule.CLUSTER)
     descriptor = tma_descriptor(t, src, dst.value.type, rows_split=split)
+    last = coords[-1] if isinstance(coords, (tuple, list)) and coords else coords
+    if isinstance(last, int) and last * src.dtype.bits // 8 % TMA_GMEM_START_ALIGN:
+        raise t.error(f"copy_async's box starts at element {last} of {src.name}'s innermost dimension, "
+                      f"{last * src.dtype.bits // 8} bytes in: the TMA engine starts a box on a multiple of "
+                      f"{TMA_GMEM_START_ALIGN} bytes there (the GPU faults with an illegal instruction)",
+                      rule=Rule.TMA_ALIGNMENT)
     starts = _coords(t, src, coords, "copy_async")
     ref, _ = slot_ref(t, bar)
     if collective:  # the arrival and bytes count on the barrier of the 2-CTA pair's leader CTA
