@@ -162,7 +162,7 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
         width = sum(widths)
         # ROWS is an array dimension, so a power of two: the largest whose rows hold at most 4096 columns, at most
         # MAX_ROWS (a program of 512 rows of one column moved 1 KB each way; kernel alone, bf16 rows of 1 on an
-        # H200: softmax / RMSNorm / layernorm 0.75 / 0.77 / 0.73 of copy bandwidth at 512 rows, 0.80 / 0.86 / 0.82
+        # H200: softmax / RMSNorm / layernorm 0.75 / 0.77 / 0.73 of copy bandwidth at 512 rows, 0.80 / 0.86 / 0.80
         # at 1024, 0.77 / 0.85 / 0.82 at 2048; rows of 3 staged 0.71 / 0.73 / 0.67 at 512, 0.77 / 0.76 / 0.71 at 1024)
         best = 1 << max(0, min(MAX_ROWS.bit_length() - 1, (4096 // width).bit_length() - 1))
         # Rows wider than 2048 columns (best 1, none below it) take four a program instead: a warp holds each
