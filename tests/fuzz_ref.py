@@ -230,6 +230,8 @@ def float_binary(kind: str, a: V, b: V, d: DType) -> V:
         err = {"mul": fa * eb + fb * ea + ea * eb}.get(kind, ea + eb if kind in ("add", "sub") else torch.maximum(ea, eb))
         if kind not in ("min", "max"):
             err = torch.where(err > 0, err + ulp(x, d), err)
+        else:  # min(+0, -0) is either zero: an order (or instruction) picks its sign, which a division shows
+            err = torch.where((wa == 0) & (wb == 0) & (torch.signbit(wa) != torch.signbit(wb)), math.inf, err)
         return finish(x, d, err)
     if kind == "pow":
         y = torch.pow(wa.to(F64T), wb.to(F64T))
@@ -340,8 +342,13 @@ def reduce(kind: str, v: V, axis: Any, keepdims: bool) -> V:
                                                 n * magnitude * 2.0 ** (-52 if d == F64 else -23) + ulp(x, d))
         out = finish(x, d, err)
     else:
-        x = (torch.amax if kind == "max" else torch.amin)(compute(v), dim=axes)
-        out = V(round_to(x, d) if d.is_float else x.to(torch_dtype(d)), d, v.err.amax(dim=axes))
+        w = compute(v)
+        x = (torch.amax if kind == "max" else torch.amin)(w, dim=axes)
+        err = v.err.amax(dim=axes)
+        if d.is_float:  # an extreme of +0 and -0 is either zero: the reduction's order picks its sign
+            both = ((w == 0) & torch.signbit(w)).any(dim=axes) & ((w == 0) & ~torch.signbit(w)).any(dim=axes)
+            err = torch.where((x == 0) & both, math.inf, err)
+        out = V(round_to(x, d) if d.is_float else x.to(torch_dtype(d)), d, err)
     if keepdims and len(axes) < rank:
         for a in sorted(axes):
             out = V(out.x.unsqueeze(a), d, out.err.unsqueeze(a))

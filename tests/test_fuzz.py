@@ -48,6 +48,14 @@ def test_the_reference_carries_an_atomic_values_uncertainty(tmp_path):
     assert fuzz.check(fuzz_gen.generate(5215), str(tmp_path), "k").status != "fail"
 
 
+def test_the_reference_leaves_the_sign_of_a_minimum_of_signed_zeros_open(tmp_path):
+    """Seed 46166: `2.0 // min(x[ds(wg, 2), ds(wg, 64)], axis=0)` in float8_e4m3fn over columns holding +0 and -0.
+    The minimum of +0 and -0 is either zero (the interpreter's order and the GPU's instruction may pick either),
+    and 2 // it is then +448 or -448 (saturated infinities): the reference wanted one sign, and the PTX simulator
+    and the interpreter picked different ones."""
+    assert fuzz.check(fuzz_gen.generate(46166), str(tmp_path), "k", ptx=True).status != "fail"
+
+
 def test_the_fuzzer_finds_a_planted_bug(tmp_path, monkeypatch):
     """A wrong rule in the interpreter (float addition that subtracts) shows as a mismatch within a few kernels:
     the comparison can fail."""
