@@ -89,7 +89,8 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int =
         if "xl" not in ce.cross_entropy_rows.arg_names:  # a tree from before piped rows
             return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
                     lambda: ce.reference(x, target), item * x.numel() + 12 * rows)
-        configs = ce.mapping(n, item)
+        # Losses alone (the 12 bytes a row counted: a target and a loss), where the tree can leave out the logsumexps
+        configs = ce.mapping(n, item, False) if "LSE" in ce.cross_entropy_rows.arg_names else ce.mapping(n, item)
         # Piped segments' pieces and counts (`scratch`); in trees from before runs of segments (a07ff7c and older:
         # `workspace`), statistics only, merged by a second launch left out of the kernel's time and its loss.
         scratch = (ce.scratch(x, configs) if hasattr(ce, "scratch") else

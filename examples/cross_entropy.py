@@ -51,25 +51,26 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
                        PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                        CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
                        STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, SEGS: mgjit.constexpr = 0,
-                       OCC: mgjit.constexpr = 0, EARLY: mgjit.constexpr = 0):
+                       OCC: mgjit.constexpr = 0, EARLY: mgjit.constexpr = 0, LSE: mgjit.constexpr = 1):
     """xl: the logits as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only; parts: (3, at
     least two a program) float32, the statistics of the pieces of rows that programs share, and counts: (at least
     rows) int32, zero, each such row's pieces counted in and set back to zero, both used by piped segments
     (SEGS > 1) only (`scratch`, `finish_piece`). OCC > 0: registers capped so that OCC CTAs fit on an SM. EARLY: held
-    rows gather their targets' logits before the row's arithmetic, not after it (`mapping`)."""
+    rows gather their targets' logits before the row's arithmetic, not after it (`mapping`). LSE: store each row's
+    logsumexp into lse (0: lse is not written, and may be any float32 tensor, such as loss)."""
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if PIPE:
         mgjit.device_assert(CTAS == 1, "cross-entropy pipes each row through one CTA (examples/_rows_piped.py, piping)")
         if SEGS > 1:
             cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, counts, PIPE, PL, STAGES, LAST,
-                                   SEGS)
+                                   SEGS, LSE)
         else:
-            cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST)
+            cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST, LSE)
     elif BLOCK and CHUNKS:
-        cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS)
+        cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS, LSE)
     elif BLOCK:
-        cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK)
+        cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK, LSE)
     else:
         rows, starts = segment(ROWS, PARTS, CTAS, WGS)
         v = load_row(logits, rows, starts, PARTS, -float("inf"))
@@ -90,7 +91,8 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
         else:  # one exchange of (max, sum) between the segments
             top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS * WGS)
         row_lse = top + mgjit.log(total)
-        store_stat(lse, rows, row_lse, starts, CTAS * WGS)
+        if LSE:
+            store_stat(lse, rows, row_lse, starts, CTAS * WGS)
         row_losses = row_loss(targets, ignore_index, logits.shape[1], row_lse, hit)
         store_stat(loss, rows, row_losses, starts, CTAS * WGS)
 
@@ -104,7 +106,7 @@ def row_loss(t, ignore_index, n, row_lse, picked):
 
 
 @mgjit.device
-def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST):
+def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, STAGES, LAST, LSE):
     """PIPE programs an SM, each streaming its rows through STAGES shared-memory slots (examples/_rows_piped.py).
     A slot is copied into again as soon as its row is in registers: nothing is stored from it. The target's logit
     is read from the slot, the target one row ahead: a row's two dependent global loads (its target, then that
@@ -124,12 +126,14 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
             copy_row(logits, xl, buf, full, i + STAGES, 1)
         _, m, total = exp_lines(v)
         row_lse = m + mgjit.log(total)
-        lse[row] = row_lse
+        if LSE:
+            lse[row] = row_lse
         loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
 
 
 @mgjit.device
-def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, counts, PIPE, PL, STAGES, LAST, SEGS):
+def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, counts, PIPE, PL, STAGES, LAST, SEGS,
+                           LSE):
     """Rows too long for one CTA, split into SEGS segments of whole lines (examples/_rows_piped.py, segment_start):
     each program takes its run of the rows' segments in order (`program_items`) through its slots, merging each
     segment's maximum, sum of exp(x - that maximum) and target's logit into its row's as they come. A row wholly in
@@ -162,17 +166,18 @@ def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, c
         if ends | (i == count - 1):
             if ends & (row * SEGS >= first):
                 row_lse = top + mgjit.log(total)
-                lse[row] = row_lse
+                if LSE:
+                    lse[row] = row_lse
                 loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
             else:
-                finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS)
+                finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS, LSE)
             top = -float("inf")
             total = 0.0
             picked = 0.0
 
 
 @mgjit.device
-def finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS):
+def finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS, LSE):
     """This program's piece of row `row` (its run starting at segment `first`: the row's statistics over the
     segments it holds) stored in parts[:, 2 * program + (0 where the row is the run's first, else 1)], and counted
     into counts[row] (acq_rel: the pieces the others stored before counting theirs are visible to it); the program
@@ -196,7 +201,8 @@ def finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, 
             m, s = merge_pair(m, s, parts[0, k], parts[1, k])
             hit = hit + parts[2, k]
         row_lse = m + mgjit.log(s)
-        lse[row] = row_lse
+        if LSE:
+            lse[row] = row_lse
         loss[row] = row_loss(t, ignore_index, n, row_lse, hit)
         counts[row] = 0
 
@@ -248,7 +254,7 @@ def pick(env, e):
 
 
 @mgjit.device
-def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
+def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK, LSE):
     """One row per program, in BLOCK-wide chunks, with an online logsumexp."""
     row = mgjit.program_id(0)
     n = logits.shape[1]
@@ -256,12 +262,13 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK):
     row_lse = m + mgjit.log(s)
     t = target[row]
     picked = logits[row, t].astype(mgjit.float32)
-    lse[row] = row_lse
+    if LSE:
+        lse[row] = row_lse
     loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
 
 
 @mgjit.device
-def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS):
+def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, CHUNKS, LSE):
     """A segment of CHUNKS chunks of one row per CTA of a cluster: its maximum as it is read into shared memory,
     then its sum of exp(x - that maximum) from there (one exp an element; an online sum read once would take
     two)."""
@@ -280,7 +287,8 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     row_lse = top + mgjit.log(total)
     t = target[row]
     picked = logits[row, t].astype(mgjit.float32)
-    store_stat(lse, row, row_lse, (c0,), CTAS)
+    if LSE:
+        store_stat(lse, row, row_lse, (c0,), CTAS)
     store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], row_lse, picked), (c0,), CTAS)
 
 
@@ -290,14 +298,14 @@ def block_for(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
+def mapping(n: int, itemsize: int = 0, lse: bool = True) -> tuple[mgjit.Config, ...]:
     """The candidate mappings (examples/_rows.py), streamed rows in chunks of block_for(n), short rows held as two
     arrays again with registers capped for TWO_PART_OCC CTAs an SM, rows held one a program in at most
     FULL_OCC_COLUMNS again at FULL_OCC CTAs an SM; rows held whole in two arrays or more, over EARLY_COLUMNS, again
     with their targets' logits gathered first (EARLY; H200, bf16, tuned: 2304 columns 0.81 -> 0.93 of copy bandwidth,
     1600 0.85 -> 0.89, float32 1100 and 2304 picked too; one a program, 3000 columns 0.86 -> 0.79 and 3500 0.94 ->
     0.85, hence tuned); then the piped ones (examples/_rows_piped.py) for elements of `itemsize` bytes (0: none),
-    whole rows or, longer, segments."""
+    whole rows or, longer, segments; each storing the rows' logsumexps or not (`lse`: LSE)."""
     def whole(c: mgjit.Config) -> bool:
         """Whether a mapping holds its rows whole in one warpgroup's registers (no cluster, no chunks)."""
         return not c.kwargs["BLOCK"] and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1
@@ -310,12 +318,17 @@ def mapping(n: int, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     held = tuple(c.replace(OCC=0) for c in configs) + capped + full
     early = tuple(c.replace(EARLY=1) for c in held
                   if whole(c) and len(c.kwargs["PARTS"]) > 1 and sum(c.kwargs["PARTS"]) > EARLY_COLUMNS)
-    return piping(tuple(c.replace(EARLY=0) for c in held) + early, n, itemsize, segments=True)
+    piped = piping(tuple(c.replace(EARLY=0) for c in held) + early, n, itemsize, segments=True)
+    return tuple(c.replace(LSE=int(lse)) for c in piped)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row losses (reduction='none') and logsumexps of torch.nn.functional.cross_entropy(logits, target)."""
+                  out: torch.Tensor | None = None,
+                  return_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    """Per-row losses (reduction='none') of torch.nn.functional.cross_entropy(logits, target) and their rows'
+    logsumexps (what a backward pass needs): (loss, lse); with return_lse=False, loss alone, as torch gives it, and
+    the kernel writes no logsumexp: 4 bytes a row less, which short rows feel (bf16 rows of 1 move 14 bytes a row
+    instead of 18)."""
     if logits.ndim != 2 or target.shape != (logits.shape[0],):
         raise ValueError(f"cross_entropy takes logits of shape (rows, n) and target of shape (rows,), got "
                          f"{tuple(logits.shape)} and {tuple(target.shape)}")
@@ -326,13 +339,16 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     rows = logits.shape[0]
     loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy", logits=logits,
                   target=target)
-    lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    if not rows:
-        return loss, lse
-    itemsize, views = piped_views((logits,))
-    configs = mapping(logits.shape[1], itemsize)
-    launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index), (*views, *scratch(logits, configs)))
-    return loss, lse
+    if return_lse:
+        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    else:  # in lse's place, a tensor nothing writes: not loss, or the tuner would see two arguments as one tensor
+        lse, = kept_zero(("cross_entropy", "no lse", str(logits.device)), (((1,), torch.float32),), logits.device)
+    if rows:
+        itemsize, views = piped_views((logits,))
+        configs = mapping(logits.shape[1], itemsize, return_lse)
+        launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index),
+               (*views, *scratch(logits, configs)))
+    return (loss, lse) if return_lse else loss
 
 
 def run_mapping(config: mgjit.Config, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor,
@@ -374,7 +390,7 @@ def compile(logits, labels, out, target):
 
 
 def run(logits, labels, out):
-    cross_entropy(logits, labels, out=out)
+    cross_entropy(logits, labels, out=out, return_lse=False)
 
 
 def reference(logits, target):

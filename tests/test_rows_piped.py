@@ -249,7 +249,7 @@ def test_which_rows_are_piped():
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
-        assert [{**c.kwargs, "SEGS": 0, "OCC": 0, "EARLY": 0} for c in got] == [
+        assert [{**c.kwargs, "SEGS": 0, "OCC": 0, "EARLY": 0, "LSE": 1} for c in got] == [
             c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"] and not c.kwargs["SEGS"]], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
@@ -593,6 +593,39 @@ def test_cross_entropy_segments_interpreted(monkeypatch, n, dtype):
     monkeypatch.setattr(ce, "mapping", lambda *args: pair)
     loss, lse = ce.cross_entropy(x, target)
     assert rel_err(loss, ref) < 1e-5
+
+
+@pytest.mark.parametrize("n,dtype", [(33, torch.float32), (9000, torch.float32), (5000, BF16), (20001, BF16)],
+                         ids=str)
+def test_cross_entropy_without_logsumexps(monkeypatch, n, dtype):
+    """return_lse=False: every kind of mapping (held rows in one array or more, on one or two warpgroups; streamed;
+    chunked over a cluster; piped; piped segments) with LSE=0 writes the same losses and no logsumexp (a poisoned
+    lse stays poisoned), and the wrapper returns the losses alone."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(_device, "_KEPT", {})
+    rows = 7
+    x = (torch.randn(rows, n) * 4).to(dtype)
+    target = torch.randint(0, n, (rows,))
+    target[3] = -100
+    ref = torch.nn.functional.cross_entropy(x.double(), target, reduction="none", ignore_index=-100)
+    configs = ce.mapping(n, torch.finfo(dtype).bits // 8, False)
+    assert [c.kwargs["LSE"] for c in configs] == [0] * len(configs)
+    assert [c.replace(LSE=1) for c in configs] == list(ce.mapping(n, torch.finfo(dtype).bits // 8))
+    kinds = {}
+    for c in configs:
+        k = c.kwargs
+        kinds.setdefault((k["PIPE"] > 0, k["SEGS"] > 1, k["BLOCK"] > 0, k["CHUNKS"] > 0, k["CTAS"] * k["WGS"],
+                          len(k["PARTS"])), c)
+    assert len(kinds) >= 2, configs
+    for config in kinds.values():
+        loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+        ce.run_mapping(config, x, target, loss, lse)
+        assert lse.isnan().all(), f"{config} wrote logsumexps"
+        assert rel_err(loss, ref) < 1e-5, config
+    got = ce.cross_entropy(x, target, return_lse=False)
+    assert isinstance(got, torch.Tensor) and rel_err(got, ref) < 1e-5
+    loss, lse = ce.cross_entropy(x, target)
+    assert torch.equal(loss, got) and rel_err(lse, torch.logsumexp(x.double(), 1)) < 1e-6
 
 
 def split_ends(rows: int, segs: int, programs: int) -> tuple[int, int]:
