@@ -48,6 +48,12 @@ one box a row runs it at 0.51. Two CTAs an SM of three slots each: softmax 8193 
 (0.79), 16385 0.95 (0.78), 8191 0.94 (0.92); 4097 0.91 (0.94, so held rows keep that). Tuned, bf16:
 cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.88 (0.76), 12289 0.90 (0.76),
 16385 0.88 (0.70); layernorm 8193 0.84 (0.60), 12289 0.78 (0.60).
+
+Rows of one column, contiguous, are also read and written flat through the same lines views (FLAT=1,
+`flat_lines`): a
+program's FLAT_ROWS rows are whole lines, moved in 16-byte vectors, where a (ROWS, 1) array moves an element an
+access (a row's stride is not specialized, so no access spans two rows); the rows past the last whole line go
+through the tensors themselves, element by element, in the program that holds them (`flat_tail`).
 """
 from __future__ import annotations
 
@@ -94,6 +100,7 @@ WIDE_CLUSTER_SHAPES = ((3, 3), (2, 3))
 # (0.72), 230000 0.85 (0.61); rmsnorm 0.91 (0.66), 0.87 (0.73); layernorm 200000 0.77 (0.57); float32 softmax
 # 150000 0.91 (0.85), rmsnorm 100000 / 150000 0.93 / 0.93 (0.79 / 0.77), layernorm 0.84 / 0.78 (0.62 / 0.69)).
 WIDER_CLUSTER_SHAPES = ((3, 2), (2, 2))
+FLAT_ROWS = (4096, 2048, 1024)  # rows of one column read flat (`flat`): the rows a program, whole lines
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
@@ -201,17 +208,21 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
 
 
 def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tuple[int, ...] = (),
-           clusters: bool = False, segments: bool | None = None) -> tuple[mgjit.Config, ...]:
+           clusters: bool = False, segments: bool | None = None, flat: bool = False) -> tuple[mgjit.Config, ...]:
     """`configs` (PIPE=0), then the piped mappings of rows of n columns of `itemsize`-byte elements (none for
     itemsize 0) whose slots, and the vectors stashed by `stash_lines` (of the element sizes `weights`; the
     configs then set STASH too), fit an SM's shared memory: over one CTA a row, or, for rows one CTA does not
     hold, with `clusters`, over a cluster (`cluster_splits`), or,
     with `segments`, split into segments that programs take as rows (SEGS, which every config sets where
-    `segments` is not None; a kernel without weights that merges its segments' statistics)."""
+    `segments` is not None; a kernel without weights that merges its segments' statistics). With `flat` (FLAT,
+    which every config then sets), rows of one column also go flat, FLAT_ROWS a program (`flat_lines`)."""
     stash = sum(weights)  # bytes an element
     plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {}),
-                            **({"SEGS": 0} if segments is not None else {})) for c in configs)
+                            **({"SEGS": 0} if segments is not None else {}), **({"FLAT": 0} if flat else {}))
+                  for c in configs)
     nl = line_count(n)
+    if flat and n == 1 and itemsize:
+        return plain + tuple(plain[0].replace(ROWS=rows, FLAT=1) for rows in FLAT_ROWS)
     if n < MIN_ROW or not itemsize:
         return plain
     splits = [(1, stages, per_sm, nl) for stages, per_sm in (STASH_SHAPES + (LONE_SHAPE,) if weights else SHAPES)
@@ -258,6 +269,21 @@ def lines(t):
 
 
 # ---- device helpers
+
+@mgjit.device
+def flat_lines(ROWS):
+    """The window of the lines views that a flat program (FLAT: rows of one column, ROWS a program) reads and
+    writes: its rows' whole lines."""
+    return mgjit.ds(mgjit.program_id(0) * (ROWS // LINE), ROWS // LINE), mgjit.ds(0, LINE)
+
+
+@mgjit.device
+def flat_tail(x, xl, ROWS):
+    """(whether this flat program holds rows past x's last whole line, those rows' window of x): the rows that
+    `lines` leaves out, fewer than LINE, go to the program whose ROWS rows hold the first of them."""
+    first = xl.shape[0] * LINE
+    return (first < x.shape[0]) & (first // ROWS == mgjit.program_id(0)), (mgjit.ds(first, LINE), 0)
+
 
 @mgjit.device
 def ring(x, xl, PL, STAGES, CTAS, LAST, SEGS=1):

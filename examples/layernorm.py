@@ -34,8 +34,8 @@ from _rows import (chunked_segment, columns, held_width, load_row, mapping, merg
                    segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, TWO_PARTS_BELOW,
                    weights)
 from _rows_launch import floating, launch, output
-from _rows_piped import (envelope, fill_outside, line_parts, piped_views, piping, read_lines, refill, ring,
-                         stash_lines, store_envelope, weight_lines)
+from _rows_piped import (envelope, fill_outside, flat_lines, flat_tail, line_parts, piped_views, piping, read_lines,
+                         refill, ring, stash_lines, store_envelope, weight_lines)
 
 import mgjit
 
@@ -57,16 +57,23 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
                    PARTS: mgjit.constexpr, CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr,
                    CHUNKS: mgjit.constexpr, OCC: mgjit.constexpr = 0, PERSIST: mgjit.constexpr = 0,
                    PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0,
-                   STASH: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0):
+                   STASH: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0,
+                   FLAT: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segments of w and b in shared memory); or (BLOCK > 0)
     one row streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster;
     or (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv,
-    bv: w and b as `weight_rows`; read by piped mappings only). OCC > 0: registers capped so that OCC CTAs fit
-    on an SM."""
+    bv: w and b as `weight_rows`; read by piped mappings only); or (FLAT) rows of one column, ROWS a program, as
+    lines of xl and outl. OCC > 0: registers capped so that OCC CTAs fit on an SM."""
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
-    if PIPE:
+    if FLAT:
+        lines = flat_lines(ROWS)
+        outl[lines] = one_column(xl[lines], w, b, x.shape[1], eps).astype(outl.dtype)
+        tail, rows = flat_tail(x, xl, ROWS)
+        if tail:
+            out[rows] = one_column(x[rows], w, b, x.shape[1], eps).astype(out.dtype)
+    elif PIPE:
         layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
         layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS)
@@ -123,6 +130,15 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
         centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
         y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
     store_row(out, rows, starts, y, PARTS, STAGED)
+
+
+@mgjit.device
+def one_column(v, w, b, n, eps):
+    """Layernorm of rows of one column (n, 1), elementwise, as held rows compute it: b, or NaN where v is not
+    finite (as torch)."""
+    f = v.astype(mgjit.float32)
+    d = f - f / n
+    return mgjit.fma(d * mgjit.rsqrt(d * d / n + eps), w[0].astype(mgjit.float32), b[0].astype(mgjit.float32))
 
 
 @mgjit.device
@@ -293,7 +309,8 @@ def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int
                       weight_sizes: tuple[int, ...] = (4, 4)) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns (rows shorter than STAGED_ROWS also with staged stores),
     then each held one again at every OCCUPANCY that its threads allow, then as persistent grids, then the piped
-    ones for elements of `itemsize` bytes (0: none) and weights and biases of `weight_sizes` bytes."""
+    ones for elements of `itemsize` bytes (0: none) and weights and biases of `weight_sizes` bytes, or for rows of
+    one column the flat ones."""
     plain = mapping(n, rows_per_program)
     staged = staging(plain, n) if n < STAGED_ROWS else plain
     configs = tuple(c.replace(OCC=0, STAGED=c.kwargs.get("STAGED", 0)) for c in staged) + tuple(
@@ -301,7 +318,7 @@ def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int
         if not c.kwargs["BLOCK"] and occ * 128 * c.kwargs["WGS"] <= 2048)
     if rows_per_program is not None:
         return piping(configs, 0, 0, weights=weight_sizes)
-    return piping(persisting(configs, 2), n, itemsize, weights=weight_sizes, clusters=True)
+    return piping(persisting(configs, 2), n, itemsize, weights=weight_sizes, clusters=True, flat=True)
 
 
 # ---- what the harness needs: inputs, the specialization layernorm() launches, a reference

@@ -23,8 +23,8 @@ import torch
 from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage, staging,
                    stash_vector, store_row, weights)
 from _rows_launch import floating, launch, output
-from _rows_piped import (envelope, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
-                         store_envelope, weight_lines)
+from _rows_piped import (envelope, flat_lines, flat_tail, line_parts, piped_views, piping, read_lines, refill, ring,
+                         stash_lines, store_envelope, weight_lines)
 
 import mgjit
 
@@ -37,13 +37,20 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
                    CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
                    PERSIST: mgjit.constexpr = 0, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
                    STAGES: mgjit.constexpr = 0, STASH: mgjit.constexpr = 0,
-                   LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0):
+                   LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0, FLAT: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
     streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster; or
     (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w
-    as `weight_rows`; read by piped mappings only)."""
-    if PIPE:
+    as `weight_rows`; read by piped mappings only); or (FLAT) rows of one column, ROWS a program, as lines of xl
+    and outl."""
+    if FLAT:
+        lines = flat_lines(ROWS)
+        outl[lines] = one_column(xl[lines], w, x.shape[1], eps).astype(outl.dtype)
+        tail, rows = flat_tail(x, xl, ROWS)
+        if tail:
+            out[rows] = one_column(x[rows], w, x.shape[1], eps).astype(out.dtype)
+    elif PIPE:
         rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
         rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS)
@@ -75,6 +82,13 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST, STAG
     for p in mgjit.static_range(len(PARTS)):
         y = y + (v[p] * scale[:, None] * wv[p],)
     store_row(out, rows, starts, y, PARTS, STAGED)
+
+
+@mgjit.device
+def one_column(v, w, n, eps):
+    """RMSNorm of rows of one column (n, 1), elementwise, as held rows compute it."""
+    f = v.astype(mgjit.float32)
+    return f * mgjit.rsqrt(f * f / n + eps) * w[0].astype(mgjit.float32)
 
 
 @mgjit.device
@@ -156,10 +170,11 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
 def rmsnorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
                     weight_sizes: tuple[int, ...] = (4,)) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the held ones again as persistent grids, then the
-    piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_sizes` bytes."""
+    piped ones for elements of `itemsize` bytes (0: none) and weights of `weight_sizes` bytes, or for rows of one
+    column the flat ones."""
     if rows_per_program is not None:
         return piping(mapping(n, rows_per_program), 0, 0, weights=weight_sizes)
-    return piping(persisting(staging(mapping(n), n), 1), n, itemsize, weights=weight_sizes, clusters=True)
+    return piping(persisting(staging(mapping(n), n), 1), n, itemsize, weights=weight_sizes, clusters=True, flat=True)
 
 
 # rmsnorm as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

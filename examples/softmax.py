@@ -21,11 +21,11 @@ CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store. Th
 import functools
 
 import torch
-from _rows import (chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp, segment,
-                   stage, staging, store_row, streamed_exp_sum)
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp,
+                   segment, shifted_exp, stage, staging, store_row, streamed_exp_sum)
 from _rows_launch import floating, launch, output
-from _rows_piped import (envelope, exp_lines, piped_views, piping, read_lines, refill, ring, store_envelope,
-                         write_lines)
+from _rows_piped import (envelope, exp_lines, flat_lines, flat_tail, piped_views, piping, read_lines, refill, ring,
+                         store_envelope, write_lines)
 
 import mgjit
 
@@ -39,9 +39,16 @@ STAGE_GROUP = 4096
 def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
                    WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0,
                    PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0,
-                   STAGED: mgjit.constexpr = 0):
-    """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) only."""
-    if PIPE:
+                   STAGED: mgjit.constexpr = 0, FLAT: mgjit.constexpr = 0):
+    """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) and flat ones
+    (FLAT: rows of one column, ROWS a program) only."""
+    if FLAT:
+        lines = flat_lines(ROWS)
+        outl[lines] = one_column(xl[lines]).astype(outl.dtype)
+        tail, rows = flat_tail(x, xl, ROWS)
+        if tail:
+            out[rows] = one_column(x[rows]).astype(out.dtype)
+    elif PIPE:
         softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
         softmax_chunked(x, out, CTAS, BLOCK, CHUNKS)
@@ -60,6 +67,15 @@ def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constex
         for p in mgjit.static_range(len(PARTS)):
             y = y + (e[p] * scale[:, None],)
         store_row(out, rows, starts, y, PARTS, STAGED)
+
+
+@mgjit.device
+def one_column(v):
+    """The softmax of rows of one column, elementwise: exp(v - v) / exp(v - v) as held rows compute it, 1, or NaN
+    where v is not finite (as torch)."""
+    f = v.astype(mgjit.float32)
+    e = shifted_exp(f, f * -LOG2E)
+    return e * (1.0 / e)
 
 
 @mgjit.device
@@ -134,10 +150,11 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
 
 @functools.lru_cache(maxsize=None)
 def mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
-    """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes
-    (0: none; they need contiguous, aligned tensors, `_rows_piped.piped_views`)."""
+    """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes, or
+    for rows of one column the flat ones (0: none; they need contiguous, aligned tensors,
+    `_rows_piped.piped_views`)."""
     configs = staging(rows_mapping(n, rows_per_program), n)
-    return piping(configs, n if rows_per_program is None else 0, itemsize, clusters=True)
+    return piping(configs, n if rows_per_program is None else 0, itemsize, clusters=True, flat=True)
 
 
 # softmax as a torch custom op: torch.compile(model, fullgraph=True) keeps it as one node of its graph.

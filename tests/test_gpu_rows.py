@@ -160,6 +160,36 @@ def test_every_staged_mapping(n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", [2500, 1000003])
+def test_every_flat_mapping(m, dtype):
+    """Softmax's, RMSNorm's and layernorm's flat mappings of rows of one column (examples/_rows_piped.py FLAT_ROWS
+    rows a program as whole lines, the rows past the last whole line by the program holding them), against torch,
+    outputs poisoned; and the wrappers over the same rows strided (held rows)."""
+    from _rows_piped import piped_views
+    x = torch.randn(m, 1, device="cuda", dtype=dtype) * 2
+    w, b = torch.randn(1, device="cuda", dtype=dtype), torch.randn(1, device="cuda", dtype=dtype)
+    xd, item = x.double(), x.element_size()
+    out = torch.full_like(x, float("nan"))
+    cases = [(sm.softmax_kernel, (x, out), (), {}, sm.mapping(1, None, item), torch.softmax(xd, 1)),
+             (rms.rmsnorm_kernel, (x, w, out), (w,), {"eps": 1e-6}, rms.rmsnorm_mapping(1, None, item, (item,)),
+              torch.nn.functional.rms_norm(xd, (1,), w.double(), 1e-6)),
+             (ln.layernorm_rows, (x, w, b, out), (w, b), {"eps": 1e-5},
+              ln.layernorm_mapping(1, None, item, (item,) * 2),
+              torch.nn.functional.layer_norm(xd, (1,), w.double(), b.double(), 1e-5))]
+    for kernel, args, weights, constexprs, configs, ref in cases:
+        _, views = piped_views((x, out), weights)
+        flat = [c for c in configs if c.kwargs["FLAT"]]
+        assert len(flat) == 3
+        for config in flat:
+            out.fill_(float("nan"))
+            kernel[_rows.grid(m, config, x.device)](*args, *views, **constexprs, **config.launch_kwargs())
+            assert rel(out, ref) < TOL[dtype], (kernel.name, config)
+    strided = torch.randn(m, 2, device="cuda", dtype=dtype)[:, :1]
+    assert rel(sm.softmax(strided), torch.ones_like(strided)) < TOL[dtype]
+    assert rel(ln.layernorm(strided, w, b), b.expand_as(strided)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1,), (8192, 8191), (3, 5, 7), (1000, 4097), (333, 4101)])
 def test_fused_elementwise(shape, dtype):
     x, y, z = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))

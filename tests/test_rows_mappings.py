@@ -604,7 +604,7 @@ def test_layernorm_also_tries_held_rows_at_higher_occupancy():
     then each held one again asking ptxas to fit 3 and 4 CTAs an SM, where the threads allow it, then the
     persistent grids (_rows.persisting), then (for elements of a known size) the piped ones; every config sets the
     same constexprs (the tuner requires it)."""
-    piped_keys = ("PIPE", "PL", "STAGES", "STASH", "LAST")
+    piped_keys = ("PIPE", "PL", "STAGES", "STASH", "LAST", "FLAT")
     assert [c.kwargs["PIPE"] for c in ln.layernorm_mapping(8193, None, 2, (2, 2))][-4:] == [2, 2, 2, 3]
     for n in (16, 4097, 32000, 300000):
         configs = ln.layernorm_mapping(n)

@@ -22,6 +22,11 @@ import mgjit  # noqa: E402
 BF16 = torch.bfloat16
 
 
+def ce_options(config) -> dict:
+    """A softmax mapping's launch options for cross_entropy_rows, which takes no flat mappings (FLAT left out)."""
+    return {k: v for k, v in config.launch_kwargs().items() if k != "FLAT"}
+
+
 def rel_err(out, ref) -> float:
     assert not out.isnan().any(), "some of the poisoned output was never written"
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
@@ -44,7 +49,7 @@ def test_every_piped_mapping_interpreted(n, dtype):
         target[::4] = -100
         loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
         ce.cross_entropy_rows.interpret[(programs,)](x, target, loss, lse, -100, piped.lines(x), loss, loss,
-                                                     **config.launch_kwargs())
+                                                     **ce_options(config))
         xd = x.double()
         assert rel_err(lse, torch.logsumexp(xd, 1)) < 1e-6, config
         ref = torch.nn.functional.cross_entropy(xd, target, reduction="none", ignore_index=-100)
@@ -249,7 +254,7 @@ def test_which_rows_are_piped():
         configs = sm.mapping(n, None, itemsize)
         assert len({tuple(sorted(c.kwargs)) for c in configs}) == 1, n
         got = [c for c in configs if c.kwargs["PIPE"] and c.kwargs["CTAS"] == 1]
-        assert [{**c.kwargs, "SEGS": 0, "OCC": 0, "EARLY": 0, "LSE": 1} for c in got] == [
+        assert [{**ce_options(c), "SEGS": 0, "OCC": 0, "EARLY": 0, "LSE": 1} for c in got] == [
             c.kwargs for c in ce.mapping(n, itemsize) if c.kwargs["PIPE"] and not c.kwargs["SEGS"]], n
         assert len(got) == expect, (n, itemsize, got)
         for c in got:
@@ -513,7 +518,7 @@ def test_cross_entropy_refuses_a_cluster_mapping():
     x = torch.empty(8, n, dtype=BF16)
     with pytest.raises(mgjit.CompileError, match=r"cross_entropy\.py:\d+ .*pipes each row through one CTA"):
         ce.cross_entropy_rows.compile(x, torch.empty(8, dtype=torch.int64), torch.empty(8), torch.empty(8), -100,
-                                      piped.lines(x), x, x, **config.launch_kwargs(), target="sm_90a")
+                                      piped.lines(x), x, x, **ce_options(config), target="sm_90a")
 
 
 @pytest.mark.parametrize("n,dtype", [(20000, BF16), (20001, BF16), (32000, torch.float32), (65536, torch.float16)],
@@ -662,3 +667,76 @@ def test_cross_entropy_runs_split_rows_at_both_ends(monkeypatch):
                 x, target, loss, lse, -100, piped.lines(x), parts, counts, **config.launch_kwargs())
             assert rel_err(loss, ref) < 1e-5 and rel_err(lse, torch.logsumexp(x.double(), 1)) < 1e-6, (rows, seed)
             assert not counts.any(), (rows, seed)
+
+
+def flat_cases(x, out):
+    """(kernel, its arguments and constexprs for x and out as the wrappers launch them, its flat mappings, the torch
+    reference) of softmax, RMSNorm and layernorm over rows of one column."""
+    w, b = torch.randn(1).to(x.dtype), torch.randn(1).to(x.dtype)
+    item, xd = x.element_size(), x.double()
+    _, views = piped.piped_views((x, out))
+    _, rms_views = piped.piped_views((x, out), (w,))
+    _, ln_views = piped.piped_views((x, out), (w, b))
+    return [(sm.softmax_kernel, (x, out, *views), {}, sm.mapping(1, None, item), torch.softmax(xd, 1)),
+            (rms.rmsnorm_kernel, (x, w, out, *rms_views), {"eps": 1e-6}, rms.rmsnorm_mapping(1, None, item, (item,)),
+             torch.nn.functional.rms_norm(xd, (1,), w.double(), 1e-6)),
+            (ln.layernorm_rows, (x, w, b, out, *ln_views), {"eps": 1e-5},
+             ln.layernorm_mapping(1, None, item, (item, item)),
+             torch.nn.functional.layer_norm(xd, (1,), w.double(), b.double(), 1e-5))]
+
+
+def same_or_both_nan(got, ref, tol) -> bool:
+    got, ref = got.double(), ref.double()
+    return torch.equal(got.isnan(), ref.isnan()) and bool(((got - ref).nan_to_num().abs() <= tol).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
+@pytest.mark.parametrize("rows", [1, 255, 256, 257, 5000])
+def test_rows_of_one_column_go_flat(rows, dtype):
+    """Softmax, RMSNorm and layernorm over contiguous rows of one column also take flat mappings (FLAT_ROWS rows a
+    program, as whole lines, the rows past the last whole line through the tensors by the program holding them),
+    interpreted against torch with infinite inputs (NaN out, as torch) and the output poisoned; no other length,
+    forced rows a program or cross-entropy offers them."""
+    x = (torch.randn(rows, 1) * 3).to(dtype)
+    x[::7] = float("inf")
+    x[3::7] = -float("inf")
+    out = torch.full_like(x, float("nan"))
+    for kernel, args, constexprs, configs, ref in flat_cases(x, out):
+        flat = [c for c in configs if c.kwargs["FLAT"]]
+        assert [c.kwargs["ROWS"] for c in flat] == list(piped.FLAT_ROWS)
+        for config in flat:
+            out.fill_(float("nan"))
+            kernel.interpret[_rows.grid(rows, config)](*args, **constexprs, **config.launch_kwargs())
+            assert same_or_both_nan(out, ref, 1e-2 if dtype == BF16 else 1e-6), (kernel.name, config)
+    for configs in (sm.mapping(2, None, 2), sm.mapping(1, None, 0), sm.mapping(1, 4, 2),
+                    rms.rmsnorm_mapping(1, None, 0), ln.layernorm_mapping(3, None, 2)):
+        assert not any(c.kwargs.get("FLAT") for c in configs)
+    assert not any("FLAT" in c.kwargs for c in ce.mapping(1, 2))
+
+
+def test_flat_rows_through_the_wrappers(monkeypatch):
+    """The wrappers read rows of one column flat where the tensors are contiguous (the interpreter launches the
+    first candidate: forced here to a flat one) and as held rows where they are not."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    real = sm.mapping
+    monkeypatch.setattr(sm, "mapping", lambda n, r=None, item=0: tuple(sorted(real(n, r, item),
+                                                                             key=lambda c: -c.kwargs["FLAT"])))
+    for x in (torch.randn(3000, 1), torch.randn(3000, 2)[:, :1]):
+        assert sm.softmax(x).eq(1).all()
+        assert sm.mapping(1, None, 4)[0].kwargs["FLAT"]
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=str)
+def test_flat_rows_from_their_ptx(dtype):
+    """A flat mapping of each kernel run from its sm_90a PTX on the simulator over 1000 + 77 rows (the last program
+    holding the rows past the last whole line), its lines moved in 16-byte vectors."""
+    import ptx_sim
+    x = (torch.randn(1077, 1) * 3).to(dtype)
+    out = torch.full_like(x, float("nan"))
+    for kernel, args, constexprs, configs, ref in flat_cases(x, out):
+        config = next(c for c in configs if c.kwargs["FLAT"] and c.kwargs["ROWS"] == 1024)
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        assert "ld.global.v4" in compiled.ptx and "st.global.v4" in compiled.ptx, kernel.name
+        dev = ptx_sim.Device()
+        dev.run(compiled, _rows.grid(x.shape[0], config), *args)
+        assert same_or_both_nan(dev.fetch(out), ref, 1e-2), kernel.name
