@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-# ROWS_TREE: another tree's mgjit and examples (`git archive <commit> mgjit examples | tar -x -C DIR`), so that two
+# ROWS_TREE: another tree's mgjit and examples (`git archive <commit> mgjit autotune cache examples | tar -x -C DIR`:
+# with autotune/ and cache/ its mgjit tunes and caches with its own, else with the installed tree's), so that two
 # trees' tuned wrappers are timed in one call on one machine, each process with its own MGJIT_CACHE_DIR.
 TREE = Path(os.environ.get("ROWS_TREE", HERE.parent)).resolve()
 if not (TREE / "mgjit").is_dir() or not (TREE / "examples").is_dir():

@@ -4,7 +4,8 @@ either side, which hides the change).
 
     python benchmarks/rows_ab.py TREE [--dtype float32] [--weights float32] [--pad COLUMNS] KERNEL:N:INDEX ...
 
-TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit examples`);
+TREE is a directory holding mgjit/ and examples/ (`.`, or an older commit's `git archive HEAD mgjit autotune cache
+examples`: with autotune/ and cache/, its own are imported, else the installed tree's);
 KERNEL is softmax, rmsnorm, layernorm, cross_entropy or fused. INDEX numbers the wrapper's candidate mappings for
 rows of N (`python tools/ptx_profile.py --kernel KERNEL --n N --list`), or is a mapping written as an expression
 over _rows or _rows_piped (`softmax:50257:_rows.hold(1,(4096,128),12,1)`,

@@ -6,7 +6,43 @@ compiled or launched.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from typing import Callable
+
+
+class _CheckoutPackages:
+    """A source checkout keeps mgjit.cache and mgjit.autotune beside mgjit/ (pyproject's package-dir mapping, as
+    DESIGN.md lays the tree out). Where this mgjit/ is such a checkout's, they are found in that checkout: an
+    editable install's finder maps them to the installed checkout, which is another tree where this one was put
+    first on sys.path (tools/ptx_profile.py, benchmarks/rows_ab.py TREE): its kernel cache and autotuner would
+    serve this tree's kernels, or fail to import where that tree is gone. An installed wheel has them inside
+    mgjit/, and this finder is not registered."""
+
+    def __init__(self, root: str):
+        self.packages = {f"{__name__}.{name}": os.path.join(root, name) for name in ("cache", "autotune")}
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        directory = self.packages.get(fullname)
+        if directory is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, os.path.join(directory, "__init__.py"),
+                                                      submodule_search_locations=[directory])
+
+
+def _checkout_root() -> str | None:
+    """The checkout whose mgjit/ this is, where its cache/ and autotune/ stand beside it (not inside)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    inside = any(os.path.isdir(os.path.join(here, name)) for name in ("cache", "autotune"))
+    beside = all(os.path.isfile(os.path.join(root, name, "__init__.py")) for name in ("cache", "autotune"))
+    return root if beside and not inside else None
+
+
+_CHECKOUT = _checkout_root()
+if _CHECKOUT is not None:
+    sys.meta_path.insert(0, _CheckoutPackages(_CHECKOUT))
 
 from .dtypes import (DType, bfloat16, bool_, float4_e2m1fn_x2, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float16,
                      float32, float64, int8, int16, int32, int64, uint8)
