@@ -50,10 +50,9 @@ cross-entropy 8193 0.85 (0.71), 12289 0.87 (0.67), 16385 0.89; rmsnorm 8193 0.88
 16385 0.88 (0.70); layernorm 8193 0.84 (0.60), 12289 0.78 (0.60).
 
 Rows of one column, contiguous, are also read and written flat through the same lines views (FLAT=1,
-`flat_lines`): a
-program's FLAT_ROWS rows are whole lines, moved in 16-byte vectors, where a (ROWS, 1) array moves an element an
-access (a row's stride is not specialized, so no access spans two rows); the rows past the last whole line go
-through the tensors themselves, element by element, in the program that holds them (`flat_tail`).
+`flat_rows`): a program's FLAT_ROWS rows are whole lines, moved in 16-byte vectors, where a (ROWS, 1) array moves
+an element an access (a row's stride is not specialized, so no access spans two rows); the rows past the last
+whole line go through the tensors themselves, element by element, in the program that holds them.
 """
 from __future__ import annotations
 
@@ -100,7 +99,7 @@ WIDE_CLUSTER_SHAPES = ((3, 3), (2, 3))
 # (0.72), 230000 0.85 (0.61); rmsnorm 0.91 (0.66), 0.87 (0.73); layernorm 200000 0.77 (0.57); float32 softmax
 # 150000 0.91 (0.85), rmsnorm 100000 / 150000 0.93 / 0.93 (0.79 / 0.77), layernorm 0.84 / 0.78 (0.62 / 0.69)).
 WIDER_CLUSTER_SHAPES = ((3, 2), (2, 2))
-FLAT_ROWS = (4096, 2048, 1024)  # rows of one column read flat (`flat`): the rows a program, whole lines
+FLAT_ROWS = (4096, 2048, 1024)  # rows of one column read flat (`flat_rows`): the rows a program, whole lines
 MAX_SEGMENTS = 1024  # rows piped as segments (SEGS): the most a row splits into (rows of 16.7 million columns)
 SLACK = 4096  # shared memory a CTA uses beside its slots (reductions, the barriers)
 # (stages, programs an SM) tried: two CTAs of three slots ran best from 8191 to 16385 columns on an H200, one CTA
@@ -215,7 +214,7 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     hold, with `clusters`, over a cluster (`cluster_splits`), or,
     with `segments`, split into segments that programs take as rows (SEGS, which every config sets where
     `segments` is not None; a kernel without weights that merges its segments' statistics). With `flat` (FLAT,
-    which every config then sets), rows of one column also go flat, FLAT_ROWS a program (`flat_lines`)."""
+    which every config then sets), rows of one column also go flat, FLAT_ROWS a program (`flat_rows`)."""
     stash = sum(weights)  # bytes an element
     plain = tuple(c.replace(PIPE=0, PL=(), STAGES=0, LAST=0, **({"STASH": 0} if weights else {}),
                             **({"SEGS": 0} if segments is not None else {}), **({"FLAT": 0} if flat else {}))
@@ -271,18 +270,17 @@ def lines(t):
 # ---- device helpers
 
 @mgjit.device
-def flat_lines(ROWS):
-    """The window of the lines views that a flat program (FLAT: rows of one column, ROWS a program) reads and
-    writes: its rows' whole lines."""
-    return mgjit.ds(mgjit.program_id(0) * (ROWS // LINE), ROWS // LINE), mgjit.ds(0, LINE)
-
-
-@mgjit.device
-def flat_tail(x, xl, ROWS):
-    """(whether this flat program holds rows past x's last whole line, those rows' window of x): the rows that
-    `lines` leaves out, fewer than LINE, go to the program whose ROWS rows hold the first of them."""
+def flat_rows(x, out, xl, outl, ROWS, one_column, operands):
+    """Rows of one column, ROWS a program (FLAT), out = one_column(x as float32, operands) elementwise (a row's
+    result, as a held row computes it): the program's whole lines through the lines views xl and outl; the rows
+    that `lines` leaves out (fewer than LINE) through x and out, by the program whose ROWS rows hold the first of
+    them."""
+    lines = mgjit.ds(mgjit.program_id(0) * (ROWS // LINE), ROWS // LINE), mgjit.ds(0, LINE)
+    outl[lines] = one_column(xl[lines].astype(mgjit.float32), operands).astype(outl.dtype)
     first = xl.shape[0] * LINE
-    return (first < x.shape[0]) & (first // ROWS == mgjit.program_id(0)), (mgjit.ds(first, LINE), 0)
+    if (first < x.shape[0]) & (first // ROWS == mgjit.program_id(0)):
+        rows = mgjit.ds(first, LINE), 0
+        out[rows] = one_column(x[rows].astype(mgjit.float32), operands).astype(out.dtype)
 
 
 @mgjit.device

@@ -34,8 +34,8 @@ from _rows import (chunked_segment, columns, held_width, load_row, mapping, merg
                    segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, TWO_PARTS_BELOW,
                    weights)
 from _rows_launch import floating, launch, output
-from _rows_piped import (envelope, fill_outside, flat_lines, flat_tail, line_parts, piped_views, piping, read_lines,
-                         refill, ring, stash_lines, store_envelope, weight_lines)
+from _rows_piped import (envelope, fill_outside, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring,
+                         stash_lines, store_envelope, weight_lines)
 
 import mgjit
 
@@ -68,11 +68,7 @@ def layernorm_rows(x, w, b, out, xl, outl, wv, bv, eps: mgjit.constexpr, ROWS: m
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if FLAT:
-        lines = flat_lines(ROWS)
-        outl[lines] = one_column(xl[lines], w, b, x.shape[1], eps).astype(outl.dtype)
-        tail, rows = flat_tail(x, xl, ROWS)
-        if tail:
-            out[rows] = one_column(x[rows], w, b, x.shape[1], eps).astype(out.dtype)
+        flat_rows(x, out, xl, outl, ROWS, one_column, (w, b, x.shape[1], eps))
     elif PIPE:
         layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
@@ -133,11 +129,11 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
 
 
 @mgjit.device
-def one_column(v, w, b, n, eps):
-    """Layernorm of rows of one column (n, 1), elementwise, as held rows compute it: b, or NaN where v is not
-    finite (as torch)."""
-    f = v.astype(mgjit.float32)
-    d = f - f / n
+def one_column(v, operands):
+    """Layernorm of rows of one column (float32 v; operands w, b, the row length n = 1, eps), elementwise, as held
+    rows compute it: b, or NaN where v is not finite (as torch)."""
+    w, b, n, eps = operands
+    d = v - v / n
     return mgjit.fma(d * mgjit.rsqrt(d * d / n + eps), w[0].astype(mgjit.float32), b[0].astype(mgjit.float32))
 
 

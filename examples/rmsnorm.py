@@ -23,8 +23,8 @@ import torch
 from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage, staging,
                    stash_vector, store_row, weights)
 from _rows_launch import floating, launch, output
-from _rows_piped import (envelope, flat_lines, flat_tail, line_parts, piped_views, piping, read_lines, refill, ring,
-                         stash_lines, store_envelope, weight_lines)
+from _rows_piped import (envelope, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
+                         store_envelope, weight_lines)
 
 import mgjit
 
@@ -45,11 +45,7 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
     as `weight_rows`; read by piped mappings only); or (FLAT) rows of one column, ROWS a program, as lines of xl
     and outl."""
     if FLAT:
-        lines = flat_lines(ROWS)
-        outl[lines] = one_column(xl[lines], w, x.shape[1], eps).astype(outl.dtype)
-        tail, rows = flat_tail(x, xl, ROWS)
-        if tail:
-            out[rows] = one_column(x[rows], w, x.shape[1], eps).astype(out.dtype)
+        flat_rows(x, out, xl, outl, ROWS, one_column, (w, x.shape[1], eps))
     elif PIPE:
         rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
@@ -85,10 +81,11 @@ def rmsnorm_held(x, w, bufs, out, rows, starts, eps, PARTS, SPLIT, PERSIST, STAG
 
 
 @mgjit.device
-def one_column(v, w, n, eps):
-    """RMSNorm of rows of one column (n, 1), elementwise, as held rows compute it."""
-    f = v.astype(mgjit.float32)
-    return f * mgjit.rsqrt(f * f / n + eps) * w[0].astype(mgjit.float32)
+def one_column(v, operands):
+    """RMSNorm of rows of one column (float32 v; operands w, the row length n = 1, eps), elementwise, as held rows
+    compute it."""
+    w, n, eps = operands
+    return v * mgjit.rsqrt(v * v / n + eps) * w[0].astype(mgjit.float32)
 
 
 @mgjit.device

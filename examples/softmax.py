@@ -24,8 +24,8 @@ import torch
 from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp,
                    segment, shifted_exp, stage, staging, store_row, streamed_exp_sum)
 from _rows_launch import floating, launch, output
-from _rows_piped import (envelope, exp_lines, flat_lines, flat_tail, piped_views, piping, read_lines, refill, ring,
-                         store_envelope, write_lines)
+from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
+                         write_lines)
 
 import mgjit
 
@@ -43,11 +43,7 @@ def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constex
     """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) and flat ones
     (FLAT: rows of one column, ROWS a program) only."""
     if FLAT:
-        lines = flat_lines(ROWS)
-        outl[lines] = one_column(xl[lines]).astype(outl.dtype)
-        tail, rows = flat_tail(x, xl, ROWS)
-        if tail:
-            out[rows] = one_column(x[rows]).astype(out.dtype)
+        flat_rows(x, out, xl, outl, ROWS, one_column, ())
     elif PIPE:
         softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST)
     elif BLOCK and CHUNKS:
@@ -70,11 +66,10 @@ def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constex
 
 
 @mgjit.device
-def one_column(v):
-    """The softmax of rows of one column, elementwise: exp(v - v) / exp(v - v) as held rows compute it, 1, or NaN
-    where v is not finite (as torch)."""
-    f = v.astype(mgjit.float32)
-    e = shifted_exp(f, f * -LOG2E)
+def one_column(v, operands):
+    """The softmax of rows of one column (float32 v; no operands), elementwise: exp(v - v) / exp(v - v) as held rows
+    compute it, 1, or NaN where v is not finite (as torch)."""
+    e = shifted_exp(v, v * -LOG2E)
     return e * (1.0 / e)
 
 
