@@ -32,11 +32,13 @@ class _CheckoutPackages:
 
 
 def _checkout_root() -> str | None:
-    """The checkout whose mgjit/ this is, where its cache/ and autotune/ stand beside it (not inside)."""
+    """The checkout whose mgjit/ this is, where its cache/ and autotune/ stand beside it (not inside): packages of
+    those names holding mgjit's modules (store.py, tuner.py), not a project's own cache/ beside a vendored mgjit/."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
     inside = any(os.path.isdir(os.path.join(here, name)) for name in ("cache", "autotune"))
-    beside = all(os.path.isfile(os.path.join(root, name, "__init__.py")) for name in ("cache", "autotune"))
+    beside = all(os.path.isfile(os.path.join(root, *path)) for path in (
+        ("cache", "__init__.py"), ("cache", "store.py"), ("autotune", "__init__.py"), ("autotune", "tuner.py")))
     return root if beside and not inside else None
 
 

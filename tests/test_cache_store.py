@@ -516,7 +516,8 @@ assert not heavy, heavy
 def test_a_checkout_imports_its_own_cache_and_autotune(tmp_path):
     """mgjit/ beside cache/ and autotune/ (a checkout, or a tree copied from one and put first on sys.path, as
     tools and benchmarks/rows_ab.py do) imports mgjit.cache and mgjit.autotune from that tree, not from the
-    checkout an editable install maps them to; a wheel's layout (both inside mgjit/) registers nothing."""
+    checkout an editable install maps them to; a wheel's layout (both inside mgjit/) registers nothing, and nor does
+    an mgjit/ beside a project's own packages of those names."""
     import shutil
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     skip = shutil.ignore_patterns("__pycache__")
@@ -528,13 +529,20 @@ print(mgjit._CHECKOUT)
 for m in (mgjit, mgjit.cache, mgjit.cache.store, mgjit.autotune, mgjit.autotune.tuner):
     print(m.__file__)
 """
-    checkout, wheel = tmp_path / "checkout", tmp_path / "wheel"
+    checkout, wheel, project = tmp_path / "checkout", tmp_path / "wheel", tmp_path / "project"
     for name in ("mgjit", "cache", "autotune"):
         shutil.copytree(os.path.join(root, name), checkout / name, ignore=skip)
         shutil.copytree(os.path.join(root, name), wheel / "mgjit" / name if name != "mgjit" else wheel / name,
                         ignore=skip, dirs_exist_ok=True)
+    shutil.copytree(os.path.join(root, "mgjit"), project / "mgjit", ignore=skip)  # beside a project's own packages
+    for name in ("cache", "autotune"):
+        (project / name).mkdir()
+        (project / name / "__init__.py").write_text("")
     for tree, registered in ((checkout, str(checkout)), (wheel, "None")):
         lines = subprocess.run([sys.executable, "-c", code, str(tree)], check=True, capture_output=True, text=True,
                                timeout=60, cwd=tmp_path).stdout.split()
         assert lines[0] == registered, lines
         assert all(line.startswith(str(tree)) for line in lines[1:]), lines
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import mgjit; print(mgjit._CHECKOUT)"
+    assert subprocess.run([sys.executable, "-c", probe, str(project)], check=True, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path).stdout.split() == ["None"]
