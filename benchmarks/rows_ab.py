@@ -149,6 +149,8 @@ def main() -> None:
         kernel, n, index = spec.split(":")
         k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad, dtype)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
+        if kernel == "cross_entropy" and hasattr(ce, "scratch"):  # sized for this mapping's grid, not the wrapper's
+            args = (*args[:-2], *ce.scratch(args[0], (config,)))
         if pad and config.kwargs.get("PIPE"):
             raise SystemExit(f"--pad: {spec} is a piped mapping, which reads a row's neighbours' bytes")
         grid = grid_of(config)

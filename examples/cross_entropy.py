@@ -147,6 +147,10 @@ def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, c
     to 262144), where softmax over the same clusters ran 0.89-0.92 (its exchange is paid once a row that is read
     and written, twice the bytes)."""
     mgjit.min_ctas_per_sm(PIPE)
+    # Pieces stored past parts' end or counted past counts' would be dropped, and their rows' losses wrong
+    mgjit.device_assert((parts.shape[1] >= 2 * mgjit.num_programs(0)) & (counts.shape[0] >= logits.shape[0]),
+                        "cross-entropy's piped segments need parts of at least two columns a program and counts of "
+                        "a row each (examples/cross_entropy.py, scratch)")
     n = logits.shape[1]
     buf, full, count = ring(logits, xl, PL, STAGES, 1, LAST, SEGS)
     first, _ = program_items(mgjit.program_id(0), logits.shape[0], SEGS)

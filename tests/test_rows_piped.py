@@ -633,6 +633,31 @@ def test_cross_entropy_without_logsumexps(monkeypatch, n, dtype):
     assert torch.equal(loss, got) and rel_err(lse, torch.logsumexp(x.double(), 1)) < 1e-6
 
 
+def test_cross_entropy_segments_refuse_too_little_scratch(monkeypatch):
+    """Piped segments store the pieces of rows that programs share in parts (two columns a program) and count them in
+    counts (one a row): scratch made for a smaller grid (here for the wrapper's mappings, 4 programs an SM, under one
+    of 8) would drop pieces and write wrong losses (-inf), so the kernel stops (the interpreter raises, the GPU
+    traps); scratch made for the mapping launched runs it."""
+    from mgjit.errors import Check, InterpretError
+    monkeypatch.setattr(_device, "_KEPT", {})
+    n, rows = 50257, 7
+    config = piped.piped(n, 2, 8, segs=13, lines=16).replace(OCC=0, EARLY=0, LSE=1)
+    x = (torch.randn(rows, n) * 4).to(BF16)
+    target = torch.randint(0, n, (rows,))
+    grid = _rows.grid(rows, config)
+    small = ce.scratch(x, [c for c in ce.mapping(n, 2) if c.kwargs["PIPE"]])
+    assert small[0].shape[1] < 2 * grid[0]
+    loss, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+    with pytest.raises(InterpretError, match="two columns a program") as info:
+        ce.cross_entropy_rows.interpret[grid](x, target, loss, lse, -100, piped.lines(x), *small,
+                                              **config.launch_kwargs())
+    assert info.value.check == Check.DEVICE_ASSERT
+    ce.cross_entropy_rows.interpret[grid](x, target, loss, lse, -100, piped.lines(x), *ce.scratch(x, (config,)),
+                                          **config.launch_kwargs())
+    ref = torch.nn.functional.cross_entropy(x.double(), target, reduction="none")
+    assert rel_err(loss, ref) < 1e-5
+
+
 def split_ends(rows: int, segs: int, programs: int) -> tuple[int, int]:
     """(programs whose run holds pieces of rows at both its ends, rows split over three programs or more) for runs
     as _rows_piped.program_items cuts them."""
