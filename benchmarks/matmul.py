@@ -4,7 +4,7 @@ TFLOP/s, ratios, the schedule mgjit chose and the geometric mean over the suite 
 cuBLAS, no shape below 0.9x).
 
     python benchmarks/matmul.py --quick        # one shape per class, fewer timing rounds (~2 minutes)
-    python benchmarks/matmul.py [--json out.json] [--shapes 3x4096x4096 ...] [--no-triton]
+    python benchmarks/matmul.py [--json out.json] [--shapes 3x4096x4096 16x8192x8192:b-t ...] [--no-triton]
 
 The suite mixes: large square; K-heavy; M <= 16 (decode); fewer tiles than SMs; <= 512^3; f16; B given
 transposed (an nn.Linear weight); A a strided view. Each result is checked against an fp32 reference first
@@ -161,16 +161,31 @@ def fp8_row(rounds: int) -> dict:
     return {"mgjit_tflops": fl / tm / 1e9, "scaled_mm_tflops": fl / tt / 1e9, "ratio": tt / tm, "rel_err": err}
 
 
+def parse_shape(arg: str) -> tuple[int, int, int, str, str] | None:
+    """(M, N, K, dtype, layout) of MxNxK with optional tags :b-t (B given as a transposed (N, K) weight),
+    :a-strided, :f16; None where `arg` is not a shape."""
+    head, *tags = arg.split(":")
+    if head.count("x") != 2 or not head.replace("x", "").isdigit():
+        return None
+    m, n, k = map(int, head.split("x"))
+    return m, n, k, "f16" if "f16" in tags else "bf16", next((t for t in tags if t in ("b-t", "a-strided")), "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one shape per class, two timing rounds")
-    ap.add_argument("--shapes", nargs="*", help="MxNxK bf16 shapes instead of the suite")
+    ap.add_argument("--shapes", nargs="*", help="MxNxK[:b-t|:a-strided|:f16] shapes instead of the suite")
     ap.add_argument("--json")
     ap.add_argument("--no-triton", action="store_true")
     args = ap.parse_args()
     suite = QUICK if args.quick else SUITE
     if args.shapes:
-        suite = [("custom", *map(int, s.split("x")), "bf16", "") for s in args.shapes]
+        suite = []
+        for arg in args.shapes:
+            shape = parse_shape(arg)
+            if shape is None:
+                raise SystemExit(f"a shape is MxNxK[:b-t|:a-strided|:f16], got {arg!r}")
+            suite.append(("custom", *shape))
     rounds = 2 if args.quick else 3
     tmm = None if args.no_triton else triton_matmul()
     rows = []

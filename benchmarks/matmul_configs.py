@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import _matmul_schedules as schedules  # noqa: E402
 import matmul_hopper as mh  # noqa: E402
-from matmul import DTYPES, median_ms, operands, rel_err  # noqa: E402
+from matmul import DTYPES, median_ms, operands, parse_shape, rel_err  # noqa: E402
 
 
 def parse_config(text: str) -> dict | None:
@@ -47,13 +47,9 @@ def parse(args: list[str]) -> list[tuple[tuple, list]]:
     """[(shape, [config or None, ...]), ...] from the command line's shapes and configs."""
     runs: list[tuple[tuple, list]] = []
     for arg in args:
-        head = arg.split(":")[0]
-        if head.count("x") == 2 and head.replace("x", "").isdigit():
-            m, n, k = map(int, head.split("x"))
-            tags = arg.split(":")[1:]
-            dtype = "f16" if "f16" in tags else "bf16"
-            layout = next((t for t in tags if t in ("b-t", "a-strided")), "")
-            runs.append(((m, n, k, dtype, layout), []))
+        shape = parse_shape(arg)
+        if shape is not None:
+            runs.append((shape, []))
         elif not runs:
             raise SystemExit(f"a config before any shape: {arg}")
         else:
