@@ -9,7 +9,8 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
   k-iterations over every SM. With 16-bit weights and a few rows, also a GEMV on the CUDA cores (K-major
   weights M <= 4, N-major M <= 8).
 - M of 65 to 96 (SWAP_ROWS), where the weights make enough 64-row tiles: the swapped data-parallel tile beside the
-  others below (cuBLAS's own 64 x 80 tiles at 80 x 3000 x 4096).
+  others below (cuBLAS's own 64 x 80 tiles at 80 x 3000 x 4096); M of 65 to 256, swapped 64- and 128-row weight
+  tiles on clusters of four sharing the activations by multicast (cuBLAS's 4 x 1 clusters there).
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, smaller tiles (more tiles, smaller tail), and 192 x 192 ones.
 - fewer tiles than SMs with a long K: stream-K or split-K, split-K over clusters sharing A where the tiles are
@@ -182,6 +183,16 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     # cuBLAS against 0.88.
     swapped = [config(problem, 64, side, swap=True)] if (
         _swap_allowed(problem) and side <= SWAP_ROWS and tiles(side, 64) >= sms // 3) else []
+    # M of 65 to 256 rows: the same weight tiles (and 128-row ones) with the activations shared by clusters of four
+    # of them, each CTA multicasting a quarter (M as a multiple of 32: parts of 8 rows), cuBLAS's 64 x 104 and
+    # 256 x 160 tiles on 4 x 1 clusters. H200, of cuBLAS: 100 x 7328 x 3784 0.85 -> 0.92 (64 x 128), 160 x 8896 x
+    # 16384 0.75 -> 0.94 (64 x 160 stream-K), 150 x 12288 x 4096 0.82 -> 0.89 (128 x 160), 144 x 4096 x 14336 0.81
+    # -> 0.84; at 160 x 5232 x 8384 (A strided) and 80 x 2000 x 6000 they lost (benchmarks/RESULTS.md).
+    side4 = max(side, -(-m // 32) * 32)
+    shared4 = [config(problem, 64, side4, swap=True, MULTICAST="b", CLUSTER=4),
+               config(problem, 64, side4, swap=True, stream_k=1, MULTICAST="b", CLUSTER=4),
+               config(problem, 128, side4, swap=True, MULTICAST="b", CLUSTER=4)] if (
+        _swap_allowed(problem) and 64 < m and side4 <= 256 and tiles(side4, 64) >= sms // 3) else []
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (
             [config(problem, 128, 128)] if big < 16 * sms else [])
@@ -189,11 +200,13 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         # Or 192 x 192 tiles (three consumers): 2048 x 11008 x 4096 (B transposed, cuBLAS's tile there) ran
         # 275.6 us against 280.3 for the best of the others (cuBLAS 269.8); 4096^3 209.1 against 193.4.
         # (M-neighbour pairs sharing B where M holds two 128-row tiles: else every pair's second tile is empty.)
+        # (And clusters of four of them where M holds four: 1024 x 4936 x 5376 128 x 192 0.82 -> 0.85 of cuBLAS.)
         paired = [config(problem, 128, 256, MULTICAST="b"), config(problem, 128, 192, MULTICAST="b")] \
             if m > 128 else []
+        paired += [config(problem, 128, 192, MULTICAST="b", CLUSTER=4)] if m > 384 else []
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
-                *paired, config(problem, 192, 192), *swapped]
+                *paired, config(problem, 192, 192), *swapped, *shared4]
     # fewer tiles than SMs, K long enough to cut
     if k_tiles >= 16 and (m * n * problem.k >= SMALL_WORK or k_tiles >= LONG_K_TILES):
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
@@ -226,7 +239,7 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                       config(problem, 64, 64, **({"stream_k": 1, "SPLIT": split64} if split64 > 1 else {})),
                       *paired, config(problem, 128, 128),
                       config(problem, 128, 64), config(problem, 64, 128),
-                      config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a")]
+                      config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a"), *shared4]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two. (256 x 1024 x
     # 512: cuBLAS runs 128 CTAs of 64 x 32 tiles in 5.3 us, ours 64 CTAs of 64 x 64 in 5.8, ncu.)
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
@@ -357,7 +370,7 @@ def describe(cfg: dict | None) -> str:
     else:
         parts.append("data-parallel")
     if cfg.get("MULTICAST"):
-        parts.append(f"multicast {cfg['MULTICAST'].upper()} x2")
+        parts.append(f"multicast {cfg['MULTICAST'].upper()} x{cfg.get('CLUSTER', 2)}")
     parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages",
               "TMA store" if cfg.get("TMA_STORE") else "st.global"]
     return " ".join(parts)
@@ -368,7 +381,8 @@ def describe(cfg: dict | None) -> str:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How `config` runs for a problem: operands swapped or not, the kernel's constexprs and launch options,
-    the grid, and the number of output tiles (of C, or of C^T when swapped; with MULTICAST twice the pairs)."""
+    the grid, and the number of output tiles (of C, or of C^T when swapped; with MULTICAST CLUSTER a cluster's
+    work item)."""
 
     swap: bool
     kernel_cfg: dict
@@ -395,8 +409,9 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
         kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
         scaled, biased, activation = problem.epilogue
         kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation, num_warpgroups=cfg["BM"] // 64 + 1)
+        cluster = cfg.get("CLUSTER", 2)  # the CTAs of a multicast cluster
         if cfg.get("MULTICAST"):
-            kernel_cfg["cluster"] = (2, 1, 1)
+            kernel_cfg["cluster"] = (cluster, 1, 1)
         if cfg["SWAP_AB"]:
             kernel_cfg.update(A_MNMAJOR=not problem.b_k, B_KMAJOR=not problem.a_mn, BIAS_ROWS=True, TMA_STORE=False)
             rows, cols = problem.n, problem.m
@@ -405,19 +420,29 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
             rows, cols = problem.m, problem.n
         tiles = -(-rows // cfg["BM"]) * -(-cols // cfg["BN"])
         # Stream-K takes every SM (or SPLIT CTAs per tile: split-K); data-parallel one CTA per tile, one per SM.
-        # Multicast: the same over clusters of two CTAs and pairs of tiles (a pair's second tile, past M or N
-        # where the tiles are odd, counts as a tile: it has fix-up slots all the same).
+        # Multicast: the same over clusters of CLUSTER CTAs and items of as many tiles (an item's tiles past M or N
+        # count as tiles: they have fix-up slots all the same), as many clusters as run at once.
         if cfg.get("MULTICAST"):
-            pair_m, pair_n = (2, 1) if cfg["MULTICAST"] == "b" else (1, 2)
-            pairs = -(-rows // (cfg["BM"] * pair_m)) * -(-cols // (cfg["BN"] * pair_n))
-            clusters = max(sms // 2, 1)
-            grid = (2 * (min(clusters, pairs * cfg.get("SPLIT", clusters)) if cfg["STREAM_K"] else
-                         min(pairs, clusters)),)
-            tiles = 2 * pairs
+            item_m, item_n = (cluster, 1) if cfg["MULTICAST"] == "b" else (1, cluster)
+            items = -(-rows // (cfg["BM"] * item_m)) * -(-cols // (cfg["BN"] * item_n))
+            clusters = resident_clusters(problem, cluster, cfg["BM"] // 64 + 1, sms)
+            grid = (cluster * (min(clusters, items * cfg.get("SPLIT", clusters)) if cfg["STREAM_K"] else
+                               min(items, clusters)),)
+            tiles = cluster * items
         else:
             grid = (min(sms, tiles * cfg.get("SPLIT", sms)) if cfg["STREAM_K"] else min(tiles, sms),)
         plan = _PLANS[key] = Plan(cfg["SWAP_AB"], kernel_cfg, grid, tiles)
     return plan
+
+
+def resident_clusters(problem: Problem, cluster: int, warpgroups: int, sms: int) -> int:
+    """The clusters of `cluster` CTAs (one an SM, of `warpgroups` warpgroups) that run at once: a cluster's CTAs
+    share a GPC, and an H200's GPCs hold 32 clusters of 4, not 33 (mgjit.max_active_clusters). Pairs, and any
+    cluster off the GPU, as the SMs divide."""
+    device = problem.a_op.device
+    if cluster == 2 or device.type != "cuda":
+        return max(sms // cluster, 1)
+    return mgjit.max_active_clusters(cluster, 1, threads=128 * warpgroups, device=device.index or 0)
 
 
 def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:

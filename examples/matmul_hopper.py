@@ -20,13 +20,13 @@ Schedules (examples/_matmul_schedules.py chooses one per shape, timing a few can
   tile. DETERMINISTIC=True (the default) gives each contributor its own slot and adds them in k order (bitwise
   repeatable); False adds them into one slot with f32 atomics. No CTA ever waits for another. Split-K is
   stream-K with P = tiles x splits CTAs.
-- multicast (MULTICAST="b", or "a"; cluster=(2, 1, 1)): the two CTAs of a cluster take two M-neighbour tiles
-  (N-neighbours) and load the B (A) tile they share once, each copying half of its rows into both CTAs' slot
-  with TMA multicast. The slot ring spans the cluster: each consumer releases its slot in both CTAs, so a
-  producer refills a slot only once the consumers of both are done with it; both CTAs walk the same items and
-  k-steps, a pair's second tile past M or N included (read as zeros, its stores dropped). The workers of the
-  schedules above are then the clusters, and their items pairs of tiles: with stream-K both CTAs of a cluster
-  take the same k-range of their two tiles and each fixes up its own.
+- multicast (MULTICAST="b", or "a"; cluster=(CLUSTER, 1, 1), CLUSTER 2 or 4): the CTAs of a cluster take as many
+  M-neighbour tiles (N-neighbours) and load the B (A) tile they share once, each copying a CLUSTER-th of its rows
+  into every CTA's slot with TMA multicast. The slot ring spans the cluster: each consumer releases its slot in
+  every CTA, so a producer refills a slot only once the consumers of all are done with it; the CTAs walk the same
+  items and k-steps, an item's tiles past M or N included (read as zeros, their stores dropped). The workers of
+  the schedules above are then the clusters, and their items CLUSTER tiles: with stream-K the CTAs of a cluster
+  take the same k-range of their tiles and each fixes up its own.
 - swap-AB (in the wrapper): C^T = B^T A^T, so that a small M becomes the N of the wgmma (8..256 in steps of 8)
   and the large N fills the 64-row side: decode shapes (M <= 64) stream the weights through every SM.
 
@@ -59,21 +59,21 @@ def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
 
 
 @mgjit.device
-def workers(MULTICAST):
-    """(this CTA's worker index, the number of workers): workers are CTAs, or with MULTICAST the clusters of two
-    CTAs, which work on the two halves of each work item in lockstep."""
+def workers(MULTICAST, CLUSTER):
+    """(this CTA's worker index, the number of workers): workers are CTAs, or with MULTICAST the clusters of
+    CLUSTER CTAs, which work on the CLUSTER tiles of each work item in lockstep."""
     pid, ctas = mgjit.program_id(0), mgjit.num_programs(0)
     if MULTICAST:
-        return pid // 2, ctas // 2
+        return pid // CLUSTER, ctas // CLUSTER
     return pid, ctas
 
 
 @mgjit.device
-def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
+def schedule(tiles, k_tiles, STREAM_K, MULTICAST, CLUSTER):
     """This worker's work: `n_dp` data-parallel tiles (pid, pid + P, ... below `dp_tiles`), then the stream-K
     tiles that its range [begin, end) of the k-iterations of the tiles from `dp_tiles` on touches. Returns
     (dp_tiles, n_dp, iters, begin, end, sk_first, items)."""
-    pid, ctas = workers(MULTICAST)
+    pid, ctas = workers(MULTICAST, CLUSTER)
     dp_tiles = tiles
     iters, begin, end, sk_first, sk_count = 0, 0, 0, 0, 0
     if STREAM_K:
@@ -81,7 +81,7 @@ def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
         kept = mgjit.maximum(tiles // ctas - (STREAM_K - 1), 0) * ctas
         dp_tiles = mgjit.where(tiles % ctas == 0, tiles, kept)
         iters = (tiles - dp_tiles) * k_tiles
-        count = stream_k_ctas(iters, MULTICAST)  # workers p < count: each takes at least one iteration
+        count = stream_k_ctas(iters, MULTICAST, CLUSTER)  # workers p < count: each takes at least one iteration
         begin = mgjit.minimum(pid * iters // count, iters)
         end = mgjit.minimum((pid + 1) * iters // count, iters)
         sk_first = begin // k_tiles
@@ -91,27 +91,27 @@ def schedule(tiles, k_tiles, STREAM_K, MULTICAST=None):
 
 
 @mgjit.device
-def stream_k_ctas(iters, MULTICAST):
+def stream_k_ctas(iters, MULTICAST, CLUSTER):
     """How many workers share the stream-K iterations: every worker, or one per iteration when there are fewer
     (a worker with an empty range in the middle of a cut tile's contributors would never be counted in its
     lock)."""
-    _, count = workers(MULTICAST)
+    _, count = workers(MULTICAST, CLUSTER)
     return mgjit.minimum(count, mgjit.maximum(iters, 1))
 
 
 @mgjit.device
-def cut_tile(item, rank, MULTICAST):
+def cut_tile(item, rank, MULTICAST, CLUSTER):
     """The index of this CTA's part of stream-K work item (or slot) `item`: the item itself, or with MULTICAST
-    the rank-th of its two tiles (each CTA of a cluster publishes and finishes its own tile)."""
+    the rank-th of its CLUSTER tiles (each CTA of a cluster publishes and finishes its own tile)."""
     if MULTICAST:
-        return item * 2 + rank
+        return item * CLUSTER + rank
     return item
 
 
 @mgjit.device
-def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST=None):
+def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST, CLUSTER):
     """Item w of this worker: (tile, its index among the stream-K tiles, first k-iteration, end k-iteration)."""
-    pid, ctas = workers(MULTICAST)
+    pid, ctas = workers(MULTICAST, CLUSTER)
     dp = w < n_dp
     sk_tile = sk_first + w - n_dp
     tile = mgjit.where(dp, pid + w * ctas, dp_tiles + sk_tile)
@@ -121,12 +121,12 @@ def work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST=None):
 
 
 @mgjit.device
-def cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank):
-    """The origin of this CTA's tile of work item `tile`: the item's own, or with MULTICAST the rank-th of its two
-    tiles, M-neighbours that share their B tile ("b") or N-neighbours that share their A tile ("a"). An item's
-    second tile may lie past M or N (an odd number of tiles): TMA reads it as zeros and drops its stores."""
-    m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM * (2 if MULTICAST == "b" else 1),
-                         BN * (2 if MULTICAST == "a" else 1), GROUP_M)
+def cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, CLUSTER, rank):
+    """The origin of this CTA's tile of work item `tile`: the item's own, or with MULTICAST the rank-th of its
+    CLUSTER tiles, M-neighbours that share their B tile ("b") or N-neighbours that share their A tile ("a"). An
+    item's last tiles may lie past M or N: TMA reads them as zeros and drops their stores."""
+    m0, n0 = tile_origin(tile, tiles_m, tiles_n, BM * (CLUSTER if MULTICAST == "b" else 1),
+                         BN * (CLUSTER if MULTICAST == "a" else 1), GROUP_M)
     if MULTICAST == "b":
         m0 = m0 + rank * BM
     elif MULTICAST == "a":
@@ -135,65 +135,67 @@ def cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank):
 
 
 @mgjit.device
-def release(slot, MULTICAST, rank):
-    """Give a ring slot back to its producer, and with MULTICAST to the peer CTA's too: its multicast copies
-    write into this CTA's slot, so it waits for the consumers of both CTAs. The wgmmas that read the slot were
-    waited for, so the peer needs no fence from us (relaxed: a release at cluster scope stalled every k-step on a
-    membar and made the multicast schedule 30% slower than none)."""
+def release(slot, MULTICAST, CLUSTER, rank):
+    """Give a ring slot back to its producer, and with MULTICAST to the other CTAs' of the cluster too: their
+    multicast copies write into this CTA's slot, so each waits for the consumers of every CTA. The wgmmas that
+    read the slot were waited for, so the peers need no fence from us (relaxed: a release at cluster scope stalled
+    every k-step on a membar and made the multicast schedule 30% slower than none)."""
     slot.arrive()
     if MULTICAST:
-        slot.arrive(cta=rank ^ 1, relaxed=True)
+        for peer in mgjit.static_range(1, CLUSTER):
+            slot.arrive(cta=rank ^ peer, relaxed=True)
 
 
 @mgjit.device
-def publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS, DETERMINISTIC, MULTICAST, rank):
+def publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS, DETERMINISTIC, MULTICAST, CLUSTER,
+                    rank):
     """Publish this CTA's partial sum of its 64 rows of a cut tile and count it in the tile's lock (acq_rel:
     the partials of those counted before are visible once the count is seen). True for the contributor that
     completes the count: it finishes the tile (partial_sum). Worker p's partial of stream-K item t goes to slot
-    t + p (the contributors of consecutive items never share a slot; with MULTICAST each of the cluster's two
+    t + p (the contributors of consecutive items never share a slot; with MULTICAST each of the cluster's
     tiles has its own, `cut_tile`), or with DETERMINISTIC=False is added into slot t with f32 atomics."""
-    worker, _ = workers(MULTICAST)
-    slot = cut_tile(sk_tile + worker if DETERMINISTIC else sk_tile, rank, MULTICAST)
+    worker, _ = workers(MULTICAST, CLUSTER)
+    slot = cut_tile(sk_tile + worker if DETERMINISTIC else sk_tile, rank, MULTICAST, CLUSTER)
     rows = mgjit.ds((slot * CONSUMERS + half) * 64, 64)
     if DETERMINISTIC:
         ws[rows, mgjit.ds(0, BN)] = acc
     else:
         mgjit.atomic_add(ws, (rows, mgjit.ds(0, BN)), acc)
-    first, last = contributors(sk_tile, k_tiles, iters, MULTICAST)
-    lock = cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half
+    first, last = contributors(sk_tile, k_tiles, iters, MULTICAST, CLUSTER)
+    lock = cut_tile(sk_tile, rank, MULTICAST, CLUSTER) * CONSUMERS + half
     return mgjit.atomic_add(locks, lock, 1, sem="acq_rel") == last - first
 
 
 @mgjit.device
-def contributors(sk_tile, k_tiles, iters, MULTICAST):
+def contributors(sk_tile, k_tiles, iters, MULTICAST, CLUSTER):
     """The first and last worker whose iteration ranges cut stream-K item `sk_tile` (worker p < W holds
     iterations [p * iters // W, (p + 1) * iters // W), W = stream_k_ctas(iters) <= iters, so no range is empty
     and iteration i is worker ((i + 1) * W - 1) // iters's); every worker from the first to the last
     contributes."""
-    count = stream_k_ctas(iters, MULTICAST)
+    count = stream_k_ctas(iters, MULTICAST, CLUSTER)
     return ((sk_tile * k_tiles + 1) * count - 1) // iters, ((sk_tile + 1) * k_tiles * count - 1) // iters
 
 
 @mgjit.device
 def finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters, BN, CONSUMERS,
-                    DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank):
+                    DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, CLUSTER, rank):
     """Store the 64 rows of a cut tile from the published partials (added in k order with DETERMINISTIC), in
     column chunks of 64 and then the binary digits of the rest (a swapped tile's BN is M rounded up to 8: 40 as
     32 + 8; register arrays have power-of-two sides); reset the lock and the slot for the next launch."""
     for j in mgjit.static_range(BN // 64):
         finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, j * 64, 64, k_tiles, iters, CONSUMERS,
-                     DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank)
+                     DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, CLUSTER, rank)
     for bit in mgjit.static_range(3):
         if (BN % 64) & (32 >> bit):  # this binary digit's chunk starts after the digits above it
             finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, BN & -(64 >> bit),
                          32 >> bit, k_tiles, iters, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
-                         MULTICAST, rank)
-    locks[cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half] = 0
+                         MULTICAST, CLUSTER, rank)
+    locks[cut_tile(sk_tile, rank, MULTICAST, CLUSTER) * CONSUMERS + half] = 0
 
 
 @mgjit.device
 def finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, j0, WIDTH, k_tiles, iters, CONSUMERS, DETERMINISTIC,
-                 SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, rank):
+                 SCALED, BIAS, BIAS_ROWS, ACTIVATION, MULTICAST, CLUSTER, rank):
     """Columns j0:j0 + WIDTH of a cut tile's 64 rows: the sum of its partials, stored. Deterministic partials
     are added to zeros in k order, LOADS at a time, each loop step's loads in flight together (one at a time, a
     swapped 64 x 40 tile of 7 contributors waited on 35 L2 round trips in turn: 5 us of a 12 us kernel); the
@@ -203,15 +205,16 @@ def finish_chunk(ws, c, scale, bias, sk_tile, half, row0, n0, j0, WIDTH, k_tiles
         # Partials in flight, WIDTH / 2 registers a thread each: 128 registers' worth beside the sum, 64 with
         # three consumers (152 registers a thread); at most 8.
         LOADS = min(8, (256 if CONSUMERS < 3 else 128) // WIDTH)
-        first, last = contributors(sk_tile, k_tiles, iters, MULTICAST)
+        first, last = contributors(sk_tile, k_tiles, iters, MULTICAST, CLUSTER)
         acc = mgjit.zeros((64, WIDTH), mgjit.float32)
         for p0 in range(first, last + 1, LOADS):
             for u in mgjit.static_range(LOADS):
-                slot = mgjit.where(p0 + u <= last, cut_tile(sk_tile + p0 + u, rank, MULTICAST) * CONSUMERS + half,
+                slot = mgjit.where(p0 + u <= last,
+                                   cut_tile(sk_tile + p0 + u, rank, MULTICAST, CLUSTER) * CONSUMERS + half,
                                    mgjit.cdiv(ws.shape[0], 64))
                 acc = acc + ws[mgjit.ds(slot * 64, 64), cols]
     else:
-        rows = mgjit.ds((cut_tile(sk_tile, rank, MULTICAST) * CONSUMERS + half) * 64, 64)
+        rows = mgjit.ds((cut_tile(sk_tile, rank, MULTICAST, CLUSTER) * CONSUMERS + half) * 64, 64)
         acc = ws[rows, cols]
         ws[rows, cols] = mgjit.zeros((64, WIDTH), mgjit.float32)
     epilogue(acc, c, c, scale, bias, row0, n0 + j0, half, WIDTH, SCALED, BIAS, BIAS_ROWS, ACTIVATION, False)
@@ -259,24 +262,28 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                   BIAS_ROWS: mgjit.constexpr = False, ACTIVATION: mgjit.constexpr = None,
                   TMA_STORE: mgjit.constexpr = True, STREAM_K: mgjit.constexpr = 0,
                   DETERMINISTIC: mgjit.constexpr = True, MULTICAST: mgjit.constexpr = None,
-                  EPILOGUE_N: mgjit.constexpr = 64):
+                  EPILOGUE_N: mgjit.constexpr = 64, CLUSTER: mgjit.constexpr = 2):
     """c = act(a @ b * scale[0] + bias): a is (M, K), or (K, M) when A_MNMAJOR; b is (K, N), or (N, K) when
     B_KMAJOR (fp8 and tf32 need both K-major). scale, bias (per column, or per row with BIAS_ROWS) and the
     activation are optional and applied to the f32 accumulator on the way out. Launch with BM // 64 + 1
     warpgroups. ws (f32) and locks (int32, zeros) serve stream-K's fix-up (examples/_matmul_schedules.py
-    sizes them); other schedules never touch them. MULTICAST="b" (or "a"), launched with cluster=(2, 1, 1): the two
-    CTAs of a cluster take two M-neighbour tiles that share their B tile (or N-neighbours sharing A), each
-    copying half of the shared tile into both CTAs' slot (TMA multicast), data-parallel or stream-K. With
+    sizes them); other schedules never touch them. MULTICAST="b" (or "a"), launched with cluster=(CLUSTER, 1, 1):
+    the CLUSTER (2 or 4) CTAs of a cluster take as many M-neighbour tiles that share their B tile (or N-neighbours
+    sharing A), each copying a CLUSTER-th of the shared tile into every CTA's slot (TMA multicast), data-parallel
+    or stream-K. With
     TMA_STORE, C leaves in 64 x EPILOGUE_N chunks (a divisor of BN: examples/_matmul_schedules.epilogue_n)."""
-    assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster of two CTAs shares: a or b"
+    assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster's CTAs share: a or b"
+    assert CLUSTER in (2, 4), "CLUSTER, the CTAs of a multicast cluster, is 2 or 4"
     assert not TMA_STORE or BN % EPILOGUE_N == 0, "with TMA_STORE, EPILOGUE_N (the columns of each epilogue chunk, " \
         "64 unless given) must divide BN"
     CONSUMERS = BM // 64
-    # Work items: tiles, or with MULTICAST pairs of neighbour tiles (2 BM x BN sharing B, BM x 2 BN sharing A).
-    tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM * (2 if MULTICAST == "b" else 1))
-    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN * (2 if MULTICAST == "a" else 1))
+    # Work items: tiles, or with MULTICAST CLUSTER neighbour tiles (CLUSTER BM x BN sharing B, BM x CLUSTER BN
+    # sharing A).
+    tiles_m = mgjit.cdiv(a.shape[1] if A_MNMAJOR else a.shape[0], BM * (CLUSTER if MULTICAST == "b" else 1))
+    tiles_n = mgjit.cdiv(b.shape[0] if B_KMAJOR else b.shape[1], BN * (CLUSTER if MULTICAST == "a" else 1))
     k_tiles = mgjit.cdiv(a.shape[0] if A_MNMAJOR else a.shape[1], BK)
-    dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K, MULTICAST)
+    dp_tiles, n_dp, iters, begin, end, sk_first, items = schedule(tiles_m * tiles_n, k_tiles, STREAM_K, MULTICAST,
+                                                                      CLUSTER)
 
     a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
     # An N-major B tile's rows are BN wide, an epilogue chunk's EPILOGUE_N: 32 columns of 16 bits fill a 64B swizzle.
@@ -286,8 +293,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     if TMA_STORE:
         c_s = mgjit.smem((CONSUMERS, 2, 64, EPILOGUE_N), c.dtype, swizzle=min(128, EPILOGUE_N * c.dtype.itemsize))
     full = mgjit.barrier(STAGES, arrivals=CONSUMERS + 1)  # the A parts and B fill a slot
-    # Every consumer releases it; with MULTICAST those of both CTAs (the peer's copies write into this slot too).
-    empty = mgjit.barrier(STAGES, arrivals=CONSUMERS * (2 if MULTICAST else 1))
+    # Every consumer releases it; with MULTICAST those of every CTA (the peers' copies write into this slot too).
+    empty = mgjit.barrier(STAGES, arrivals=CONSUMERS * (CLUSTER if MULTICAST else 1))
     rank = 0  # this CTA's tile of a MULTICAST work item
     if MULTICAST:
         rank = mgjit.cluster_rank()
@@ -299,8 +306,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
         if CONSUMERS > 1:  # the warpgroups share the register file: the producer needs few
             mgjit.set_max_registers(40, increase=False)
         for w in range(items):
-            tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST)
-            m0, n0 = cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank)
+            tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST, CLUSTER)
+            m0, n0 = cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, CLUSTER, rank)
             with mgjit.trace("load tile"):  # spans: recorded when a launch profiles (profile=mgjit.Profile())
                 for k in range(k0, k1):
                     slot = it % STAGES
@@ -318,8 +325,9 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
         half = wg - 1
         for w in range(items):
             with mgjit.trace("tile"):  # one work item: a whole tile, or a stream-K range of one
-                tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST)
-                m0, n0 = cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, rank)
+                tile, sk_tile, k0, k1 = work_item(w, dp_tiles, n_dp, begin, end, sk_first, k_tiles, MULTICAST,
+                                                  CLUSTER)
+                m0, n0 = cta_tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M, MULTICAST, CLUSTER, rank)
                 acc = mgjit.zeros((64, BN), mgjit.float32)
                 with mgjit.trace("mma"):
                     for k in range(k0, k1):
@@ -329,19 +337,19 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                                           b_s[slot].T if B_KMAJOR else b_s[slot])
                         mgjit.wgmma_wait(1)  # the previous slot's wgmma is done: give that slot back
                         if k > k0:
-                            release(empty[(it - 1) % STAGES], MULTICAST, rank)
+                            release(empty[(it - 1) % STAGES], MULTICAST, CLUSTER, rank)
                         it += 1
                     mgjit.wgmma_wait(0)
-                release(empty[(it - 1) % STAGES], MULTICAST, rank)
+                release(empty[(it - 1) % STAGES], MULTICAST, CLUSTER, rank)
                 row0 = m0 + half * 64
                 with mgjit.trace("epilogue"):  # or a cut tile's fix-up
                     if STREAM_K:
                         if (k0 > 0) | (k1 < k_tiles):  # a cut tile: the last contributor to finish stores it
                             if publish_partial(acc, ws, locks, sk_tile, half, k_tiles, iters, BN, CONSUMERS,
-                                               DETERMINISTIC, MULTICAST, rank):
+                                               DETERMINISTIC, MULTICAST, CLUSTER, rank):
                                 finish_cut_tile(ws, locks, c, scale, bias, sk_tile, half, row0, n0, k_tiles, iters,
                                                 BN, CONSUMERS, DETERMINISTIC, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
-                                                MULTICAST, rank)
+                                                MULTICAST, CLUSTER, rank)
                         else:
                             epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS,
                                      ACTIVATION, TMA_STORE, EPILOGUE_N)
@@ -349,7 +357,7 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                         epilogue(acc, c, c_s, scale, bias, row0, n0, half, BN, SCALED, BIAS, BIAS_ROWS, ACTIVATION,
                                  TMA_STORE, EPILOGUE_N)
         mgjit.store_async_wait(0)
-    if MULTICAST:  # no CTA exits while its peer may still copy into its slots or arrive on its barriers
+    if MULTICAST:  # no CTA exits while a peer may still copy into its slots or arrive on its barriers
         mgjit.cluster_sync()
 
 

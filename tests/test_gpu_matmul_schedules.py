@@ -86,6 +86,32 @@ def test_multicast_on_ragged_shapes(m, n, k, layouts, dtype, multicast, poison_e
           a.float() @ b.float())
 
 
+CLUSTER4_CONFIGS = {
+    "swap-b": dict(SWAP_AB=True, BM=64, MULTICAST="b", CLUSTER=4),
+    "swap-b-128-stream-k": dict(SWAP_AB=True, BM=128, STREAM_K=1, MULTICAST="b", CLUSTER=4),
+    "swap-b-split-k-3": dict(SWAP_AB=True, BM=64, STREAM_K=1, SPLIT=3, MULTICAST="b", CLUSTER=4),
+    "b-128x128": dict(BM=128, BN=128, MULTICAST="b", CLUSTER=4),
+    "a-split-k-2": dict(BM=128, BN=64, STREAM_K=1, SPLIT=2, MULTICAST="a", CLUSTER=4),
+}
+
+
+@pytest.mark.parametrize("config", CLUSTER4_CONFIGS)
+@pytest.mark.parametrize("layouts", [{}, {"b_layout": "t"}, {"a_layout": "strided"}],
+                         ids=["rows", "b-transposed", "a-strided"])
+@pytest.mark.parametrize("m,n,k", [(90, 3000, 2000), (160, 4160, 520), (1152, 1000, 136)])
+def test_clusters_of_four_on_ragged_shapes(m, n, k, layouts, config, poison_empty):
+    """Clusters of four sharing B (swapped: the activations, M rounded up to 32 columns, a multicast part of 8
+    rows or more a CTA) or A, on tiles that do not divide M, N, K: an item's last tiles past M or N (3000 weight
+    rows are 47 tiles of 64, 12 items of 4), K of 3 k-steps, fewer than the stages."""
+    cfg = dict(CLUSTER4_CONFIGS[config])
+    if cfg.get("SWAP_AB"):
+        if m > 256:
+            pytest.skip("swap-AB puts M on the wgmma's N: at most 256")
+        cfg["BN"] = -(-m // 32) * 32
+    a, b = operands(m, n, k, **layouts)
+    check(mh.matmul(a, b, cfg), a.float() @ b.float())
+
+
 @pytest.mark.parametrize("m,n,k", [(3, 4096, 4096), (1000, 3000, 2000), (2048, 2048, 2048)])
 def test_f16(m, n, k, poison_empty):
     a, b = operands(m, n, k, dtype=torch.float16, b_layout="t")

@@ -92,6 +92,14 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "multicast-a-split-k-odd-n": (200, 300, 640, dict(BM=128, BN=128, MULTICAST="a", STREAM_K=1, SPLIT=4), 16, {}),
     "multicast-b-stream-k-atomic": (300, 136, 520, dict(BM=64, BN=64, MULTICAST="b", STREAM_K=1,
                                                         DETERMINISTIC=False), 8, {}),
+    # Clusters of four: swapped 64-row weight tiles sharing the activations (M = 90 as 96 columns, 24 rows a CTA's
+    # part of the shared tile), 10 weight tiles as 3 items, the last one's last two wholly past N; stream-K over
+    # clusters sharing B (5 row tiles as 2 items); split-K over clusters sharing A, 300 columns in one item
+    "multicast4-b-swapped": (90, 600, 320, dict(SWAP_AB=True, BM=64, BN=96, MULTICAST="b", CLUSTER=4), 8, {}),
+    "multicast4-b-stream-k": (600, 136, 520, dict(BM=128, BN=64, MULTICAST="b", CLUSTER=4, STREAM_K=1), 12,
+                              dict(b_layout="t")),
+    "multicast4-a-split-k": (200, 300, 640, dict(BM=128, BN=64, MULTICAST="a", CLUSTER=4, STREAM_K=1, SPLIT=2), 16,
+                             {}),
     # Three consumers (192-row tiles): 500 rows make 3 tiles, the last one cut by M; stream-K over clusters
     # sharing B, a pair's second tile wholly past M
     "bm192-odd": (500, 300, 136, dict(BM=192, BN=192), 3, {}),
@@ -269,7 +277,7 @@ def first_choice(m, n, k, dtype=BF16, sms=132):
     ((128, 2048, 1024), dict(BM=128, BN=128, STREAM_K=0))])
 def test_the_heuristics_favourite_per_shape_class(shape, expected):
     options = first_choice(*shape)
-    assert 1 <= len(options) <= 8  # each one is compiled and timed on a shape's first call
+    assert 1 <= len(options) <= 11  # each one is compiled and timed on a shape's first call
     assert {k: options[0][k] for k in expected} == expected
     for option in options:  # every wgmma candidate fits: at least two stages beside its epilogue tile
         assert option.get("GEMV") or option["STAGES"] >= 2
@@ -299,7 +307,7 @@ def test_long_k_tries_64x64_tiles_split_to_about_a_wave(shape, split):
     options = first_choice(*shape)
     (option,) = [o for o in options if (o["BM"], o["BN"], o.get("MULTICAST")) == (64, 64, None)]
     assert (option.get("SPLIT", 0), option["STREAM_K"]) == (split, 1 if split else 0)
-    assert len(options) <= 8 and options[0]["STREAM_K"]
+    assert len(options) <= 11 and options[0]["STREAM_K"]
 
 
 @pytest.mark.parametrize("shape,swapped,paired", [
@@ -313,10 +321,10 @@ def test_65_to_96_rows_also_try_swapped_weight_tiles(shape, swapped, paired):
     fill a third of the SMs (not 20 tiles: 96 x 1240 x 8192); M-neighbour pairs sharing B only where M holds two
     128-row tiles (else every pair's second tile is empty)."""
     options = first_choice(*shape)
-    swaps = [(o["BM"], o["BN"], o["STREAM_K"]) for o in options if o["SWAP_AB"]]
+    swaps = [(o["BM"], o["BN"], o["STREAM_K"]) for o in options if o["SWAP_AB"] and not o.get("MULTICAST")]
     assert swaps == ([(64, swapped, 0)] if swapped else [])
-    assert any(o.get("MULTICAST") == "b" for o in options) == paired
-    assert len(options) <= 8
+    assert any(o.get("MULTICAST") == "b" and not o["SWAP_AB"] for o in options) == paired
+    assert len(options) <= 11
 
 
 def test_swapped_weight_tiles_only_where_m_pads_to_96_rows_or_fewer():
@@ -326,7 +334,7 @@ def test_swapped_weight_tiles_only_where_m_pads_to_96_rows_or_fewer():
     b = torch.empty(k, n, dtype=BF16)
     for a, side in ((torch.empty(m, k, dtype=BF16), 80), (torch.empty(k, m, dtype=BF16).t(), None)):
         problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
-        swaps = [o["BN"] for o in schedules.candidates(problem, 132) if o["SWAP_AB"]]
+        swaps = [o["BN"] for o in schedules.candidates(problem, 132) if o["SWAP_AB"] and not o.get("MULTICAST")]
         assert swaps == ([side] if side else []), a.stride()
 
 
@@ -337,7 +345,7 @@ def test_swapped_weight_tiles_only_where_m_pads_to_96_rows_or_fewer():
 def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
     """The larger shapes also time their data-parallel tiles on clusters of two sharing B; small and decode
     shapes do not (a pair of tiles per cluster leaves SMs idle there)."""
-    multicast = [o for o in first_choice(*shape) if o.get("MULTICAST") and not o["STREAM_K"]]
+    multicast = [o for o in first_choice(*shape) if o.get("MULTICAST") and not o["STREAM_K"] and "CLUSTER" not in o]
     assert [(o["BM"], o["BN"]) for o in multicast] == tiles
     for option in multicast:
         assert option["MULTICAST"] == "b" and not option["STREAM_K"] and "multicast B" in schedules.describe(option)
@@ -346,6 +354,28 @@ def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
                                                           False, False, None), option, 132)
         pairs = -(-shape[0] // (2 * option["BM"])) * -(-shape[1] // option["BN"])
         assert plan.grid == (2 * min(pairs, 66),) and plan.kernel_cfg["cluster"] == (2, 1, 1)
+
+
+@pytest.mark.parametrize("shape,side", [
+    ((100, 7328, 3784), 128), ((160, 8896, 16384), 160), ((144, 4096, 14336), 160), ((256, 8192, 8192), 256),
+    ((80, 2000, 6000), None), ((100, 894, 3584), None), ((300, 8192, 8192), None), ((48, 8192, 8192), None)])
+def test_65_to_256_rows_also_share_the_activations_over_clusters_of_four(shape, side):
+    """M of 65 to 256 rows, where the weights make a third of the SMs' worth of 64-row tiles: swapped 64- and
+    128-row weight tiles on clusters of four sharing the activations (M rounded up to 32 columns: 8 rows a CTA's
+    multicast part), data-parallel and stream-K, launched on the clusters that run at once (off the GPU, a
+    quarter of the SMs); none for few weight tiles (2000 / 64), M past 256 or decode shapes."""
+    options = [o for o in first_choice(*shape) if o.get("CLUSTER") == 4]
+    assert [(o["BM"], o["BN"], o["STREAM_K"]) for o in options] == (
+        [(64, side, 0), (64, side, 1), (128, side, 0)] if side else [])
+    m, n, k = shape
+    problem = schedules.Problem.of(torch.empty(m, k, dtype=BF16), torch.empty(k, n, dtype=BF16), False, BF16,
+                                   False, False, None)
+    for option in options:
+        assert option["SWAP_AB"] and option["MULTICAST"] == "b" and "multicast B x4" in schedules.describe(option)
+        plan = schedules.launch_plan(problem, option, 132)
+        items = -(-n // (4 * option["BM"]))
+        assert plan.kernel_cfg["cluster"] == (4, 1, 1) and plan.tiles == 4 * items
+        assert plan.grid == (4 * (33 if option["STREAM_K"] else min(items, 33)),)
 
 
 @pytest.mark.parametrize("shape", [(1024, 1024, 16384), (1000, 3000, 2000)])
@@ -388,6 +418,12 @@ SPILL_CONFIGS = {
     # The epilogue in 64-column chunks leaves 128 x 256 tiles room for a fourth stage, with the whole epilogue.
     "chunked-epilogue-128x256": dict(BM=128, BN=256, STAGES=4, BIAS=True, SCALED=True, ACTIVATION="gelu"),
     "chunked-epilogue-multicast": dict(BM=128, BN=256, STAGES=4, MULTICAST="b", B_KMAJOR=True),
+    # Swapped tiles sharing the activations over clusters of four (cuBLAS's 64 x 104 and 256 x 160 tiles on 4 x 1
+    # clusters at 100 x 7328 x 3784 and 160 x 8896 x 16384)
+    "multicast4-swap-128x160-stream-k": dict(BM=128, BN=160, STAGES=5, STREAM_K=1, MULTICAST="b", CLUSTER=4,
+                                             A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+    "multicast4-swap-64x128": dict(BM=64, BN=128, STAGES=9, MULTICAST="b", CLUSTER=4, A_MNMAJOR=True,
+                                   B_KMAJOR=True, TMA_STORE=False),
 }
 
 
@@ -411,7 +447,8 @@ def compile_config(name):
     return mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
                                     torch.empty(1, dtype=torch.int32), **config,
                                     num_warpgroups=config["BM"] // 64 + 1,
-                                    cluster=(2, 1, 1) if config.get("MULTICAST") else None, target="sm_90a")
+                                    cluster=(config.get("CLUSTER", 2), 1, 1) if config.get("MULTICAST") else None,
+                                    target="sm_90a")
 
 
 @pytest.mark.parametrize("name", SPILL_CONFIGS)
