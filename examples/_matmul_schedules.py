@@ -183,15 +183,19 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
     # cuBLAS against 0.88.
     swapped = [config(problem, 64, side, swap=True)] if (
         _swap_allowed(problem) and side <= SWAP_ROWS and tiles(side, 64) >= sms // 3) else []
-    # M of 65 to 256 rows: the same weight tiles (and 128-row ones) with the activations shared by clusters of four
-    # of them, each CTA multicasting a quarter (M as a multiple of 32: parts of 8 rows), cuBLAS's 64 x 104 and
-    # 256 x 160 tiles on 4 x 1 clusters. H200, of cuBLAS: 100 x 7328 x 3784 0.85 -> 0.92 (64 x 128), 160 x 8896 x
-    # 16384 0.75 -> 0.94 (64 x 160 stream-K), 150 x 12288 x 4096 0.82 -> 0.89 (128 x 160), 144 x 4096 x 14336 0.81
-    # -> 0.84; at 160 x 5232 x 8384 (A strided) and 80 x 2000 x 6000 they lost (benchmarks/RESULTS.md).
+    # M of 65 to 256 rows: the same weight tiles with the activations shared by clusters of four of them, each CTA
+    # multicasting a quarter (M as a multiple of 32: parts of 8 rows), data-parallel and stream-K (cuBLAS's 64 x 104
+    # and 256 x 160 tiles on 4 x 1 clusters), and 128-row weight tiles unshared (its 128 x 200 at 200 x 16384 x
+    # 8192). H200, of cuBLAS: 100 x 7328 x 3784 0.85 -> 0.88-0.92 (64 x 128 shared), 160 x 8896 x 16384 0.75 ->
+    # 0.94-0.96 (64 x 160 shared, stream-K), 144 x 4096 x 14336 0.81 -> 0.85-0.87 (64 x 160 shared), 160 x 5232 x
+    # 8384 (A strided) 0.84 -> 1.05, 150 x 12288 x 4096 0.82 -> 0.93 (128 x 160), 200 x 16384 x 8192 (B transposed)
+    # 0.72 -> 0.95 (128 x 200). 128-row tiles shared by four lost to unshared ones (30 clusters of four run at once
+    # on an H200, so 32 items take two rounds), as did pairs; at 80 x 2000 x 6000 all of these lost
+    # (benchmarks/RESULTS.md).
     side4 = max(side, -(-m // 32) * 32)
     shared4 = [config(problem, 64, side4, swap=True, MULTICAST="b", CLUSTER=4),
                config(problem, 64, side4, swap=True, stream_k=1, MULTICAST="b", CLUSTER=4),
-               config(problem, 128, side4, swap=True, MULTICAST="b", CLUSTER=4)] if (
+               config(problem, 128, side, swap=True)] if (
         _swap_allowed(problem) and 64 < m and side4 <= 256 and tiles(side4, 64) >= sms // 3) else []
     if big % sms == 0 or big >= 8 * sms:  # whole waves, or a tail too small to matter
         return [config(problem, 128, 256), config(problem, 128, 256, MULTICAST="b")] + (

@@ -321,7 +321,8 @@ def test_65_to_96_rows_also_try_swapped_weight_tiles(shape, swapped, paired):
     fill a third of the SMs (not 20 tiles: 96 x 1240 x 8192); M-neighbour pairs sharing B only where M holds two
     128-row tiles (else every pair's second tile is empty)."""
     options = first_choice(*shape)
-    swaps = [(o["BM"], o["BN"], o["STREAM_K"]) for o in options if o["SWAP_AB"] and not o.get("MULTICAST")]
+    swaps = [(o["BM"], o["BN"], o["STREAM_K"]) for o in options
+             if o["SWAP_AB"] and not o.get("MULTICAST") and o["BM"] == 64]
     assert swaps == ([(64, swapped, 0)] if swapped else [])
     assert any(o.get("MULTICAST") == "b" and not o["SWAP_AB"] for o in options) == paired
     assert len(options) <= 11
@@ -334,7 +335,8 @@ def test_swapped_weight_tiles_only_where_m_pads_to_96_rows_or_fewer():
     b = torch.empty(k, n, dtype=BF16)
     for a, side in ((torch.empty(m, k, dtype=BF16), 80), (torch.empty(k, m, dtype=BF16).t(), None)):
         problem = schedules.Problem.of(a, b, False, BF16, False, False, None)
-        swaps = [o["BN"] for o in schedules.candidates(problem, 132) if o["SWAP_AB"] and not o.get("MULTICAST")]
+        swaps = [o["BN"] for o in schedules.candidates(problem, 132)
+                 if o["SWAP_AB"] and not o.get("MULTICAST") and o["BM"] == 64]
         assert swaps == ([side] if side else []), a.stride()
 
 
@@ -360,13 +362,15 @@ def test_multicast_candidates_where_tiles_are_many_enough(shape, tiles):
     ((100, 7328, 3784), 128), ((160, 8896, 16384), 160), ((144, 4096, 14336), 160), ((256, 8192, 8192), 256),
     ((80, 2000, 6000), None), ((100, 894, 3584), None), ((300, 8192, 8192), None), ((48, 8192, 8192), None)])
 def test_65_to_256_rows_also_share_the_activations_over_clusters_of_four(shape, side):
-    """M of 65 to 256 rows, where the weights make a third of the SMs' worth of 64-row tiles: swapped 64- and
-    128-row weight tiles on clusters of four sharing the activations (M rounded up to 32 columns: 8 rows a CTA's
-    multicast part), data-parallel and stream-K, launched on the clusters that run at once (off the GPU, a
-    quarter of the SMs); none for few weight tiles (2000 / 64), M past 256 or decode shapes."""
+    """M of 65 to 256 rows, where the weights make a third of the SMs' worth of 64-row tiles: swapped 64-row weight
+    tiles on clusters of four sharing the activations (M rounded up to 32 columns: 8 rows a CTA's multicast part),
+    data-parallel and stream-K, launched on the clusters that run at once (off the GPU, a quarter of the SMs),
+    and 128-row ones unshared (M rounded up to 8); none for few weight tiles (2000 / 64), M past 256 or decode
+    shapes."""
     options = [o for o in first_choice(*shape) if o.get("CLUSTER") == 4]
-    assert [(o["BM"], o["BN"], o["STREAM_K"]) for o in options] == (
-        [(64, side, 0), (64, side, 1), (128, side, 0)] if side else [])
+    assert [(o["BM"], o["BN"], o["STREAM_K"]) for o in options] == ([(64, side, 0), (64, side, 1)] if side else [])
+    wide = [o["BN"] for o in first_choice(*shape) if o["SWAP_AB"] and o["BM"] == 128 and not o["STREAM_K"]]
+    assert wide == ([-(-shape[0] // 8) * 8] if side else [])
     m, n, k = shape
     problem = schedules.Problem.of(torch.empty(m, k, dtype=BF16), torch.empty(k, n, dtype=BF16), False, BF16,
                                    False, False, None)
