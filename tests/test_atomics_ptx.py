@@ -53,16 +53,16 @@ def cut_tile_sums(parts, c, ws, locks, TILES: mgjit.constexpr, K_TILES: mgjit.co
     """c's 64-row tile t is the sum of the (64, BN) f32 blocks t * K_TILES .. t * K_TILES + K_TILES - 1 of parts,
     its k-iterations, shared out by the matmul's stream-K schedule and fixed up as the matmul fixes up a cut
     tile (one consumer: 64-row tiles)."""
-    dp_tiles, n_dp, iters, begin, end, sk_first, items = mh.schedule(TILES, K_TILES, 1)
+    dp_tiles, n_dp, iters, begin, end, sk_first, items = mh.schedule(TILES, K_TILES, 1, None, 2)
     for w in range(items):
-        tile, sk_tile, k0, k1 = mh.work_item(w, dp_tiles, n_dp, begin, end, sk_first, K_TILES)
+        tile, sk_tile, k0, k1 = mh.work_item(w, dp_tiles, n_dp, begin, end, sk_first, K_TILES, None, 2)
         acc = mgjit.zeros((64, BN), mgjit.float32)
         for k in range(k0, k1):
             acc = acc + parts[mgjit.ds((tile * K_TILES + k) * 64, 64), mgjit.ds(0, BN)]
         if (k0 > 0) | (k1 < K_TILES):
-            if mh.publish_partial(acc, ws, locks, sk_tile, 0, K_TILES, iters, BN, 1, DETERMINISTIC, None, 0):
+            if mh.publish_partial(acc, ws, locks, sk_tile, 0, K_TILES, iters, BN, 1, DETERMINISTIC, None, 2, 0):
                 mh.finish_cut_tile(ws, locks, c, c, c, sk_tile, 0, tile * 64, 0, K_TILES, iters, BN, 1, DETERMINISTIC,
-                                   False, False, False, None, None, 0)
+                                   False, False, False, None, None, 2, 0)
         else:
             mh.epilogue(acc, c, c, c, c, tile * 64, 0, 0, BN, False, False, False, None, False)
 
