@@ -9,8 +9,8 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
   k-iterations over every SM. With 16-bit weights and a few rows, also a GEMV on the CUDA cores (K-major
   weights M <= 4, N-major M <= 8).
 - M of 65 to 96 (SWAP_ROWS), where the weights make enough 64-row tiles: the swapped data-parallel tile beside the
-  others below (cuBLAS's own 64 x 80 tiles at 80 x 3000 x 4096); M of 65 to 256, swapped 64- and 128-row weight
-  tiles on clusters of four sharing the activations by multicast (cuBLAS's 4 x 1 clusters there).
+  others below (cuBLAS's own 64 x 80 tiles at 80 x 3000 x 4096); M of 65 to 256, swapped 64-row weight tiles on
+  clusters of four sharing the activations by multicast (cuBLAS's 4 x 1 clusters there) and 128-row ones.
 - a partial last wave (tiles not a multiple of the SMs, fewer than ~8 waves): stream-K over the last wave or
   two beside the data-parallel tiles, smaller tiles (more tiles, smaller tail), and 192 x 192 ones.
 - fewer tiles than SMs with a long K: stream-K or split-K, split-K over clusters sharing A where the tiles are
@@ -440,13 +440,14 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
 
 
 def resident_clusters(problem: Problem, cluster: int, warpgroups: int, sms: int) -> int:
-    """The clusters of `cluster` CTAs (one an SM, of `warpgroups` warpgroups) that run at once: a cluster's CTAs
-    share a GPC, and an H200's GPCs hold 32 clusters of 4, not 33 (mgjit.max_active_clusters). Pairs, and any
-    cluster off the GPU, as the SMs divide."""
+    """The clusters of `cluster` CTAs (one an SM, of `warpgroups` warpgroups) that run at once, at least one (a
+    launch the GPU cannot place fails, where an empty grid would leave C unwritten): a cluster's CTAs share a GPC,
+    and the H200 measured ran 30 clusters of four at once, not 33 (mgjit.max_active_clusters; a grid of 33 would
+    run the last three after the others). Pairs, and any cluster off the GPU, as the SMs divide."""
     device = problem.a_op.device
     if cluster == 2 or device.type != "cuda":
         return max(sms // cluster, 1)
-    return mgjit.max_active_clusters(cluster, 1, threads=128 * warpgroups, device=device.index or 0)
+    return max(mgjit.max_active_clusters(cluster, 1, threads=128 * warpgroups, device=device.index or 0), 1)
 
 
 def workspace(kernel_cfg: dict, tiles: int, grid: tuple, c) -> tuple:
