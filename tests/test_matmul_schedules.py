@@ -422,12 +422,13 @@ SPILL_CONFIGS = {
     # The epilogue in 64-column chunks leaves 128 x 256 tiles room for a fourth stage, with the whole epilogue.
     "chunked-epilogue-128x256": dict(BM=128, BN=256, STAGES=4, BIAS=True, SCALED=True, ACTIVATION="gelu"),
     "chunked-epilogue-multicast": dict(BM=128, BN=256, STAGES=4, MULTICAST="b", B_KMAJOR=True),
-    # Swapped tiles sharing the activations over clusters of four (cuBLAS's 64 x 104 and 256 x 160 tiles on 4 x 1
-    # clusters at 100 x 7328 x 3784 and 160 x 8896 x 16384)
-    "multicast4-swap-128x160-stream-k": dict(BM=128, BN=160, STAGES=5, STREAM_K=1, MULTICAST="b", CLUSTER=4,
-                                             A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+    # M of 65 to 256: swapped 64-row weight tiles sharing the activations over clusters of four (cuBLAS's 64 x 104
+    # and 256 x 160 tiles on 4 x 1 clusters at 100 x 7328 x 3784 and 160 x 8896 x 16384), and 128-row ones unshared
+    "multicast4-swap-64x160-stream-k": dict(BM=64, BN=160, STAGES=8, STREAM_K=1, MULTICAST="b", CLUSTER=4,
+                                            A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
     "multicast4-swap-64x128": dict(BM=64, BN=128, STAGES=9, MULTICAST="b", CLUSTER=4, A_MNMAJOR=True,
                                    B_KMAJOR=True, TMA_STORE=False),
+    "swap-128x200": dict(BM=128, BN=200, STAGES=5, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
 }
 
 
