@@ -190,6 +190,26 @@ def test_a_chosen_multicast_schedule_launches_again_on_its_cluster(interpreted, 
     assert rel_err(first, a.float() @ b.float()) < 5e-3 and rel_err(again, a2.float() @ b2.float()) < 5e-3
 
 
+@pytest.mark.parametrize("dtype", [F16, torch.float8_e4m3fn, torch.float32], ids=["f16", "fp8", "tf32"])
+def test_the_m_65_to_256_candidates_in_every_operand_type(dtype, interpreted):
+    """The swapped candidates of M of 65 to 256 (64-row weight tiles shared by clusters of four, data-parallel and
+    stream-K; 128-row ones unshared) in f16, fp8 and tf32 (K-major weights): 20 weight tiles on 4 SMs, a partial
+    last wave, M = 100 as 128 columns."""
+    interpreted["count"] = 4
+    m, n, k = 100, 1280, 256
+    a = (torch.randn(m, k) * 2).to(dtype)
+    w = (torch.randn(n, k) * 2).to(dtype)
+    out = dtype if dtype.itemsize == 2 else BF16
+    problem = schedules.Problem.of(a, w, True, out, False, False, None)
+    configs = [o for o in schedules.candidates(problem, 4)
+               if o["SWAP_AB"] and (o.get("CLUSTER") == 4 or o["BM"] == 128)]
+    assert len(configs) == 3, [schedules.describe(o) for o in configs]
+    ref = a.double() @ w.double().t()
+    for config in configs:
+        c = mh.matmul(a, w, config, b_kmajor=True, out_dtype=out)
+        assert rel_err(c, ref) < 5e-3, schedules.describe(config)
+
+
 def test_multicast_refuses_a_cluster_of_one():
     x = torch.empty(256, 256, dtype=BF16)
     cfg = dict(BM=128, BN=128, BK=64, STAGES=2, GROUP_M=8, MULTICAST="b", num_warpgroups=3)

@@ -100,18 +100,21 @@ def test_long_k_split_over_clusters_from_its_ptx():
     check_candidates(256, 256, 16384, 32, which=[0])
 
 
-def test_swapped_tiles_sharing_the_activations_over_clusters_of_four_from_their_ptx():
+@pytest.mark.parametrize("kwargs", [{}, dict(dtype=torch.float8_e4m3fn, b_kmajor=True)], ids=["bf16", "fp8"])
+def test_swapped_tiles_sharing_the_activations_over_clusters_of_four_from_their_ptx(kwargs):
     """M of 65 to 256 rows over many weight tiles (a partial last wave on 4 SMs): swapped 64-row weight tiles on a
     cluster of four sharing the activations (M = 100 as 128 columns, each CTA multicasting 32 of them), data-parallel
     and stream-K, and 128-row swapped tiles: 20 weight tiles as 5 items of four, every one on the one cluster."""
     m, n, k, sms = 100, 1280, 128, 4
-    problem = schedules.Problem.of(torch.empty(m, k, dtype=BF16), torch.empty(k, n, dtype=BF16), False, BF16, False,
-                                   False, None)
+    dtype = kwargs.get("dtype", BF16)
+    b = torch.empty(n, k, dtype=dtype) if kwargs.get("b_kmajor") else torch.empty(k, n, dtype=dtype)
+    problem = schedules.Problem.of(torch.empty(m, k, dtype=dtype), b, bool(kwargs.get("b_kmajor")),
+                                   dtype if dtype.itemsize == 2 else BF16, False, False, None)
     which = [i for i, o in enumerate(schedules.candidates(problem, sms)) if o["SWAP_AB"] and o["BM"] in (64, 128)
              and (o.get("CLUSTER") == 4 or o["BM"] == 128)]
     described = [schedules.describe(schedules.candidates(problem, sms)[i]) for i in which]
     assert len(which) == 3 and sum("multicast B x4" in d for d in described) == 2, described
-    check_candidates(m, n, k, sms, which=which)
+    check_candidates(m, n, k, sms, which=which, **kwargs)
 
 
 @pytest.mark.parametrize("lands", ["late", "early"])
