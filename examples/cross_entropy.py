@@ -57,7 +57,8 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
     rows) int32, zero, each such row's pieces counted in and set back to zero, both used by piped segments
     (SEGS > 1) only (`scratch`, `finish_piece`). OCC > 0: registers capped so that OCC CTAs fit on an SM. EARLY: held
     rows gather their targets' logits before the row's arithmetic, not after it (`mapping`). LSE: store each row's
-    logsumexp into lse (0: lse is not written, and may be any float32 tensor, such as loss)."""
+    logsumexp into lse (0: lse is not written, and may be any float32 tensor; the wrapper passes a kept one of one
+    element, not loss, which the tuner would take for an in-place argument)."""
     if OCC:
         mgjit.min_ctas_per_sm(OCC)
     if PIPE:
