@@ -41,7 +41,6 @@ OPERAND_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float3
 SMEM_BYTES = 232448   # what one CTA may use on sm_90a (targets.HOPPER.smem_bytes)
 SMEM_RESERVE = 2048   # mbarriers, scratch, alignment
 MAX_STAGES = 12
-MULTICAST_CTAS = 2  # the CTAs of a multicast cluster where a config sets no CLUSTER (matmul_kernel's default)
 MAX_CUTS = 8  # contributors per stream-K tile: the one that finishes it reads all of their partials
 # Below this many multiply-adds a problem takes a few microseconds whatever its K: the small problems' tiles, not
 # cuts of K (128 x 2048 x 1024 ran 10.5 us on its best long-K candidate, 8.7 on cuBLAS's 128 CTAs of 64 x 32).
@@ -375,7 +374,7 @@ def describe(cfg: dict | None) -> str:
     else:
         parts.append("data-parallel")
     if cfg.get("MULTICAST"):
-        parts.append(f"multicast {cfg['MULTICAST'].upper()} x{cfg.get('CLUSTER', MULTICAST_CTAS)}")
+        parts.append(f"multicast {cfg['MULTICAST'].upper()} x{cfg.get('CLUSTER', 2)}")
     parts += [f"{cfg['BM']}x{cfg['BN']}", f"{cfg['STAGES']} stages",
               "TMA store" if cfg.get("TMA_STORE") else "st.global"]
     return " ".join(parts)
@@ -414,7 +413,7 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
         kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
         scaled, biased, activation = problem.epilogue
         kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation, num_warpgroups=cfg["BM"] // 64 + 1)
-        cluster = cfg.get("CLUSTER", MULTICAST_CTAS)
+        cluster = cfg.get("CLUSTER", 2)  # the CTAs of a multicast cluster
         if cfg.get("MULTICAST"):
             kernel_cfg["cluster"] = (cluster, 1, 1)
         if cfg["SWAP_AB"]:

@@ -262,8 +262,7 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                   BIAS_ROWS: mgjit.constexpr = False, ACTIVATION: mgjit.constexpr = None,
                   TMA_STORE: mgjit.constexpr = True, STREAM_K: mgjit.constexpr = 0,
                   DETERMINISTIC: mgjit.constexpr = True, MULTICAST: mgjit.constexpr = None,
-                  EPILOGUE_N: mgjit.constexpr = 64,
-                  CLUSTER: mgjit.constexpr = schedules.MULTICAST_CTAS):
+                  EPILOGUE_N: mgjit.constexpr = 64, CLUSTER: mgjit.constexpr = 2):
     """c = act(a @ b * scale[0] + bias): a is (M, K), or (K, M) when A_MNMAJOR; b is (K, N), or (N, K) when
     B_KMAJOR (fp8 and tf32 need both K-major). scale, bias (per column, or per row with BIAS_ROWS) and the
     activation are optional and applied to the f32 accumulator on the way out. Launch with BM // 64 + 1

@@ -472,8 +472,7 @@ def compile_config(name):
     return mh.matmul_kernel.compile(x, x, out, torch.empty(1), torch.empty(4096, dtype=BF16), ws,
                                     torch.empty(1, dtype=torch.int32), **config,
                                     num_warpgroups=config["BM"] // 64 + 1,
-                                    cluster=(config.get("CLUSTER", schedules.MULTICAST_CTAS), 1, 1)
-                                    if config.get("MULTICAST") else None,
+                                    cluster=(config.get("CLUSTER", 2), 1, 1) if config.get("MULTICAST") else None,
                                     target="sm_90a")
 
 
