@@ -366,6 +366,11 @@ class Emitter:
     def shfl_bfly(self, x, offset: int):
         return self.shfl(x, "bfly", offset)
 
+    def shfl_idx(self, x, lane):
+        """x from lane `lane` (an i32 value, any lane of the warp)."""
+        attr = self.ir.Attribute.parse("#nvvm<shfl_kind idx>")
+        return self.m.nvvm.shfl_sync(self.i32(-1), x, lane, self.i32(0x1F), attr, results=[x.type])
+
 
 class Index:
     """An i32 MLIR value with Python's integer operators, so that index arithmetic written for ints (tiles.py)

@@ -317,17 +317,15 @@ def _store_shuffled_words(ctx: lower.Context, firsts: list[_Element], words: lis
     goes as one 4-byte store where it went as two 2-byte halves: a row's first element (lane 0, no access before)
     and last (lane 31, none after) go alone."""
     e = ctx.e
-    i32 = e.int_type(32)
     lane = ctx.lane
     first_lane, last_lane = e.cmpi("eq", lane, e.i32(0)), e.cmpi("eq", lane, e.i32(31))
     source_lane = e.andi(e.addi(lane, e.i32(1)), e.i32(31))
-    idx = e.ir.Attribute.parse("#nvvm<shfl_kind idx>")
     for el, word, (nxt, prev) in zip(firsts, words, links):
         _, skew, _ = bases.of(el)
         mid = e.cmpi("ne", skew, e.i32(0))
         _store_bytes(e, el.addr, _not(e, mid), [word], 4)
         sent = e.select(first_lane, words[nxt], word) if nxt is not None else word
-        neighbour = e.m.nvvm.shfl_sync(e.i32(-1), sent, source_lane, e.i32(0x1F), idx, results=[i32])
+        neighbour = e.shfl_idx(sent, source_lane)
         joined = _prmt(e, word, neighbour, e.i32(0x5432))
         has_next = None if nxt is not None else _not(e, last_lane)
         _store_bytes(e, e.addi(el.addr, e.i64(2)), _all(e, [mid, has_next]), [joined], 4)
