@@ -23,7 +23,9 @@ trip to L2 after the row's statistics). Held rows are also tried with ptxas aske
 occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of
 copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
 Statistics are computed in f32 and the output rounded once (x - mean first, then one fma with w and b); the
-padding past a row's end reads as zero and is masked out of the variance.
+padding past a row's end reads as zero and is masked out of the variance. Held rows of ONE_PASS_WIDTH columns or
+more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (x * rstd less mean * rstd
+then loses nothing), and take their deviations from registers where one does not.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -45,6 +47,10 @@ import mgjit
 STAGE_GROUP = 8192
 
 OCCUPANCY = (3, 4)  # CTAs an SM that held rows are also tried at
+# Held rows of at least this many columns take their statistics in one pass (`layernorm_held`), where a thread's
+# elements of a row outnumber the row-wide steps the pass adds: PTX instructions an element, bf16, rows of 1000
+# 16.4 -> 15.3, 4095 32.9 -> 30.2, 5000 15.0 -> 13.6; f16 rows of 98 (8 rows a thread, 3 columns each) 25.6 -> 26.8.
+ONE_PASS_WIDTH = 1024
 # Rows shorter than this also try staged stores (_rows.staging; their loads then 16-byte vectors, a row's elements
 # in one or two threads). H200, bf16, tuned, a row held as two arrays stored side by side as one run: rows of 5
 # 0.53 -> 0.92 of copy bandwidth, 9 0.49 -> 0.95, 17 0.52 -> 0.81, 33 0.61 -> 0.83, 65 0.57 -> 0.79; longer rows
@@ -94,38 +100,58 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
     n = x.shape[1]
     cols = columns(starts, PARTS)
     v = load_row(x, rows, starts, PARTS, 0.0)
-    if SPLIT == 1:
+    one_pass = SPLIT == 1 and held_width(PARTS) >= ONE_PASS_WIDTH
+    if one_pass:
+        # The sums of x and x^2 (the padding reads as 0: no mask), reduced apart from each other, where every row's
+        # mean lies within 4 standard deviations of 0 (the variance, sum(x^2) - n mean^2, then loses at most 4 bits
+        # to cancellation, as the piped rows' shift does); else the rows taken again from registers as deviations
+        # from their means (centre 0), and y from those.
         mean = segment_sum(v) / n
-        # Short rows held as two arrays (17 as 16 + 1, _rows._two_parts) skip the mask of the padding where there is
-        # none, a run-time test (PTX instructions an element, bf16 rows of 17: 21.5 -> 20.3, one select fewer; 91
-        # -> 82 registers). Longer rows keep the one masked path (two were not measured there).
-        if len(PARTS) == 2 and held_width(PARTS) < TWO_PARTS_BELOW:
-            if n == held_width(PARTS):
-                d = centred(v, (), mean, 0)
-            else:
-                d = centred(v, cols, mean, n, len(PARTS) - 1)
-        else:
-            # A whole row's padding is narrower than its last part (_rows.parts and its kin round it up by less), so
-            # only that part is masked (PTX instructions an element, bf16 rows of 1600 held as 1024 + 512 + 128:
-            # 20.2 -> 18.4).
-            mgjit.device_assert(n > held_width(PARTS) - PARTS[len(PARTS) - 1],
-                                "layernorm: a row's padding reaches past its last part")
-            d = centred(v, cols, mean, n, len(PARTS) - 1)
-        m2 = segment_sum(squares(d))
+        s2 = segment_sum(squares(v))
+        m2 = s2 - mean * mean * n
+        centre = mean
+        if mgjit.max(17.0 * mean * mean * n - 16.0 * s2) > 0.0:
+            v = centred_row(v, cols, mean, n, PARTS)
+            m2 = segment_sum(squares(v))
+            centre = mgjit.zeros(mean.shape, mgjit.float32)
+    elif SPLIT == 1:
+        v = centred_row(v, cols, segment_sum(v) / n, n, PARTS)
+        m2 = segment_sum(squares(v))
     else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
         count = segment_count(n, starts, PARTS).astype(mgjit.float32)
         s = segment_sum(v)
         deviations = segment_sum(squares(centred(v, cols, s / mgjit.maximum(count, 1.0), n)))
         sums, all_deviations = mgjit.cluster_gather(s, deviations)
-        mean, m2 = merge_moments(sums, all_deviations, n, PARTS, SPLIT)
-        d = v  # less the mean below: the padding is not stored, so needs no mask
+        centre, m2 = merge_moments(sums, all_deviations, n, PARTS, SPLIT)
     rstd = mgjit.rsqrt(m2 / n + eps)
     wv, bv = weights(w, w_bufs, starts, PARTS, PERSIST), weights(b, b_bufs, starts, PARTS, PERSIST)
     y = ()
-    for p in mgjit.static_range(len(PARTS)):  # (x - mean) first: exact where x is near a mean far from 0
-        centre = d[p] if SPLIT == 1 else d[p] - mean[:, None]
-        y = y + (mgjit.fma(centre * rstd[:, None], wv[p], bv[p]),)
+    for p in mgjit.static_range(len(PARTS)):  # (x - mean) first where the mean may lie far from 0: exact there
+        if one_pass:
+            t = mgjit.fma(v[p], rstd[:, None], (-centre * rstd)[:, None])
+        elif SPLIT == 1:
+            t = v[p] * rstd[:, None]
+        else:
+            t = (v[p] - centre[:, None]) * rstd[:, None]
+        y = y + (mgjit.fma(t, wv[p], bv[p]),)
     store_row(out, rows, starts, y, PARTS, STAGED)
+
+
+@mgjit.device
+def centred_row(v, cols, mean, n, PARTS):
+    """A held row's deviations from its mean, zero in its padding: only its last part is masked, a row's padding
+    being narrower than that (PTX instructions an element, bf16 rows of 1600 held as 1024 + 512 + 128: 20.2 ->
+    18.4), and none where the parts hold exactly the row (17 as 16 + 1: a select fewer an element)."""
+    if len(PARTS) == 2 and held_width(PARTS) < TWO_PARTS_BELOW:
+        if n == held_width(PARTS):
+            d = centred(v, (), mean, 0)
+        else:
+            d = centred(v, cols, mean, n, len(PARTS) - 1)
+    else:
+        mgjit.device_assert(n > held_width(PARTS) - PARTS[len(PARTS) - 1],
+                            "layernorm: a row's padding reaches past its last part")
+        d = centred(v, cols, mean, n, len(PARTS) - 1)
+    return d
 
 
 @mgjit.device

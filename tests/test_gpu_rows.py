@@ -373,3 +373,20 @@ def test_persistent_norms(n, dtype):
                 ln.layernorm_rows[grid](x, w, b, out, x, out, x, x, eps=1e-5, **opts)
                 ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
             assert rel(out, ref) < tol(dtype, n), config
+
+
+@pytest.mark.parametrize("n,dtype", [(1000, torch.float32), (5000, torch.float32), (2047, torch.bfloat16)], ids=str)
+def test_layernorm_of_rows_far_from_zero(n, dtype):
+    """Every held layernorm mapping forced on rows whose means lie far from 0 beside rows near it (held rows of
+    examples/layernorm.py ONE_PASS_WIDTH columns or more take one pass where every mean of a program is near 0, and
+    their deviations again where one is not): within a float32 mean's own rounding of torch."""
+    m = 37
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    x[::3] += 1000.0
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    for config in [c for c in ln.layernorm_mapping(n) if not c.kwargs["BLOCK"] and not c.kwargs["PIPE"]]:
+        out = torch.full_like(x, float("nan"))
+        ln.layernorm_rows[_rows.grid(m, config, x.device)](x, w, b, out, x, out, x, x, eps=1e-5,
+                                                          **config.launch_kwargs())
+        assert rel(out, ref) < max(TOL[dtype], 2e-4), config

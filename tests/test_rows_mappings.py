@@ -830,3 +830,31 @@ def test_rows_of_several_arrays_broadcast_their_statistics_without_moving_arrays
         if kernel is ln.layernorm_rows:  # a select an element of the last array, none of the first
             programs = _rows.grid(x.shape[0], config)[0]
             assert dev.counts.get("selp.f32", 0) / programs < rows * config.kwargs["PARTS"][0] / 128, dev.counts
+
+
+@pytest.mark.parametrize("n,rows", [(1000, 4), (4095, 1), (5000, 1)])
+def test_layernorm_one_pass_falls_back_where_a_mean_lies_far_from_zero(n, rows):
+    """Held layernorm rows of ONE_PASS_WIDTH columns or more take their statistics in one pass (the sums of x and
+    x^2) where every row's mean lies within 4 standard deviations of 0. Float32 rows of mean 1000 and standard
+    deviation 1 would lose their variance to cancellation there (sum(x^2) = 1e6 n rounds by about 0.06 n, against
+    a variance sum of n): the program takes their deviations from registers instead. Rows of either kind in one
+    program (4 rows of 1000) and in programs of their own, from the sm_90a PTX on the simulator and interpreted,
+    against torch in float64: within 2e-4 (a float32 mean of 1000 is itself 3e-5 off, its deviations with it: the
+    two-pass statistics missed by 4e-5 here), where the one pass alone missed by 0.03 to 0.05."""
+    x = torch.randn(2 * rows, n)
+    x[::2] += 1000.0
+    w, b = torch.randn(n), torch.randn(n)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    config = _rows.hold(rows, _rows.parts(n))
+    assert sum(config.kwargs["PARTS"]) >= ln.ONE_PASS_WIDTH
+    grid = _rows.grid(x.shape[0], config)
+    got, interpreted = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    compiled = ln.layernorm_rows.compile(x, w, b, got, x, got, x, x, eps=1e-5, **config.launch_kwargs(),
+                                         target="sm_90a")
+    dev = ptx_sim.Device()
+    for t in (x, w, b, got):
+        dev.place(t)
+    dev.run(compiled, grid, x, w, b, got, x, got, x, x)
+    ln.layernorm_rows.interpret[grid](x, w, b, interpreted, x, interpreted, x, x, eps=1e-5, **config.launch_kwargs())
+    assert rel_err(dev.fetch(got), ref) < 2e-4
+    assert rel_err(interpreted, ref) < 2e-4
