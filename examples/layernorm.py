@@ -24,8 +24,9 @@ occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 
 copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
 Statistics are computed in f32 and the output rounded once (x - mean first, then one fma with w and b); the
 padding past a row's end reads as zero and is masked out of the variance. Held rows of ONE_PASS_WIDTH columns or
-more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (x * rstd less mean * rstd
-then loses nothing), and take their deviations from registers where one does not.
+more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (y then comes from x * rstd
+- mean * rstd, the second term at most 4 in size: rounding it errs by 2.4e-7 at most), and take their deviations
+from registers where one does not.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -105,12 +106,13 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
         # The sums of x and x^2 (the padding reads as 0: no mask), reduced apart from each other, where every row's
         # mean lies within 4 standard deviations of 0 (the variance, sum(x^2) - n mean^2, then loses at most 4 bits
         # to cancellation, as the piped rows' shift does); else the rows taken again from registers as deviations
-        # from their means (centre 0), and y from those.
+        # from their means (centre 0), and y from those. So too where the test is NaN: squares past float32's
+        # range (x beyond about 1e18, whose deviations may be finite) or a row that is not finite.
         mean = segment_sum(v) / n
         s2 = segment_sum(squares(v))
         m2 = s2 - mean * mean * n
         centre = mean
-        if mgjit.max(17.0 * mean * mean * n - 16.0 * s2) > 0.0:
+        if ~(mgjit.max(17.0 * mean * mean * n - 16.0 * s2) <= 0.0):
             v = centred_row(v, cols, mean, n, PARTS)
             m2 = segment_sum(squares(v))
             centre = mgjit.zeros(mean.shape, mgjit.float32)

@@ -858,3 +858,17 @@ def test_layernorm_one_pass_falls_back_where_a_mean_lies_far_from_zero(n, rows):
     ln.layernorm_rows.interpret[grid](x, w, b, interpreted, x, interpreted, x, x, eps=1e-5, **config.launch_kwargs())
     assert rel_err(dev.fetch(got), ref) < 2e-4
     assert rel_err(interpreted, ref) < 2e-4
+
+
+def test_layernorm_one_pass_keeps_rows_whose_squares_overflow():
+    """Rows near 3e18 (float32 squares past 3.4e38, so sum(x^2) and n mean^2 are inf and the one-pass test NaN) with
+    deviations of 1e17: the held rows take their deviations from registers (finite), as torch's statistics are."""
+    n, rows = 1024, 2
+    x = 3e18 + torch.randn(rows, n) * 1e17
+    w, b = torch.randn(n), torch.randn(n)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    config = _rows.hold(1, _rows.parts(n))
+    got = torch.full_like(x, float("nan"))
+    ln.layernorm_rows.interpret[_rows.grid(rows, config)](x, w, b, got, x, got, x, x, eps=1e-5,
+                                                         **config.launch_kwargs())
+    assert rel_err(got, ref) < 2e-4
