@@ -3,7 +3,7 @@
 pair and sends the other), and each row's result comes back to every lane by a shuffle by index. Run from the
 sm_90a PTX on tests/ptx_sim.py against torch for sums (float32 and int32), maxima and minima (with NaN and
 infinities among the values), on shapes that take the transposed butterfly and on shapes that keep the plain one
-(a row within one lane's reach, or more rows a thread than MAX_TRANSPOSED_GROUPS)."""
+(one row a thread, rows over two lanes, more rows a thread than MAX_TRANSPOSED_GROUPS)."""
 import sys
 from pathlib import Path
 
@@ -40,7 +40,7 @@ SHAPES = [(32, 128, True),   # 8 rows a thread over 32 lanes
           (128, 32, True),   # 8 over 8
           (4, 128, False),   # 1 row a thread
           (128, 128, False),  # 32 rows a thread: more than MAX_TRANSPOSED_GROUPS
-          (256, 8, False)]   # 8 over 2 lanes: one step, nothing to halve for
+          (256, 8, False)]   # 4 over 2 lanes: one step, cheaper plain
 
 
 @pytest.mark.parametrize("rows,width,transposed", SHAPES)
