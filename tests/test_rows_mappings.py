@@ -862,13 +862,21 @@ def test_layernorm_one_pass_falls_back_where_a_mean_lies_far_from_zero(n, rows):
 
 def test_layernorm_one_pass_keeps_rows_whose_squares_overflow():
     """Rows near 3e18 (float32 squares past 3.4e38, so sum(x^2) and n mean^2 are inf and the one-pass test NaN) with
-    deviations of 1e17: the held rows take their deviations from registers (finite), as torch's statistics are."""
+    deviations of 1e17: the held rows take their deviations from registers (finite), as torch's statistics are;
+    from the sm_90a PTX on the simulator and interpreted."""
     n, rows = 1024, 2
     x = 3e18 + torch.randn(rows, n) * 1e17
     w, b = torch.randn(n), torch.randn(n)
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
     config = _rows.hold(1, _rows.parts(n))
-    got = torch.full_like(x, float("nan"))
-    ln.layernorm_rows.interpret[_rows.grid(rows, config)](x, w, b, got, x, got, x, x, eps=1e-5,
-                                                         **config.launch_kwargs())
-    assert rel_err(got, ref) < 2e-4
+    grid = _rows.grid(rows, config)
+    got, interpreted = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    compiled = ln.layernorm_rows.compile(x, w, b, got, x, got, x, x, eps=1e-5, **config.launch_kwargs(),
+                                         target="sm_90a")
+    dev = ptx_sim.Device()
+    for t in (x, w, b, got):
+        dev.place(t)
+    dev.run(compiled, grid, x, w, b, got, x, got, x, x)
+    ln.layernorm_rows.interpret[grid](x, w, b, interpreted, x, interpreted, x, x, eps=1e-5, **config.launch_kwargs())
+    assert rel_err(dev.fetch(got), ref) < 2e-4
+    assert rel_err(interpreted, ref) < 2e-4
