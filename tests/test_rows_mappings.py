@@ -847,17 +847,8 @@ def test_layernorm_one_pass_falls_back_where_a_mean_lies_far_from_zero(n, rows):
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
     config = _rows.hold(rows, _rows.parts(n))
     assert sum(config.kwargs["PARTS"]) >= ln.ONE_PASS_WIDTH
-    grid = _rows.grid(x.shape[0], config)
-    got, interpreted = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
-    compiled = ln.layernorm_rows.compile(x, w, b, got, x, got, x, x, eps=1e-5, **config.launch_kwargs(),
-                                         target="sm_90a")
-    dev = ptx_sim.Device()
-    for t in (x, w, b, got):
-        dev.place(t)
-    dev.run(compiled, grid, x, w, b, got, x, got, x, x)
-    ln.layernorm_rows.interpret[grid](x, w, b, interpreted, x, interpreted, x, x, eps=1e-5, **config.launch_kwargs())
-    assert rel_err(dev.fetch(got), ref) < 2e-4
-    assert rel_err(interpreted, ref) < 2e-4
+    for got in held_layernorm(x, w, b, config):
+        assert rel_err(got, ref) < 2e-4
 
 
 def test_layernorm_one_pass_keeps_rows_whose_squares_overflow():
@@ -868,8 +859,13 @@ def test_layernorm_one_pass_keeps_rows_whose_squares_overflow():
     x = 3e18 + torch.randn(rows, n) * 1e17
     w, b = torch.randn(n), torch.randn(n)
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
-    config = _rows.hold(1, _rows.parts(n))
-    grid = _rows.grid(rows, config)
+    for got in held_layernorm(x, w, b, _rows.hold(1, _rows.parts(n))):
+        assert rel_err(got, ref) < 2e-4
+
+
+def held_layernorm(x, w, b, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layernorm of x under a held mapping: (from its sm_90a PTX on the simulator, interpreted)."""
+    grid = _rows.grid(x.shape[0], config)
     got, interpreted = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
     compiled = ln.layernorm_rows.compile(x, w, b, got, x, got, x, x, eps=1e-5, **config.launch_kwargs(),
                                          target="sm_90a")
@@ -878,5 +874,4 @@ def test_layernorm_one_pass_keeps_rows_whose_squares_overflow():
         dev.place(t)
     dev.run(compiled, grid, x, w, b, got, x, got, x, x)
     ln.layernorm_rows.interpret[grid](x, w, b, interpreted, x, interpreted, x, x, eps=1e-5, **config.launch_kwargs())
-    assert rel_err(dev.fetch(got), ref) < 2e-4
-    assert rel_err(interpreted, ref) < 2e-4
+    return dev.fetch(got), interpreted
