@@ -356,20 +356,21 @@ class Emitter:
         return self.bitcast(self.trunc(pair, 16), self.type(dtypes.float16))
 
     # -- warp shuffles
-    def shfl(self, x, kind: str, offset: int):
-        """x from lane `offset` below this one ("up"), above it ("down") or lane ^ offset ("bfly"), across the
-        whole warp; a lane with no such lane keeps its own x."""
+    def shfl(self, x, kind: str, offset):
+        """x from lane `offset` below this one ("up"), above it ("down"), lane ^ offset ("bfly") or lane `offset`
+        ("idx"), across the whole warp; a lane with no such lane keeps its own x. `offset`: an int, or an i32
+        value."""
         attr = self.ir.Attribute.parse(f"#nvvm<shfl_kind {kind}>")
         clamp = 0 if kind == "up" else 0x1F  # "up" counts from lane 0, the others up to lane 31
-        return self.m.nvvm.shfl_sync(self.i32(-1), x, self.i32(offset), self.i32(clamp), attr, results=[x.type])
+        offset = self.i32(offset) if isinstance(offset, int) else offset
+        return self.m.nvvm.shfl_sync(self.i32(-1), x, offset, self.i32(clamp), attr, results=[x.type])
 
     def shfl_bfly(self, x, offset: int):
         return self.shfl(x, "bfly", offset)
 
     def shfl_idx(self, x, lane):
         """x from lane `lane` (an i32 value, any lane of the warp)."""
-        attr = self.ir.Attribute.parse("#nvvm<shfl_kind idx>")
-        return self.m.nvvm.shfl_sync(self.i32(-1), x, lane, self.i32(0x1F), attr, results=[x.type])
+        return self.shfl(x, "idx", lane)
 
 
 class Index:
