@@ -270,8 +270,8 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     sizes them); other schedules never touch them. MULTICAST="b" (or "a"), launched with cluster=(CLUSTER, 1, 1):
     the CLUSTER (2 or 4) CTAs of a cluster take as many M-neighbour tiles that share their B tile (or N-neighbours
     sharing A), each copying a CLUSTER-th of the shared tile into every CTA's slot (TMA multicast), data-parallel
-    or stream-K. With
-    TMA_STORE, C leaves in 64 x EPILOGUE_N chunks (a divisor of BN: examples/_matmul_schedules.epilogue_n)."""
+    or stream-K. With TMA_STORE, C leaves in 64 x EPILOGUE_N chunks (a divisor of BN:
+    examples/_matmul_schedules.epilogue_n)."""
     assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster's CTAs share: a or b"
     assert CLUSTER in (2, 4), "CLUSTER, the CTAs of a multicast cluster, is 2 or 4"
     assert not TMA_STORE or BN % EPILOGUE_N == 0, "with TMA_STORE, EPILOGUE_N (the columns of each epilogue chunk, " \
