@@ -175,9 +175,10 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
     segments of a row add their sums, swapped once: every CTA of a cluster has the same f). That shift costs the
     variance no precision where the mean lies within 4 standard deviations of f; a row further from its predecessor
     (the first row, rows of differing means) is read again with the outside filled with its own mean rounded
-    (`deviations` twice: the H200 ran rows of 8193 at 0.74 of copy bandwidth reading every row twice, 0.84 once). A
-    mask on the deviations would cost an index, two compares and a select an element and held 255 registers at 8193
-    columns (167 this way)."""
+    (`deviations` twice: the H200 ran rows of 8193 at 0.74 of copy bandwidth reading every row twice, 0.84 once).
+    A row that is not finite leaves a guess of 0: its NaN or infinite mean as the next row's fill made every later
+    row of the program NaN. A mask on the deviations would cost an index, two compares and a select an element and
+    held 255 registers at 8193 columns (167 this way)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = x.shape[1]
     inv_n = 1.0 / n  # once: a division a row is a dozen instructions and a call to its slow path
@@ -196,7 +197,7 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
             mgjit.cta_sync()
             f = fill.astype(mgjit.float32)
             d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
-        guess = f + shift
+        guess = mgjit.where(abs(f + shift) < float("inf"), f + shift, 0.0)
         rstd = mgjit.rsqrt(m2 * inv_n - shift * shift + eps)
         offset = -shift * rstd
         w_parts, b_parts, parts = weight_lines(w_env, s, PL), weight_lines(b_env, s, PL), line_parts(env, PL)

@@ -273,9 +273,12 @@ def test_every_piped_mapping(n, dtype, m):
                                                             **config.launch_kwargs())
         assert rel(out, ref) < tol(dtype, n), config
     b = torch.randn(n, device="cuda", dtype=dtype)
-    # Deviations from a mean far from 0: the envelope's fill must leave nothing in the variance. Every fifth row's
-    # mean 60 higher: it and the next are read twice (their fill, the previous row's mean, is far from theirs).
-    x = x + 20 + 60 * (torch.arange(m, device="cuda") % 5 == 0)[:, None]
+    # Deviations from a mean far from 0: the envelope's fill (the previous row's mean) must leave nothing in the
+    # variance. Every third row near 0, the others 20 higher, every fifth 60 more: a row
+    # far from its fill is read again. Row 4 holds a NaN, which must reach no other row.
+    i = torch.arange(m, device="cuda")
+    x = x + (20 * (i % 3 != 0) + 60 * (i % 5 == 0))[:, None]
+    x[4, 3] = float("nan")
     ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
     for config in ln.layernorm_mapping(n, None, x.element_size(), (w.element_size(),) * 2):
         if not config.kwargs["PIPE"]:
@@ -283,7 +286,8 @@ def test_every_piped_mapping(n, dtype, m):
         out = torch.full_like(x, float("nan"))
         ln.layernorm_rows[_rows.grid(m, config, x.device)](x, w, b, out, lines(x), lines(out), weight_rows(w),
                                                            weight_rows(b), eps=1e-5, **config.launch_kwargs())
-        assert rel(out, ref) < tol(dtype, n), config
+        assert out[4].isnan().all(), config
+        assert rel(out[i != 4], ref[i != 4]) < tol(dtype, n), config
 
 
 @pytest.mark.parametrize("n", [4095, 5003, 16385, 50257, 230000])

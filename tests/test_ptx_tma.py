@@ -264,6 +264,25 @@ def test_piped_rows_from_their_ptx(name, n, index, lands):
     simulate_rows(name, (torch.randn(rows, n) * 3 + 1).to(BF16), config, lands)
 
 
+def test_layernorm_piped_rows_of_every_mean_from_their_ptx():
+    """Layernorm's piped rows fill the envelope's outside with a guess at the row's mean (examples/layernorm.py,
+    layernorm_piped): 0 for a program's first row, else the row before's mean, and a row far from its guess is
+    read again. Each of the 8 programs takes rows p, p + 8, ...: its first row near 0, its second and third near
+    500 (read again, then shifted by the second's mean), its fourth near 0 again (read again), its fifth near 0;
+    program 1's first row holds a NaN and program 2's second an infinity, which must reach no later row of theirs
+    (the NaN mean carried as the next fill made every later row NaN: tried)."""
+    config = piped_configs("layernorm", 8193)[1]
+    assert piped_programs(config) == 8 and config.kwargs["CTAS"] == 1
+    x = torch.randn(ring_rows(config) + 3, 8193) * 3 + 1
+    x[8:24] += 500
+    x[1, 7] = float("nan")
+    x[10, 100] = float("inf")
+    got = simulate_rows("layernorm", x.to(BF16), config, "late")[0]
+    finite = torch.ones(x.shape[0], dtype=torch.bool)
+    finite[[1, 10]] = False
+    assert got[finite].isfinite().all() and got[~finite].isnan().all()
+
+
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_lone_programs_over_16_ctas_from_their_ptx(name):
     """The shape the norms' long float32 rows take (examples/_rows_piped.py, `cluster_splits`: rows of 150000 over
