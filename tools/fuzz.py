@@ -9,7 +9,7 @@ using instructions or types the simulator does not cover are counted apart, as u
 
     python tools/fuzz.py --seed 1 --count 2000 --jobs 2
     python tools/fuzz.py --ptx --seed 1 --count 2000 --jobs 2
-    python3 tools/fuzz.py --gpu --seed 1 --count 1000
+    python3 tools/fuzz.py --gpu --seed 1 --count 1000 --trace    # each seed printed as it starts
 
 Prints the kernels run and the failures by category; each category's first failures are minimized and written
 to --out (default fuzz-failures/) as <category>/seed<N>.py (+ .pt, its tensors), runnable on their own.
@@ -370,10 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="fuzz-failures", help="folder for minimized reproductions")
     ap.add_argument("--minimize", type=int, default=2, help="failures minimized per category")
     ap.add_argument("--minimize-seconds", type=float, default=120.0)
+    ap.add_argument("--trace", action="store_true",
+                    help="print each seed as it starts (one job: a kernel that hangs the GPU is named by the last)")
     args = ap.parse_args(argv)
     os.environ.setdefault("MGJIT_CACHE_DIR", tempfile.mkdtemp(prefix="mgjit-fuzz-cache-"))
     os.environ.setdefault("MGJIT_CACHE_MAX_BYTES", str(64 << 20))
-    jobs = 1 if args.gpu else args.jobs
+    jobs = 1 if args.gpu or args.trace else args.jobs
     seeds = range(args.seed, args.seed + args.count)
     start = time.time()
     counts: collections.Counter = collections.Counter()
@@ -397,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _init_worker()
         for seed in seeds:
+            if args.trace:
+                print(f"seed {seed}", flush=True)
             outcome = run_seed(seed, args.gpu, args.ptx)[1]
             record(seed, outcome)
             if outcome.category.startswith("gpu-error"):  # a failed launch may leave the CUDA context unusable
