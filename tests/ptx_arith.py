@@ -2,7 +2,9 @@
 CTA (numpy arrays), as a mixin of its CTA class, and the bit-level helpers they share."""
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 import numpy as np
 
@@ -354,7 +356,7 @@ class Arithmetic:
             return self._narrow_pair_arith(parts, ops, run, lambda a, b, c: a * b + c)
         a, b, c = (self.fvalue(o, parts[-1]).astype(np.float64) for o in ops[1:4])
         with np.errstate(all="ignore"):
-            y = a * b + c
+            y = exact_fma(a, b, c) if parts[-1] == "f64" else a * b + c
         self.write(ops[0], from_float(y, "bf16", parts) if parts[-1] == "bf16" else y.astype(float_dtype(parts[-1])),
                    run)
 
@@ -422,6 +424,25 @@ def _relu(x):
 
 def fmin_nan(a, b):
     return np.where(np.isnan(a) | np.isnan(b), np.nan, np.minimum(a, b))
+
+
+def exact_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fma.rn.f64: a * b + c rounded once (numpy's a * b + c rounds twice, which libdevice's argument reductions,
+    built on exact fmas, do not survive: cos came out 128 ulps off). Exactly, in fractions, where all three are
+    finite; a zero sum takes a * b + c's sign rules (+0 unless both terms are -0)."""
+    a, b, c = np.broadcast_arrays(a, b, c)
+    with np.errstate(all="ignore"):
+        y = a * b + c
+    for i in np.nonzero(np.isfinite(a) & np.isfinite(b) & np.isfinite(c))[0]:
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        if exact == 0:
+            y[i] = a[i] * b[i] + c[i] if a[i] * b[i] == 0 and c[i] == 0 else 0.0
+            continue
+        try:
+            y[i] = float(exact)  # int / int: correctly rounded, subnormals too
+        except OverflowError:
+            y[i] = math.inf if exact > 0 else -math.inf
+    return y
 
 
 def fmax_nan(a, b):

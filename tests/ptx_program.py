@@ -1,6 +1,8 @@
 """The PTX parser of tests/ptx_sim.py: a kernel's parameters, local-memory depots, registers declared inside
 inline assembly, labels (those of a one-line inline-asm block scoped to it, as in PTX), the jump tables of
-brx.idx (.branchtargets) and instructions, each as (guard, opcode, operands)."""
+brx.idx (.branchtargets) and instructions, each as (guard, opcode, operands); the functions the kernel calls (a
+libdevice routine LLVM keeps out of line, `__internal_accurate_pow`), their code after the kernel's with their
+registers renamed apart from its; the module's initialized global arrays (libdevice's `__cudart_sin_cos_coeffs`)."""
 from __future__ import annotations
 
 import re
@@ -25,8 +27,16 @@ class Program:
         # Shared memory reached by the async proxy, mbarriers or other CTAs: no race check (SmemRaces)
         self.async_smem = bool(re.search(r"mbarrier|cp\.async|st\.async|wgmma|tcgen05|shared::cluster|barrier\.cluster",
                                          ptx))
+        # Initialized module globals (.global .align 16 .b8 name[128] = {70, 210, ...}): their bytes, the ones the
+        # initializer leaves out zero
+        self.globals: dict[str, bytes] = {
+            name: bytes(int(b) for b in data.split(",")).ljust(int(size), b"\0") for name, size, data in
+            re.findall(r"\.global\s+\.align\s+\d+\s+\.b8\s+(\w+)\[(\d+)\]\s*=\s*\{([^}]*)\}", ptx)}
+        self.global_addresses: dict[str, int] = {}  # their addresses, where ptx_sim.launch places them
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
+        self.functions: dict[str, tuple[str, list[str], str | None]] = {}  # name: (entry label, params, return param)
+        rest = _functions_as_labels(rest, self.functions)
         self.params = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)",
                                  header)
         # The TMA descriptors, passed by value as 128 bytes: their generic addresses are ptx_tma.TMAP_BASE + 128 * slot
@@ -83,6 +93,31 @@ class Program:
                 parts = stmt.split(None, 1)
                 self.code.append((guard, parts[0], _operands(parts[1]) if len(parts) > 1 else []))
         self.waits = [i for i, (_, opcode, _) in enumerate(self.code) if opcode.startswith("mbarrier.try_wait")]
+
+
+# A called function's registers are its own: renamed past the kernel's (%rd4 of the first function: %rd1000004)
+_RENAMED = 1_000_000
+_FUNCTION = re.compile(r"^\.func\s+(?:\(\s*\.param\s+\.\w+\s+(\w+)\s*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{", re.M)
+
+
+def _functions_as_labels(text: str, functions: dict) -> str:
+    """The kernel's text with each function defined after it (`.func (.param .b64 func_retval0) name(.param .b64
+    name_param_0, ...) { ... }`) made a label, `name:`, followed by its body with its registers renamed; each
+    recorded in `functions` as (label, its parameters' names, its return parameter's name or None)."""
+    out, at = [], 0
+    for k, m in enumerate(_FUNCTION.finditer(text)):
+        retval, name, params = m.group(1), m.group(2), m.group(3)
+        depth, end = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        offset = _RENAMED * (k + 1)
+        body = re.sub(r"%(p|rs|rd|r|fd|f)(\d+)\b", lambda r: f"%{r.group(1)}{int(r.group(2)) + offset}",
+                      text[m.end():end - 1])
+        out += [text[at:m.start()], f"\n{name}:\n", body, "\n"]
+        functions[name] = (name, re.findall(r"\.param\s+\.\w+\s+(\w+)", params), retval)
+        at = end
+    return "".join(out + [text[at:]])
 
 
 def _operands(text: str) -> list:

@@ -11,7 +11,8 @@ barrier (which it passes once every CTA of the cluster is there) or on an mbarri
 (tests/ptx_cluster.py), TMA copies land as late or as early as the memory model lets them (tests/ptx_tma.py),
 wgmma runs at its issue and checks that what it read is unchanged when it is waited for (tests/ptx_wgmma.py),
 tcgen05 MMAs and loads work on each CTA's tensor memory (tests/ptx_tcgen05.py), and cluster launch control
-cancels clusters that have not launched (tests/ptx_clc.py).
+cancels clusters that have not launched (tests/ptx_clc.py). A call to a function the module defines (a libdevice
+routine LLVM keeps out of line) runs its code with each thread's return address kept, its .param variables as bits.
 Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd
 b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global memory is one byte arena: an
 access not aligned to its size, outside it, a load touching no placed tensor or a store outside every placed
@@ -42,6 +43,7 @@ from ptx_tma import TMAP_BASE, TensorMap, TmaOps
 from ptx_tcgen05 import Tcgen05Ops
 from ptx_wgmma import WgmmaOps
 
+MAX_CALL_DEPTH = 8  # calls a thread may have in progress
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
               "SP": np.uint64, "SPL": np.uint64}
@@ -70,6 +72,14 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         self.tmem_used = 0
         self.regs: dict[str, np.ndarray] = {}
         self.tid = np.arange(threads, dtype=np.uint32)
+        # Calls (ptx_program: functions after the kernel): each thread's return addresses, the bits of the .param
+        # variables a call passes and returns, and each call's (return variable, callee's return parameter) by the
+        # address it returns to
+        self.returns = np.zeros((threads, MAX_CALL_DEPTH), dtype=np.int64)
+        self.depth = np.zeros(threads, dtype=np.int64)
+        self.param_space: dict[str, np.ndarray] = {}
+        self.call_sites: dict[int, tuple[str | None, str | None]] = {}
+        self.at = 0  # the instruction being run
 
     # -- operands
     def reg(self, name: str) -> np.ndarray:
@@ -104,6 +114,8 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             return np.uint64(TMAP_BASE + 128 * self.prog.tensormaps.index(op))
         if op in self.prog.depots:  # mov.b64 %SPL, __local_depot0: an address in the local space
             return np.uint64(self.prog.depots[op])
+        if op in self.prog.global_addresses:  # mov.b64 %rd, __cudart_sin_cos_coeffs: a module global's address
+            return np.uint64(self.prog.global_addresses[op])
         n = int(op.rstrip("U"), 0)
         if dtype is not None:
             return np.array(n).astype(np.int64).astype(dtype) if n < 0 else np.array(n, dtype=np.uint64).astype(dtype)
@@ -188,6 +200,7 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             if at >= len(self.prog.code):
                 raise SimError("ran off the end of the kernel")
             guard, opcode, operands = self.prog.code[at]
+            self.at = at
             if self.counts is not None:  # in warps issuing it, a CTA's worth of them counting 1
                 self.counts[opcode] += int(mask.reshape(-1, 32).any(axis=1).sum()) / (self.threads // 32)
             if free.any() and self._joins_later(opcode, operands, mask, active, pc, at):
@@ -270,6 +283,10 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             if (index[run] >= len(targets)).any() or (index[run] < 0).any():
                 raise SimError(f"brx.idx past its {len(targets)} targets")
             return targets[np.clip(index, 0, len(targets) - 1)]
+        if name == "call":
+            return self.call(ops, run)
+        if name == "ret" and (self.depth[run] > 0).any():
+            return self.ret(run)
         if name in ("ret", "exit"):
             return "exit"
         if name == "trap":  # a failed mgjit.device_assert: the launch fails
@@ -294,6 +311,50 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             raise SimError(f"the simulator does not know {opcode}")
         handler(parts, ops, run)
         return None
+
+    # -- calls
+    def call(self, ops: list, run: np.ndarray) -> int:
+        """call.uni (retval0), name, (param0, param1): the callee's parameters take the .param variables' bits, and
+        the threads go to its code, returning after this instruction."""
+        ops = list(ops)
+        retval = ops.pop(0).strip("() ") if ops[0].startswith("(") else None
+        name = ops[0].strip()
+        if name not in self.prog.functions:
+            raise SimError(f"a call of {name}, which this module does not define")
+        entry, params, returned = self.prog.functions[name]
+        args = [a.strip("() ") for a in ops[1:] if a.strip("() ")]  # (param0, param1): split at its comma
+        if len(args) != len(params):
+            raise SimError(f"{name} takes {len(params)} parameters, called with {len(args)}")
+        for arg, param in zip(args, params):
+            self.param_space.setdefault(param, np.zeros(self.threads, dtype=np.uint64))[run] = \
+                self.param_space[arg][run]
+        if (self.depth[run] >= MAX_CALL_DEPTH).any():
+            raise SimError(f"calls nested deeper than {MAX_CALL_DEPTH}")
+        self.returns[run, self.depth[run]] = self.at + 1
+        self.depth[run] += 1
+        self.call_sites[self.at + 1] = (retval, returned)
+        return self.prog.labels[entry]
+
+    def ret(self, run: np.ndarray) -> np.ndarray:
+        """ret in a function: each thread back after its call, the callee's return parameter's bits in the caller's
+        return variable."""
+        if not (self.depth[run] > 0).all():
+            raise SimError("ret from the kernel and from a function in one step")
+        self.depth[run] -= 1
+        targets = np.zeros(self.threads, dtype=np.int64)
+        targets[run] = self.returns[run, self.depth[run]]
+        for site in set(targets[run].tolist()):
+            retval, returned = self.call_sites[site]
+            if retval is not None:
+                back = run & (targets == site)
+                self.param_space.setdefault(retval, np.zeros(self.threads, dtype=np.uint64))[back] = \
+                    self.param_space[returned][back]
+        return targets
+
+    def param(self, name: str) -> np.ndarray:
+        if name not in self.param_space:
+            raise SimError(f"a read of the .param variable {name} before any write")
+        return self.param_space[name]
 
     # -- instructions
     def op_mov(self, parts, ops, run):
@@ -321,8 +382,11 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         self.write(ops[0], src, run)
 
     def op_ld(self, parts, ops, run):
-        parts = unordered(parts)
+        parts = [p for p in unordered(parts) if p != "nc"]  # ld.global.nc: through the read-only cache, the same bytes
         space = parts[1]
+        if space == "param::func" or space == "param" and ops[1][1:-1] in self.param_space:  # a call's .param
+            self.write(ops[0], self.param(ops[1][1:-1]), run)
+            return
         if space in ("param", "param::entry"):  # from PTX ISA 8.3, LLVM loads kernel parameters as ld.param::entry
             v = self.params[ops[1][1:-1]]
             t = parts[-1]
@@ -354,6 +418,11 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             return
         parts = unordered(parts)
         space = parts[1]
+        if space in ("param", "param::func"):  # a call's .param variable: the value's bits
+            bits = int(parts[-1][1:])
+            value = np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,)).astype(np.uint64)
+            self.param_space.setdefault(ops[0][1:-1], np.zeros(self.threads, dtype=np.uint64))[run] = value[run]
+            return
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
         t = parts[-1]
         bits = 8 if t in ("u8", "s8", "b8") else int(t[1:])
@@ -503,6 +572,13 @@ def launch(ptx: str, grid: tuple[int, ...], args: list, mem: Memory, smem_bytes:
     if lands not in ("early", "late"):
         raise ValueError(f"lands is 'early' or 'late', got {lands!r}")
     prog = Program(ptx)
+    top = len(mem.bytes)  # the module's initialized globals, from the arena's top end down
+    for name, data in prog.globals.items():
+        top = (top - len(data)) // 256 * 256
+        mem.bytes[top:top + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        if (top, top + len(data)) not in mem.allocations:
+            mem.allocations.append((top, top + len(data)))
+        prog.global_addresses[name] = mem.base + top
     if len(args) != len(prog.params):
         raise SimError(f"the kernel takes {len(prog.params)} parameters, got {len(args)}")
     params = dict(zip(prog.params, args))
