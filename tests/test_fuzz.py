@@ -3,11 +3,14 @@ compiled for sm_90a and sm_100a, interpreted, and compared with the reference se
 their PTX run on the PTX simulator against the interpreter. Longer runs, minimized reproductions and the GPU
 comparison: `python tools/fuzz.py --help`."""
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
 
 import fuzz  # noqa: E402
 import fuzz_gen  # noqa: E402
@@ -76,6 +79,29 @@ def test_the_gpu_comparison_with_the_interpreter_standing_in(tmp_path, monkeypat
     monkeypatch.setattr(fuzz, "tensors", lambda p, device="cpu": cpu_tensors(p, "cpu"))
     outcomes = [fuzz.check(fuzz_gen.generate(seed), str(tmp_path), "k", gpu=True) for seed in range(4)]
     assert all(o.status in ("ok", "uncertain") for o in outcomes), [o.detail for o in outcomes]
+
+
+def test_a_gpu_launch_that_never_finishes_ends_the_run(tmp_path):
+    """A hung launch holds the process inside CUDA, where no Python signal reaches it: --gpu's watchdog
+    (faulthandler's thread) prints where the process stands and ends it, a hang standing in as a synchronize that
+    sleeps (a GPU fuzz run once stalled until its step's time limit, naming nothing)."""
+    script = f"""
+import sys, time
+sys.path[:0] = {[str(ROOT / "tools"), str(ROOT / "tests")]!r}
+import torch
+import fuzz, fuzz_gen
+fuzz.GPU_SECONDS = 1
+torch.cuda.synchronize = lambda: time.sleep(600)
+cpu_tensors = fuzz.tensors
+fuzz.tensors = lambda p, device="cpu": cpu_tensors(p, "cpu")
+seed = next(s for s in range(20) if fuzz.check(fuzz_gen.generate(s), {str(tmp_path)!r}, "k").status == "ok")
+fuzz.check(fuzz_gen.generate(seed), {str(tmp_path)!r}, "k", gpu=True)
+print("the launch came back")
+"""
+    env = {**os.environ, "MGJIT_INTERPRET": "1", "MGJIT_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode != 0 and "the launch came back" not in done.stdout, done.stdout + done.stderr
+    assert "Timeout" in done.stderr and "check_gpu" in done.stderr, done.stderr[-2000:]
 
 
 def test_seeded_kernels_run_from_their_ptx_on_the_simulator_match_the_interpreter(tmp_path):

@@ -9,7 +9,7 @@ using instructions or types the simulator does not cover are counted apart, as u
 
     python tools/fuzz.py --seed 1 --count 2000 --jobs 2
     python tools/fuzz.py --ptx --seed 1 --count 2000 --jobs 2
-    python3 tools/fuzz.py --gpu --seed 1 --count 1000 --trace    # each seed printed as it starts
+    python3 tools/fuzz.py --gpu --seed 1 --count 1000    # each seed printed as it starts (--trace)
 
 Prints the kernels run and the failures by category; each category's first failures are minimized and written
 to --out (default fuzz-failures/) as <category>/seed<N>.py (+ .pt, its tensors), runnable on their own.
@@ -23,6 +23,7 @@ import collections
 import concurrent.futures
 import copy
 import dataclasses
+import faulthandler
 import importlib.util
 import os
 import re
@@ -156,11 +157,16 @@ def compare(got: dict, expected: dict, scale: float) -> str:
 
 def check_gpu(launch: Launch, interpreted: dict, expected: dict) -> Outcome:
     inputs, outputs = launch.tensors("cuda")
+    # A launch that never finishes holds the process inside CUDA, where no Python signal reaches it: faulthandler's
+    # own thread prints where it stands and ends the process (the seed it ran is the last one --trace printed)
+    faulthandler.dump_traceback_later(GPU_SECONDS, exit=True)
     try:
         launch.kernel[(launch.p.grid,)](*launch.args(inputs, outputs), **launch.consts)
         torch.cuda.synchronize()
     except Exception as e:
         return classify(e, launch, "gpu-error")
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     bounds = {n: (interpreted[n], err) for n, (_, err) in expected.items()}
     bad = compare(outputs, bounds, 2.0)
     return Outcome("fail", "mismatch: GPU against interpreter", bad) if bad else Outcome("ok")
@@ -331,6 +337,7 @@ def write_repro(p: fuzz_program.Program, outcome: Outcome, out_dir: str) -> str:
 # ---------------------------------------------------------------------------------------------- driver
 
 KERNEL_SECONDS = 300  # a kernel that takes longer to compile, interpret and check is reported as a hang
+GPU_SECONDS = 60  # a GPU launch of a fuzzed kernel (milliseconds of work) that takes longer hangs: the run ends
 
 
 def _timeout(signum, frame):
@@ -371,11 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minimize", type=int, default=2, help="failures minimized per category")
     ap.add_argument("--minimize-seconds", type=float, default=120.0)
     ap.add_argument("--trace", action="store_true",
-                    help="print each seed as it starts (one job: a kernel that hangs the GPU is named by the last)")
+                    help="print each seed as it starts (one job; always with --gpu: a kernel that hangs the GPU, "
+                         "which ends the run after GPU_SECONDS, is the last one printed)")
     args = ap.parse_args(argv)
     os.environ.setdefault("MGJIT_CACHE_DIR", tempfile.mkdtemp(prefix="mgjit-fuzz-cache-"))
     os.environ.setdefault("MGJIT_CACHE_MAX_BYTES", str(64 << 20))
-    jobs = 1 if args.gpu or args.trace else args.jobs
+    trace = args.trace or args.gpu
+    jobs = 1 if trace else args.jobs
     seeds = range(args.seed, args.seed + args.count)
     start = time.time()
     counts: collections.Counter = collections.Counter()
@@ -399,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _init_worker()
         for seed in seeds:
-            if args.trace:
+            if trace:
                 print(f"seed {seed}", flush=True)
             outcome = run_seed(seed, args.gpu, args.ptx)[1]
             record(seed, outcome)
