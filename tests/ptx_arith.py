@@ -25,6 +25,15 @@ class Arithmetic:
         if t == "pred":
             self.write(ops[0], fn(self.value(ops[1]), self.value(ops[2])), run)
             return
+        if t in ("s16x2", "u16x2"):  # add.s16x2, min.u16x2 (sm_90): each 16-bit half of the words apart
+            words = [np.broadcast_to(as_uint(self.value(o), 32), (self.threads,)).astype(np.uint64) for o in ops[1:3]]
+            out = np.zeros(self.threads, dtype=np.uint64)
+            for shift in (0, 16):
+                a, b = (as_int((w >> np.uint64(shift)) & np.uint64(0xFFFF), 16, t[0] == "s") for w in words)
+                with np.errstate(over="ignore"):
+                    out |= wrap(fn(a, b), 16).astype(np.uint64) << np.uint64(shift)
+            self.write(ops[0], out, run)
+            return
         bits = int(t[1:])
         signed = t[0] == "s"
         a, b = as_int(self.value(ops[1]), bits, signed), as_int(self.value(ops[2]), bits, signed)

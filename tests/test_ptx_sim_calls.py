@@ -1,7 +1,9 @@
 """The PTX simulator (tests/ptx_sim.py) runs what LLVM links in from libdevice out of line: float64 pow calls
 `__internal_accurate_pow` (.param variables passed and returned, the callee's registers its own), float64 sin and
 cos read the module's table `__cudart_sin_cos_coeffs` and reduce their argument with fmas that must round once.
-From the sm_90a PTX against torch in float64; fuzzed kernels using them were counted as beyond the simulator."""
+From the sm_90a PTX against torch in float64; fuzzed kernels using them were counted as beyond the simulator, as
+was one whose int16 additions LLVM packed in pairs (add.s16x2)."""
+import re
 import sys
 from pathlib import Path
 
@@ -11,7 +13,9 @@ import pytest
 import mgjit
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "tools")]
+import fuzz  # noqa: E402
+import fuzz_gen  # noqa: E402
 import ptx_arith  # noqa: E402
 import ptx_sim  # noqa: E402
 
@@ -50,3 +54,14 @@ def test_float64_fma_rounds_once():
     assert not np.signbit(ptx_arith.exact_fma(np.array([2.0]), np.array([3.0]), np.array([-6.0]))[0])
     assert ptx_arith.exact_fma(np.array([1e308]), np.array([10.0]), np.array([0.0]))[0] == np.inf
     assert np.isnan(ptx_arith.exact_fma(np.array([np.inf]), np.array([0.0]), np.array([1.0]))[0])
+
+
+def test_packed_16_bit_integer_arithmetic_from_its_ptx(tmp_path):
+    """The fuzzer's seed 60158, whose int16 additions LLVM packs in pairs (add.s16x2): each half apart, as the
+    interpreter computes them."""
+    launch = fuzz.Launch(fuzz_gen.generate(60158), str(tmp_path), "k")
+    inputs, outputs = launch.tensors()
+    compiled = launch.kernel.compile(*launch.args(inputs, outputs), target="sm_90a", **launch.consts)
+    assert re.search(r"\b(add|sub|min|max)\.[su]16x2\b", compiled.ptx)
+    outcome = fuzz.check(fuzz_gen.generate(60158), str(tmp_path), "k", ptx=True)
+    assert outcome.status == "ok", (outcome.category, outcome.detail)
