@@ -35,7 +35,7 @@ class Program:
         self.global_addresses: dict[str, int] = {}  # their addresses, where ptx_sim.launch places them
         body = ptx[ptx.index(".entry"):]
         header, rest = body.split("{", 1)
-        self.functions: dict[str, tuple[str, list[str], str | None]] = {}  # name: (entry label, params, return param)
+        self.functions: dict[str, tuple[list[str], str | None]] = {}  # name (its entry's label): (params, return)
         rest = _functions_as_labels(rest, self.functions)
         self.params = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)",
                                  header)
@@ -103,7 +103,7 @@ _FUNCTION = re.compile(r"^\.func\s+(?:\(\s*\.param\s+\.\w+\s+(\w+)\s*\)\s*)?(\w+
 def _functions_as_labels(text: str, functions: dict) -> str:
     """The kernel's text with each function defined after it (`.func (.param .b64 func_retval0) name(.param .b64
     name_param_0, ...) { ... }`) made a label, `name:`, followed by its body with its registers renamed; each
-    recorded in `functions` as (label, its parameters' names, its return parameter's name or None)."""
+    recorded in `functions` as (its parameters' names, its return parameter's name or None)."""
     out, at = [], 0
     for k, m in enumerate(_FUNCTION.finditer(text)):
         retval, name, params = m.group(1), m.group(2), m.group(3)
@@ -115,7 +115,7 @@ def _functions_as_labels(text: str, functions: dict) -> str:
         body = re.sub(r"%(p|rs|rd|r|fd|f)(\d+)\b", lambda r: f"%{r.group(1)}{int(r.group(2)) + offset}",
                       text[m.end():end - 1])
         out += [text[at:m.start()], f"\n{name}:\n", body, "\n"]
-        functions[name] = (name, re.findall(r"\.param\s+\.\w+\s+(\w+)", params), retval)
+        functions[name] = (re.findall(r"\.param\s+\.\w+\s+(\w+)", params), retval)
         at = end
     return "".join(out + [text[at:]])
 

@@ -321,19 +321,18 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         name = ops[0].strip()
         if name not in self.prog.functions:
             raise SimError(f"a call of {name}, which this module does not define")
-        entry, params, returned = self.prog.functions[name]
+        params, returned = self.prog.functions[name]
         args = [a.strip("() ") for a in ops[1:] if a.strip("() ")]  # (param0, param1): split at its comma
         if len(args) != len(params):
             raise SimError(f"{name} takes {len(params)} parameters, called with {len(args)}")
         for arg, param in zip(args, params):
-            self.param_space.setdefault(param, np.zeros(self.threads, dtype=np.uint64))[run] = \
-                self.param_space[arg][run]
+            self.set_param(param, self.param(arg), run)
         if (self.depth[run] >= MAX_CALL_DEPTH).any():
             raise SimError(f"calls nested deeper than {MAX_CALL_DEPTH}")
         self.returns[run, self.depth[run]] = self.at + 1
         self.depth[run] += 1
         self.call_sites[self.at + 1] = (retval, returned)
-        return self.prog.labels[entry]
+        return self.prog.labels[name]
 
     def ret(self, run: np.ndarray) -> np.ndarray:
         """ret in a function: each thread back after its call, the callee's return parameter's bits in the caller's
@@ -346,15 +345,17 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         for site in set(targets[run].tolist()):
             retval, returned = self.call_sites[site]
             if retval is not None:
-                back = run & (targets == site)
-                self.param_space.setdefault(retval, np.zeros(self.threads, dtype=np.uint64))[back] = \
-                    self.param_space[returned][back]
+                self.set_param(retval, self.param(returned), run & (targets == site))
         return targets
 
     def param(self, name: str) -> np.ndarray:
         if name not in self.param_space:
             raise SimError(f"a read of the .param variable {name} before any write")
         return self.param_space[name]
+
+    def set_param(self, name: str, bits: np.ndarray, mask: np.ndarray) -> None:
+        """The .param variable `name` takes `bits` (per thread) in the threads of `mask`."""
+        self.param_space.setdefault(name, np.zeros(self.threads, dtype=np.uint64))[mask] = bits[mask]
 
     # -- instructions
     def op_mov(self, parts, ops, run):
@@ -421,7 +422,7 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
         if space in ("param", "param::func"):  # a call's .param variable: the value's bits
             bits = int(parts[-1][1:])
             value = np.broadcast_to(as_uint(self.value(ops[1]), bits), (self.threads,)).astype(np.uint64)
-            self.param_space.setdefault(ops[0][1:-1], np.zeros(self.threads, dtype=np.uint64))[run] = value[run]
+            self.set_param(ops[0][1:-1], value, run)
             return
         vec = int(parts[2][1:]) if parts[2].startswith("v") else 1
         t = parts[-1]
