@@ -197,7 +197,8 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
             mgjit.cta_sync()
             f = fill.astype(mgjit.float32)
             d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
-        guess = mgjit.where(abs(f + shift) < float("inf"), f + shift, 0.0)
+        mean = f + shift
+        guess = mgjit.where(abs(mean) < float("inf"), mean, 0.0)
         rstd = mgjit.rsqrt(m2 * inv_n - shift * shift + eps)
         offset = -shift * rstd
         w_parts, b_parts, parts = weight_lines(w_env, s, PL), weight_lines(b_env, s, PL), line_parts(env, PL)
