@@ -1,5 +1,5 @@
-"""Structured control flow: For (`for i in range(...)` on runtime bounds, lowered to scf.for), If (lowered to
-scf.if) and Yield, their terminator.
+"""Structured control flow: For (`for i in range(...)` on runtime bounds, lowered to an scf.for that counts the
+iterations from 0, the loop variable computed from the count), If (lowered to scf.if) and Yield, their terminator.
 
 Values carried through a loop or out of an if are the ops' results; their layouts settle by re-inferring a
 loop body until the carried layouts stop changing. Carried register arrays travel as their per-thread
@@ -17,6 +17,7 @@ from ..interpret import numerics
 from ..interpret.scheduler import Wait, Warpgroup
 from ..ir import Block, Op, ScalarType, Type, Value, check, is_int_scalar
 from ..lower.context import num_elems
+from .program import Constant
 
 
 class For(Op):
@@ -135,18 +136,38 @@ def _assign(ctx: lower.Context, targets: list[ir.Value], values: list) -> None:
         ctx.set(t, lowered)
 
 
+def _trip_count(op: For, ctx: lower.Context):
+    """How many times `range(start, stop, step)` runs its body, as an unsigned int32: (stop - start - 1) // step
+    + 1 where start < stop, else 0. A step that is not a constant is checked first: one that is not positive traps
+    (the launch fails) where scf.for would loop without end."""
+    e = ctx.e
+    start, stop, step = (ctx.get(v) for v in op.operands[:3])
+    if not isinstance(op.operands[2].owner, Constant):
+        e.asm_void("@!$0 trap;", "b", [e.cmpi("sgt", step, e.i32(0))])
+    # stop - start wraps to the true distance (below 2**32) where start < stop: an unsigned division counts it
+    count = e.addi(e.divui(e.subi(e.subi(stop, start), e.i32(1)), step), e.i32(1))
+    return e.select(e.cmpi("slt", start, stop), count, e.i32(0))
+
+
 @lower.rule(For)
 def _for(op: For, ctx: lower.Context) -> None:
+    # The loop counts 0, 1, ... with an unsigned test and computes the induction variable from the count. scf.for's
+    # own test, `i + step < stop` signed, never ends where i + step passes 2**31; and a loop whose variable runs
+    # through negative values (range(-4, -1, 2)) may have LLVM test it unsigned, which ptxas (13.0 and 13.5) then
+    # moves past the step, where -2 + 2 wraps to 0 and the loop never ends (fuzz seed 50175 hung an H200). A count
+    # from 0 never wraps.
     e = ctx.e
     scf = e.m.scf
     inits = [x for v in op.inits for x in lower.flatten(ctx.get(v))]
-    start, stop, step = (ctx.get(v) for v in op.operands[:3])
+    start, step = ctx.get(op.operands[0]), ctx.get(op.operands[2])
+    count = _trip_count(op, ctx)
     before = ctx.enter_loop(op.body)
-    loop = scf.ForOp(start, stop, step, inits)
+    loop = scf.ForOp(e.i32(0), count, e.i32(1), inits)
+    loop.operation.attributes["unsignedCmp"] = e.ir.UnitAttr.get()
     body = loop.body
     e.push(e.ir.InsertionPoint(body))
     try:
-        ctx.set(op.body.args[0], loop.induction_variable)
+        ctx.set(op.body.args[0], e.addi(start, e.muli(loop.induction_variable, step)))
         _assign(ctx, op.body.args[1:], list(loop.inner_iter_args))
         scf.yield_(lower.lower_block(ctx, op.body))
     finally:
