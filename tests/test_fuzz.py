@@ -3,7 +3,6 @@ compiled for sm_90a and sm_100a, interpreted, and compared with the reference se
 their PTX run on the PTX simulator against the interpreter. Longer runs, minimized reproductions and the GPU
 comparison: `python tools/fuzz.py --help`."""
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -81,27 +80,48 @@ def test_the_gpu_comparison_with_the_interpreter_standing_in(tmp_path, monkeypat
     assert all(o.status in ("ok", "uncertain") for o in outcomes), [o.detail for o in outcomes]
 
 
-def test_a_gpu_launch_that_never_finishes_ends_the_run(tmp_path):
-    """A hung launch holds the process inside CUDA, where no Python signal reaches it: --gpu's watchdog
-    (faulthandler's thread) prints where the process stands and ends it, a hang standing in as a synchronize that
-    sleeps (a GPU fuzz run once stalled until its step's time limit, naming nothing)."""
-    script = f"""
-import sys, time
-sys.path[:0] = {[str(ROOT / "tools"), str(ROOT / "tests")]!r}
-import torch
-import fuzz, fuzz_gen
-fuzz.GPU_SECONDS = 1
-torch.cuda.synchronize = lambda: time.sleep(600)
-cpu_tensors = fuzz.tensors
-fuzz.tensors = lambda p, device="cpu": cpu_tensors(p, "cpu")
-seed = next(s for s in range(20) if fuzz.check(fuzz_gen.generate(s), {str(tmp_path)!r}, "k").status == "ok")
-fuzz.check(fuzz_gen.generate(seed), {str(tmp_path)!r}, "k", gpu=True)
-print("the launch came back")
-"""
-    env = {**os.environ, "MGJIT_INTERPRET": "1", "MGJIT_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode != 0 and "the launch came back" not in done.stdout, done.stdout + done.stderr
-    assert "Timeout" in done.stderr and "check_gpu" in done.stderr, done.stderr[-2000:]
+def stand_in_gpu() -> None:
+    """GpuWorker's setup here: the interpreter stands in for the GPU (MGJIT_INTERPRET=1 in the environment, "cuda"
+    tensors kept on the CPU); the launch of seed FUZZ_HANG_SEED hangs (a synchronize that sleeps) and that of
+    FUZZ_FAIL_SEED fails."""
+    import time
+
+    import torch
+    cpu_tensors = fuzz.tensors
+    seeds = []
+
+    def tensors(p, device="cpu"):
+        seeds.append(p.seed)
+        return cpu_tensors(p, "cpu")
+
+    def synchronize():
+        if seeds[-1] == int(os.environ["FUZZ_HANG_SEED"]):
+            time.sleep(600)
+        if seeds[-1] == int(os.environ["FUZZ_FAIL_SEED"]):
+            raise RuntimeError("an illegal memory access was encountered")
+
+    fuzz.tensors = tensors
+    torch.cuda.synchronize = synchronize
+
+
+def test_a_gpu_launch_that_hangs_or_fails_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A hung launch holds its process inside CUDA, where no Python signal reaches it, and a failed one may leave
+    the CUDA context unusable: --gpu launches in a child process, which the parent replaces after either (a GPU
+    fuzz run once stalled at a hang until its step's time limit, naming nothing)."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path / "cache"))
+    seeds = [s for s in range(20) if fuzz.check(fuzz_gen.generate(s), str(tmp_path), "k").status == "ok"][:4]
+    monkeypatch.setenv("FUZZ_HANG_SEED", str(seeds[1]))
+    monkeypatch.setenv("FUZZ_FAIL_SEED", str(seeds[2]))
+    monkeypatch.setattr(fuzz, "HANG_SECONDS", 3)
+    worker = fuzz.GpuWorker(stand_in_gpu)
+    try:
+        outcomes = [worker.check(fuzz_gen.generate(s), str(tmp_path), "k") for s in seeds]
+    finally:
+        worker.close()
+    assert [o.category for o in outcomes][:2] == ["", "gpu-hang"], outcomes
+    assert outcomes[2].category.startswith("gpu-error: RuntimeError: an illegal memory access")
+    assert outcomes[3].status == "ok", outcomes[3]
 
 
 def test_seeded_kernels_run_from_their_ptx_on_the_simulator_match_the_interpreter(tmp_path):

@@ -9,12 +9,15 @@ using instructions or types the simulator does not cover are counted apart, as u
 
     python tools/fuzz.py --seed 1 --count 2000 --jobs 2
     python tools/fuzz.py --ptx --seed 1 --count 2000 --jobs 2
-    python3 tools/fuzz.py --gpu --seed 1 --count 1000    # each seed printed as it starts (--trace)
+    python3 tools/fuzz.py --gpu --seed 1 --count 1000
 
 Prints the kernels run and the failures by category; each category's first failures are minimized and written
 to --out (default fuzz-failures/) as <category>/seed<N>.py (+ .pt, its tensors), runnable on their own.
 A failure is: anything but a CompileError naming the kernel's line (an internal error, an MLIR verifier
-failure, a ptxas error), a CompileError for a valid kernel, an interpreter error, or a value mismatch.
+failure, a ptxas error), a CompileError for a valid kernel, an interpreter error, or a value mismatch; with
+--gpu also a failed launch, or one that has not finished HANG_SECONDS after it began (gpu-hang). --gpu runs the
+kernels in a child process (GpuWorker) that is replaced after each of those, so the run goes on past them, and
+their minimizing runs there too.
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ import collections
 import concurrent.futures
 import copy
 import dataclasses
-import faulthandler
+import functools
 import importlib.util
+import multiprocessing
 import os
 import re
 import signal
@@ -155,18 +159,18 @@ def compare(got: dict, expected: dict, scale: float) -> str:
     return "\n".join(lines)
 
 
+def _before_launch() -> None:
+    """Called just before each GPU launch (GpuWorker's child tells its parent, which then waits HANG_SECONDS)."""
+
+
 def check_gpu(launch: Launch, interpreted: dict, expected: dict) -> Outcome:
     inputs, outputs = launch.tensors("cuda")
-    # A launch that never finishes holds the process inside CUDA, where no Python signal reaches it: faulthandler's
-    # own thread prints where it stands and ends the process (the seed it ran is the last one --trace printed)
-    faulthandler.dump_traceback_later(GPU_SECONDS, exit=True)
+    _before_launch()
     try:
         launch.kernel[(launch.p.grid,)](*launch.args(inputs, outputs), **launch.consts)
         torch.cuda.synchronize()
     except Exception as e:
         return classify(e, launch, "gpu-error")
-    finally:
-        faulthandler.cancel_dump_traceback_later()
     bounds = {n: (interpreted[n], err) for n, (_, err) in expected.items()}
     bad = compare(outputs, bounds, 2.0)
     return Outcome("fail", "mismatch: GPU against interpreter", bad) if bad else Outcome("ok")
@@ -267,8 +271,11 @@ def _prune(p: fuzz_program.Program) -> None:
     p.helpers = [h for h in p.helpers if h.name in called]
 
 
-def minimize(p: fuzz_program.Program, category: str, directory: str, gpu: bool, budget_s: float,
-             ptx: bool = False) -> fuzz_program.Program:
+Checker = Callable[[fuzz_program.Program, str, str], Outcome]  # (program, directory, tag) -> its outcome
+
+
+def minimize(p: fuzz_program.Program, category: str, directory: str, checker: Checker,
+             budget_s: float) -> fuzz_program.Program:
     """Greedily shrink p while it still fails with the same category."""
     assert category, "only failures are minimized"
     deadline = time.time() + budget_s
@@ -286,7 +293,7 @@ def minimize(p: fuzz_program.Program, category: str, directory: str, gpu: bool, 
                 i += 1
                 continue
             attempt += 1
-            if check(q, directory, f"min{attempt}", gpu, ptx).category == category:
+            if checker(q, directory, f"min{attempt}").category == category:
                 p, edits, progress = q, _candidates(q), True  # the edits before i failed already: go on from i
             else:
                 i += 1
@@ -337,23 +344,79 @@ def write_repro(p: fuzz_program.Program, outcome: Outcome, out_dir: str) -> str:
 # ---------------------------------------------------------------------------------------------- driver
 
 KERNEL_SECONDS = 300  # a kernel that takes longer to compile, interpret and check is reported as a hang
-GPU_SECONDS = 60  # a GPU launch of a fuzzed kernel (milliseconds of work) that takes longer hangs: the run ends
+HANG_SECONDS = 15  # a GPU launch of a fuzzed kernel (microseconds of work) that takes longer hangs
 
 
 def _timeout(signum, frame):
     raise TimeoutError(f"over {KERNEL_SECONDS} s")
 
 
-def run_seed(seed: int, gpu: bool, ptx: bool = False) -> tuple[int, Outcome]:
+def run_seed(seed: int, ptx: bool = False) -> tuple[int, Outcome]:
     signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(KERNEL_SECONDS)
     try:
         with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
-            return seed, check(fuzz_gen.generate(seed), d, "k", gpu, ptx)
+            return seed, check(fuzz_gen.generate(seed), d, "k", ptx=ptx)
     except TimeoutError as e:
         return seed, Outcome("fail", "timeout", str(e))
     finally:
         signal.alarm(0)
+
+
+class GpuWorker:
+    """check(..., gpu=True) in a child process of its own. A launch that hangs holds its process inside CUDA, where
+    no signal handler runs, and a launch that fails may leave the CUDA context unusable: either way the parent
+    kills the child, reports the kernel (a hang: no answer HANG_SECONDS after its launch began) and starts another
+    child for the next one. `setup` (a module-level function) runs first in each child."""
+
+    def __init__(self, setup: Callable[[], None] | None = None):
+        self.setup = setup
+        self._start()
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # a forked child would share the parent's CUDA state
+        self.conn, child = context.Pipe()
+        self.proc = context.Process(target=_gpu_child, args=(child, self.setup), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def restart(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self._start()
+
+    def check(self, p: fuzz_program.Program, directory: str, tag: str) -> Outcome:
+        self.conn.send((p, directory, tag))
+        limit = KERNEL_SECONDS
+        while self.conn.poll(limit):
+            try:
+                answer = self.conn.recv()
+            except EOFError:  # the child died (a crash inside CUDA)
+                break
+            if answer != "launch":
+                if answer.category.startswith("gpu-error"):  # its context may be unusable: a fresh child
+                    self.restart()
+                return answer
+            limit = HANG_SECONDS
+        self.restart()
+        if limit == HANG_SECONDS:
+            return Outcome("fail", "gpu-hang", f"the launch did not finish in {HANG_SECONDS} s")
+        return Outcome("fail", "timeout", f"no answer from the GPU worker in {KERNEL_SECONDS} s")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+
+
+def _gpu_child(conn, setup: Callable[[], None] | None) -> None:
+    global _before_launch
+    _init_worker()
+    if setup is not None:
+        setup()
+    _before_launch = lambda: conn.send("launch")  # noqa: E731
+    while True:
+        p, directory, tag = conn.recv()
+        conn.send(check(p, directory, tag, gpu=True))
 
 
 def _init_worker() -> None:
@@ -377,14 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="fuzz-failures", help="folder for minimized reproductions")
     ap.add_argument("--minimize", type=int, default=2, help="failures minimized per category")
     ap.add_argument("--minimize-seconds", type=float, default=120.0)
-    ap.add_argument("--trace", action="store_true",
-                    help="print each seed as it starts (one job; always with --gpu: a kernel that hangs the GPU, "
-                         "which ends the run after GPU_SECONDS, is the last one printed)")
     args = ap.parse_args(argv)
     os.environ.setdefault("MGJIT_CACHE_DIR", tempfile.mkdtemp(prefix="mgjit-fuzz-cache-"))
     os.environ.setdefault("MGJIT_CACHE_MAX_BYTES", str(64 << 20))
-    trace = args.trace or args.gpu
-    jobs = 1 if trace else args.jobs
     seeds = range(args.seed, args.seed + args.count)
     start = time.time()
     counts: collections.Counter = collections.Counter()
@@ -400,32 +458,37 @@ def main(argv: list[str] | None = None) -> int:
         if done % 100 == 0:
             print(f"... {done} kernels, {counts['fail']} failing, {time.time() - start:.0f} s", flush=True)
 
-    if jobs > 1:
-        with concurrent.futures.ProcessPoolExecutor(jobs, initializer=_init_worker) as pool:
-            for seed, outcome in pool.map(run_seed, seeds, [args.gpu] * len(seeds), [args.ptx] * len(seeds),
-                                          chunksize=4):
-                record(seed, outcome)
-    else:
-        _init_worker()
-        for seed in seeds:
-            if trace:
-                print(f"seed {seed}", flush=True)
-            outcome = run_seed(seed, args.gpu, args.ptx)[1]
-            record(seed, outcome)
-            if outcome.category.startswith("gpu-error"):  # a failed launch may leave the CUDA context unusable
-                print(f"stopping at seed {seed}: the launch failed\n{outcome.detail}")
-                break
-    print(f"\n{sum(counts.values())} kernels in {time.time() - start:.0f} s: {counts['ok']} ok, "
-          f"{counts['uncertain']} with control flow the reference cannot follow (compiled and interpreted only), "
-          + (f"{counts['unsimulated']} beyond the PTX simulator, " if args.ptx else "") + f"{counts['fail']} failing")
-    for category, items in sorted(failures.items(), key=lambda kv: -len(kv[1])):
-        print(f"  {len(items):5d}  {category}   (seeds {', '.join(str(s) for s, _ in items[:6])})")
-    with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-min-") as d:
-        for category, items in failures.items():
-            for seed, outcome in items[:args.minimize]:
-                small = minimize(fuzz_gen.generate(seed), category, d, args.gpu, args.minimize_seconds, args.ptx)
-                final = check(small, d, "final", args.gpu, args.ptx)
-                print(f"  minimized seed {seed} -> {write_repro(small, final if final.status == 'fail' else outcome, args.out)}")
+    worker = GpuWorker() if args.gpu else None
+    try:
+        if worker is not None:
+            with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
+                for seed in seeds:
+                    record(seed, worker.check(fuzz_gen.generate(seed), d, "k"))
+        elif args.jobs > 1:
+            with concurrent.futures.ProcessPoolExecutor(args.jobs, initializer=_init_worker) as pool:
+                for seed, outcome in pool.map(run_seed, seeds, [args.ptx] * len(seeds), chunksize=4):
+                    record(seed, outcome)
+        else:
+            _init_worker()
+            for seed in seeds:
+                record(*run_seed(seed, args.ptx))
+        print(f"\n{sum(counts.values())} kernels in {time.time() - start:.0f} s: {counts['ok']} ok, "
+              f"{counts['uncertain']} with control flow the reference cannot follow (compiled and interpreted "
+              "only), " + (f"{counts['unsimulated']} beyond the PTX simulator, " if args.ptx else "")
+              + f"{counts['fail']} failing")
+        for category, items in sorted(failures.items(), key=lambda kv: -len(kv[1])):
+            print(f"  {len(items):5d}  {category}   (seeds {', '.join(str(s) for s, _ in items[:6])})")
+        checker: Checker = worker.check if worker is not None else functools.partial(check, ptx=args.ptx)
+        with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-min-") as d:
+            for category, items in failures.items():
+                for seed, outcome in items[:args.minimize]:
+                    small = minimize(fuzz_gen.generate(seed), category, d, checker, args.minimize_seconds)
+                    final = checker(small, d, "final")
+                    where = write_repro(small, final if final.status == "fail" else outcome, args.out)
+                    print(f"  minimized seed {seed} -> {where}")
+    finally:
+        if worker is not None:
+            worker.close()
     return 1 if counts["fail"] else 0
 
 
