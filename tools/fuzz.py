@@ -386,22 +386,28 @@ class GpuWorker:
         self._start()
 
     def check(self, p: fuzz_program.Program, directory: str, tag: str) -> Outcome:
+        if not self.proc.is_alive():
+            self.restart()
         self.conn.send((p, directory, tag))
         limit = KERNEL_SECONDS
-        while self.conn.poll(limit):
+        while True:
+            if not self.conn.poll(limit):
+                failure = Outcome("fail", "gpu-hang", f"the launch did not finish in {HANG_SECONDS} s") \
+                    if limit == HANG_SECONDS else Outcome("fail", "timeout", f"no answer in {KERNEL_SECONDS} s")
+                break
             try:
                 answer = self.conn.recv()
-            except EOFError:  # the child died (a crash inside CUDA)
+            except EOFError:  # the child died without an answer (a crash inside CUDA)
+                failure = Outcome("fail", "gpu-crash", "the GPU worker's process died")
                 break
-            if answer != "launch":
-                if answer.category.startswith("gpu-error"):  # its context may be unusable: a fresh child
-                    self.restart()
-                return answer
-            limit = HANG_SECONDS
+            if answer == "launch":
+                limit = HANG_SECONDS
+                continue
+            if answer.category.startswith("gpu-"):  # its CUDA context may be unusable: a fresh child
+                self.restart()
+            return answer
         self.restart()
-        if limit == HANG_SECONDS:
-            return Outcome("fail", "gpu-hang", f"the launch did not finish in {HANG_SECONDS} s")
-        return Outcome("fail", "timeout", f"no answer from the GPU worker in {KERNEL_SECONDS} s")
+        return failure
 
     def close(self) -> None:
         self.proc.kill()
@@ -416,7 +422,11 @@ def _gpu_child(conn, setup: Callable[[], None] | None) -> None:
     _before_launch = lambda: conn.send("launch")  # noqa: E731
     while True:
         p, directory, tag = conn.recv()
-        conn.send(check(p, directory, tag, gpu=True))
+        try:
+            outcome = check(p, directory, tag, gpu=True)
+        except Exception as e:  # outside check's own handling: moving the tensors to the GPU
+            outcome = Outcome("fail", f"gpu-worker: {type(e).__name__}: {normalize(str(e))}", traceback.format_exc())
+        conn.send(outcome)
 
 
 def _init_worker() -> None:
