@@ -11,7 +11,7 @@ from typing import Generator, Sequence
 
 import torch
 
-from .. import infer, interpret, ir, lower
+from .. import dtypes, infer, interpret, ir, lower
 from ..errors import Loc
 from ..interpret import numerics
 from ..interpret.scheduler import Wait, Warpgroup
@@ -39,8 +39,9 @@ class For(Op):
         return self.operands[3:]
 
     def verify(self):
-        for v in self.operands[:3]:
-            check(is_int_scalar(v), self, f"range bounds must be integers, got {v.type}")
+        for v in self.operands[:3]:  # the frontend casts them: the lowering counts in int32
+            check(is_int_scalar(v) and v.dtype == dtypes.int32, self, f"range bounds must be int32 scalars, "
+                  f"got {v.type}")
 
 
 class If(Op):
