@@ -78,6 +78,31 @@ def test_constant_bounds_from_their_ptx(start, stop, step):
     assert torch.equal(dev.fetch(out), expected(start, stop, step))
 
 
+def random_ranges(n: int) -> list[tuple[int, int, int]]:
+    """Fresh ranges anywhere in int32 of 0 to CAP values, steps from 1 to 2**31 - 1, stops anywhere in the last
+    step (or before the start)."""
+    out = []
+    while len(out) < n:
+        step = max(1, int(torch.randint(1, 2**31, ()).item()) >> int(torch.randint(0, 31, ()).item()))
+        start = int(torch.randint(-2**31, 2**31, ()).item())
+        count = int(torch.randint(0, CAP + 1, ()).item())
+        stop = start + (count - 1) * step + int(torch.randint(1, step + 1, ()).item()) if count else \
+            start - int(torch.randint(0, 2**20, ()).item())
+        if -2**31 <= stop <= I32_MAX:
+            out.append((start, stop, step))
+    return out
+
+
+def test_random_ranges_from_their_ptx():
+    compiled = visits.compile(poisoned(), 0, 1, 1, target="sm_90a")
+    for start, stop, step in random_ranges(40):
+        out = poisoned()
+        dev = ptx_sim.Device()
+        dev.place(out)
+        dev.run(compiled, (1,), out, start, stop, step)
+        assert torch.equal(dev.fetch(out), expected(start, stop, step)), (start, stop, step)
+
+
 @pytest.mark.parametrize("step", [0, -1, -2**31])
 def test_a_runtime_step_that_is_not_positive_fails(step):
     """Python's range counts down on a negative step; mgjit's loops count up: the interpreter names the line, the
