@@ -12,7 +12,8 @@ barrier (which it passes once every CTA of the cluster is there) or on an mbarri
 wgmma runs at its issue and checks that what it read is unchanged when it is waited for (tests/ptx_wgmma.py),
 tcgen05 MMAs and loads work on each CTA's tensor memory (tests/ptx_tcgen05.py), and cluster launch control
 cancels clusters that have not launched (tests/ptx_clc.py). A call to a function the module defines (a libdevice
-routine LLVM keeps out of line) runs its code with each thread's return address kept, its .param variables as bits.
+routine LLVM keeps out of line) runs its code with each thread's return address kept, its .param variables as bits
+(tests/ptx_calls.py).
 Registers are numpy arrays over the threads, typed by the names LLVM gives them (%p pred, %rs b16, %r b32, %rd
 b64, %f f32, %fd f64); a float instruction reads an integer register's bits. Global memory is one byte arena: an
 access not aligned to its size, outside it, a load touching no placed tensor or a store outside every placed
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 from ptx_arith import (INT, Arithmetic, SimError, as_int, as_uint, atomic_result, bits_dtype, convert_bits,
                        float_dtype, narrow_to_f32)
+from ptx_calls import MAX_CALL_DEPTH, CallOps
 from ptx_clc import ClcOps, ClusterQueue
 from ptx_cluster import ClusterOps, MBarrier, run_cluster
 from ptx_memory import Memory, SmemRaces, shared_offsets, unordered
@@ -43,13 +45,12 @@ from ptx_tma import TMAP_BASE, TensorMap, TmaOps
 from ptx_tcgen05 import Tcgen05Ops
 from ptx_wgmma import WgmmaOps
 
-MAX_CALL_DEPTH = 8  # calls a thread may have in progress
 _REG = re.compile(r"%(p|rs|rd|r|fd|f)(\d+)$|%(SPL?)$")  # %SP, %SPL: the stack pointers of local memory
 _REG_DTYPE = {"p": np.bool_, "rs": np.uint16, "r": np.uint32, "rd": np.uint64, "f": np.float32, "fd": np.float64,
               "SP": np.uint64, "SPL": np.uint64}
 
 
-class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
+class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, CallOps, Arithmetic):
     def __init__(self, prog: Program, params: dict[str, Any], mem: Memory, ctaid: tuple[int, int, int],
                  nctaid: tuple[int, int, int], smem_bytes: int, cluster: list["CTA"] | None = None, rank: int = 0,
                  threads: int = 128, counts: Counter | None = None):
@@ -311,51 +312,6 @@ class CTA(ClusterOps, ClcOps, TmaOps, WgmmaOps, Tcgen05Ops, Arithmetic):
             raise SimError(f"the simulator does not know {opcode}")
         handler(parts, ops, run)
         return None
-
-    # -- calls
-    def call(self, ops: list, run: np.ndarray) -> int:
-        """call.uni (retval0), name, (param0, param1): the callee's parameters take the .param variables' bits, and
-        the threads go to its code, returning after this instruction."""
-        ops = list(ops)
-        retval = ops.pop(0).strip("() ") if ops[0].startswith("(") else None
-        name = ops[0].strip()
-        if name not in self.prog.functions:
-            raise SimError(f"a call of {name}, which this module does not define")
-        params, returned = self.prog.functions[name]
-        args = [a.strip("() ") for a in ops[1:] if a.strip("() ")]  # (param0, param1): split at its comma
-        if len(args) != len(params):
-            raise SimError(f"{name} takes {len(params)} parameters, called with {len(args)}")
-        for arg, param in zip(args, params):
-            self.set_param(param, self.param(arg), run)
-        if (self.depth[run] >= MAX_CALL_DEPTH).any():
-            raise SimError(f"calls nested deeper than {MAX_CALL_DEPTH}")
-        self.returns[run, self.depth[run]] = self.at + 1
-        self.depth[run] += 1
-        self.call_sites[self.at + 1] = (retval, returned)
-        return self.prog.labels[name]
-
-    def ret(self, run: np.ndarray) -> np.ndarray:
-        """ret in a function: each thread back after its call, the callee's return parameter's bits in the caller's
-        return variable."""
-        if not (self.depth[run] > 0).all():
-            raise SimError("ret from the kernel and from a function in one step")
-        self.depth[run] -= 1
-        targets = np.zeros(self.threads, dtype=np.int64)
-        targets[run] = self.returns[run, self.depth[run]]
-        for site in set(targets[run].tolist()):
-            retval, returned = self.call_sites[site]
-            if retval is not None:
-                self.set_param(retval, self.param(returned), run & (targets == site))
-        return targets
-
-    def param(self, name: str) -> np.ndarray:
-        if name not in self.param_space:
-            raise SimError(f"a read of the .param variable {name} before any write")
-        return self.param_space[name]
-
-    def set_param(self, name: str, bits: np.ndarray, mask: np.ndarray) -> None:
-        """The .param variable `name` takes `bits` (per thread) in the threads of `mask`."""
-        self.param_space.setdefault(name, np.zeros(self.threads, dtype=np.uint64))[mask] = bits[mask]
 
     # -- instructions
     def op_mov(self, parts, ops, run):
