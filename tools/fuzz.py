@@ -381,8 +381,7 @@ class GpuWorker:
         child.close()
 
     def restart(self) -> None:
-        self.proc.kill()
-        self.proc.join()
+        self.close()
         self._start()
 
     def check(self, p: fuzz_program.Program, directory: str, tag: str) -> Outcome:
