@@ -117,8 +117,8 @@ def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue: int) -> int:
 
 def epilogue_n(bn: int) -> int:
     """The columns of one chunk of a TMA-stored epilogue (matmul_hopper.epilogue): 64, a 128-byte swizzle row of
-    16-bit elements, or the whole tile where BN is not a multiple of 64."""
-    return 64 if bn % 64 == 0 else bn
+    16-bit elements; 32 (a 64-byte swizzle row) where BN is an odd multiple of 32; else the whole tile."""
+    return 64 if bn % 64 == 0 else 32 if bn % 32 == 0 else bn
 
 
 def epilogue_bytes(consumers: int, bn: int, out_bytes: int) -> int:
@@ -132,7 +132,8 @@ def config(problem: Problem, bm: int, bn: int, swap: bool = False, stream_k: int
     path and the TMA tile do not fit the consumers' registers together), and as many stages as fit."""
     bk = BK_FOR_BITS[problem.bits]
     out_bytes = problem.out_dtype.itemsize
-    tma_store = not swap and out_bytes == 2 and not (stream_k and bn > 192)
+    tma_store = (not swap and out_bytes == 2 and not (stream_k and bn > 192)
+                 and epilogue_n(bn) * out_bytes in (32, 64, 128))  # a chunk's rows fill a swizzle row
     stages = _stages(bm, bn, bk, problem.bits // 8, epilogue_bytes(bm // 64, bn, out_bytes) if tma_store else 0)
     return {"SWAP_AB": swap, "BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "GROUP_M": 8, "STREAM_K": stream_k,
             "TMA_STORE": tma_store, "EPILOGUE_N": epilogue_n(bn), **extra}

@@ -461,7 +461,10 @@ def test_stages_fit_the_epilogue_the_config_has():
     assert schedules.normalize(problem, dict(BM=128, BN=128))["STAGES"] == 6
     assert schedules.normalize(problem, dict(BM=128, BN=128, TMA_STORE=False))["STAGES"] == 7
     assert schedules.normalize(problem, dict(BM=128, BN=256))["STAGES"] == 4
-    assert schedules.normalize(problem, dict(BM=128, BN=96))["EPILOGUE_N"] == 96  # not a multiple of 64: whole
+    # An odd multiple of 32 columns in 32-column chunks (a 64-byte swizzle row); a width no swizzle row holds
+    # whole (144 columns: 288 bytes) stores from registers
+    assert schedules.normalize(problem, dict(BM=128, BN=96))["EPILOGUE_N"] == 32
+    assert not schedules.normalize(problem, dict(BM=128, BN=144))["TMA_STORE"]
 
 
 def compile_config(name):
