@@ -15,6 +15,8 @@ A config is a dict of matmul_kernel's constexprs plus SWAP_AB (compute C^T = B^T
   two beside the data-parallel tiles, smaller tiles (more tiles, smaller tail), and 192 x 192 ones.
 - fewer tiles than SMs with a long K: stream-K or split-K, split-K over clusters sharing A where the tiles are
   very few, or one wave of whole tiles.
+- in both of those, where the usual tiles overflow a round of the persistent grid, the tile width that fits the
+  rounds best (`wave_fitted`: 128 x 160 at 1024 x 4936 x 5376, B transposed).
 - else data-parallel 128 x 256 tiles (the large-shape schedule, ~1.0x cuBLAS).
 Beside the data-parallel tiles of the larger shapes, their multicast form is tried: clusters of two CTAs on
 M-neighbour tiles that load their shared B tile once, each CTA half of it into both (MULTICAST="b"; cuBLAS's
@@ -211,7 +213,7 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
         paired += [config(problem, 128, 192, MULTICAST="b", CLUSTER=4)] if m > 384 else []
         return [config(problem, 128, 256, stream_k=2), config(problem, 128, 256),
                 config(problem, 128, 128, stream_k=2), config(problem, 128, 192),
-                *paired, config(problem, 192, 192), *swapped, *shared4]
+                *paired, config(problem, 192, 192), *wave_fitted(problem, sms), *swapped, *shared4]
     # fewer tiles than SMs, K long enough to cut
     if k_tiles >= 16 and (m * n * problem.k >= SMALL_WORK or k_tiles >= LONG_K_TILES):
         # Very few tiles (256 x 512 x 65536: 16 of 128 x 64): split-K over clusters of two N-neighbours sharing
@@ -244,12 +246,42 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
                       config(problem, 64, 64, **({"stream_k": 1, "SPLIT": split64} if split64 > 1 else {})),
                       *paired, config(problem, 128, 128),
                       config(problem, 128, 64), config(problem, 64, 128),
-                      config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a"), *shared4]
+                      config(problem, 128, 128, stream_k=1, SPLIT=2, MULTICAST="a"), *wave_fitted(problem, sms),
+                      *shared4]
     # Small problems: latency more than throughput. Many small tiles, or a few tiles cut in two. (256 x 1024 x
     # 512: cuBLAS runs 128 CTAs of 64 x 32 tiles in 5.3 us, ours 64 CTAs of 64 x 64 in 5.8, ncu.)
     return [config(problem, 128, 128), config(problem, 128, 64), config(problem, 64, 128),
             config(problem, 128, 128, stream_k=1, SPLIT=2), config(problem, 64, 64), config(problem, 64, 32),
             *swapped]
+
+
+# A persistent grid runs ceil(tiles / SMs) rounds of its tiles: a shape whose tiles overflow a round by a few
+# pays a whole round for them. cuBLAS sizes its tile's width to the shape (1024 x 4936 x 5376: 256 x 160 tiles,
+# 124 of them, one round, where our 128 x 192 take two of 208; 3000 x 1120 x 1792, B transposed: 192 x 144, 128
+# tiles). Tile widths the operands allow: a K-major B any multiple of 16 (its SMEM rows are K), an N-major B a
+# multiple of 64 (its rows fill a 128-byte swizzle row). H200, B transposed, of cuBLAS, one run: 1024 x 4936 x 5376
+# 0.90 on 128 x 160 tiles, 0.78 on 128 x 192 shared by pairs; 3000 x 1120 x 1792 0.94-0.97 on 128 x 224, 0.87 on
+# 128 x 256, 0.82 on 192 x 144 (the forty-eighth session's pick there, 128 x 128, ran 0.88).
+FIT_GAIN = 0.92  # a fitted tile is offered where it puts at most this much of the usual tiles' work on one SM
+
+
+def wave_fitted(problem: Problem, sms: int) -> list[dict]:
+    """Data-parallel 128- and 192-row tiles of the width (128 to 256 columns, to 192 with three consumers) that
+    puts the least work on the busiest SM, rounds of tiles times a tile's area (ties: the wider), each where that
+    comes to at most FIT_GAIN of the usual tiles' least (128 x 256, 128 x 192, 128 x 128, 192 x 192)."""
+    m, n = problem.m, problem.n
+
+    def busiest(bm: int, bn: int) -> int:
+        return -(-(-(-m // bm) * -(-n // bn)) // sms) * bm * bn
+
+    usual = min(busiest(bm, bn) for bm, bn in ((128, 256), (128, 192), (128, 128), (192, 192)))
+    step = 16 if problem.b_k else 64
+    fitted = []
+    for bm, widest in ((128, 256), (192, 192)):
+        bn = min(range(128, widest + 1, step), key=lambda w: (busiest(bm, w), -w))
+        if busiest(bm, bn) <= FIT_GAIN * usual:
+            fitted.append(config(problem, bm, bn))
+    return fitted
 
 
 def _swap_allowed(problem: Problem) -> bool:

@@ -112,6 +112,16 @@ def test_clusters_of_four_on_ragged_shapes(m, n, k, layouts, config, poison_empt
     check(mh.matmul(a, b, cfg), a.float() @ b.float())
 
 
+@pytest.mark.parametrize("config", [dict(BM=128, BN=160), dict(BM=128, BN=224), dict(BM=192, BN=144),
+                                    dict(BM=128, BN=208)], ids=["128x160", "128x224", "192x144", "128x208"])
+@pytest.mark.parametrize("m,n,k", [(1024, 4936, 5376), (3000, 1120, 1792), (777, 1234, 333)])
+def test_tiles_fitted_to_a_wave(m, n, k, config, poison_empty):
+    """The widths `wave_fitted` offers a K-major B (examples/_matmul_schedules.py), ragged edges included: 32-column
+    epilogue chunks (160, 224), stores from registers (144, 208)."""
+    a, b = operands(m, n, k, b_layout="t")
+    check(mh.matmul(a, b, config), a.float() @ b.float())
+
+
 @pytest.mark.parametrize("m,n,k", [(3, 4096, 4096), (1000, 3000, 2000), (2048, 2048, 2048)])
 def test_f16(m, n, k, poison_empty):
     a, b = operands(m, n, k, dtype=torch.float16, b_layout="t")

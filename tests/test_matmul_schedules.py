@@ -105,6 +105,10 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "bm192-odd": (500, 300, 136, dict(BM=192, BN=192), 3, {}),
     "bm192-stream-k-multicast-b": (500, 136, 520, dict(BM=192, BN=128, STREAM_K=1, MULTICAST="b"), 8,
                                    dict(a_layout="t")),
+    # Tiles fitted to a wave (`wave_fitted`, a K-major B): 160 columns stored in 32-column chunks (a 64B swizzle),
+    # N cut inside the second tile; 144 columns on three consumers, stored from registers (no swizzle row fits)
+    "wave-fitted-128x160-b-kmajor": (200, 330, 136, dict(BM=128, BN=160), 3, dict(b_layout="t")),
+    "wave-fitted-192x144-b-kmajor": (250, 300, 136, dict(BM=192, BN=144), 3, dict(b_layout="t")),
 }
 
 
@@ -303,6 +307,29 @@ def test_the_heuristics_favourite_per_shape_class(shape, expected):
         assert option.get("GEMV") or option["STAGES"] >= 2
 
 
+@pytest.mark.parametrize("shape,b_kmajor,fitted", [
+    # cuBLAS's tiles there: 256 x 160 (124 tiles, one round) and 192 x 144 (128 tiles)
+    ((1024, 4936, 5376), True, [(128, 160)]), ((3000, 1120, 1792), True, [(128, 224), (192, 144)]),
+    ((1024, 4936, 5376), False, []),  # an N-major B tile is a multiple of 64 columns wide
+    ((8192, 8192, 8192), True, []), ((4096, 4096, 4096), True, []), ((2048, 11008, 4096), True, []),
+    ((1000, 3000, 2000), True, []), ((1024, 1024, 16384), True, [])])
+def test_tiles_fitted_to_a_wave_where_the_usual_ones_overflow_a_round(shape, b_kmajor, fitted):
+    """A fitted tile puts at most FIT_GAIN of the usual tiles' work on the busiest SM (1024 x 4936: 128 x 160 tiles
+    take two rounds of 248 where 128 x 192 take two of 208; 3000 x 1120: 128 x 224 one round of 120 where 128 x 256
+    take one of 120 and 128 x 192 two), and is offered beside them; the suite's shapes are left as they were."""
+    m, n, k = shape
+    a = torch.empty(m, k, dtype=BF16)
+    b = torch.empty(n, k, dtype=BF16) if b_kmajor else torch.empty(k, n, dtype=BF16)
+    problem = schedules.Problem.of(a, b, b_kmajor, BF16, False, False, None)
+    offered = schedules.wave_fitted(problem, 132)
+    assert [(c["BM"], c["BN"]) for c in offered] == fitted
+    options = schedules.candidates(problem, 132)
+    assert all(c in options for c in offered) and len(options) <= 11
+    for c in offered:
+        assert not c["SWAP_AB"] and not c["STREAM_K"] and c["STAGES"] >= 4
+        assert c["TMA_STORE"] == (c["BN"] % 32 == 0) and (not c["TMA_STORE"] or c["BN"] % c["EPILOGUE_N"] == 0)
+
+
 @pytest.mark.parametrize("shape,splits", [
     ((64, 1240, 4096), {True: 6, False: 6}), ((33, 1240, 4096), {True: 6, False: 6}),
     ((64, 4096, 4096), {True: 2, False: 2}), ((64, 14336, 4096), {}), ((16, 1240, 4096), {True: 6})])
@@ -449,6 +476,10 @@ SPILL_CONFIGS = {
     "multicast4-swap-64x128": dict(BM=64, BN=128, STAGES=9, MULTICAST="b", CLUSTER=4, A_MNMAJOR=True,
                                    B_KMAJOR=True, TMA_STORE=False),
     "swap-128x200": dict(BM=128, BN=200, STAGES=5, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
+    # Tiles fitted to a wave (`wave_fitted`)
+    "wave-fitted-128x160": dict(BM=128, BN=160, STAGES=5, B_KMAJOR=True, EPILOGUE_N=32),
+    "wave-fitted-128x224": dict(BM=128, BN=224, STAGES=4, B_KMAJOR=True, EPILOGUE_N=32),
+    "wave-fitted-192x144": dict(BM=192, BN=144, STAGES=5, B_KMAJOR=True, TMA_STORE=False),
 }
 
 
