@@ -109,6 +109,8 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     # N cut inside the second tile; 144 columns on three consumers, stored from registers (no swizzle row fits)
     "wave-fitted-128x160-b-kmajor": (200, 330, 136, dict(BM=128, BN=160), 3, dict(b_layout="t")),
     "wave-fitted-192x144-b-kmajor": (250, 300, 136, dict(BM=192, BN=144), 3, dict(b_layout="t")),
+    "wave-fitted-128x224-b-kmajor-a-transposed": (250, 500, 136, dict(BM=128, BN=224), 3,
+                                                  dict(a_layout="t", b_layout="t")),
 }
 
 
