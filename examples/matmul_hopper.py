@@ -272,10 +272,24 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     sharing A), each copying a CLUSTER-th of the shared tile into every CTA's slot (TMA multicast), data-parallel
     or stream-K. With TMA_STORE, C leaves in 64 x EPILOGUE_N chunks (a divisor of BN:
     examples/_matmul_schedules.epilogue_n)."""
+    # Configs the kernel cannot run as asked, refused by name: a tile the consumers do not cover left rows of C
+    # unwritten (BM=100: rows 64-99 of every tile), GROUP_M=0 divided by zero, one stage deadlocked (a hang on a
+    # GPU), and a tile row no swizzle row holds failed deep in the SMEM allocation.
+    assert BM in (64, 128, 192), f"BM is 64, 128 or 192 (each consumer warpgroup computes 64 rows), got {BM}"
+    assert BN % 8 == 0 and 8 <= BN <= 256, f"BN is a multiple of 8 from 8 to 256 (wgmma's N), got {BN}"
+    assert GROUP_M >= 1, f"GROUP_M (the row tiles a column sweep takes in turn) is at least 1, got {GROUP_M}"
+    assert STAGES >= 2, f"STAGES is at least 2: a consumer gives a slot back once the next slot's wgmma is issued " \
+        f"(one stays in flight), got {STAGES}"
+    assert B_KMAJOR or BN * b.dtype.itemsize in (32, 64) or BN * b.dtype.itemsize % 128 == 0, \
+        f"an N-major B tile's rows ({BN} columns) fill a 32-, 64- or 128-byte swizzle row: BN a multiple of 64, or " \
+        f"16 or 32, got {BN}"
     assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster's CTAs share: a or b"
     assert CLUSTER in (2, 4), "CLUSTER, the CTAs of a multicast cluster, is 2 or 4"
     assert not TMA_STORE or BN % EPILOGUE_N == 0, "with TMA_STORE, EPILOGUE_N (the columns of each epilogue chunk, " \
         "64 unless given) must divide BN"
+    assert not TMA_STORE or EPILOGUE_N * c.dtype.itemsize in (32, 64) or EPILOGUE_N * c.dtype.itemsize % 128 == 0, \
+        f"with TMA_STORE, an epilogue chunk's rows (EPILOGUE_N = {EPILOGUE_N} columns) fill a 32-, 64- or 128-byte " \
+        f"swizzle row (TMA_STORE=False: stores from registers)"
     CONSUMERS = BM // 64
     # Work items: tiles, or with MULTICAST CLUSTER neighbour tiles (CLUSTER BM x BN sharing B, BM x CLUSTER BN
     # sharing A).

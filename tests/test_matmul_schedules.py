@@ -223,6 +223,32 @@ def test_multicast_refuses_a_cluster_of_one():
         mh.matmul_kernel.compile(x, x, x, x, x, x, x, **cfg, target="sm_90a")
 
 
+@pytest.mark.parametrize("config,b_layout,message", [
+    (dict(BM=100, BN=128), "row", "BM is 64, 128 or 192.*got 100"),  # ran, rows 64-99 of each tile never stored
+    (dict(BM=128, BN=128, GROUP_M=0), "row", "GROUP_M .* at least 1, got 0"),  # divided by zero
+    (dict(BM=128, BN=128, STAGES=1), "row", "STAGES is at least 2.*got 1"),  # deadlocked: a hang on a GPU
+    (dict(BM=128, BN=128, STAGES=1, STREAM_K=1, SPLIT=3), "t", "STAGES is at least 2"),
+    (dict(BM=128, BN=100), "t", "BN is a multiple of 8 from 8 to 256.*got 100"),
+    (dict(BM=128, BN=160), "row", r"N-major B tile's rows \(160 columns\)"),  # failed in the SMEM allocation
+    (dict(BM=192, BN=40), "row", r"N-major B tile's rows \(40 columns\)"),
+    (dict(BM=128, BN=40, TMA_STORE=True), "t", "epilogue chunk's rows \\(EPILOGUE_N = 40 columns\\)")])
+def test_configs_the_kernel_cannot_run_are_refused_by_name(config, b_layout, message, interpreted):
+    """An explicit config (an autotuning sweep's, a caller's) that the kernel cannot run as asked is refused at
+    compile time, naming the key and its value, where it ran wrong, divided by zero, deadlocked or failed deep in
+    the SMEM allocation; the same tile widths where they can run compute what torch does."""
+    a, b = operands(200, 320, 136, b_layout=b_layout)
+    with pytest.raises(mgjit.CompileError, match=message):
+        mh.matmul(a, b, config)
+
+
+def test_the_narrow_widths_that_can_run_do(interpreted):
+    """N-major B tiles of 16 and 32 columns (32- and 64-byte swizzle rows), and 40 columns of a K-major B, whose
+    epilogue chunk no swizzle row holds: stored from registers."""
+    for config, b_layout in ((dict(BM=64, BN=16), "row"), (dict(BM=128, BN=32), "row"), (dict(BM=128, BN=40), "t")):
+        a, b = operands(200, 200, 136, b_layout=b_layout)
+        assert rel_err(mh.matmul(a, b, config), a.float() @ b.float()) < 5e-3, config
+
+
 def test_stream_k_is_bitwise_repeatable_and_leaves_its_workspace_clean(interpreted):
     a, b = operands(200, 136, 320)
     config = dict(BM=128, BN=128, STREAM_K=1)
