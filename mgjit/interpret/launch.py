@@ -14,7 +14,7 @@ import torch
 from .. import compiler, deps, hidden, ir, jit, specialize, targets
 from ..errors import LaunchError
 from ..ops.clc import ClusterLaunches
-from ..ops.smem_scopes import smem_plan
+from ..ops.smem_scopes import check_smem_budget, smem_plan
 from ..ops.tmem import static_refs
 from ..profiler import Profile
 from ..specialize import Specialization
@@ -94,6 +94,7 @@ class Interpreter:
                 units = {op.requires for op in program.walk() if op.requires is not None}
                 spec = dataclasses.replace(spec, target=targets.covering(units).name)
             compiler.check_and_infer(program, spec)
+            check_smem_budget(program, targets.get(spec.target).smem_bytes)
             cache[key] = program
         return cache[key]
 

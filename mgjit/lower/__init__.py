@@ -50,11 +50,16 @@ def lower_ops(ctx: Context, ops: list[ir.Op]) -> None:
 def _over_budget(op: ir.Op, ctx: Context) -> None:
     """Every byte of shared memory a kernel takes counts: its buffers, and the scratch that cross-warp
     reductions, relayouts and TMEM bookkeeping take; the op that goes over the limit is the one named."""
+    raise over_smem_budget(op, ctx.smem_bytes, ctx.target.smem_bytes)
+
+
+def over_smem_budget(op: ir.Op, needed: int, limit: int) -> Exception:
+    """The error naming `op` as the one that takes a kernel's shared memory to `needed` bytes, past `limit` (the
+    interpreter raises it too, for the buffers it lays out)."""
     what = "this allocation" if op.name == "smem_alloc" else (
         f"this {op.name} (its shared-memory scratch: a reduction across warps, a relayout or TMEM bookkeeping)")
-    raise op.error(f"shared memory: the kernel needs {ctx.smem_bytes} bytes by {what}, more than the "
-                   f"{ctx.target.smem_bytes} bytes a CTA can have (fewer stages or smaller tiles)",
-                   rule=Rule.SMEM_BUDGET)
+    return op.error(f"shared memory: the kernel needs {needed} bytes by {what}, more than the {limit} bytes a CTA "
+                    f"can have (fewer stages or smaller tiles)", rule=Rule.SMEM_BUDGET)
 
 
 def lower_block(ctx: Context, block: ir.Block) -> list:

@@ -106,6 +106,19 @@ def smem_plan(kernel: ir.Kernel) -> tuple[dict[int, int], int]:
     return offsets, -(-size // 16) * 16
 
 
+def check_smem_budget(kernel: ir.Kernel, limit: int) -> None:
+    """Refuse, as the lowering does (lower.over_smem_budget), a kernel whose buffers do not fit `limit` bytes,
+    naming the first allocation that ends past it. (The lowering also counts the scratch of reductions and
+    relayouts; the interpreter lays out the buffers alone.)"""
+    offsets, size = smem_plan(kernel)
+    if size <= limit:
+        return
+    for op in kernel.walk():
+        end = offsets[id(op)] + tile_of(op.result.type).nbytes if isinstance(op, SmemAlloc) else 0
+        if end > limit:
+            raise lower.over_smem_budget(op, end, limit)
+
+
 # ---------------------------------------------------------------------------------------------- lowering
 
 @lower.rule(ScopedSmemAlloc)
