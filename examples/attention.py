@@ -61,6 +61,9 @@ def attention_fwd(q, k, v, o, lse, scale_log2, D: mgjit.constexpr, BN: mgjit.con
     """o = softmax(q kᵀ · scale) v and lse = logsumexp(q kᵀ · scale) for q, o (B, H, Sq, D), k, v (B, Hk, Sk, D),
     lse (B, H, Sq) fp32; launched with num_warpgroups = 1 + CONSUMERS on a grid (cdiv(Sq, 64 * CONSUMERS), B * H)."""
     assert not PINGPONG or OVERLAP, "PINGPONG takes turns on the overlapped GEMMs: it needs OVERLAP"
+    assert BN in (16, 32, 64, 128, 256), f"BN, the keys of a block, is a power of two from 16 to 256 (a register " \
+        f"array's dimension, and the K of P V's wgmma), got {BN}"
+    assert CONSUMERS in (1, 2, 3), f"CONSUMERS is 1, 2 or 3 (a CTA holds at most 4 warpgroups), got {CONSUMERS}"
     BM = 64 * CONSUMERS
     Sk, H = k.shape[2], q.shape[1]
     b, h = mgjit.program_id(1) // H, mgjit.program_id(1) % H
@@ -100,7 +103,8 @@ def attention_fwd(q, k, v, o, lse, scale_log2, D: mgjit.constexpr, BN: mgjit.con
                     v_empty[slot].wait()
                 mgjit.copy_async(v, (b, hk, j * BN, 0), v_s[slot], barrier=v_full[slot])
     else:
-        mgjit.set_max_registers(REGISTERS, increase=True)
+        if CONSUMERS > 1:  # one consumer beside the producer has the registers a thread can have (255) already
+            mgjit.set_max_registers(REGISTERS, increase=True)
         c = wg - 1
         row0 = m0 + 64 * c
         rows = row0 + mgjit.arange(64)
@@ -237,6 +241,14 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
     The producer streams each query block's Q, dO, logsumexp and delta (lse and delta: fp32 (B, H, Sq) with
     16-byte aligned rows). Grid (cdiv(Sk, BN), B * Hk), num_warpgroups = 1 + CONSUMERS."""
     assert not SHARED_SCORES or SPLIT > 1, "SHARED_SCORES shares Sᵀ and dPᵀ between the SPLIT consumers of a block"
+    # Refused by name where they failed deep in an SMEM allocation or, CONSUMERS=3 with SPLIT=2, indexed a consumer's
+    # K part past its buffer (out of bounds on a GPU)
+    assert CONSUMERS in (1, 2, 3) and SPLIT in (1, 2) and CONSUMERS % SPLIT == 0, f"CONSUMERS (1, 2 or 3) is a " \
+        f"multiple of SPLIT (1 or 2): SPLIT consumers share each 64-row part of a KV block, got {CONSUMERS} and {SPLIT}"
+    assert D % (64 * SPLIT) == 0, f"a consumer's D // SPLIT columns are whole 64-column blocks (128-byte swizzle " \
+        f"rows), got D = {D}, SPLIT = {SPLIT}"
+    assert BM in (64, 128, 256), f"BM, the query rows of a step, is 64, 128 or 256 (a register array's dimension, " \
+        f"128-byte swizzle rows), got {BM}"
     DC = D // SPLIT
     KCH = DC // 64  # dQ is computed 64 columns at a time (it would not fit in registers beside dK and dV)
     QW = BM // SPLIT if SHARED_SCORES else BM  # the query columns of Sᵀ and dPᵀ a consumer computes
@@ -300,7 +312,8 @@ def attention_bwd(q, k, v, do, lse, delta, dq_acc, dk, dv, scale_log2, scale, D:
                 mgjit.copy_async(delta, (b, hk * G + g, m * BM), delta_s[slot], barrier=full[slot])
                 it += 1
     else:
-        mgjit.set_max_registers(REGISTERS, increase=True)
+        if CONSUMERS > 1:  # one consumer beside the producer has the registers a thread can have (255) already
+            mgjit.set_max_registers(REGISTERS, increase=True)
         c = wg - 1
         part, chunk = c // SPLIT, c % SPLIT
         kv = n0 + 64 * part + mgjit.arange(64)

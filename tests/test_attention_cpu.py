@@ -50,6 +50,9 @@ FORWARD = [  # (b, h, hk, sq, sk, d, causal, dtype, config)
     (1, 1, 1, 100, 200, 64, True, torch.bfloat16, {"OVERLAP": False, "PINGPONG": False}),
     (1, 1, 1, 100, 200, 64, False, torch.bfloat16, {"PINGPONG": False, "STAGES": 3}),
     (2, 4, 1, 40, 70, 96, True, torch.bfloat16, {}),  # MQA, a head dim padded to 128
+    # One consumer: beside the producer it has the 255 registers a thread can have (its setmaxnreg.inc to 240, a
+    # decrease, is left out: the interpreter refused it, a GPU's behaviour is undefined)
+    (1, 1, 1, 100, 200, 64, True, torch.bfloat16, {"CONSUMERS": 1, "PINGPONG": False}),
 ]
 
 
@@ -119,7 +122,34 @@ BACKWARD_VARIANTS = [  # (b, h, hk, sq, sk, d, causal, config): the configuratio
     (1, 2, 1, 100, 70, 256, True, {"SHARED_SCORES": False}),
     (1, 2, 1, 200, 150, 128, True, {"BM": 128, "STAGES": 1}),  # 128-row query blocks, shared scores
     (1, 1, 1, 130, 100, 128, False, {"BM": 128, "STAGES": 1}),
+    (1, 2, 1, 100, 130, 64, True, {"CONSUMERS": 1}),  # one consumer, no setmaxnreg.inc
 ]
+
+
+@pytest.mark.parametrize("config,d,message", [
+    ({"BN": 96}, 64, "BN, the keys of a block, is a power of two"),  # failed in a register array of 96
+    ({"BN": 8}, 64, "BN, the keys of a block, is a power of two"),
+])
+def test_forward_configs_it_cannot_run_are_refused_by_name(interpret, config, d, message):
+    q, k, v = inputs(1, 1, 1, 100, 130, d)
+    with pytest.raises(mgjit.CompileError, match=message):
+        A.attention_forward(q, k, v, False, None, {"PINGPONG": False, **config})
+
+
+@pytest.mark.parametrize("config,d,message", [
+    # CONSUMERS=3 with SPLIT=2 read consumer 2's K part past its buffer (out of bounds on a GPU); CONSUMERS=1 with
+    # SPLIT=2 and D=64 with SPLIT=2 failed in an SMEM allocation, BM=96 in a swizzle
+    ({"CONSUMERS": 3}, 128, "CONSUMERS .* is a multiple of SPLIT"),
+    ({"CONSUMERS": 1}, 128, "CONSUMERS .* is a multiple of SPLIT"),
+    ({"SPLIT": 2}, 64, "whole 64-column blocks"),
+    ({"BM": 96}, 64, "BM, the query rows of a step, is 64, 128 or 256"),
+])
+def test_backward_configs_it_cannot_run_are_refused_by_name(interpret, config, d, message):
+    q, k, v = inputs(1, 1, 1, 100, 130, d)
+    do = torch.randn_like(q)
+    o, lse = A.attention_forward(q, k, v, False)
+    with pytest.raises(mgjit.CompileError, match=message):
+        A.attention_backward(do, q, k, v, o, lse, False, config=config)
 
 
 @pytest.mark.parametrize("b,h,hk,sq,sk,d,causal,config", BACKWARD_VARIANTS)
