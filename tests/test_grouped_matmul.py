@@ -96,6 +96,17 @@ def test_grouped_bf16_matches_torch(sizes, k, n, layout, config, interpreted):
         assert rel_err(out, ref.float()) < 5e-3
 
 
+@pytest.mark.parametrize("config,message", [
+    (dict(BM=100, BN=64), "BM is 64, 128 or 192.*got 100"),  # ran, and left rows of each tile unwritten
+    (dict(BN=32), "BN is 64, 128, 192 or 256.*got 32"),  # failed in the epilogue tile's swizzle
+    (dict(BN=128, STAGES=1), "STAGES is at least 2"),  # deadlocks
+    (dict(BN=128, GROUP_M=0), "GROUP_M .* at least 1, got 0")])
+def test_configs_the_kernel_cannot_run_are_refused_by_name(config, message, interpreted):
+    x, w, offs = groups([130, 0, 50], 136, 136)
+    with pytest.raises(mgjit.CompileError, match=message):
+        gm.grouped_matmul(x, w, offs, config=config)
+
+
 def test_grouped_fp8_with_rowwise_scales(interpreted):
     x, w, offs = groups([40, 0, 100, 7], 256, 128, dtype=torch.float8_e4m3fn)
     scale_x, scale_w = torch.rand(x.shape[0]) + 0.5, torch.rand(4, 128) + 0.5
