@@ -171,6 +171,32 @@ def nmajor_split(blocks: int, steps: int, bn: int, sms: int) -> int:
     return split
 
 
+def check(cfg: dict, k: int, b_kmajor: bool, bits: int) -> None:
+    """Refuse, naming the key, a caller's GEMV config that would compute a wrong C or fail deep in its kernel: a
+    k-major GEMV reads an (N, K) weight and an n-major one a (K, N) weight (given the other layout, each read it as
+    its own: a wrong C); both take 16-bit operands; a k-major GEMV's KCH chunks of KC columns must cover K (the
+    columns past them were left out of C); an n-major one's UNROLL must be at least 1 (0 loaded nothing); register
+    array dimensions (ROWS, KC; BN, KB and SPLIT) are powers of two."""
+    kind = cfg["GEMV"]
+    if bits != 16:
+        raise ValueError(f"the {kind} GEMV multiplies 16-bit operands, got {bits}-bit ones")
+    if (kind == "k-major") != b_kmajor:
+        weight, other = ("an (N, K)", "n-major") if kind == "k-major" else ("a (K, N)", "k-major")
+        raise ValueError(f"the {kind} GEMV reads {weight} weight: this b is {'K' if b_kmajor else 'N'}-major (the "
+                         f"{other} GEMV reads it)")
+    for key in ("ROWS", "KC") if kind == "k-major" else ("BN", "KB", "SPLIT"):
+        v = cfg.get(key)
+        if not (isinstance(v, int) and v >= 1 and v & (v - 1) == 0):
+            raise ValueError(f"the {kind} GEMV config's {key} is a power of two (a register array's dimension), "
+                             f"got {v!r}")
+    if kind == "k-major" and not (isinstance(cfg.get("KCH"), int) and cfg["KCH"] * cfg["KC"] >= k):
+        raise ValueError(f"the k-major GEMV config's KCH chunks of KC = {cfg['KC']} columns cover K = {k}, got "
+                         f"KCH = {cfg.get('KCH')!r}")
+    if kind == "n-major" and not (isinstance(cfg.get("UNROLL"), int) and cfg["UNROLL"] >= 1):
+        raise ValueError(f"the n-major GEMV config's UNROLL (the tiles a loop step loads) is at least 1, got "
+                         f"{cfg.get('UNROLL')!r}")
+
+
 def grid(n: int, cfg: dict) -> tuple[int, ...]:
     """The launch grid of a GEMV config: column blocks (weight rows for K-major), and the K split."""
     if cfg["GEMV"] == "k-major":

@@ -98,6 +98,23 @@ def test_decode_tries_the_gemv_of_its_weights_layout():
         schedules.choose(decode_problem(2, True), {"GEMV": True, "ROWS": 1}, 132, None, None, None)
 
 
+@pytest.mark.parametrize("kmajor,config,message", [
+    # each ran and computed a wrong C: the other layout's weight read as this one's, K past the chunks left out,
+    # no tile loaded
+    (False, {"GEMV": "k-major", "ROWS": 2, "KC": 128, "KCH": 3}, r"reads an \(N, K\) weight: this b is N-major"),
+    (True, {"GEMV": "n-major", "BN": 128, "KB": 8, "UNROLL": 2, "SPLIT": 1}, r"reads a \(K, N\) weight"),
+    (True, {"GEMV": "k-major", "ROWS": 2, "KC": 64, "KCH": 1}, "KCH chunks of KC = 64 columns cover K = 320"),
+    (False, {"GEMV": "n-major", "BN": 128, "KB": 8, "UNROLL": 0, "SPLIT": 1}, "UNROLL .* at least 1, got 0"),
+    # these failed deep in the kernel, or in the grid's division by zero
+    (True, {"GEMV": "k-major", "ROWS": 0, "KC": 128, "KCH": 3}, "ROWS is a power of two .* got 0"),
+    (False, {"GEMV": "n-major", "BN": 128, "KB": 8, "UNROLL": 2, "SPLIT": 3}, "SPLIT is a power of two .* got 3")])
+def test_gemv_configs_that_ran_wrong_or_failed_deep_are_refused_by_name(kmajor, config, message, interpreted):
+    a = torch.randn(3, 320).to(torch.bfloat16)
+    b = torch.randn(136, 320).to(torch.bfloat16) if kmajor else torch.randn(320, 136).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        mh.matmul(a, b, config, b_kmajor=kmajor)
+
+
 @pytest.mark.parametrize("n,k,splits", [
     (4096, 4096, (16, 16, 8, 16)),    # 32 column blocks of 128: 16 parts make 512 programs, ~4 per SM
     (14336, 4096, (4, 4, 2, 8)),      # 112 blocks: 4 parts (448 programs)
