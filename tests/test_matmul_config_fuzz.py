@@ -1,6 +1,6 @@
-"""Fresh random explicit configs of the Hopper matmul (examples/matmul_hopper.py), interpreted on random small
-shapes and operand layouts: each computes what torch does into a NaN-poisoned output, or is refused at compile
-time by a check that names what it cannot do. An autotuning sweep hands the wrapper configs like these; the
+"""Fresh random explicit configs of the Hopper matmul (examples/matmul_hopper.py) and the grouped matmul
+(examples/grouped_matmul.py), interpreted on random small shapes and operand layouts: each computes what torch
+does into a NaN-poisoned output, or is refused by a check that names what it cannot do. An autotuning sweep hands the wrapper configs like these; the
 fifty-second session's sweep of 40 found one that ran and left rows of C unwritten (BM=100), one that deadlocked
 (STAGES=1: a hang on a GPU), one that divided by zero (GROUP_M=0) and widths that failed deep in the SMEM
 allocation. Each case's shape, layouts and config are in its failure's message."""
@@ -15,6 +15,7 @@ from mgjit.errors import LaunchError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import _device  # noqa: E402
+import grouped_matmul as gm  # noqa: E402
 import matmul_hopper as mh  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -67,5 +68,37 @@ def test_random_configs_compute_what_torch_does_or_are_refused_by_name(monkeypat
         ref = a.double() @ (b.double().t() if b_kmajor else b.double())
         assert not c.isnan().any(), f"{case}: some of the poisoned output was never written"
         assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3, case
+        ran += 1
+    assert ran, "no random config ran"
+
+
+def test_random_grouped_configs_compute_what_torch_does_or_are_refused_by_name(monkeypatch, poison_empty):
+    """Ragged groups (some empty), K- or N-major weights, BM, BN, STAGES and GROUP_M drawn with values the kernel
+    must refuse among them (BM=100 left rows of each tile unwritten)."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    rng = random.Random()
+    ran = 0
+    for _ in range(CASES // 2):
+        sms = rng.choice([2, 3, 5])
+        monkeypatch.setattr(gm, "sm_count", lambda index, s=sms: s)
+        sizes = [rng.choice([0, 1, 50, 130]) for _ in range(rng.choice([1, 2, 3]))]
+        k, n, w_kmajor = rng.choice([64, 136]), rng.choice([64, 136, 200]), rng.random() < 0.5
+        offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+        x = torch.randn(sum(sizes), k, dtype=BF16)
+        w = torch.randn(len(sizes), n, k, dtype=BF16).transpose(1, 2) if w_kmajor else \
+            torch.randn(len(sizes), k, n, dtype=BF16)
+        cfg = {key: rng.choice(values) for key, values in (("BM", [64, 128, 100]), ("BN", [64, 128, 256, 32, 96]),
+                                                            ("STAGES", [1, 2, 3]), ("GROUP_M", [0, 1, 8]))
+               if rng.random() < 0.4}
+        case = f"groups {sizes}, K {k}, N {n}, weights {'K' if w_kmajor else 'N'}-major, {sms} SMs, {cfg}"
+        try:
+            out = gm.grouped_matmul(x, w, offs, config=cfg)
+        except (mgjit.CompileError, LaunchError) as e:
+            assert any(word in str(e) for word in NAMED), f"{case}: refused without naming why: {e}"
+            continue
+        if x.shape[0]:
+            ref = gm.reference(x, w, offs).double()
+            assert not out.isnan().any(), f"{case}: some of the poisoned output was never written"
+            assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3, case
         ran += 1
     assert ran, "no random config ran"
