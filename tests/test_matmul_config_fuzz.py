@@ -1,9 +1,10 @@
 """Fresh random explicit configs of the Hopper matmul (examples/matmul_hopper.py) and the grouped matmul
 (examples/grouped_matmul.py), interpreted on random small shapes and operand layouts: each computes what torch
-does into a NaN-poisoned output, or is refused by a check that names what it cannot do. An autotuning sweep hands the wrapper configs like these; the
-fifty-second session's sweep of 40 found one that ran and left rows of C unwritten (BM=100), one that deadlocked
-(STAGES=1: a hang on a GPU), one that divided by zero (GROUP_M=0) and widths that failed deep in the SMEM
-allocation. Each case's shape, layouts and config are in its failure's message."""
+does into a NaN-poisoned output, or is refused by a check that names what it cannot do. An autotuning sweep
+hands the wrappers configs like these; the fifty-second session's sweep of 40 found one that ran and left rows of
+C unwritten (BM=100), one that deadlocked (STAGES=1: a hang on a GPU), one that divided by zero (GROUP_M=0) and
+widths that failed deep in the SMEM allocation. Each case's shape, layouts and config are in its failure's
+message."""
 import os
 import random
 import sys
