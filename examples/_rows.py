@@ -252,12 +252,12 @@ def grid(rows: int, config: mgjit.Config, device=None) -> tuple[int]:
     return _row_grid(rows, config.kwargs, device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None, typed=True)  # typed: rows_per_program=2.0 is refused, not served as 2's
 def mapping(n: int, rows_per_program: int | None = None, stream: int = STREAM) -> tuple[mgjit.Config, ...]:
     """The candidate mappings for rows of n columns (ROWS forced to rows_per_program for short rows). Made once
     per row length: building them costs hundreds of microseconds, more than a launch, and every call asks."""
     if rows_per_program is not None and n <= SEGMENT:
-        if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+        if not isinstance(rows_per_program, int) or rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
             raise ValueError(f"rows_per_program must be a power of two (it is an array dimension), got "
                              f"{rows_per_program}")
         return (hold(rows_per_program, parts(n)),)
