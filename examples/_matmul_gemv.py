@@ -178,6 +178,8 @@ def check(cfg: dict, k: int, b_kmajor: bool, bits: int) -> None:
     columns past them were left out of C); an n-major one's UNROLL must be at least 1 (0 loaded nothing); register
     array dimensions (ROWS, KC; BN, KB and SPLIT) are powers of two."""
     kind = cfg["GEMV"]
+    if kind not in ("k-major", "n-major"):
+        raise ValueError(f"a GEMV config's GEMV is 'k-major' or 'n-major' (the weights' layout), got {kind!r}")
     if bits != 16:
         raise ValueError(f"the {kind} GEMV multiplies 16-bit operands, got {bits}-bit ones")
     if (kind == "k-major") != b_kmajor:

@@ -300,9 +300,6 @@ def normalize(problem: Problem, given: dict) -> dict:
     """A caller's config with the rest filled in as `config` would (TMA store where allowed, stages that fit); a
     GEMV config as given."""
     if given.get("GEMV"):
-        if given["GEMV"] not in ("k-major", "n-major"):
-            raise ValueError(f"a GEMV config's GEMV is 'k-major' or 'n-major' (the weights' layout), got "
-                             f"{given['GEMV']!r}")
         gemv.check(given, problem.k, problem.b_k, problem.bits)
         return dict(given)
     base = config(problem, given.get("BM", 128), given.get("BN", 256), given.get("SWAP_AB", False),

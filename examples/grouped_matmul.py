@@ -28,7 +28,7 @@ import mgjit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
 from _device import sm_count  # noqa: E402
-from matmul_hopper import _output, _tma_ready, tile_origin  # noqa: E402
+from matmul_hopper import _output, _tma_ready, check_ring, tile_origin  # noqa: E402
 
 TABLE_CHUNK = 128  # row tiles the table kernel resolves per step
 
@@ -70,13 +70,8 @@ def grouped_matmul_kernel(x, w, c, scale_x, scale_w, tile_group, tile_row, tile_
     """c = x @ w[group] per row tile of the table (group_tiles); w is (E * N, K) with W_KMAJOR, else (E * K, N).
     SCALED: c = (x @ w^T) * scale_x[row] * scale_w[group, column] (fp8 rowwise scales). Launch with BM // 64 + 1
     warpgroups; `descriptors` holds 128 bytes per consumer warpgroup of the grid."""
-    # Refused by name: BM=100 ran and left rows of each tile unwritten; one stage deadlocks (a consumer gives a
-    # slot back once the next slot's wgmma is issued); the epilogue goes out in 64-column chunks of a 128B swizzle.
-    assert BM in (64, 128, 192), f"BM is 64, 128 or 192 (each consumer warpgroup computes 64 rows), got {BM}"
+    check_ring(BM, STAGES, GROUP_M)  # refused by name, as matmul_kernel's
     assert BN % 64 == 0 and 64 <= BN <= 256, f"BN is 64, 128, 192 or 256 (the epilogue's 64-column chunks), got {BN}"
-    assert STAGES >= 2, f"STAGES is at least 2: a consumer gives a slot back once the next slot's wgmma is issued, " \
-        f"got {STAGES}"
-    assert GROUP_M >= 1, f"GROUP_M (the row tiles a column sweep takes in turn) is at least 1, got {GROUP_M}"
     CONSUMERS = BM // 64
     k_size = x.shape[1]
     tiles_n = mgjit.cdiv(N, BN)

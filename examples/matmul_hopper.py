@@ -49,6 +49,17 @@ GEMV_KERNELS = {"k-major": gemv_kmajor, "n-major": gemv_nmajor}  # Plan.gemv -> 
 
 
 @mgjit.device
+def check_ring(BM, STAGES, GROUP_M):
+    """Refuse, by name, a ring (matmul_kernel's, grouped_matmul_kernel's) it cannot run as asked: a tile the
+    consumers do not cover left rows of C unwritten (BM=100: rows 64-99 of every tile), one stage deadlocked (a hang
+    on a GPU), GROUP_M=0 divided by zero."""
+    assert BM in (64, 128, 192), f"BM is 64, 128 or 192 (each consumer warpgroup computes 64 rows), got {BM}"
+    assert STAGES >= 2, f"STAGES is at least 2: a consumer gives a slot back once the next slot's wgmma is issued " \
+        f"(one stays in flight), got {STAGES}"
+    assert GROUP_M >= 1, f"GROUP_M (the row tiles a column sweep takes in turn) is at least 1, got {GROUP_M}"
+
+
+@mgjit.device
 def tile_origin(tile, tiles_m, tiles_n, BM, BN, GROUP_M):
     """Grouped order: GROUP_M row tiles share each column sweep, so B tiles are reused from L2."""
     group = tile // (GROUP_M * tiles_n)
@@ -272,14 +283,10 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     sharing A), each copying a CLUSTER-th of the shared tile into every CTA's slot (TMA multicast), data-parallel
     or stream-K. With TMA_STORE, C leaves in 64 x EPILOGUE_N chunks (a divisor of BN:
     examples/_matmul_schedules.epilogue_n)."""
-    # Configs the kernel cannot run as asked, refused by name: a tile the consumers do not cover left rows of C
-    # unwritten (BM=100: rows 64-99 of every tile), GROUP_M=0 divided by zero, one stage deadlocked (a hang on a
-    # GPU), and a tile row no swizzle row holds failed deep in the SMEM allocation.
-    assert BM in (64, 128, 192), f"BM is 64, 128 or 192 (each consumer warpgroup computes 64 rows), got {BM}"
+    # Configs the kernel cannot run as asked, refused by name (`check_ring`; a tile row no swizzle row holds failed
+    # deep in the SMEM allocation)
+    check_ring(BM, STAGES, GROUP_M)
     assert BN % 8 == 0 and 8 <= BN <= 256, f"BN is a multiple of 8 from 8 to 256 (wgmma's N), got {BN}"
-    assert GROUP_M >= 1, f"GROUP_M (the row tiles a column sweep takes in turn) is at least 1, got {GROUP_M}"
-    assert STAGES >= 2, f"STAGES is at least 2: a consumer gives a slot back once the next slot's wgmma is issued " \
-        f"(one stays in flight), got {STAGES}"
     assert B_KMAJOR or BN * b.dtype.itemsize in (32, 64) or BN * b.dtype.itemsize % 128 == 0, \
         f"an N-major B tile's rows ({BN} columns) fill a 32-, 64- or 128-byte swizzle row: BN a multiple of 64, or " \
         f"16 or 32, got {BN}"
