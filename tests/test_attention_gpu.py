@@ -63,7 +63,8 @@ def test_forward_against_sdpa(b, h, hk, sq, sk, d, causal, dtype):
 
 
 @pytest.mark.parametrize("config", [{"OVERLAP": False, "PINGPONG": False}, {"PINGPONG": False},
-                                    {"CONSUMERS": 3, "BN": 64}, {"STAGES": 3}, {"BN": 64}])
+                                    {"CONSUMERS": 3, "BN": 64}, {"CONSUMERS": 1, "PINGPONG": False}, {"STAGES": 3},
+                                    {"BN": 64}])
 def test_forward_schedules(config):
     q, k, v = (torch.randn(2, 4, 1111, 128 if config.get("CONSUMERS", 2) == 2 else 64, device="cuda",
                            dtype=torch.bfloat16) for _ in range(3))
@@ -71,6 +72,25 @@ def test_forward_schedules(config):
         poison_allocator()
         o, _ = A.attention_forward(q, k, v, causal, None, config)
         torch.testing.assert_close(o.float(), sdpa(q.float(), k.float(), v.float(), causal), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("d,config", [(64, {"CONSUMERS": 1, "SPLIT": 1}), (64, {"CONSUMERS": 3, "SPLIT": 1}),
+                                      (128, {"CONSUMERS": 1, "SPLIT": 1, "SHARED_SCORES": False}),
+                                      (128, {"SHARED_SCORES": False})])
+def test_backward_schedules(d, config):
+    """Backward with one consumer warpgroup (which keeps the registers it starts with), three, or both halves of D
+    computing the scores whole, against float32 autograd through SDPA."""
+    q, k, v, do = (torch.randn(2, 3, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    for causal in (False, True):
+        o, lse = A.attention_forward(q, k, v, causal)
+        poison_allocator()
+        grads = A.attention_backward(do, q, k, v, o, lse, causal, None, config)
+        qf, kf, vf = (x.float().requires_grad_() for x in (q, k, v))
+        sdpa(qf, kf, vf, causal).backward(do.float())
+        for g, ref in zip(grads, (qf, kf, vf)):
+            assert not g.isnan().any()
+            err = ((g.float() - ref.grad).norm() / ref.grad.norm()).item()
+            assert err < 2e-2, (err, config, causal)
 
 
 @pytest.mark.parametrize("b,h,hk,sq,sk,d,causal", CASES)
