@@ -259,9 +259,11 @@ def candidates(problem: Problem, sms: int) -> list[dict]:
 # pays a whole round for them. cuBLAS sizes its tile's width to the shape (1024 x 4936 x 5376: 256 x 160 tiles,
 # 124 of them, one round, where our 128 x 192 take two of 208; 3000 x 1120 x 1792, B transposed: 192 x 144, 128
 # tiles). Tile widths the operands allow: a K-major B any multiple of 16 (its SMEM rows are K), an N-major B a
-# multiple of 64 (its rows fill a 128-byte swizzle row). H200, B transposed, of cuBLAS, one run: 1024 x 4936 x 5376
-# 0.90 on 128 x 160 tiles, 0.78 on 128 x 192 shared by pairs; 3000 x 1120 x 1792 0.94-0.97 on 128 x 224, 0.87 on
-# 128 x 256, 0.82 on 192 x 144 (the forty-eighth session's pick there, 128 x 128, ran 0.88).
+# multiple of 64 (its rows fill 128-byte swizzle rows; the kernel runs odd multiples of 32 in 64-byte ones, but
+# 1024 x 4936 x 5376 with an N-major B ran 0.62 of cuBLAS on 128 x 160 tiles so, 0.84 on the usual ones). H200,
+# B transposed, of cuBLAS, one run: 1024 x 4936 x 5376 0.90 on 128 x 160 tiles, 0.78 on 128 x 192 shared by pairs;
+# 3000 x 1120 x 1792 0.94-0.97 on 128 x 224, 0.87 on 128 x 256, 0.82 on 192 x 144 (the forty-eighth session's pick
+# there, 128 x 128, ran 0.88).
 FIT_GAIN = 0.92  # a fitted tile is offered where it puts at most this much of the usual tiles' work on one SM
 
 

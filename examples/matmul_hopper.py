@@ -287,9 +287,9 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
     # deep in the SMEM allocation)
     check_ring(BM, STAGES, GROUP_M)
     assert BN % 8 == 0 and 8 <= BN <= 256, f"BN is a multiple of 8 from 8 to 256 (wgmma's N), got {BN}"
-    assert B_KMAJOR or BN * b.dtype.itemsize in (32, 64) or BN * b.dtype.itemsize % 128 == 0, \
-        f"an N-major B tile's rows ({BN} columns) fill a 32-, 64- or 128-byte swizzle row: BN a multiple of 64, or " \
-        f"16 or 32, got {BN}"
+    assert B_KMAJOR or BN * b.dtype.itemsize == 32 or BN * b.dtype.itemsize % 64 == 0, \
+        f"an N-major B tile's rows ({BN} columns) fill 32-, 64- or 128-byte swizzle rows: BN a multiple of 32, or " \
+        f"16, got {BN}"
     assert MULTICAST in (None, "a", "b"), "MULTICAST is None, or the operand a cluster's CTAs share: a or b"
     assert CLUSTER in (2, 4), "CLUSTER, the CTAs of a multicast cluster, is 2 or 4"
     assert not TMA_STORE or BN % EPILOGUE_N == 0, "with TMA_STORE, EPILOGUE_N (the columns of each epilogue chunk, " \
@@ -307,9 +307,11 @@ def matmul_kernel(a, b, c, scale, bias, ws, locks, BM: mgjit.constexpr, BN: mgji
                                                                       CLUSTER)
 
     a_s = mgjit.smem((STAGES, CONSUMERS, BK, 64) if A_MNMAJOR else (STAGES, CONSUMERS, 64, BK), a.dtype, swizzle=128)
-    # An N-major B tile's rows are BN wide, an epilogue chunk's EPILOGUE_N: 32 columns of 16 bits fill a 64B swizzle.
+    # An N-major B tile's rows are BN wide (an odd multiple of 32 columns of 16 bits: 64B swizzle rows), an epilogue
+    # chunk's EPILOGUE_N (32 columns: the same).
     b_s = mgjit.smem((STAGES, BN, BK) if B_KMAJOR else (STAGES, BK, BN), b.dtype,
-                     swizzle=128 if B_KMAJOR else min(128, BN * b.dtype.itemsize))
+                     swizzle=128 if B_KMAJOR or BN * b.dtype.itemsize % 128 == 0 else
+                     64 if BN * b.dtype.itemsize % 64 == 0 else 32)
     c_s = c  # each consumer's two epilogue buffers (chunks of its rows of the tile, in turn), with TMA_STORE
     if TMA_STORE:
         c_s = mgjit.smem((CONSUMERS, 2, 64, EPILOGUE_N), c.dtype, swizzle=min(128, EPILOGUE_N * c.dtype.itemsize))

@@ -111,6 +111,9 @@ CASES = {  # (m, n, k, config, sms, operand layouts)
     "wave-fitted-192x144-b-kmajor": (250, 300, 136, dict(BM=192, BN=144), 3, dict(b_layout="t")),
     "wave-fitted-128x224-b-kmajor-a-transposed": (250, 500, 136, dict(BM=128, BN=224), 3,
                                                   dict(a_layout="t", b_layout="t")),
+    # An N-major B tile of 160 or 224 columns in 64B swizzle rows (320 and 448 bytes), A transposed too
+    "nmajor-64b-swizzle-128x160": (200, 330, 136, dict(BM=128, BN=160), 3, {}),
+    "nmajor-64b-swizzle-128x224-a-transposed": (250, 500, 136, dict(BM=128, BN=224), 3, dict(a_layout="t")),
 }
 
 
@@ -229,7 +232,7 @@ def test_multicast_refuses_a_cluster_of_one():
     (dict(BM=128, BN=128, STAGES=1), "row", "STAGES is at least 2.*got 1"),  # deadlocked: a hang on a GPU
     (dict(BM=128, BN=128, STAGES=1, STREAM_K=1, SPLIT=3), "t", "STAGES is at least 2"),
     (dict(BM=128, BN=100), "t", "BN is a multiple of 8 from 8 to 256.*got 100"),
-    (dict(BM=128, BN=160), "row", r"N-major B tile's rows \(160 columns\)"),  # failed in the SMEM allocation
+    (dict(BM=128, BN=144), "row", r"N-major B tile's rows \(144 columns\)"),  # failed in the SMEM allocation
     (dict(BM=192, BN=40), "row", r"N-major B tile's rows \(40 columns\)"),
     (dict(BM=128, BN=40, TMA_STORE=True), "t", "epilogue chunk's rows \\(EPILOGUE_N = 40 columns\\)")])
 def test_configs_the_kernel_cannot_run_are_refused_by_name(config, b_layout, message, interpreted):
@@ -338,7 +341,7 @@ def test_the_heuristics_favourite_per_shape_class(shape, expected):
 @pytest.mark.parametrize("shape,b_kmajor,fitted", [
     # cuBLAS's tiles there: 256 x 160 (124 tiles, one round) and 192 x 144 (128 tiles)
     ((1024, 4936, 5376), True, [(128, 160)]), ((3000, 1120, 1792), True, [(128, 224), (192, 144)]),
-    ((1024, 4936, 5376), False, []),  # an N-major B tile is a multiple of 64 columns wide
+    ((1024, 4936, 5376), False, []),  # an N-major B tile of 160 columns (64B swizzle rows) ran 0.62 of cuBLAS
     ((8192, 8192, 8192), True, []), ((4096, 4096, 4096), True, []), ((2048, 11008, 4096), True, []),
     ((1000, 3000, 2000), True, []), ((1024, 1024, 16384), True, [])])
 def test_tiles_fitted_to_a_wave_where_the_usual_ones_overflow_a_round(shape, b_kmajor, fitted):
@@ -506,6 +509,7 @@ SPILL_CONFIGS = {
     "swap-128x200": dict(BM=128, BN=200, STAGES=5, A_MNMAJOR=True, B_KMAJOR=True, TMA_STORE=False),
     # Tiles fitted to a wave (`wave_fitted`)
     "wave-fitted-128x160": dict(BM=128, BN=160, STAGES=5, B_KMAJOR=True, EPILOGUE_N=32),
+    "nmajor-64b-swizzle-128x160": dict(BM=128, BN=160, STAGES=5, EPILOGUE_N=32),
     "wave-fitted-128x224": dict(BM=128, BN=224, STAGES=4, B_KMAJOR=True, EPILOGUE_N=32),
     "wave-fitted-192x144": dict(BM=192, BN=144, STAGES=5, B_KMAJOR=True, TMA_STORE=False),
 }

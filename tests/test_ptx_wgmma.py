@@ -117,15 +117,18 @@ def test_swapped_tiles_sharing_the_activations_over_clusters_of_four_from_their_
     check_candidates(m, n, k, sms, which=which, **kwargs)
 
 
-def test_tiles_fitted_to_a_wave_from_their_ptx():
+@pytest.mark.parametrize("b_kmajor", [False, True], ids=["b-nmajor", "b-kmajor"])
+def test_tiles_fitted_to_a_wave_from_their_ptx(b_kmajor):
     """The widths examples/_matmul_schedules.wave_fitted offers a K-major B: 160 and 224 columns (the epilogue in
-    32-column chunks) and 144 on three consumers stored from registers; N cut inside the last tile (344 columns:
-    rows of C on 16 bytes, as the wrapper pads them for TMA)."""
+    32-column chunks) and 144 on three consumers stored from registers; 160 and 224 of an N-major B too (64B swizzle
+    rows; explicit configs only). N cut inside the last tile (344 columns: rows of C on 16 bytes, as the wrapper
+    pads them for TMA)."""
     m, n, k, sms = 200, 344, 136, 4
-    a, b = torch.randn(m, k).to(BF16), torch.randn(n, k).to(BF16)
-    problem = schedules.Problem.of(a, b, True, BF16, False, False, None)
-    want = a.double() @ b.double().t()
-    for bm, bn in [(128, 160), (128, 224), (192, 144)]:
+    a = torch.randn(m, k).to(BF16)
+    b = torch.randn(n, k).to(BF16) if b_kmajor else torch.randn(k, n).to(BF16)
+    problem = schedules.Problem.of(a, b, b_kmajor, BF16, False, False, None)
+    want = a.double() @ (b.double().t() if b_kmajor else b.double())
+    for bm, bn in [(128, 160), (128, 224)] + ([(192, 144)] if b_kmajor else []):
         cfg = schedules.config(problem, bm, bn)
         got = simulate_plan(problem, cfg, sms, None, None, torch.full((m, n), float("nan")).to(BF16)).double()
         assert within_rounding(got, want, k), schedules.describe(cfg)
