@@ -461,6 +461,47 @@ def test_integer_edges_on_the_gpu_match_the_interpreter(dtype):
     assert all(torch.equal(o.cpu(), h) for o, h in zip(outs, host))
 
 
+@mgjit.kernel
+def shift_by_constants(x, out):
+    v = x[0:32]  # a value from memory: only the amount is a constant
+    out[0, 0:32] = v << ((-3) | 3)  # -1: read unsigned, past the width
+    out[1, 0:32] = v << 64
+    out[2, 0:32] = v >> 100
+    out[3, 0:32] = (v * 35) << 63
+    out[4, 0:32] = v >> 64
+
+
+def _shift_case(device: str):
+    x = torch.randint(-2 ** 40, 2 ** 40, (32,), dtype=torch.int64, device=device)
+    return x, torch.full((5, 32), 7, dtype=torch.int64, device=device)
+
+
+def test_a_64_bit_shift_never_reaches_ptxas_with_an_amount_of_64_or_more():
+    """ptxas folds `shl.b64 d, x, 64` with the amount in a register set to the constant 64 as x, not 0 (PTX clamps
+    the amount to the width): `(35 * v) << -1` gave 35 * v on an H200 (the fuzzer's --gpu, seed 51045), where the
+    PTX simulator and the interpreter gave 0. The lowering shifts by an amount below 64 and selects what a larger
+    amount leaves, so no 64-bit shift in the PTX takes a constant of 64 or more."""
+    import re
+    x, out = _shift_case("cpu")
+    ptx = shift_by_constants.compile(x, out, target="sm_90a").ptx
+    constants = {m[0]: int(m[1], 0) for m in re.findall(r"mov\.[bu]32\s+(%r\d+), (-?(?:0x)?[0-9a-fA-F]+);", ptx)}
+    shifts = re.findall(r"sh[lr]\.[bsu]64\s+%rd\d+, %rd\d+, (%r\d+|\d+);", ptx)
+    amounts = [constants.get(a, None) if a.startswith("%") else int(a) for a in shifts]
+    assert all(a is None or 0 <= a < 64 for a in amounts), amounts
+    shift_by_constants.interpret[(1,)](x, out)
+    sign = torch.where(x < 0, -1, 0)
+    assert torch.equal(out, torch.stack([0 * x, 0 * x, sign, (x * 35) << 63, sign]))
+
+
+@pytest.mark.gpu
+def test_64_bit_shifts_by_constants_on_the_gpu_match_the_interpreter():
+    x, out = _shift_case("cuda")
+    shift_by_constants[(1,)](x, out)
+    host = torch.empty(5, 32, dtype=torch.int64)
+    shift_by_constants.interpret[(1,)](x.cpu(), host)
+    assert torch.equal(out.cpu(), host), (out.cpu() != host).nonzero()[:4].tolist()
+
+
 # ---------------------------------------------------------------------------------------------- division
 
 @mgjit.kernel

@@ -239,12 +239,16 @@ class Emitter:
         if kind in ("shl", "shr"):
             width = self.ir.IntegerType(t).width
             if width == 64:
-                # PTX's shl/shr.b64 take a 32-bit amount and clamp it to 64; LLVM folded the guard below into
-                # that clamp but truncated the amount first: 1 << (1 + INT64_MIN) shifted by 1. The amount is
-                # saturated at 64 in 64 bits here, and shifted by inline PTX that LLVM cannot rewrite.
-                amount = self.trunc(self.select(self.cmpi("uge", b, const(64)), const(64), b), 32)
+                # PTX's shl/shr.b64 take a 32-bit amount. LLVM folded a guard around arith's shift into PTX's
+                # clamp of the amount to 64 but truncated the amount first (1 << (1 + INT64_MIN) shifted by 1),
+                # and ptxas folds a constant amount of 64 as 0 (35 << -1 gave 35 on an H200, fuzz seed 51045): the
+                # shift is inline PTX that LLVM cannot rewrite, given an amount below 64, and the guard selects
+                # what an amount of 64 or more leaves (0, or a signed value's sign).
+                out_of_range = self.cmpi("uge", b, const(64))
+                amount = self.trunc(self.select(out_of_range, const(63 if kind == "shr" and signed else 0), b), 32)
                 op = "shl.b64" if kind == "shl" else "shr.s64" if signed else "shr.u64"
-                return self.asm(f"{op} $0, $1, $2;", "=l,l,r", [a, amount], [t])[0]
+                shifted = self.asm(f"{op} $0, $1, $2;", "=l,l,r", [a, amount], [t])[0]
+                return shifted if kind == "shr" and signed else self.select(out_of_range, const(0), shifted)
             out_of_range = self.cmpi("uge", b, const(width))
             amount = self.select(out_of_range, const(0), b)
             if kind == "shl":
