@@ -112,7 +112,9 @@ def operand(t, transposed: bool):
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-def _stages(bm: int, bn: int, bk: int, itemsize: int, epilogue: int) -> int:
+def stages_that_fit(bm: int, bn: int, bk: int, itemsize: int, epilogue: int) -> int:
+    """The most ring slots of a bm x bk A tile and a bn x bk B tile (of `itemsize`-byte elements) that fit a CTA's
+    shared memory beside `epilogue` bytes, at most MAX_STAGES."""
     stage = (bm * bk + bn * bk) * itemsize
     return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - epilogue) // stage)
 
@@ -136,7 +138,7 @@ def config(problem: Problem, bm: int, bn: int, swap: bool = False, stream_k: int
     out_bytes = problem.out_dtype.itemsize
     tma_store = (not swap and out_bytes == 2 and not (stream_k and bn > 192)
                  and epilogue_n(bn) * out_bytes in (32, 64, 128))  # a chunk's rows fill a swizzle row
-    stages = _stages(bm, bn, bk, problem.bits // 8, epilogue_bytes(bm // 64, bn, out_bytes) if tma_store else 0)
+    stages = stages_that_fit(bm, bn, bk, problem.bits // 8, epilogue_bytes(bm // 64, bn, out_bytes) if tma_store else 0)
     return {"SWAP_AB": swap, "BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "GROUP_M": 8, "STREAM_K": stream_k,
             "TMA_STORE": tma_store, "EPILOGUE_N": epilogue_n(bn), **extra}
 
@@ -308,7 +310,7 @@ def normalize(problem: Problem, given: dict) -> dict:
                   given.get("STREAM_K", 0))
     out = {**base, **given}
     if "STAGES" not in given and (out["BK"] != base["BK"] or out["TMA_STORE"] != base["TMA_STORE"]):
-        out["STAGES"] = _stages(out["BM"], out["BN"], out["BK"], problem.bits // 8,
+        out["STAGES"] = stages_that_fit(out["BM"], out["BN"], out["BK"], problem.bits // 8,
                                 epilogue_bytes(out["BM"] // 64, out["BN"], 2) if out["TMA_STORE"] else 0)
     return out
 

@@ -85,7 +85,8 @@ def test_matmul_refuses_operands_wgmma_does_not_multiply():
     ([0, 70, 33, 0, 150, 1, 0], 192, 136, "n", dict(BN=128)),
     ([64, 0, 129, 5], 128, 256, "k", dict(BN=256, STAGES=2)),
     ([3, 0, 0, 61, 64, 2, 200], 64, 128, "k", dict(BM=64, BN=64)),
-    ([0, 0, 0], 64, 64, "k", {})], ids=["ragged-kmajor", "ragged-nmajor", "bn256", "bm64", "all-empty"])
+    ([0, 200, 17], 136, 256, "n", dict(BM=192, BN=256)),  # the default 3 stages did not fit beside the epilogue
+    ([0, 0, 0], 64, 64, "k", {})], ids=["ragged-kmajor", "ragged-nmajor", "bn256", "bm64", "bm192-bn256", "all-empty"])
 def test_grouped_bf16_matches_torch(sizes, k, n, layout, config, interpreted):
     x, w, offs = groups(sizes, k, n, layout=layout)
     out = gm.grouped_matmul(x, w, offs, config=config)
