@@ -311,7 +311,7 @@ def normalize(problem: Problem, given: dict) -> dict:
     out = {**base, **given}
     if "STAGES" not in given and (out["BK"] != base["BK"] or out["TMA_STORE"] != base["TMA_STORE"]):
         out["STAGES"] = stages_that_fit(out["BM"], out["BN"], out["BK"], problem.bits // 8,
-                                epilogue_bytes(out["BM"] // 64, out["BN"], 2) if out["TMA_STORE"] else 0)
+                                        epilogue_bytes(out["BM"] // 64, out["BN"], 2) if out["TMA_STORE"] else 0)
     return out
 
 
@@ -447,7 +447,10 @@ def launch_plan(problem: Problem, cfg: dict, sms: int) -> Plan:
     if plan is None:
         kernel_cfg = {k: v for k, v in cfg.items() if k not in ("SWAP_AB", "SPLIT")}
         scaled, biased, activation = problem.epilogue
-        kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation, num_warpgroups=cfg["BM"] // 64 + 1)
+        # At most 4 warpgroups, so that a BM the kernel has no consumers for (256) is refused by its BM assertion,
+        # not by the launch's count of warpgroups
+        kernel_cfg.update(SCALED=scaled, BIAS=biased, ACTIVATION=activation,
+                          num_warpgroups=min(4, cfg["BM"] // 64 + 1))
         cluster = cfg.get("CLUSTER", 2)  # the CTAs of a multicast cluster
         if cfg.get("MULTICAST"):
             kernel_cfg["cluster"] = (cluster, 1, 1)

@@ -403,6 +403,16 @@ def backward_config(head_dim: int, causal: bool) -> dict:
     return dict(BM=64, STAGES=2, CONSUMERS=2, SPLIT=1, SHARED_SCORES=False)
 
 
+def _consumers(cfg: dict) -> int:
+    """A config's CONSUMERS, refused by name where no launch has them: the grid divides by it (0) and a CTA holds
+    at most 4 warpgroups, the producer's among them (4 was refused by the launch's count of warpgroups)."""
+    consumers = cfg["CONSUMERS"]
+    if type(consumers) is not int or consumers not in (1, 2, 3):
+        raise ValueError(f"attention: CONSUMERS is 1, 2 or 3 (a CTA holds at most 4 warpgroups, one of them the "
+                         f"producer), got {consumers!r}")
+    return consumers
+
+
 def _padded_head_dim(d: int) -> int:
     if not 0 < d <= 256:
         raise ValueError(f"head dimensions up to 256 are supported, got {d}")
@@ -470,7 +480,7 @@ def forward_launches(q, k, v, causal: bool = False, scale: float | None = None, 
     cfg = {**forward_config(dp, causal), **(config or {})}
     o = torch.empty(b, h, sq, dp, dtype=q.dtype, device=q.device)
     lse = _padded_rows((b, h, sq), torch.float32, q.device)  # the backward reads it with TMA
-    consumers = cfg["CONSUMERS"]
+    consumers = _consumers(cfg)
     launches = [(attention_fwd, (-(-sq // (64 * consumers)), b * h), (qp, kp, vp, o, lse, scale * LOG2E),
                  dict(D=dp, CAUSAL=bool(causal), REGISTERS=registers_per_consumer(consumers),
                       num_warpgroups=1 + consumers, **cfg))] if sq else []
@@ -498,7 +508,7 @@ def backward_launches(do, q, k, v, o, lse, causal: bool = False, scale: float | 
         o, do = (torch.nn.functional.pad(x, (0, dp - d)) for x in (o, do))
     o, do, lse = _tma_ready(o), _tma_ready(do), _tma_ready(lse)
     cfg = {**backward_config(dp, causal), **(config or {})}
-    consumers = cfg["CONSUMERS"]
+    consumers = _consumers(cfg)
     delta = _padded_rows((b, h, sq), torch.float32, q.device)
     dq_acc = torch.empty(b, h, sq, dp, dtype=torch.float32, device=q.device)
     dq = torch.empty(b, h, sq, dp, dtype=q.dtype, device=q.device)

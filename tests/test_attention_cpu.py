@@ -152,6 +152,17 @@ def test_backward_configs_it_cannot_run_are_refused_by_name(interpret, config, d
         A.attention_backward(do, q, k, v, o, lse, False, config=config)
 
 
+@pytest.mark.parametrize("consumers", [0, 4, 2.0])
+def test_consumers_no_launch_has_are_refused_by_name(consumers):
+    """CONSUMERS=0 divided by zero in the grid; 4 was refused by the launch's count of warpgroups (5)."""
+    q, k, v = inputs(1, 1, 1, 100, 130, 64)
+    with pytest.raises(ValueError, match=f"CONSUMERS is 1, 2 or 3 .*got {consumers}"):
+        A.attention_forward(q, k, v, False, None, {"CONSUMERS": consumers})
+    o, lse = torch.zeros_like(q), torch.zeros(1, 1, 100)
+    with pytest.raises(ValueError, match=f"CONSUMERS is 1, 2 or 3 .*got {consumers}"):
+        A.attention_backward(q, q, k, v, o, lse, False, config={"CONSUMERS": consumers, "SPLIT": 1})
+
+
 @pytest.mark.parametrize("b,h,hk,sq,sk,d,causal,config", BACKWARD_VARIANTS)
 def test_backward_variants_match_torch(interpret, poison_empty, b, h, hk, sq, sk, d, causal, config):
     q, k, v = inputs(b, h, hk, sq, sk, d, seed=3)

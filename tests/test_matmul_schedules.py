@@ -228,6 +228,7 @@ def test_multicast_refuses_a_cluster_of_one():
 
 @pytest.mark.parametrize("config,b_layout,message", [
     (dict(BM=100, BN=128), "row", "BM is 64, 128 or 192.*got 100"),  # ran, rows 64-99 of each tile never stored
+    (dict(BM=256, BN=128), "row", "BM is 64, 128 or 192.*got 256"),  # the launch refused 5 warpgroups
     (dict(BM=128, BN=128, GROUP_M=0), "row", "GROUP_M .* at least 1, got 0"),  # divided by zero
     (dict(BM=128, BN=128, STAGES=1), "row", "STAGES is at least 2.*got 1"),  # deadlocked: a hang on a GPU
     (dict(BM=128, BN=128, STAGES=1, STREAM_K=1, SPLIT=3), "t", "STAGES is at least 2"),
