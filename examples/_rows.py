@@ -257,9 +257,9 @@ def mapping(n: int, rows_per_program: int | None = None, stream: int = STREAM) -
     """The candidate mappings for rows of n columns (ROWS forced to rows_per_program for short rows). Made once
     per row length: building them costs hundreds of microseconds, more than a launch, and every call asks."""
     if rows_per_program is not None and n <= SEGMENT:
-        if not isinstance(rows_per_program, int) or rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+        if type(rows_per_program) is not int or rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
             raise ValueError(f"rows_per_program must be a power of two (it is an array dimension), got "
-                             f"{rows_per_program}")
+                             f"{rows_per_program!r}")
         return (hold(rows_per_program, parts(n)),)
     return tuple(candidates(n, stream))
 

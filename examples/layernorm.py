@@ -330,7 +330,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None, typed=True)  # rows_per_program=1.0 or True: refused, not served as 1's
 def layernorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
                       weight_sizes: tuple[int, ...] = (4, 4)) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns (rows shorter than STAGED_ROWS also with staged stores),

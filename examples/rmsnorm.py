@@ -163,7 +163,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tens
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None, typed=True)  # rows_per_program=1.0 or True: refused, not served as 1's
 def rmsnorm_mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0,
                     weight_sizes: tuple[int, ...] = (4,)) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the held ones again as persistent grids, then the

@@ -143,7 +143,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None, typed=True)  # rows_per_program=1.0 or True: refused, not served as 1's
 def mapping(n: int, rows_per_program: int | None = None, itemsize: int = 0) -> tuple[mgjit.Config, ...]:
     """The row examples' mappings for rows of n columns, then the piped ones for elements of `itemsize` bytes, or
     for rows of one column the flat ones (0: none; they need contiguous, aligned tensors,

@@ -129,6 +129,22 @@ def test_rows_per_program_is_a_power_of_two_for_every_length():
             _rows.mapping(300, bad)
 
 
+def test_rows_per_program_of_another_type_is_refused_after_its_int_ran(monkeypatch):
+    """True and 1.0 equal 1: each wrapper's mapping cache served them 1's mappings once 1 had run, else True
+    passed the check and 1.0 failed in torch's expand (a TypeError naming no argument)."""
+    import rmsnorm as rms
+    import softmax as sm
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    x, w = torch.randn(5, 7).to(torch.bfloat16), torch.ones(7).to(torch.bfloat16)
+    runs = {"softmax": lambda rows: sm.softmax(x, rows_per_program=rows),
+            "rmsnorm": lambda rows: rms.rmsnorm(x, w, rows_per_program=rows)}
+    for name, run in runs.items():
+        run(1)
+        for bad in (True, 1.0, "4"):
+            with pytest.raises(ValueError, match=f"rows_per_program must be a power of two.*got {bad!r}"):
+                run(bad)
+
+
 @pytest.mark.parametrize("n", [300, 20001])
 def test_masked_stretches_of_minus_inf_give_torchs_results(monkeypatch, n):
     """Logits masked with -inf over long stretches (constrained decoding, a padded vocabulary): every softmax and
