@@ -185,9 +185,9 @@ def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, con
     cfg = {"BM": 128, "BN": column_tile(n), "BK": schedules.BK_FOR_BITS[bits], "GROUP_M": 8, **(config or {})}
     # 4 stages (3 of 256 columns), or as many as fit beside the epilogue's tile (BM=192, BN=256: 3 would need
     # 264 KB); an explicit STAGES is the caller's
-    epilogue = cfg["BM"] * cfg["BN"] * torch.empty((), dtype=out_dtype).element_size()
-    cfg.setdefault("STAGES", min(3 if cfg["BN"] == 256 else 4,
-                                 schedules.stages_that_fit(cfg["BM"], cfg["BN"], cfg["BK"], x.element_size(), epilogue)))
+    fit = schedules.stages_that_fit(cfg["BM"], cfg["BN"], cfg["BK"], x.element_size(),
+                                    cfg["BM"] * cfg["BN"] * out_dtype.itemsize)
+    cfg.setdefault("STAGES", min(3 if cfg["BN"] == 256 else 4, fit))
     sms = sm_count(x.device.index)
     rows_bound = -(-x.shape[0] // cfg["BM"]) + groups  # row tiles: at most one partial tile per group
     table = torch.empty(3, -(-rows_bound // TABLE_CHUNK) * TABLE_CHUNK, dtype=torch.int32, device=x.device)
