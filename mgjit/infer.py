@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from . import ir
 from .errors import Rule
-from .layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked, spread
+from .layouts import SPLAT, Layout, LayoutError, SplatLayout, TiledLayout, blocked, blocked_reducing_to, spread
 from .registry import RuleRegistry
 
 InferRule = Callable[[ir.Op, "Inference"], None]
@@ -195,6 +195,19 @@ class Inference:
             raise restart
         self.relayout(self.current_block, op, index, layout)
 
+    def place_reduced(self, value: ir.Value, layout: Layout) -> Restart | None:
+        """The restart that makes a row reduction (`Op.reduces_rows`) land in `layout` by placing its operand's free
+        anchors in the `blocked` layout that reduces there (`blocked_reducing_to`), or None: rows held as parts of
+        different widths (256 + 128 columns), whose own layouts spread their rows differently, meet without a
+        relayout of their statistics (and of the parts those scale)."""
+        op = value.owner
+        if not isinstance(op, ir.Op) or not op.reduces_rows or not isinstance(layout, TiledLayout):
+            return None
+        src = op.operands[0]
+        anchors = free_origins(src) if isinstance(src.layout, TiledLayout) else None
+        wanted = blocked_reducing_to(src.type.shape, src.dtype, layout) if anchors else None
+        return self.placement(anchors, wanted) if wanted is not None else None
+
     def choose_common(self, op: ir.Op, indices: list[int]) -> Layout | None:
         """One layout for the array operands at `indices` of an elementwise op: the first tiled one wins and
         the other tiled operands are relayouted to it; splats mix with anything for free."""
@@ -213,7 +226,7 @@ class Inference:
         for i in tiled:
             if op.operands[i].layout == target:
                 continue
-            restart = self.placement(origins[i], target)
+            restart = self.placement(origins[i], target) or self.place_reduced(op.operands[i], target)
             if restart is not None:
                 moves.update(restart.overrides)
             else:

@@ -113,7 +113,9 @@ class Op:
       conflict moves the anchor instead of inserting a relayout), `index_only` (a free anchor that carries
       indices, not data: data layouts win over it), `free_with_operand` (the result can take any layout at no
       cost when its operand can take the corresponding one: a broadcast of an iota; or whatever its operand's
-      layout, where `takes_any_layout`: a broadcast of a few elements every thread holds), `joins_yields` (each
+      layout, where `takes_any_layout`: a broadcast of a few elements every thread holds), `reduces_rows` (a
+      reduction over the last axis: its result lands in another layout when its operand's free anchors are placed
+      in one that reduces there, `layouts.blocked_reducing_to`), `joins_yields` (each
       result is the matching operand of the Yield that ends each of the op's regions: an if), and `costs_in(layout)`
       (whether the op makes its result in `layout` at a cost its own layout avoids: a shared-memory read with
       bank conflicts);
@@ -130,6 +132,7 @@ class Op:
     free_anchor: ClassVar[bool] = False
     index_only: ClassVar[bool] = False
     free_with_operand: ClassVar[bool] = False
+    reduces_rows: ClassVar[bool] = False
     joins_yields: ClassVar[bool] = False
     takes_any_layout: ClassVar[bool] = False
     thread_smem: ClassVar[str | None] = None

@@ -352,6 +352,27 @@ def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per
     return TiledLayout(tiling, tuple(warp_dims), tuple(lane_dims), -1)
 
 
+def blocked_reducing_to(shape: Sequence[int], dtype: DType, target: TiledLayout) -> TiledLayout | None:
+    """A `blocked` layout of `shape` whose reduction over its last axis is `target`, with the widest accesses that
+    have one, or None: the arrays of one row held in parts of different widths (256 + 128 columns) reduce to one
+    row layout, where their own `blocked` layouts (a warp holding one row of 256, two of 128) sent the row's
+    statistics, and the parts they scaled, through shared memory."""
+    rank = len(shape)
+    access = 16
+    while access >= dtype.itemsize:
+        for rows_per_warp in (0, 1, 2, 4, 8, 16, 32):
+            for thread_rows in ((0,) if not rows_per_warp else (0, 1, 2, 4, 8)):
+                for row_lanes in ((0,) if not thread_rows else (0, 1, 2, 4, 8, 16, 32)):
+                    try:
+                        layout = blocked(shape, dtype, access, rows_per_warp, thread_rows, row_lanes)
+                        if layout.reduce((rank - 1,), rank) == target:
+                            return layout
+                    except LayoutError:
+                        continue
+        access //= 2
+    return None
+
+
 def spread(shape: Sequence[int], dtype: DType) -> TiledLayout:
     """`blocked` with accesses as wide as they can be (up to 16 bytes) while each thread holds elements no other
     holds: a line of 256 bf16 takes 4 bytes a thread over all 128 threads, where `blocked` gives one warp 16 bytes

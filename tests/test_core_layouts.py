@@ -8,6 +8,7 @@ import pytest
 from mgjit import dtypes
 from mgjit.layouts import (
     SPLAT,
+    blocked_reducing_to,
     THREADS_PER_WARPGROUP,
     WGMMA,
     LANES_PER_WARP,
@@ -247,6 +248,31 @@ def test_a_unit_last_axis_added_holds_what_the_reduction_held(shape, dtype, acce
         unit_held = {unit.element_index((*rows, 1), tid, reg, v)[:-1] for reg in unit.registers((*rows, 1))
                      for v in range(unit.vector_length)}
         assert held == unit_held, tid
+
+
+@pytest.mark.parametrize("wide,narrow,dtype", [((8, 256), (8, 128), dtypes.bfloat16), ((2, 1024), (2, 128), dtypes.bfloat16),
+                                               ((16, 256), (16, 64), dtypes.float32)])
+def test_a_narrower_part_of_a_row_can_reduce_to_the_wider_parts_row_layout(wide, narrow, dtype):
+    """Rows held as parts of different widths (264 columns as 256 + 128): `blocked_reducing_to` gives the narrower
+    part a layout whose row statistics are held by the threads that hold the wider part's (its own `blocked`
+    layout spreads its rows otherwise: a warp holds two rows of 128, one of 256), its accesses as wide as allow it."""
+    target = blocked(wide, dtype).reduce((1,), 2)
+    assert blocked(narrow, dtype).reduce((1,), 2) != target
+    layout = blocked_reducing_to(narrow, dtype, target)
+    assert layout is not None and layout.reduce((1,), 2) == target
+    rows = narrow[:1]
+    for tid in range(THREADS_PER_WARPGROUP):
+        held = {target.element_index(rows, tid, reg, v)[0] for reg in target.registers(rows)
+                for v in range(target.vector_length)}
+        part = {layout.element_index(narrow, tid, reg, v)[0] for reg in layout.registers(narrow)
+                for v in range(layout.vector_length)}
+        assert part <= held, tid
+
+
+def test_no_narrower_layout_where_none_reduces_to_the_target():
+    """8 columns of 4 rows cannot have each row in one warp of 32 lanes as a row of 512 has: the statistics meet
+    through a relayout, as before."""
+    assert blocked_reducing_to((4, 8), dtypes.bfloat16, blocked((4, 512), dtypes.bfloat16).reduce((1,), 2)) is None
 
 
 def test_reducing_everything_is_an_error():

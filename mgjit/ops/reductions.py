@@ -65,6 +65,14 @@ class Reduce(Op):
         shape = self.operands[0].type.shape
         return len(shape) >= 2 and self.axes == (len(shape) - 1,) and shape[-1] == 1
 
+    @property
+    def reduces_rows(self) -> bool:
+        """Over the last axis, wider than one column: a row's statistics from parts of different widths (264
+        columns as 256 + 128) meet where the operand is placed in a layout reducing to the other part's
+        (infer.Inference.place_reduced)."""
+        shape = self.operands[0].type.shape
+        return len(shape) >= 2 and self.axes == (len(shape) - 1,) and shape[-1] > 1
+
     def verify(self):
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
         rank = len(self.operands[0].type.shape)
