@@ -250,7 +250,8 @@ def test_a_unit_last_axis_added_holds_what_the_reduction_held(shape, dtype, acce
         assert held == unit_held, tid
 
 
-@pytest.mark.parametrize("wide,narrow,dtype", [((8, 256), (8, 128), dtypes.bfloat16), ((2, 1024), (2, 128), dtypes.bfloat16),
+@pytest.mark.parametrize("wide,narrow,dtype", [((8, 256), (8, 128), dtypes.bfloat16),
+                                               ((2, 1024), (2, 128), dtypes.bfloat16),
                                                ((16, 256), (16, 64), dtypes.float32)])
 def test_a_narrower_part_of_a_row_can_reduce_to_the_wider_parts_row_layout(wide, narrow, dtype):
     """Rows held as parts of different widths (264 columns as 256 + 128): `blocked_reducing_to` gives the narrower
