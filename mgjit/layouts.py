@@ -11,6 +11,7 @@ of leading dimensions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Iterator, Sequence, Union
@@ -352,6 +353,7 @@ def blocked(shape: Sequence[int], dtype: DType, access_bytes: int = 16, rows_per
     return TiledLayout(tiling, tuple(warp_dims), tuple(lane_dims), -1)
 
 
+@functools.lru_cache(maxsize=4096)  # inference asks again on every restart: a search of a few hundred layouts
 def blocked_reducing_to(shape: Sequence[int], dtype: DType, target: TiledLayout) -> TiledLayout | None:
     """A `blocked` layout of `shape` whose reduction over its last axis is `target`, with the widest accesses that
     have one, or None: the arrays of one row held in parts of different widths (256 + 128 columns) reduce to one
