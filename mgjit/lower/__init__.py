@@ -43,14 +43,10 @@ def lower_ops(ctx: Context, ops: list[ir.Op]) -> None:
             raise op.error(f"internal error: no lowering rule for `{op.name}`")
         before = ctx.smem_bytes
         fn(op, ctx)
+        # Every byte of shared memory a kernel takes counts: its buffers, and the scratch that cross-warp
+        # reductions, relayouts and TMEM bookkeeping take; the op that goes over the limit is the one named.
         if ctx.smem_bytes > ctx.target.smem_bytes and ctx.smem_bytes > before:
-            _over_budget(op, ctx)
-
-
-def _over_budget(op: ir.Op, ctx: Context) -> None:
-    """Every byte of shared memory a kernel takes counts: its buffers, and the scratch that cross-warp
-    reductions, relayouts and TMEM bookkeeping take; the op that goes over the limit is the one named."""
-    raise over_smem_budget(op, ctx.smem_bytes, ctx.target.smem_bytes)
+            raise over_smem_budget(op, ctx.smem_bytes, ctx.target.smem_bytes)
 
 
 def over_smem_budget(op: ir.Op, needed: int, limit: int) -> Exception:

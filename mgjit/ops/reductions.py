@@ -62,16 +62,19 @@ class Reduce(Op):
         """Over the last axis, of size 1 (a row's one-column part, 9 columns held as 8 + 1): nothing moves between
         threads, so the operand can be placed in the layout a user wants the result in, that axis added
         (`TiledLayout.with_unit_axis`), and the row's statistics of both parts meet without a relayout."""
-        shape = self.operands[0].type.shape
-        return len(shape) >= 2 and self.axes == (len(shape) - 1,) and shape[-1] == 1
+        return self._row_width() == 1
 
     @property
     def reduces_rows(self) -> bool:
         """Over the last axis, wider than one column: a row's statistics from parts of different widths (264
         columns as 256 + 128) meet where the operand is placed in a layout reducing to the other part's
         (infer.Inference.place_reduced)."""
+        return self._row_width() > 1
+
+    def _row_width(self) -> int:
+        """The columns a reduction over the last axis of a 2D or higher array takes together; 0 for any other."""
         shape = self.operands[0].type.shape
-        return len(shape) >= 2 and self.axes == (len(shape) - 1,) and shape[-1] > 1
+        return shape[-1] if len(shape) >= 2 and self.axes == (len(shape) - 1,) else 0
 
     def verify(self):
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}")
