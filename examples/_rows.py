@@ -145,15 +145,16 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
 
     Short rows: ROWS rows per program, about 4096 elements (half and twice that too, or four times where a row is
     wider than 2048 columns), and again in two or three arrays where those pad less (`_two_parts`, `_fine_parts`;
-    about 4096 elements and twice that). Rows of 4097 to 8192 also as two warpgroups, streamed and chunked
-    (`chunkings`): a warpgroup holding such a row holds 64 values a thread, and where its one array crosses the
-    row's end (8065 to 8191 columns) every access is bounds-checked (H100, bf16 rows of 8191: the held mappings ran
-    softmax at 0.41-0.54 of copy bandwidth, cross-entropy at 0.56-0.65, where chunks of 2048 ran rows of 8193 at
-    0.79 and 0.81). Longer rows: segments of 8192 or 4096 columns over a cluster, the fewest CTAs and warpgroups
-    that cover the row, more CTAs first (they spread the row over more SMs); or one CTA per whole 4096 columns, the
-    rest spread over them (12289: 4096 + 128 columns on each of 3 CTAs, not 4096 on 4, the last holding one column:
-    softmax 0.70 -> 0.79 of copy bandwidth on an H200); and the row streamed in `stream`-wide chunks; and chunked
-    over a cluster. Rows longer than MAX_SPLIT_ROW: streamed only."""
+    about 4096 elements and twice that), and rows of three arrays or more in one padded array too. Rows of 4097 to
+    8192 also as two warpgroups, streamed and chunked (`chunkings`): a warpgroup holding such a row holds 64 values
+    a thread, and where its one array crosses the row's end (8065 to 8191 columns) every access is bounds-checked
+    (H100, bf16 rows of 8191: the held mappings ran softmax at 0.41-0.54 of copy bandwidth, cross-entropy at
+    0.56-0.65, where chunks of 2048 ran rows of 8193 at 0.79 and 0.81). Longer rows: segments of 8192 or 4096
+    columns over a cluster, the fewest CTAs and warpgroups that cover the row, more CTAs first (they spread the row
+    over more SMs); or one CTA per whole 4096 columns, the rest spread over them (12289: 4096 + 128 columns on each
+    of 3 CTAs, not 4096 on 4, the last holding one column: softmax 0.70 -> 0.79 of copy bandwidth on an H200); and
+    the row streamed in `stream`-wide chunks; and chunked over a cluster. Rows longer than MAX_SPLIT_ROW: streamed
+    only."""
     if n > MAX_SPLIT_ROW:
         return [streaming(stream)]
     configs: list[mgjit.Config] = []
@@ -177,6 +178,14 @@ def candidates(n: int, stream: int = STREAM) -> list[mgjit.Config]:
             if tighter:
                 configs += [hold(rows, tighter) for rows in (best, best * 2, best // 2)
                             if 1 <= rows <= MAX_ROWS][:2]
+        # A row of three arrays or more also goes as one, the next power of two, padded and masked (about 4096
+        # elements a program; four rows of 4096). H200, tuned: bf16 and f16 cross-entropy over 777 columns 0.78
+        # -> 0.86 of copy bandwidth, layernorm 1800 and 1900 0.91 -> 1.01 (against the other candidates' best in
+        # the same run); where it pads a quarter of the array or more, as at 777, the other kernels keep their
+        # parts (layernorm 0.79 against 0.70 in one array).
+        whole = 1 << (n - 1).bit_length()
+        if len(widths) > 2 and whole <= STREAM:
+            configs.append(hold(4096 // whole if whole <= 2048 else 4, (whole,)))
         if n > SEGMENT // 2:
             configs += [hold(1, _segment_parts(-(-n // 2)), wgs=2), streaming(stream), *chunkings(n)]
         return configs

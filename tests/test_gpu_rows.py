@@ -83,8 +83,8 @@ def test_cross_entropy(n, dtype):
 # do (infer.Inference.place_reduced).
 FORCED = [(1, torch.bfloat16), (3, torch.float16), (9, torch.bfloat16), (33, torch.bfloat16), (50, torch.float32),
           (77, torch.bfloat16), (150, torch.float16), (260, torch.bfloat16), (264, torch.bfloat16),
-          (300, torch.bfloat16), (520, torch.float16), (1032, torch.bfloat16),
-          (1100, torch.float16), (2304, torch.bfloat16), (3001, torch.float32), (4097, torch.bfloat16),
+          (300, torch.bfloat16), (520, torch.float16), (777, torch.float16), (1032, torch.bfloat16),
+          (1100, torch.float16), (1800, torch.bfloat16), (2304, torch.bfloat16), (3001, torch.float32), (4097, torch.bfloat16),
           (5000, torch.float16), (9000, torch.float32), (32000, torch.bfloat16), (100003, torch.float32),
           (262144, torch.bfloat16)]
 

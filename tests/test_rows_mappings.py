@@ -67,7 +67,7 @@ PAST_THE_END = _rows.hold(1, (8192,), 2, 2)
 CHUNKS_PAST_THE_END = _rows.chunked(2, 1024, 6)
 
 
-@pytest.mark.parametrize("n", [3, 33, 77, 150, 300, 1100, 2304, 4097, 9000, 20000])
+@pytest.mark.parametrize("n", [3, 33, 77, 150, 300, 777, 1100, 2304, 4097, 9000, 20000])
 def test_every_candidate_interpreted(n):
     x = torch.randn(5, n) * 3
     extra = {20000: [PAST_THE_END], 9000: [CHUNKS_PAST_THE_END]}.get(n, [])
@@ -266,6 +266,17 @@ def test_rows_also_try_three_arrays_that_pad_a_tail_to_16_bytes():
     assert {c.kwargs["PARTS"] for c in _rows.candidates(700)} == {(512, 256), (512, 128, 64)}
 
 
+def test_rows_of_three_arrays_or_more_also_try_one_padded_array():
+    """A row `parts` holds in three arrays or more is also tried as one array, the next power of two (padded and
+    masked), at about 4096 elements a program (four rows of 4096); rows of one or two arrays, and rows whose next
+    power of two is wider than 4096 columns, are not."""
+    single = {n: [(c.kwargs["ROWS"], c.kwargs["PARTS"]) for c in _rows.candidates(n)
+                  if len(c.kwargs["PARTS"]) == 1 and c.kwargs["BLOCK"] == 0]
+              for n in (333, 700, 777, 1001, 1100, 1800, 3800, 5000)}
+    assert single == {333: [], 700: [], 777: [(4, (1024,))], 1001: [(4, (1024,)), (8, (1024,)), (2, (1024,))],
+                      1100: [], 1800: [(2, (2048,))], 3800: [(4, (4096,))], 5000: []}
+
+
 def test_candidates_cover_every_length():
     """Held mappings cover the row; every row longer than 4096 columns can also stream (the mapping used before
     rows were split over clusters: the autotuner can always fall back to it) and be chunked (over a cluster
@@ -301,14 +312,15 @@ def test_candidates_cover_every_length():
 # as 128 + 32 (the second array crossing the row's end), 1030 f16 as 1024 + 8 (rows starting 4 bytes into 16);
 # in three (_rows._fine_parts): 300 bf16 as 256 + 32 + 16 (the third crossing the row's end by 4 columns); aligned
 # rows of 264 and 1032 bf16 as 256 + 128 and 1024 + 128 (the second array in a layout that reduces where the first's
-# statistics are: 8-byte accesses, a row a warp).
+# statistics are: 8-byte accesses, a row a warp); f16 rows of 777 in one array of 1024 (a quarter of it past the
+# row's end, rows starting 2 bytes into a word).
 SIMULATED = [(4097, BF16, _rows.candidates(4097)[0]), (4097, BF16, _rows.candidates(4097)[2]),
              (9000, torch.float16, _rows.candidates(9000)[0]), (9000, torch.float16, _rows.streaming()),
              (9000, torch.float16, _rows.chunkings(9000)[0]), (20000, BF16, _rows.candidates(20000)[3]),
              (20000, BF16, _rows.chunkings(20000)[1]), (33, BF16, _rows.hold(64, (32, 1))),
              (150, torch.float16, _rows.hold(16, (128, 32))), (300, BF16, _rows.hold(16, (256, 32, 16))),
              (1030, torch.float16, _rows.hold(4, (1024, 8))), (264, BF16, _rows.hold(8, (256, 128))),
-             (1032, BF16, _rows.hold(2, (1024, 128)))]
+             (1032, BF16, _rows.hold(2, (1024, 128))), (777, torch.float16, _rows.hold(4, (1024,)))]
 
 
 @pytest.mark.parametrize("n,dtype,config", SIMULATED, ids=lambda v: v.short() if isinstance(v, mgjit.Config) else str(v))
