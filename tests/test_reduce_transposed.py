@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mgjit
-from mgjit.ops.reductions import _halvings
+from mgjit.ops.reduction_exchange import halvings as _halvings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ptx_sim  # noqa: E402

@@ -36,7 +36,8 @@ from ..layouts import SplatLayout
 from ..lower.context import element_offsets
 from .arrays import linear_index
 from .control import in_loop
-from .reductions import REDUCE_KINDS, combine
+from .reduction_exchange import combine
+from .reductions import REDUCE_KINDS
 from .smem import shared_address
 
 
