@@ -101,9 +101,13 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
 @mgjit.device
 def row_loss(t, ignore_index, n, row_lse, picked):
     """A row's loss, lse - its target's logit: 0 where the target is ignore_index (as torch), NaN where it lies
-    outside [0, n) (torch raises; the target's logit would read as 0 there and the loss be a plausible number)."""
+    outside [0, n) (torch raises; the target's logit would read as 0 there and the loss be a plausible number).
+    A row's logsumexp is at least its target's logit, but rounded it may come out up to an ulp of its maximum below a
+    target logit that dominates the row (the exps' shift, maximum * log2(e), rounds): such a loss is 0, as torch's,
+    not a negative one (bf16 logits of 52.75, -30, -23: -3.8e-6); NaN stays NaN."""
     inside = (t >= 0) & (t < n)
-    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, row_lse - picked, float("nan")))
+    d = row_lse - picked
+    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, mgjit.where(d < 0.0, 0.0, d), float("nan")))
 
 
 @mgjit.device
