@@ -1,5 +1,5 @@
 """What the row examples' wrappers (softmax, rmsnorm, layernorm, cross_entropy, the fused elementwise kernel) share
-around their kernels: the checks of their arguments (`floating`, `output`) and the autotuned launch (`launch`,
+around their kernels: the checks of their arguments (`floating`, `output`, `as_rows`) and the autotuned launch (`launch`,
 `tuned_launch`: the fastest of a mapping's candidates for a shape, timed with mgjit.autotune on the first call and
 remembered on disk; `picked` and `timings` say what it chose and measured). The mappings themselves and the kernels'
 device helpers are examples/_rows.py's."""
@@ -62,6 +62,25 @@ def output(out, shape: tuple, device, dtype, name: str, **inputs):
                 raise ValueError(f"{name}: out overlaps {arg} in part; pass out={arg} itself to work in place, or "
                                  "memory of its own")
     return out
+
+
+def as_rows(name: str, x, out, **inputs):
+    """(rows, out, out_rows) for a wrapper over the last dimension of x, as torch's: x's leading dimensions
+    flattened into rows (a view where its strides allow one, else a copy), out checked against x's shape or made
+    (`output`) and viewed as rows the same way; an empty x (no rows, or rows of no columns) comes back whole, for
+    the wrapper to return out without a launch."""
+    if x.ndim == 0:
+        raise ValueError(f"{name} takes x whose last dimension holds the rows, got a 0-dimensional tensor")
+    out = output(out, x.shape, x.device, x.dtype, name, x=x, **inputs)
+    if x.ndim == 2 or x.numel() == 0:
+        return x, out, out
+    n = x.shape[-1]
+    try:
+        out_rows = out.view(-1, n)
+    except RuntimeError:
+        raise ValueError(f"{name}: out of shape {tuple(out.shape)} and strides {out.stride()} is not a view of rows "
+                         f"of {n}: pass a contiguous out") from None
+    return x.reshape(-1, n), out, out_rows
 
 
 def _span(t) -> tuple[int, int]:

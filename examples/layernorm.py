@@ -36,7 +36,7 @@ import torch
 from _rows import (chunked_segment, columns, held_width, load_row, mapping, merge_moments, persisting, row_groups,
                    segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, TWO_PARTS_BELOW,
                    weights)
-from _rows_launch import floating, launch, output
+from _rows_launch import as_rows, floating, launch
 from _rows_piped import (envelope, fill_outside, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
 
@@ -316,17 +316,18 @@ def layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS):
 
 def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5,
               out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
-    """torch.nn.functional.layer_norm(x, (n,), w, b, eps) for a 2D tensor with rows of any length."""
-    if x.ndim != 2 or not w.shape == b.shape == (x.shape[-1],):
-        raise ValueError(f"layernorm takes x of shape (rows, n), w and b of shape (n,), got {tuple(x.shape)}, "
+    """torch.nn.functional.layer_norm(x, (n,), w, b, eps): over the last dimension of x (rows of any length, any
+    leading dimensions)."""
+    if x.ndim == 0 or not w.shape == b.shape == (x.shape[-1],):
+        raise ValueError(f"layernorm takes x of shape (..., n), w and b of shape (n,), got {tuple(x.shape)}, "
                          f"{tuple(w.shape)} and {tuple(b.shape)}")
     floating("layernorm", x=x, w=w, b=b)
-    out = output(out, x.shape, x.device, x.dtype, "layernorm", x=x, w=w, b=b)
-    if x.shape[0] == 0:
+    rows, out, out_rows = as_rows("layernorm", x, out, w=w, b=b)
+    if rows.numel() == 0:
         return out
-    itemsize, views = piped_views((x, out), (w, b), rows_per_program)
-    configs = layernorm_mapping(x.shape[1], rows_per_program, itemsize, (w.element_size(), b.element_size()))
-    launch(layernorm_rows, configs, (x, w, b, out), views, eps=eps)
+    itemsize, views = piped_views((rows, out_rows), (w, b), rows_per_program)
+    configs = layernorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(), b.element_size()))
+    launch(layernorm_rows, configs, (rows, w, b, out_rows), views, eps=eps)
     return out
 
 

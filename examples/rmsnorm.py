@@ -22,7 +22,7 @@ import functools
 import torch
 from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage, staging,
                    stash_vector, store_row, weights)
-from _rows_launch import floating, launch, output
+from _rows_launch import as_rows, floating, launch
 from _rows_piped import (envelope, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
 
@@ -149,17 +149,18 @@ def rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS):
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
             rows_per_program: int | None = None) -> torch.Tensor:
-    """RMSNorm over the last dimension of a 2D tensor, like torch.nn.functional.rms_norm(x, (n,), w, eps)."""
-    if x.ndim != 2 or w.shape != (x.shape[-1],):
-        raise ValueError(f"rmsnorm takes x of shape (rows, n) and w of shape (n,), got {tuple(x.shape)} and "
+    """torch.nn.functional.rms_norm(x, (n,), w, eps): over the last dimension of x (n columns, any leading
+    dimensions)."""
+    if x.ndim == 0 or w.shape != (x.shape[-1],):
+        raise ValueError(f"rmsnorm takes x of shape (..., n) and w of shape (n,), got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
     floating("rmsnorm", x=x, w=w)
-    out = output(out, x.shape, x.device, x.dtype, "rmsnorm", x=x, w=w)
-    if x.shape[0] == 0:
+    rows, out, out_rows = as_rows("rmsnorm", x, out, w=w)
+    if rows.numel() == 0:
         return out
-    itemsize, views = piped_views((x, out), (w,), rows_per_program)
-    launch(rmsnorm_kernel, rmsnorm_mapping(x.shape[1], rows_per_program, itemsize, (w.element_size(),)), (x, w, out),
-           views, eps=eps)
+    itemsize, views = piped_views((rows, out_rows), (w,), rows_per_program)
+    launch(rmsnorm_kernel, rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),)),
+           (rows, w, out_rows), views, eps=eps)
     return out
 
 

@@ -23,7 +23,7 @@ import functools
 import torch
 from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp,
                    segment, shifted_exp, stage, staging, store_row, streamed_exp_sum)
-from _rows_launch import floating, launch, output
+from _rows_launch import as_rows, floating, launch
 from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 
@@ -131,15 +131,13 @@ def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
-    """torch.softmax(x, dim=1) for a 2D tensor with rows of any length."""
-    if x.ndim != 2:
-        raise ValueError(f"softmax takes x of shape (rows, n), got {tuple(x.shape)}")
+    """torch.softmax(x, dim=-1): over the last dimension of x (rows of any length, any leading dimensions)."""
     floating("softmax", x=x)
-    out = output(out, x.shape, x.device, x.dtype, "softmax", x=x)
-    if x.shape[0] == 0:
+    rows, out, out_rows = as_rows("softmax", x, out)
+    if rows.numel() == 0:
         return out
-    itemsize, views = piped_views((x, out), rows_per_program=rows_per_program)
-    launch(softmax_kernel, mapping(x.shape[1], rows_per_program, itemsize), (x, out), views)
+    itemsize, views = piped_views((rows, out_rows), rows_per_program=rows_per_program)
+    launch(softmax_kernel, mapping(rows.shape[1], rows_per_program, itemsize), (rows, out_rows), views)
     return out
 
 

@@ -223,9 +223,9 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name(monkeypatch):
     nothing; integer inputs truncated, a float target too, an out overlapping an input raced)."""
     import fused_elementwise as fe
     x, w = torch.randn(2, 3, 64), torch.randn(64)
-    cases = [(lambda: sm.softmax(x), r"softmax takes x of shape \(rows, n\), got \(2, 3, 64\)"),
+    cases = [(lambda: sm.softmax(torch.tensor(1.0)), r"softmax takes x whose last dimension .* 0-dimensional"),
              (lambda: rms.rmsnorm(x[0], w[:63]), r"rmsnorm takes .* got \(3, 64\) and \(63,\)"),
-             (lambda: ln.layernorm(x, w, w), r"layernorm takes .* got \(2, 3, 64\), \(64,\) and \(64,\)"),
+             (lambda: ln.layernorm(x, w[1:], w), r"layernorm takes .* got \(2, 3, 64\), \(63,\) and \(64,\)"),
              (lambda: ce.cross_entropy(x[0], torch.zeros(2, dtype=torch.long)),
               r"cross_entropy takes .* got \(3, 64\) and \(2,\)"),
              (lambda: fe.fused(w, w, w.half()), r"fused takes x, y and z of one shape and dtype"),
@@ -235,6 +235,9 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name(monkeypatch):
              (lambda: ce.cross_entropy(x[0], torch.zeros(3, dtype=torch.long), out=torch.empty(2)),
               r"cross_entropy: out must be .* \(3,\) .* got \(2,\)"),
              (lambda: fe.fused(w, w, w, out=torch.empty(63)), r"fused: out must be"),
+             # an out whose leading dimensions do not flatten into rows
+             (lambda: sm.softmax(x, out=torch.empty(3, 2, 64).transpose(0, 1)),
+              r"softmax: out of shape \(2, 3, 64\) and strides \(64, 128, 1\) is not a view of rows of 64"),
              # integer and bool inputs: torch refuses them; an output of their dtype truncated, bool failed to compile
              (lambda: sm.softmax(torch.ones(3, 64, dtype=torch.bool)),
               r"softmax takes a floating-point x, got torch.bool"),
@@ -258,6 +261,33 @@ def test_the_row_wrappers_refuse_bad_shapes_by_name(monkeypatch):
     y = x[0].clone()
     sm.softmax(y, out=y)
     assert torch.allclose(y, torch.softmax(x[0], 1), rtol=1e-5, atol=1e-6)
+
+
+def test_the_row_wrappers_take_any_leading_dimensions(monkeypatch):
+    """softmax, rmsnorm and layernorm work over the last dimension of x, as torch's: leading dimensions (batch,
+    sequence) flattened into rows, a strided x copied where they do not flatten, out in x's shape (in place too);
+    rows of no columns come back empty, cross-entropy over no classes gives the losses of targets outside the row
+    (NaN, 0 where ignored) and logsumexps of -inf (each had failed on a negative shift count in the mappings)."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    n = 40
+    w, b = torch.randn(n), torch.randn(n)
+    refs = {"softmax": (sm.softmax, (), lambda x: torch.softmax(x, -1)),
+            "rmsnorm": (rms.rmsnorm, (w,), lambda x: torch.nn.functional.rms_norm(x, (n,), w, 1e-6)),
+            "layernorm": (ln.layernorm, (w, b), lambda x: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5))}
+    for name, (run, weights, ref) in refs.items():
+        for x in (torch.randn(2, 3, n), torch.randn(n), torch.randn(3, 5, n).transpose(0, 1), torch.randn(2, 1, 2, n)):
+            out = run(x, *weights)
+            assert out.shape == x.shape and torch.allclose(out, ref(x), rtol=1e-4, atol=1e-5), (name, x.shape)
+            given = torch.full(x.shape, float("nan"))
+            assert run(x, *weights, out=given) is given and torch.allclose(given, ref(x), rtol=1e-4, atol=1e-5)
+        x = torch.randn(2, 3, n)
+        want = ref(x)
+        assert run(x, *weights, out=x) is x and torch.allclose(x, want, rtol=1e-4, atol=1e-5), name
+        empty = torch.randn(4, 2, 0)
+        assert run(empty, *[t[:0] for t in weights]).shape == (4, 2, 0), name
+    loss, lse = ce.cross_entropy(torch.randn(3, 0), torch.tensor([0, -100, 2]))
+    assert torch.equal(loss.isnan(), torch.tensor([True, False, True])) and loss[1] == 0
+    assert torch.equal(lse, torch.full((3,), -float("inf")))
 
 
 def test_short_rows_also_try_two_arrays_that_pad_less():
