@@ -1,8 +1,8 @@
 """What the row examples' wrappers (softmax, rmsnorm, layernorm, cross_entropy, the fused elementwise kernel) share
-around their kernels: the checks of their arguments (`floating`, `output`, `as_rows`) and the autotuned launch (`launch`,
-`tuned_launch`: the fastest of a mapping's candidates for a shape, timed with mgjit.autotune on the first call and
-remembered on disk; `picked` and `timings` say what it chose and measured). The mappings themselves and the kernels'
-device helpers are examples/_rows.py's."""
+around their kernels: the checks of their arguments (`floating`, `output`, `as_rows`) and the autotuned launch
+(`launch`, `tuned_launch`: the fastest of a mapping's candidates for a shape, timed with mgjit.autotune on the first
+call and remembered on disk; `picked` and `timings` say what it chose and measured). The mappings themselves and the
+kernels' device helpers are examples/_rows.py's."""
 from __future__ import annotations
 
 import functools

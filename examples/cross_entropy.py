@@ -354,7 +354,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         lse, = kept_zero(("cross_entropy", "no lse", str(logits.device)), (((1,), torch.float32),), logits.device)
     if rows and not logits.shape[1]:  # no classes: every target lies outside the row (torch raises), as `row_loss`
         loss.copy_(torch.where(target == ignore_index, 0.0, float("nan")))
-        lse.fill_(-float("inf"))
+        if return_lse:
+            lse.fill_(-float("inf"))
     elif rows:
         itemsize, views = piped_views((logits,))
         configs = mapping(logits.shape[1], itemsize, return_lse)

@@ -288,6 +288,8 @@ def test_the_row_wrappers_take_any_leading_dimensions(monkeypatch):
     loss, lse = ce.cross_entropy(torch.randn(3, 0), torch.tensor([0, -100, 2]))
     assert torch.equal(loss.isnan(), torch.tensor([True, False, True])) and loss[1] == 0
     assert torch.equal(lse, torch.full((3,), -float("inf")))
+    loss = ce.cross_entropy(torch.randn(2, 0), torch.tensor([-100, 1]), return_lse=False)
+    assert loss[0] == 0 and loss[1].isnan()
 
 
 def test_short_rows_also_try_two_arrays_that_pad_less():
