@@ -611,6 +611,44 @@ def test_a_keepdims_reduction_stores_into_a_window_of_its_shape():
     torch.testing.assert_close(out[:, 1], x.max(dim=1).values)
 
 
+@mgjit.kernel
+def byte_mask(x, out):
+    m = mgjit.max(x[mgjit.ds(0, 8), mgjit.ds(4, 16)], axis=-1, keepdims=True)
+    full, none = mgjit.full((8, 16), 255, dtype=mgjit.uint8), mgjit.full((8, 16), 0, dtype=mgjit.uint8)
+    out[0, mgjit.ds(-1, 8), mgjit.ds(-1, 16)] = mgjit.where(m == 0, full, none)
+
+
+@mgjit.kernel
+def byte_quotient(x, out):
+    m = mgjit.max(x[mgjit.ds(0, 8), mgjit.ds(4, 16)], axis=-1, keepdims=True)
+    out[0, mgjit.ds(-1, 8), mgjit.ds(-1, 16)] = 0 // mgjit.where(m > 100, mgjit.full((8, 16), 2, dtype=mgjit.uint8), m)
+
+
+@pytest.mark.parametrize("kernel", [byte_mask, byte_quotient], ids=lambda k: k.name)
+def test_bytes_of_sign_extended_compares_pack_into_words(kernel):
+    """uint8 values 255 or 0 from a compare (`where(m == 0, 255, 0)`, and `0 // d`, all ones where d is 0) stored
+    as packed words: LLVM's NVPTX backend aborted the process ("Cannot select: i8 = sign_extend", fuzz seed 88218)
+    on the vector of bytes they were packed through; bytes are or'ed into words now. Both targets compile, and the
+    sm_90a PTX on the simulator agrees with the interpreter and torch."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ptx_sim
+    x = torch.randint(0, 256, (24, 34), dtype=torch.uint8)  # rows of 34 bytes
+    x[2] = 0
+    x[3, 4:100:7] = 0
+    compiled = compile_both(kernel, x, torch.zeros(6, 3, 16, dtype=torch.uint8))[0]
+    m = x[:8, 4:20].long().max(dim=1, keepdim=True).values
+    d = m if kernel is byte_mask else torch.where(m > 100, 2, m)
+    want = torch.zeros(6, 3, 16, dtype=torch.uint8)
+    want[0, :, :15] = torch.where(d == 0, 255, 0).expand(8, 16)[1:4, 1:]
+    out = torch.zeros(6, 3, 16, dtype=torch.uint8)
+    kernel.interpret[(1,)](x, out)
+    assert torch.equal(out, want)
+    dev = ptx_sim.Device()
+    out = torch.zeros(6, 3, 16, dtype=torch.uint8)
+    dev.run(compiled, (1,), x, out)
+    assert torch.equal(dev.fetch(out), want)
+
+
 # ---------------------------------------------------------------------------------------------- branches
 
 @mgjit.kernel

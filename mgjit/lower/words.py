@@ -45,7 +45,7 @@ def pack_words(e, elems, dtype: DType) -> list:
     per_word = 32 // bits
     if per_word == 1:
         return ints
-    # Narrow elements go through a vector<per_word x iN> bitcast: one register move, not shifts and ors.
+    # Padded with zeros to whole words (`Emitter.pack_i32`: halves through a vector bitcast, bytes or'ed in).
     ints += [e.const(0, _INTS[bits])] * (-len(ints) % per_word)
     return [e.pack_i32(ints[i:i + per_word]) for i in range(0, len(ints), per_word)]
 
