@@ -81,7 +81,7 @@ def test_the_gpu_comparison_with_the_interpreter_standing_in(tmp_path, monkeypat
 
 
 def stand_in_gpu() -> None:
-    """GpuWorker's setup here: the interpreter stands in for the GPU (MGJIT_INTERPRET=1 in the environment, "cuda"
+    """Worker's setup here: the interpreter stands in for the GPU (MGJIT_INTERPRET=1 in the environment, "cuda"
     tensors kept on the CPU); the launch of seed FUZZ_HANG_SEED hangs (a synchronize that sleeps) and that of
     FUZZ_FAIL_SEED fails."""
     import time
@@ -114,7 +114,7 @@ def test_a_gpu_launch_that_hangs_or_fails_is_reported_and_the_run_goes_on(tmp_pa
     monkeypatch.setenv("FUZZ_HANG_SEED", str(seeds[1]))
     monkeypatch.setenv("FUZZ_FAIL_SEED", str(seeds[2]))
     monkeypatch.setattr(fuzz, "HANG_SECONDS", 3)
-    worker = fuzz.GpuWorker(stand_in_gpu)
+    worker = fuzz.Worker(stand_in_gpu)
     try:
         outcomes = [worker.check(fuzz_gen.generate(s), str(tmp_path), "k") for s in seeds]
     finally:
@@ -122,6 +122,31 @@ def test_a_gpu_launch_that_hangs_or_fails_is_reported_and_the_run_goes_on(tmp_pa
     assert [o.category for o in outcomes][:2] == ["", "gpu-hang"], outcomes
     assert outcomes[2].category.startswith("gpu-error: RuntimeError: an illegal memory access")
     assert outcomes[3].status == "ok", outcomes[3]
+
+
+def abort_on_a_seed() -> None:
+    """Worker's setup here: checking seed FUZZ_ABORT_SEED aborts the process, as LLVM's "Cannot select" does."""
+    real = fuzz.check
+
+    def check(p, *args, **kwargs):
+        if p.seed == int(os.environ["FUZZ_ABORT_SEED"]):
+            os.abort()
+        return real(p, *args, **kwargs)
+    fuzz.check = check
+
+
+def test_a_kernel_that_takes_its_process_down_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    """An abort inside the compiler (LLVM's NVPTX backend, fuzz seed 88218) ended a run in one process, naming
+    nothing: kernels are checked in a child process, replaced after one that dies, and the kernel reported."""
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FUZZ_ABORT_SEED", "1")
+    worker = fuzz.Worker(abort_on_a_seed, gpu=False)
+    try:
+        outcomes = [worker.check(fuzz_gen.generate(s), str(tmp_path), "k") for s in (0, 1, 2)]
+    finally:
+        worker.close()
+    assert outcomes[1].category == "crash" and "exit code -6" in outcomes[1].detail, outcomes[1]
+    assert outcomes[0].status != "fail" and outcomes[2].status != "fail", outcomes
 
 
 def test_seeded_kernels_run_from_their_ptx_on_the_simulator_match_the_interpreter(tmp_path):

@@ -144,7 +144,7 @@ def test_the_fuzz_kernel_that_hung_the_gpu(tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import fuzz
     import fuzz_gen
-    worker = fuzz.GpuWorker()
+    worker = fuzz.Worker()
     try:
         outcome = worker.check(fuzz_gen.generate(50175), str(tmp_path), "k")
     finally:

@@ -15,9 +15,9 @@ Prints the kernels run and the failures by category; each category's first failu
 to --out (default fuzz-failures/) as <category>/seed<N>.py (+ .pt, its tensors), runnable on their own.
 A failure is: anything but a CompileError naming the kernel's line (an internal error, an MLIR verifier
 failure, a ptxas error), a CompileError for a valid kernel, an interpreter error, or a value mismatch; with
---gpu also a failed launch, or one that has not finished HANG_SECONDS after it began (gpu-hang). --gpu runs the
-kernels in a child process (GpuWorker) that is replaced after each of those, so the run goes on past them, and
-their minimizing runs there too.
+--gpu also a failed launch, or one that has not finished HANG_SECONDS after it began (gpu-hang); and a kernel that
+takes its process down (crash: an abort inside the compiler). Kernels are checked in child processes (Worker),
+each replaced after one of those, so the run goes on past them, and their minimizing runs there too.
 """
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ import collections
 import concurrent.futures
 import copy
 import dataclasses
-import functools
 import importlib.util
 import multiprocessing
 import os
+import queue
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -160,7 +159,7 @@ def compare(got: dict, expected: dict, scale: float) -> str:
 
 
 def _before_launch() -> None:
-    """Called just before each GPU launch (GpuWorker's child tells its parent, which then waits HANG_SECONDS)."""
+    """Called just before each GPU launch (a Worker's child tells its parent, which then waits HANG_SECONDS)."""
 
 
 def check_gpu(launch: Launch, interpreted: dict, expected: dict) -> Outcome:
@@ -347,36 +346,21 @@ KERNEL_SECONDS = 300  # a kernel that takes longer to compile, interpret and che
 HANG_SECONDS = 15  # a GPU launch of a fuzzed kernel (microseconds of work) that takes longer hangs
 
 
-def _timeout(signum, frame):
-    raise TimeoutError(f"over {KERNEL_SECONDS} s")
+class Worker:
+    """check(..., gpu, ptx) in a child process of its own, which the parent replaces after a kernel that takes it
+    down: an abort inside the compiler (LLVM's "Cannot select" ends the process, fuzz seed 88218, and a run in one
+    process ended there, naming nothing), a launch that hangs (it holds its process inside CUDA, where no signal
+    handler runs: no answer HANG_SECONDS after its launch began) or fails (the CUDA context may be unusable). The
+    kernel is reported and the run goes on. `setup` (a module-level function) runs first in each child."""
 
-
-def run_seed(seed: int, ptx: bool = False) -> tuple[int, Outcome]:
-    signal.signal(signal.SIGALRM, _timeout)
-    signal.alarm(KERNEL_SECONDS)
-    try:
-        with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
-            return seed, check(fuzz_gen.generate(seed), d, "k", ptx=ptx)
-    except TimeoutError as e:
-        return seed, Outcome("fail", "timeout", str(e))
-    finally:
-        signal.alarm(0)
-
-
-class GpuWorker:
-    """check(..., gpu=True) in a child process of its own. A launch that hangs holds its process inside CUDA, where
-    no signal handler runs, and a launch that fails may leave the CUDA context unusable: either way the parent
-    kills the child, reports the kernel (a hang: no answer HANG_SECONDS after its launch began) and starts another
-    child for the next one. `setup` (a module-level function) runs first in each child."""
-
-    def __init__(self, setup: Callable[[], None] | None = None):
-        self.setup = setup
+    def __init__(self, setup: Callable[[], None] | None = None, gpu: bool = True, ptx: bool = False):
+        self.setup, self.gpu, self.ptx = setup, gpu, ptx
         self._start()
 
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")  # a forked child would share the parent's CUDA state
         self.conn, child = context.Pipe()
-        self.proc = context.Process(target=_gpu_child, args=(child, self.setup), daemon=True)
+        self.proc = context.Process(target=_child, args=(child, self.setup, self.gpu, self.ptx), daemon=True)
         self.proc.start()
         child.close()
 
@@ -396,8 +380,10 @@ class GpuWorker:
                 break
             try:
                 answer = self.conn.recv()
-            except EOFError:  # the child died without an answer (a crash inside CUDA)
-                failure = Outcome("fail", "gpu-crash", "the GPU worker's process died")
+            except EOFError:  # the child died without an answer
+                self.proc.join(5)
+                what = f"the checking process died (exit code {self.proc.exitcode})"
+                failure = Outcome("fail", "gpu-crash" if self.gpu else "crash", what)
                 break
             if answer == "launch":
                 limit = HANG_SECONDS
@@ -413,7 +399,7 @@ class GpuWorker:
         self.proc.join()
 
 
-def _gpu_child(conn, setup: Callable[[], None] | None) -> None:
+def _child(conn, setup: Callable[[], None] | None, gpu: bool, ptx: bool) -> None:
     global _before_launch
     _init_worker()
     if setup is not None:
@@ -422,10 +408,35 @@ def _gpu_child(conn, setup: Callable[[], None] | None) -> None:
     while True:
         p, directory, tag = conn.recv()
         try:
-            outcome = check(p, directory, tag, gpu=True)
+            outcome = check(p, directory, tag, gpu=gpu, ptx=ptx)
         except Exception as e:  # outside check's own handling: moving the tensors to the GPU
-            outcome = Outcome("fail", f"gpu-worker: {type(e).__name__}: {normalize(str(e))}", traceback.format_exc())
+            outcome = Outcome("fail", f"worker: {type(e).__name__}: {normalize(str(e))}", traceback.format_exc())
         conn.send(outcome)
+
+
+def run_in_workers(seeds, jobs: int, gpu: bool, ptx: bool, record: Callable[[int, Outcome], None]) -> Worker:
+    """Check each seed in one of `jobs` Workers (in the seeds' order of completion per worker; results recorded
+    in the seeds' order); returns one of them, still running, for the minimizing runs."""
+    workers: queue.Queue = queue.Queue()
+    every = [Worker(gpu=gpu, ptx=ptx) for _ in range(jobs)]
+    for w in every:
+        workers.put(w)
+
+    def one(seed: int) -> tuple[int, Outcome]:
+        w = workers.get()
+        try:
+            with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
+                return seed, w.check(fuzz_gen.generate(seed), d, "k")
+        finally:
+            workers.put(w)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for seed, outcome in pool.map(one, seeds):
+                record(seed, outcome)
+    finally:
+        for w in every[1:]:
+            w.close()
+    return every[0]
 
 
 def _init_worker() -> None:
@@ -467,27 +478,16 @@ def main(argv: list[str] | None = None) -> int:
         if done % 100 == 0:
             print(f"... {done} kernels, {counts['fail']} failing, {time.time() - start:.0f} s", flush=True)
 
-    worker = GpuWorker() if args.gpu else None
+    worker = None
     try:
-        if worker is not None:
-            with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-") as d:
-                for seed in seeds:
-                    record(seed, worker.check(fuzz_gen.generate(seed), d, "k"))
-        elif args.jobs > 1:
-            with concurrent.futures.ProcessPoolExecutor(args.jobs, initializer=_init_worker) as pool:
-                for seed, outcome in pool.map(run_seed, seeds, [args.ptx] * len(seeds), chunksize=4):
-                    record(seed, outcome)
-        else:
-            _init_worker()
-            for seed in seeds:
-                record(*run_seed(seed, args.ptx))
+        worker = run_in_workers(seeds, 1 if args.gpu else args.jobs, args.gpu, args.ptx, record)
         print(f"\n{sum(counts.values())} kernels in {time.time() - start:.0f} s: {counts['ok']} ok, "
               f"{counts['uncertain']} with control flow the reference cannot follow (compiled and interpreted "
               "only), " + (f"{counts['unsimulated']} beyond the PTX simulator, " if args.ptx else "")
               + f"{counts['fail']} failing")
         for category, items in sorted(failures.items(), key=lambda kv: -len(kv[1])):
             print(f"  {len(items):5d}  {category}   (seeds {', '.join(str(s) for s, _ in items[:6])})")
-        checker: Checker = worker.check if worker is not None else functools.partial(check, ptx=args.ptx)
+        checker: Checker = worker.check
         with tempfile.TemporaryDirectory(prefix="mgjit-fuzz-min-") as d:
             for category, items in failures.items():
                 for seed, outcome in items[:args.minimize]:
