@@ -181,6 +181,8 @@ def grouped_launches(x, w, offs, scale_x=None, scale_w=None, out_dtype=None, con
     if bits != 16 and not w_kmajor:
         raise ValueError(f"{x.dtype} weights must be K-major: w[g] the transpose of an (N, K) matrix")
     out_dtype = out_dtype or (x.dtype if bits == 16 else torch.bfloat16)
+    if not (n and k and x.shape[0]):  # nothing to store, or sums of nothing: no launch (no TMA of zero bytes)
+        return torch.zeros(x.shape[0], n, dtype=out_dtype, device=x.device), []
     scaled = scale_x is not None
     cfg = {"BM": 128, "BN": column_tile(n), "BK": schedules.BK_FOR_BITS[bits], "GROUP_M": 8, **(config or {})}
     # 4 stages (3 of 256 columns), or as many as fit beside the epilogue's tile (BM=192, BN=256: 3 would need

@@ -42,7 +42,7 @@ import mgjit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _matmul_schedules as schedules  # noqa: E402
 from _device import current_stream, kept, sm_count  # noqa: E402
-from _matmul_epilogue import ACTIVATIONS, activate  # noqa: E402
+from _matmul_epilogue import ACTIVATIONS, activate, empty_product  # noqa: E402
 from _matmul_gemv import gemv_kmajor, gemv_nmajor  # noqa: E402
 
 GEMV_KERNELS = {"k-major": gemv_kmajor, "n-major": gemv_nmajor}  # Plan.gemv -> its kernel
@@ -474,6 +474,8 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     if bits != 16 and not problem.b_k:
         raise ValueError(f"{a.dtype} operands must be K-major: pass b as (N, K) with b_kmajor=True (or b as a "
                          f"transposed view of one)")
+    if not (problem.m and problem.n and problem.k):
+        return empty_product(problem.m, problem.n, out_dtype, scale, bias, activation, a.device)
     sms = sm_count(a.device.index)
     cfg = schedules.choose(problem, config, sms, lambda candidate, c: _launch(problem, candidate, c, scale, bias),
                            matmul_kernel, lambda: _output(problem.m, problem.n, out_dtype, a.device))

@@ -60,6 +60,16 @@ def test_offs_that_are_not_cumulative_row_ends_give_no_tile_past_x(interpreted):
     assert len(tiles) == 16 and all(0 <= row < end <= 250 for _, row, end in tiles)
 
 
+def test_an_empty_dimension_launches_nothing(interpreted):
+    """N or K of 0 (K: TMA descriptors of no bytes; N: a reshape of no elements) failed; no rows, no columns or
+    sums of nothing now give zeros of (M, N) without a launch."""
+    for m, k, n in ((0, 64, 64), (64, 64, 0), (64, 0, 64)):
+        x, w = torch.randn(m, k, dtype=BF16), torch.randn(2, n, k, dtype=BF16).transpose(1, 2)
+        out, launches = gm.grouped_launches(x, w, torch.tensor([m // 2, m], dtype=torch.int32))
+        assert launches == [] and out.shape == (m, n) and not out.any()
+        assert gm.grouped_matmul(x, w, torch.tensor([m // 2, m], dtype=torch.int32)).shape == (m, n)
+
+
 def test_grouped_matmul_refuses_offs_of_another_dtype_by_name():
     x, w, offs = groups([3, 5], 64, 64)
     with pytest.raises(ValueError, match="offs as int32"):

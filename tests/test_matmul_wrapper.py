@@ -184,3 +184,21 @@ def test_cached_calls_compute_what_torch_does(monkeypatch, poison_empty):
             ref = epilogue(a.double() @ b.double())
             assert not c.isnan().any(), "some of the poisoned output was never written"
             assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3, (call, tuple(a.shape))
+
+
+def test_products_of_an_empty_dimension_are_what_torch_gives(monkeypatch):
+    """M or N of 0 raised ZeroDivisionError and K of 0 a CompileError about TMA alignment: now an empty c, or for
+    K of 0 the epilogue of a zero accumulator (act(0 * scale + bias)), without a launch; a bias of another shape is
+    still refused by name."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    for m, n, k in ((0, 64, 64), (64, 0, 64), (64, 48, 0), (0, 0, 0)):
+        a, b = torch.randn(m, k, dtype=BF16), torch.randn(k, n, dtype=BF16)
+        c = mh.matmul(a, b)
+        assert c.shape == (m, n) and c.dtype == BF16 and torch.equal(c, (a.float() @ b.float()).to(BF16))
+    bias, scale = torch.randn(48), torch.tensor([3.0])
+    for activation, act in ((None, lambda t: t), ("relu", torch.relu), ("gelu", torch.nn.functional.gelu)):
+        c = mh.matmul(torch.randn(5, 0, dtype=BF16), torch.randn(0, 48, dtype=BF16), scale=scale, bias=bias,
+                      activation=activation)
+        assert torch.equal(c, act(bias.expand(5, 48)).to(BF16)), activation
+    with pytest.raises(ValueError, match=r"matmul: bias must be of shape \(48,\), got \(47,\)"):
+        mh.matmul(torch.randn(5, 0, dtype=BF16), torch.randn(0, 48, dtype=BF16), bias=bias[1:])
