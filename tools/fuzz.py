@@ -415,8 +415,8 @@ def _child(conn, setup: Callable[[], None] | None, gpu: bool, ptx: bool) -> None
 
 
 def run_in_workers(seeds, jobs: int, gpu: bool, ptx: bool, record: Callable[[int, Outcome], None]) -> Worker:
-    """Check each seed in one of `jobs` Workers (in the seeds' order of completion per worker; results recorded
-    in the seeds' order); returns one of them, still running, for the minimizing runs."""
+    """Check the seeds in `jobs` Workers at once, recording the outcomes in the seeds' order; returns one of the
+    Workers, still running, for the minimizing runs (all are closed if the run stops on an exception)."""
     workers: queue.Queue = queue.Queue()
     every = [Worker(gpu=gpu, ptx=ptx) for _ in range(jobs)]
     for w in every:
@@ -433,9 +433,12 @@ def run_in_workers(seeds, jobs: int, gpu: bool, ptx: bool, record: Callable[[int
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             for seed, outcome in pool.map(one, seeds):
                 record(seed, outcome)
-    finally:
-        for w in every[1:]:
+    except BaseException:
+        for w in every:
             w.close()
+        raise
+    for w in every[1:]:
+        w.close()
     return every[0]
 
 
