@@ -80,13 +80,13 @@ def test_cross_entropy(n, dtype):
 # 260 as 256 + 4; or three: 50 as 32 + 16 + 8, 300 as 256 + 32 + 16, 1100 as 1024 + 64 + 16), rows wider than 2048
 # columns four a program (a row a warp), two warpgroups, segments over clusters of several shapes; aligned rows of
 # two parts of different widths (264 as 256 + 128, 520, 1032), the narrower loaded to reduce where the wider's rows
-# do (infer.Inference.place_reduced).
+# do (infer.Inference.place_reduced); rows of three or four parts also held in one padded array (777, 1800).
 FORCED = [(1, torch.bfloat16), (3, torch.float16), (9, torch.bfloat16), (33, torch.bfloat16), (50, torch.float32),
           (77, torch.bfloat16), (150, torch.float16), (260, torch.bfloat16), (264, torch.bfloat16),
           (300, torch.bfloat16), (520, torch.float16), (777, torch.float16), (1032, torch.bfloat16),
-          (1100, torch.float16), (1800, torch.bfloat16), (2304, torch.bfloat16), (3001, torch.float32), (4097, torch.bfloat16),
-          (5000, torch.float16), (9000, torch.float32), (32000, torch.bfloat16), (100003, torch.float32),
-          (262144, torch.bfloat16)]
+          (1100, torch.float16), (1800, torch.bfloat16), (2304, torch.bfloat16), (3001, torch.float32),
+          (4097, torch.bfloat16), (5000, torch.float16), (9000, torch.float32), (32000, torch.bfloat16),
+          (100003, torch.float32), (262144, torch.bfloat16)]
 
 
 @pytest.mark.parametrize("n,dtype", FORCED, ids=str)
