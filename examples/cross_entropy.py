@@ -106,8 +106,7 @@ def row_loss(t, ignore_index, n, row_lse, picked):
     target logit that dominates the row (the exps' shift, maximum * log2(e), rounds): such a loss is 0, as torch's,
     not a negative one (bf16 logits of 52.75, -30, -23: -3.8e-6); NaN stays NaN."""
     inside = (t >= 0) & (t < n)
-    d = row_lse - picked
-    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, mgjit.where(d < 0.0, 0.0, d), float("nan")))
+    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, mgjit.maximum(row_lse - picked, 0.0), float("nan")))
 
 
 @mgjit.device
