@@ -1,15 +1,22 @@
 """Compiling the candidate configs of a sweep, in parallel across forked processes where the OS allows.
 
 Children inherit the kernel and the call's arguments through fork (nothing is pickled but config indices
-and reason strings), compile one config each, and leave the result in the shared on-disk kernel cache; the
+and reason strings), compile one config at a time, and leave the result in the shared on-disk kernel cache; the
 parent then compiles each survivor again, which is a cache hit. Children never touch CUDA: they only run
-the compiler, for a target the parent resolved first."""
+the compiler, for a target the parent resolved first. A child the compiler takes down (an LLVM fatal error
+aborts its process) costs its config alone: the config is pruned with what the child printed, and the sweep goes
+on."""
 from __future__ import annotations
 
+import collections
+import faulthandler
 import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+import tempfile
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,31 +84,107 @@ def pass_on(caught: Sequence[warnings.WarningMessage]) -> None:
 
 
 # What forked children compile: (kernel, args, keywords, configs, target). Set in the parent just before
-# the pool forks and cleared after; a module global because fork, not pickling, carries it to the children.
+# the workers fork and cleared after; a module global because fork, not pickling, carries it to the children.
 _JOB: tuple[Any, Sequence[Any], Mapping[str, Any], Sequence[Config], str | None] | None = None
 
 
-def _child_init() -> None:
-    # A guard for compilers that would look for a device: a forked child must not initialize CUDA.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-
-
-def _compile_in_child(index: int) -> tuple[int, str | None]:
+def _compile_in_child(index: int) -> str | None:
     """Compile config `index`; return its prune reason, or None when the parent should compile it again
     (a success, now in the disk cache, or an unexpected failure that the parent will reproduce and raise
     with its own traceback)."""
     assert _JOB is not None, "compile worker started without a job"
     kernel, args, keywords, configs, target = _JOB
-    # Silent here: the parent compiles each survivor again (a cache hit, which replays the compile's warnings)
-    # and passes on the warnings of the configs it keeps.
-    warnings.simplefilter("ignore")
     try:
         kernel.compile(*args, target=target, **keywords, **configs[index].launch_kwargs())
     except CompileError as error:
-        return index, compile_error_reason(error)
+        return compile_error_reason(error)
     except Exception:
         pass  # the parent compiles this config again and raises the error with its own traceback
-    return index, None
+    return None
+
+
+def _worker(conn: multiprocessing.connection.Connection, stderr: int) -> None:
+    """A forked child's loop: compile each config index the parent sends and answer (index, prune reason), until
+    None. Its stderr is the file `stderr`, which the parent reads if the child dies."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a guard for compilers that would look for a device
+    os.dup2(stderr, 2)
+    if faulthandler.is_enabled():  # its dump of an abort (pytest enables it) goes there too, not to the terminal
+        faulthandler.enable(file=2)
+    # Silent here: the parent compiles each survivor again (a cache hit, which replays the compile's warnings)
+    # and passes on the warnings of the configs it keeps.
+    warnings.simplefilter("ignore")
+    while (index := conn.recv()) is not None:
+        conn.send((index, _compile_in_child(index)))
+
+
+def _how_it_died(exitcode: int | None, stderr) -> str:
+    """How a worker died: its exit signal or code, and what it printed last, or first where that names an error
+    (LLVM prints "LLVM ERROR: Cannot select: ...", then the DAG it could not select)."""
+    how = (f"killed by {signal.Signals(-exitcode).name}" if exitcode is not None and exitcode < 0
+           else f"exit code {exitcode}")
+    stderr.seek(0)
+    lines = [line.strip() for line in stderr.read().decode(errors="replace").splitlines() if line.strip()]
+    said = next((line for line in lines if "ERROR" in line or "Fatal" in line), lines[-1] if lines else "")
+    return f"{how}: {said[:300]}" if said else how
+
+
+def _in_workers(kernel_name: str, configs: Sequence[Config], indices: Sequence[int],
+                jobs: int) -> Iterator[tuple[int, str | None]]:
+    """Compile configs[i] for each i of `indices` in up to `jobs` forked workers, one index at a time each;
+    yield (index, prune reason or None) as they finish. A worker that dies holding an index prunes that config
+    (and warns: a compiler crash is a bug of mgjit's), and a new worker takes its place; a multiprocessing.Pool
+    would wait forever for the lost index."""
+    context = multiprocessing.get_context("fork")
+    todo = collections.deque(indices)
+    running: dict[Any, tuple[Any, Any, int]] = {}  # the parent's end of a worker's pipe: (process, stderr, index)
+
+    def start() -> None:
+        parent_end, child_end = context.Pipe()
+        stderr = tempfile.TemporaryFile()
+        process = context.Process(target=_worker, args=(child_end, stderr.fileno()), daemon=True)
+        process.start()
+        child_end.close()  # the worker's death reads as EOF only once the parent holds no copy of its end
+        running[parent_end] = (process, stderr, todo.popleft())
+        parent_end.send(running[parent_end][2])
+
+    def retire(conn, kill: bool = False) -> None:
+        process, stderr, _ = running.pop(conn)
+        if kill:
+            process.kill()
+        elif process.is_alive():
+            conn.send(None)  # an idle worker stops at None
+        process.join()
+        conn.close()
+        stderr.close()
+
+    try:
+        while todo and len(running) < jobs:
+            start()
+        while running:
+            for conn in multiprocessing.connection.wait(list(running)):
+                process, stderr, index = running[conn]
+                try:
+                    answer = conn.recv()
+                except EOFError:
+                    process.join()
+                    how = _how_it_died(process.exitcode, stderr)
+                    warnings.warn(f"mgjit: compiling {kernel_name} with {configs[index]!r} took the compiler's "
+                                  f"process down ({how}); the config is pruned. This is a bug in mgjit: please "
+                                  "report it with the config.", RuntimeWarning, stacklevel=3)
+                    retire(conn)
+                    if todo:
+                        start()
+                    yield index, f"internal error: the compiler's process died ({how})"
+                    continue
+                if todo:
+                    running[conn] = (process, stderr, todo.popleft())
+                    conn.send(running[conn][2])
+                else:
+                    retire(conn)
+                yield answer
+    finally:
+        for conn in list(running):  # a sweep stopped early (an exception, ^C): workers mid-compile are killed
+            retire(conn, kill=True)
 
 
 def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any],
@@ -138,11 +221,10 @@ def compile_configs(kernel: Any, args: Sequence[Any], keywords: Mapping[str, Any
     if workers > 1 and can_fork():
         _JOB = (kernel, args, keywords, configs, target)
         try:
-            with multiprocessing.get_context("fork").Pool(workers, initializer=_child_init) as pool:
-                for index, reason in pool.imap_unordered(_compile_in_child, rest):
-                    if reason is not None:
-                        outcomes[index] = CompileOutcome(configs[index], pruned=reason)
-                    tick()
+            for index, reason in _in_workers(getattr(kernel, "name", "kernel"), configs, rest, workers):
+                if reason is not None:
+                    outcomes[index] = CompileOutcome(configs[index], pruned=reason)
+                tick()
         finally:
             _JOB = None
         # Survivors (and anything a child failed on unexpectedly) compile here: a disk-cache hit for the
