@@ -3,11 +3,18 @@
 By default the bindings come from the numba-cuda-mlir wheel (`numba_cuda_mlir._mlir`), which registers every
 upstream dialect and pass; `MGJIT_MLIR_PACKAGE` names another upstream build (e.g. `mlir`). The import is
 lazy (about 0.7 s and 170 MB): `import mgjit`, a cache hit and a launch never pay for it.
+
+The pipeline runs under LLVM's crash recovery where the bindings' library exports it (`_crash_recovery`): an LLVM
+fatal error ("Cannot select", an assertion) aborts the whole process otherwise, a notebook's kernel with it.
 """
 from __future__ import annotations
 
+import ctypes
+import glob
 import importlib
+import itertools
 import os
+import tempfile
 import types
 
 from .errors import CompileError
@@ -43,11 +50,80 @@ def load() -> types.SimpleNamespace:
     return _loaded
 
 
+# mlir::PassManager::enableCrashReproducerGeneration(llvm::StringRef outputFile, bool genLocalReproducer): with it,
+# PassManager::run runs the passes on a thread under llvm::CrashRecoveryContext, which turns a signal (the abort of
+# report_fatal_error) into a failed run and writes the module it was given to outputFile. The C API lacks it; a
+# StringRef is passed by value as (pointer, length), two integer registers on x86-64 and AArch64 alike.
+_ENABLE_RECOVERY = "_ZN4mlir11PassManager31enableCrashReproducerGenerationEN4llvm9StringRefEb"
+_FATAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_recovery: tuple | None = None  # (enableCrashReproducerGeneration, _capsule_pointer) once looked up, else ()
+_fatal_errors: list[str] = []  # what LLVM's fatal errors said, in order (_on_fatal_error)
+_reproducers = itertools.count()
+
+
+@_FATAL_HANDLER
+def _on_fatal_error(reason: bytes) -> None:
+    """LLVM's fatal error handler: keep the reason for the CompileError, and print it as LLVM does without one (the
+    process still dies of a fatal error outside a recovered run)."""
+    text = reason.decode(errors="replace")
+    _fatal_errors.append(text)
+    os.write(2, f"LLVM ERROR: {text}\n".encode())
+
+
+def _crash_recovery() -> tuple:
+    """(enableCrashReproducerGeneration from the bindings' libMLIRPythonCAPI, _capsule_pointer); () where the
+    library lacks it (another build of MLIR): the pipeline then runs unguarded. The default bindings also get
+    _on_fatal_error, a Python callback LLVM calls on its recovery thread: it needs the GIL, which their
+    PassManager.run releases (a build whose run holds it would hang there instead of failing)."""
+    global _recovery
+    if _recovery is None:
+        _recovery = ()
+        libs = importlib.import_module(f"{package_name()}._mlir_libs")
+        for path in sorted(glob.glob(os.path.join(os.path.dirname(libs.__file__), "libMLIRPythonCAPI*.so*"))):
+            try:
+                lib = ctypes.CDLL(path)  # the library the bindings loaded: dlopen hands back the same copy of LLVM
+                enable, install = lib[_ENABLE_RECOVERY], lib.LLVMInstallFatalErrorHandler
+            except (OSError, AttributeError):
+                continue
+            enable.argtypes, enable.restype = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_bool], None
+            if "MGJIT_MLIR_PACKAGE" not in os.environ:
+                install.argtypes, install.restype = [_FATAL_HANDLER], None
+                install(_on_fatal_error)
+            _recovery = (enable, _capsule_pointer)
+            break
+    return _recovery
+
+
+def _capsule_pointer(capsule) -> int:
+    """The pointer a PyCapsule holds (a PassManager's _CAPIPtr: the mlir::PassManager), under its own name."""
+    name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))(capsule)
+    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer",
+                                                                                 ctypes.pythonapi))
+    return get(capsule, name)
+
+
 def to_ptx(module) -> str:
-    """Run the lowering pipeline on a module holding one gpu.module and return its PTX."""
+    """Run the lowering pipeline on a module holding one gpu.module and return its PTX. Where crash recovery is
+    there, an LLVM fatal error in it raises RuntimeError with LLVM's reason and the path of the module it failed on;
+    other failures raise the bindings' MLIRError."""
     m = load()
     pm = m.passmanager.PassManager.parse(PIPELINE, context=module.context)
-    pm.run(module.operation)
+    reproducer = os.path.join(tempfile.gettempdir(), f"mgjit-crashed-{os.getpid()}-{next(_reproducers)}.mlir")
+    if _crash_recovery():
+        enable, pointer = _crash_recovery()
+        path = reproducer.encode()
+        enable(pointer(pm._CAPIPtr), path, len(path), False)
+    said = len(_fatal_errors)
+    try:
+        pm.run(module.operation)
+    except Exception as e:
+        if not os.path.exists(reproducer):
+            raise
+        if len(_fatal_errors) > said:
+            raise RuntimeError(f"LLVM stopped with a fatal error: {_fatal_errors[said].splitlines()[0]} (the module "
+                               f"it failed on is at {reproducer}; LLVM's whole report went to stderr)") from e
+        raise RuntimeError(f"LLVM crashed (its report went to stderr; the module it failed on is at {reproducer})") \
+            from e
     binary = module.body.operations[0]
     obj = m.gpu.ObjectAttr(binary.attributes["objects"][0])
     return obj.object.decode()

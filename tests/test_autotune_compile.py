@@ -9,6 +9,7 @@ import mgjit
 from mgjit.autotune import Config, autotune, compile_pool
 from mgjit.autotune.compile_pool import compile_configs, default_jobs
 from test_autotune_fakes import FakeKernel, FakeTimer
+from test_fuzz_regressions import bytes_through_a_vector, mask_or_max
 from test_occupancy import two_rows_softmax
 
 cache_dirs = test_autotune_fakes.cache_dirs  # the shared fixture
@@ -122,30 +123,17 @@ def test_only_the_kept_configs_warnings_reach_the_caller(cache_dirs, capfd, jobs
     assert "Warning" not in capfd.readouterr().err
 
 
-@mgjit.kernel
-def mask_or_max(x, out, MASK: mgjit.constexpr, SHIFT: mgjit.constexpr):
-    m = mgjit.max(x[mgjit.ds(0, 8), mgjit.ds(4, 16)], axis=-1, keepdims=True)
-    full, none = mgjit.full((8, 16), 255, dtype=mgjit.uint8), mgjit.full((8, 16), 0, dtype=mgjit.uint8)
-    out[0, mgjit.ds(-1, 8), mgjit.ds(-1, 16)] = mgjit.where(m == 0, full, none) if MASK else (m >> SHIFT) + none
-
-
-def bytes_through_a_vector(self, parts):
-    """Emitter.pack_i32 before 0fc588e: bytes packed through a vector<4 x i8>, on which LLVM's NVPTX backend
-    aborts for bytes from a sign-extended compare ("Cannot select: i8 = sign_extend")."""
-    vec = self.m.llvm.mlir_undef(self.ir.VectorType.get([len(parts)], parts[0].type))
-    for i, x in enumerate(parts):
-        vec = self.m.llvm.insertelement(vec, x, self.i32(i))
-    return self.m.llvm.bitcast(self.int_type(32), vec)
-
-
 @pytest.mark.skipif(not compile_pool.can_fork(), reason="needs fork")
 def test_a_config_that_aborts_the_compiler_is_pruned_and_the_sweep_goes_on(cache_dirs, monkeypatch):
     """An LLVM fatal error aborts the process compiling: a multiprocessing.Pool worker that died so lost its config
     and the sweep waited for it forever. Now that config is pruned with what LLVM printed, a warning says the
     compiler crashed, and the other configs compile (a worker replaces the dead one). Planted: the byte packing
-    that LLVM aborted on, which only the mask configs use."""
+    that LLVM aborted on, which only the mask configs use, with the pipeline unguarded (as with a build of MLIR
+    that lacks crash recovery: mgjit.mlir._crash_recovery)."""
+    from mgjit import mlir
     from mgjit.lower.emit import Emitter
     monkeypatch.setattr(Emitter, "pack_i32", bytes_through_a_vector)
+    monkeypatch.setattr(mlir, "_recovery", ())
     x, out = torch.randint(0, 256, (24, 34), dtype=torch.uint8), torch.empty(6, 3, 16, dtype=torch.uint8)
     configs = [Config(MASK=False, SHIFT=s) for s in (0, 1)] + [Config(MASK=True, SHIFT=0)] + \
         [Config(MASK=False, SHIFT=s) for s in (2, 3)]

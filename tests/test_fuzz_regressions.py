@@ -1,6 +1,7 @@
 """What the differential fuzzer (tools/fuzz.py) found, each as the minimized kernel it reduced to: compiled for
 both targets (these were internal errors) and interpreted against torch (these were wrong numbers)."""
 import os
+import re
 import sys
 
 import pytest
@@ -648,6 +649,49 @@ def test_bytes_of_sign_extended_compares_pack_into_words(kernel):
     dev.run(compiled, (1,), x, out)
     assert torch.equal(dev.fetch(out), want)
 
+
+
+@mgjit.kernel
+def mask_or_max(x, out, MASK: mgjit.constexpr, SHIFT: mgjit.constexpr):
+    """byte_mask (MASK) or shifted row maxima: configs of which only some pack compare results into words."""
+    m = mgjit.max(x[mgjit.ds(0, 8), mgjit.ds(4, 16)], axis=-1, keepdims=True)
+    full, none = mgjit.full((8, 16), 255, dtype=mgjit.uint8), mgjit.full((8, 16), 0, dtype=mgjit.uint8)
+    out[0, mgjit.ds(-1, 8), mgjit.ds(-1, 16)] = mgjit.where(m == 0, full, none) if MASK else (m >> SHIFT) + none
+
+
+def bytes_through_a_vector(self, parts):
+    """Emitter.pack_i32 before 0fc588e: bytes packed through a vector<4 x i8>, on which LLVM's NVPTX backend
+    aborts for bytes from a sign-extended compare ("Cannot select: i8 = sign_extend")."""
+    vec = self.m.llvm.mlir_undef(self.ir.VectorType.get([len(parts)], parts[0].type))
+    for i, x in enumerate(parts):
+        vec = self.m.llvm.insertelement(vec, x, self.i32(i))
+    return self.m.llvm.bitcast(self.int_type(32), vec)
+
+
+def test_an_llvm_fatal_error_is_a_compile_error_and_the_process_goes_on(monkeypatch, capfd, tmp_path):
+    """An LLVM fatal error in the pipeline (its NVPTX backend's "Cannot select") aborted the Python process, a
+    notebook's kernel with it. The pipeline runs under LLVM's crash recovery now: the compile raises a CompileError
+    naming the kernel's line, LLVM's reason and a file holding the module it failed on, and the same process
+    compiles on (the lowering that is right, then the planted one again). Planted: the byte packing LLVM aborted
+    on; a cache of its own, so that nothing compiled before stands in for the planted compile."""
+    from mgjit.lower.emit import Emitter
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    right = Emitter.pack_i32
+    x, out = torch.randint(0, 256, (24, 34), dtype=torch.uint8), torch.zeros(6, 3, 16, dtype=torch.uint8)
+    for shift in (5, 6):
+        monkeypatch.setattr(Emitter, "pack_i32", bytes_through_a_vector)
+        with pytest.raises(mgjit.CompileError, match=r"test_fuzz_regressions.py:\d+ \(in mask_or_max\): internal "
+                           r"error while lowering kernel mask_or_max to PTX: LLVM stopped with a fatal error: Cannot "
+                           r"select: .* = sign_extend .*\(the module it failed on is at \S+;") as caught:
+            mask_or_max.compile(x, out, MASK=True, SHIFT=shift, target="sm_90a")
+        module = re.search(r"is at (\S+);", str(caught.value)).group(1)
+        with open(module) as f:
+            assert f.read().startswith("module attributes {gpu.container_module}")
+        os.remove(module)
+        assert "LLVM ERROR: Cannot select" in capfd.readouterr().err  # as LLVM prints it, for the whole DAG
+        monkeypatch.setattr(Emitter, "pack_i32", right)
+        compiled = mask_or_max.compile(x, out, MASK=True, SHIFT=shift, target="sm_90a")
+        assert "st.global" in compiled.files["kernel.ptx"].decode()
 
 # ---------------------------------------------------------------------------------------------- branches
 
