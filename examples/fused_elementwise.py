@@ -20,6 +20,10 @@ BLOCK = 4096
 BLOCKS = [mgjit.Config(BLOCK=b) for b in (BLOCK, 2048, 1024)]
 WINDOWS = [mgjit.Config(ROWS=r, COLS=c) for r, c in ((8, 512), (4, 1024), (16, 256))]
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+# A flat range goes to the kernel in pieces of at most this many elements: a tensor's sizes travel as 32-bit ints
+# (a range of 2**31 elements or more was refused at launch), and a multiple of every BLOCK and of 16 bytes keeps
+# every piece's start as aligned as the range's.
+FLAT_SPAN = 2 ** 30
 
 
 @mgjit.device
@@ -54,7 +58,9 @@ def fused(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, out: torch.Tensor |
         return out
     if all(t.is_contiguous() for t in (x, y, z, out)):
         flat = tuple(t.view(-1) for t in (x, y, z, out))
-        tuned_launch(fused_flat, BLOCKS, lambda n, c: (-(-n // c["BLOCK"]),), flat)
+        for start in range(0, x.numel(), FLAT_SPAN):
+            tuned_launch(fused_flat, BLOCKS, lambda n, c: (-(-n // c["BLOCK"]),),
+                         tuple(t[start:start + FLAT_SPAN] for t in flat))
         return out
     x2, y2, z2, o2 = (t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t for t in (x, y, z, out))
     cols = x2.shape[1]

@@ -201,6 +201,19 @@ def test_fused_elementwise(shape, dtype):
     assert rel(out, fe.reference(x, y, z)) < TOL[dtype] * 2
 
 
+def test_fused_elementwise_past_two_to_the_31_elements():
+    """A contiguous range of 2**31 elements or more goes to the kernel in pieces (fe.FLAT_SPAN): sizes travel as
+    32-bit ints, and it was refused at launch. Checked where the pieces meet and at the end (16 GiB on the GPU)."""
+    n = 2 ** 31 + 4097
+    x, y, z = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(x, float("nan"))
+    fe.fused(x, y, z, out)
+    for at in (0, fe.FLAT_SPAN - 5000, 2 * fe.FLAT_SPAN - 5000, n - 10000):
+        window = slice(at, at + 10000)
+        assert rel(out[window], fe.reference(x[window], y[window], z[window])) < 2e-2, at
+    assert not out.isnan().any()
+
+
 def test_fused_elementwise_on_strided_rows():
     base = torch.randn(3, 500, 4101, device="cuda", dtype=torch.bfloat16)
     x, y, z = base[0, :, 3:4100], base[1, :, 1:4098], base[2, :, :4097]  # rows misaligned, differently

@@ -134,6 +134,22 @@ def test_fused_elementwise(shape, monkeypatch):
     assert rel_err(out, fused.reference(x, y, z)) < 5e-3
 
 
+def test_a_flat_range_goes_in_pieces_a_launch_can_take(monkeypatch):
+    """A contiguous range of 2**31 elements or more (sizes travel as 32-bit ints) was refused at launch: it goes to
+    the kernel in pieces of FLAT_SPAN elements, the last one ragged; here with pieces of 3 blocks of 4096."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(fused, "FLAT_SPAN", 3 * 4096)
+    launched = []
+    real = fused.tuned_launch
+    monkeypatch.setattr(fused, "tuned_launch", lambda kernel, configs, grid, args: launched.append(
+        (args[0].numel(), args[0].data_ptr() - x.data_ptr())) or real(kernel, configs, grid, args))
+    x, y, z = (torch.randn(5, 7, 1003, dtype=BF16) for _ in range(3))
+    out = poisoned(5, 7, 1003, dtype=BF16)
+    fused.fused(x, y, z, out)
+    assert launched == [(12288, 0), (12288, 24576), (10529, 49152)]
+    assert rel_err(out, fused.reference(x, y, z)) < 5e-3
+
+
 # ---------------------------------------------------------------------------------------------- the core GPU tests
 
 @pytest.mark.parametrize("op", sorted(core.UNARY_REF))
