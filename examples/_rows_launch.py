@@ -50,6 +50,8 @@ def output(out, shape: tuple, device, dtype, name: str, **inputs):
     import torch
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: out must be a tensor (or None), got {out!r}")
     if out.shape != shape or not out.dtype.is_floating_point or out.device != device:
         raise ValueError(f"{name}: out must be a floating-point tensor of shape {tuple(shape)} on {device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")

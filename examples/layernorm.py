@@ -314,10 +314,14 @@ def layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS):
         out[row, mgjit.ds(c, BLOCK)] = y.astype(out.dtype)
 
 
-def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5,
+def layernorm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, eps: float = 1e-5,
               out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
     """torch.nn.functional.layer_norm(x, (n,), w, b, eps): over the last dimension of x (rows of any length, any
-    leading dimensions)."""
+    leading dimensions); a w or b of None scales by 1 or adds 0, as torch's."""
+    if x.ndim and w is None:
+        w = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    if x.ndim and b is None:
+        b = torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
     if x.ndim == 0 or not w.shape == b.shape == (x.shape[-1],):
         raise ValueError(f"layernorm takes x of shape (..., n), w and b of shape (n,), got {tuple(x.shape)}, "
                          f"{tuple(w.shape)} and {tuple(b.shape)}")

@@ -147,10 +147,12 @@ def rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS):
         out[row, mgjit.ds(c, BLOCK)] = y.astype(out.dtype)
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
+def rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float = 1e-6, out: torch.Tensor | None = None,
             rows_per_program: int | None = None) -> torch.Tensor:
     """torch.nn.functional.rms_norm(x, (n,), w, eps): over the last dimension of x (n columns, any leading
-    dimensions)."""
+    dimensions); a w of None scales by 1, as torch's."""
+    if x.ndim and w is None:
+        w = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
     if x.ndim == 0 or w.shape != (x.shape[-1],):
         raise ValueError(f"rmsnorm takes x of shape (..., n) and w of shape (n,), got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")

@@ -23,7 +23,7 @@ import functools
 import torch
 from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp,
                    segment, shifted_exp, stage, staging, store_row, streamed_exp_sum)
-from _rows_launch import as_rows, floating, launch
+from _rows_launch import as_rows, floating, launch, output
 from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 
@@ -130,9 +130,21 @@ def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
         out[row, mgjit.ds(c0 + k * BLOCK, BLOCK)] = y.astype(out.dtype)
 
 
-def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None) -> torch.Tensor:
-    """torch.softmax(x, dim=-1): over the last dimension of x (rows of any length, any leading dimensions)."""
+def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: int | None = None, *,
+            dim: int = -1) -> torch.Tensor:
+    """torch.softmax(x, dim): over the last dimension of x (rows of any length, any leading dimensions), or over
+    dimension `dim`, moved last (a copy of x where its rows are not a view) and the result moved back into out."""
     floating("softmax", x=x)
+    if not isinstance(out, (torch.Tensor, type(None))):  # softmax(x, -1), as torch.softmax is called
+        raise TypeError(f"softmax: out must be a tensor (or None), got {out!r}; the dimension is the keyword dim")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"softmax: dim must be an int, got {dim!r}")
+    if x.ndim and not -x.ndim <= dim < x.ndim:
+        raise IndexError(f"softmax: dim must lie in [-{x.ndim}, {x.ndim}) for x of shape {tuple(x.shape)}, got {dim}")
+    if x.ndim and dim % x.ndim != x.ndim - 1:
+        out = output(out, x.shape, x.device, x.dtype, "softmax", x=x)
+        out.copy_(softmax(x.movedim(dim, -1), rows_per_program=rows_per_program).movedim(-1, dim))
+        return out
     rows, out, out_rows = as_rows("softmax", x, out)
     if rows.numel() == 0:
         return out

@@ -201,6 +201,16 @@ def test_fused_elementwise(shape, dtype):
     assert rel(out, fe.reference(x, y, z)) < TOL[dtype] * 2
 
 
+@pytest.mark.parametrize("dim", [0, 1])
+def test_softmax_over_any_dimension_and_norms_without_weights(dim):
+    x = torch.randn(300, 4097, 3, device="cuda", dtype=torch.bfloat16) * 3
+    out = torch.full_like(x, float("nan"))
+    assert sm.softmax(x, out, dim=dim) is out and rel(out, torch.softmax(x.double(), dim)) < 2e-2
+    x2 = x[..., 0]
+    assert rel(ln.layernorm(x2, None, None), torch.nn.functional.layer_norm(x2.double(), (4097,))) < 2e-2
+    assert rel(rms.rmsnorm(x2, None), torch.nn.functional.rms_norm(x2.double(), (4097,), None, 1e-6)) < 2e-2
+
+
 def test_fused_elementwise_past_two_to_the_31_elements():
     """A contiguous range of 2**31 elements or more goes to the kernel in pieces (fe.FLAT_SPAN): sizes travel as
     32-bit ints, and it was refused at launch. Checked where the pieces meet and at the end (16 GiB on the GPU)."""

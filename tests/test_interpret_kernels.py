@@ -113,6 +113,37 @@ def test_rmsnorm_and_layernorm(dtype, cols, monkeypatch):
     assert rel_err(out, torch.nn.functional.layer_norm(xf, (cols,), w.float(), b.float(), 1e-5)) < ROW_TOL[dtype]
 
 
+@pytest.mark.parametrize("dim", [0, 1, -2, 2])
+def test_softmax_over_any_dimension(dim, monkeypatch):
+    """softmax(x, dim=d) as torch.softmax(x, d): the dimension moved last, the result moved back (into a given out
+    too); `softmax(x, -1)`, as torch's is called, raised AttributeError ('int' object has no attribute 'shape')."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    x = torch.randn(6, 77, 5, dtype=BF16) * 3
+    ref = torch.softmax(x.float(), dim)
+    assert rel_err(softmax.softmax(x, dim=dim), ref) < ROW_TOL[BF16]
+    out = poisoned(6, 77, 5, dtype=BF16)
+    assert softmax.softmax(x, out, dim=dim) is out and rel_err(out, ref) < ROW_TOL[BF16]
+    with pytest.raises(TypeError, match=r"softmax: out must be a tensor \(or None\), got -1; the dimension is the "
+                                        r"keyword dim"):
+        softmax.softmax(x, -1)
+    with pytest.raises(IndexError, match=r"softmax: dim must lie in \[-3, 3\) for x of shape \(6, 77, 5\), got 3"):
+        softmax.softmax(x, dim=3)
+    with pytest.raises(TypeError, match="softmax: dim must be an int, got 1.0"):
+        softmax.softmax(x, dim=1.0)
+
+
+def test_norms_without_weight_or_bias(monkeypatch):
+    """A weight or bias of None (torch's default) scales by 1 or adds 0; it raised AttributeError."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    x, w = torch.randn(13, 77) + 0.3, torch.randn(77)
+    layer_norm = torch.nn.functional.layer_norm
+    assert rel_err(layernorm.layernorm(x, None, None), layer_norm(x, (77,))) < ROW_TOL[torch.float32]
+    assert rel_err(layernorm.layernorm(x, w, None), layer_norm(x, (77,), w)) < ROW_TOL[torch.float32]
+    assert rel_err(layernorm.layernorm(x, None, w), layer_norm(x, (77,), None, w)) < ROW_TOL[torch.float32]
+    assert rel_err(rmsnorm.rmsnorm(x, None), torch.nn.functional.rms_norm(x, (77,), None, 1e-6)) < \
+        ROW_TOL[torch.float32]
+
+
 @pytest.mark.parametrize("cols", [5, 1000, 9000])
 def test_cross_entropy(cols, monkeypatch):
     monkeypatch.setenv("MGJIT_INTERPRET", "1")
