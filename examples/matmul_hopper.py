@@ -441,8 +441,10 @@ _PREPARED: dict[tuple, "_Prepared"] = {}
 
 def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activation: str | None = None,
            out_dtype=None, b_kmajor: bool = False, profile=None):
-    """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation: bf16/f16 (either operand may be a
-    transposed or strided view); fp8 e4m3/e5m2 and f32 (as tf32) with b given (N, K) and b_kmajor=True.
+    """act(a @ b * scale + bias) for 2D CUDA tensors with fp32 accumulation (an a of more dimensions: its leading
+    ones flattened into rows, a view where its strides allow one, as torch.matmul with a 2D b): bf16/f16 (either
+    operand may be a transposed or strided view); fp8 e4m3/e5m2 and f32 (as tf32) with b given (N, K) and
+    b_kmajor=True.
     `scale` is a 1-element f32 tensor, `bias` an (N,) tensor, `activation` None, "relu" or "gelu". `config`
     fixes the schedule and tile (keys of matmul_kernel's constexprs, plus SWAP_AB); without one, heuristics
     propose a few per shape and the fastest is timed once and remembered (examples/_matmul_schedules.py).
@@ -452,6 +454,10 @@ def matmul(a, b, config: dict | None = None, *, scale=None, bias=None, activatio
     import torch
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if a.dim() > 2 and b.dim() == 2:  # (..., M, K) @ (K, N), as torch.matmul: a's leading dimensions are rows too
+        c = matmul(a.reshape(-1, a.shape[-1]), b, config, scale=scale, bias=bias, activation=activation,
+                   out_dtype=out_dtype, b_kmajor=b_kmajor, profile=profile)
+        return c.view(*a.shape[:-1], c.shape[1])
     key = None
     if config is None and profile is None:
         key = _call_key(a, b, scale, bias, activation, out_dtype, b_kmajor)

@@ -186,6 +186,21 @@ def test_cached_calls_compute_what_torch_does(monkeypatch, poison_empty):
             assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3, (call, tuple(a.shape))
 
 
+def test_an_a_of_more_dimensions_is_rows_as_torch_matmul_takes_it(monkeypatch, poison_empty):
+    """(..., M, K) @ (K, N), a linear layer's call: a's leading dimensions are rows (ValueError before); an a whose
+    rows are no view (its leading dimensions transposed) is copied; b given (N, K) too; the epilogue applies."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    monkeypatch.setattr(mh, "sm_count", lambda device: 3)
+    bias = torch.randn(48, dtype=BF16)
+    for a in (torch.randn(2, 3, 40, 64, dtype=BF16), torch.randn(40, 3, 64, dtype=BF16).transpose(0, 1)):
+        w = torch.randn(48, 64, dtype=BF16)
+        c = mh.matmul(a, w.t(), bias=bias, activation="relu")
+        ref = torch.relu(a.double() @ w.double().t() + bias.double())
+        assert c.shape == (*a.shape[:-1], 48) and ((c.double() - ref).norm() / ref.norm()).item() < 5e-3
+        c = mh.matmul(a, w, b_kmajor=True)
+        assert ((c.double() - a.double() @ w.double().t()).norm() / ref.norm()).item() < 5e-3
+
+
 def test_products_of_an_empty_dimension_are_what_torch_gives(monkeypatch):
     """M or N of 0 raised ZeroDivisionError and K of 0 a CompileError about TMA alignment: now an empty c, or for
     K of 0 the epilogue of a zero accumulator (act(0 * scale + bias)), without a launch; a bias of another shape is
