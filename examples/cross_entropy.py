@@ -19,10 +19,12 @@ whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import functools
+import math
 
 import torch
-from _rows import (chunked_segment, exp_segment, finite_shift, first_row, load_row, grid, mapping as rows_mapping,
-                   merge_exp, merge_pair, segment, sm_count, stage, store_stat, streamed_exp_sum, TWO_PARTS_BELOW)
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, first_row, load_row, grid,
+                   mapping as rows_mapping, merge_exp, merge_pair, segment, sm_count, stage, store_stat,
+                   streamed_exp_sum, TWO_PARTS_BELOW)
 from _rows_launch import floating, launch, output
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
@@ -44,6 +46,7 @@ FULL_OCC, FULL_OCC_COLUMNS = 16, 3072
 # Rows held whole in two arrays or more, wider than this, are also tried with their targets' logits gathered first
 # (EARLY, `mapping`); on narrower rows that never ran faster (H200, bf16: 9, 33, 300, 768 columns).
 EARLY_COLUMNS = 1024
+LN2 = math.log(2.0)
 
 
 @mgjit.kernel
@@ -89,24 +92,44 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
             hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
         if CTAS * WGS == 1:
             top, total = m, s
+            excess = shifted_loss(total, hit, m * -LOG2E)  # exp_segment's shift, as it rounds
         else:  # one exchange of (max, sum) between the segments
-            top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS * WGS)
+            top, total = merge_exp(*mgjit.cluster_gather(m, unshifted_sum(s, m)), CTAS * WGS)
+            excess = mgjit.log(total) - (hit - top)
         row_lse = top + mgjit.log(total)
         if LSE:
             store_stat(lse, rows, row_lse, starts, CTAS * WGS)
-        row_losses = row_loss(targets, ignore_index, logits.shape[1], row_lse, hit)
+        row_losses = row_loss(targets, ignore_index, logits.shape[1], excess)
         store_stat(loss, rows, row_losses, starts, CTAS * WGS)
 
 
 @mgjit.device
-def row_loss(t, ignore_index, n, row_lse, picked):
-    """A row's loss, lse - its target's logit: 0 where the target is ignore_index (as torch), NaN where it lies
-    outside [0, n) (torch raises; the target's logit would read as 0 there and the loss be a plausible number).
-    A row's logsumexp is at least its target's logit, but rounded it may come out up to an ulp of its maximum below a
-    target logit that dominates the row (the exps' shift, maximum * log2(e), rounds): such a loss is 0, as torch's,
-    not a negative one (bf16 logits of 52.75, -30, -23: -3.8e-6); NaN stays NaN."""
+def row_loss(t, ignore_index, n, excess):
+    """A row's loss, excess = logsumexp - its target's logit (`shifted_loss`, or log(total) - (picked - top) from
+    exps of exact differences): 0 where the target is ignore_index (as torch), NaN where it lies outside [0, n)
+    (torch raises; the target's logit would read as 0 there and the loss be a plausible number). A rounded excess
+    may come out a few ulps of 1 below 0 where the target's logit dominates the row: such a loss is 0, as torch's;
+    NaN stays NaN."""
     inside = (t >= 0) & (t < n)
-    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, mgjit.maximum(row_lse - picked, 0.0), float("nan")))
+    return mgjit.where(t == ignore_index, 0.0, mgjit.where(inside, mgjit.maximum(excess, 0.0), float("nan")))
+
+
+@mgjit.device
+def shifted_loss(total, picked, shift):
+    """log(total) - (picked - m), total the sum of a row's `shifted_exp`s by shift, -m * LOG2E as it rounded (the
+    very value the exps took: the same expression, computed once): the shift's rounding, r, makes every exp 2 ** r
+    too large, so the loss is log(total) - ln 2 * (picked * LOG2E + shift), one fma, exact where the target's logit
+    is the maximum. Taken apart, as lse - picked, a loss near 0 was off by up to an ulp of m * LOG2E (bf16 logits of
+    52.75, -30, -23: -3.8e-6, torch 0; of 40, 39.5: 1.1e-6 of 0.474)."""
+    return mgjit.log(total) - LN2 * mgjit.fma(picked, LOG2E, shift)
+
+
+@mgjit.device
+def unshifted_sum(total, m):
+    """The sum of a segment's exp(x - m) from `shifted_exp`s' total by the shift -m * LOG2E as it rounds (m of -inf
+    as 0), for segments to merge (`shifted_loss`, where a row is one segment)."""
+    shift = finite_shift(m)
+    return total * mgjit.exp2(-mgjit.fma(shift, LOG2E, shift * -LOG2E))
 
 
 @mgjit.device
@@ -132,7 +155,7 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
         row_lse = m + mgjit.log(total)
         if LSE:
             lse[row] = row_lse
-        loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
+        loss[row] = row_loss(t, ignore_index, n, shifted_loss(total, picked, -finite_shift(m) * LOG2E))
 
 
 @mgjit.device
@@ -176,7 +199,7 @@ def cross_entropy_segments(logits, target, loss, lse, ignore_index, xl, parts, c
                 row_lse = top + mgjit.log(total)
                 if LSE:
                     lse[row] = row_lse
-                loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
+                loss[row] = row_loss(t, ignore_index, n, mgjit.log(total) - (picked - top))
             else:
                 finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, total, picked, SEGS, LSE)
             top = -float("inf")
@@ -211,7 +234,7 @@ def finish_piece(parts, counts, loss, lse, ignore_index, t, n, row, first, top, 
         row_lse = m + mgjit.log(s)
         if LSE:
             lse[row] = row_lse
-        loss[row] = row_loss(t, ignore_index, n, row_lse, hit)
+        loss[row] = row_loss(t, ignore_index, n, mgjit.log(s) - (hit - m))
         counts[row] = 0
 
 
@@ -227,7 +250,7 @@ def segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST, SEG
     if i + STAGES < count:
         copy_row(logits, xl, buf, full, i + STAGES, 1, SEGS)
     _, m, total = exp_lines(v)
-    return m, total, picked
+    return m, unshifted_sum(total, m), picked
 
 
 @mgjit.device
@@ -272,7 +295,7 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK, LSE):
     picked = logits[row, t].astype(mgjit.float32)
     if LSE:
         lse[row] = row_lse
-    loss[row] = row_loss(t, ignore_index, n, row_lse, picked)
+    loss[row] = row_loss(t, ignore_index, n, mgjit.log(s) - (picked - m))
 
 
 @mgjit.device
@@ -297,7 +320,7 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     picked = logits[row, t].astype(mgjit.float32)
     if LSE:
         store_stat(lse, row, row_lse, (c0,), CTAS)
-    store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], row_lse, picked), (c0,), CTAS)
+    store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], mgjit.log(total) - (picked - top)), (c0,), CTAS)
 
 
 def block_for(n: int) -> int:
