@@ -76,6 +76,22 @@ def test_cross_entropy(n, dtype):
     assert rel(loss, ref) < 1e-4 * max(1.0, n / 8192) ** 0.5
 
 
+@pytest.mark.parametrize("n", [3, 300, 4097, 20000, 50257])
+def test_cross_entropy_near_zero(n):
+    """Targets that dominate their rows (logits of 0.75 to 100 over the rest): every loss within 1e-6 of torch's
+    (a lg2.approx's error), none negative, on every mapping (the exps' shift rounds: `shifted_loss`)."""
+    m = 40
+    top = torch.arange(1, m + 1, device="cuda", dtype=torch.float32) * 2.5 + 0.5
+    x = (top[:, None] - 40.0 - torch.arange(n, device="cuda") % 300).to(torch.bfloat16)
+    target = torch.randint(0, n, (m,), device="cuda")
+    x[torch.arange(m, device="cuda"), target] = top.to(torch.bfloat16)
+    want = torch.nn.functional.cross_entropy(x.double(), target, reduction="none")
+    for config in ce.mapping(n, 2):
+        loss, lse = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
+        ce.run_mapping(config, x, target, loss, lse)
+        assert (loss >= 0).all() and (loss.double() - want).abs().max().item() < 1e-6, config
+
+
 # Each candidate mapping forced: rows per program (short rows also in two arrays: 33 as 32 + 1, 150 as 128 + 32,
 # 260 as 256 + 4; or three: 50 as 32 + 16 + 8, 300 as 256 + 32 + 16, 1100 as 1024 + 64 + 16), rows wider than 2048
 # columns four a program (a row a warp), two warpgroups, segments over clusters of several shapes; aligned rows of
