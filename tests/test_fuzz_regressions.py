@@ -282,8 +282,8 @@ def test_an_anchor_that_users_pull_back_returns_to_its_first_layout(monkeypatch,
                 hits = hits + (mgjit.where(cols[p][None, :] == t[:, None], v[p], 0.0),)
             row_lse = m + mgjit.log(s)
             _rows.store_stat(lse, rows, row_lse, starts, 1)
-            _rows.store_stat(loss, rows, ce.row_loss(targets, ignore_index, logits.shape[1], row_lse,
-                                                     _rows.segment_sum(hits)), starts, 1)
+            _rows.store_stat(loss, rows, ce.row_loss(targets, ignore_index, logits.shape[1],
+                                                     row_lse - _rows.segment_sum(hits)), starts, 1)
         return masked_cross_entropy
 
     x = torch.randn(64, 300) * 3
