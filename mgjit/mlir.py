@@ -109,10 +109,13 @@ def to_ptx(module) -> str:
     m = load()
     pm = m.passmanager.PassManager.parse(PIPELINE, context=module.context)
     reproducer = os.path.join(tempfile.gettempdir(), f"mgjit-crashed-{os.getpid()}-{next(_reproducers)}.mlir")
-    if _crash_recovery():
-        enable, pointer = _crash_recovery()
+    recovery = _crash_recovery()
+    if recovery:
+        enable, pointer = recovery
         path = reproducer.encode()
         enable(pointer(pm._CAPIPtr), path, len(path), False)
+        if os.path.exists(reproducer):  # left by an earlier process of this pid: a crash is told by the file
+            os.remove(reproducer)
     said = len(_fatal_errors)
     try:
         pm.run(module.operation)
