@@ -54,16 +54,7 @@ class Tiling:
 
     def tile_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """The shape after every tile is applied; raises LayoutError if a tile does not divide it."""
-        shape = tuple(shape)
-        for tile in self.tiles:
-            n = len(tile)
-            if n > len(shape):
-                raise LayoutError(f"tile {tile} has more dimensions than the shape {shape}")
-            head, tail = shape[:len(shape) - n], shape[len(shape) - n:]
-            if any(d % t for d, t in zip(tail, tile)):
-                raise LayoutError(f"tile {tile} does not divide the trailing dimensions {tail} of the shape")
-            shape = head + tuple(d // t for d, t in zip(tail, tile)) + tile
-        return shape
+        return _tile_shape(self.tiles, tuple(shape))
 
     def tile_index(self, index: Sequence[int]) -> tuple[int, ...]:
         index = tuple(index)
@@ -73,6 +64,7 @@ class Tiling:
             index = head + tuple(i // t for i, t in zip(tail, tile)) + tuple(i % t for i, t in zip(tail, tile))
         return index
 
+    @functools.lru_cache(maxsize=4096)  # pure, and asked for every element of a layout's thread maps
     def dim_strides(self, rank: int) -> tuple[tuple[int, int], ...]:
         """For each dimension of the tiled shape: (the array dimension it indexes, its stride there).
 
@@ -101,6 +93,19 @@ class Tiling:
 
     def __repr__(self) -> str:
         return "Tiling(" + "".join(str(t).replace(",)", ")") for t in self.tiles) + ")"
+
+
+@functools.lru_cache(maxsize=4096)  # pure; asked for tens of thousands of times a compile (thread maps, inference)
+def _tile_shape(tiles: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    for tile in tiles:
+        n = len(tile)
+        if n > len(shape):
+            raise LayoutError(f"tile {tile} has more dimensions than the shape {shape}")
+        head, tail = shape[:len(shape) - n], shape[len(shape) - n:]
+        if any(d % t for d, t in zip(tail, tile)):
+            raise LayoutError(f"tile {tile} does not divide the trailing dimensions {tail} of the shape")
+        shape = head + tuple(d // t for d, t in zip(tail, tile)) + tile
+    return shape
 
 
 def _size(dim: Dim, tiled: Sequence[int]) -> int:
@@ -163,6 +168,7 @@ class TiledLayout:
                 tiled[d] = 1
         return tuple(tiled)
 
+    @functools.lru_cache(maxsize=4096)  # pure; the mapping it returns is shared: read it, do not change it
     def thread_coords(self, tid: int) -> dict[int, int]:
         """Tiled-dimension coordinates (negative index → value) held by thread `tid` of the warpgroup."""
         tile = self.tiling.tile_shape(self.tiling.tiles[0])
