@@ -142,3 +142,26 @@ def test_rows_over_warps_exchange_once_and_copies_stay_apart():
     # out[0]: one butterfly (5 shuffles) and one exchange (two barriers) for both arrays; out[1]: a's own (5, two),
     # c's rows over 4 lanes (2 shuffles) and no exchange. Each reduction apart: 17 shuffles, 6 barriers.
     assert compiled.ptx.count("shfl.sync.bfly") == 12 and compiled.ptx.count("bar.sync") == 4
+
+
+@mgjit.kernel
+def sums_of_squares(x, out, ROWS_HELD: mgjit.constexpr, COLS: mgjit.constexpr):
+    rows = mgjit.ds(mgjit.program_id(0) * ROWS_HELD, ROWS_HELD)
+    v = x[rows, mgjit.ds(0, COLS)]
+    out[rows] = (v * v).sum(axis=1)
+
+
+@pytest.mark.parametrize("rows,cols", [(128, 32), (256, 16), (512, 8), (1, 4096)])
+def test_a_threads_fma_chains_are_shared_out_among_its_rows(rows, cols):
+    """A sum of squares takes 8 fma chains a thread (ops/reductions.py PRODUCT_CHAINS), shared out among the rows
+    it holds, as 8 multiplies and fmas for the rest of the 32 products a thread holds here, whatever its rows. Each
+    row of a thread took up to 8 chains of its own before, a multiply and an add for each of its first 8 products
+    (rows of 32 columns: 32 mul.rn.f32 and 36 add.rn.f32 in the PTX; now 8, 24 fma.rn.f32 and 12). The sums are
+    torch's, from the PTX on the simulator."""
+    x = torch.randn(2 * rows, cols)
+    out = torch.full((2 * rows,), float("nan"))
+    compiled = sums_of_squares.compile(x, out, ROWS_HELD=rows, COLS=cols, target="sm_90a")
+    assert (compiled.ptx.count("mul.rn.f32"), compiled.ptx.count("fma.rn.f32")) == (8, 24)
+    dev = ptx_sim.Device()
+    dev.run(compiled, (2,), x, out)
+    torch.testing.assert_close(dev.fetch(out), (x.double() ** 2).sum(1).float(), rtol=1e-5, atol=1e-5)

@@ -345,8 +345,8 @@ def _thread_groups(ctx: lower.Context, kind: str, acc_dtype, array: Value, src: 
         held.setdefault(key, []).append(x if factors else e.cast(x, src.dtype, acc_dtype))
     groups: dict[tuple, Any] = {}
     for key, xs in held.items():
-        if factors:
-            xs = _product_chains(e, xs)
+        if factors:  # chains shared out among the groups: theirs run side by side too
+            xs = _product_chains(e, xs, -(-PRODUCT_CHAINS // len(held)))
         groups[key] = balanced(xs, lambda a, b: combine(ctx, kind, acc_dtype, a, b))
     return groups
 
@@ -380,7 +380,9 @@ def _reduce_all(op: ReduceAll, ctx: lower.Context) -> None:
     ctx.set(op.result, e.cast(groups[()], acc_dtype, dtype))
 
 
-PRODUCT_CHAINS = 8  # fma chains a thread's products are summed in: latency hidden by 8 at once, then a tree of 8
+# fma chains a thread's products are summed in, shared out among the rows it holds (`_thread_groups`): 8 at once
+# hide the latency, then a tree sums each row's
+PRODUCT_CHAINS = 8
 
 
 def _factors(kind: str, x: Value, ctx: lower.Context, src: lower.Frag) -> list[tuple] | None:
@@ -436,11 +438,12 @@ def _pair_groups(ctx: lower.Context, kind: str, keys: list[tuple], narrow, words
     return groups
 
 
-def _product_chains(e, pairs: list[tuple]) -> list:
-    """Partial sums of the products of `pairs`, up to PRODUCT_CHAINS of them, each a chain of fmas."""
-    chains = [e.fbinary("mul", x, y) for x, y in pairs[:PRODUCT_CHAINS]]
-    for i, (x, y) in enumerate(pairs[PRODUCT_CHAINS:]):
-        chains[i % PRODUCT_CHAINS] = e.fma(x, y, chains[i % PRODUCT_CHAINS])
+def _product_chains(e, pairs: list[tuple], count: int) -> list:
+    """Partial sums of the products of `pairs`, up to `count` of them, each a chain of fmas: k products take
+    k + count - 1 instructions with the tree after them, 2k - 1 where each is a chain of its own."""
+    chains = [e.fbinary("mul", x, y) for x, y in pairs[:count]]
+    for i, (x, y) in enumerate(pairs[count:]):
+        chains[i % count] = e.fma(x, y, chains[i % count])
     return chains
 
 
