@@ -108,19 +108,20 @@ def to_ptx(module) -> str:
     other failures raise the bindings' MLIRError."""
     m = load()
     pm = m.passmanager.PassManager.parse(PIPELINE, context=module.context)
-    reproducer = os.path.join(tempfile.gettempdir(), f"mgjit-crashed-{os.getpid()}-{next(_reproducers)}.mlir")
+    reproducer = None  # where a recovered crash writes the module: a crash is told by the file
     recovery = _crash_recovery()
     if recovery:
         enable, pointer = recovery
+        reproducer = os.path.join(tempfile.gettempdir(), f"mgjit-crashed-{os.getpid()}-{next(_reproducers)}.mlir")
         path = reproducer.encode()
         enable(pointer(pm._CAPIPtr), path, len(path), False)
-        if os.path.exists(reproducer):  # left by an earlier process of this pid: a crash is told by the file
+        if os.path.exists(reproducer):  # left by an earlier process of this pid
             os.remove(reproducer)
     said = len(_fatal_errors)
     try:
         pm.run(module.operation)
     except Exception as e:
-        if not os.path.exists(reproducer):
+        if reproducer is None or not os.path.exists(reproducer):
             raise
         if len(_fatal_errors) > said:
             raise RuntimeError(f"LLVM stopped with a fatal error: {_fatal_errors[said].splitlines()[0]} (the module "
