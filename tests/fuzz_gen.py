@@ -11,7 +11,7 @@ too), static slices of register arrays (`x[a:b, c:d]`), @mgjit.device helpers. S
 static_range, constexpr branches. Every choice comes from seeded random.Randoms: a seed is a program.
 
 What the language refuses (each a CompileError at the user's line, tested elsewhere) is not generated:
-reductions of 64-bit or bool arrays, and of `x[:, None]`-style views; - // % << >> ** on bools; a Python
+reductions of bool arrays, and of `x[:, None]`-style views; - // % << >> ** on bools; a Python
 number that does not fit the dtype it meets (-3 with a uint8 array); arrays needing more than 255 registers a
 thread; more parameters than the target's parameter space; variables that change dtype or shape in a runtime
 loop or branch. Stores never race: see fuzz_program.py.

@@ -373,9 +373,16 @@ class Emitter:
         """x from lane `offset` below this one ("up"), above it ("down"), lane ^ offset ("bfly") or lane `offset`
         ("idx"), across the whole warp; a lane with no such lane keeps its own x. `offset`: an int, or an i32
         value."""
-        attr = self.ir.Attribute.parse(f"#nvvm<shfl_kind {kind}>")
-        clamp = 0 if kind == "up" else 0x1F  # "up" counts from lane 0, the others up to lane 31
+        ir = self.ir
         offset = self.i32(offset) if isinstance(offset, int) else offset
+        if str(x.type) in ("f64", "i64"):  # shfl.sync moves a 32-bit register: a 64-bit value goes as two halves
+            word = x if str(x.type) == "i64" else self.bitcast(x, self.int_type(64))
+            low = self.shfl(self.trunc(word, 32), kind, offset)
+            high = self.shfl(self.trunc(self.m.arith.shrui(word, self.i64(32)), 32), kind, offset)
+            word = self.ori(self.zext(low, 64), self.m.arith.shli(self.zext(high, 64), self.i64(32)))
+            return word if str(x.type) == "i64" else self.bitcast(word, x.type)
+        attr = ir.Attribute.parse(f"#nvvm<shfl_kind {kind}>")
+        clamp = 0 if kind == "up" else 0x1F  # "up" counts from lane 0, the others up to lane 31
         return self.m.nvvm.shfl_sync(self.i32(-1), x, offset, self.i32(clamp), attr, results=[x.type])
 
     def shfl_bfly(self, x, offset: int):

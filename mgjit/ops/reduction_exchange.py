@@ -90,12 +90,12 @@ def _transposed_across_lanes(ctx: lower.Context, kind: str, acc_dtype, groups: d
     lane takes each group from a lane that holds it (a shuffle by index: the result is one value, bit for bit,
     in every lane, as the plain butterfly leaves it)."""
     e = ctx.e
-    i32 = e.int_type(32)
+    word = e.int_type(acc_dtype.bits)
 
-    def pick(upper, a, b):  # a where `upper`, else b: a 32-bit register moved (selp.b32), as a shuffle moves it
-        if a.type == i32:
+    def pick(upper, a, b):  # a where `upper`, else b: integer registers moved (selp.b32, .b64), as shuffles move them
+        if a.type == word:
             return e.select(upper, a, b)
-        return e.bitcast(e.select(upper, e.bitcast(a, i32), e.bitcast(b, i32)), a.type)
+        return e.bitcast(e.select(upper, e.bitcast(a, word), e.bitcast(b, word)), a.type)
     slots = list(groups.values())
     for b in bits[:steps]:
         upper = e.cmpi("ne", e.andi(ctx.lane, e.i32(b)), e.i32(0))

@@ -32,11 +32,10 @@ REDUCE_KINDS = ("sum", "max", "min")
 
 
 def _check_reducible(op: Reduce | ReduceAll) -> None:
-    """Reductions combine 32-bit registers (shuffles move 32 bits): 64-bit and bool arrays are refused where the
-    op is built, so that a kernel the interpreter runs compiles too."""
+    """Bool arrays are refused where the op is built, so that a kernel the interpreter runs compiles too (their
+    sum has no bool result; cast to an integer type)."""
     dtype = op.operands[0].dtype
-    check(dtype.bits != 64 and dtype != dtypes.bool_, op,
-          f"reductions over {dtype.name} arrays are not supported; cast to a 32-bit type first")
+    check(dtype != dtypes.bool_, op, "reductions over bool arrays are not supported; cast to an integer type first")
 
 
 class Reduce(Op):
