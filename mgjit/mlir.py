@@ -59,6 +59,8 @@ _FATAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 _recovery: tuple | None = None  # (enableCrashReproducerGeneration, _capsule_pointer) once looked up, else ()
 _fatal_errors: list[str] = []  # what LLVM's fatal errors said, in order (_on_fatal_error)
 _reproducers = itertools.count()
+# How the recovery's diagnostic begins where it caught a crash (it writes the reproducer for any failed pass)
+_CRASHED = "A signal was caught while processing the MLIR module"
 
 
 @_FATAL_HANDLER
@@ -108,7 +110,7 @@ def to_ptx(module) -> str:
     other failures raise the bindings' MLIRError."""
     m = load()
     pm = m.passmanager.PassManager.parse(PIPELINE, context=module.context)
-    reproducer = None  # where a recovered crash writes the module: a crash is told by the file
+    reproducer = None  # where a recovered crash writes the module
     recovery = _crash_recovery()
     if recovery:
         enable, pointer = recovery
@@ -122,6 +124,9 @@ def to_ptx(module) -> str:
         pm.run(module.operation)
     except Exception as e:
         if reproducer is None or not os.path.exists(reproducer):
+            raise
+        crashed = any(_CRASHED in str(d) for d in getattr(e, "error_diagnostics", ()))
+        if not crashed and len(_fatal_errors) == said:  # a pass failed and said why (its note names the reproducer)
             raise
         if len(_fatal_errors) > said:
             raise RuntimeError(f"LLVM stopped with a fatal error: {_fatal_errors[said].splitlines()[0]} (the module "

@@ -693,6 +693,29 @@ def test_an_llvm_fatal_error_is_a_compile_error_and_the_process_goes_on(monkeypa
         compiled = mask_or_max.compile(x, out, MASK=True, SHIFT=shift, target="sm_90a")
         assert "st.global" in compiled.files["kernel.ptx"].decode()
 
+
+@mgjit.kernel
+def f64_row_sums(x, out):
+    out[mgjit.ds(0, 4)] = x[mgjit.ds(0, 4), mgjit.ds(0, 64)].sum(axis=1)
+
+
+def test_a_pass_that_fails_under_crash_recovery_still_says_why(monkeypatch, tmp_path):
+    """The crash recovery writes its reproducer for any pass that fails, not only for a crash: an invalid op the
+    lowering emitted was reported as "LLVM crashed (its report went to stderr...)" with nothing on stderr. A pass
+    failure raises MLIR's diagnostic again. Planted: a shuffle of a float64 value bitcast to 32 bits (the
+    transposed butterfly's select did so before 64-bit reductions)."""
+    from mgjit.lower.emit import Emitter
+    monkeypatch.setenv("MGJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(Emitter, "shfl_bfly", lambda self, x, offset: self.bitcast(x, self.int_type(32)))
+    x, out = torch.zeros(4, 64, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    with pytest.raises(mgjit.CompileError, match=r"(?s)internal error while lowering kernel f64_row_sums to PTX: .*"
+                       r"'arith.bitcast' op operand type 'f64' and result type 'i32' are cast incompatible") as info:
+        f64_row_sums.compile(x, out, target="sm_90a")
+    assert "LLVM crashed" not in str(info.value)
+    reproducer = re.search(r"reproducer generated at `(\S+)`", str(info.value))
+    if reproducer:
+        os.remove(reproducer.group(1))
+
 # ---------------------------------------------------------------------------------------------- branches
 
 @mgjit.kernel
