@@ -221,6 +221,19 @@ def staging(configs: Sequence[mgjit.Config], n: int) -> tuple[mgjit.Config, ...]
     return tuple(c.replace(STAGED=0) for c in configs) + twins if twins else tuple(configs)
 
 
+@functools.lru_cache(maxsize=None)
+def in_float64(configs: tuple[mgjit.Config, ...]) -> tuple[mgjit.Config, ...]:
+    """The `configs` float64 rows take, computed in float64 (`wide`): each row on one warpgroup of one CTA, held,
+    streamed or chunked. Not those that exchange a row's statistics between warpgroups or CTAs (cluster_gather and
+    cluster_reduce move 32-bit values), pipe rows through shared memory or persist (their slots and stashes hold
+    float32), or store staged or flat (16-bit rows' remedies). Cached: a wrapper's launches are keyed by the
+    configs' identity (_rows_launch.tuned_launch)."""
+    kept = tuple(c for c in configs if c.kwargs["CTAS"] == 1 and c.kwargs["WGS"] == 1 and not any(
+        c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED")))
+    assert kept, f"no float64 mapping among {configs}"
+    return kept
+
+
 def persisting(configs: Sequence[mgjit.Config], weights: int) -> tuple[mgjit.Config, ...]:
     """`configs` (PERSIST=0), then their held one-CTA mappings without an occupancy cap (OCC) again as persistent
     grids of PERSIST = PERSIST_WARPGROUPS / WGS CTAs an SM (ptxas capped to fit them), where PERSIST copies of
@@ -358,20 +371,20 @@ def row_groups(x, ROWS):
 @mgjit.device
 def stash_vector(w, starts, PARTS, WGS):
     """A 1D tensor's (a weight's) elements of a segment's parts (from `starts`), copied into shared memory as
-    float32 (one buffer per width of PARTS, a slot per warpgroup) for `weights` to read once per row group:
+    `wide` (one buffer per width of PARTS, a slot per warpgroup) for `weights` to read once per row group:
     converted once, not per row (layernorm over bf16 rows of 4095, PTX simulator: 27.4 -> 23.6 instructions an
     element)."""
     bufs = ()
     for p in mgjit.static_range(len(PARTS)):
-        buf = mgjit.smem((WGS, PARTS[p]), mgjit.float32)
-        buf[mgjit.warpgroup_id()][...] = w[mgjit.ds(starts[p], PARTS[p])].astype(mgjit.float32)
+        buf = mgjit.smem((WGS, PARTS[p]), wide(w))
+        buf[mgjit.warpgroup_id()][...] = w[mgjit.ds(starts[p], PARTS[p])].astype(wide(w))
         bufs = bufs + (buf,)
     return bufs
 
 
 @mgjit.device
 def weights(w, bufs, starts, PARTS, PERSIST):
-    """A weight's elements of a segment's parts (from `starts`), as float32 arrays: read from the shared-memory copy
+    """A weight's elements of a segment's parts (from `starts`), as `wide` arrays: read from the shared-memory copy
     `stash_vector` made (PERSIST), else from global memory."""
     if PERSIST:
         held = ()
@@ -393,23 +406,30 @@ def columns(starts, PARTS):
 
 
 @mgjit.device
+def wide(x):
+    """The dtype the row kernels compute x's elements in: float64 for float64 x, else float32 (bf16 and f16 rows
+    rounded once, at the store)."""
+    return mgjit.float64 if x.dtype == mgjit.float64 else mgjit.float32
+
+
+@mgjit.device
 def load_row(x, rows, starts, PARTS, fill):
-    """A segment's parts (from `starts`) of the rows `rows` (a mgjit.ds) of x as float32 arrays, one per width
+    """A segment's parts (from `starts`) of the rows `rows` (a mgjit.ds) of x as `wide` arrays, one per width
     of PARTS; what lies outside x (columns past the row's end) holds `fill`. The load fills them: a mask on the
     loaded values would cost an index, a compare and a select per element, where the fill costs nothing in
     windows wholly inside."""
     held = ()
     for p in mgjit.static_range(len(PARTS)):
-        held = held + (mgjit.load(x, (rows, mgjit.ds(starts[p], PARTS[p])), other=fill).astype(mgjit.float32),)
+        held = held + (mgjit.load(x, (rows, mgjit.ds(starts[p], PARTS[p])), other=fill).astype(wide(x)),)
     return held
 
 
 @mgjit.device
 def load_vector(w, starts, PARTS):
-    """A 1D tensor's (a weight's) elements of a segment's parts (from `starts`), as float32 arrays."""
+    """A 1D tensor's (a weight's) elements of a segment's parts (from `starts`), as `wide` arrays."""
     held = ()
     for p in mgjit.static_range(len(PARTS)):
-        held = held + (w[mgjit.ds(starts[p], PARTS[p])].astype(mgjit.float32),)
+        held = held + (w[mgjit.ds(starts[p], PARTS[p])].astype(wide(w)),)
     return held
 
 
@@ -462,10 +482,10 @@ def streamed_exp_sum(x, row, BLOCK):
     m = -float("inf")
     s = 0.0
     for c0 in range(0, x.shape[1], BLOCK):
-        v = mgjit.load(x, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(mgjit.float32)
+        v = mgjit.load(x, (row, mgjit.ds(c0, BLOCK)), other=-float("inf")).astype(wide(x))
         m_new = mgjit.maximum(m, v.max())
         shift = finite_shift(m_new)
-        s = s * mgjit.exp(m - shift) + mgjit.exp(v - shift, ftz=True).sum()
+        s = s * mgjit.exp(m - shift) + mgjit.exp(v - shift, ftz=v.dtype == mgjit.float32).sum()
         m = m_new
     return m, s
 
@@ -495,7 +515,7 @@ def shifted_exp(v, shift):
     no less exact, the fma rounding once and the product rounded once a row, an error every e of the row shares
     (a softmax divides it out, a logsumexp takes about 2**-24 relative of m). H200, kernel alone, bf16 held rows:
     cross-entropy 2047 0.85 -> 0.88, 8191 0.94 -> 0.95, 255 0.81 -> 0.83; softmax 4097 0.90 -> 0.92."""
-    return mgjit.exp2(mgjit.fma(v, LOG2E, shift), ftz=True)
+    return mgjit.exp2(mgjit.fma(v, LOG2E, shift), ftz=v.dtype == mgjit.float32)
 
 
 @mgjit.device
@@ -522,7 +542,7 @@ def merge_moments(sums, deviations, n, PARTS, SPLIT):
     mean = total / n
     m2 = 0.0
     for k in mgjit.static_range(SPLIT):
-        count = segment_count(n, part_starts(k, PARTS, SPLIT), PARTS).astype(mgjit.float32)
+        count = segment_count(n, part_starts(k, PARTS, SPLIT), PARTS).astype(sums[k].dtype)
         d = sums[k] - count * mean
         m2 = m2 + deviations[k] + d * d / mgjit.maximum(count, 1.0)
     return mean, m2
@@ -566,15 +586,15 @@ def chunked_segment(CTAS, BLOCK, CHUNKS):
 @mgjit.device
 def stage(x, buf, row, c0, BLOCK, CHUNKS, fill, KIND, GROUP):
     """Read columns c0.. of x's row into buf (CHUNKS chunks of BLOCK), `fill` past the row's end, and return the
-    chunks' elementwise float32 maximum (KIND "max"), sum ("sum") or sum of squares ("squares"). The chunks go
+    chunks' elementwise maximum (KIND "max", `wide`), sum ("sum") or sum of squares ("squares"). The chunks go
     in groups of GROUP columns, each group unrolled: ptxas issues a group's loads before the first arrives. A
     wider group keeps more in flight and takes more registers (fewer CTAs an SM): on an H100, softmax over bf16
     rows of 100000 in chunks of 1024 ran at 0.90 of copy bandwidth in groups of 4096 columns (63 registers),
     0.75 with all 13 chunks unrolled (101); layernorm, 0.71 and 0.86 (48 and 77 registers)."""
     if KIND == "max":
-        acc = mgjit.full((BLOCK,), -float("inf"), mgjit.float32)
+        acc = mgjit.full((BLOCK,), -float("inf"), wide(x))
     else:
-        acc = mgjit.zeros((BLOCK,), mgjit.float32)
+        acc = mgjit.zeros((BLOCK,), wide(x))
     per_group = max(1, GROUP // BLOCK)
     groups = CHUNKS // per_group
     for g in range(groups):
@@ -588,7 +608,7 @@ def stage_chunks(x, buf, row, c0, BLOCK, first, COUNT, fill, KIND, acc):
     for j in mgjit.static_range(COUNT):
         v = mgjit.load(x, (row, mgjit.ds(c0 + (first + j) * BLOCK, BLOCK)), other=fill)
         buf[first + j][...] = v
-        f = v.astype(mgjit.float32)
+        f = v.astype(acc.dtype)
         if KIND == "max":
             acc = mgjit.maximum(acc, f)
         elif KIND == "sum":

@@ -14,7 +14,9 @@ them in order and merging a row's statistics as they come, the rows at a run's e
 finish its piece (`cross_entropy_segments`).
 Elsewhere the targets' logits are gathered (`logits[rows, targets]`), a load for each row a thread holds. Rows
 whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN
-(torch raises). The logsumexp is returned too (what a backward pass needs).
+(torch raises). The logsumexp is returned too (what a backward pass needs). Losses and logsumexps are float32,
+computed in float32; float64 for float64 logits, computed in float64 (`_rows.wide`; held, streamed or chunked on one
+CTA: `_rows.in_float64`).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -22,9 +24,9 @@ import functools
 import math
 
 import torch
-from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, first_row, load_row, grid,
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, first_row, in_float64, load_row, grid,
                    mapping as rows_mapping, merge_exp, merge_pair, segment, sm_count, stage, store_stat,
-                   streamed_exp_sum, TWO_PARTS_BELOW)
+                   streamed_exp_sum, TWO_PARTS_BELOW, wide)
 from _rows_launch import floating, launch, output
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
@@ -86,10 +88,10 @@ def cross_entropy_rows(logits, target, loss, lse, ignore_index, xl, parts, count
         # After the row's arithmetic, or before it (EARLY): which is faster depends on the mapping (issued before,
         # rows of 2047 two a program ran 0.85 -> 0.77, 4096 0.95 -> 0.88, but 2304 two a program 0.82 -> 0.95).
         if EARLY:
-            hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
+            hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(wide(logits))
         e, m, s = exp_segment(v, CTAS * WGS)
         if not EARLY:
-            hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(mgjit.float32)
+            hit = logits[first_row(ROWS, CTAS) + mgjit.arange(ROWS), t].astype(wide(logits))
         if CTAS * WGS == 1:
             top, total = m, s
             excess = shifted_loss(total, hit, m * -LOG2E)  # exp_segment's shift, as it rounds
@@ -292,7 +294,7 @@ def cross_entropy_stream(logits, target, loss, lse, ignore_index, BLOCK, LSE):
     m, s = streamed_exp_sum(logits, row, BLOCK)
     row_lse = m + mgjit.log(s)
     t = target[row]
-    picked = logits[row, t].astype(mgjit.float32)
+    picked = logits[row, t].astype(wide(logits))
     if LSE:
         lse[row] = row_lse
     loss[row] = row_loss(t, ignore_index, n, mgjit.log(s) - (picked - m))
@@ -307,9 +309,9 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
     buf = mgjit.smem((CHUNKS, BLOCK), logits.dtype)
     m = stage(logits, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max", STAGE_GROUP).max()
     shift = finite_shift(m)
-    e = mgjit.zeros((BLOCK,), mgjit.float32)
+    e = mgjit.zeros((BLOCK,), wide(logits))
     for k in range(CHUNKS):
-        e = e + mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True)
+        e = e + mgjit.exp(buf[k][...].astype(e.dtype) - shift, ftz=e.dtype == mgjit.float32)
     s = e.sum()
     if CTAS == 1:
         top, total = m, s
@@ -317,7 +319,7 @@ def cross_entropy_chunked(logits, target, loss, lse, ignore_index, CTAS, BLOCK, 
         top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS)
     row_lse = top + mgjit.log(total)
     t = target[row]
-    picked = logits[row, t].astype(mgjit.float32)
+    picked = logits[row, t].astype(wide(logits))
     if LSE:
         store_stat(lse, row, row_lse, (c0,), CTAS)
     store_stat(loss, row, row_loss(t, ignore_index, logits.shape[1], mgjit.log(total) - (picked - top)), (c0,), CTAS)
@@ -368,10 +370,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         raise ValueError(f"cross_entropy takes class indices of an integer dtype as target, got {target.dtype} (torch "
                          "reads a floating-point target as class probabilities of shape (rows, n))")
     rows = logits.shape[0]
-    loss = output(out, (rows,), logits.device, torch.float32, "cross_entropy", logits=logits,
-                  target=target)
+    stat = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    loss = output(out, (rows,), logits.device, stat, "cross_entropy", logits=logits, target=target)
     if return_lse:
-        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(rows, dtype=stat, device=logits.device)
     else:  # in lse's place, a tensor nothing writes: not loss, or the tuner would see two arguments as one tensor
         lse, = kept_zero(("cross_entropy", "no lse", str(logits.device)), (((1,), torch.float32),), logits.device)
     if rows and not logits.shape[1]:  # no classes: every target lies outside the row (torch raises), as `row_loss`
@@ -381,6 +383,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     elif rows:
         itemsize, views = piped_views((logits,))
         configs = mapping(logits.shape[1], itemsize, return_lse)
+        if logits.dtype == torch.float64:
+            configs = in_float64(configs)
         launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index),
                (*views, *scratch(logits, configs)))
     return (loss, lse) if return_lse else loss

@@ -4,12 +4,14 @@ Contiguous tensors are processed as one flat range, whatever their last dimensio
 matter to a flat range: every 16-byte access stays aligned, only the range's end is ragged); other layouts go
 through a 2D kernel over (rows, columns) windows, whose rows may start anywhere in a 32-bit word (the loads and
 stores move aligned words and shift the bytes into place). The block size and window shape are autotuned per shape.
+Computed in float32 (float64 tensors in float64: `_rows.wide`), rounded once at the store.
 
     python examples/fused_elementwise.py   # compile for sm_90a without a GPU; check against torch and time with one
 """
 import math
 
 import torch
+from _rows import wide
 from _rows_launch import floating, output, tuned_launch
 
 import mgjit
@@ -34,8 +36,8 @@ def gelu_tanh(v):
 @mgjit.kernel
 def fused_flat(x, y, z, out, BLOCK: mgjit.constexpr):
     i = mgjit.program_id(0) * BLOCK
-    v = x[mgjit.ds(i, BLOCK)].astype(mgjit.float32)
-    r = gelu_tanh(v) * y[mgjit.ds(i, BLOCK)].astype(mgjit.float32) + z[mgjit.ds(i, BLOCK)].astype(mgjit.float32)
+    v = x[mgjit.ds(i, BLOCK)].astype(wide(x))
+    r = gelu_tanh(v) * y[mgjit.ds(i, BLOCK)].astype(v.dtype) + z[mgjit.ds(i, BLOCK)].astype(v.dtype)
     out[mgjit.ds(i, BLOCK)] = r.astype(out.dtype)
 
 
@@ -43,8 +45,8 @@ def fused_flat(x, y, z, out, BLOCK: mgjit.constexpr):
 def fused_2d(x, y, z, out, ROWS: mgjit.constexpr, COLS: mgjit.constexpr):
     r0, c0 = mgjit.program_id(0) * ROWS, mgjit.program_id(1) * COLS
     w = (mgjit.ds(r0, ROWS), mgjit.ds(c0, COLS))
-    v = x[w].astype(mgjit.float32)
-    out[w] = (gelu_tanh(v) * y[w].astype(mgjit.float32) + z[w].astype(mgjit.float32)).astype(out.dtype)
+    v = x[w].astype(wide(x))
+    out[w] = (gelu_tanh(v) * y[w].astype(v.dtype) + z[w].astype(v.dtype)).astype(out.dtype)
 
 
 def fused(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,7 +22,8 @@ trip to L2 after the row's statistics). Held rows are also tried with ptxas aske
 (`mgjit.min_ctas_per_sm`): the layernorm keeps the row, its deviations, the weight and the bias live at once, and
 occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of
 copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
-Statistics are computed in f32 and the output rounded once (x - mean first, then one fma with w and b); the
+Statistics are computed in f32 (in f64 where x, w or b is float64: `_rows.wide`; held, streamed or chunked on one
+CTA, `_rows.in_float64`) and the output rounded once (x - mean first, then one fma with w and b); the
 padding past a row's end reads as zero and is masked out of the variance. Held rows of ONE_PASS_WIDTH columns or
 more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (y then comes from x * rstd
 - mean * rstd, the second term at most 4 in size: rounding it errs by 2.4e-7 at most), and take their deviations
@@ -33,9 +34,9 @@ from registers where one does not.
 import functools
 
 import torch
-from _rows import (chunked_segment, columns, held_width, load_row, mapping, merge_moments, persisting, row_groups,
-                   segment, segment_count, segment_sum, stage, staging, stash_vector, store_row, TWO_PARTS_BELOW,
-                   weights)
+from _rows import (chunked_segment, columns, held_width, in_float64, load_row, mapping, merge_moments, persisting,
+                   row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row,
+                   TWO_PARTS_BELOW, weights, wide)
 from _rows_launch import as_rows, floating, launch
 from _rows_piped import (envelope, fill_outside, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
@@ -115,12 +116,12 @@ def layernorm_held(x, w, b, w_bufs, b_bufs, out, rows, starts, eps, PARTS, SPLIT
         if ~(mgjit.max(17.0 * mean * mean * n - 16.0 * s2) <= 0.0):
             v = centred_row(v, cols, mean, n, PARTS)
             m2 = segment_sum(squares(v))
-            centre = mgjit.zeros(mean.shape, mgjit.float32)
+            centre = mgjit.zeros(mean.shape, mean.dtype)
     elif SPLIT == 1:
         v = centred_row(v, cols, segment_sum(v) / n, n, PARTS)
         m2 = segment_sum(squares(v))
     else:  # each segment's sum and squared deviations from its own mean, merged after one exchange
-        count = segment_count(n, starts, PARTS).astype(mgjit.float32)
+        count = segment_count(n, starts, PARTS).astype(v[0].dtype)
         s = segment_sum(v)
         deviations = segment_sum(squares(centred(v, cols, s / mgjit.maximum(count, 1.0), n)))
         sums, all_deviations = mgjit.cluster_gather(s, deviations)
@@ -260,9 +261,9 @@ def layernorm_stream(x, w, b, out, eps, BLOCK):
     mean = 0.0
     m2 = 0.0
     for c0 in range(0, n, BLOCK):
-        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(wide(x))
         inside = c0 + mgjit.arange(BLOCK) < n
-        k = mgjit.minimum(n - c0, BLOCK).astype(mgjit.float32)
+        k = mgjit.minimum(n - c0, BLOCK).astype(v.dtype)
         chunk_mean = v.sum() / k
         d = mgjit.where(inside, v - chunk_mean, 0.0)
         chunk_m2 = (d * d).sum()
@@ -273,9 +274,8 @@ def layernorm_stream(x, w, b, out, eps, BLOCK):
         count = total
     rstd = mgjit.rsqrt(m2 / n + eps)
     for c0 in range(0, n, BLOCK):
-        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
-        y = (v - mean) * rstd * w[mgjit.ds(c0, BLOCK)].astype(mgjit.float32) \
-            + b[mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(wide(x))
+        y = (v - mean) * rstd * w[mgjit.ds(c0, BLOCK)].astype(wide(w)) + b[mgjit.ds(c0, BLOCK)].astype(wide(b))
         out[row, mgjit.ds(c0, BLOCK)] = y.astype(out.dtype)
 
 
@@ -288,14 +288,14 @@ def layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS):
     buf = mgjit.smem((CHUNKS, BLOCK), x.dtype)
     s = stage(x, buf, row, c0, BLOCK, CHUNKS, 0.0, "sum", STAGE_GROUP).sum()
     count = mgjit.minimum(mgjit.maximum(n - c0, 0), width)
-    segment_mean = s / mgjit.maximum(count, 1).astype(mgjit.float32)
+    segment_mean = s / mgjit.maximum(count, 1).astype(s.dtype)
     inside = count // BLOCK  # chunks wholly inside the row: no mask
-    squares = mgjit.zeros((BLOCK,), mgjit.float32)
+    squares = mgjit.zeros((BLOCK,), s.dtype)
     for k in range(inside):
-        d = buf[k][...].astype(mgjit.float32) - segment_mean
+        d = buf[k][...].astype(s.dtype) - segment_mean
         squares = mgjit.fma(d, d, squares)
     for k in range(inside, CHUNKS):  # the padding past the row's end (read as 0) is masked out
-        d = buf[k][...].astype(mgjit.float32) - segment_mean
+        d = buf[k][...].astype(s.dtype) - segment_mean
         d = mgjit.where(c0 + k * BLOCK + mgjit.arange(BLOCK) < n, d, 0.0)
         squares = mgjit.fma(d, d, squares)
     deviations = squares.sum()
@@ -308,9 +308,9 @@ def layernorm_chunked(x, w, b, out, eps, CTAS, BLOCK, CHUNKS):
     shift = -mean * rstd
     for k in range(CHUNKS):
         c = c0 + k * BLOCK
-        wv = w[mgjit.ds(c, BLOCK)].astype(mgjit.float32)
-        bv = b[mgjit.ds(c, BLOCK)].astype(mgjit.float32)
-        y = mgjit.fma(mgjit.fma(buf[k][...].astype(mgjit.float32), rstd, shift), wv, bv)
+        wv = w[mgjit.ds(c, BLOCK)].astype(wide(w))
+        bv = b[mgjit.ds(c, BLOCK)].astype(wide(b))
+        y = mgjit.fma(mgjit.fma(buf[k][...].astype(s.dtype), rstd, shift), wv, bv)
         out[row, mgjit.ds(c, BLOCK)] = y.astype(out.dtype)
 
 
@@ -331,6 +331,8 @@ def layernorm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, e
         return out
     itemsize, views = piped_views((rows, out_rows), (w, b), rows_per_program)
     configs = layernorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(), b.element_size()))
+    if torch.float64 in (x.dtype, w.dtype, b.dtype):
+        configs = in_float64(configs)
     launch(layernorm_rows, configs, (rows, w, b, out_rows), views, eps=eps)
     return out
 

@@ -13,15 +13,16 @@ Held rows also run as persistent grids (a few programs an SM, each looping over 
 shared memory, read from global memory once). Or (piped rows, from 4097 columns, contiguous tensors:
 examples/_rows_piped.py) a few persistent programs an SM stream their rows (longer ones over the CTAs of a
 cluster) through shared-memory slots by TMA, each with w laid out once and read per row through a window. The
-mapping is autotuned per shape.
+mapping is autotuned per shape. Rows are computed in float32, or in float64 where x or w is float64 (`_rows.wide`;
+held, streamed or chunked on one CTA: `_rows.in_float64`).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import functools
 
 import torch
-from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage, staging,
-                   stash_vector, store_row, weights)
+from _rows import (chunked_segment, in_float64, load_row, mapping, persisting, row_groups, row_sum, segment, stage,
+                   staging, stash_vector, store_row, weights, wide)
 from _rows_launch import as_rows, floating, launch
 from _rows_piped import (envelope, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
@@ -124,12 +125,12 @@ def rmsnorm_stream(x, w, out, eps, BLOCK):
     n = x.shape[1]
     squares = 0.0
     for c0 in range(0, n, BLOCK):
-        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(wide(x))
         squares = squares + (v * v).sum()
     scale = mgjit.rsqrt(squares / n + eps)
     for c0 in range(0, n, BLOCK):
-        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
-        out[row, mgjit.ds(c0, BLOCK)] = (v * scale * w[mgjit.ds(c0, BLOCK)].astype(mgjit.float32)).astype(out.dtype)
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(wide(x))
+        out[row, mgjit.ds(c0, BLOCK)] = (v * scale * w[mgjit.ds(c0, BLOCK)].astype(wide(w))).astype(out.dtype)
 
 
 @mgjit.device
@@ -143,7 +144,7 @@ def rmsnorm_chunked(x, w, out, eps, CTAS, BLOCK, CHUNKS):
     scale = mgjit.rsqrt(squares / x.shape[1] + eps)
     for k in range(CHUNKS):
         c = c0 + k * BLOCK
-        y = buf[k][...].astype(mgjit.float32) * scale * w[mgjit.ds(c, BLOCK)].astype(mgjit.float32)
+        y = buf[k][...].astype(wide(x)) * scale * w[mgjit.ds(c, BLOCK)].astype(wide(w))
         out[row, mgjit.ds(c, BLOCK)] = y.astype(out.dtype)
 
 
@@ -161,7 +162,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float = 1e-6, out: tor
     if rows.numel() == 0:
         return out
     itemsize, views = piped_views((rows, out_rows), (w,), rows_per_program)
-    launch(rmsnorm_kernel, rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),)),
+    configs = rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),))
+    launch(rmsnorm_kernel, in_float64(configs) if torch.float64 in (x.dtype, w.dtype) else configs,
            (rows, w, out_rows), views, eps=eps)
     return out
 

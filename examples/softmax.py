@@ -14,15 +14,16 @@ is split over a cluster in chunks kept in shared memory (chunked rows): each CTA
 from shared memory. Or (piped rows, 4097 to 16385 columns, contiguous tensors: examples/_rows_piped.py) a few
 persistent programs an SM each stream their rows through shared-memory slots, one TMA copy a row, computing one
 while the next ones land; longer rows split over the CTAs of a cluster the same way (up to 262144 columns, 16
-CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store. The mapping is autotuned per shape.
+CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store, float64 in float64 (`_rows.wide`, held,
+streamed or chunked on one CTA: `_rows.in_float64`). The mapping is autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import functools
 
 import torch
-from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping, merge_exp,
-                   segment, shifted_exp, stage, staging, store_row, streamed_exp_sum)
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, in_float64, load_row, mapping as rows_mapping, merge_exp,
+                   segment, shifted_exp, stage, staging, store_row, streamed_exp_sum, wide)
 from _rows_launch import as_rows, floating, launch, output
 from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
@@ -105,8 +106,8 @@ def softmax_stream(x, out, BLOCK):
     m, s = streamed_exp_sum(x, row, BLOCK)
     scale = 1.0 / s
     for c0 in range(0, n, BLOCK):
-        v = x[row, mgjit.ds(c0, BLOCK)].astype(mgjit.float32)
-        out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m, ftz=True) * scale).astype(out.dtype)
+        v = x[row, mgjit.ds(c0, BLOCK)].astype(wide(x))
+        out[row, mgjit.ds(c0, BLOCK)] = (mgjit.exp(v - m, ftz=v.dtype == mgjit.float32) * scale).astype(out.dtype)
 
 
 @mgjit.device
@@ -116,9 +117,9 @@ def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
     buf = mgjit.smem((CHUNKS, BLOCK), x.dtype)
     m = stage(x, buf, row, c0, BLOCK, CHUNKS, -float("inf"), "max", STAGE_GROUP).max()
     shift = finite_shift(m)
-    e = mgjit.zeros((BLOCK,), mgjit.float32)
+    e = mgjit.zeros((BLOCK,), wide(x))
     for k in range(CHUNKS):
-        e = e + mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True)
+        e = e + mgjit.exp(buf[k][...].astype(e.dtype) - shift, ftz=e.dtype == mgjit.float32)
     s = e.sum()
     if CTAS == 1:
         scale = 1.0 / s
@@ -126,7 +127,7 @@ def softmax_chunked(x, out, CTAS, BLOCK, CHUNKS):
         top, total = merge_exp(*mgjit.cluster_gather(m, s), CTAS)
         scale = mgjit.exp(m - top) / total
     for k in range(CHUNKS):
-        y = mgjit.exp(buf[k][...].astype(mgjit.float32) - shift, ftz=True) * scale
+        y = mgjit.exp(buf[k][...].astype(e.dtype) - shift, ftz=e.dtype == mgjit.float32) * scale
         out[row, mgjit.ds(c0 + k * BLOCK, BLOCK)] = y.astype(out.dtype)
 
 
@@ -149,7 +150,8 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     if rows.numel() == 0:
         return out
     itemsize, views = piped_views((rows, out_rows), rows_per_program=rows_per_program)
-    launch(softmax_kernel, mapping(rows.shape[1], rows_per_program, itemsize), (rows, out_rows), views)
+    configs = mapping(rows.shape[1], rows_per_program, itemsize)
+    launch(softmax_kernel, in_float64(configs) if x.dtype == torch.float64 else configs, (rows, out_rows), views)
     return out
 
 

@@ -1,0 +1,150 @@
+"""float64 rows in the row examples are computed in float64 (examples/_rows.py `wide`, `in_float64`): they were
+computed in float32, 1e-8 off torch's float64 softmax and norms with nothing said. Every float64 mapping of each
+kernel, forced, interpreted against torch in float64 on fresh random inputs with the outputs poisoned; the wrappers
+as users call them, in the interpreter, and with float64 weights beside float32 rows; every float64 mapping
+compiled for sm_90a and a few run from their PTX on tests/ptx_sim.py; on a GPU, every float64 mapping forced and
+the tuned wrappers."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import mgjit
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _rows  # noqa: E402
+import cross_entropy as ce  # noqa: E402
+import fused_elementwise as fe  # noqa: E402
+import layernorm as ln  # noqa: E402
+import ptx_sim  # noqa: E402
+import rmsnorm as rms  # noqa: E402
+import softmax as sm  # noqa: E402
+
+F64 = torch.float64
+# float32 arithmetic leaves 1e-8 to 1e-7 of relative error in these outputs; float64's, 1e-15 to 1e-14
+TOL = 1e-12
+
+
+def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.dtype == F64 and not out.isnan().any(), "an output element was not written (NaN poison left)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1.0)).item()  # losses of one class are 0
+
+
+def cases(x: torch.Tensor) -> list:
+    """(name, kernel, args, constexprs, the float64 mappings, [(output, reference)]) of each row example for x."""
+    n = x.shape[1]
+    w, b = torch.randn(n, dtype=F64, device=x.device), torch.randn(n, dtype=F64, device=x.device)
+    target = torch.randint(0, n, (x.shape[0],), device=x.device)
+    target[::3] = -100
+    out = [torch.full_like(x, float("nan")) for _ in range(3)]
+    loss, lse = (torch.full((x.shape[0],), float("nan"), dtype=F64, device=x.device) for _ in range(2))
+    return [
+        ("softmax", sm.softmax_kernel, (x, out[0], x, out[0]), {}, sm.mapping(n),
+         [(out[0], torch.softmax(x, 1))]),
+        ("rmsnorm", rms.rmsnorm_kernel, (x, w, out[1], x, out[1], x), {"eps": 1e-6}, rms.rmsnorm_mapping(n),
+         [(out[1], torch.nn.functional.rms_norm(x, (n,), w, 1e-6))]),
+        ("layernorm", ln.layernorm_rows, (x, w, b, out[2], x, out[2], x, x), {"eps": 1e-5}, ln.layernorm_mapping(n),
+         [(out[2], torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5))]),
+        ("cross_entropy", ce.cross_entropy_rows, (x, target, loss, lse, -100, x, loss, loss), {}, ce.mapping(n),
+         [(loss, torch.nn.functional.cross_entropy(x, target, reduction="none")), (lse, torch.logsumexp(x, 1))]),
+    ]
+
+
+def poison(checks: list) -> None:
+    for got, _ in checks:
+        got.fill_(float("nan"))
+
+
+def float64_mappings(configs) -> tuple[mgjit.Config, ...]:
+    kept = _rows.in_float64(tuple(configs))
+    assert all(c.kwargs["CTAS"] == c.kwargs["WGS"] == 1 and not c.kwargs.get("PIPE") for c in kept)
+    return kept
+
+
+@pytest.mark.parametrize("n", [1, 3, 37, 300, 777, 5000, 9000])
+def test_every_float64_mapping_interpreted(n):
+    x = torch.randn(5, n, dtype=F64) * 4 + 1
+    for name, kernel, args, constexprs, configs, checks in cases(x):
+        for config in float64_mappings(configs):
+            poison(checks)
+            kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
+            for got, ref in checks:
+                assert rel(got, ref) < TOL, f"{name} {config}"
+
+
+def test_the_wrappers_compute_float64_in_float64(monkeypatch):
+    """As users call them (MGJIT_INTERPRET=1: the launches interpret); cross-entropy's losses and logsumexps are
+    float64 too. Float64 weights beside float32 rows take the float64 mappings (their stashes would not fit as
+    float32's) and come out as torch's in float64 to float32's rounding of the rows' output."""
+    monkeypatch.setenv("MGJIT_INTERPRET", "1")
+    x = torch.randn(3, 7, 300, dtype=F64) * 3
+    w, b = torch.randn(300, dtype=F64), torch.randn(300, dtype=F64)
+    assert rel(sm.softmax(x), torch.softmax(x, -1)) < TOL
+    assert rel(sm.softmax(x, dim=1), torch.softmax(x, 1)) < TOL
+    assert rel(rms.rmsnorm(x, w), torch.nn.functional.rms_norm(x, (300,), w, 1e-6)) < TOL
+    assert rel(ln.layernorm(x, w, b), torch.nn.functional.layer_norm(x, (300,), w, b, 1e-5)) < TOL
+    logits, target = x.reshape(21, 300), torch.randint(0, 300, (21,))
+    loss, lse = ce.cross_entropy(logits, target)
+    assert rel(loss, torch.nn.functional.cross_entropy(logits, target, reduction="none")) < TOL
+    assert rel(lse, torch.logsumexp(logits, 1)) < TOL
+    y, z = torch.randn_like(x), torch.randn_like(x)
+    assert rel(fe.fused(x, y, z), torch.nn.functional.gelu(x, approximate="tanh") * y + z) < TOL
+    rows = x.float()
+    got = ln.layernorm(rows, w, b).double()
+    assert rel(got, torch.nn.functional.layer_norm(rows.double(), (300,), w, b, 1e-5)) < 1e-6
+    got = rms.rmsnorm(rows, w).double()
+    assert rel(got, torch.nn.functional.rms_norm(rows.double(), (300,), w, 1e-6)) < 1e-6
+
+
+@pytest.mark.parametrize("n", [3, 5000])
+def test_every_float64_mapping_compiles(n):
+    x = torch.randn(4, n, dtype=F64)
+    for name, kernel, args, constexprs, configs, _ in cases(x):
+        for config in float64_mappings(configs):
+            ptx = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a").ptx
+            assert ".f64" in ptx, f"{name} {config}"
+
+
+@pytest.mark.parametrize("n,index", [(37, 0), (777, 0), (5000, 2)])
+def test_float64_mappings_from_their_ptx(n, index):
+    """Held rows (a row of 777 in three arrays) and streamed ones (BLOCK, the third mapping of 5000), from the
+    sm_90a PTX on the simulator: float64 shuffles, exps and rsqrts as the GPU runs them."""
+    x = torch.randn(4, n, dtype=F64) * 4 + 1
+    for name, kernel, args, constexprs, configs, checks in cases(x):
+        config = float64_mappings(configs)[index]
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        poison(checks)
+        dev = ptx_sim.Device()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for t in dict.fromkeys(tensors):
+            dev.place(t)
+        dev.run(compiled, _rows.grid(x.shape[0], config), *args)
+        for got, ref in checks:
+            assert rel(dev.fetch(got), ref) < TOL, f"{name} {config}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 3, 127, 1000, 4097, 9000, 100003])
+def test_float64_rows_on_the_gpu(n):
+    """Every float64 mapping forced, then the tuned wrappers, against torch in float64."""
+    if not torch.cuda.is_available() or os.environ.get("MGJIT_INTERPRET") == "1":
+        pytest.skip("needs a GPU")
+    x = torch.randn(67, n, dtype=F64, device="cuda") * 4 + 1
+    for name, kernel, args, constexprs, configs, checks in cases(x):
+        for config in float64_mappings(configs):
+            poison(checks)
+            kernel[_rows.grid(x.shape[0], config, x.device)](*args, **constexprs, **config.launch_kwargs())
+            for got, ref in checks:
+                assert rel(got, ref) < TOL, f"{name} {config}"
+    w, b = torch.randn(n, dtype=F64, device="cuda"), torch.randn(n, dtype=F64, device="cuda")
+    target = torch.randint(0, n, (x.shape[0],), device="cuda")
+    assert rel(sm.softmax(x), torch.softmax(x, -1)) < TOL
+    assert rel(rms.rmsnorm(x, w), torch.nn.functional.rms_norm(x, (n,), w, 1e-6)) < TOL
+    assert rel(ln.layernorm(x, w, b), torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5)) < TOL
+    loss, lse = ce.cross_entropy(x, target)
+    assert rel(loss, torch.nn.functional.cross_entropy(x, target, reduction="none")) < TOL
+    assert rel(lse, torch.logsumexp(x, 1)) < TOL
