@@ -55,7 +55,7 @@ if not Path(mgjit.__file__).resolve().is_relative_to(TREE):
 LENGTHS = [1, 3, 16, 100, 127, 128, 300, 1000, 1024, 1100, 2047, 4096, 4097, 5000, 8191, 8192, 8193, 16384, 32000,
            50257, 65536, 100000, 128256, 262144]
 QUICK = [16, 1000, 4096, 4097, 32000, 100000]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 TARGET_BYTES = 256 << 20
 TINY = 32 << 20
 
@@ -110,6 +110,16 @@ def picked_mapping(kernel, configs: list, args: tuple, views: tuple = (), **cons
                     _rows_launch.timings(kernel, configs, args, views, **constexprs))
 
 
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """What a reference computes in: float64 for float64 tensors, else float32."""
+    return t.double() if t.dtype == torch.float64 else t.float()
+
+
+def for_dtype(configs, *dtypes):
+    """The wrappers' candidates for tensors of `dtypes`: float64's own where one is float64 (_rows.in_float64)."""
+    return sm_example.in_float64(configs) if torch.float64 in dtypes else configs
+
+
 def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = None):
     """(runs {name: fn}, output, reference fn, bytes moved, mapping fn) for one kernel, length and dtype (the norms'
     weight and bias in `weights`, by default the rows' dtype: models often keep them in float32)."""
@@ -123,9 +133,10 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
         out = torch.empty_like(x)
         runs = {"mgjit": lambda: sm_example.softmax(x, out), "torch": lambda: torch.softmax(x, 1),
                 "triton": lambda: tr.softmax(x, out)}
-        ref = lambda: torch.softmax(x.float(), 1)  # noqa: E731
+        ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        picked = picked_mapping(sm_example.softmax_kernel, sm_example.mapping(n, None, itemsize), (x, out), views)
+        picked = picked_mapping(sm_example.softmax_kernel, for_dtype(sm_example.mapping(n, None, itemsize), dtype),
+                                (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
@@ -137,36 +148,35 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
             runs = {"mgjit": lambda: rms_example.rmsnorm(x, w, 1e-6, out),
                     "torch": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
                     "triton": lambda: tr.rmsnorm(x, w, out)}
-            ref = lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6)  # noqa: E731
+            ref = lambda: torch.nn.functional.rms_norm(wide(x), (n,), wide(w), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            picked = picked_mapping(rms_example.rmsnorm_kernel, rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)),
-                                    (x, w, out), views, eps=1e-6)
+            configs = for_dtype(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), dtype, wdtype)
+            picked = picked_mapping(rms_example.rmsnorm_kernel, configs, (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
                     "torch": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
                     "triton": lambda: tr.layernorm(x, w, b, out)}
-            ref = lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)  # noqa: E731
+            ref = lambda: torch.nn.functional.layer_norm(wide(x), (n,), wide(w), wide(b), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
-            picked = picked_mapping(ln_example.layernorm_rows,
-                                    ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (x, w, b, out), views,
-                                    eps=1e-5)
+            configs = for_dtype(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), dtype, wdtype)
+            picked = picked_mapping(ln_example.layernorm_rows, configs, (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":
         m = rows_for(n, isz, 1)
         logits = torch.randn(m, n, device="cuda", dtype=dtype) * 4
         target = torch.randint(0, n, (m,), device="cuda")
-        loss = torch.empty(m, device="cuda", dtype=torch.float32)
+        loss = torch.empty(m, device="cuda", dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         # Losses alone, as torch and Triton give them: no logsumexps written (4 bytes a row)
         runs = {"mgjit": lambda: ce_example.cross_entropy(logits, target, out=loss, return_lse=False),
                 "torch": lambda: torch.nn.functional.cross_entropy(logits, target, reduction="none"),
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
-        ref = lambda: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
+        ref = lambda: torch.nn.functional.cross_entropy(wide(logits), target, reduction="none")  # noqa: E731
         itemsize, views = piped_views((logits,))
-        configs = ce_example.mapping(n, itemsize, False)
+        configs = for_dtype(ce_example.mapping(n, itemsize, False), dtype)
         picked = picked_mapping(ce_example.cross_entropy_rows, configs,
                                 (logits, target, loss, torch.empty_like(loss), -100),
                                 (*views, *ce_example.scratch(logits, configs)))
-        return runs, loss, ref, logits.numel() * isz + m * 12, picked
+        return runs, loss, ref, logits.numel() * isz + m * (8 + loss.element_size()), picked
     if kernel == "fused":
         m = rows_for(n, isz, 4)
         x, y, z = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(3))
