@@ -375,7 +375,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if return_lse:
         lse = torch.empty(rows, dtype=stat, device=logits.device)
     else:  # in lse's place, a tensor nothing writes: not loss, or the tuner would see two arguments as one tensor
-        lse, = kept_zero(("cross_entropy", "no lse", str(logits.device)), (((1,), torch.float32),), logits.device)
+        lse, = kept_zero(("cross_entropy", "no lse", str(logits.device), stat), (((1,), stat),), logits.device)
     if rows and not logits.shape[1]:  # no classes: every target lies outside the row (torch raises), as `row_loss`
         loss.copy_(torch.where(target == ignore_index, 0.0, float("nan")))
         if return_lse:
