@@ -223,13 +223,11 @@ def staging(configs: Sequence[mgjit.Config], n: int) -> tuple[mgjit.Config, ...]
 
 @functools.lru_cache(maxsize=None)
 def in_float64(configs: tuple[mgjit.Config, ...]) -> tuple[mgjit.Config, ...]:
-    """The `configs` float64 rows take, computed in float64 (`wide`): each row on one warpgroup of one CTA, held,
-    streamed or chunked. Not those that exchange a row's statistics between warpgroups or CTAs (cluster_gather and
-    cluster_reduce move 32-bit values), pipe rows through shared memory or persist (their slots and stashes hold
-    float32), or store staged or flat (16-bit rows' remedies). Cached: a wrapper's launches are keyed by the
-    configs' identity (_rows_launch.tuned_launch)."""
-    kept = tuple(c for c in configs if c.kwargs["CTAS"] == 1 and c.kwargs["WGS"] == 1 and not any(
-        c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED")))
+    """The `configs` float64 rows take, computed in float64 (`wide`): held (over the warpgroups of a cluster too:
+    its exchanges move 64-bit values as two words), streamed or chunked. Not those that pipe rows through shared
+    memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit rows'
+    remedies). Cached: a wrapper's launches are keyed by the configs' identity (_rows_launch.tuned_launch)."""
+    kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED")))
     assert kept, f"no float64 mapping among {configs}"
     return kept
 

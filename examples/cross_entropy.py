@@ -15,8 +15,8 @@ finish its piece (`cross_entropy_segments`).
 Elsewhere the targets' logits are gathered (`logits[rows, targets]`), a load for each row a thread holds. Rows
 whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN
 (torch raises). The logsumexp is returned too (what a backward pass needs). Losses and logsumexps are float32,
-computed in float32; float64 for float64 logits, computed in float64 (`_rows.wide`; held, streamed or chunked on one
-CTA: `_rows.in_float64`).
+computed in float32; float64 for float64 logits, computed in float64 (`_rows.wide`; no piped mapping:
+`_rows.in_float64`).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """

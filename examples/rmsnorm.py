@@ -14,7 +14,7 @@ shared memory, read from global memory once). Or (piped rows, from 4097 columns,
 examples/_rows_piped.py) a few persistent programs an SM stream their rows (longer ones over the CTAs of a
 cluster) through shared-memory slots by TMA, each with w laid out once and read per row through a window. The
 mapping is autotuned per shape. Rows are computed in float32, or in float64 where x or w is float64 (`_rows.wide`;
-held, streamed or chunked on one CTA: `_rows.in_float64`).
+neither piped nor persistent: `_rows.in_float64`).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """

@@ -14,8 +14,8 @@ is split over a cluster in chunks kept in shared memory (chunked rows): each CTA
 from shared memory. Or (piped rows, 4097 to 16385 columns, contiguous tensors: examples/_rows_piped.py) a few
 persistent programs an SM each stream their rows through shared-memory slots, one TMA copy a row, computing one
 while the next ones land; longer rows split over the CTAs of a cluster the same way (up to 262144 columns, 16
-CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store, float64 in float64 (`_rows.wide`, held,
-streamed or chunked on one CTA: `_rows.in_float64`). The mapping is autotuned per shape.
+CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store, float64 in float64 (`_rows.wide`; no piped
+mapping: `_rows.in_float64`). The mapping is autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """

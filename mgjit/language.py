@@ -145,17 +145,18 @@ tile = _builtin("tile", "tile(tensor, origin, block, step, swizzle=None): a bloc
                         "at step k it is the block at origin + k * step (element coordinates).")
 cluster_rank = _builtin("cluster_rank", "cluster_rank(): the rank of this CTA in its cluster.")
 cluster_sync = _builtin("cluster_sync", "cluster_sync(): a barrier for every thread of every CTA in the cluster.")
-cluster_reduce = _builtin("cluster_reduce", "cluster_reduce(x, kind): x (a float32 or int32 scalar or array) combined "
-                                            "elementwise by kind ('sum', 'max' or 'min') over every warpgroup of "
-                                            "every CTA in the cluster; each gets the same result. Every warpgroup "
-                                            "of the cluster must call it: each waits for every other's value. It "
-                                            "orders no other memory access (cluster_sync does).")
-cluster_gather = _builtin("cluster_gather", "cluster_gather(x, ...): x (a float32 or int32 scalar or array) as every "
-                                            "warpgroup of every CTA in the cluster holds it: a tuple, slot = CTA "
-                                            "rank x warpgroups + warpgroup index. Several values go in one exchange "
-                                            "and give a tuple each. Every warpgroup of the cluster must call it: "
-                                            "each waits for every other's values (through an mbarrier, not a "
-                                            "cluster barrier: it orders no other memory access).")
+cluster_reduce = _builtin("cluster_reduce", "cluster_reduce(x, kind): x (a float32, int32, float64 or int64 scalar or "
+                                            "array) combined elementwise by kind ('sum', 'max' or 'min') over "
+                                            "every warpgroup of every CTA in the cluster; each gets the same "
+                                            "result. Every warpgroup of the cluster must call it: each waits for "
+                                            "every other's value. It orders no other memory access (cluster_sync "
+                                            "does).")
+cluster_gather = _builtin("cluster_gather", "cluster_gather(x, ...): x (a float32, int32, float64 or int64 scalar or "
+                                            "array) as every warpgroup of every CTA in the cluster holds it: a "
+                                            "tuple, slot = CTA rank x warpgroups + warpgroup index. Several values "
+                                            "go in one exchange and give a tuple each. Every warpgroup of the "
+                                            "cluster must call it: each waits for every other's values (through an "
+                                            "mbarrier, not a cluster barrier: it orders no other memory access).")
 wgmma = _builtin("wgmma", "wgmma(acc, a, b) -> acc + a @ b, with a and b SMEM tiles (asynchronous).")
 wgmma_wait = _builtin("wgmma_wait", "wgmma_wait(n): wait until at most n wgmma groups are in flight.")
 fence_async_shared = _builtin("fence_async_shared", "fence_async_shared(): order the warpgroup's SMEM stores "

@@ -32,18 +32,19 @@ def segment_stats(x, sums, maxima, counts, rowmax, BLOCK: mgjit.constexpr, CTAS:
     rowmax[rows, seg] = mgjit.cluster_reduce(v.min(axis=1), "min")
 
 
-def inputs():
-    x = torch.randn(4, CTAS * WGS * BLOCK)
-    outs = [torch.full((4, CTAS * WGS), float("nan")) for _ in range(2)]
+def inputs(dtype=torch.float32):
+    x = torch.randn(4, CTAS * WGS * BLOCK, dtype=dtype)
+    outs = [torch.full((4, CTAS * WGS), float("nan"), dtype=dtype) for _ in range(2)]
     outs.insert(2, torch.full((4, CTAS * WGS), -1, dtype=torch.int32))
-    outs.append(torch.full((4, CTAS * WGS), float("nan")))
+    outs.append(torch.full((4, CTAS * WGS), float("nan"), dtype=dtype))
     return x, outs
 
 
 def check(x, sums, maxima, counts, mins):
+    """float64 values cross the cluster as two words each: their sums to float64's rounding."""
     seg = CTAS * WGS
     ref_sum = x.sum(1, keepdim=True).expand(-1, seg)
-    assert torch.allclose(sums, ref_sum, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(sums, ref_sum, rtol=1e-5 if x.dtype == torch.float32 else 1e-13, atol=1e-4)
     assert (sums == sums[:, :1]).all()  # every warpgroup of the cluster got the same bits
     pair_max = x.view(2, 2, -1).amax(dim=(1, 2))  # the scalar max covers the program's 2 rows
     assert torch.equal(maxima, pair_max.repeat_interleave(2)[:, None].expand(-1, seg))
@@ -56,15 +57,17 @@ def compile_stats(x, outs):
                                  cluster=(CTAS, 1, 1))
 
 
-def test_interpreted():
-    x, outs = inputs()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_interpreted(dtype):
+    x, outs = inputs(dtype)
     segment_stats.interpret[(2 * CTAS,)](x, *outs, BLOCK=BLOCK, CTAS=CTAS, WGS=WGS, num_warpgroups=WGS,
                                          cluster=(CTAS, 1, 1))
     check(x, *outs)
 
 
-def test_ptx_runs_on_the_simulator():
-    x, outs = inputs()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_ptx_runs_on_the_simulator(dtype):
+    x, outs = inputs(dtype)
     compiled = compile_stats(x, outs)
     ptx = compiled.ptx
     assert "mapa.shared::cluster.u32" in ptx and "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in ptx
@@ -173,6 +176,43 @@ def test_a_reduction_in_a_loop_waits_before_rewriting_its_slots(steps):
 
 
 @mgjit.kernel
+def wide_exchanges(x, xi, out, outi, CTAS: mgjit.constexpr):
+    """64-bit values through a cluster, each as two words: an int64 array summed elementwise and an int64 scalar's
+    maximum (the scalar from as many lanes as CTAs), a float64 row's sums gathered."""
+    rank = mgjit.cluster_rank()
+    v = xi[mgjit.ds(rank * 128, 128)]
+    outi[mgjit.program_id(0), mgjit.ds(0, 128)] = mgjit.cluster_reduce(v, "sum") + mgjit.cluster_reduce(v.max(), "max")
+    sums = mgjit.cluster_gather(x[mgjit.ds(rank * 128, 128)].sum())
+    total = sums[0]
+    for k in mgjit.static_range(1, CTAS):
+        total = total + sums[k] * (k + 1.0)
+    out[mgjit.program_id(0)] = total
+
+
+def test_64_bit_values_cross_the_cluster_as_two_words():
+    x = torch.randn(CTAS * 128, dtype=torch.float64) * 1e3
+    xi = torch.randint(-(1 << 40), 1 << 40, (CTAS * 128,), dtype=torch.int64)
+    xi[5] = (1 << 62) + 3  # sums that wrap past 2**63
+    xi[128 + 5] = (1 << 62) + 7
+    want_i = (xi.view(CTAS, 128).sum(0) + xi.max()).expand(CTAS, 128)
+    want = (x.view(CTAS, 128).sum(1) * torch.arange(1, CTAS + 1, dtype=torch.float64)).sum().expand(CTAS)
+    out, outi = torch.full((CTAS,), float("nan"), dtype=torch.float64), torch.zeros(CTAS, 128, dtype=torch.int64)
+    launch = dict(CTAS=CTAS, cluster=(CTAS, 1, 1))
+    wide_exchanges.interpret[(CTAS,)](x, xi, out, outi, **launch)
+    assert torch.equal(outi, want_i) and torch.allclose(out, want, rtol=1e-13, atol=0)
+    compiled = wide_exchanges.compile(x, xi, out, outi, **launch, target="sm_90a")
+    dev = ptx_sim.Device()
+    out.fill_(float("nan"))
+    outi.zero_()
+    for t in (x, xi, out, outi):
+        dev.place(t)
+    dev.run(compiled, (CTAS,), x, xi, out, outi, cluster=CTAS)
+    got = dev.fetch(out)
+    assert torch.equal(dev.fetch(outi), want_i)
+    assert torch.allclose(got, want, rtol=1e-13, atol=0) and (got == got[0]).all()
+
+
+@mgjit.kernel
 def bad_kind(x, out):
     out[0] = mgjit.cluster_reduce(x[mgjit.ds(0, 128)].sum(), "mean")
 
@@ -192,9 +232,11 @@ def test_errors_name_the_line():
     with pytest.raises(mgjit.CompileError, match=r"test_cluster_reduce.py:\d+.*kind is one of"):
         bad_kind.compile(x, x, target="sm_90a")
     h = torch.zeros(128, dtype=torch.float16)
-    with pytest.raises(mgjit.CompileError, match=r"test_cluster_reduce.py:\d+.*float32 or int32.*float16"):
+    with pytest.raises(mgjit.CompileError, match=r"test_cluster_reduce.py:\d+.*float32, int32, float64 or int64 "
+                       r"values, got float16"):
         bad_dtype.compile(h, h, target="sm_90a")
-    with pytest.raises(mgjit.CompileError, match=r"test_cluster_reduce.py:\d+.*float32 or int32.*float16"):
+    with pytest.raises(mgjit.CompileError, match=r"test_cluster_reduce.py:\d+.*float32, int32, float64 or int64 "
+                       r"values, got float16"):
         bad_gather.compile(h, h, target="sm_90a")
 
 

@@ -61,12 +61,13 @@ def poison(checks: list) -> None:
 
 def float64_mappings(configs) -> tuple[mgjit.Config, ...]:
     kept = _rows.in_float64(tuple(configs))
-    assert all(c.kwargs["CTAS"] == c.kwargs["WGS"] == 1 and not c.kwargs.get("PIPE") for c in kept)
+    assert not any(c.kwargs.get("PIPE") or c.kwargs.get("PERSIST") for c in kept)
     return kept
 
 
 @pytest.mark.parametrize("n", [1, 3, 37, 300, 777, 5000, 9000])
 def test_every_float64_mapping_interpreted(n):
+    """Rows of 5000 on two warpgroups, 9000 over clusters (held and chunked) among them."""
     x = torch.randn(5, n, dtype=F64) * 4 + 1
     for name, kernel, args, constexprs, configs, checks in cases(x):
         for config in float64_mappings(configs):
@@ -109,20 +110,25 @@ def test_every_float64_mapping_compiles(n):
             assert ".f64" in ptx, f"{name} {config}"
 
 
-@pytest.mark.parametrize("n,index", [(37, 0), (777, 0), (5000, 2)])
-def test_float64_mappings_from_their_ptx(n, index):
-    """Held rows (a row of 777 in three arrays) and streamed ones (BLOCK, the third mapping of 5000), from the
-    sm_90a PTX on the simulator: float64 shuffles, exps and rsqrts as the GPU runs them."""
-    x = torch.randn(4, n, dtype=F64) * 4 + 1
+KINDS = {"held": lambda c: not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == c.kwargs["WGS"] == 1,
+         "streamed": lambda c: c.kwargs["BLOCK"] and not c.kwargs["CHUNKS"],
+         "cluster": lambda c: c.kwargs["CTAS"] > 1 and not c.kwargs["BLOCK"]}
+
+
+@pytest.mark.parametrize("n,kind", [(37, "held"), (777, "held"), (5000, "streamed"), (9000, "cluster")])
+def test_float64_mappings_from_their_ptx(n, kind):
+    """Held rows (a row of 777 in three arrays), streamed ones and rows over a cluster of two CTAs, from the sm_90a
+    PTX on the simulator: float64 shuffles, exchanges between CTAs, exps and rsqrts as the GPU runs them."""
+    x = torch.randn(2, n, dtype=F64) * 4 + 1
     for name, kernel, args, constexprs, configs, checks in cases(x):
-        config = float64_mappings(configs)[index]
+        config = next(c for c in float64_mappings(configs) if KINDS[kind](c))
         compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
         poison(checks)
         dev = ptx_sim.Device()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         for t in dict.fromkeys(tensors):
             dev.place(t)
-        dev.run(compiled, _rows.grid(x.shape[0], config), *args)
+        dev.run(compiled, _rows.grid(x.shape[0], config), *args, cluster=config.kwargs["CTAS"])
         for got, ref in checks:
             assert rel(dev.fetch(got), ref) < TOL, f"{name} {config}"
 

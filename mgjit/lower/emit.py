@@ -122,6 +122,16 @@ class Emitter:
     def trunc(self, v, bits: int): return self.m.arith.trunci(self.int_type(bits), v)
     def bitcast(self, v, t): return self.m.arith.bitcast(t, v)
 
+    def halves(self, x) -> tuple[Any, Any]:
+        """A 64-bit value (i64 or f64) as its (low, high) 32-bit words: what shuffles and exchanges move."""
+        word = x if str(x.type) == "i64" else self.bitcast(x, self.int_type(64))
+        return self.trunc(word, 32), self.trunc(self.m.arith.shrui(word, self.i64(32)), 32)
+
+    def joined(self, low, high, t):
+        """The 64-bit value of type t (i64 or f64) whose 32-bit words are low and high."""
+        word = self.ori(self.zext(low, 64), self.m.arith.shli(self.zext(high, 64), self.i64(32)))
+        return word if str(t) == "i64" else self.bitcast(word, t)
+
     def pack_i32(self, parts: Sequence[Any]):
         """Narrow integers (lowest first) → one i32: 16-bit halves through a vector bitcast, bytes shifted and or'ed
         in. LLVM's NVPTX backend cannot select a vector of bytes built from sign-extended compares (`where(m == 0,
@@ -376,11 +386,7 @@ class Emitter:
         ir = self.ir
         offset = self.i32(offset) if isinstance(offset, int) else offset
         if str(x.type) in ("f64", "i64"):  # shfl.sync moves a 32-bit register: a 64-bit value goes as two halves
-            word = x if str(x.type) == "i64" else self.bitcast(x, self.int_type(64))
-            low = self.shfl(self.trunc(word, 32), kind, offset)
-            high = self.shfl(self.trunc(self.m.arith.shrui(word, self.i64(32)), 32), kind, offset)
-            word = self.ori(self.zext(low, 64), self.m.arith.shli(self.zext(high, 64), self.i64(32)))
-            return word if str(x.type) == "i64" else self.bitcast(word, x.type)
+            return self.joined(*(self.shfl(h, kind, offset) for h in self.halves(x)), x.type)
         attr = ir.Attribute.parse(f"#nvvm<shfl_kind {kind}>")
         clamp = 0 if kind == "up" else 0x1F  # "up" counts from lane 0, the others up to lane 31
         return self.m.nvvm.shfl_sync(self.i32(-1), x, offset, self.i32(clamp), attr, results=[x.type])

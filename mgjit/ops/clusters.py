@@ -41,6 +41,10 @@ from .reductions import REDUCE_KINDS
 from .smem import shared_address
 
 
+# What exchanges move: 32-bit values as one word a slot, 64-bit ones as two (`_held`)
+EXCHANGED = (dtypes.float32, dtypes.int32, dtypes.float64, dtypes.int64)
+
+
 class ClusterRank(Op):
     name = "cluster_rank"
     requires = "cluster"
@@ -82,13 +86,13 @@ class ClusterReduce(Op):
     def verify(self):
         x = self.operands[0]
         check(self.kind in REDUCE_KINDS, self, f"unknown reduction {self.kind}; expected one of {REDUCE_KINDS}")
-        check(x.dtype in (dtypes.float32, dtypes.int32), self,
-              f"cluster_reduce combines float32 or int32 values, got {x.dtype.name}; use .astype()")
+        check(x.dtype in EXCHANGED, self,
+              f"cluster_reduce combines float32, int32, float64 or int64 values, got {x.dtype.name}; use .astype()")
         _verify_count(self)
 
 
 class ClusterGather(Op):
-    """Each of `values` (float32 or int32 scalars or arrays) as every warpgroup of every CTA of the cluster holds
+    """Each of `values` (scalars or arrays of EXCHANGED dtypes) as every warpgroup of every CTA of the cluster holds
     it, exchanged in one round: the results are value 0 in every slot, then value 1 in every slot, ...; slot =
     CTA rank × warpgroups + warpgroup index. Every warpgroup gets the same bits. Every warpgroup must reach it
     (it waits for all the others' values, and for nothing else)."""
@@ -116,8 +120,8 @@ class ClusterGather(Op):
     def verify(self):
         check(bool(self.values), self, "cluster_gather needs at least one value")
         for x in self.values:
-            check(x.dtype in (dtypes.float32, dtypes.int32), self,
-                  f"cluster_gather exchanges float32 or int32 values, got {x.dtype.name}; use .astype()")
+            check(x.dtype in EXCHANGED, self, f"cluster_gather exchanges float32, int32, float64 or int64 values, got "
+                  f"{x.dtype.name}; use .astype()")
         _verify_count(self)
 
 
@@ -178,18 +182,31 @@ def _cluster_sync(op: ClusterSync, ctx: lower.Context) -> None:
 
 @dataclasses.dataclass
 class _Held:
-    """A value as an exchange moves it: its elements, where each goes in a slot, how many a slot holds, which
-    threads write them, how to rebuild a value of its type from elements, and whether every thread of the
-    warpgroup holds it (a scalar, a splat)."""
+    """A value as an exchange moves it: its 32-bit elements, where each goes in a slot, how many a slot holds,
+    which threads write them, how to rebuild a value of its type from elements, whether every thread of the
+    warpgroup holds it (a scalar, a splat), and whether its elements are 64-bit ones split (`split`: each as its
+    low and high words, in places 2p and 2p + 1)."""
     values: list
     places: list
     count: int
     writer: Any
     rebuild: Callable[[list], Any]
     uniform: bool = False
+    split: bool = False
 
 
 def _held(ctx: lower.Context, x: Value) -> _Held:
+    held = _held_elements(ctx, x)
+    if x.dtype.bits != 64:
+        return held
+    e = ctx.e
+    return dataclasses.replace(
+        held, values=[w for v in held.values for w in e.halves(v)], count=2 * held.count, split=True,
+        places=[p for place in held.places for p in (e.muli(place, e.i32(2)), e.addi(e.muli(place, e.i32(2)),
+                                                                                       e.i32(1)))])
+
+
+def _held_elements(ctx: lower.Context, x: Value) -> _Held:
     e = ctx.e
     lowered = ctx.get(x)
     if x.is_array and not isinstance(lowered.layout, SplatLayout):
@@ -239,8 +256,12 @@ def _exchange(ctx: lower.Context, op: Op) -> list[tuple[_Held, list[list]]]:
     out = []
     for h, base, x in zip(held, bases, op.values):
         t = e.type(x.dtype)
-        out.append((h, [[e.smem_load(t, _slot_address(ctx, h, buffer, base, e.i32(s), place)) for s in range(slots)]
-                        for place in h.places]))
+        words = [[e.smem_load(e.int_type(32) if h.split else t, _slot_address(ctx, h, buffer, base, e.i32(s), place))
+                  for s in range(slots)] for place in h.places]
+        if h.split:  # each element's two words, joined again slot by slot
+            words = [[e.joined(low, high, t) for low, high in zip(lows, highs)]
+                     for lows, highs in zip(words[::2], words[1::2])]
+        out.append((h, words))
     return out
 
 
@@ -269,7 +290,7 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
                                    for p in range(op.ctas)]
     for h, base, x in zip(held, bases, op.values):
         for place, v in zip(h.places, h.values):
-            bits = e.bitcast(v, i32) if x.dtype.is_float else v
+            bits = e.bitcast(v, i32) if str(v.type) == "f32" else v
             local = shared_address(ctx, _slot_address(ctx, h, buffer, base, mine, place))
             if barrier is None:
                 e.asm_void("@$0 st.shared.b32 [$1], $2;", "b,r,r", [h.writer, local, bits])
