@@ -22,8 +22,8 @@ mapping: `_rows.in_float64`). The mapping is autotuned per shape.
 import functools
 
 import torch
-from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, in_float64, load_row, mapping as rows_mapping, merge_exp,
-                   segment, shifted_exp, stage, staging, store_row, streamed_exp_sum, wide)
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, in_float64, load_row, mapping as rows_mapping,
+                   merge_exp, segment, shifted_exp, stage, staging, store_row, streamed_exp_sum, wide)
 from _rows_launch import as_rows, floating, launch, output
 from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
