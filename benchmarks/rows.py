@@ -116,8 +116,8 @@ def wide(t: torch.Tensor) -> torch.Tensor:
 
 
 def for_dtype(configs, *dtypes):
-    """The wrappers' candidates for tensors of `dtypes`: float64's own where one is float64 (_rows.in_float64)."""
-    return sm_example.in_float64(configs) if torch.float64 in dtypes else configs
+    """The wrappers' candidates for tensors of `dtypes`: float64's own where one is float64."""
+    return _rows_launch.in_float64(configs) if torch.float64 in dtypes else configs
 
 
 def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = None):

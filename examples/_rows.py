@@ -221,22 +221,6 @@ def staging(configs: Sequence[mgjit.Config], n: int) -> tuple[mgjit.Config, ...]
     return tuple(c.replace(STAGED=0) for c in configs) + twins if twins else tuple(configs)
 
 
-@functools.lru_cache(maxsize=None)
-def in_float64(configs: tuple[mgjit.Config, ...]) -> tuple[mgjit.Config, ...]:
-    """The `configs` float64 rows take, computed in float64 (`wide`): held (over the warpgroups of a cluster too:
-    its exchanges move 64-bit values as two words), streamed or chunked. Not those that pipe rows through shared
-    memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit rows'
-    remedies). Held one-CTA mappings of 8 rows or more are also tried with a quarter of the rows: a float64 exp
-    (libdevice's) inlined for every element a thread holds takes registers (softmax, rows of 127, 16 a program:
-    134 registers, 3 CTAs an SM). Cached: a wrapper's launches are keyed by the configs' identity
-    (_rows_launch.tuned_launch)."""
-    kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED")))
-    assert kept, f"no float64 mapping among {configs}"
-    fewer = tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
-                  and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
-    return tuple(dict.fromkeys(kept + fewer))
-
-
 def persisting(configs: Sequence[mgjit.Config], weights: int) -> tuple[mgjit.Config, ...]:
     """`configs` (PERSIST=0), then their held one-CTA mappings without an occupancy cap (OCC) again as persistent
     grids of PERSIST = PERSIST_WARPGROUPS / WGS CTAs an SM (ptxas capped to fit them), where PERSIST copies of

@@ -1,5 +1,6 @@
 """What the row examples' wrappers (softmax, rmsnorm, layernorm, cross_entropy, the fused elementwise kernel) share
-around their kernels: the checks of their arguments (`floating`, `output`, `as_rows`) and the autotuned launch
+around their kernels: the mappings float64 rows take (`in_float64`), the checks of their arguments (`floating`,
+`output`, `as_rows`) and the autotuned launch
 (`launch`, `tuned_launch`: the fastest of a mapping's candidates for a shape, timed with mgjit.autotune on the first
 call and remembered on disk; `picked` and `timings` say what it chose and measured). The mappings themselves and the
 kernels' device helpers are examples/_rows.py's."""
@@ -31,6 +32,22 @@ def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
         return True
     pointers = [a.data_ptr() for a in args if hasattr(a, "data_ptr")]
     return len(set(pointers)) < len(pointers)
+
+
+@functools.lru_cache(maxsize=None)
+def in_float64(configs: tuple[mgjit.Config, ...]) -> tuple[mgjit.Config, ...]:
+    """The `configs` float64 rows take, computed in float64 (`wide`): held (over the warpgroups of a cluster too:
+    its exchanges move 64-bit values as two words), streamed or chunked. Not those that pipe rows through shared
+    memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit rows'
+    remedies: examples/_rows.py). Held one-CTA mappings of 8 rows or more are also tried with a quarter of the rows: a float64 exp
+    (libdevice's) inlined for every element a thread holds takes registers (softmax, rows of 127, 16 a program:
+    134 registers, 3 CTAs an SM). Cached: a wrapper's launches are keyed by the configs' identity
+    (_rows_launch.tuned_launch)."""
+    kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED")))
+    assert kept, f"no float64 mapping among {configs}"
+    fewer = tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
+                  and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
+    return tuple(dict.fromkeys(kept + fewer))
 
 
 def floating(name: str, **tensors) -> None:

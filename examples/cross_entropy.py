@@ -16,7 +16,7 @@ Elsewhere the targets' logits are gathered (`logits[rows, targets]`), a load for
 whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN
 (torch raises). The logsumexp is returned too (what a backward pass needs). Losses and logsumexps are float32,
 computed in float32; float64 for float64 logits, computed in float64 (`_rows.wide`; no piped mapping:
-`_rows.in_float64`).
+`_rows_launch.in_float64`).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -24,10 +24,10 @@ import functools
 import math
 
 import torch
-from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, first_row, in_float64, load_row, grid,
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, first_row, load_row, grid,
                    mapping as rows_mapping, merge_exp, merge_pair, segment, sm_count, stage, store_stat,
                    streamed_exp_sum, TWO_PARTS_BELOW, wide)
-from _rows_launch import floating, launch, output
+from _rows_launch import floating, in_float64, launch, output
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
                          program_segment, read_lines, ring)

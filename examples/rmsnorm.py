@@ -14,16 +14,16 @@ shared memory, read from global memory once). Or (piped rows, from 4097 columns,
 examples/_rows_piped.py) a few persistent programs an SM stream their rows (longer ones over the CTAs of a
 cluster) through shared-memory slots by TMA, each with w laid out once and read per row through a window. The
 mapping is autotuned per shape. Rows are computed in float32, or in float64 where x or w is float64 (`_rows.wide`;
-neither piped nor persistent: `_rows.in_float64`).
+neither piped nor persistent: `_rows_launch.in_float64`).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import functools
 
 import torch
-from _rows import (chunked_segment, in_float64, load_row, mapping, persisting, row_groups, row_sum, segment, stage,
+from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage,
                    staging, stash_vector, store_row, weights, wide)
-from _rows_launch import as_rows, floating, launch
+from _rows_launch import as_rows, floating, in_float64, launch
 from _rows_piped import (envelope, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
 

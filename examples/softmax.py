@@ -15,16 +15,16 @@ from shared memory. Or (piped rows, 4097 to 16385 columns, contiguous tensors: e
 persistent programs an SM each stream their rows through shared-memory slots, one TMA copy a row, computing one
 while the next ones land; longer rows split over the CTAs of a cluster the same way (up to 262144 columns, 16
 CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store, float64 in float64 (`_rows.wide`; no piped
-mapping: `_rows.in_float64`). The mapping is autotuned per shape.
+mapping: `_rows_launch.in_float64`). The mapping is autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
 import functools
 
 import torch
-from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, in_float64, load_row, mapping as rows_mapping,
+from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping,
                    merge_exp, segment, shifted_exp, stage, staging, store_row, streamed_exp_sum, wide)
-from _rows_launch import as_rows, floating, launch, output
+from _rows_launch import as_rows, floating, in_float64, launch, output
 from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 

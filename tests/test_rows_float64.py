@@ -1,9 +1,9 @@
-"""float64 rows in the row examples are computed in float64 (examples/_rows.py `wide`, `in_float64`): they were
-computed in float32, 1e-8 off torch's float64 softmax and norms with nothing said. Every float64 mapping of each
-kernel, forced, interpreted against torch in float64 on fresh random inputs with the outputs poisoned; the wrappers
-as users call them, in the interpreter, and with float64 weights beside float32 rows; every float64 mapping
-compiled for sm_90a and a few run from their PTX on tests/ptx_sim.py; on a GPU, every float64 mapping forced and
-the tuned wrappers."""
+"""float64 rows in the row examples are computed in float64 (examples/_rows.py `wide`, _rows_launch.py
+`in_float64`): they were computed in float32, 1e-8 off torch's float64 softmax and norms with nothing said. Every
+float64 mapping of each kernel, forced, interpreted against torch in float64 on fresh random inputs with the outputs
+poisoned; the wrappers as users call them, in the interpreter, and with float64 weights beside float32 rows; every
+float64 mapping compiled for sm_90a and a few run from their PTX on tests/ptx_sim.py; on a GPU, every float64
+mapping forced and the tuned wrappers."""
 import os
 import sys
 from pathlib import Path
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rows  # noqa: E402
+import _rows_launch  # noqa: E402
 import cross_entropy as ce  # noqa: E402
 import fused_elementwise as fe  # noqa: E402
 import layernorm as ln  # noqa: E402
@@ -60,7 +61,7 @@ def poison(checks: list) -> None:
 
 
 def float64_mappings(configs) -> tuple[mgjit.Config, ...]:
-    kept = _rows.in_float64(tuple(configs))
+    kept = _rows_launch.in_float64(tuple(configs))
     assert not any(c.kwargs.get("PIPE") or c.kwargs.get("PERSIST") for c in kept)
     return kept
 
