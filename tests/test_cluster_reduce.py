@@ -189,13 +189,19 @@ def wide_exchanges(x, xi, out, outi, CTAS: mgjit.constexpr):
     out[mgjit.program_id(0)] = total
 
 
-def test_64_bit_values_cross_the_cluster_as_two_words():
+def wide_inputs() -> tuple:
+    """(x, xi, the int64 result, the float64 one) of wide_exchanges."""
     x = torch.randn(CTAS * 128, dtype=torch.float64) * 1e3
     xi = torch.randint(-(1 << 40), 1 << 40, (CTAS * 128,), dtype=torch.int64)
     xi[5] = (1 << 62) + 3  # sums that wrap past 2**63
     xi[128 + 5] = (1 << 62) + 7
     want_i = (xi.view(CTAS, 128).sum(0) + xi.max()).expand(CTAS, 128)
     want = (x.view(CTAS, 128).sum(1) * torch.arange(1, CTAS + 1, dtype=torch.float64)).sum().expand(CTAS)
+    return x, xi, want_i, want
+
+
+def test_64_bit_values_cross_the_cluster_as_two_words():
+    x, xi, want_i, want = wide_inputs()
     out, outi = torch.full((CTAS,), float("nan"), dtype=torch.float64), torch.zeros(CTAS, 128, dtype=torch.int64)
     launch = dict(CTAS=CTAS, cluster=(CTAS, 1, 1))
     wide_exchanges.interpret[(CTAS,)](x, xi, out, outi, **launch)
@@ -241,8 +247,9 @@ def test_errors_name_the_line():
 
 
 @pytest.mark.gpu
-def test_on_the_gpu():
-    x, outs = inputs()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_on_the_gpu(dtype):
+    x, outs = inputs(dtype)
     x, outs = x.cuda(), [o.cuda() for o in outs]
     segment_stats[(2 * CTAS,)](x, *outs, BLOCK=BLOCK, CTAS=CTAS, WGS=WGS, num_warpgroups=WGS, cluster=(CTAS, 1, 1))
     torch.cuda.synchronize()
@@ -258,6 +265,18 @@ def test_gather_on_the_gpu():
     torch.cuda.synchronize()
     got = out.cpu()
     assert torch.allclose(got, gathered_reference(x), rtol=1e-5, atol=1e-4) and (got == got[:, :1]).all()
+
+
+@pytest.mark.gpu
+def test_64_bit_values_cross_the_cluster_on_the_gpu():
+    x, xi, want_i, want = wide_inputs()
+    out = torch.full((CTAS,), float("nan"), dtype=torch.float64, device="cuda")
+    outi = torch.zeros(CTAS, 128, dtype=torch.int64, device="cuda")
+    wide_exchanges[(CTAS,)](x.cuda(), xi.cuda(), out, outi, CTAS=CTAS, cluster=(CTAS, 1, 1))
+    torch.cuda.synchronize()
+    got = out.cpu()
+    assert torch.equal(outi.cpu(), want_i)
+    assert torch.allclose(got, want, rtol=1e-13, atol=0) and (got == got[0]).all()
 
 
 @mgjit.kernel

@@ -80,3 +80,24 @@ def test_64_bit_reductions_over_lanes_and_warps(rows, width):
         assert torch.equal(isums, want[3]) and torch.equal(imaxima, want[4]) and torch.equal(itotal, want[6])
         assert torch.equal(total.isinf(), want[5].isinf())
         torch.testing.assert_close(total[~total.isinf()], want[5][~want[5].isinf()], rtol=1e-13, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,width", SHAPES)
+def test_64_bit_reductions_on_the_gpu(rows, width):
+    programs = 2
+    x, xi = _inputs(rows, width, programs)
+    n = programs * rows
+    outs = [torch.full((n,), float("nan"), dtype=torch.float64, device="cuda") for _ in range(3)] + [
+        torch.full((n,), -7, dtype=torch.int64, device="cuda") for _ in range(2)] + [
+        torch.full((programs,), float("nan"), dtype=torch.float64, device="cuda"),
+        torch.full((programs,), -7, dtype=torch.int64, device="cuda")]
+    row_reductions[(programs,)](x.cuda(), xi.cuda(), *outs, ROWS=rows, W=width)
+    sums, maxima, minima, isums, imaxima, total, itotal = (t.cpu() for t in outs)
+    want = _expected(x, xi, programs)
+    finite = x.isfinite().all(1)
+    torch.testing.assert_close(sums[finite], want[0][finite], rtol=1e-13, atol=1e-9)
+    torch.testing.assert_close(maxima, want[1], equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(minima, want[2], equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(isums, want[3]) and torch.equal(imaxima, want[4]) and torch.equal(itotal, want[6])
+    torch.testing.assert_close(total[~total.isinf()], want[5][~want[5].isinf()], rtol=1e-13, atol=1e-9)
