@@ -163,8 +163,9 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float = 1e-6, out: tor
         return out
     itemsize, views = piped_views((rows, out_rows), (w,), rows_per_program)
     configs = rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),))
-    launch(rmsnorm_kernel, in_float64(configs) if torch.float64 in (x.dtype, w.dtype) else configs,
-           (rows, w, out_rows), views, eps=eps)
+    if torch.float64 in (x.dtype, w.dtype):
+        configs = in_float64(configs, rows_per_program is not None)
+    launch(rmsnorm_kernel, configs, (rows, w, out_rows), views, eps=eps)
     return out
 
 

@@ -151,7 +151,9 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
         return out
     itemsize, views = piped_views((rows, out_rows), rows_per_program=rows_per_program)
     configs = mapping(rows.shape[1], rows_per_program, itemsize)
-    launch(softmax_kernel, in_float64(configs) if x.dtype == torch.float64 else configs, (rows, out_rows), views)
+    if x.dtype == torch.float64:
+        configs = in_float64(configs, rows_per_program is not None)
+    launch(softmax_kernel, configs, (rows, out_rows), views)
     return out
 
 

@@ -95,6 +95,9 @@ def test_the_wrappers_compute_float64_in_float64(monkeypatch):
     assert rel(lse, torch.logsumexp(logits, 1)) < TOL
     y, z = torch.randn_like(x), torch.randn_like(x)
     assert rel(fe.fused(x, y, z), torch.nn.functional.gelu(x, approximate="tanh") * y + z) < TOL
+    forced = torch.randn(64, 300, dtype=F64)
+    assert rel(sm.softmax(forced, rows_per_program=16), torch.softmax(forced, -1)) < TOL
+    assert [c.kwargs["ROWS"] for c in _rows_launch.in_float64(sm.mapping(300, 16), True)] == [16]  # as asked
     rows = x.float()
     got = ln.layernorm(rows, w, b).double()
     assert rel(got, torch.nn.functional.layer_norm(rows.double(), (300,), w, b, 1e-5)) < 1e-6
