@@ -35,21 +35,28 @@ def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     return len(set(pointers)) < len(pointers)
 
 
+# The most float64 elements a warpgroup's held rows take: 64 a thread, 128 registers (a row of three arrays held as
+# one padded one, four rows of 4096, took 256 and was refused)
+FLOAT64_HELD = 8192
+
+
 @functools.lru_cache(maxsize=None)
 def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple[mgjit.Config, ...]:
     """The `configs` float64 rows take, computed in float64 (`_rows.wide`): held (over the warpgroups of a cluster
     too: its exchanges move 64-bit values as two words), streamed or chunked. Not those that pipe rows through
     shared memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit
     rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not fit in shared memory
-    (rows of 262144 over 8 CTAs). Held one-CTA mappings of 8 rows or more are also tried with a quarter of the
-    rows, unless the rows a program are `forced`: a float64 exp (libdevice's) inlined for every element a thread
-    holds takes registers (softmax, rows of 127, 16 a program: 134 registers, 3 CTAs an SM). Cached: a wrapper's
-    launches are keyed by the configs' identity (`tuned_launch`)."""
+    (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of more than FLOAT64_HELD
+    elements a warpgroup, and held one-CTA mappings of 8 rows or more also with a quarter of the rows (a float64
+    exp, libdevice's, inlined for every element a thread holds takes registers: softmax over rows of 127, 16 a
+    program, 134 registers, 3 CTAs an SM). Cached: a wrapper's launches are keyed by the configs' identity
+    (`tuned_launch`)."""
     kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED"))
                  and c.kwargs["CHUNKS"] * c.kwargs["BLOCK"] * 8 <= HOPPER.smem_bytes)  # a chunked segment fits
-    assert kept, f"no float64 mapping among {configs}"
-    if forced:  # rows a program as the caller asked (rows_per_program)
+    if forced:  # rows a program as the caller asked (rows_per_program; too many: the compiler says so)
         return kept
+    kept = tuple(c for c in kept if c.kwargs["ROWS"] * sum(c.kwargs["PARTS"]) <= FLOAT64_HELD)
+    assert kept, f"no float64 mapping among {configs}"
     fewer = tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
                   and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
     return tuple(dict.fromkeys(kept + fewer))
