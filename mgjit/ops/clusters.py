@@ -200,10 +200,9 @@ def _held(ctx: lower.Context, x: Value) -> _Held:
     if x.dtype.bits != 64:
         return held
     e = ctx.e
-    return dataclasses.replace(
-        held, values=[w for v in held.values for w in e.halves(v)], count=2 * held.count, split=True,
-        places=[p for place in held.places for p in (e.muli(place, e.i32(2)), e.addi(e.muli(place, e.i32(2)),
-                                                                                       e.i32(1)))])
+    low_places = [e.muli(place, e.i32(2)) for place in held.places]
+    return dataclasses.replace(held, values=[w for v in held.values for w in e.halves(v)], count=2 * held.count,
+                               places=[p for low in low_places for p in (low, e.addi(low, e.i32(1)))], split=True)
 
 
 def _held_elements(ctx: lower.Context, x: Value) -> _Held:
@@ -288,7 +287,7 @@ def _write_slots(ctx: lower.Context, op: Op, held: list[_Held], bases: list[int]
     arrays = barrier is not None and not all(h.uniform for h in held)
     peers = [] if not arrays else [(e.i32(p), e.asm(mapa, "=r,r,r", [barrier, e.i32(p)], [i32])[0])
                                    for p in range(op.ctas)]
-    for h, base, x in zip(held, bases, op.values):
+    for h, base in zip(held, bases):
         for place, v in zip(h.places, h.values):
             bits = e.bitcast(v, i32) if str(v.type) == "f32" else v
             local = shared_address(ctx, _slot_address(ctx, h, buffer, base, mine, place))
