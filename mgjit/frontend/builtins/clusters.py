@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ... import ir, language as lang, ops
-from ...ops.clusters import EXCHANGED
 from ..registry import builtin
 from ..semantics import Semantics
 from ..values import Tensor
@@ -39,9 +38,6 @@ def cluster_reduce(t: Semantics, args: list, kwargs: dict) -> Tensor:
     if kind not in lang.REDUCE_BUILTINS.values():
         raise t.error(f"cluster_reduce(x, kind): kind is one of {sorted(lang.REDUCE_BUILTINS.values())}, got {kind!r}")
     x = t.to_tensor(x)
-    if x.dtype not in EXCHANGED:
-        raise t.error(f"cluster_reduce combines float32, int32, float64 or int64 values, got {x.dtype.name}; use "
-                      ".astype()")
     ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
     return t.emit(ops.ClusterReduce(kind, x.value, ctas, t.builder.loc, exchange_count(t, ctas)))
 
@@ -51,10 +47,6 @@ def cluster_gather(t: Semantics, args: list, kwargs: dict) -> tuple:
     if kwargs or not args:
         raise t.error("cluster_gather(x, ...) takes one or more values, positionally")
     values = [t.to_tensor(x) for x in args]
-    for x in values:
-        if x.dtype not in EXCHANGED:
-            raise t.error(f"cluster_gather exchanges float32, int32, float64 or int64 values, got {x.dtype.name}; use "
-                          ".astype()")
     ctas = t.cluster[0] * t.cluster[1] * t.cluster[2]
     op = ops.ClusterGather([x.value for x in values], ctas, t.num_warpgroups, t.builder.loc, exchange_count(t, ctas))
     t.builder.add(op)
