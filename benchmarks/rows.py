@@ -115,11 +115,6 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float64 else t.float()
 
 
-def for_dtype(configs, *dtypes):
-    """The wrappers' candidates for tensors of `dtypes`: float64's own where one is float64."""
-    return _rows_launch.in_float64(configs) if torch.float64 in dtypes else configs
-
-
 def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = None):
     """(runs {name: fn}, output, reference fn, bytes moved, mapping fn) for one kernel, length and dtype (the norms'
     weight and bias in `weights`, by default the rows' dtype: models often keep them in float32)."""
@@ -135,8 +130,8 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        picked = picked_mapping(sm_example.softmax_kernel, for_dtype(sm_example.mapping(n, None, itemsize), dtype),
-                                (x, out), views)
+        configs = _rows_launch.for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,))
+        picked = picked_mapping(sm_example.softmax_kernel, configs, (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
         m = rows_for(n, isz, 2)
@@ -150,7 +145,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(wide(x), (n,), wide(w), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            configs = for_dtype(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), dtype, wdtype)
+            configs = _rows_launch.for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype))
             picked = picked_mapping(rms_example.rmsnorm_kernel, configs, (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -158,7 +153,8 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(wide(x), (n,), wide(w), wide(b), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
-            configs = for_dtype(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), dtype, wdtype)
+            configs = _rows_launch.for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)),
+                                              (dtype, wdtype))
             picked = picked_mapping(ln_example.layernorm_rows, configs, (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":
@@ -172,7 +168,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(wide(logits), target, reduction="none")  # noqa: E731
         itemsize, views = piped_views((logits,))
-        configs = for_dtype(ce_example.mapping(n, itemsize, False), dtype)
+        configs = _rows_launch.for_dtypes(ce_example.mapping(n, itemsize, False), (dtype,))
         picked = picked_mapping(ce_example.cross_entropy_rows, configs,
                                 (logits, target, loss, torch.empty_like(loss), -100),
                                 (*views, *ce_example.scratch(logits, configs)))

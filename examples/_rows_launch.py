@@ -1,9 +1,8 @@
 """What the row examples' wrappers (softmax, rmsnorm, layernorm, cross_entropy, the fused elementwise kernel) share
-around their kernels: the mappings float64 rows take (`in_float64`), the checks of their arguments (`floating`,
-`output`, `as_rows`) and the autotuned launch
-(`launch`, `tuned_launch`: the fastest of a mapping's candidates for a shape, timed with mgjit.autotune on the first
-call and remembered on disk; `picked` and `timings` say what it chose and measured). The mappings themselves and the
-kernels' device helpers are examples/_rows.py's."""
+around their kernels: the mappings float64 rows take (`for_dtypes`, `in_float64`), the checks of their arguments
+(`floating`, `output`, `as_rows`) and the autotuned launch (`launch`, `tuned_launch`: the fastest of a mapping's
+candidates for a shape, timed with mgjit.autotune on the first call and remembered on disk; `picked` and `timings`
+say what it chose and measured). The mappings themselves and the kernels' device helpers are examples/_rows.py's."""
 from __future__ import annotations
 
 import functools
@@ -60,6 +59,13 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple
     fewer = tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
                   and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
     return tuple(dict.fromkeys(kept + fewer))
+
+
+def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False) -> tuple[mgjit.Config, ...]:
+    """`configs` as a wrapper launches them for tensors of `dtypes` (rows, weights): float64's own (`in_float64`)
+    where one of them is float64."""
+    import torch
+    return in_float64(configs, forced) if torch.float64 in dtypes else configs
 
 
 def floating(name: str, **tensors) -> None:

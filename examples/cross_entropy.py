@@ -16,7 +16,7 @@ Elsewhere the targets' logits are gathered (`logits[rows, targets]`), a load for
 whose target is `ignore_index` get a loss of 0, as in torch; a target outside [0, n) otherwise gets a loss of NaN
 (torch raises). The logsumexp is returned too (what a backward pass needs). Losses and logsumexps are float32,
 computed in float32; float64 for float64 logits, computed in float64 (`_rows.wide`; no piped mapping:
-`_rows_launch.in_float64`).
+`_rows_launch.for_dtypes`).
 
     python examples/cross_entropy.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -27,7 +27,7 @@ import torch
 from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, first_row, load_row, grid,
                    mapping as rows_mapping, merge_exp, merge_pair, segment, sm_count, stage, store_stat,
                    streamed_exp_sum, TWO_PARTS_BELOW, wide)
-from _rows_launch import floating, in_float64, launch, output
+from _rows_launch import floating, for_dtypes, launch, output
 from _device import current_stream, kept_zero
 from _rows_piped import (LINE, copy_row, envelope, exp_lines, item_program, piped_views, piping, program_items,
                          program_segment, read_lines, ring)
@@ -382,9 +382,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
             lse.fill_(-float("inf"))
     elif rows:
         itemsize, views = piped_views((logits,))
-        configs = mapping(logits.shape[1], itemsize, return_lse)
-        if logits.dtype == torch.float64:
-            configs = in_float64(configs)
+        configs = for_dtypes(mapping(logits.shape[1], itemsize, return_lse), (logits.dtype,))
         launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index),
                (*views, *scratch(logits, configs)))
     return (loss, lse) if return_lse else loss

@@ -23,7 +23,7 @@ trip to L2 after the row's statistics). Held rows are also tried with ptxas aske
 occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of
 copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
 Statistics are computed in f32 (in f64 where x, w or b is float64: `_rows.wide`; neither piped nor
-persistent, `_rows_launch.in_float64`) and the output rounded once (x - mean first, then one fma with w and b); the
+persistent, `_rows_launch.for_dtypes`) and the output rounded once (x - mean first, then one fma with w and b); the
 padding past a row's end reads as zero and is masked out of the variance. Held rows of ONE_PASS_WIDTH columns or
 more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (y then comes from x * rstd
 - mean * rstd, the second term at most 4 in size: rounding it errs by 2.4e-7 at most), and take their deviations
@@ -37,7 +37,7 @@ import torch
 from _rows import (chunked_segment, columns, held_width, load_row, mapping, merge_moments, persisting,
                    row_groups, segment, segment_count, segment_sum, stage, staging, stash_vector, store_row,
                    TWO_PARTS_BELOW, weights, wide)
-from _rows_launch import as_rows, floating, in_float64, launch
+from _rows_launch import as_rows, floating, for_dtypes, launch
 from _rows_piped import (envelope, fill_outside, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring,
                          stash_lines, store_envelope, weight_lines)
 
@@ -330,9 +330,9 @@ def layernorm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, e
     if rows.numel() == 0:
         return out
     itemsize, views = piped_views((rows, out_rows), (w, b), rows_per_program)
-    configs = layernorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(), b.element_size()))
-    if torch.float64 in (x.dtype, w.dtype, b.dtype):
-        configs = in_float64(configs, rows_per_program is not None)
+    configs = for_dtypes(layernorm_mapping(rows.shape[1], rows_per_program, itemsize,
+                                           (w.element_size(), b.element_size())),
+                         (x.dtype, w.dtype, b.dtype), rows_per_program is not None)
     launch(layernorm_rows, configs, (rows, w, b, out_rows), views, eps=eps)
     return out
 

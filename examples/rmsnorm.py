@@ -14,7 +14,7 @@ shared memory, read from global memory once). Or (piped rows, from 4097 columns,
 examples/_rows_piped.py) a few persistent programs an SM stream their rows (longer ones over the CTAs of a
 cluster) through shared-memory slots by TMA, each with w laid out once and read per row through a window. The
 mapping is autotuned per shape. Rows are computed in float32, or in float64 where x or w is float64 (`_rows.wide`;
-neither piped nor persistent: `_rows_launch.in_float64`).
+neither piped nor persistent: `_rows_launch.for_dtypes`).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -23,7 +23,7 @@ import functools
 import torch
 from _rows import (chunked_segment, load_row, mapping, persisting, row_groups, row_sum, segment, stage,
                    staging, stash_vector, store_row, weights, wide)
-from _rows_launch import as_rows, floating, in_float64, launch
+from _rows_launch import as_rows, floating, for_dtypes, launch
 from _rows_piped import (envelope, flat_rows, line_parts, piped_views, piping, read_lines, refill, ring, stash_lines,
                          store_envelope, weight_lines)
 
@@ -162,9 +162,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float = 1e-6, out: tor
     if rows.numel() == 0:
         return out
     itemsize, views = piped_views((rows, out_rows), (w,), rows_per_program)
-    configs = rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),))
-    if torch.float64 in (x.dtype, w.dtype):
-        configs = in_float64(configs, rows_per_program is not None)
+    configs = for_dtypes(rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),)),
+                         (x.dtype, w.dtype), rows_per_program is not None)
     launch(rmsnorm_kernel, configs, (rows, w, out_rows), views, eps=eps)
     return out
 

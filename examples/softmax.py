@@ -15,7 +15,7 @@ from shared memory. Or (piped rows, 4097 to 16385 columns, contiguous tensors: e
 persistent programs an SM each stream their rows through shared-memory slots, one TMA copy a row, computing one
 while the next ones land; longer rows split over the CTAs of a cluster the same way (up to 262144 columns, 16
 CTAs). bf16/f16 inputs are computed in float32 and rounded once at the store, float64 in float64 (`_rows.wide`; no piped
-mapping: `_rows_launch.in_float64`). The mapping is autotuned per shape.
+mapping: `_rows_launch.for_dtypes`). The mapping is autotuned per shape.
 
     python examples/softmax.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -24,7 +24,7 @@ import functools
 import torch
 from _rows import (LOG2E, chunked_segment, exp_segment, finite_shift, load_row, mapping as rows_mapping,
                    merge_exp, segment, shifted_exp, stage, staging, store_row, streamed_exp_sum, wide)
-from _rows_launch import as_rows, floating, in_float64, launch, output
+from _rows_launch import as_rows, floating, for_dtypes, launch, output
 from _rows_piped import (envelope, exp_lines, flat_rows, piped_views, piping, read_lines, refill, ring, store_envelope,
                          write_lines)
 
@@ -150,9 +150,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
     if rows.numel() == 0:
         return out
     itemsize, views = piped_views((rows, out_rows), rows_per_program=rows_per_program)
-    configs = mapping(rows.shape[1], rows_per_program, itemsize)
-    if x.dtype == torch.float64:
-        configs = in_float64(configs, rows_per_program is not None)
+    configs = for_dtypes(mapping(rows.shape[1], rows_per_program, itemsize), (x.dtype,), rows_per_program is not None)
     launch(softmax_kernel, configs, (rows, out_rows), views)
     return out
 
