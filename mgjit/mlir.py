@@ -125,12 +125,11 @@ def to_ptx(module) -> str:
     except Exception as e:
         if reproducer is None or not os.path.exists(reproducer):
             raise
-        crashed = any(_CRASHED in str(d) for d in getattr(e, "error_diagnostics", ()))
-        if not crashed and len(_fatal_errors) == said:  # a pass failed and said why (its note names the reproducer)
-            raise
         if len(_fatal_errors) > said:
             raise RuntimeError(f"LLVM stopped with a fatal error: {_fatal_errors[said].splitlines()[0]} (the module "
                                f"it failed on is at {reproducer}; LLVM's whole report went to stderr)") from e
+        if not any(_CRASHED in str(d) for d in getattr(e, "error_diagnostics", ())):
+            raise  # a pass failed and said why (its note names the reproducer)
         raise RuntimeError(f"LLVM crashed (its report went to stderr; the module it failed on is at {reproducer})") \
             from e
     binary = module.body.operations[0]
