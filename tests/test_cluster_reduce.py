@@ -189,23 +189,28 @@ def wide_exchanges(x, xi, out, outi, CTAS: mgjit.constexpr):
     out[mgjit.program_id(0)] = total
 
 
-def wide_inputs() -> tuple:
-    """(x, xi, the int64 result, the float64 one) of wide_exchanges."""
+def wide_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """wide_exchanges' x and xi."""
     x = torch.randn(CTAS * 128, dtype=torch.float64) * 1e3
     xi = torch.randint(-(1 << 40), 1 << 40, (CTAS * 128,), dtype=torch.int64)
     xi[5] = (1 << 62) + 3  # sums that wrap past 2**63
     xi[128 + 5] = (1 << 62) + 7
-    want_i = (xi.view(CTAS, 128).sum(0) + xi.max()).expand(CTAS, 128)
+    return x, xi
+
+
+def check_wide(x, xi, out, outi) -> None:
+    """wide_exchanges' results: exact int64 sums and maximum, the float64 one the same bits in every program."""
+    assert torch.equal(outi, (xi.view(CTAS, 128).sum(0) + xi.max()).expand(CTAS, 128))
     want = (x.view(CTAS, 128).sum(1) * torch.arange(1, CTAS + 1, dtype=torch.float64)).sum().expand(CTAS)
-    return x, xi, want_i, want
+    assert torch.allclose(out, want, rtol=1e-13, atol=0) and (out == out[0]).all()
 
 
 def test_64_bit_values_cross_the_cluster_as_two_words():
-    x, xi, want_i, want = wide_inputs()
+    x, xi = wide_inputs()
     out, outi = torch.full((CTAS,), float("nan"), dtype=torch.float64), torch.zeros(CTAS, 128, dtype=torch.int64)
     launch = dict(CTAS=CTAS, cluster=(CTAS, 1, 1))
     wide_exchanges.interpret[(CTAS,)](x, xi, out, outi, **launch)
-    assert torch.equal(outi, want_i) and torch.allclose(out, want, rtol=1e-13, atol=0)
+    check_wide(x, xi, out, outi)
     compiled = wide_exchanges.compile(x, xi, out, outi, **launch, target="sm_90a")
     dev = ptx_sim.Device()
     out.fill_(float("nan"))
@@ -213,9 +218,7 @@ def test_64_bit_values_cross_the_cluster_as_two_words():
     for t in (x, xi, out, outi):
         dev.place(t)
     dev.run(compiled, (CTAS,), x, xi, out, outi, cluster=CTAS)
-    got = dev.fetch(out)
-    assert torch.equal(dev.fetch(outi), want_i)
-    assert torch.allclose(got, want, rtol=1e-13, atol=0) and (got == got[0]).all()
+    check_wide(x, xi, dev.fetch(out), dev.fetch(outi))
 
 
 @mgjit.kernel
@@ -269,14 +272,11 @@ def test_gather_on_the_gpu():
 
 @pytest.mark.gpu
 def test_64_bit_values_cross_the_cluster_on_the_gpu():
-    x, xi, want_i, want = wide_inputs()
+    x, xi = wide_inputs()
     out = torch.full((CTAS,), float("nan"), dtype=torch.float64, device="cuda")
     outi = torch.zeros(CTAS, 128, dtype=torch.int64, device="cuda")
     wide_exchanges[(CTAS,)](x.cuda(), xi.cuda(), out, outi, CTAS=CTAS, cluster=(CTAS, 1, 1))
-    torch.cuda.synchronize()
-    got = out.cpu()
-    assert torch.equal(outi.cpu(), want_i)
-    assert torch.allclose(got, want, rtol=1e-13, atol=0) and (got == got[0]).all()
+    check_wide(x, xi, out.cpu(), outi.cpu())
 
 
 @mgjit.kernel

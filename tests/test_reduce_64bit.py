@@ -54,14 +54,33 @@ def _expected(x: torch.Tensor, xi: torch.Tensor, programs: int) -> list[torch.Te
             finite.reshape(programs, -1).sum(1), xi.reshape(programs, -1).min(1).values]
 
 
+def _outputs(rows: int, programs: int, device: str = "cpu") -> list[torch.Tensor]:
+    """row_reductions' outputs, poisoned."""
+    f64 = dict(dtype=torch.float64, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    return [torch.full((programs * rows,), float("nan"), **f64) for _ in range(3)] + [
+        torch.full((programs * rows,), -7, **i64) for _ in range(2)] + [
+        torch.full((programs,), float("nan"), **f64), torch.full((programs,), -7, **i64)]
+
+
+def _check(got: list[torch.Tensor], x: torch.Tensor, xi: torch.Tensor, programs: int) -> None:
+    sums, maxima, minima, isums, imaxima, total, itotal = got
+    want = _expected(x, xi, programs)
+    finite = x.isfinite().all(1)
+    torch.testing.assert_close(sums[finite], want[0][finite], rtol=1e-13, atol=1e-9)
+    assert torch.equal(sums.isnan(), want[0].isnan())
+    torch.testing.assert_close(maxima, want[1], equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(minima, want[2], equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(isums, want[3]) and torch.equal(imaxima, want[4]) and torch.equal(itotal, want[6])
+    assert torch.equal(total.isinf(), want[5].isinf())
+    torch.testing.assert_close(total[~total.isinf()], want[5][~want[5].isinf()], rtol=1e-13, atol=1e-9)
+
+
 @pytest.mark.parametrize("rows,width", SHAPES)
 def test_64_bit_reductions_over_lanes_and_warps(rows, width):
     programs = 2
     x, xi = _inputs(rows, width, programs)
-    n = programs * rows
-    outs = [torch.full((n,), float("nan"), dtype=torch.float64) for _ in range(3)] + [
-        torch.full((n,), -7, dtype=torch.int64) for _ in range(2)] + [
-        torch.full((programs,), float("nan"), dtype=torch.float64), torch.full((programs,), -7, dtype=torch.int64)]
+    outs = _outputs(rows, programs)
     compiled = row_reductions.compile(x, xi, *outs, ROWS=rows, W=width, target="sm_90a")
     dev = ptx_sim.Device()
     for t in (x, xi, *outs):
@@ -69,17 +88,8 @@ def test_64_bit_reductions_over_lanes_and_warps(rows, width):
     dev.run(compiled, (programs,), x, xi, *outs)
     interpreted = [torch.full_like(t, -3) for t in outs]
     row_reductions.interpret[(programs,)](x, xi, *interpreted, ROWS=rows, W=width)
-    want = _expected(x, xi, programs)
     for got in ([dev.fetch(t) for t in outs], interpreted):
-        sums, maxima, minima, isums, imaxima, total, itotal = got
-        finite = x.isfinite().all(1)
-        torch.testing.assert_close(sums[finite], want[0][finite], rtol=1e-13, atol=1e-9)
-        assert torch.equal(sums.isnan(), want[0].isnan())
-        torch.testing.assert_close(maxima, want[1], equal_nan=True, rtol=0, atol=0)
-        torch.testing.assert_close(minima, want[2], equal_nan=True, rtol=0, atol=0)
-        assert torch.equal(isums, want[3]) and torch.equal(imaxima, want[4]) and torch.equal(itotal, want[6])
-        assert torch.equal(total.isinf(), want[5].isinf())
-        torch.testing.assert_close(total[~total.isinf()], want[5][~want[5].isinf()], rtol=1e-13, atol=1e-9)
+        _check(got, x, xi, programs)
 
 
 @pytest.mark.gpu
@@ -87,17 +97,6 @@ def test_64_bit_reductions_over_lanes_and_warps(rows, width):
 def test_64_bit_reductions_on_the_gpu(rows, width):
     programs = 2
     x, xi = _inputs(rows, width, programs)
-    n = programs * rows
-    outs = [torch.full((n,), float("nan"), dtype=torch.float64, device="cuda") for _ in range(3)] + [
-        torch.full((n,), -7, dtype=torch.int64, device="cuda") for _ in range(2)] + [
-        torch.full((programs,), float("nan"), dtype=torch.float64, device="cuda"),
-        torch.full((programs,), -7, dtype=torch.int64, device="cuda")]
+    outs = _outputs(rows, programs, "cuda")
     row_reductions[(programs,)](x.cuda(), xi.cuda(), *outs, ROWS=rows, W=width)
-    sums, maxima, minima, isums, imaxima, total, itotal = (t.cpu() for t in outs)
-    want = _expected(x, xi, programs)
-    finite = x.isfinite().all(1)
-    torch.testing.assert_close(sums[finite], want[0][finite], rtol=1e-13, atol=1e-9)
-    torch.testing.assert_close(maxima, want[1], equal_nan=True, rtol=0, atol=0)
-    torch.testing.assert_close(minima, want[2], equal_nan=True, rtol=0, atol=0)
-    assert torch.equal(isums, want[3]) and torch.equal(imaxima, want[4]) and torch.equal(itotal, want[6])
-    torch.testing.assert_close(total[~total.isinf()], want[5][~want[5].isinf()], rtol=1e-13, atol=1e-9)
+    _check([t.cpu() for t in outs], x, xi, programs)
