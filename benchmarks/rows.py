@@ -40,6 +40,8 @@ try:
     import _rows_launch  # noqa: E402
 except ImportError:  # a ROWS_TREE from before the tuned launch left examples/_rows.py
     import _rows as _rows_launch  # noqa: E402
+# a ROWS_TREE from before float64 rows took their own mappings launched every dtype's alike
+for_dtypes = getattr(_rows_launch, "for_dtypes", lambda configs, dtypes: configs)
 import cross_entropy as ce_example  # noqa: E402
 import fused_elementwise as fe_example  # noqa: E402
 import layernorm as ln_example  # noqa: E402
@@ -130,7 +132,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        configs = _rows_launch.for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,))
+        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,))
         picked = picked_mapping(sm_example.softmax_kernel, configs, (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
@@ -145,7 +147,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(wide(x), (n,), wide(w), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            configs = _rows_launch.for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype))
+            configs = for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype))
             picked = picked_mapping(rms_example.rmsnorm_kernel, configs, (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -153,8 +155,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(wide(x), (n,), wide(w), wide(b), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
-            configs = _rows_launch.for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)),
-                                              (dtype, wdtype))
+            configs = for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (dtype, wdtype))
             picked = picked_mapping(ln_example.layernorm_rows, configs, (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":
@@ -168,7 +169,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(wide(logits), target, reduction="none")  # noqa: E731
         itemsize, views = piped_views((logits,))
-        configs = _rows_launch.for_dtypes(ce_example.mapping(n, itemsize, False), (dtype,))
+        configs = for_dtypes(ce_example.mapping(n, itemsize, False), (dtype,))
         picked = picked_mapping(ce_example.cross_entropy_rows, configs,
                                 (logits, target, loss, torch.empty_like(loss), -100),
                                 (*views, *ce_example.scratch(logits, configs)))

@@ -1,5 +1,5 @@
 """float64 rows in the row examples are computed in float64 (examples/_rows.py `wide`, _rows_launch.py
-`in_float64`): they were computed in float32, 1e-8 off torch's float64 softmax and norms with nothing said. Every
+`for_dtypes`): they were computed in float32, 1e-8 off torch's float64 softmax and norms with nothing said. Every
 float64 mapping of each kernel, forced, interpreted against torch in float64 on fresh random inputs with the outputs
 poisoned; the wrappers as users call them, in the interpreter, and with float64 weights beside float32 rows; every
 float64 mapping compiled for sm_90a and a few run from their PTX on tests/ptx_sim.py; on a GPU, every float64
@@ -36,7 +36,8 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def cases(x: torch.Tensor) -> list:
-    """(name, kernel, args, constexprs, the float64 mappings, [(output, reference)]) of each row example for x."""
+    """(name, kernel, args, constexprs, its mappings (`float64_mappings` takes float64's), [(output, reference)]) of
+    each row example for x."""
     n = x.shape[1]
     w, b = torch.randn(n, dtype=F64, device=x.device), torch.randn(n, dtype=F64, device=x.device)
     target = torch.randint(0, n, (x.shape[0],), device=x.device)
