@@ -31,6 +31,10 @@ import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 import _rows  # noqa: E402
+try:
+    import _rows_launch  # noqa: E402
+except ImportError:  # a tree from before the wrappers' shared launch rules
+    _rows_launch = None
 import cross_entropy as ce  # noqa: E402
 import fused_elementwise as fe  # noqa: E402
 import layernorm as ln  # noqa: E402
@@ -49,6 +53,7 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int =
     reference, bytes moved) over rows of n in `dtype`, a norm's weights in `wdtype`, the rows `pad` columns apart more
     than n."""
     item, wsize = dtype.itemsize, wdtype.itemsize
+    wide = torch.float64 if dtype == torch.float64 else torch.float32  # what the kernels compute and return in
     tensors = {"cross_entropy": 1, "fused": 4}.get(kernel, 2)
     rows = max(1, TARGET_BYTES // (item * n * tensors))
     if pad and kernel == "fused":
@@ -59,9 +64,9 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int =
         out = padded_like(x, pad)
         if "xl" not in sm.softmax_kernel.arg_names:  # a tree from before piped rows
             return (sm.softmax_kernel, (x, out), {}, _rows.mapping(n), row_grid, out,
-                    lambda: torch.softmax(x.float(), 1), 2 * item * x.numel())
+                    lambda: torch.softmax(x.to(wide), 1), 2 * item * x.numel())
         return (sm.softmax_kernel, (x, out, lines_of(x), lines_of(out)), {}, sm.mapping(n, None, item), row_grid, out,
-                lambda: torch.softmax(x.float(), 1), 2 * item * x.numel())
+                lambda: torch.softmax(x.to(wide), 1), 2 * item * x.numel())
     if kernel in ("rmsnorm", "layernorm"):
         out = padded_like(x, pad)
         w, b = torch.randn(n, device=dev, dtype=wdtype), torch.randn(n, device=dev, dtype=wdtype)
@@ -70,26 +75,27 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int =
                 from _rows_piped import weight_rows
                 return (rms.rmsnorm_kernel, (x, w, out, lines_of(x), lines_of(out), weight_rows(w)), {"eps": 1e-6},
                         rms.rmsnorm_mapping(n, None, item, (wsize,)), row_grid, out,
-                        lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
+                        lambda: torch.nn.functional.rms_norm(x.to(wide), (n,), w.to(wide), 1e-6),
                         2 * item * x.numel() + wsize * n)
             return (rms.rmsnorm_kernel, (x, w, out), {"eps": 1e-6}, rms.rmsnorm_mapping(n), row_grid, out,
-                    lambda: torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6),
+                    lambda: torch.nn.functional.rms_norm(x.to(wide), (n,), w.to(wide), 1e-6),
                     2 * item * x.numel() + wsize * n)
         if "wv" in ln.layernorm_rows.arg_names:  # piped rows (examples/_rows_piped.py)
             from _rows_piped import weight_rows
             return (ln.layernorm_rows, (x, w, b, out, lines_of(x), lines_of(out), weight_rows(w), weight_rows(b)),
                     {"eps": 1e-5}, ln.layernorm_mapping(n, None, item, (wsize, wsize)), row_grid, out,
-                    lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
+                    lambda: torch.nn.functional.layer_norm(x.to(wide), (n,), w.to(wide), b.to(wide), 1e-5),
                     2 * item * x.numel() + 2 * wsize * n)
         return (ln.layernorm_rows, (x, w, b, out), {"eps": 1e-5}, ln.layernorm_mapping(n), row_grid, out,
-                lambda: torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5),
+                lambda: torch.nn.functional.layer_norm(x.to(wide), (n,), w.to(wide), b.to(wide), 1e-5),
                 2 * item * x.numel() + 2 * wsize * n)
     if kernel == "cross_entropy":
         target = torch.randint(0, n, (rows,), device=dev)
-        loss, lse = (torch.full((rows,), float("nan"), device=dev) for _ in range(2))
+        loss, lse = (torch.full((rows,), float("nan"), device=dev, dtype=wide) for _ in range(2))
+        reference = lambda: torch.nn.functional.cross_entropy(x.to(wide), target, reduction="none")  # noqa: E731
         if "xl" not in ce.cross_entropy_rows.arg_names:  # a tree from before piped rows
             return (ce.cross_entropy_rows, (x, target, loss, lse, -100), {}, ce.mapping(n), row_grid, loss,
-                    lambda: ce.reference(x, target), item * x.numel() + 12 * rows)
+                    reference, item * x.numel() + 12 * rows)
         # Losses alone (the 12 bytes a row counted: a target and a loss), where the tree can leave out the logsumexps
         configs = ce.mapping(n, item, False) if "LSE" in ce.cross_entropy_rows.arg_names else ce.mapping(n, item)
         # Piped segments' pieces and counts (`scratch`); in trees from before runs of segments (a07ff7c and older:
@@ -97,7 +103,7 @@ def case(kernel: str, n: int, dev: torch.device, wdtype: torch.dtype, pad: int =
         scratch = (ce.scratch(x, configs) if hasattr(ce, "scratch") else
                    (ce.workspace(x, configs),) if "parts" in ce.cross_entropy_rows.arg_names else ())
         return (ce.cross_entropy_rows, (x, target, loss, lse, -100, lines_of(x), *scratch), {}, configs, row_grid,
-                loss, lambda: ce.reference(x, target), item * x.numel() + 12 * rows)
+                loss, reference, item * x.numel() + 12 * rows)
     if kernel == "fused":
         y, z = torch.randn_like(x), torch.randn_like(x)
         out = torch.full_like(x, float("nan"))
@@ -148,6 +154,8 @@ def main() -> None:
     for spec in specs:
         kernel, n, index = spec.split(":")
         k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad, dtype)
+        # the mappings the wrapper launches for these dtypes (float64's own, in trees that have them)
+        configs = getattr(_rows_launch, "for_dtypes", lambda c, _: c)(configs, (dtype, wdtype))
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         if kernel == "cross_entropy" and hasattr(ce, "scratch"):  # sized for this mapping's grid, not the wrapper's
             args = (*args[:-2], *ce.scratch(args[0], (config,)))
@@ -158,7 +166,7 @@ def main() -> None:
         run()
         torch.cuda.synchronize()
         ref = reference()
-        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        err = ((out.to(ref.dtype) - ref).abs().max() / ref.abs().max()).item()
         src = torch.empty(max(nbytes // 2, 16), dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
         times, copies = [], []

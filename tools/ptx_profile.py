@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # .ci/run), whose counts a comparison of two trees would silently report.
 sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "tests")]
 import _rows  # noqa: E402
+import _rows_launch  # noqa: E402
 import cross_entropy as ce  # noqa: E402
 import layernorm as ln  # noqa: E402
 import ptx_sim  # noqa: E402
@@ -46,8 +47,13 @@ from _rows_piped import piped_views  # noqa: E402
 
 
 def launch_of(kernel: str, x: torch.Tensor, weights: torch.dtype | None = None):
-    """(kernel, arguments, constexprs, candidate mappings) of a row example over x (a norm's weights in
-    `weights`, by default x's dtype)."""
+    """(kernel, arguments, constexprs, candidate mappings as its wrapper launches them) of a row example over x
+    (a norm's weights in `weights`, by default x's dtype)."""
+    kernel, args, constexprs, configs = unfiltered_launch(kernel, x, weights)
+    return kernel, args, constexprs, _rows_launch.for_dtypes(configs, (x.dtype, weights or x.dtype))
+
+
+def unfiltered_launch(kernel: str, x: torch.Tensor, weights: torch.dtype | None):
     n = x.shape[1]
     w, b, out = torch.randn(n).to(weights or x.dtype), torch.randn(n).to(weights or x.dtype), torch.empty_like(x)
     if kernel == "softmax":
@@ -62,7 +68,8 @@ def launch_of(kernel: str, x: torch.Tensor, weights: torch.dtype | None = None):
         return (ln.layernorm_rows, (x, w, b, out, *views), {"eps": 1e-5},
                 ln.layernorm_mapping(n, None, itemsize, (w.element_size(), b.element_size())))
     target = torch.randint(0, n, (x.shape[0],))
-    loss, lse = torch.empty(x.shape[0]), torch.empty(x.shape[0])
+    stat = torch.float64 if x.dtype == torch.float64 else torch.float32  # the wrapper's losses
+    loss, lse = torch.empty(x.shape[0], dtype=stat), torch.empty(x.shape[0], dtype=stat)
     itemsize, views = piped_views((x,))
     configs = ce.mapping(n, itemsize, False)  # losses alone, as benchmarks/rows.py times them
     return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, *ce.scratch(x, configs)), {}, configs
