@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from _rows import _row_grid
 
 import mgjit
-from mgjit.targets import HOPPER
+from mgjit.targets import HOPPER, REGISTERS_PER_SM
 
 
 def tuning_enabled(x) -> bool:
@@ -46,19 +46,42 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple
     shared memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit
     rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not fit in shared memory
     (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of more than FLOAT64_HELD
-    elements a warpgroup, and held one-CTA mappings of 8 rows or more also with a quarter of the rows (a float64
-    exp, libdevice's, inlined for every element a thread holds takes registers: softmax over rows of 127, 16 a
-    program, 134 registers, 3 CTAs an SM). Cached: a wrapper's launches are keyed by the configs' identity
-    (`tuned_launch`)."""
+    elements a warpgroup, and held one-CTA mappings of 8 rows or more also with a quarter of the rows, and each
+    one-CTA mapping, held or streamed, also with its registers capped for each of FLOAT64_OCC CTAs an SM that its elements fit
+    (`float64_occupancies`): a float64 exp, libdevice's, inlined for every element a thread holds takes registers
+    (softmax over rows of 127, 16 a program, 134 registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs
+    an SM). Cached: a wrapper's launches are keyed by the configs' identity (`tuned_launch`)."""
     kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED"))
                  and c.kwargs["CHUNKS"] * c.kwargs["BLOCK"] * 8 <= HOPPER.smem_bytes)  # a chunked segment fits
     if forced:  # rows a program as the caller asked (rows_per_program; too many: the compiler says so)
         return kept
     kept = tuple(c for c in kept if c.kwargs["ROWS"] * sum(c.kwargs["PARTS"]) <= FLOAT64_HELD)
     assert kept, f"no float64 mapping among {configs}"
-    fewer = tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
+    kept += tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
                   and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
-    return tuple(dict.fromkeys(kept + fewer))
+    capped = tuple(c.replace(OCC=occ) for c in kept for occ in float64_occupancies(c))
+    return tuple(dict.fromkeys(kept + capped))
+
+
+# CTAs an SM that float64 held rows are also tried at (ptxas caps registers to fit them): an H200, float64 rows of
+# 4097 held one a program, softmax 0.87 of copy bandwidth uncapped (255 registers), 0.98 at 3, 0.90 at 4;
+# cross-entropy 0.62, 0.78, 0.86; cross-entropy over rows of 1000, four a program, 0.65 uncapped, 0.81 at 3
+FLOAT64_OCC = (3, 4)
+# Registers a thread of a capped float64 mapping keeps beside its elements' (2 each): cross-entropy streaming chunks
+# of 8192 (64 elements a thread) spilled at 168 registers
+FLOAT64_SPARE_REGISTERS = 48
+
+
+def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
+    """The FLOAT64_OCC a one-CTA mapping, held or streamed, without a cap of its own also runs at: those whose
+    register share (65536 over OCC CTAs of 128 threads) holds its float64 elements (a row group, or a chunk) and
+    FLOAT64_SPARE_REGISTERS more."""
+    k = config.kwargs
+    if k["CHUNKS"] or k["CTAS"] * k["WGS"] != 1 or k.get("OCC"):
+        return ()
+    elements = (k["BLOCK"] or k["ROWS"] * sum(k["PARTS"])) // 128
+    return tuple(occ for occ in FLOAT64_OCC
+                 if 2 * elements + FLOAT64_SPARE_REGISTERS <= REGISTERS_PER_SM // (128 * occ))
 
 
 def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False) -> tuple[mgjit.Config, ...]:

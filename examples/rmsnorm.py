@@ -38,13 +38,16 @@ def rmsnorm_kernel(x, w, out, xl, outl, wv, eps: mgjit.constexpr, ROWS: mgjit.co
                    CTAS: mgjit.constexpr, WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr,
                    PERSIST: mgjit.constexpr = 0, PIPE: mgjit.constexpr = 0, PL: mgjit.constexpr = (),
                    STAGES: mgjit.constexpr = 0, STASH: mgjit.constexpr = 0,
-                   LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0, FLAT: mgjit.constexpr = 0):
+                   LAST: mgjit.constexpr = 0, STAGED: mgjit.constexpr = 0, FLAT: mgjit.constexpr = 0,
+                   OCC: mgjit.constexpr = 0):
     """ROWS rows, or a segment of one, held as arrays of the widths PARTS, per program (PERSIST > 0: PERSIST
     programs an SM, each looping over row groups with its segment of w in shared memory); or (BLOCK > 0) one row
     streamed in BLOCK-wide chunks, or (and CHUNKS > 0) a segment of CHUNKS chunks per CTA of a cluster; or
     (PIPE > 0) rows piped through shared memory (examples/_rows_piped.py; xl, outl: x and out as lines, wv: w
     as `weight_rows`; read by piped mappings only); or (FLAT) rows of one column, ROWS a program, as lines of xl
-    and outl."""
+    and outl. OCC > 0: registers capped so that OCC CTAs fit on an SM."""
+    if OCC:
+        mgjit.min_ctas_per_sm(OCC)
     if FLAT:
         flat_rows(x, out, xl, outl, ROWS, one_column, (w, x.shape[1], eps))
     elif PIPE:

@@ -40,9 +40,11 @@ STAGE_GROUP = 4096
 def softmax_kernel(x, out, xl, outl, ROWS: mgjit.constexpr, PARTS: mgjit.constexpr, CTAS: mgjit.constexpr,
                    WGS: mgjit.constexpr, BLOCK: mgjit.constexpr, CHUNKS: mgjit.constexpr, PIPE: mgjit.constexpr = 0,
                    PL: mgjit.constexpr = (), STAGES: mgjit.constexpr = 0, LAST: mgjit.constexpr = 0,
-                   STAGED: mgjit.constexpr = 0, FLAT: mgjit.constexpr = 0):
+                   STAGED: mgjit.constexpr = 0, FLAT: mgjit.constexpr = 0, OCC: mgjit.constexpr = 0):
     """xl, outl: x and out as lines (examples/_rows_piped.py), read by piped mappings (PIPE > 0) and flat ones
-    (FLAT: rows of one column, ROWS a program) only."""
+    (FLAT: rows of one column, ROWS a program) only. OCC > 0: registers capped so that OCC CTAs fit on an SM."""
+    if OCC:
+        mgjit.min_ctas_per_sm(OCC)
     if FLAT:
         flat_rows(x, out, xl, outl, ROWS, one_column, ())
     elif PIPE:

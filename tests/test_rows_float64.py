@@ -117,6 +117,35 @@ def test_every_float64_mapping_compiles(n):
             assert ".f64" in ptx, f"{name} {config}"
 
 
+def test_float64_register_caps():
+    """One-CTA mappings, held or streamed, are also tried at the FLOAT64_OCC CTAs an SM whose register share holds
+    their elements (2 registers each) and FLOAT64_SPARE_REGISTERS; not cluster, chunked or already capped ones."""
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (4096, 128))) == (3, 4)  # 33 elements a thread
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (4096,))) == (3, 4)
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (8192,))) == ()  # 64: 176 registers, over 170
+    assert _rows_launch.float64_occupancies(_rows.hold(16, (8192,))) == ()
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (8192,), 4)) == ()
+    assert _rows_launch.float64_occupancies(_rows.streaming(4096)) == (3, 4)  # a chunk of 4096: 32 a thread
+    assert _rows_launch.float64_occupancies(_rows.streaming(8192)) == ()
+    assert _rows_launch.float64_occupancies(_rows.chunked(8, 1024, 13)) == ()  # shared memory bounds it
+    assert _rows_launch.float64_occupancies(_rows.hold(4, (1024,)).replace(OCC=8)) == ()
+    kept = _rows_launch.in_float64(ce.mapping(4097))
+    assert {c.kwargs.get("OCC", 0) for c in kept if c.kwargs["PARTS"] == (4096, 128)} == {0, 3, 4}
+
+
+def test_float64_register_caps_compile_without_spills():
+    """ptxas fits the capped mappings of rows of 4097 (33 float64 elements a thread, libdevice's exps inlined)
+    without spilling: a spill to local memory would cost what the cap saves."""
+    x = torch.randn(2, 4097, dtype=F64)
+    for name, kernel, args, constexprs, configs, _ in cases(x):
+        if name not in ("softmax", "cross_entropy"):
+            continue
+        for config in float64_mappings(configs):
+            if config.kwargs.get("OCC"):
+                compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+                assert compiled.spills == 0, f"{name} {config}: {compiled.ptxas_report}"
+
+
 KINDS = {"held": lambda c: not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == c.kwargs["WGS"] == 1,
          "streamed": lambda c: c.kwargs["BLOCK"] and not c.kwargs["CHUNKS"],
          "cluster": lambda c: c.kwargs["CTAS"] > 1 and not c.kwargs["BLOCK"]}
