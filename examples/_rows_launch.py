@@ -60,7 +60,8 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple
     kept += tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
                   and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
     capped = tuple(c.replace(OCC=occ) for c in kept for occ in float64_occupancies(c))
-    return tuple(dict.fromkeys(kept + capped))
+    uncapped = tuple(c.replace(OCC=c.kwargs.get("OCC", 0)) for c in kept)  # the tuner's configs set one set of names
+    return tuple(dict.fromkeys(uncapped + capped))
 
 
 # CTAs an SM that float64 held rows are also tried at (ptxas caps registers to fit them): an H200, float64 rows of

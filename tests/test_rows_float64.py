@@ -133,6 +133,14 @@ def test_float64_register_caps():
     assert {c.kwargs.get("OCC", 0) for c in kept if c.kwargs["PARTS"] == (4096, 128)} == {0, 3, 4}
 
 
+@pytest.mark.parametrize("n", [1, 127, 4097, 100003])
+def test_float64_mappings_tune(n):
+    """The wrappers tune over their float64 mappings: mgjit.autotune takes them (every config sets the same
+    constexprs; the capped ones' OCC is 0 in the others)."""
+    for name, kernel, _, _, configs, _ in cases(torch.randn(1, n, dtype=F64)):
+        mgjit.autotune(configs=list(float64_mappings(configs)), key=[kernel.arg_names[0]])(kernel)
+
+
 def test_float64_register_caps_compile_without_spills():
     """ptxas fits the capped mappings of rows of 4097 (33 float64 elements a thread, libdevice's exps inlined)
     without spilling: a spill to local memory would cost what the cap saves."""
