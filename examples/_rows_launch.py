@@ -46,11 +46,12 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple
     shared memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit
     rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not fit in shared memory
     (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of more than FLOAT64_HELD
-    elements a warpgroup, and held one-CTA mappings of 8 rows or more also with a quarter of the rows, and each
-    one-CTA mapping, held or streamed, also with its registers capped for each of FLOAT64_OCC CTAs an SM that its elements fit
-    (`float64_occupancies`): a float64 exp, libdevice's, inlined for every element a thread holds takes registers
-    (softmax over rows of 127, 16 a program, 134 registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs
-    an SM). Cached: a wrapper's launches are keyed by the configs' identity (`tuned_launch`)."""
+    elements a warpgroup, held one-CTA mappings of 8 rows or more also with a quarter of the rows, streamed ones
+    in chunks over FLOAT64_CAPPED_BLOCK also with half the chunk, and each mapping but chunked ones also with its
+    registers capped for the occupancies its elements fit (`float64_occupancies`): a float64 exp, libdevice's,
+    inlined for every element a thread holds takes registers (softmax over rows of 127, 16 a program, 134
+    registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs an SM). Cached: a wrapper's launches are
+    keyed by the configs' identity (`tuned_launch`)."""
     kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED"))
                  and c.kwargs["CHUNKS"] * c.kwargs["BLOCK"] * 8 <= HOPPER.smem_bytes)  # a chunked segment fits
     if forced:  # rows a program as the caller asked (rows_per_program; too many: the compiler says so)
@@ -59,30 +60,40 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple
     assert kept, f"no float64 mapping among {configs}"
     kept += tuple(c.replace(ROWS=c.kwargs["ROWS"] // 4) for c in kept if c.kwargs["ROWS"] >= 8
                   and c.kwargs["CTAS"] * c.kwargs["WGS"] == 1)
+    kept += tuple(c.replace(BLOCK=c.kwargs["BLOCK"] // 2) for c in kept
+                  if c.kwargs["BLOCK"] > FLOAT64_CAPPED_BLOCK and not c.kwargs["CHUNKS"])
     capped = tuple(c.replace(OCC=occ) for c in kept for occ in float64_occupancies(c))
     uncapped = tuple(c.replace(OCC=c.kwargs.get("OCC", 0)) for c in kept)  # the tuner's configs set one set of names
     return tuple(dict.fromkeys(uncapped + capped))
 
 
-# CTAs an SM that float64 held rows are also tried at (ptxas caps registers to fit them): an H200, float64 rows of
-# 4097 held one a program, softmax 0.87 of copy bandwidth uncapped (255 registers), 0.98 at 3, 0.90 at 4;
-# cross-entropy 0.62, 0.78, 0.86; cross-entropy over rows of 1000, four a program, 0.65 uncapped, 0.81 at 3
+# Warpgroups an SM that float64 rows are also tried at (ptxas caps registers to fit them), on an H200: rows of 4097
+# held one a program, softmax 0.87 of copy bandwidth uncapped (255 registers), 0.98 at 3, 0.90 at 4, cross-entropy
+# 0.62, 0.78, 0.86; cross-entropy over rows of 1000, four a program, 0.65 uncapped, 0.81 at 3. Tuned (capped
+# mappings picked): softmax over rows of 9000 0.80 -> 0.98, of 32000 0.74 -> 0.85 (over 7 CTAs, at 4);
+# cross-entropy 9000 0.59 -> 0.81 (two warpgroups, at 2 CTAs), 32000 0.67 -> 0.84 and 100003 0.47 -> 0.69
+# (streamed in chunks of 4096, at 4); RMSNorm 32000 0.92 -> 0.97
 FLOAT64_OCC = (3, 4)
 # Registers a thread of a capped float64 mapping keeps beside its elements' (2 each): cross-entropy streaming chunks
 # of 8192 (64 elements a thread) spilled at 168 registers
 FLOAT64_SPARE_REGISTERS = 48
+# Streamed float64 chunks wider than this are also tried at half the width, which a cap can fit (64 elements a
+# thread cannot)
+FLOAT64_CAPPED_BLOCK = 4096
 
 
 def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
-    """The FLOAT64_OCC a one-CTA mapping, held or streamed, without a cap of its own also runs at: those whose
-    register share (65536 over OCC CTAs of 128 threads) holds its float64 elements (a row group, or a chunk) and
+    """The OCC (CTAs an SM) a mapping, held or streamed, without a cap of its own also runs at: FLOAT64_OCC
+    warpgroups an SM in CTAs of its warpgroups, two or more of them, where that register share (65536 over those
+    warpgroups' threads) holds a thread's float64 elements (of a row group, a segment or a chunk) and
     FLOAT64_SPARE_REGISTERS more."""
     k = config.kwargs
-    if k["CHUNKS"] or k["CTAS"] * k["WGS"] != 1 or k.get("OCC"):
+    if k["CHUNKS"] or k.get("OCC"):
         return ()
     elements = (k["BLOCK"] or k["ROWS"] * sum(k["PARTS"])) // 128
-    return tuple(occ for occ in FLOAT64_OCC
-                 if 2 * elements + FLOAT64_SPARE_REGISTERS <= REGISTERS_PER_SM // (128 * occ))
+    return tuple(warpgroups // k["WGS"] for warpgroups in FLOAT64_OCC
+                 if warpgroups % k["WGS"] == 0 and warpgroups // k["WGS"] >= 2
+                 and 2 * elements + FLOAT64_SPARE_REGISTERS <= REGISTERS_PER_SM // (128 * warpgroups))
 
 
 def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False) -> tuple[mgjit.Config, ...]:

@@ -118,19 +118,26 @@ def test_every_float64_mapping_compiles(n):
 
 
 def test_float64_register_caps():
-    """One-CTA mappings, held or streamed, are also tried at the FLOAT64_OCC CTAs an SM whose register share holds
-    their elements (2 registers each) and FLOAT64_SPARE_REGISTERS; not cluster, chunked or already capped ones."""
+    """Mappings, held or streamed, are also tried at the FLOAT64_OCC warpgroups an SM (as CTAs of their warpgroups)
+    whose register share holds their elements (2 registers each) and FLOAT64_SPARE_REGISTERS; not chunked or
+    already capped ones. Streamed ones in chunks of 8192 are also tried in chunks of 4096, which fit."""
     assert _rows_launch.float64_occupancies(_rows.hold(1, (4096, 128))) == (3, 4)  # 33 elements a thread
     assert _rows_launch.float64_occupancies(_rows.hold(1, (4096,))) == (3, 4)
     assert _rows_launch.float64_occupancies(_rows.hold(1, (8192,))) == ()  # 64: 176 registers, over 170
     assert _rows_launch.float64_occupancies(_rows.hold(16, (8192,))) == ()
     assert _rows_launch.float64_occupancies(_rows.hold(1, (8192,), 4)) == ()
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (4096,), 8)) == (3, 4)  # a cluster's CTAs
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (4096,), 4, 2)) == (2,)  # 4 warpgroups an SM
+    assert _rows_launch.float64_occupancies(_rows.hold(1, (2048,), 1, 3)) == ()  # 3 a CTA: not 2 CTAs
     assert _rows_launch.float64_occupancies(_rows.streaming(4096)) == (3, 4)  # a chunk of 4096: 32 a thread
     assert _rows_launch.float64_occupancies(_rows.streaming(8192)) == ()
     assert _rows_launch.float64_occupancies(_rows.chunked(8, 1024, 13)) == ()  # shared memory bounds it
     assert _rows_launch.float64_occupancies(_rows.hold(4, (1024,)).replace(OCC=8)) == ()
     kept = _rows_launch.in_float64(ce.mapping(4097))
     assert {c.kwargs.get("OCC", 0) for c in kept if c.kwargs["PARTS"] == (4096, 128)} == {0, 3, 4}
+    streamed = {(c.kwargs["BLOCK"], c.kwargs["OCC"]) for c in _rows_launch.in_float64(ce.mapping(32000))
+                if c.kwargs["BLOCK"] and not c.kwargs["CHUNKS"]}
+    assert streamed == {(8192, 0), (4096, 0), (4096, 3), (4096, 4)}
 
 
 @pytest.mark.parametrize("n", [1, 127, 4097, 100003])
