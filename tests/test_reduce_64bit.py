@@ -3,7 +3,9 @@ crosses lanes as its two halves (lower/emit.py `shfl`) and warps through 8-byte 
 lanes, transposed or plain, and over warps) and whole-array ones, run from their sm_90a PTX on tests/ptx_sim.py and
 in the interpreter, against torch: maxima and minima exactly (NaN and infinities among the values), int64 sums
 exactly (values past 2**32, so that a lost upper half shows, and sums that wrap), float64 sums to float64
-rounding (a float32 accumulator would be 1e-7 off)."""
+rounding (a float32 accumulator would be 1e-7 off). Elementwise float64 maximum and minimum (lower/emit.py
+`_f64_extremum`, which reductions combine with) exactly as torch's; of +0 and -0 either, as torch's own
+maximum gives."""
 import sys
 from pathlib import Path
 
@@ -126,3 +128,30 @@ def test_64_bit_reductions_on_the_gpu(rows, width, inputs):
     outs = _outputs(rows, programs, "cuda")
     row_reductions[(programs,)](x.cuda(), xi.cuda(), *outs, ROWS=rows, W=width)
     _check([t.cpu() for t in outs], x, xi, programs)
+
+
+@mgjit.kernel
+def extrema(a, b, hi, lo, N: mgjit.constexpr):
+    x, y = a[mgjit.ds(0, N)], b[mgjit.ds(0, N)]
+    hi[mgjit.ds(0, N)] = mgjit.maximum(x, y)
+    lo[mgjit.ds(0, N)] = mgjit.minimum(x, y)
+
+
+def test_float64_maximum_and_minimum_as_torchs():
+    """Every pair of NaN, +-inf, +-1 and +-0, from the sm_90a PTX and in the interpreter."""
+    special = torch.tensor([float("nan"), -float("inf"), -1.0, -0.0, 0.0, 1.0, float("inf")], dtype=torch.float64)
+    a, b = special.repeat_interleave(len(special)), special.repeat(len(special))
+    a, b = torch.cat([a, torch.zeros(64 - len(a), dtype=torch.float64)]), torch.cat([b, torch.randn(64 - len(b))
+                                                                                        .double()])
+    want = [torch.maximum(a, b), torch.minimum(a, b)]
+    outs = [torch.full_like(a, 7.0) for _ in range(2)]
+    compiled = extrema.compile(a, b, *outs, N=64, target="sm_90a")
+    dev = ptx_sim.Device()
+    for t in (a, b, *outs):
+        dev.place(t)
+    dev.run(compiled, (1,), a, b, *outs)
+    interpreted = [torch.full_like(a, 7.0) for _ in range(2)]
+    extrema.interpret[(1,)](a, b, *interpreted, N=64)
+    for got in ([dev.fetch(t) for t in outs], interpreted):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from .. import dtypes, lower
+from .. import lower
 from ..ir import Value
 from ..layouts import LANES_PER_WARP
 from .arrays import linear_index
@@ -26,19 +26,9 @@ def combine(ctx: lower.Context, kind: str, dtype, a, b) -> Any:
     e = ctx.e
     if kind == "sum":
         return e.fbinary("add", a, b) if dtype.is_float else e.addi(a, b)
-    if dtype == dtypes.float64:
-        return propagating(e, kind, a, b)
     if dtype.is_float:
         return e.fbinary(kind, a, b)
     return e.ibinary(kind, a, b, dtype.is_signed)
-
-
-def propagating(e, kind: str, a, b) -> Any:
-    """The max or min of two float64 values, NaN where either is; which of +0 and -0 a tie between them gives is
-    unspecified, as in torch's reductions. sm_90 has no max.NaN.f64: llvm.maximum.f64 orders signed zeros too, in
-    9 PTX instructions (4 selects of register pairs), where a compare or'd with a NaN test and one select do."""
-    first = e.ori(e.cmpf("OGT" if kind == "max" else "OLT", a, b), e.cmpf("UNO", a, a))
-    return e.select(first, a, b)
 
 
 # What a butterfly over lanes spends, in issue slots: a shuffle counts twice (sm_90 shuffles 32 lanes a clock an
