@@ -79,10 +79,22 @@ def _check(got: list[torch.Tensor], x: torch.Tensor, xi: torch.Tensor, programs:
                                equal_nan=True)
 
 
-@pytest.mark.parametrize("rows,width", SHAPES)
-def test_64_bit_reductions_over_lanes_and_warps(rows, width):
-    programs = 2
+def _nan_rows(rows: int, width: int, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with a NaN each at a fresh random column (float64 maxima and minima combine a compare, a NaN test and
+    one select, lower/emit.py `_f64_extremum`: a NaN must win from either side at every level), but for a row of
+    infinities and one of zeros of both signs."""
     x, xi = _inputs(rows, width, programs)
+    x[torch.arange(x.shape[0]), torch.randint(0, width, (x.shape[0],))] = float("nan")
+    x[-1] = torch.where(torch.rand(width) < 0.5, float("inf"), float("-inf"))
+    x[-2] = torch.where(torch.rand(width) < 0.5, 0.0, -0.0)
+    return x, xi
+
+
+@pytest.mark.parametrize("rows,width", SHAPES)
+@pytest.mark.parametrize("inputs", [_inputs, _nan_rows])
+def test_64_bit_reductions_over_lanes_and_warps(rows, width, inputs):
+    programs = 3
+    x, xi = inputs(rows, width, programs)
     outs = _outputs(rows, programs)
     compiled = row_reductions.compile(x, xi, *outs, ROWS=rows, W=width, target="sm_90a")
     dev = ptx_sim.Device()
@@ -93,30 +105,6 @@ def test_64_bit_reductions_over_lanes_and_warps(rows, width):
     row_reductions.interpret[(programs,)](x, xi, *interpreted, ROWS=rows, W=width)
     for got in ([dev.fetch(t) for t in outs], interpreted):
         _check(got, x, xi, programs)
-
-
-def _nan_rows(rows: int, width: int, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows with a NaN each at a fresh random column (float64 maxima and minima combine a compare, a NaN test and
-    one select, `reduction_exchange.propagating`: a NaN must win from either side at every level), but for a row of
-    infinities and one of zeros of both signs."""
-    x, xi = _inputs(rows, width, programs)
-    x[torch.arange(x.shape[0]), torch.randint(0, width, (x.shape[0],))] = float("nan")
-    x[-1] = torch.where(torch.rand(width) < 0.5, float("inf"), float("-inf"))
-    x[-2] = torch.where(torch.rand(width) < 0.5, 0.0, -0.0)
-    return x, xi
-
-
-@pytest.mark.parametrize("rows,width", SHAPES)
-def test_64_bit_maxima_take_a_nan_from_anywhere(rows, width):
-    programs = 3
-    x, xi = _nan_rows(rows, width, programs)
-    outs = _outputs(rows, programs)
-    compiled = row_reductions.compile(x, xi, *outs, ROWS=rows, W=width, target="sm_90a")
-    dev = ptx_sim.Device()
-    for t in (x, xi, *outs):
-        dev.place(t)
-    dev.run(compiled, (programs,), x, xi, *outs)
-    _check([dev.fetch(t) for t in outs], x, xi, programs)
 
 
 @pytest.mark.gpu
