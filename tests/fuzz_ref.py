@@ -340,7 +340,10 @@ def reduce(kind: str, v: V, axis: Any, keepdims: bool) -> V:
         whole = (w == w.round()).all(dim=axes) & (magnitude < 2 ** 24)  # exact in any order
         err = v.err.sum(dim=axes) + torch.where(whole, torch.zeros_like(magnitude),
                                                 n * magnitude * 2.0 ** (-52 if d == F64 else -23) + ulp(x, d))
-        out = finish(x, d, err)
+        # zeros alone, one of them -0: IEEE adds keep -0 where every addend is -0, torch's sum (from +0) does not,
+        # and a lowering may or may not start from +0 (a row's sum of -0 is -0, a tuple's is +0): either zero
+        negative = ((w == 0) & torch.signbit(w)).any(dim=axes) & (magnitude == 0)
+        out = finish(x, d, torch.where(negative, math.inf, err))
     else:
         w = compute(v)
         x = (torch.amax if kind == "max" else torch.amin)(w, dim=axes)
