@@ -370,7 +370,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         raise ValueError(f"cross_entropy takes class indices of an integer dtype as target, got {target.dtype} (torch "
                          "reads a floating-point target as class probabilities of shape (rows, n))")
     rows = logits.shape[0]
-    stat = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    stat = stat_dtype(logits.dtype)
     loss = output(out, (rows,), logits.device, stat, "cross_entropy", logits=logits, target=target)
     if return_lse:
         lse = torch.empty(rows, dtype=stat, device=logits.device)
@@ -396,6 +396,11 @@ def run_mapping(config: mgjit.Config, logits: torch.Tensor, target: torch.Tensor
     cross_entropy_rows[grid(logits.shape[0], config, logits.device)](logits, target, loss, lse, ignore_index, *views,
                                                                      *scratch(logits, (config,)),
                                                                      **config.launch_kwargs())
+
+
+def stat_dtype(logits_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the losses and logsumexps of logits of `logits_dtype`: float64's own, float32 for the others."""
+    return torch.float64 if logits_dtype == torch.float64 else torch.float32
 
 
 def scratch(logits: torch.Tensor, configs) -> tuple[torch.Tensor, torch.Tensor]:

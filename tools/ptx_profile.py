@@ -68,8 +68,7 @@ def unfiltered_launch(kernel: str, x: torch.Tensor, weights: torch.dtype | None)
         return (ln.layernorm_rows, (x, w, b, out, *views), {"eps": 1e-5},
                 ln.layernorm_mapping(n, None, itemsize, (w.element_size(), b.element_size())))
     target = torch.randint(0, n, (x.shape[0],))
-    stat = torch.float64 if x.dtype == torch.float64 else torch.float32  # the wrapper's losses
-    loss, lse = torch.empty(x.shape[0], dtype=stat), torch.empty(x.shape[0], dtype=stat)
+    loss, lse = (torch.empty(x.shape[0], dtype=ce.stat_dtype(x.dtype)) for _ in range(2))
     itemsize, views = piped_views((x,))
     configs = ce.mapping(n, itemsize, False)  # losses alone, as benchmarks/rows.py times them
     return ce.cross_entropy_rows, (x, target, loss, lse, -100, *views, *ce.scratch(x, configs)), {}, configs
