@@ -18,6 +18,7 @@ Cases that move less than TINY bytes are marked `tiny`: launch latency, not band
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -40,8 +41,7 @@ try:
     import _rows_launch  # noqa: E402
 except ImportError:  # a ROWS_TREE from before the tuned launch left examples/_rows.py
     import _rows as _rows_launch  # noqa: E402
-# a ROWS_TREE from before float64 rows took their own mappings launched every dtype's alike
-for_dtypes = getattr(_rows_launch, "for_dtypes", lambda configs, dtypes: configs)
+
 import cross_entropy as ce_example  # noqa: E402
 import fused_elementwise as fe_example  # noqa: E402
 import layernorm as ln_example  # noqa: E402
@@ -60,6 +60,16 @@ QUICK = [16, 1000, 4096, 4097, 32000, 100000]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 TARGET_BYTES = 256 << 20
 TINY = 32 << 20
+
+
+def for_dtypes(configs: tuple, dtypes: tuple, n: int) -> tuple:
+    """The mappings the tree's wrapper launches for rows of n columns of `dtypes` (a ROWS_TREE from before float64
+    rows took their own mappings launched every dtype's alike; one from before float64 chunkings by n, without)."""
+    if not hasattr(_rows_launch, "for_dtypes"):
+        return configs
+    if "n" in inspect.signature(_rows_launch.for_dtypes).parameters:
+        return _rows_launch.for_dtypes(configs, dtypes, n=n)
+    return _rows_launch.for_dtypes(configs, dtypes)
 
 
 def bench(fn, reps: int = 30) -> float:
@@ -132,7 +142,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,))
+        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n)
         picked = picked_mapping(sm_example.softmax_kernel, configs, (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
@@ -147,7 +157,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(wide(x), (n,), wide(w), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            configs = for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype))
+            configs = for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype), n)
             picked = picked_mapping(rms_example.rmsnorm_kernel, configs, (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -155,7 +165,8 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.layernorm(x, w, b, out)}
             ref = lambda: torch.nn.functional.layer_norm(wide(x), (n,), wide(w), wide(b), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
-            configs = for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (dtype, wdtype))
+            configs = for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (dtype, wdtype),
+                                 n)
             picked = picked_mapping(ln_example.layernorm_rows, configs, (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":
@@ -169,7 +180,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.cross_entropy(logits, target, loss)}
         ref = lambda: torch.nn.functional.cross_entropy(wide(logits), target, reduction="none")  # noqa: E731
         itemsize, views = piped_views((logits,))
-        configs = for_dtypes(ce_example.mapping(n, itemsize, False), (dtype,))
+        configs = for_dtypes(ce_example.mapping(n, itemsize, False), (dtype,), n)
         picked = picked_mapping(ce_example.cross_entropy_rows, configs,
                                 (logits, target, loss, torch.empty_like(loss), -100),
                                 (*views, *ce_example.scratch(logits, configs)))

@@ -21,6 +21,7 @@ four a program, ran 0.96 of copy bandwidth contiguous and 0.85 in rows of 2100, 
 row while each array's loads sat under a branch (benchmarks/RESULTS.md, forty-third and forty-fourth sessions).
 Run one process per tree, both on one machine in one call.
 """
+import inspect
 import sys
 from pathlib import Path
 
@@ -154,8 +155,11 @@ def main() -> None:
     for spec in specs:
         kernel, n, index = spec.split(":")
         k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad, dtype)
-        # the mappings the wrapper launches for these dtypes (float64's own, in trees that have them)
-        configs = getattr(_rows_launch, "for_dtypes", lambda c, _: c)(configs, (dtype, wdtype))
+        # the mappings the wrapper launches for these dtypes (float64's own, in trees that have them; chunked by the
+        # row's length in trees whose for_dtypes takes it)
+        if hasattr(_rows_launch, "for_dtypes"):
+            by_length = "n" in inspect.signature(_rows_launch.for_dtypes).parameters
+            configs = _rows_launch.for_dtypes(configs, (dtype, wdtype), **({"n": int(n)} if by_length else {}))
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         if kernel == "cross_entropy" and hasattr(ce, "scratch"):  # sized for this mapping's grid, not the wrapper's
             args = (*args[:-2], *ce.scratch(args[0], (config,)))

@@ -124,14 +124,15 @@ def chunked(ctas: int, block: int, chunks: int) -> mgjit.Config:
                         cluster=(ctas, 1, 1) if ctas > 1 else None)
 
 
-def chunkings(n: int) -> list[mgjit.Config]:
-    """The chunked mappings of rows of n columns: over the fewest CTAs (a power of two, at most MAX_CTAS) whose
-    segments are at most CHUNK_SEGMENT wide, in chunks of each width of CHUNK_WIDTHS (and 4096 when segments
-    are wider), where no CTA's segment lies wholly past the row's end."""
+def chunkings(n: int, segment: int = CHUNK_SEGMENT, widths: tuple[int, ...] = CHUNK_WIDTHS,
+              max_ctas: int = MAX_CTAS) -> list[mgjit.Config]:
+    """The chunked mappings of rows of n columns: over the fewest CTAs (a power of two, at most max_ctas) whose
+    segments are at most `segment` columns wide, in chunks of each of `widths` (and twice the widest where
+    segments are wider), where no CTA's segment lies wholly past the row's end."""
     ctas = 1
-    while ctas < MAX_CTAS and -(-n // ctas) > CHUNK_SEGMENT:
+    while ctas < max_ctas and -(-n // ctas) > segment:
         ctas *= 2
-    widths = CHUNK_WIDTHS + ((4096,) if -(-n // ctas) > CHUNK_SEGMENT else ())
+    widths = widths + ((2 * widths[-1],) if -(-n // ctas) > segment else ())
     configs = []
     for block in widths:
         chunks = -(-n // (ctas * block))

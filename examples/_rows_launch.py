@@ -9,7 +9,7 @@ import functools
 import os
 from collections.abc import Sequence
 
-from _rows import _row_grid
+from _rows import _row_grid, chunkings
 
 import mgjit
 from mgjit.targets import HOPPER, REGISTERS_PER_SM
@@ -40,7 +40,7 @@ FLOAT64_HELD = 8192
 
 
 @functools.lru_cache(maxsize=None)
-def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple[mgjit.Config, ...]:
+def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False, n: int = 0) -> tuple[mgjit.Config, ...]:
     """The `configs` float64 rows take, computed in float64 (`_rows.wide`): held (over the warpgroups of a cluster
     too: its exchanges move 64-bit values as two words), streamed or chunked. Not those that pipe rows through
     shared memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit
@@ -50,9 +50,11 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False) -> tuple
     in chunks over FLOAT64_CAPPED_BLOCK also with half the chunk, and each mapping but chunked ones also with its
     registers capped for the occupancies its elements fit (`float64_occupancies`): a float64 exp, libdevice's,
     inlined for every element a thread holds takes registers (softmax over rows of 127, 16 a program, 134
-    registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs an SM). Cached: a wrapper's launches are
-    keyed by the configs' identity (`tuned_launch`)."""
-    kept = tuple(c for c in configs if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED"))
+    registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs an SM). Where `configs` chunk rows of `n`
+    columns, also chunked as float64's bytes ask (`float64_chunkings`). Cached: a wrapper's launches are keyed by
+    the configs' identity (`tuned_launch`)."""
+    kept = tuple(c for c in configs + float64_chunkings(configs, n)
+                 if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED"))
                  and c.kwargs["CHUNKS"] * c.kwargs["BLOCK"] * 8 <= HOPPER.smem_bytes)  # a chunked segment fits
     if forced:  # rows a program as the caller asked (rows_per_program; too many: the compiler says so)
         return kept
@@ -82,6 +84,26 @@ FLOAT64_SPARE_REGISTERS = 48
 FLOAT64_CAPPED_BLOCK = 4096
 
 
+# Chunked float64 rows: segments of at most this many columns (32 KB, as 16-bit rows' CHUNK_SEGMENT), over up to
+# FLOAT64_MAX_CTAS CTAs (a non-portable cluster), in chunks of FLOAT64_CHUNK_WIDTHS columns. H200, kernel alone,
+# of copy bandwidth: softmax over rows of 32000 on 8 CTAs in chunks of 1024 0.91 (held, tuned: 0.86), of 100003 on 16
+# in chunks of 512 0.66 (8 CTAs of 13 chunks of 1024, 104 KB, tuned: 0.55); RMSNorm 32000 0.96, layernorm 0.86 (0.82)
+FLOAT64_CHUNK_SEGMENT = 4096
+FLOAT64_CHUNK_WIDTHS = (512, 1024)
+FLOAT64_MAX_CTAS = HOPPER.max_cluster_ctas
+
+
+def float64_chunkings(configs: tuple[mgjit.Config, ...], n: int) -> tuple[mgjit.Config, ...]:
+    """The chunked mappings of float64 rows of n columns (`_rows.chunkings` by FLOAT64_CHUNK_SEGMENT): a 16-bit
+    row's segment of 16384 columns is 128 KB of float64, one CTA an SM. Each takes the other constexprs of the
+    first chunked mapping of `configs` (none there, or n 0: none)."""
+    like = next((c for c in configs if c.kwargs["CHUNKS"]), None)
+    if like is None or not n:
+        return ()
+    chunked = chunkings(n, FLOAT64_CHUNK_SEGMENT, FLOAT64_CHUNK_WIDTHS, FLOAT64_MAX_CTAS)
+    return tuple(c.replace(**{k: v for k, v in like.kwargs.items() if k not in c.kwargs}) for c in chunked)
+
+
 def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
     """The OCC (CTAs an SM) a mapping, held or streamed, without a cap of its own also runs at: FLOAT64_OCC
     warpgroups an SM in CTAs of its warpgroups, two or more of them, where that register share (65536 over those
@@ -96,11 +118,12 @@ def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
                  and 2 * elements + FLOAT64_SPARE_REGISTERS <= REGISTERS_PER_SM // (128 * warpgroups))
 
 
-def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False) -> tuple[mgjit.Config, ...]:
-    """`configs` as a wrapper launches them for tensors of `dtypes` (rows, weights): float64's own (`in_float64`)
-    where one of them is float64."""
+def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False,
+               n: int = 0) -> tuple[mgjit.Config, ...]:
+    """`configs` (of rows of n columns) as a wrapper launches them for tensors of `dtypes` (rows, weights):
+    float64's own (`in_float64`) where one of them is float64."""
     import torch
-    return in_float64(configs, forced) if torch.float64 in dtypes else configs
+    return in_float64(configs, forced, n) if torch.float64 in dtypes else configs
 
 
 def floating(name: str, **tensors) -> None:

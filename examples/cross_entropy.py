@@ -382,7 +382,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
             lse.fill_(-float("inf"))
     elif rows:
         itemsize, views = piped_views((logits,))
-        configs = for_dtypes(mapping(logits.shape[1], itemsize, return_lse), (logits.dtype,))
+        configs = for_dtypes(mapping(logits.shape[1], itemsize, return_lse), (logits.dtype,), n=logits.shape[1])
         launch(cross_entropy_rows, configs, (logits, target, loss, lse, ignore_index),
                (*views, *scratch(logits, configs)))
     return (loss, lse) if return_lse else loss

@@ -61,8 +61,9 @@ def poison(checks: list) -> None:
         got.fill_(float("nan"))
 
 
-def float64_mappings(configs) -> tuple[mgjit.Config, ...]:
-    kept = _rows_launch.in_float64(tuple(configs))
+def float64_mappings(configs, n: int = 0) -> tuple[mgjit.Config, ...]:
+    """The float64 mappings of `configs` (of rows of n columns: with float64's own chunkings)."""
+    kept = _rows_launch.in_float64(tuple(configs), False, n)
     assert not any(c.kwargs.get("PIPE") or c.kwargs.get("PERSIST") for c in kept)
     return kept
 
@@ -72,7 +73,7 @@ def test_every_float64_mapping_interpreted(n):
     """Rows of 5000 on two warpgroups, 9000 over clusters (held and chunked) among them."""
     x = torch.randn(5, n, dtype=F64) * 4 + 1
     for name, kernel, args, constexprs, configs, checks in cases(x):
-        for config in float64_mappings(configs):
+        for config in float64_mappings(configs, n):
             poison(checks)
             kernel.interpret[_rows.grid(x.shape[0], config)](*args, **constexprs, **config.launch_kwargs())
             for got, ref in checks:
@@ -112,7 +113,7 @@ def test_every_float64_mapping_compiles(n):
     256 registers a thread (left out: _rows_launch.FLOAT64_HELD)."""
     x = torch.randn(4, n, dtype=F64)
     for name, kernel, args, constexprs, configs, _ in cases(x):
-        for config in float64_mappings(configs):
+        for config in float64_mappings(configs, n):
             ptx = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a").ptx
             assert ".f64" in ptx, f"{name} {config}"
 
@@ -145,7 +146,7 @@ def test_float64_mappings_tune(n):
     """The wrappers tune over their float64 mappings: mgjit.autotune takes them (every config sets the same
     constexprs; the capped ones' OCC is 0 in the others)."""
     for name, kernel, _, _, configs, _ in cases(torch.randn(1, n, dtype=F64)):
-        mgjit.autotune(configs=list(float64_mappings(configs)), key=[kernel.arg_names[0]])(kernel)
+        mgjit.autotune(configs=list(float64_mappings(configs, n)), key=[kernel.arg_names[0]])(kernel)
 
 
 def test_float64_register_caps_compile_without_spills():
@@ -155,24 +156,59 @@ def test_float64_register_caps_compile_without_spills():
     for name, kernel, args, constexprs, configs, _ in cases(x):
         if name not in ("softmax", "cross_entropy"):
             continue
-        for config in float64_mappings(configs):
+        for config in float64_mappings(configs, x.shape[1]):
             if config.kwargs.get("OCC"):
                 compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
                 assert compiled.spills == 0, f"{name} {config}: {compiled.ptxas_report}"
 
 
+def chunks_of(configs) -> set[tuple[int, int, int]]:
+    return {(c.kwargs["CTAS"], c.kwargs["BLOCK"], c.kwargs["CHUNKS"]) for c in configs if c.kwargs["CHUNKS"]}
+
+
+def test_float64_chunkings():
+    """Float64 rows are also chunked by their bytes (_rows_launch.float64_chunkings): segments of at most 4096
+    columns (32 KB) over up to 16 CTAs, in chunks of 512 or 1024 columns, none wholly past the row's end; the 16-bit
+    rows' chunkings stay as they were (none of 16 CTAs), and so do short rows' float64 mappings (none chunked)."""
+    assert chunks_of(_rows_launch.float64_chunkings(sm.mapping(32000), 32000)) == {(8, 512, 8), (8, 1024, 4)}
+    assert chunks_of(_rows_launch.float64_chunkings(sm.mapping(100003), 100003)) == {(16, 512, 13)}  # 7 of 1024: 16th
+    assert chunks_of(_rows_launch.float64_chunkings(ce.mapping(262144), 262144)) == {
+        (16, 512, 32), (16, 1024, 16), (16, 2048, 8)}  # segments of 16384 columns: twice the widest chunk too
+    assert _rows_launch.float64_chunkings(sm.mapping(4000), 4000) == ()  # no chunked mapping to take after
+    assert _rows_launch.float64_chunkings(sm.mapping(32000), 0) == ()
+    assert max(c.kwargs["CTAS"] for c in sm.mapping(100003)) == 8
+    for name, _, _, _, configs, _ in cases(torch.randn(1, 100003, dtype=F64)):
+        kept = float64_mappings(configs, 100003)
+        assert (16, 512, 13) in chunks_of(kept) and (8, 1024, 13) in chunks_of(kept), name
+        assert len({tuple(sorted(c.kwargs)) for c in kept}) == 1, name  # one set of constexprs: the tuner takes them
+        assert (16, 512, 13) not in chunks_of(_rows_launch.in_float64(tuple(configs))), name
+
+
+def test_float64_chunkings_fit_four_ctas_an_sm():
+    """A float64 segment of rows of 100003 over 16 CTAs (53 KB of shared memory, four CTAs an SM) compiles
+    without spills in registers that four CTAs an SM hold."""
+    x = torch.randn(2, 100003, dtype=F64)
+    for name, kernel, args, constexprs, configs, _ in cases(x):
+        config = next(c for c in float64_mappings(configs, 100003) if c.kwargs["CTAS"] == 16)
+        compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
+        assert compiled.spills == 0 and compiled.registers * 128 * 4 <= 65536, f"{name}: {compiled.ptxas_report}"
+
+
 KINDS = {"held": lambda c: not c.kwargs["BLOCK"] and c.kwargs["CTAS"] == c.kwargs["WGS"] == 1,
          "streamed": lambda c: c.kwargs["BLOCK"] and not c.kwargs["CHUNKS"],
-         "cluster": lambda c: c.kwargs["CTAS"] > 1 and not c.kwargs["BLOCK"]}
+         "cluster": lambda c: c.kwargs["CTAS"] > 1 and not c.kwargs["BLOCK"],
+         "chunked": lambda c: c.kwargs["CHUNKS"] and c.kwargs["BLOCK"] == 512}
 
 
-@pytest.mark.parametrize("n,kind", [(37, "held"), (777, "held"), (5000, "streamed"), (9000, "cluster")])
+@pytest.mark.parametrize("n,kind", [(37, "held"), (777, "held"), (5000, "streamed"), (9000, "cluster"),
+                                    (5000, "chunked")])
 def test_float64_mappings_from_their_ptx(n, kind):
-    """Held rows (a row of 777 in three arrays), streamed ones and rows over a cluster of two CTAs, from the sm_90a
-    PTX on the simulator: float64 shuffles, exchanges between CTAs, exps and rsqrts as the GPU runs them."""
+    """Held rows (a row of 777 in three arrays), streamed ones, rows over a cluster of two CTAs and float64's own
+    chunks (softmax keeping its exps in the segment's shared memory), from the sm_90a PTX on the simulator: float64
+    shuffles, exchanges between CTAs, exps and rsqrts as the GPU runs them."""
     x = torch.randn(2, n, dtype=F64) * 4 + 1
     for name, kernel, args, constexprs, configs, checks in cases(x):
-        config = next(c for c in float64_mappings(configs) if KINDS[kind](c))
+        config = next(c for c in float64_mappings(configs, n) if KINDS[kind](c))
         compiled = kernel.compile(*args, **constexprs, **config.launch_kwargs(), target="sm_90a")
         poison(checks)
         dev = ptx_sim.Device()
@@ -192,7 +228,7 @@ def test_float64_rows_on_the_gpu(n):
         pytest.skip("needs a GPU")
     x = torch.randn(67, n, dtype=F64, device="cuda") * 4 + 1
     for name, kernel, args, constexprs, configs, checks in cases(x):
-        for config in float64_mappings(configs):
+        for config in float64_mappings(configs, n):
             poison(checks)
             kernel[_rows.grid(x.shape[0], config, x.device)](*args, **constexprs, **config.launch_kwargs())
             for got, ref in checks:
