@@ -62,14 +62,15 @@ TARGET_BYTES = 256 << 20
 TINY = 32 << 20
 
 
-def for_dtypes(configs: tuple, dtypes: tuple, n: int) -> tuple:
-    """The mappings the tree's wrapper launches for rows of n columns of `dtypes` (a ROWS_TREE from before float64
-    rows took their own mappings launched every dtype's alike; one from before float64 chunkings by n, without)."""
+def for_dtypes(configs: tuple, dtypes: tuple, n: int, piped: bool = False) -> tuple:
+    """The mappings the tree's wrapper launches for rows of n columns of `dtypes`, float64 rows piped too where
+    `piped` (softmax's); a ROWS_TREE from before float64 rows took their own mappings launched every dtype's alike,
+    and older ones' for_dtypes take what they take."""
     if not hasattr(_rows_launch, "for_dtypes"):
         return configs
-    if "n" in inspect.signature(_rows_launch.for_dtypes).parameters:
-        return _rows_launch.for_dtypes(configs, dtypes, n=n)
-    return _rows_launch.for_dtypes(configs, dtypes)
+    takes = inspect.signature(_rows_launch.for_dtypes).parameters
+    named = {k: v for k, v in (("n", n), ("piped", piped)) if k in takes}
+    return _rows_launch.for_dtypes(configs, dtypes, **named)
 
 
 def bench(fn, reps: int = 30) -> float:
@@ -142,7 +143,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n)
+        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n, piped=True)
         picked = picked_mapping(sm_example.softmax_kernel, configs, (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):

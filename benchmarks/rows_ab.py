@@ -156,10 +156,11 @@ def main() -> None:
         kernel, n, index = spec.split(":")
         k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad, dtype)
         # the mappings the wrapper launches for these dtypes (float64's own, in trees that have them; chunked by the
-        # row's length in trees whose for_dtypes takes it)
+        # row's length and softmax's piped, in trees whose for_dtypes takes them)
         if hasattr(_rows_launch, "for_dtypes"):
-            by_length = "n" in inspect.signature(_rows_launch.for_dtypes).parameters
-            configs = _rows_launch.for_dtypes(configs, (dtype, wdtype), **({"n": int(n)} if by_length else {}))
+            takes = inspect.signature(_rows_launch.for_dtypes).parameters
+            named = {k: v for k, v in (("n", int(n)), ("piped", kernel == "softmax")) if k in takes}
+            configs = _rows_launch.for_dtypes(configs, (dtype, wdtype), **named)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         if kernel == "cross_entropy" and hasattr(ce, "scratch"):  # sized for this mapping's grid, not the wrapper's
             args = (*args[:-2], *ce.scratch(args[0], (config,)))

@@ -40,10 +40,12 @@ FLOAT64_HELD = 8192
 
 
 @functools.lru_cache(maxsize=None)
-def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False, n: int = 0) -> tuple[mgjit.Config, ...]:
+def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False, n: int = 0,
+               piped: bool = False) -> tuple[mgjit.Config, ...]:
     """The `configs` float64 rows take, computed in float64 (`_rows.wide`): held (over the warpgroups of a cluster
-    too: its exchanges move 64-bit values as two words), streamed or chunked. Not those that pipe rows through
-    shared memory or persist (their slots and stashes are laid out for float32), or store staged or flat (16-bit
+    too: its exchanges move 64-bit values as two words), streamed or chunked, and with `piped` (a kernel whose piped
+    rows compute in `wide`: softmax's) piped. Not those that persist, or pipe rows with weights stashed or in
+    segments (their stashes and statistics are laid out for float32), or store staged or flat (16-bit
     rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not fit in shared memory
     (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of more than FLOAT64_HELD
     elements a warpgroup, held one-CTA mappings of 8 rows or more also with a quarter of the rows, streamed ones
@@ -54,7 +56,7 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False, n: int =
     columns, also chunked as float64's bytes ask (`float64_chunkings`). Cached: a wrapper's launches are keyed by
     the configs' identity (`tuned_launch`)."""
     kept = tuple(c for c in configs + float64_chunkings(configs, n)
-                 if not any(c.kwargs.get(k) for k in ("PIPE", "PERSIST", "FLAT", "STAGED"))
+                 if not any(c.kwargs.get(k) for k in ("PIPE",) * (not piped) + ("PERSIST", "FLAT", "STAGED"))
                  and c.kwargs["CHUNKS"] * c.kwargs["BLOCK"] * 8 <= HOPPER.smem_bytes)  # a chunked segment fits
     if forced:  # rows a program as the caller asked (rows_per_program; too many: the compiler says so)
         return kept
@@ -105,12 +107,13 @@ def float64_chunkings(configs: tuple[mgjit.Config, ...], n: int) -> tuple[mgjit.
 
 
 def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
-    """The OCC (CTAs an SM) a mapping, held or streamed, without a cap of its own also runs at: FLOAT64_OCC
+    """The OCC (CTAs an SM) a mapping, held or streamed (not piped: PIPE caps it), without a cap of its own also
+    runs at: FLOAT64_OCC
     warpgroups an SM in CTAs of its warpgroups, two or more of them, where that register share (65536 over those
     warpgroups' threads) holds a thread's float64 elements (of a row group, a segment or a chunk) and
     FLOAT64_SPARE_REGISTERS more."""
     k = config.kwargs
-    if k["CHUNKS"] or k.get("OCC"):
+    if k["CHUNKS"] or k.get("OCC") or k.get("PIPE"):
         return ()
     elements = (k["BLOCK"] or k["ROWS"] * sum(k["PARTS"])) // 128
     return tuple(warpgroups // k["WGS"] for warpgroups in FLOAT64_OCC
@@ -118,12 +121,12 @@ def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
                  and 2 * elements + FLOAT64_SPARE_REGISTERS <= REGISTERS_PER_SM // (128 * warpgroups))
 
 
-def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False,
-               n: int = 0) -> tuple[mgjit.Config, ...]:
+def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False, n: int = 0,
+               piped: bool = False) -> tuple[mgjit.Config, ...]:
     """`configs` (of rows of n columns) as a wrapper launches them for tensors of `dtypes` (rows, weights):
-    float64's own (`in_float64`) where one of them is float64."""
+    float64's own (`in_float64`, its piped mappings kept where `piped`) where one of them is float64."""
     import torch
-    return in_float64(configs, forced, n) if torch.float64 in dtypes else configs
+    return in_float64(configs, forced, n, piped) if torch.float64 in dtypes else configs
 
 
 def floating(name: str, **tensors) -> None:

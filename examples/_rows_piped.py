@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from _rows import LOG2E, binary_digits, finite_shift, held_width, part_starts, shifted_exp
+from _rows import LOG2E, binary_digits, finite_shift, held_width, part_starts, shifted_exp, wide
 
 import mgjit
 from mgjit.targets import HOPPER, PORTABLE_CLUSTER_CTAS
@@ -110,6 +110,12 @@ SHAPES = ((3, 2), (4, 1), (2, 3), (3, 4))
 # programs of two slots ran the norms at 8193 as two of three do (0.86 layernorm, 0.90 rmsnorm) and were picked.
 STASH_SHAPES = ((2, 2), (3, 2), (4, 2), (2, 4), (2, 3))
 LONE_SHAPE = (4, 1)
+
+
+def register_lines(lines: int, itemsize: int) -> int:
+    """The lines a warpgroup holds in registers where it holds `lines` of 16- or 32-bit rows (computed in float32,
+    two registers a line a thread): half as many of float64 rows, computed in float64."""
+    return lines // 2 if itemsize == 8 else lines
 
 
 def line_count(n: int) -> int:
@@ -174,12 +180,12 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
 
     def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
         waste = c * k - nl  # lines read past the row
-        return (MIN_LINES <= k <= REGISTER_LINES[per_sm] and k - waste >= 4 and (32 if segments else 10) * waste <= nl
+        return (MIN_LINES <= k <= register_lines(REGISTER_LINES[per_sm], itemsize) and k - waste >= 4 and (32 if segments else 10) * waste <= nl
                 and per_sm * (((stages * itemsize + weights) * k + weights) * LINE + SLACK) <= HOPPER.smem_bytes)
 
     def segment(c: int, stages: int, per_sm: int, widest: int) -> int | None:
         """The fewest lines, of at most `widest` powers of two, of a segment of a split over c."""
-        return next((k for k in range(-(-nl // c), REGISTER_LINES[per_sm] + 1)
+        return next((k for k in range(-(-nl // c), register_lines(REGISTER_LINES[per_sm], itemsize) + 1)
                      if bin(k).count("1") <= widest and fits(c, k, stages, per_sm)), None)
 
     def fewest(counts: Sequence[int], widths: tuple[int, ...],
@@ -225,7 +231,7 @@ def piping(configs: Sequence[mgjit.Config], n: int, itemsize: int, weights: tupl
     if n < MIN_ROW or not itemsize:
         return plain
     splits = [(1, stages, per_sm, nl) for stages, per_sm in (STASH_SHAPES + (LONE_SHAPE,) if weights else SHAPES)
-              if nl <= MAX_LINES
+              if nl <= register_lines(MAX_LINES, itemsize)
               and per_sm * (((stages * itemsize + stash) * nl + stash) * LINE + SLACK) <= HOPPER.smem_bytes]
     if weights and len(splits) > 1:
         splits = [split for split in splits if split[1:3] != LONE_SHAPE]
@@ -515,17 +521,17 @@ def line_parts(env, PL):
 
 @mgjit.device
 def read_lines(env, PL):
-    """The envelope's lines as float32 arrays, one per count of PL."""
+    """The envelope's lines as `wide` arrays (float64 for float64 rows, else float32), one per count of PL."""
     parts = line_parts(env, PL)
     held = ()
     for p in mgjit.static_range(len(PL)):
-        held = held + (parts[p][...].astype(mgjit.float32),)
+        held = held + (parts[p][...].astype(wide(env)),)
     return held
 
 
 @mgjit.device
 def exp_lines(v):
-    """(e, m, total) of a row's lines v (float32 arrays): m their maximum, e = exp(v - m) per array, total the
+    """(e, m, total) of a row's lines v (`read_lines`' arrays): m their maximum, e = exp(v - m) per array, total the
     sum of e (the fill, -inf, adds nothing; a segment of -inf alone, m = -inf, gets e = 0: `finite_shift`),
     each exp an fma and an ex2 (`_rows.shifted_exp`)."""
     m = mgjit.max(v)

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rows  # noqa: E402
 import _rows_launch  # noqa: E402
+import _rows_piped  # noqa: E402
 import cross_entropy as ce  # noqa: E402
 import fused_elementwise as fe  # noqa: E402
 import layernorm as ln  # noqa: E402
@@ -218,6 +219,80 @@ def test_float64_mappings_from_their_ptx(n, kind):
         dev.run(compiled, _rows.grid(x.shape[0], config), *args, cluster=config.kwargs["CTAS"])
         for got, ref in checks:
             assert rel(dev.fetch(got), ref) < TOL, f"{name} {config}"
+
+
+def piped_softmax(n: int) -> list[mgjit.Config]:
+    """softmax's float64 piped mappings of rows of n columns, as its wrapper offers them for contiguous rows."""
+    return [c for c in _rows_launch.in_float64(sm.mapping(n, None, 8), False, n, True) if c.kwargs["PIPE"]]
+
+
+def run_piped_softmax(launch, n: int, config: mgjit.Config, device: str = "cpu"):
+    """(out, reference) of softmax over rows of n columns under a piped mapping: every slot refilled, one
+    program (cluster) taking a row more, `launch(grid, args)` running it."""
+    clusters = max(1, 2 * config.kwargs["PIPE"] // config.kwargs["CTAS"])  # 2 SMs without a GPU
+    if device != "cpu":
+        clusters = _rows.resident_clusters(torch.device(device), config.kwargs["CTAS"], config.kwargs["PIPE"])
+    x = torch.randn(clusters * (config.kwargs["STAGES"] + 1) + 1, n, dtype=F64, device=device) * 3
+    out = torch.full_like(x, float("nan"))
+    launch(_rows.grid(x.shape[0], config, x.device), (x, out, _rows_piped.lines(x), _rows_piped.lines(out)))
+    return out, torch.softmax(x, 1)
+
+
+def test_float64_piped_softmax_mappings():
+    """Float64 rows piped through shared memory hold half the lines in registers that float32 rows do (two
+    registers an element): one CTA a row up to 32 lines (8192 columns), a cluster's segments up to 40 lines at one
+    program an SM, 32 at two; the norms and cross-entropy pipe no float64 rows (their stashes and statistics are
+    float32's), and `piped` keeps softmax's."""
+    assert _rows_piped.register_lines(65, 8) == 32 and _rows_piped.register_lines(65, 2) == 65
+    assert [(c.kwargs["CTAS"], c.kwargs["PL"]) for c in piped_softmax(4097)] == [(1, (16, 1))] * 3
+    assert {(c.kwargs["CTAS"], c.kwargs["PL"]) for c in piped_softmax(100003)} == {(16, (16, 8, 1))}
+    for n in (8193, 32000, 100003):
+        assert all(sum(c.kwargs["PL"]) <= 32 for c in piped_softmax(n)), n
+    assert not [c for c in _rows_launch.in_float64(sm.mapping(8193, None, 8), False, 8193) if c.kwargs["PIPE"]]
+    for configs in (rms.rmsnorm_mapping(8193, None, 8, (8,)), ln.layernorm_mapping(8193, None, 8, (8, 8)),
+                    ce.mapping(100003, 8)):
+        assert not [c for c in _rows_launch.for_dtypes(configs, (F64,), n=8193) if c.kwargs.get("PIPE")]
+
+
+@pytest.mark.parametrize("n", [4097, 8193, 32000, 100003])
+def test_float64_piped_softmax_interpreted(n):
+    """Every float64 piped mapping (one CTA a row, a cluster's segments) against torch in float64."""
+    for config in piped_softmax(n):
+        out, ref = run_piped_softmax(
+            lambda grid, args: sm.softmax_kernel.interpret[grid](*args, **config.launch_kwargs()), n, config)
+        assert rel(out, ref) < TOL, config
+
+
+@pytest.mark.parametrize("n", [4097, 8193])
+def test_float64_piped_softmax_from_its_ptx(n):
+    """The sm_90a PTX of a float64 piped mapping on the simulator: float64 lines copied by TMA into the slots,
+    the rows' exps in float64, their stores (one CTA a row; two CTAs a cluster, swapping 64-bit statistics)."""
+    config = piped_softmax(n)[0]
+
+    def launch(grid, args):
+        compiled = sm.softmax_kernel.compile(*args, **config.launch_kwargs(), target="sm_90a")
+        assert compiled.spills == 0, compiled.ptxas_report
+        dev = ptx_sim.Device()
+        for t in args[:2]:
+            dev.place(t)
+        dev.run(compiled, grid, *args, cluster=config.kwargs["CTAS"])
+        args[1].copy_(dev.fetch(args[1]))
+
+    out, ref = run_piped_softmax(launch, n, config)
+    assert rel(out, ref) < TOL, config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4097, 8193, 32000, 65536, 100003])
+def test_float64_piped_softmax_on_the_gpu(n):
+    """Every float64 piped mapping on a GPU, the grid the wrapper launches (as many programs or clusters as run at
+    once), more rows than they take at once."""
+    if not torch.cuda.is_available() or os.environ.get("MGJIT_INTERPRET") == "1":
+        pytest.skip("needs a GPU")
+    for config in piped_softmax(n):
+        out, ref = run_piped_softmax(
+            lambda grid, args: sm.softmax_kernel[grid](*args, **config.launch_kwargs()), n, config, "cuda")
+        assert rel(out, ref) < TOL, config
 
 
 @pytest.mark.gpu

@@ -49,8 +49,9 @@ from _rows_piped import piped_views  # noqa: E402
 def launch_of(kernel: str, x: torch.Tensor, weights: torch.dtype | None = None):
     """(kernel, arguments, constexprs, candidate mappings as its wrapper launches them) of a row example over x
     (a norm's weights in `weights`, by default x's dtype)."""
-    kernel, args, constexprs, configs = unfiltered_launch(kernel, x, weights)
-    return kernel, args, constexprs, _rows_launch.for_dtypes(configs, (x.dtype, weights or x.dtype), n=x.shape[1])
+    function, args, constexprs, configs = unfiltered_launch(kernel, x, weights)
+    return function, args, constexprs, _rows_launch.for_dtypes(configs, (x.dtype, weights or x.dtype), n=x.shape[1],
+                                                        piped=kernel == "softmax")
 
 
 def unfiltered_launch(kernel: str, x: torch.Tensor, weights: torch.dtype | None):
