@@ -64,8 +64,8 @@ TINY = 32 << 20
 
 def for_dtypes(configs: tuple, dtypes: tuple, n: int, piped: bool = False) -> tuple:
     """The mappings the tree's wrapper launches for rows of n columns of `dtypes`, float64 rows piped too where
-    `piped` (softmax's); a ROWS_TREE from before float64 rows took their own mappings launched every dtype's alike,
-    and older ones' for_dtypes take what they take."""
+    `piped` (a kernel of _rows_launch.PIPED_FLOAT64); a ROWS_TREE from before float64 rows took their own
+    mappings launched every dtype's alike, and older ones' for_dtypes take what they take."""
     if not hasattr(_rows_launch, "for_dtypes"):
         return configs
     takes = inspect.signature(_rows_launch.for_dtypes).parameters
@@ -143,7 +143,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n, piped=True)
+        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n, piped=dtype == torch.float64)
         picked = picked_mapping(sm_example.softmax_kernel, configs, (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
@@ -158,7 +158,8 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                     "triton": lambda: tr.rmsnorm(x, w, out)}
             ref = lambda: torch.nn.functional.rms_norm(wide(x), (n,), wide(w), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
-            configs = for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype), n)
+            configs = for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype), n,
+                                 piped=dtype == torch.float64)
             picked = picked_mapping(rms_example.rmsnorm_kernel, configs, (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -167,7 +168,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
             ref = lambda: torch.nn.functional.layer_norm(wide(x), (n,), wide(w), wide(b), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
             configs = for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (dtype, wdtype),
-                                 n)
+                                 n, piped=dtype == torch.float64)
             picked = picked_mapping(ln_example.layernorm_rows, configs, (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":

@@ -156,10 +156,11 @@ def main() -> None:
         kernel, n, index = spec.split(":")
         k, args, constexprs, configs, grid_of, out, reference, nbytes = case(kernel, int(n), dev, wdtype, pad, dtype)
         # the mappings the wrapper launches for these dtypes (float64's own, in trees that have them; chunked by the
-        # row's length and softmax's piped, in trees whose for_dtypes takes them)
+        # row's length and piped for float64 rows as the wrapper does, in trees whose for_dtypes takes them)
         if hasattr(_rows_launch, "for_dtypes"):
             takes = inspect.signature(_rows_launch.for_dtypes).parameters
-            named = {k: v for k, v in (("n", int(n)), ("piped", kernel == "softmax")) if k in takes}
+            piped = kernel in getattr(_rows_launch, "PIPED_FLOAT64", ()) and dtype == torch.float64
+            named = {name: value for name, value in (("n", int(n)), ("piped", piped)) if name in takes}
             configs = _rows_launch.for_dtypes(configs, (dtype, wdtype), **named)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])
         if kernel == "cross_entropy" and hasattr(ce, "scratch"):  # sized for this mapping's grid, not the wrapper's

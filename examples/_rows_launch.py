@@ -34,6 +34,9 @@ def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     return len(set(pointers)) < len(pointers)
 
 
+# The row examples whose piped mappings compute float64 rows in float64 (their wrappers pass `piped` for float64
+# rows): cross-entropy's segment statistics are float32's
+PIPED_FLOAT64 = ("softmax", "rmsnorm", "layernorm")
 # The most float64 elements a warpgroup's held rows take: 64 a thread, 128 registers (a row of three arrays held as
 # one padded one, four rows of 4096, took 256 and was refused)
 FLOAT64_HELD = 8192
@@ -44,17 +47,17 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False, n: int =
                piped: bool = False) -> tuple[mgjit.Config, ...]:
     """The `configs` float64 rows take, computed in float64 (`_rows.wide`): held (over the warpgroups of a cluster
     too: its exchanges move 64-bit values as two words), streamed or chunked, and with `piped` (a kernel whose piped
-    rows compute in `wide`: softmax's) piped. Not those that persist, or pipe rows with weights stashed or in
-    segments (their stashes and statistics are laid out for float32), or store staged or flat (16-bit
-    rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not fit in shared memory
-    (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of more than FLOAT64_HELD
-    elements a warpgroup, held one-CTA mappings of 8 rows or more also with a quarter of the rows, streamed ones
-    in chunks over FLOAT64_CAPPED_BLOCK also with half the chunk, and each mapping but chunked ones also with its
-    registers capped for the occupancies its elements fit (`float64_occupancies`): a float64 exp, libdevice's,
-    inlined for every element a thread holds takes registers (softmax over rows of 127, 16 a program, 134
-    registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs an SM). Where `configs` chunk rows of `n`
-    columns, also chunked as float64's bytes ask (`float64_chunkings`). Cached: a wrapper's launches are keyed by
-    the configs' identity (`tuned_launch`)."""
+    rows compute in `wide`: PIPED_FLOAT64's, over float64 rows) piped. Not those that persist, or
+    cross-entropy's piped ones (its segment statistics are float32's), or store
+    staged or flat (16-bit rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not
+    fit in shared memory (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of
+    more than FLOAT64_HELD elements a warpgroup, held one-CTA mappings of 8 rows or more also with a quarter of the
+    rows, streamed ones in chunks over FLOAT64_CAPPED_BLOCK also with half the chunk, and each held or streamed
+    mapping also with its registers capped for the occupancies its elements fit (`float64_occupancies`): a float64
+    exp, libdevice's, inlined for every element a thread holds takes registers (softmax over rows of 127, 16 a
+    program, 134 registers, 3 CTAs an SM; over rows of 4097, 255 registers, 2 CTAs an SM). Where `configs` chunk
+    rows of `n` columns, also chunked as float64's bytes ask (`float64_chunkings`). Cached: a wrapper's launches
+    are keyed by the configs' identity (`tuned_launch`)."""
     kept = tuple(c for c in configs + float64_chunkings(configs, n)
                  if not any(c.kwargs.get(k) for k in ("PIPE",) * (not piped) + ("PERSIST", "FLAT", "STAGED"))
                  and c.kwargs["CHUNKS"] * c.kwargs["BLOCK"] * 8 <= HOPPER.smem_bytes)  # a chunked segment fits

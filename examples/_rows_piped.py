@@ -180,7 +180,8 @@ def cluster_splits(n: int, itemsize: int, weights: int = 0,
 
     def fits(c: int, k: int, stages: int, per_sm: int) -> bool:
         waste = c * k - nl  # lines read past the row
-        return (MIN_LINES <= k <= register_lines(REGISTER_LINES[per_sm], itemsize) and k - waste >= 4 and (32 if segments else 10) * waste <= nl
+        return (MIN_LINES <= k <= register_lines(REGISTER_LINES[per_sm], itemsize) and k - waste >= 4
+                and (32 if segments else 10) * waste <= nl
                 and per_sm * (((stages * itemsize + weights) * k + weights) * LINE + SLACK) <= HOPPER.smem_bytes)
 
     def segment(c: int, stages: int, per_sm: int, widest: int) -> int | None:

@@ -22,12 +22,12 @@ trip to L2 after the row's statistics). Held rows are also tried with ptxas aske
 (`mgjit.min_ctas_per_sm`): the layernorm keeps the row, its deviations, the weight and the bias live at once, and
 occupancy, not traffic, bounds it (rows of 4097 bf16 held by one warpgroup: 135 registers, 3 CTAs an SM, 0.64 of
 copy bandwidth; without the bias, 125 registers and 4 CTAs, 0.83). Candidates that spill are pruned by the tuner.
-Statistics are computed in f32 (in f64 where x, w or b is float64: `_rows.wide`; neither piped nor
-persistent, `_rows_launch.for_dtypes`) and the output rounded once (x - mean first, then one fma with w and b); the
-padding past a row's end reads as zero and is masked out of the variance. Held rows of ONE_PASS_WIDTH columns or
-more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (y then comes from x * rstd
-- mean * rstd, the second term at most 4 in size: rounding it errs by 2.4e-7 at most), and take their deviations
-from registers where one does not.
+Statistics are computed in f32 (in f64 where x, w or b is float64: `_rows.wide`; not persistent, and piped
+only where x is float64, `_rows_launch.for_dtypes`) and the output rounded once (x - mean first, then one fma with
+w and b); the padding past a row's end reads as zero and is masked out of the variance. Held rows of
+ONE_PASS_WIDTH columns or more sum x and x^2 in one pass where every mean lies within 4 standard deviations of 0 (y
+then comes from x * rstd - mean * rstd, the second term at most 4 in size: rounding it errs by 2.4e-7 at most), and
+take their deviations from registers where one does not.
 
     python examples/layernorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -182,21 +182,21 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
     held 255 registers at 8193 columns (167 this way)."""
     mgjit.min_ctas_per_sm(PIPE)
     n = x.shape[1]
-    inv_n = 1.0 / n  # once: a division a row is a dozen instructions and a call to its slow path
+    inv_n = 1.0 / n.astype(wide(x))  # once: a division a row is a dozen instructions and a call to its slow path
     buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
     w_env, b_env = stash_lines(w, wv, x, PL, CTAS, LAST), stash_lines(b, bv, x, PL, CTAS, LAST)
-    guess = 0.0
+    guess = mgjit.zeros((), wide(x))
     for i in range(count):
         fill = guess.astype(x.dtype)
         env, row, a, s = envelope(x, xl, buf, full, i, fill, CTAS, LAST)
         refill(x, xl, buf, full, i, count, CTAS, True)
-        f = fill.astype(mgjit.float32)
+        f = fill.astype(wide(x))
         d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
         if 17.0 * shift * shift * n > 16.0 * m2:  # the mean more than 4 standard deviations from f
             fill = (f + shift).astype(x.dtype)
             fill_outside(env, s, n, fill, CTAS, LAST)
             mgjit.cta_sync()
-            f = fill.astype(mgjit.float32)
+            f = fill.astype(wide(x))
             d, shift, m2 = deviations(env, f, inv_n, PL, CTAS)
         mean = f + shift
         guess = mgjit.where(abs(mean) < float("inf"), mean, 0.0)
@@ -204,8 +204,8 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
         offset = -shift * rstd
         w_parts, b_parts, parts = weight_lines(w_env, s, PL), weight_lines(b_env, s, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):
-            parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(mgjit.float32),
-                                      b_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
+            parts[p][...] = mgjit.fma(mgjit.fma(d[p], rstd, offset), w_parts[p][...].astype(d[p].dtype),
+                                      b_parts[p][...].astype(d[p].dtype)).astype(out.dtype)
         refill(x, xl, buf, full, i, count, CTAS, False)
         store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
@@ -213,9 +213,9 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
 
 @mgjit.device
 def deviations(env, f, inv_n, PL, CTAS):
-    """(d, shift, m2): a segment of a row's envelope read as float32 lines less f (d, one array per count of PL),
-    the row's mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped); inv_n:
-    1 / the row's length."""
+    """(d, shift, m2): a segment of a row's envelope as `read_lines` reads it, less f (d, one array per count of
+    PL), the row's mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped);
+    inv_n: 1 / the row's length."""
     v = read_lines(env, PL)
     d = ()
     squared = ()
@@ -332,7 +332,8 @@ def layernorm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, e
     itemsize, views = piped_views((rows, out_rows), (w, b), rows_per_program)
     configs = for_dtypes(layernorm_mapping(rows.shape[1], rows_per_program, itemsize,
                                            (w.element_size(), b.element_size())),
-                         (x.dtype, w.dtype, b.dtype), rows_per_program is not None, rows.shape[1])
+                         (x.dtype, w.dtype, b.dtype), rows_per_program is not None, rows.shape[1],
+                         piped=x.dtype == torch.float64)
     launch(layernorm_rows, configs, (rows, w, b, out_rows), views, eps=eps)
     return out
 

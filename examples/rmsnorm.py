@@ -14,7 +14,7 @@ shared memory, read from global memory once). Or (piped rows, from 4097 columns,
 examples/_rows_piped.py) a few persistent programs an SM stream their rows (longer ones over the CTAs of a
 cluster) through shared-memory slots by TMA, each with w laid out once and read per row through a window. The
 mapping is autotuned per shape. Rows are computed in float32, or in float64 where x or w is float64 (`_rows.wide`;
-neither piped nor persistent: `_rows_launch.for_dtypes`).
+not persistent, and piped only where x is float64: `_rows_launch.for_dtypes`).
 
     python examples/rmsnorm.py     # compile for sm_90a without a GPU; check against torch and time with one
 """
@@ -101,7 +101,7 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
     mgjit.min_ctas_per_sm(PIPE)
     buf, full, count = ring(x, xl, PL, STAGES, CTAS, LAST)
     w_env = stash_lines(w, wv, x, PL, CTAS, LAST)
-    inv_n = 1.0 / x.shape[1]  # once: a division a row is a dozen instructions and a call to its slow path
+    inv_n = 1.0 / x.shape[1].astype(wide(x))  # once: a division a row is a dozen instructions and a slow path
     for i in range(count):
         env, row, a, s = envelope(x, xl, buf, full, i, 0.0, CTAS, LAST)
         refill(x, xl, buf, full, i, count, CTAS, True)
@@ -115,7 +115,7 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
         scale = mgjit.rsqrt(squares * inv_n + eps)
         w_parts, parts = weight_lines(w_env, s, PL), line_parts(env, PL)
         for p in mgjit.static_range(len(PL)):  # w read part by part: not all live at once
-            parts[p][...] = (v[p] * scale * w_parts[p][...].astype(mgjit.float32)).astype(out.dtype)
+            parts[p][...] = (v[p] * scale * w_parts[p][...].astype(v[p].dtype)).astype(out.dtype)
         refill(x, xl, buf, full, i, count, CTAS, False)
         store_envelope(out, outl, env, row, a, s, CTAS, LAST)
     mgjit.store_async_wait(0)
@@ -166,7 +166,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float = 1e-6, out: tor
         return out
     itemsize, views = piped_views((rows, out_rows), (w,), rows_per_program)
     configs = for_dtypes(rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),)),
-                         (x.dtype, w.dtype), rows_per_program is not None, rows.shape[1])
+                         (x.dtype, w.dtype), rows_per_program is not None, rows.shape[1],
+                         piped=x.dtype == torch.float64)
     launch(rmsnorm_kernel, configs, (rows, w, out_rows), views, eps=eps)
     return out
 

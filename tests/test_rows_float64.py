@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rows  # noqa: E402
+from _rows import sm_count  # noqa: E402
 import _rows_launch  # noqa: E402
 import _rows_piped  # noqa: E402
 import cross_entropy as ce  # noqa: E402
@@ -221,77 +222,97 @@ def test_float64_mappings_from_their_ptx(n, kind):
             assert rel(dev.fetch(got), ref) < TOL, f"{name} {config}"
 
 
-def piped_softmax(n: int) -> list[mgjit.Config]:
-    """softmax's float64 piped mappings of rows of n columns, as its wrapper offers them for contiguous rows."""
-    return [c for c in _rows_launch.in_float64(sm.mapping(n, None, 8), False, n, True) if c.kwargs["PIPE"]]
+def piped(name: str, n: int) -> list[mgjit.Config]:
+    """The float64 piped mappings of softmax, RMSNorm or layernorm over rows of n columns, as their wrappers offer
+    them for contiguous float64 rows."""
+    configs = {"softmax": lambda: sm.mapping(n, None, 8), "rmsnorm": lambda: rms.rmsnorm_mapping(n, None, 8, (8,)),
+               "layernorm": lambda: ln.layernorm_mapping(n, None, 8, (8, 8))}[name]()
+    return [c for c in _rows_launch.in_float64(configs, False, n, True) if c.kwargs["PIPE"]]
 
 
-def run_piped_softmax(launch, n: int, config: mgjit.Config, device: str = "cpu"):
-    """(out, reference) of softmax over rows of n columns under a piped mapping: every slot refilled, one
-    program (cluster) taking a row more, `launch(grid, args)` running it."""
-    clusters = max(1, 2 * config.kwargs["PIPE"] // config.kwargs["CTAS"])  # 2 SMs without a GPU
-    if device != "cpu":
-        clusters = _rows.resident_clusters(torch.device(device), config.kwargs["CTAS"], config.kwargs["PIPE"])
-    x = torch.randn(clusters * (config.kwargs["STAGES"] + 1) + 1, n, dtype=F64, device=device) * 3
+def run_piped(name: str, launch, n: int, config: mgjit.Config, device: str = "cpu"):
+    """(out, reference) of a row kernel over float64 rows of n columns (means of either sign: a layernorm row far
+    from its predecessor's mean is read twice) under a piped mapping, its grid
+    `_rows.grid`'s for more rows than its rings hold at once, `launch(kernel, grid, args, constexprs)` running it."""
+    programs = 2 * config.kwargs["PIPE"] if device == "cpu" else sm_count(torch.device(device)) * config.kwargs["PIPE"]
+    rows = programs * (config.kwargs["STAGES"] + 1) + 1
+    x = torch.randn(rows, n, dtype=F64, device=device) * 3 + torch.randn(rows, 1, dtype=F64, device=device) * 30
     out = torch.full_like(x, float("nan"))
-    launch(_rows.grid(x.shape[0], config, x.device), (x, out, _rows_piped.lines(x), _rows_piped.lines(out)))
-    return out, torch.softmax(x, 1)
+    grid = _rows.grid(x.shape[0], config, x.device)
+    lines = (_rows_piped.lines(x), _rows_piped.lines(out))
+    if name == "softmax":
+        launch(sm.softmax_kernel, grid, (x, out, *lines), {})
+        return out, torch.softmax(x, 1)
+    w, b = torch.randn(n, dtype=F64, device=device), torch.randn(n, dtype=F64, device=device)
+    if name == "rmsnorm":
+        launch(rms.rmsnorm_kernel, grid, (x, w, out, *lines, _rows_piped.weight_rows(w)), {"eps": 1e-6})
+        return out, torch.nn.functional.rms_norm(x, (n,), w, 1e-6)
+    launch(ln.layernorm_rows, grid, (x, w, b, out, *lines, *map(_rows_piped.weight_rows, (w, b))), {"eps": 1e-5})
+    return out, torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5)
 
 
-def test_float64_piped_softmax_mappings():
+def test_float64_piped_mappings():
     """Float64 rows piped through shared memory hold half the lines in registers that float32 rows do (two
     registers an element): one CTA a row up to 32 lines (8192 columns), a cluster's segments up to 40 lines at one
-    program an SM, 32 at two; the norms and cross-entropy pipe no float64 rows (their stashes and statistics are
-    float32's), and `piped` keeps softmax's."""
+    program an SM, 32 at two. Softmax, RMSNorm and layernorm pipe float64 rows where `piped` asks (their wrappers:
+    where x is float64); cross-entropy does not (its segment statistics are float32's)."""
     assert _rows_piped.register_lines(65, 8) == 32 and _rows_piped.register_lines(65, 2) == 65
-    assert [(c.kwargs["CTAS"], c.kwargs["PL"]) for c in piped_softmax(4097)] == [(1, (16, 1))] * 3
-    assert {(c.kwargs["CTAS"], c.kwargs["PL"]) for c in piped_softmax(100003)} == {(16, (16, 8, 1))}
-    for n in (8193, 32000, 100003):
-        assert all(sum(c.kwargs["PL"]) <= 32 for c in piped_softmax(n)), n
+    assert [(c.kwargs["CTAS"], c.kwargs["PL"]) for c in piped("softmax", 4097)] == [(1, (16, 1))] * 3
+    assert {(c.kwargs["CTAS"], c.kwargs["PL"]) for c in piped("softmax", 100003)} == {(16, (16, 8, 1))}
+    assert {(c.kwargs["CTAS"], c.kwargs["PL"], c.kwargs["STASH"]) for c in piped("rmsnorm", 100003)} == {
+        (16, (16, 8, 1), 2)}
+    for name in _rows_launch.PIPED_FLOAT64:
+        for n in (8193, 32000, 100003):
+            assert all(sum(c.kwargs["PL"]) <= 32 for c in piped(name, n)), (name, n)
     assert not [c for c in _rows_launch.in_float64(sm.mapping(8193, None, 8), False, 8193) if c.kwargs["PIPE"]]
-    for configs in (rms.rmsnorm_mapping(8193, None, 8, (8,)), ln.layernorm_mapping(8193, None, 8, (8, 8)),
-                    ce.mapping(100003, 8)):
-        assert not [c for c in _rows_launch.for_dtypes(configs, (F64,), n=8193) if c.kwargs.get("PIPE")]
+    assert not [c for c in _rows_launch.for_dtypes(ln.layernorm_mapping(8193, None, 8, (8, 8)), (F64,), n=8193)
+                if c.kwargs.get("PIPE")]
+    assert [c for c in _rows_launch.for_dtypes(ce.mapping(100003, 8), (F64,), n=100003) if c.kwargs.get("PIPE")] == []
 
 
+@pytest.mark.parametrize("name", _rows_launch.PIPED_FLOAT64)
 @pytest.mark.parametrize("n", [4097, 8193, 32000, 100003])
-def test_float64_piped_softmax_interpreted(n):
+def test_float64_piped_interpreted(name, n):
     """Every float64 piped mapping (one CTA a row, a cluster's segments) against torch in float64."""
-    for config in piped_softmax(n):
-        out, ref = run_piped_softmax(
-            lambda grid, args: sm.softmax_kernel.interpret[grid](*args, **config.launch_kwargs()), n, config)
+    for config in piped(name, n):
+        out, ref = run_piped(name, lambda kernel, grid, args, named: kernel.interpret[grid](
+            *args, **named, **config.launch_kwargs()), n, config)
         assert rel(out, ref) < TOL, config
 
 
+@pytest.mark.parametrize("name", _rows_launch.PIPED_FLOAT64)
 @pytest.mark.parametrize("n", [4097, 8193])
-def test_float64_piped_softmax_from_its_ptx(n):
+def test_float64_piped_from_their_ptx(name, n):
     """The sm_90a PTX of a float64 piped mapping on the simulator: float64 lines copied by TMA into the slots,
-    the rows' exps in float64, their stores (one CTA a row; two CTAs a cluster, swapping 64-bit statistics)."""
-    config = piped_softmax(n)[0]
+    the rows computed in float64, their stores (one CTA a row; two CTAs a cluster, swapping 64-bit statistics),
+    RMSNorm's float64 weights stashed."""
+    config = piped(name, n)[0]
 
-    def launch(grid, args):
-        compiled = sm.softmax_kernel.compile(*args, **config.launch_kwargs(), target="sm_90a")
+    def launch(kernel, grid, args, named):
+        compiled = kernel.compile(*args, **named, **config.launch_kwargs(), target="sm_90a")
         assert compiled.spills == 0, compiled.ptxas_report
         dev = ptx_sim.Device()
-        for t in args[:2]:
+        for t in args[:{"softmax": 2, "rmsnorm": 3}.get(name, 4)]:  # the views (lines, weight rows) share storage
             dev.place(t)
         dev.run(compiled, grid, *args, cluster=config.kwargs["CTAS"])
-        args[1].copy_(dev.fetch(args[1]))
+        out = args[1] if name == "softmax" else args[2 if name == "rmsnorm" else 3]
+        out.copy_(dev.fetch(out))
 
-    out, ref = run_piped_softmax(launch, n, config)
+    out, ref = run_piped(name, launch, n, config)
     assert rel(out, ref) < TOL, config
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", _rows_launch.PIPED_FLOAT64)
 @pytest.mark.parametrize("n", [4097, 8193, 32000, 65536, 100003])
-def test_float64_piped_softmax_on_the_gpu(n):
-    """Every float64 piped mapping on a GPU, the grid the wrapper launches (as many programs or clusters as run at
-    once), more rows than they take at once."""
+def test_float64_piped_on_the_gpu(name, n):
+    """Every float64 piped mapping on a GPU, on the grid the wrapper launches (persistent programs or clusters),
+    more rows than they take at once."""
     if not torch.cuda.is_available() or os.environ.get("MGJIT_INTERPRET") == "1":
         pytest.skip("needs a GPU")
-    for config in piped_softmax(n):
-        out, ref = run_piped_softmax(
-            lambda grid, args: sm.softmax_kernel[grid](*args, **config.launch_kwargs()), n, config, "cuda")
+    for config in piped(name, n):
+        out, ref = run_piped(name, lambda kernel, grid, args, named: kernel[grid](
+            *args, **named, **config.launch_kwargs()), n, config, "cuda")
         assert rel(out, ref) < TOL, config
 
 
