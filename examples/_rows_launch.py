@@ -47,10 +47,10 @@ def in_float64(configs: tuple[mgjit.Config, ...], forced: bool = False, n: int =
                piped: bool = False) -> tuple[mgjit.Config, ...]:
     """The `configs` float64 rows take, computed in float64 (`_rows.wide`): held (over the warpgroups of a cluster
     too: its exchanges move 64-bit values as two words), streamed or chunked, and with `piped` (a kernel whose piped
-    rows compute in `wide`: PIPED_FLOAT64's, over float64 rows) piped. Not those that persist, or
-    cross-entropy's piped ones (its segment statistics are float32's), or store
-    staged or flat (16-bit rows' remedies: examples/_rows.py), nor chunked ones whose segment of float64 would not
-    fit in shared memory (rows of 262144 over 8 CTAs). Unless the rows a program are `forced`: not held ones of
+    rows compute in `wide`: PIPED_FLOAT64's, over float64 rows) piped. Not those that persist, or cross-entropy's
+    piped ones (its segment statistics are float32's), or store staged or flat (16-bit rows' remedies:
+    examples/_rows.py), nor chunked ones whose segment of float64 would not fit in shared memory (rows of 262144
+    over 8 CTAs). Unless the rows a program are `forced`: not held ones of
     more than FLOAT64_HELD elements a warpgroup, held one-CTA mappings of 8 rows or more also with a quarter of the
     rows, streamed ones in chunks over FLOAT64_CAPPED_BLOCK also with half the chunk, and each held or streamed
     mapping also with its registers capped for the occupancies its elements fit (`float64_occupancies`): a float64
@@ -111,10 +111,9 @@ def float64_chunkings(configs: tuple[mgjit.Config, ...], n: int) -> tuple[mgjit.
 
 def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
     """The OCC (CTAs an SM) a mapping, held or streamed (not piped: PIPE caps it), without a cap of its own also
-    runs at: FLOAT64_OCC
-    warpgroups an SM in CTAs of its warpgroups, two or more of them, where that register share (65536 over those
-    warpgroups' threads) holds a thread's float64 elements (of a row group, a segment or a chunk) and
-    FLOAT64_SPARE_REGISTERS more."""
+    runs at: FLOAT64_OCC warpgroups an SM in CTAs of its warpgroups, two or more of them, where that register share
+    (65536 over those warpgroups' threads) holds a thread's float64 elements (of a row group, a segment or a chunk)
+    and FLOAT64_SPARE_REGISTERS more."""
     k = config.kwargs
     if k["CHUNKS"] or k.get("OCC") or k.get("PIPE"):
         return ()
