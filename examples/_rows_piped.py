@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from _rows import LOG2E, binary_digits, finite_shift, held_width, part_starts, shifted_exp, wide
+from _rows import LOG2E, binary_digits, finite_shift, held_width, part_starts, shifted_exp
 
 import mgjit
 from mgjit.targets import HOPPER, PORTABLE_CLUSTER_CTAS
@@ -521,12 +521,13 @@ def line_parts(env, PL):
 
 
 @mgjit.device
-def read_lines(env, PL):
-    """The envelope's lines as `wide` arrays (float64 for float64 rows, else float32), one per count of PL."""
+def read_lines(env, PL, dtype):
+    """The envelope's lines as arrays of `dtype` (the kernel's: `_rows.wide` of the rows, or float32), one per
+    count of PL."""
     parts = line_parts(env, PL)
     held = ()
     for p in mgjit.static_range(len(PL)):
-        held = held + (parts[p][...].astype(wide(env)),)
+        held = held + (parts[p][...].astype(dtype),)
     return held
 
 

@@ -148,7 +148,7 @@ def cross_entropy_piped(logits, target, loss, lse, ignore_index, xl, PIPE, PL, S
         t = t_next
         env, row, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST)
         t_next = segment_target(target, i + 1, 1)
-        v = read_lines(env, PL)
+        v = read_lines(env, PL, mgjit.float32)  # piped statistics are float32's (no float64 wrapper pipes)
         picked = target_logit(env, s, t, n, 1)
         mgjit.cta_sync()
         if i + STAGES < count:
@@ -246,7 +246,7 @@ def segment_statistics(logits, xl, buf, full, i, count, t, PL, STAGES, LAST, SEG
     i-th segment (`program_segment`), whose row's target is t, its slot refilled with segment i + STAGES once
     read."""
     env, _, _, s = envelope(logits, xl, buf, full, i, -float("inf"), 1, LAST, SEGS)
-    v = read_lines(env, PL)
+    v = read_lines(env, PL, mgjit.float32)  # as the float32 pieces it merges into (`finish_piece`)
     picked = target_logit(env, s, t, logits.shape[1], SEGS)
     mgjit.cta_sync()
     if i + STAGES < count:

@@ -213,10 +213,10 @@ def layernorm_piped(x, w, b, out, xl, outl, wv, bv, eps, PIPE, PL, STAGES, CTAS,
 
 @mgjit.device
 def deviations(env, f, inv_n, PL, CTAS):
-    """(d, shift, m2): a segment of a row's envelope as `read_lines` reads it, less f (d, one array per count of
-    PL), the row's mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped);
+    """(d, shift, m2): a segment of a row's envelope in f's dtype less f (d, one array per count of PL), the row's
+    mean less f, and the row's sum of d^2 (over a cluster of CTAS, the segments' sums swapped);
     inv_n: 1 / the row's length."""
-    v = read_lines(env, PL)
+    v = read_lines(env, PL, f.dtype)
     d = ()
     squared = ()
     for p in mgjit.static_range(len(PL)):

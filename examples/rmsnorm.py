@@ -105,7 +105,7 @@ def rmsnorm_piped(x, w, out, xl, outl, wv, eps, PIPE, PL, STAGES, CTAS, LAST):
     for i in range(count):
         env, row, a, s = envelope(x, xl, buf, full, i, 0.0, CTAS, LAST)
         refill(x, xl, buf, full, i, count, CTAS, True)
-        v = read_lines(env, PL)
+        v = read_lines(env, PL, wide(x))
         squares = ()
         for p in mgjit.static_range(len(PL)):
             squares = squares + (v[p] * v[p],)

@@ -85,7 +85,7 @@ def softmax_piped(x, out, xl, outl, PIPE, PL, STAGES, CTAS, LAST):
     for i in range(count):
         env, row, a, s = envelope(x, xl, buf, full, i, -float("inf"), CTAS, LAST)
         refill(x, xl, buf, full, i, count, CTAS, True)
-        e, m, total = exp_lines(read_lines(env, PL))
+        e, m, total = exp_lines(read_lines(env, PL, wide(x)))
         if CTAS == 1:
             scale = 1.0 / total
         else:
