@@ -143,7 +143,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
                 "triton": lambda: tr.softmax(x, out)}
         ref = lambda: torch.softmax(wide(x), 1)  # noqa: E731
         itemsize, views = piped_views((x, out))
-        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n, piped=dtype == torch.float64)
+        configs = for_dtypes(sm_example.mapping(n, None, itemsize), (dtype,), n, piped=True)
         picked = picked_mapping(sm_example.softmax_kernel, configs, (x, out), views)
         return runs, out, ref, 2 * x.numel() * isz, picked
     if kernel in ("rmsnorm", "layernorm"):
@@ -159,7 +159,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
             ref = lambda: torch.nn.functional.rms_norm(wide(x), (n,), wide(w), 1e-6)  # noqa: E731
             itemsize, views = piped_views((x, out), (w,))
             configs = for_dtypes(rms_example.rmsnorm_mapping(n, None, itemsize, (wsz,)), (dtype, wdtype), n,
-                                 piped=dtype == torch.float64)
+                                 piped=True)
             picked = picked_mapping(rms_example.rmsnorm_kernel, configs, (x, w, out), views, eps=1e-6)
         else:
             runs = {"mgjit": lambda: ln_example.layernorm(x, w, b, 1e-5, out),
@@ -168,7 +168,7 @@ def case(kernel: str, n: int, dtype: torch.dtype, weights: torch.dtype | None = 
             ref = lambda: torch.nn.functional.layer_norm(wide(x), (n,), wide(w), wide(b), 1e-5)  # noqa: E731
             itemsize, views = piped_views((x, out), (w, b))
             configs = for_dtypes(ln_example.layernorm_mapping(n, None, itemsize, (wsz, wsz)), (dtype, wdtype),
-                                 n, piped=dtype == torch.float64)
+                                 n, piped=True)
             picked = picked_mapping(ln_example.layernorm_rows, configs, (x, w, b, out), views, eps=1e-5)
         return runs, out, ref, 2 * x.numel() * isz + 2 * n * wsz, picked
     if kernel == "cross_entropy":

@@ -159,7 +159,7 @@ def main() -> None:
         # row's length and piped for float64 rows as the wrapper does, in trees whose for_dtypes takes them)
         if hasattr(_rows_launch, "for_dtypes"):
             takes = inspect.signature(_rows_launch.for_dtypes).parameters
-            piped = kernel in getattr(_rows_launch, "PIPED_FLOAT64", ()) and dtype == torch.float64
+            piped = kernel in getattr(_rows_launch, "PIPED_FLOAT64", ())
             named = {name: value for name, value in (("n", int(n)), ("piped", piped)) if name in takes}
             configs = _rows_launch.for_dtypes(configs, (dtype, wdtype), **named)
         config = configs[int(index)] if index.isdigit() else mapping_of(index, configs[0])

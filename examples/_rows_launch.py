@@ -34,8 +34,8 @@ def _untuned(configs: Sequence[mgjit.Config], args: tuple) -> bool:
     return len(set(pointers)) < len(pointers)
 
 
-# The row examples whose piped mappings compute float64 rows in float64 (their wrappers pass `piped` for float64
-# rows): cross-entropy's segment statistics are float32's
+# The row examples whose piped mappings compute float64 rows in float64 (their wrappers pass `piped` to
+# for_dtypes): cross-entropy's segment statistics are float32's
 PIPED_FLOAT64 = ("softmax", "rmsnorm", "layernorm")
 # The most float64 elements a warpgroup's held rows take: 64 a thread, 128 registers (a row of three arrays held as
 # one padded one, four rows of 4096, took 256 and was refused)
@@ -126,9 +126,12 @@ def float64_occupancies(config: mgjit.Config) -> tuple[int, ...]:
 def for_dtypes(configs: tuple[mgjit.Config, ...], dtypes: Sequence, forced: bool = False, n: int = 0,
                piped: bool = False) -> tuple[mgjit.Config, ...]:
     """`configs` (of rows of n columns) as a wrapper launches them for tensors of `dtypes` (rows, weights):
-    float64's own (`in_float64`, its piped mappings kept where `piped`) where one of them is float64."""
+    float64's own (`in_float64`) where one of them is float64, their piped mappings kept where the kernel's compute
+    in float64 (`piped`, PIPED_FLOAT64) and the rows are float64."""
     import torch
-    return in_float64(configs, forced, n, piped) if torch.float64 in dtypes else configs
+    if torch.float64 not in dtypes:
+        return configs
+    return in_float64(configs, forced, n, piped and dtypes[0] == torch.float64)
 
 
 def floating(name: str, **tensors) -> None:

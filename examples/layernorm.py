@@ -332,8 +332,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, e
     itemsize, views = piped_views((rows, out_rows), (w, b), rows_per_program)
     configs = for_dtypes(layernorm_mapping(rows.shape[1], rows_per_program, itemsize,
                                            (w.element_size(), b.element_size())),
-                         (x.dtype, w.dtype, b.dtype), rows_per_program is not None, rows.shape[1],
-                         piped=x.dtype == torch.float64)
+                         (x.dtype, w.dtype, b.dtype), rows_per_program is not None, rows.shape[1], piped=True)
     launch(layernorm_rows, configs, (rows, w, b, out_rows), views, eps=eps)
     return out
 

@@ -166,8 +166,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float = 1e-6, out: tor
         return out
     itemsize, views = piped_views((rows, out_rows), (w,), rows_per_program)
     configs = for_dtypes(rmsnorm_mapping(rows.shape[1], rows_per_program, itemsize, (w.element_size(),)),
-                         (x.dtype, w.dtype), rows_per_program is not None, rows.shape[1],
-                         piped=x.dtype == torch.float64)
+                         (x.dtype, w.dtype), rows_per_program is not None, rows.shape[1], piped=True)
     launch(rmsnorm_kernel, configs, (rows, w, out_rows), views, eps=eps)
     return out
 

@@ -163,7 +163,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, rows_per_program: 
         return out
     itemsize, views = piped_views((rows, out_rows), rows_per_program=rows_per_program)
     configs = for_dtypes(mapping(rows.shape[1], rows_per_program, itemsize), (x.dtype,), rows_per_program is not None,
-                         rows.shape[1], piped=x.dtype == torch.float64)
+                         rows.shape[1], piped=True)
     launch(softmax_kernel, configs, (rows, out_rows), views)
     return out
 

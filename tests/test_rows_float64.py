@@ -268,6 +268,10 @@ def test_float64_piped_mappings():
     assert not [c for c in _rows_launch.for_dtypes(ln.layernorm_mapping(8193, None, 8, (8, 8)), (F64,), n=8193)
                 if c.kwargs.get("PIPE")]
     assert [c for c in _rows_launch.for_dtypes(ce.mapping(100003, 8), (F64,), n=100003) if c.kwargs.get("PIPE")] == []
+    norms = rms.rmsnorm_mapping(8193, None, 8, (8,))  # piped only where the rows, not just the weights, are float64
+    assert [c for c in _rows_launch.for_dtypes(norms, (F64, F64), n=8193, piped=True) if c.kwargs.get("PIPE")]
+    f32_rows = _rows_launch.for_dtypes(norms, (torch.float32, F64), n=8193, piped=True)
+    assert not [c for c in f32_rows if c.kwargs.get("PIPE")]
 
 
 @pytest.mark.parametrize("name", _rows_launch.PIPED_FLOAT64)

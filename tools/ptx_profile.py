@@ -50,9 +50,8 @@ def launch_of(kernel: str, x: torch.Tensor, weights: torch.dtype | None = None):
     """(kernel, arguments, constexprs, candidate mappings as its wrapper launches them) of a row example over x
     (a norm's weights in `weights`, by default x's dtype)."""
     function, args, constexprs, configs = unfiltered_launch(kernel, x, weights)
-    piped = kernel in _rows_launch.PIPED_FLOAT64 and x.dtype == torch.float64
     return function, args, constexprs, _rows_launch.for_dtypes(configs, (x.dtype, weights or x.dtype), n=x.shape[1],
-                                                               piped=piped)
+                                                               piped=kernel in _rows_launch.PIPED_FLOAT64)
 
 
 def unfiltered_launch(kernel: str, x: torch.Tensor, weights: torch.dtype | None):
